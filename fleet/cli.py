@@ -1,0 +1,57 @@
+"""`llm-fleet` command line. Each subcommand lives in its own module, imported only when used,
+so `llm-fleet operator` never loads torch and `llm-fleet --help` stays fast.
+
+A subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, str] = {
+    "serve": "llmfleet.server.cli",
+    "generate": "llmfleet.server.generate_cli",
+    "operator": "llmfleet.operator.cli",
+    "up": "llmfleet.local.up",
+    "load": "llmfleet.local.load",
+    "sim": "llmfleet.sim.cli",
+    "calibrate": "llmfleet.sim.calibrate",
+    "bench": "llmfleet.bench.cli",
+}
+
+
+def _load(name: str):
+    return importlib.import_module(SUBCOMMANDS[name])
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-fleet", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name, help="(run `llm-fleet %s --help`)" % name, add_help=False)
+            continue
+        try:
+            module = _load(name)
+        except ImportError as exc:  # a subcommand whose module is missing should not break the rest
+            sub.add_parser(name, help=f"unavailable: {exc}")
+            continue
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in SUBCOMMANDS:
+        build_parser().parse_args(argv or ["--help"])
+        return 2
+    args = build_parser(only=command).parse_args(argv)
+    return int(_load(command).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

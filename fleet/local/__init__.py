@@ -1,0 +1,1 @@
+"""The local fleet: run an InferenceService file on one machine, no cluster."""

@@ -1,0 +1,1 @@
+"""The fleet simulator: real scheduler, cost-model runner, real tuner, simulated time."""

@@ -1,0 +1,1 @@
+"""llm-fleet Kubernetes operator (kopf): reconciles InferenceService resources and tunes them."""

@@ -1,0 +1,1 @@
+"""llm-fleet inference server: engine, runners and the OpenAI-compatible API."""
