@@ -11,6 +11,6 @@ echo "== ruff"
 ruff check .
 ruff format --check .
 echo "== import-linter"
-lint-imports
+bash scripts/lint-imports.sh
 echo "== pytest"
 python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,110 @@
+"""Policies: the order of the waiting queue, the preemption victim, and when continuous
+batching admits new requests. The mechanism (token accounting, blocks) stays in the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from ..config import EngineConfig, SchedulingOrder
+from .request import Request
+
+
+class Ordering:
+    """First come, first served. Preempted requests sit at the head of the queue; the victim
+    is the request that arrived last."""
+
+    def sort_waiting(self, waiting: deque[Request], now: float) -> None:
+        pass  # arrival order, preempted requests already at the head
+
+    def sort_running(self, running: list[Request], now: float) -> None:
+        pass  # admission order
+
+    def pick_victim(self, candidates: Sequence[Request], now: float) -> Request | None:
+        return max(candidates, key=lambda r: r.arrival_time, default=None)
+
+
+class PriorityOrdering(Ordering):
+    """Score = user priority + age_weight * seconds waited - work_weight * remaining kilotokens.
+
+    Higher scores are served first and preempted last. The age term keeps low-priority
+    requests from starving; the work term favours short jobs (shortest-remaining-first).
+    """
+
+    def __init__(self, age_weight: float, work_weight: float) -> None:
+        self.age_weight = age_weight
+        self.work_weight = work_weight
+
+    def score(self, request: Request, now: float) -> float:
+        remaining = request.num_uncomputed_tokens + request.sampling.max_tokens - request.num_output_tokens
+        return (
+            request.priority
+            + self.age_weight * (now - request.arrival_time)
+            - self.work_weight * remaining / 1000.0
+        )
+
+    def sort_waiting(self, waiting: deque[Request], now: float) -> None:
+        if len(waiting) > 1:
+            ordered = sorted(waiting, key=lambda r: -self.score(r, now))
+            waiting.clear()
+            waiting.extend(ordered)
+
+    def sort_running(self, running: list[Request], now: float) -> None:
+        running.sort(key=lambda r: -self.score(r, now))
+
+    def pick_victim(self, candidates: Sequence[Request], now: float) -> Request | None:
+        return min(candidates, key=lambda r: (self.score(r, now), -r.arrival_time), default=None)
+
+
+def make_ordering(config: EngineConfig) -> Ordering:
+    if config.scheduling == SchedulingOrder.PRIORITY:
+        return PriorityOrdering(config.priority_age_weight, config.priority_work_weight)
+    return Ordering()
+
+
+class AdmissionGate:
+    """When continuous batching lets waiting requests join the running set.
+
+    - ``schedule_interval``: join only every N steps (while something runs);
+    - ``waiting_served_ratio`` (TGI): join only once waiting/running reaches the ratio, or
+      after ``max_waiting_steps`` steps of holding;
+    - ``batch_timeout_ms``: hold new prompts until the oldest has waited this long or enough
+      wait to fill the free slots, so they prefill together.
+
+    Recomputes of preempted requests are never held. With nothing running, only the
+    coalescing window applies.
+    """
+
+    def __init__(self) -> None:
+        self.steps_since_admission = 1 << 30
+
+    def admitted(self) -> None:
+        self.steps_since_admission = 0
+
+    def held(self) -> None:
+        self.steps_since_admission += 1
+
+    def should_admit(
+        self, cfg: EngineConfig, waiting: deque[Request], running: list[Request], now: float
+    ) -> bool:
+        if not waiting:
+            return False
+        if any(r.num_preemptions for r in waiting):
+            return True
+        if running:
+            waited = self.steps_since_admission + 1
+            if waited < cfg.schedule_interval:
+                return False
+            if (
+                cfg.waiting_served_ratio > 0
+                and len(waiting) < cfg.waiting_served_ratio * len(running)
+                and waited < cfg.max_waiting_steps
+            ):
+                return False
+        if cfg.batch_timeout_ms > 0:
+            free_slots = cfg.max_batch_size - len(running)
+            oldest = min(r.arrival_time for r in waiting)
+            if len(waiting) < free_slots and (now - oldest) * 1000.0 < cfg.batch_timeout_ms:
+                return False
+        return True

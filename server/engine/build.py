@@ -1,0 +1,19 @@
+"""Build an engine for a model name: a built-in (made on first use) or a local HF directory."""
+
+from __future__ import annotations
+
+from ..config import EngineConfig
+from ..runner.builtin_models import resolve_model
+from .engine import LLMEngine
+
+
+def build_engine(model: str, config: EngineConfig, device: str | None = None):
+    """Returns ``(engine, tokenizer)``; the torch runner loads the weights with from_pretrained."""
+    from transformers import AutoTokenizer
+
+    from ..runner.torch_runner import TorchModelRunner
+
+    path = resolve_model(model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    runner = TorchModelRunner(path, config, device=device)
+    return LLMEngine(config, runner, detokenizer=tokenizer), tokenizer

@@ -1,0 +1,77 @@
+"""Incremental detokenization with stop strings.
+
+Text is released only when it is final: an incomplete UTF-8 sequence (decoded as U+FFFD)
+and any tail that could still grow into a stop string are held back, so a client never sees
+text that a later token retracts.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+# Tokens decoded together ahead of the new ones, so that merges across the boundary
+# (byte-level BPE, sentencepiece's leading spaces) decode the same as in the full text.
+_CONTEXT_TOKENS = 6
+
+
+class IncrementalDetokenizer:
+    def __init__(self, decoder: Decoder, stop: list[str]) -> None:
+        self._decoder = decoder
+        self._stop = [s for s in stop if s]
+        self._max_stop = max((len(s) for s in self._stop), default=0)
+        self._tokens: list[int] = []
+        self._prefix_offset = 0  # start of the context window
+        self._read_offset = 0  # tokens whose text is already in self.text
+        self.text = ""  # decoded so far (may include held-back tail)
+        self._released = 0  # chars of self.text handed out
+
+    def add(self, token_id: int) -> tuple[str, bool]:
+        """Add a token; returns (newly released text, hit_stop_string)."""
+        self._tokens.append(token_id)
+        prefix = self._decode(self._tokens[self._prefix_offset : self._read_offset])
+        full = self._decode(self._tokens[self._prefix_offset :])
+        if full.endswith("\ufffd"):
+            return "", False  # mid UTF-8 sequence: wait for the next byte
+        self.text += full[len(prefix) :]
+        self._prefix_offset = max(0, len(self._tokens) - _CONTEXT_TOKENS)
+        self._read_offset = len(self._tokens)
+
+        if self._stop:
+            start = max(0, self._released - self._max_stop + 1)
+            hit = min((i for i in (self.text.find(s, start) for s in self._stop) if i >= 0), default=-1)
+            if hit >= 0:
+                self.text = self.text[:hit]
+                return self._release(len(self.text)), True
+            return self._release(len(self.text) - self._partial_stop_suffix()), False
+        return self._release(len(self.text)), False
+
+    def flush(self) -> str:
+        """Release everything held back (the request finished for another reason)."""
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        if upto <= self._released:
+            return ""
+        chunk = self.text[self._released : upto]
+        self._released = upto
+        return chunk
+
+    def _partial_stop_suffix(self) -> int:
+        """Length of the longest tail of the text that is a proper prefix of a stop string."""
+        longest = 0
+        for stop in self._stop:
+            for k in range(min(len(stop) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def _decode(self, tokens: list[int]) -> str:
+        if not tokens:
+            return ""
+        return self._decoder.decode(tokens, skip_special_tokens=True)

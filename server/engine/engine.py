@@ -1,0 +1,299 @@
+"""The engine loop: ``step()`` = schedule, run, postprocess.
+
+Single-threaded and deterministic for a given clock: the server runs it in its own thread,
+tests and the simulator drive it directly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..config import EngineConfig
+from ..core.batch import ModelRunner, SampledToken
+from ..core.block_manager import BlockManager
+from ..core.request import Request, RequestStatus, SamplingParams
+from ..core.scheduler import Scheduler
+from .detokenizer import Decoder, IncrementalDetokenizer
+
+
+class InvalidRequestError(ValueError):
+    """Bad input: the API answers 400 with this message."""
+
+
+class QueueFullError(Exception):
+    """The waiting queue is at max_queue_len: the API answers 429."""
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    logprobs: list[SampledToken] | None
+    metrics: RequestMetrics
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_kv_blocks: int
+    steps: int
+    preemptions_total: int
+    last_batch_size: int
+    last_num_tokens: int
+    last_step_seconds: float
+    last_schedule_seconds: float
+    config_generation: int
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    detok: IncrementalDetokenizer | None
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        *,
+        detokenizer: Decoder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.clock = clock
+        self._decoder = detokenizer
+        self.block_manager = BlockManager(runner.num_kv_blocks, runner.kv_block_size)
+        self.scheduler = Scheduler(config, self.block_manager, clock)
+        self._requests: dict[str, _Tracked] = {}
+        self._aborted: list[Request] = []
+        self._config_generation = 1
+        self._steps = 0
+        self._last = (0, 0, 0.0, 0.0)  # batch size, tokens, step s, schedule s
+
+    # --- requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> Request:
+        self._validate(request_id, prompt_token_ids, sampling)
+        if self.scheduler.num_waiting >= self.config.max_queue_len:
+            raise QueueFullError(f"waiting queue is full ({self.config.max_queue_len} requests); retry later")
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling=sampling,
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
+            priority=priority,
+        )
+        detok = None
+        if self._decoder is not None:
+            detok = IncrementalDetokenizer(self._decoder, sampling.stop)
+        stop_ids = frozenset(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_ids |= self.runner.eos_token_ids
+        self._requests[request_id] = _Tracked(request, detok, stop_ids)
+        self.scheduler.add(request)
+        return request
+
+    def _validate(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> None:
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not prompt:
+            raise InvalidRequestError("prompt must contain at least one token")
+        if sampling.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+        limit = self.runner.max_model_len
+        if len(prompt) + sampling.max_tokens > limit:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt) + sampling.max_tokens} tokens ({len(prompt)} in the prompt, "
+                f"{sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens."
+            )
+        blocks = self.block_manager.blocks_for(len(prompt) + sampling.max_tokens)
+        if blocks > self.block_manager.num_blocks:
+            raise InvalidRequestError(
+                f"request needs {blocks} KV cache blocks but the cache has only "
+                f"{self.block_manager.num_blocks}; reduce the prompt or max_tokens"
+            )
+
+    def abort_request(self, request_id: str) -> bool:
+        tracked = self._requests.get(request_id)
+        if tracked is None:
+            return False
+        self._finish(tracked.request, RequestStatus.FINISHED_ABORTED)
+        self._aborted.append(tracked.request)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or bool(self._aborted)
+
+    def next_wakeup(self) -> float | None:
+        return self.scheduler.next_wakeup()
+
+    def flush(self) -> None:
+        self.scheduler.flush()
+
+    # --- config ---------------------------------------------------------------------------------
+    def update_config(self, config: EngineConfig) -> list[str]:
+        applied, ignored = self.config.with_live_changes_from(config)
+        self.config = applied
+        self.scheduler.update_config(applied)
+        self._config_generation += 1
+        return ignored
+
+    @property
+    def config_generation(self) -> int:
+        return self._config_generation
+
+    # --- the loop -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        events = [self._event(r, [], "", None) for r in self._aborted]
+        self._aborted.clear()
+
+        started = time.perf_counter()
+        out = self.scheduler.schedule()
+        scheduled_at = time.perf_counter()
+        if out.is_empty:
+            self._last = (0, 0, 0.0, scheduled_at - started)
+            return events
+
+        sampled = self.runner.execute(out)
+        now = self.clock()
+        self._steps += 1
+        for item, token in zip(out.scheduled, sampled, strict=True):
+            request = item.request
+            request.num_computed_tokens += item.num_tokens
+            if token is not None:
+                events.append(self._append_token(request, token, now))
+        self._last = (
+            len(out.scheduled),
+            out.num_tokens,
+            time.perf_counter() - started,
+            scheduled_at - started,
+        )
+        return events
+
+    def _append_token(self, request: Request, token: SampledToken, now: float) -> RequestOutput:
+        tracked = self._requests[request.request_id]
+        request.output_token_ids.append(token.token_id)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.last_token_time = now
+
+        text, hit_stop = "", False
+        if tracked.detok is not None and token.token_id not in tracked.stop_token_ids:
+            text, hit_stop = tracked.detok.add(token.token_id)
+
+        status = None
+        if hit_stop or token.token_id in tracked.stop_token_ids:
+            status = RequestStatus.FINISHED_STOPPED
+        elif (
+            request.num_output_tokens >= request.sampling.max_tokens
+            or request.num_tokens >= self.runner.max_model_len
+        ):
+            status = RequestStatus.FINISHED_LENGTH
+        if status is not None:
+            if tracked.detok is not None and not hit_stop:
+                text += tracked.detok.flush()
+            self._finish(request, status)
+        logprobs = [token] if request.sampling.logprobs is not None else None
+        return self._event(request, [token.token_id], text, logprobs)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        self.scheduler.remove(request)
+        request.status = status
+        request.finished_time = self.clock()
+        self._requests.pop(request.request_id, None)
+        self.runner.release(request.request_id)
+
+    def _event(
+        self, request: Request, tokens: list[int], text: str, logprobs: list[SampledToken] | None
+    ) -> RequestOutput:
+        finished = request.status.is_finished
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=tokens,
+            new_text=text,
+            finished=finished,
+            finish_reason=request.finish_reason if finished else None,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            logprobs=logprobs,
+            metrics=RequestMetrics(
+                arrival_time=request.arrival_time,
+                first_scheduled_time=request.first_scheduled_time,
+                first_token_time=request.first_token_time,
+                last_token_time=request.last_token_time,
+                finished_time=request.finished_time,
+                num_preemptions=request.num_preemptions,
+            ),
+        )
+
+    # --- introspection --------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        batch, tokens, step_s, sched_s = self._last
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_usage=self.block_manager.usage,
+            num_kv_blocks=self.block_manager.num_blocks,
+            steps=self._steps,
+            preemptions_total=self.scheduler.num_preemptions,
+            last_batch_size=batch,
+            last_num_tokens=tokens,
+            last_step_seconds=step_s,
+            last_schedule_seconds=sched_s,
+            config_generation=self._config_generation,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
+    ) -> list[list[int]]:
+        """Offline helper: run ``prompts`` to completion, return output token ids per prompt."""
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        ids = [f"gen-{self._steps}-{i}" for i in range(len(prompts))]
+        outputs: dict[str, list[int]] = {rid: [] for rid in ids}
+        for rid, prompt, sp in zip(ids, prompts, params, strict=True):
+            self.add_request(rid, prompt, sp)
+        self.flush()
+        pending = set(ids)
+        while pending:
+            events = self.step()
+            if not events and self.scheduler.num_running == 0:
+                wake = self.next_wakeup()
+                if wake is not None:
+                    time.sleep(max(0.0, wake - self.clock()))
+                self.flush()
+            for ev in events:
+                if ev.request_id in outputs:
+                    outputs[ev.request_id].extend(ev.new_token_ids)
+                    if ev.finished:
+                        pending.discard(ev.request_id)
+        return [outputs[rid] for rid in ids]

@@ -1,0 +1,125 @@
+"""Paged attention, plugged into any HF decoder-only model through transformers'
+``AttentionInterface`` under the name ``llmfleet``.
+
+Each step runs the model once over a flattened ragged batch of shape (1, T). The attention
+function writes this step's keys and values into the paged cache at ``slot_mapping`` and then
+attends each request's queries to that request's cached keys, causally:
+
+- decode requests (one query each) are batched: their cached K/V are gathered into a padded
+  (B, ctx) block and attended with two batched matmuls (CPU SDPA is slow for one-token queries);
+- prefill chunks attend one request at a time with a causal mask offset by the chunk start.
+
+The gather indices and masks are built once per step (``StepMetadata``), not per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+
+ATTN_IMPLEMENTATION = "llmfleet"
+
+
+class PagedKVCache:
+    """Per layer, keys and values for every slot: (num_blocks * block_size, kv_heads, head_dim)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int
+    ) -> int:
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+
+@dataclass
+class PrefillSpan:
+    token_start: int  # first row of this request in the flattened batch
+    num_tokens: int
+    slots: torch.Tensor  # (ctx,) cache slots of positions 0..ctx-1
+    mask: torch.Tensor | None  # (num_tokens, ctx) bool, True = may attend; None = no masking needed
+
+
+@dataclass
+class StepMetadata:
+    cache: PagedKVCache
+    slot_mapping: torch.Tensor  # (T,) where each token's K/V goes
+    decode_rows: torch.Tensor | None  # (B,) rows of one-token requests in the flattened batch
+    decode_slots: torch.Tensor | None  # (B, max_ctx) slots to gather, padded with slot 0
+    decode_mask: torch.Tensor | None  # (B, 1, 1, max_ctx) additive mask, -inf on padding
+    prefills: list[PrefillSpan]
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    llmfleet_meta: StepMetadata | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    meta = llmfleet_meta
+    if meta is None:
+        raise RuntimeError("llmfleet attention called without step metadata (use the llm-fleet runner)")
+    layer = module.layer_idx
+    k_cache, v_cache = meta.cache.keys[layer], meta.cache.values[layer]
+    q = query[0].transpose(0, 1)  # (T, H, D)
+    k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1).to(k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1).to(v_cache.dtype))
+
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[1]
+    group = num_heads // kv_heads
+    scale = scaling if scaling is not None else head_dim**-0.5
+    out = torch.empty_like(q)
+
+    if meta.decode_rows is not None:
+        rows = meta.decode_rows
+        qd = q.index_select(0, rows).view(-1, kv_heads, group, head_dim)  # (B, kvh, g, D)
+        keys = k_cache[meta.decode_slots].permute(0, 2, 3, 1)  # (B, kvh, D, ctx)
+        values = v_cache[meta.decode_slots].transpose(1, 2)  # (B, kvh, ctx, D)
+        scores = torch.matmul(qd, keys).mul_(scale).add_(meta.decode_mask)  # (B, kvh, g, ctx)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        out.index_copy_(0, rows, torch.matmul(probs, values).view(-1, num_heads, head_dim))
+
+    for span in meta.prefills:
+        qs = q[span.token_start : span.token_start + span.num_tokens].transpose(0, 1)  # (H, n, D)
+        ks = k_cache[span.slots].transpose(0, 1)  # (kvh, ctx, D)
+        vs = v_cache[span.slots].transpose(0, 1)
+        if group > 1:
+            ks = ks.repeat_interleave(group, dim=0)
+            vs = vs.repeat_interleave(group, dim=0)
+        attn = torch.nn.functional.scaled_dot_product_attention(
+            qs.unsqueeze(0),
+            ks.unsqueeze(0),
+            vs.unsqueeze(0),
+            attn_mask=span.mask,
+            is_causal=False,
+            scale=scale,
+        )
+        out[span.token_start : span.token_start + span.num_tokens] = attn[0].transpose(0, 1)
+
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention)

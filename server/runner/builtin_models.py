@@ -1,0 +1,210 @@
+"""Built-in models: made locally from a config with seeded random weights and a locally trained
+byte-level BPE tokenizer, saved once to a cache directory and then loaded through the ordinary
+``from_pretrained`` path, exactly like a user's model. Nothing is downloaded.
+
+Their weights are random, so the text they generate is gibberish: they exist to exercise the
+serving stack end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BUILTIN_PREFIX = "builtin:"
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|end|>"]
+
+
+@dataclass(frozen=True)
+class BuiltinSpec:
+    architecture: str  # llama | qwen2 | mistral
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    init_std: float  # wider than HF's 0.02 so greedy argmax is decided by clear margins
+    seed: int
+
+
+BUILTINS: dict[str, BuiltinSpec] = {
+    "tiny": BuiltinSpec("llama", 512, 64, 2, 4, 2, 128, 2048, 0.08, 1234),
+    "tiny-qwen2": BuiltinSpec("qwen2", 512, 64, 2, 4, 2, 128, 2048, 0.08, 2345),
+    "tiny-mistral": BuiltinSpec("mistral", 512, 64, 2, 4, 2, 128, 2048, 0.08, 3456),
+    # ~125M parameters, Llama-shaped, for benchmarks
+    "small": BuiltinSpec("llama", 8192, 768, 12, 12, 12, 3072, 4096, 0.04, 4567),
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LLMFLEET_CACHE") or Path.home() / ".cache" / "llm-fleet"
+    return Path(root) / "models"
+
+
+def is_builtin(model: str) -> bool:
+    return model.startswith(BUILTIN_PREFIX)
+
+
+def resolve_model(model: str) -> Path:
+    """Return a local directory for ``model``: a built-in name (made on first use) or a path."""
+    if is_builtin(model):
+        return ensure_builtin(model[len(BUILTIN_PREFIX) :])
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model {model!r} is neither a built-in ({', '.join(BUILTIN_PREFIX + n for n in BUILTINS)}) "
+            "nor a local directory with a config.json (hub downloads are not supported)"
+        )
+    return path
+
+
+def ensure_builtin(name: str) -> Path:
+    if name not in BUILTINS:
+        raise ValueError(f"unknown built-in model {name!r}; choose one of {sorted(BUILTINS)}")
+    target = cache_dir() / name
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a private directory, then rename: concurrent first uses never see a half model.
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        _build(BUILTINS[name], staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _build(spec: BuiltinSpec, out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = build_tokenizer(spec.vocab_size)
+    tokenizer.save_pretrained(out)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = AutoConfig.for_model(
+        spec.architecture,
+        **_config_kwargs(spec),
+        bos_token_id=ids["<|bos|>"],
+        eos_token_id=[ids["<|eos|>"], ids["<|end|>"]],
+        pad_token_id=ids["<|pad|>"],
+    )
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(spec.seed)
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.normal_(0.0, spec.init_std, generator=generator)
+            else:
+                param.normal_(0.0, spec.init_std, generator=generator)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(out)
+
+
+def _config_kwargs(spec: BuiltinSpec) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.init_std,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+    )
+    if spec.architecture == "mistral":
+        # A window wider than the context: sliding-window attention never applies.
+        kwargs["sliding_window"] = spec.max_position_embeddings
+    if spec.architecture == "qwen2":
+        kwargs["use_sliding_window"] = False
+    return kwargs
+
+
+def build_tokenizer(vocab_size: int):
+    """A byte-level BPE trained on a seeded synthetic corpus, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    # Fill any unused ids so the tokenizer covers the model's whole vocabulary.
+    missing = vocab_size - tok.get_vocab_size()
+    if missing > 0:
+        tok.add_tokens([f"<|unused{i}|>" for i in range(missing)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|end|>"],
+        model_max_length=1 << 20,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _corpus(lines: int = 4000) -> list[str]:
+    rng = random.Random(0)
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "sh", "ch", "qu", "st"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    words += [
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "in",
+        "is",
+        "it",
+        "you",
+        "that",
+        "he",
+        "was",
+        "for",
+        "on",
+        "are",
+        "with",
+        "as",
+        "I",
+        "his",
+        "they",
+        "be",
+        "at",
+    ]
+    out = []
+    for _ in range(lines):
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
+        out.append(sentence.capitalize() + rng.choice([".", "!", "?", ",", ";"]) + f" {rng.randint(0, 999)}")
+    return out
