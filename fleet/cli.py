@@ -31,7 +31,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         if only is not None and name != only:
-            sub.add_parser(name, help="(run `llm-fleet %s --help`)" % name, add_help=False)
+            sub.add_parser(name, help=f"(run `llm-fleet {name} --help`)", add_help=False)
             continue
         try:
             module = _load(name)

@@ -63,6 +63,12 @@ def make_ordering(config: EngineConfig) -> Ordering:
     return Ordering()
 
 
+def window_expired(since: float, now: float, window_ms: float) -> bool:
+    """True once ``window_ms`` has passed since ``since`` (with a nanosecond of float slack,
+    so a wake-up at exactly the deadline is not held for another round)."""
+    return now - since >= window_ms / 1000.0 - 1e-9
+
+
 class AdmissionGate:
     """When continuous batching lets waiting requests join the running set.
 
@@ -105,6 +111,6 @@ class AdmissionGate:
         if cfg.batch_timeout_ms > 0:
             free_slots = cfg.max_batch_size - len(running)
             oldest = min(r.arrival_time for r in waiting)
-            if len(waiting) < free_slots and (now - oldest) * 1000.0 < cfg.batch_timeout_ms:
+            if len(waiting) < free_slots and not window_expired(oldest, now, cfg.batch_timeout_ms):
                 return False
         return True

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from ..config import EngineConfig, Policy, PrefillMode
 from .batch import ScheduledRequest, SchedulerOutput
 from .block_manager import BlockManager
-from .policies import AdmissionGate, Ordering, make_ordering
+from .policies import AdmissionGate, Ordering, make_ordering, window_expired
 from .request import Request, RequestStatus
 
 
@@ -123,7 +123,7 @@ class Scheduler:
             ready = len(self.waiting) >= cfg.max_batch_size or self._flushing
             if not ready and self.waiting and cfg.policy == Policy.DYNAMIC:
                 oldest = min(r.arrival_time for r in self.waiting)
-                ready = (now - oldest) * 1000.0 >= cfg.batch_timeout_ms
+                ready = window_expired(oldest, now, cfg.batch_timeout_ms)
             if not ready and self.waiting and self.waiting[0].num_preemptions:
                 ready = True  # a preempted request never waits for a new batch to form
             if ready:

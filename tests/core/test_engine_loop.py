@@ -1,0 +1,256 @@
+"""The engine loop and each policy's behaviour, on a fake runner and a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from llmfleet.server.config import EngineConfig, load_engine_config
+from llmfleet.server.core.request import SamplingParams
+from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, QueueFullError
+
+from .fakes import FakeClock, FakeRunner, reference_output
+
+
+class LetterDecoder:
+    """Token t decodes to one letter; token 999 to half of a two-byte character."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        text = "".join(chr(ord("a") + t % 26) for t in ids if t != 999)
+        return text + ("\ufffd" if ids and ids[-1] == 999 else "")
+
+
+def make(clock=None, decoder=None, **knobs):
+    clock = clock or FakeClock()
+    runner = FakeRunner(num_kv_blocks=knobs.pop("num_blocks", 64), kv_block_size=4, max_model_len=64)
+    return LLMEngine(EngineConfig(**knobs), runner, clock=clock, detokenizer=decoder), runner, clock
+
+
+def run_all(engine, clock, dt=0.001, limit=2000):
+    events = []
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            return events
+        events += engine.step()
+        clock.advance(dt)
+    raise AssertionError("engine made no progress")
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+def test_bad_input_is_a_clear_error():
+    engine, _, _ = make()
+    with pytest.raises(InvalidRequestError, match="at least one token"):
+        engine.add_request("a", [], greedy(4))
+    with pytest.raises(InvalidRequestError, match="maximum context length is 64"):
+        engine.add_request("b", list(range(60)), greedy(8))
+    with pytest.raises(ValueError, match="max_tokens must be at least 1"):
+        SamplingParams(max_tokens=0)
+    engine.add_request("c", [1], greedy(1))
+    with pytest.raises(InvalidRequestError, match="already in use"):
+        engine.add_request("c", [1], greedy(1))
+    tiny, _, _ = make(num_blocks=2)
+    with pytest.raises(InvalidRequestError, match="KV cache blocks"):
+        tiny.add_request("d", list(range(10)), greedy(4))
+
+
+def test_unknown_policy_or_knob_value_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="policy"):
+        EngineConfig(policy="fastest")
+    with pytest.raises(ValueError, match="max_batch_size"):
+        EngineConfig(max_batch_size=0)
+    bad = tmp_path / "engine.yaml"
+    bad.write_text("policy: continuous\nmax_num_batched_tokens: -3\nnot_a_knob: 1\n")
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens.*not_a_knob|not_a_knob.*max_num"):
+        load_engine_config(bad)
+
+
+def test_queue_full():
+    engine, _, _ = make(max_queue_len=2)
+    engine.add_request("a", [1], greedy(1))
+    engine.add_request("b", [1], greedy(1))
+    with pytest.raises(QueueFullError):
+        engine.add_request("c", [1], greedy(1))
+
+
+# --- lifecycle -------------------------------------------------------------------------------------
+def test_abort_frees_blocks_at_once_and_reports():
+    engine, runner, _clock = make()
+    engine.add_request("a", list(range(10)), greedy(20))
+    engine.step()
+    assert engine.block_manager.usage > 0
+    assert engine.abort_request("a")
+    assert engine.block_manager.usage == 0
+    events = engine.step()
+    assert [(e.request_id, e.finished, e.finish_reason) for e in events] == [("a", True, "abort")]
+    assert "a" in runner.released
+    assert not engine.abort_request("a")
+
+
+def test_stop_strings_are_cut_and_partial_matches_held_back():
+    # tokens decode to letters; find a prompt whose reference output contains a known substring
+    prompt = [5, 6, 7]
+    text = "".join(chr(ord("a") + t % 26) for t in reference_output(prompt, 12))
+    stop = text[4:6]
+    engine, _, clock = make(decoder=LetterDecoder())
+    engine.add_request("a", prompt, SamplingParams(max_tokens=12, temperature=0, stop=[stop]))
+    events = run_all(engine, clock)
+    streamed = "".join(e.new_text for e in events)
+    assert streamed == text[: text.index(stop)]
+    assert events[-1].finish_reason == "stop"
+
+
+def test_stop_token_and_eos():
+    prompt = [5, 6, 7]
+    ref = reference_output(prompt, 10)
+    engine, _, clock = make()
+    engine.add_request("a", prompt, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[ref[3]]))
+    events = run_all(engine, clock)
+    assert [t for e in events for t in e.new_token_ids] == ref[:4]
+    assert events[-1].finish_reason == "stop"
+
+    engine, runner, clock = make()
+    runner.eos_token_ids = frozenset({ref[2]})
+    engine.add_request("b", prompt, SamplingParams(max_tokens=10, ignore_eos=True))
+    engine.add_request("c", prompt, SamplingParams(max_tokens=10))
+    by_id = {}
+    for e in run_all(engine, clock):
+        by_id.setdefault(e.request_id, []).extend(e.new_token_ids)
+    assert by_id["b"] == ref and by_id["c"] == ref[:3]
+
+
+def test_partial_utf8_is_held_until_complete():
+    from llmfleet.server.engine.detokenizer import IncrementalDetokenizer
+
+    detok = IncrementalDetokenizer(LetterDecoder(), [])
+    assert detok.add(0) == ("a", False)
+    assert detok.add(999) == ("", False)  # half a character: wait
+    assert detok.add(1) == ("b", False)
+
+
+# --- policies ------------------------------------------------------------------------------------
+def admitted_per_step(runner):
+    return [[rid for rid, start, _ in batch if start == 0] for batch in runner.batches]
+
+
+def test_static_waits_for_a_full_batch_then_runs_it_to_completion():
+    engine, runner, clock = make(policy="static", max_batch_size=3)
+    engine.add_request("a", [1, 2], greedy(2))
+    engine.add_request("b", [1, 2], greedy(6))
+    assert engine.step() == [] and not runner.batches  # 2 < 3: hold
+    engine.add_request("c", [3], greedy(2))
+    engine.step()
+    engine.add_request("d", [4], greedy(2))
+    for _ in range(8):  # b needs 6 steps; d must not join while it runs
+        engine.step()
+    assert admitted_per_step(runner)[0] == ["a", "b", "c"]
+    assert all("d" not in step for step in admitted_per_step(runner))
+    engine.flush()
+    run_all(engine, clock)
+    assert ["d"] in admitted_per_step(runner)
+
+
+def test_dynamic_launches_a_partial_batch_after_the_window():
+    engine, runner, clock = make(policy="dynamic", max_batch_size=4, batch_timeout_ms=10)
+    engine.add_request("a", [1], greedy(1))
+    clock.advance(0.004)
+    engine.add_request("b", [1], greedy(1))
+    assert engine.next_wakeup() == pytest.approx(0.010)
+    clock.advance(0.005)
+    assert engine.step() == []  # oldest waited 9 ms
+    clock.advance(0.001)
+    engine.step()  # 10 ms: launch
+    assert admitted_per_step(runner)[0] == ["a", "b"]
+
+
+def test_continuous_coalescing_window_holds_new_prompts():
+    engine, runner, clock = make(max_batch_size=8, batch_timeout_ms=5)
+    engine.add_request("a", [1], greedy(50))
+    clock.advance(0.006)
+    engine.step()  # a runs
+    engine.add_request("b", [1], greedy(1))
+    engine.step()
+    assert runner.batches[-1] == [("a", 1, 1)]  # b held for coalescing
+    clock.advance(0.005)
+    engine.step()
+    assert ("b", 0, 1) in runner.batches[-1]
+
+
+def test_prefill_first_runs_new_prompts_alone():
+    engine, runner, _clock = make(prefill_mode="prefill_first", max_batch_size=4)
+    engine.add_request("a", [1, 2, 3], greedy(5))
+    engine.step()
+    engine.step()
+    engine.add_request("b", [4, 5], greedy(5))
+    engine.step()
+    assert runner.batches[-1] == [("b", 0, 2)]
+    engine.step()
+    assert sorted(runner.batches[-1]) == [("a", 4, 1), ("b", 2, 1)]
+
+
+def test_merged_and_chunked_mixing():
+    engine, runner, _ = make(prefill_mode="merged", max_num_batched_tokens=6)
+    engine.add_request("a", [1, 2], greedy(5))
+    engine.step()
+    engine.add_request("b", [1, 2, 3, 4, 5, 6, 7], greedy(1))  # 7 > budget-1: waits whole
+    engine.add_request("c", [1, 2, 3], greedy(1))
+    engine.step()
+    assert runner.batches[-1] == [("a", 2, 1)]  # b blocks the FCFS queue until it fits
+    engine, runner, _ = make(prefill_mode="chunked", max_num_batched_tokens=6)
+    engine.add_request("a", [1, 2], greedy(5))
+    engine.step()
+    engine.add_request("b", [1, 2, 3, 4, 5, 6, 7], greedy(1))
+    engine.step()
+    assert runner.batches[-1] == [("a", 2, 1), ("b", 0, 5)]  # decodes first, chunk fills the rest
+
+
+def test_schedule_interval_and_waiting_served_ratio():
+    engine, runner, _ = make(schedule_interval=3, max_batch_size=8)
+    engine.add_request("a", [1], greedy(30))
+    engine.step()
+    engine.add_request("b", [1], greedy(1))
+    engine.step()
+    engine.step()
+    assert all(rid != "b" for batch in runner.batches for rid, _, _ in batch)
+    engine.step()
+    assert ("b", 0, 1) in runner.batches[-1]
+
+    engine, runner, _ = make(waiting_served_ratio=2.0, max_waiting_steps=4, max_batch_size=8)
+    engine.add_request("a", [1], greedy(30))
+    engine.step()
+    engine.add_request("b", [1], greedy(1))
+    for _ in range(3):
+        engine.step()
+    assert all(rid != "b" for batch in runner.batches for rid, _, _ in batch)  # 1/1 < 2
+    engine.step()  # 4 steps without admission: forced
+    assert ("b", 0, 1) in runner.batches[-1]
+
+
+def test_preemption_puts_the_victim_back_at_the_head_and_recomputes():
+    engine, _runner, clock = make(num_blocks=6, max_batch_size=4)
+    engine.add_request("a", list(range(8)), greedy(8))  # needs 4 blocks at the end
+    engine.add_request("b", list(range(8)), greedy(8))
+    events = run_all(engine, clock)
+    assert engine.stats().preemptions_total > 0
+    outs = {}
+    for e in events:
+        outs.setdefault(e.request_id, []).extend(e.new_token_ids)
+    assert outs["a"] == outs["b"] == reference_output(list(range(8)), 8)
+
+
+def test_live_config_update_applies_next_step_and_ignores_restart_fields():
+    engine, runner, _ = make(max_batch_size=1)
+    for i in range(3):
+        engine.add_request(str(i), [i + 1], greedy(10))
+    engine.step()
+    assert len(runner.batches[-1]) == 1
+    ignored = engine.update_config(EngineConfig(max_batch_size=3, kv_block_size=32))
+    assert ignored == ["kv_block_size"]
+    assert engine.config.kv_block_size == 16 and engine.config.max_batch_size == 3
+    assert engine.stats().config_generation == 2
+    engine.step()
+    assert len(runner.batches[-1]) == 3
+    engine.update_config(EngineConfig(max_batch_size=1))  # shrinking preempts the excess
+    engine.step()
+    assert len(runner.batches[-1]) == 1
