@@ -38,11 +38,7 @@ class PriorityOrdering(Ordering):
 
     def score(self, request: Request, now: float) -> float:
         remaining = request.num_uncomputed_tokens + request.sampling.max_tokens - request.num_output_tokens
-        return (
-            request.priority
-            + self.age_weight * (now - request.arrival_time)
-            - self.work_weight * remaining / 1000.0
-        )
+        return request.priority + self.age_weight * (now - request.arrival_time) - self.work_weight * remaining / 1000.0
 
     def sort_waiting(self, waiting: deque[Request], now: float) -> None:
         if len(waiting) > 1:
@@ -91,9 +87,7 @@ class AdmissionGate:
     def held(self) -> None:
         self.steps_since_admission += 1
 
-    def should_admit(
-        self, cfg: EngineConfig, waiting: deque[Request], running: list[Request], now: float
-    ) -> bool:
+    def should_admit(self, cfg: EngineConfig, waiting: deque[Request], running: list[Request], now: float) -> bool:
         if not waiting:
             return False
         if any(r.num_preemptions for r in waiting):

@@ -215,8 +215,7 @@ class LLMEngine:
         if hit_stop or token.token_id in tracked.stop_token_ids:
             status = RequestStatus.FINISHED_STOPPED
         elif (
-            request.num_output_tokens >= request.sampling.max_tokens
-            or request.num_tokens >= self.runner.max_model_len
+            request.num_output_tokens >= request.sampling.max_tokens or request.num_tokens >= self.runner.max_model_len
         ):
             status = RequestStatus.FINISHED_LENGTH
         if status is not None:
@@ -273,9 +272,7 @@ class LLMEngine:
             config_generation=self._config_generation,
         )
 
-    def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]
-    ) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]) -> list[list[int]]:
         """Offline helper: run ``prompts`` to completion, return output token ids per prompt."""
         params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
         ids = [f"gen-{self._steps}-{i}" for i in range(len(prompts))]

@@ -23,7 +23,10 @@ ATTN_IMPLEMENTATION = "llmfleet"
 
 
 class PagedKVCache:
-    """Per layer, keys and values for every slot: (num_blocks * block_size, kv_heads, head_dim)."""
+    """Per layer, keys and values for every slot: (kv_heads, num_blocks * block_size, head_dim).
+
+    Heads come first so that gathering a request's slots yields one contiguous (ctx, head_dim)
+    matrix per head, which the score matmul reads without another copy."""
 
     def __init__(
         self,
@@ -35,16 +38,14 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_kv_heads, num_blocks * block_size, head_dim)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @staticmethod
-    def bytes_per_block(
-        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int
-    ) -> int:
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
 
@@ -62,7 +63,7 @@ class StepMetadata:
     slot_mapping: torch.Tensor  # (T,) where each token's K/V goes
     decode_rows: torch.Tensor | None  # (B,) rows of one-token requests in the flattened batch
     decode_slots: torch.Tensor | None  # (B, max_ctx) slots to gather, padded with slot 0
-    decode_mask: torch.Tensor | None  # (B, 1, 1, max_ctx) additive mask, -inf on padding
+    decode_mask: torch.Tensor | None  # (1, B, 1, max_ctx) additive mask, -inf on padding
     prefills: list[PrefillSpan]
 
 
@@ -83,28 +84,30 @@ def paged_attention(
     layer = module.layer_idx
     k_cache, v_cache = meta.cache.keys[layer], meta.cache.values[layer]
     q = query[0].transpose(0, 1)  # (T, H, D)
-    k_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1).to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1).to(v_cache.dtype))
+    k_cache.index_copy_(1, meta.slot_mapping, key[0].to(k_cache.dtype))
+    v_cache.index_copy_(1, meta.slot_mapping, value[0].to(v_cache.dtype))
 
     num_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[1]
+    kv_heads = k_cache.shape[0]
     group = num_heads // kv_heads
     scale = scaling if scaling is not None else head_dim**-0.5
     out = torch.empty_like(q)
 
     if meta.decode_rows is not None:
         rows = meta.decode_rows
-        qd = q.index_select(0, rows).view(-1, kv_heads, group, head_dim)  # (B, kvh, g, D)
-        keys = k_cache[meta.decode_slots].permute(0, 2, 3, 1)  # (B, kvh, D, ctx)
-        values = v_cache[meta.decode_slots].transpose(1, 2)  # (B, kvh, ctx, D)
-        scores = torch.matmul(qd, keys).mul_(scale).add_(meta.decode_mask)  # (B, kvh, g, ctx)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-        out.index_copy_(0, rows, torch.matmul(probs, values).view(-1, num_heads, head_dim))
+        batch = rows.shape[0]
+        qd = q.index_select(0, rows).view(batch, kv_heads, group, head_dim).transpose(0, 1)  # (kvh, B, g, D)
+        keys = k_cache[:, meta.decode_slots]  # (kvh, B, ctx, D)
+        values = v_cache[:, meta.decode_slots]
+        scores = torch.matmul(qd, keys.transpose(-1, -2)).mul_(scale).add_(meta.decode_mask)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)  # (kvh, B, g, ctx)
+        attended = torch.matmul(probs, values).transpose(0, 1).reshape(batch, num_heads, head_dim)
+        out.index_copy_(0, rows, attended)
 
     for span in meta.prefills:
         qs = q[span.token_start : span.token_start + span.num_tokens].transpose(0, 1)  # (H, n, D)
-        ks = k_cache[span.slots].transpose(0, 1)  # (kvh, ctx, D)
-        vs = v_cache[span.slots].transpose(0, 1)
+        ks = k_cache[:, span.slots]  # (kvh, ctx, D)
+        vs = v_cache[:, span.slots]
         if group > 1:
             ks = ks.repeat_interleave(group, dim=0)
             vs = vs.repeat_interleave(group, dim=0)

@@ -134,6 +134,7 @@ class TorchModelRunner:
         slots: list[int] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
+        decode_lengths: list[int] = []
         prefills: list[tuple[int, int, int, list[int]]] = []  # row, n, ctx, slots of ctx
         sample_rows: list[int] = []
         sample_index: list[int] = []
@@ -144,13 +145,13 @@ class TorchModelRunner:
             ids.extend(request.all_token_ids[start:end])
             pos.extend(range(start, end))
             table = request.block_table
-            ctx_slots = [table[p // bs] * bs + p % bs for p in range(end)]
-            slots.extend(ctx_slots[start:end])
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             if n == 1 and start > 0:
                 decode_rows.append(row)
-                decode_tables.append(ctx_slots)
+                decode_tables.append(table)
+                decode_lengths.append(end)
             else:
-                prefills.append((row, n, end, ctx_slots))
+                prefills.append((row, n, end, [table[p // bs] * bs + p % bs for p in range(end)]))
             if item.sample:
                 sample_rows.append(row + n - 1)
                 sample_index.append(i)
@@ -165,22 +166,23 @@ class TorchModelRunner:
             prefills=[],
         )
         if decode_rows:
-            width = max(len(t) for t in decode_tables)
-            padded = [t + [0] * (width - len(t)) for t in decode_tables]
-            lengths = torch.tensor([len(t) for t in decode_tables], device=dev)
-            pad = torch.arange(width, device=dev)[None, :] >= lengths[:, None]
-            mask = torch.zeros(pad.shape, dtype=self.dtype, device=dev).masked_fill_(pad, float("-inf"))
+            # slots of every position of every decode request, padded to the longest context
+            width = max(decode_lengths)
+            blocks = -(-width // bs)
+            tables = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in decode_tables])
+            all_slots = (tables[:, :, None] * bs + torch.arange(bs)).view(len(decode_rows), -1)[:, :width]
+            lengths = torch.tensor(decode_lengths)
+            pad = torch.arange(width)[None, :] >= lengths[:, None]
+            mask = torch.zeros(pad.shape, dtype=self.dtype).masked_fill_(pad, float("-inf"))
             meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=dev)
-            meta.decode_slots = torch.tensor(padded, dtype=torch.long, device=dev)
-            meta.decode_mask = mask[:, None, None, :]
+            meta.decode_slots = all_slots.to(dev)
+            meta.decode_mask = mask[None, :, None, :].to(dev)
         for row, n, ctx, ctx_slots in prefills:
             mask = None
             if n > 1:
                 q_pos = torch.arange(ctx - n, ctx, device=dev)[:, None]
                 mask = torch.arange(ctx, device=dev)[None, :] <= q_pos
-            meta.prefills.append(
-                PrefillSpan(row, n, torch.tensor(ctx_slots, dtype=torch.long, device=dev), mask)
-            )
+            meta.prefills.append(PrefillSpan(row, n, torch.tensor(ctx_slots, dtype=torch.long, device=dev), mask))
         input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
         positions = torch.tensor([pos], dtype=torch.long, device=dev)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)

@@ -51,9 +51,7 @@ class Checked:
         engine, sched = self.engine, self.engine.scheduler
         cfg = engine.config
         running_before = len(sched.running)
-        oldest_wait_ms = (
-            (self.clock() - min(r.arrival_time for r in sched.waiting)) * 1000 if sched.waiting else None
-        )
+        oldest_wait_ms = (self.clock() - min(r.arrival_time for r in sched.waiting)) * 1000 if sched.waiting else None
         batches_before = len(self.runner.batches)
         events = engine.step()
         batch = self.runner.batches[-1] if len(self.runner.batches) > batches_before else []

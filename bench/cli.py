@@ -1,0 +1,24 @@
+"""`llm-fleet bench`: run a benchmark (contenders side by side, ratios printed, JSON + PNG)."""
+
+from __future__ import annotations
+
+HELP = "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("which", nargs="?", default="engine", choices=["engine"], help="benchmark to run")
+    parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
+    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has it natively, else float32")
+    parser.add_argument("--out", default="bench/results", help="directory for JSON and PNG")
+    parser.add_argument("--quick", action="store_true", help="a small version for smoke tests")
+    parser.add_argument("--skip-hf", action="store_true", help="skip the HF contenders")
+    parser.add_argument("--skip-online", action="store_true", help="skip the online policy comparison")
+    parser.add_argument("--rate", type=float, default=1.0, help="online arrival rate, requests/s")
+    parser.add_argument("--online-requests", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=16, help="max_batch_size for the online policies")
+
+
+def run(args) -> int:
+    from .engine_bench import run as run_engine
+
+    return run_engine(args)

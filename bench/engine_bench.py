@@ -1,0 +1,292 @@
+"""Engine benchmark: contenders side by side in one run, ratios printed, JSON and PNG written.
+
+1. offline-32: llm-fleet's engine vs HF ``generate`` (default dynamic cache, one padded batch)
+   vs transformers' continuous batching (``generate_batch``). Useful tokens only: the HF
+   contenders run every sequence to the longest output, only the requested tokens count.
+2. decode ceiling: pure decode at batch 32 vs the matmul ceiling measured in the same run.
+3. scheduler: ``schedule()`` time with 256 running requests.
+4. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.request import SamplingParams
+
+from .report import latency_summary, print_table, save_plot
+from .workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
+
+
+@dataclass
+class Trace:
+    """Per-request timings of one online run (seconds, relative to the run start)."""
+
+    arrival: float
+    prompt_len: int
+    token_times: list[float] = field(default_factory=list)
+
+
+def _load_hf(model_dir, dtype, attn="sdpa"):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+    return model.eval()
+
+
+def offline_ours(model: str, prompts, outputs, dtype: str) -> tuple[float, object]:
+    from llmfleet.server.engine.build import build_engine
+
+    config = EngineConfig(dtype=dtype, max_batch_size=32, max_num_batched_tokens=2048)
+    engine, _ = build_engine(model, config)
+    engine.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0))  # warm-up
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
+    start = time.perf_counter()
+    engine.generate(prompts, params)
+    return time.perf_counter() - start, engine
+
+
+def offline_hf_generate(model_dir, prompts, outputs, torch_dtype) -> float:
+    import torch
+
+    model = _load_hf(model_dir, torch_dtype)
+    ids = torch.tensor(prompts)  # equal lengths: no padding needed
+    longest = max(outputs)
+    with torch.inference_mode():
+        model.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), max_new_tokens=2, do_sample=False)
+        start = time.perf_counter()
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            do_sample=False,
+        )
+    return time.perf_counter() - start
+
+
+def offline_hf_generate_batch(model_dir, prompts, outputs, torch_dtype) -> float:
+    from transformers import GenerationConfig
+
+    model = _load_hf(model_dir, torch_dtype)
+    longest = max(outputs)
+    config = GenerationConfig(
+        max_new_tokens=longest, min_new_tokens=longest, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+    start = time.perf_counter()  # generate_batch manages its own inference mode
+    results = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(r.generated_tokens) for r in results.values())
+    if len(results) != len(prompts) or produced < sum(outputs):
+        raise RuntimeError(f"generate_batch returned {produced} tokens for {len(results)} of {len(prompts)} requests")
+    return elapsed
+
+
+def matmul_gflops(torch_dtype, n: int = 1536) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=torch_dtype)
+    b = torch.randn(n, n, dtype=torch_dtype)
+    a @ b
+    start = time.perf_counter()
+    reps = 5
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def decode_at_batch(engine, batch: int = 32, context: int = 192, steps: int = 24) -> float:
+    """Tokens/s of steady-state decode with ``batch`` running requests."""
+    vocab = engine.runner.model.config.vocab_size
+    for i in range(batch):
+        prompt = [(7 * i + j) % (vocab - 10) + 10 for j in range(context)]
+        engine.add_request(f"dec-{i}", prompt, SamplingParams(max_tokens=steps + 4, ignore_eos=True, temperature=0))
+    while engine.scheduler.waiting or any(r.is_prefilling for r in engine.scheduler.running):
+        engine.step()  # prefill everything first
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    elapsed = time.perf_counter() - start
+    for i in range(batch):
+        engine.abort_request(f"dec-{i}")
+    engine.step()
+    return batch * steps / elapsed
+
+
+def scheduler_time_256() -> float:
+    """Mean seconds of one ``schedule()`` call with 256 running decode requests."""
+    from llmfleet.server.core.block_manager import BlockManager
+    from llmfleet.server.core.request import Request
+    from llmfleet.server.core.scheduler import Scheduler
+
+    config = EngineConfig(max_batch_size=256, max_num_batched_tokens=4096)
+    scheduler = Scheduler(config, BlockManager(256 * 64, 16))
+    for i in range(256):
+        scheduler.add(Request(str(i), list(range(300)), SamplingParams(max_tokens=500)))
+    scheduler.schedule()
+    reps = 200
+    start = time.perf_counter()
+    for _ in range(reps):
+        out = scheduler.schedule()
+        for item in out.scheduled:  # what postprocess does: the token is computed, one more is owed
+            req = item.request
+            req.num_computed_tokens += item.num_tokens
+            req.output_token_ids.append(1)
+    return (time.perf_counter() - start) / reps
+
+
+def online(model: str, workload: Workload, config: EngineConfig) -> dict:
+    from llmfleet.server.engine.build import build_engine
+
+    engine, _ = build_engine(model, config)
+    vocab = engine.runner.model.config.vocab_size
+    specs = workload.requests()
+    traces: dict[str, Trace] = {}
+    pending = list(enumerate(specs))
+    start = time.monotonic()
+    while pending or engine.has_unfinished_requests():
+        now = time.monotonic() - start
+        while pending and pending[0][1].arrival_s <= now:
+            i, spec = pending.pop(0)
+            rid = str(i)
+            engine.add_request(
+                rid,
+                prompt_tokens(spec, i, vocab),
+                SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True),
+                arrival_time=start + spec.arrival_s,
+            )
+            traces[rid] = Trace(spec.arrival_s, spec.prompt_len)
+        if not pending:
+            engine.flush()  # static/dynamic: the last partial batch
+        events = engine.step()
+        t = time.monotonic() - start
+        for ev in events:
+            traces[ev.request_id].token_times.extend([t] * len(ev.new_token_ids))
+        if not events and not engine.scheduler.running:
+            wake = [pending[0][1].arrival_s + start] if pending else []
+            if engine.next_wakeup() is not None:
+                wake.append(engine.next_wakeup())
+            if wake:
+                time.sleep(max(0.0, min(wake) - time.monotonic()))
+    total = time.monotonic() - start
+    return latency_summary(list(traces.values()), total)
+
+
+def run(args) -> int:
+    import torch
+    from llmfleet.server.runner.builtin_models import resolve_model
+    from llmfleet.server.runner.torch_runner import resolve_dtype
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = resolve_model(args.model)
+    torch_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    dtype_name = str(torch_dtype).removeprefix("torch.")
+    results: dict = {"model": args.model, "dtype": dtype_name, "threads": torch.get_num_threads()}
+
+    workload = OFFLINE_32 if not args.quick else Workload("offline-8", 8, prompt_len=(128, 128), output_len=(16, 64))
+    specs = workload.requests()
+    vocab = _vocab(model_dir)
+    prompts = [prompt_tokens(s, i, vocab) for i, s in enumerate(specs)]
+    outputs = [s.output_len for s in specs]
+    useful = sum(outputs)
+    print(f"== {workload.name}: {workload.description or workload.params()} | model {args.model} {dtype_name}")
+
+    ours_s, engine = offline_ours(args.model, prompts, outputs, dtype_name)
+    rows = [("llm-fleet engine (continuous, chunked)", ours_s)]
+    if not args.skip_hf:
+        rows.append(("HF generate (dynamic cache)", offline_hf_generate(model_dir, prompts, outputs, torch_dtype)))
+        try:
+            rows.append(
+                (
+                    "HF generate_batch (continuous)",
+                    offline_hf_generate_batch(model_dir, prompts, outputs, torch_dtype),
+                )
+            )
+        except Exception as exc:  # report, don't hide: the table says why it is missing
+            print(f"generate_batch failed: {type(exc).__name__}: {exc}")
+    offline = [
+        {"contender": name, "seconds": s, "useful_tok_s": useful / s, "ours_vs_this": s / ours_s} for name, s in rows
+    ]
+    results["offline"] = {"workload": workload.params(), "useful_tokens": useful, "rows": offline}
+    print_table(
+        ["contender", "seconds", "useful tok/s", "llm-fleet speed-up"],
+        [
+            [r["contender"], f"{r['seconds']:.1f}", f"{r['useful_tok_s']:.1f}", f"{r['ours_vs_this']:.2f}x"]
+            for r in offline
+        ],
+    )
+
+    gflops = matmul_gflops(torch_dtype)
+    params = sum(p.numel() for p in engine.runner.model.parameters())
+    ceiling = gflops * 1e9 / (2 * params)
+    decode = decode_at_batch(engine, batch=32 if not args.quick else 8)
+    results["decode"] = {
+        "matmul_gflops": gflops,
+        "params": params,
+        "ceiling_tok_s": ceiling,
+        "decode_tok_s": decode,
+    }
+    print(
+        f"== pure decode, batch 32: {decode:.0f} tok/s; matmul ceiling {ceiling:.0f} tok/s "
+        f"({gflops:.0f} GFLOP/s x {params / 1e6:.0f}M params) -> {decode / ceiling:.0%} of ceiling"
+    )
+
+    sched = scheduler_time_256()
+    results["scheduler_ms_256_running"] = sched * 1e3
+    print(f"== schedule() with 256 running requests: {sched * 1e3:.3f} ms")
+
+    if not args.skip_online:
+        wl = anyscale_online(args.rate, args.online_requests)
+        print(f"== {wl.name}: {wl.description}, {wl.num_requests} requests")
+        policies = {
+            "static": EngineConfig(policy="static", max_batch_size=args.batch),
+            "dynamic": EngineConfig(policy="dynamic", max_batch_size=args.batch, batch_timeout_ms=500),
+            "continuous": EngineConfig(policy="continuous", max_batch_size=args.batch, max_num_batched_tokens=512),
+        }
+        online_rows = {}
+        for name, config in policies.items():
+            config = config.model_copy(update={"dtype": dtype_name})
+            online_rows[name] = online(args.model, wl, config)
+        base = online_rows["static"]
+        print_table(
+            [
+                "policy",
+                "tok/s",
+                "vs static",
+                "TTFT p50",
+                "TTFT p99",
+                "ITL p50",
+                "ITL p99",
+                "e2e p50",
+                "goodput req/s",
+            ],
+            [
+                [
+                    name,
+                    f"{r['throughput_tok_s']:.1f}",
+                    f"{r['throughput_tok_s'] / base['throughput_tok_s']:.2f}x",
+                    f"{r['ttft_p50']:.2f}s",
+                    f"{r['ttft_p99']:.2f}s",
+                    f"{r['itl_p50'] * 1e3:.0f}ms",
+                    f"{r['itl_p99'] * 1e3:.0f}ms",
+                    f"{r['e2e_p50']:.2f}s",
+                    f"{r['goodput_req_s']:.2f}",
+                ]
+                for name, r in online_rows.items()
+            ],
+        )
+        results["online"] = {"workload": wl.params(), "policies": online_rows}
+
+    (out_dir / "engine_bench.json").write_text(json.dumps(results, indent=2))
+    save_plot(results, out_dir / "engine_bench.png")
+    print(f"wrote {out_dir / 'engine_bench.json'} and {out_dir / 'engine_bench.png'}")
+    return 0
+
+
+def _vocab(model_dir) -> int:
+    return json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
