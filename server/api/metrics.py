@@ -1,0 +1,137 @@
+"""Prometheus metrics with vLLM's names, so existing dashboards and autoscalers work unchanged,
+plus llm-fleet's own under ``llmfleet_*``. One registry per app, labels ``model_name`` and ``role``.
+
+Request histograms are observed on the engine thread right after each step, from the engine's
+own timestamps (arrival, first scheduled, first token, each token, finish).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from ..config import EngineConfig
+from ..engine.engine import LLMEngine, RequestOutput
+
+# Buckets as vLLM uses them (seconds)
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]  # fmt: skip
+REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+BYTES_BUCKETS = [2**k for k in range(10, 34, 2)]
+
+NUMERIC_KNOBS = sorted(
+    name
+    for name, field in EngineConfig.model_fields.items()
+    if field.annotation in (int, float) and name in EngineConfig.live_fields()
+)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, role: str) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = {"model_name": model_name, "role": role}
+        names = list(self.labels)
+        reg = self.registry
+
+        def hist(name, doc, buckets, extra=()):
+            return Histogram(name, doc, [*names, *extra], buckets=buckets, registry=reg)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds", "Mean time per output token.", ITL_BUCKETS)
+        self.tpot_alias = hist("vllm:time_per_output_token_seconds", "Deprecated alias of TPOT.", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_BUCKETS)
+        self.queue = hist("vllm:request_queue_time_seconds", "Time waiting before first scheduled.", REQUEST_BUCKETS)
+        self.prefill = hist("vllm:request_prefill_time_seconds", "First scheduled to first token.", REQUEST_BUCKETS)
+        self.decode = hist("vllm:request_decode_time_seconds", "First token to last token.", REQUEST_BUCKETS)
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", names, registry=reg)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", names, registry=reg)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage, 0..1.", names, registry=reg)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", names, registry=reg)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", names, registry=reg)
+        self.success = Counter("vllm:request_success", "Finished requests.", [*names, "finished_reason"], registry=reg)
+        self.preemptions = Counter("vllm:num_preemptions", "Preemptions.", names, registry=reg)
+        self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.", BATCH_BUCKETS)
+        self.cache_info = Info("vllm:cache_config", "KV cache configuration.", registry=reg)
+
+        self.batch_size = hist("llmfleet_batch_size", "Requests per engine step.", BATCH_BUCKETS)
+        self.step_seconds = hist("llmfleet_step_duration_seconds", "Engine step time.", STEP_BUCKETS)
+        self.schedule_seconds = hist("llmfleet_scheduler_duration_seconds", "Scheduler time per step.", STEP_BUCKETS)
+        self.config_generation = Gauge(
+            "llmfleet_config_generation", "Generation of the applied engine config.", names, registry=reg
+        )
+        self.knob = Gauge("llmfleet_config_knob", "Applied live knob values.", [*names, "knob"], registry=reg)
+        self.config_errors = Counter("llmfleet_config_errors", "Engine config files rejected.", names, registry=reg)
+        self.kv_transfer_bytes = hist("llmfleet_kv_transfer_bytes", "KV bytes moved per request.", BYTES_BUCKETS)
+        self.kv_transfer_seconds = hist("llmfleet_kv_transfer_seconds", "KV transfer time.", STEP_BUCKETS)
+        self.role_info = Gauge("llmfleet_role_info", "Server role.", names, registry=reg)
+        self.in_flight = Gauge("llmfleet_requests_in_flight", "HTTP requests in flight.", names, registry=reg)
+        self.role_info.labels(**self.labels).set(1)
+        self._preemptions_seen = 0
+        self._token_times: dict[str, float] = {}
+
+    def lab(self, metric, **extra):
+        return metric.labels(**self.labels, **extra)
+
+    def set_config(self, config: EngineConfig, generation: int, num_kv_blocks: int) -> None:
+        self.lab(self.config_generation).set(generation)
+        for name in NUMERIC_KNOBS:
+            self.lab(self.knob, knob=name).set(float(getattr(config, name)))
+        self.cache_info.info(
+            {
+                "block_size": str(config.kv_block_size),
+                "num_gpu_blocks": str(num_kv_blocks),
+                "cache_dtype": config.dtype,
+                "policy": config.policy.value,
+                "prefill_mode": config.prefill_mode.value,
+            }
+        )
+
+    def on_step(self, engine: LLMEngine, events: list[RequestOutput]) -> None:
+        """Engine-thread observer: called after each step with its events."""
+        stats = engine.stats()
+        self.lab(self.running).set(stats.num_running)
+        self.lab(self.waiting).set(stats.num_waiting)
+        self.lab(self.kv_usage).set(stats.kv_usage)
+        if stats.preemptions_total > self._preemptions_seen:
+            self.lab(self.preemptions).inc(stats.preemptions_total - self._preemptions_seen)
+            self._preemptions_seen = stats.preemptions_total
+        if stats.last_batch_size:
+            self.lab(self.batch_size).observe(stats.last_batch_size)
+            self.lab(self.iteration_tokens).observe(stats.last_num_tokens)
+            self.lab(self.step_seconds).observe(stats.last_step_seconds)
+            self.lab(self.schedule_seconds).observe(stats.last_schedule_seconds)
+        for ev in events:
+            self._observe(ev)
+
+    def _observe(self, ev: RequestOutput) -> None:
+        m = ev.metrics
+        if ev.new_token_ids:
+            self.lab(self.generation_tokens).inc(len(ev.new_token_ids))
+            previous = self._token_times.get(ev.request_id)
+            now = m.last_token_time
+            if previous is None:
+                self.lab(self.prompt_tokens).inc(ev.num_prompt_tokens)
+                self.lab(self.ttft).observe(m.first_token_time - m.arrival_time)
+            elif now is not None:
+                self.lab(self.itl).observe(now - previous)
+            self._token_times[ev.request_id] = now
+        if not ev.finished:
+            return
+        self._token_times.pop(ev.request_id, None)
+        self.lab(self.success, finished_reason=ev.finish_reason).inc()
+        if m.finished_time is None or ev.num_output_tokens == 0:
+            return
+        self.lab(self.e2e).observe(m.finished_time - m.arrival_time)
+        if m.first_scheduled_time is not None:
+            self.lab(self.queue).observe(m.first_scheduled_time - m.arrival_time)
+            self.lab(self.prefill).observe(m.first_token_time - m.first_scheduled_time)
+        self.lab(self.decode).observe(m.last_token_time - m.first_token_time)
+        if ev.num_output_tokens > 1:
+            tpot = (m.last_token_time - m.first_token_time) / (ev.num_output_tokens - 1)
+            self.lab(self.tpot).observe(tpot)
+            self.lab(self.tpot_alias).observe(tpot)
