@@ -71,6 +71,11 @@ class ServerMetrics:
         self.role_info = Gauge("llmfleet_role_info", "Server role.", names, registry=reg)
         self.in_flight = Gauge("llmfleet_requests_in_flight", "HTTP requests in flight.", names, registry=reg)
         self.role_info.labels(**self.labels).set(1)
+        # Export zeros from the start: a series that appears only on its first event breaks rate().
+        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.config_errors):
+            metric.labels(**self.labels)
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(**self.labels, finished_reason=reason)
         self._preemptions_seen = 0
         self._token_times: dict[str, float] = {}
 

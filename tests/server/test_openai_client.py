@@ -1,0 +1,90 @@
+"""The official `openai` client against a real server process."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.support import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with ServerProcess("--model", "builtin:tiny", "--served-model-name", "tiny", log_path=log) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_have_root_and_max_model_len(client):
+    (model,) = client.models.list().data
+    assert model.id == "tiny"
+    assert model.root == "tiny" and model.max_model_len == 2048
+
+
+def test_completion_and_stream_agree(client):
+    full = client.completions.create(model="tiny", prompt="Hello there", max_tokens=12, temperature=0)
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt="Hello there",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "length" and all(r is None for r in reasons[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_chat_stream_and_not(client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    full = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=8, temperature=0)
+    assert full.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == full.choices[0].message.content
+
+
+def test_n_choices_and_token_prompts(client):
+    out = client.completions.create(model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=4, n=3, temperature=1.0)
+    assert sorted(c.index for c in out.choices) == list(range(6))
+    assert out.usage.prompt_tokens == 5
+
+
+def test_stop_strings_cut_the_text(client):
+    base = client.completions.create(model="tiny", prompt="abc", max_tokens=24, temperature=0).choices[0].text
+    stop = base[5:7]
+    assert stop and stop in base
+    cut = client.completions.create(model="tiny", prompt="abc", max_tokens=24, temperature=0, stop=[stop])
+    assert cut.choices[0].text == base[: base.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_seed_determinism(client):
+    def sample(seed):
+        return client.completions.create(model="tiny", prompt="xyz", max_tokens=16, temperature=1.0, seed=seed)
+
+    assert sample(7).choices[0].text == sample(7).choices[0].text
+    assert sample(7).choices[0].text != sample(8).choices[0].text
+
+
+def test_errors_are_openai_errors(client):
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 2048"):
+        client.completions.create(model="tiny", prompt=[1] * 2100, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="n"):
+        client.completions.create(model="tiny", prompt="x", n=1000)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="at least one token"):
+        client.completions.create(model="tiny", prompt="")
