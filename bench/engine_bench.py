@@ -178,6 +178,7 @@ def online(model: str, workload: Workload, config: EngineConfig) -> dict:
 
 def run(args) -> int:
     import torch
+
     from llmfleet.server.runner.builtin_models import resolve_model
     from llmfleet.server.runner.torch_runner import resolve_dtype
 

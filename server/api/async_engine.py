@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..config import EngineConfig
 from ..core.request import SamplingParams
-from ..engine.engine import EngineStats, LLMEngine, RequestOutput
+from ..engine.engine import EngineStats, LLMEngine, RequestOutput, StepFailedError
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,11 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain_commands()
                 if engine.has_unfinished_requests():
-                    events = engine.step()
+                    try:
+                        events = engine.step()
+                    except StepFailedError:
+                        log.exception("engine step failed; its requests were aborted")
+                        continue
                     self.stats = engine.stats()
                     for observer in self.observers:
                         observer(engine, events)

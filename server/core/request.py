@@ -34,6 +34,9 @@ FINISH_REASON = {
 }
 
 
+_GREEDY_EPS = 1e-5
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` means greedy."""
@@ -60,7 +63,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # below this, logits / temperature overflows; vLLM uses the same epsilon
+        return self.temperature < _GREEDY_EPS
 
 
 @dataclass(eq=False)

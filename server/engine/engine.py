@@ -22,6 +22,10 @@ class InvalidRequestError(ValueError):
     """Bad input: the API answers 400 with this message."""
 
 
+class StepFailedError(RuntimeError):
+    """The runner failed on a step; that step's requests were aborted, the engine is usable."""
+
+
 class QueueFullError(Exception):
     """The waiting queue is at max_queue_len: the API answers 429."""
 
@@ -184,7 +188,14 @@ class LLMEngine:
             self._last = (0, 0, 0.0, scheduled_at - started)
             return events
 
-        sampled = self.runner.execute(out)
+        try:
+            sampled = self.runner.execute(out)
+        except Exception as exc:
+            # One bad step must not take the server down: its requests end, the rest go on.
+            for item in out.scheduled:
+                if not item.request.status.is_finished:
+                    self.abort_request(item.request.request_id)
+            raise StepFailedError(f"step {out.step} failed; its {len(out.scheduled)} requests were aborted") from exc
         now = self.clock()
         self._steps += 1
         for item, token in zip(out.scheduled, sampled, strict=True):

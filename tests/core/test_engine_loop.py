@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from llmfleet.server.config import EngineConfig, load_engine_config
 from llmfleet.server.core.request import SamplingParams
-from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, QueueFullError
+from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, QueueFullError, StepFailedError
 
 from .fakes import FakeClock, FakeRunner, reference_output
 
@@ -254,3 +255,17 @@ def test_live_config_update_applies_next_step_and_ignores_restart_fields():
     engine.update_config(EngineConfig(max_batch_size=1))  # shrinking preempts the excess
     engine.step()
     assert len(runner.batches[-1]) == 1
+
+
+def test_a_failing_step_aborts_its_requests_and_the_engine_goes_on():
+    engine, runner, clock = make()
+    engine.add_request("a", [1, 2], greedy(4))
+    real = runner.execute
+    runner.execute = lambda out: (_ for _ in ()).throw(RuntimeError("boom"))
+    with pytest.raises(StepFailedError):
+        engine.step()
+    runner.execute = real
+    assert engine.block_manager.usage == 0
+    engine.add_request("b", [1, 2], greedy(4))
+    events = run_all(engine, clock)
+    assert {(e.request_id, e.finish_reason) for e in events if e.finished} == {("a", "abort"), ("b", "length")}

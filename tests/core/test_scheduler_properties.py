@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from llmfleet.server.config import EngineConfig, Policy, PrefillMode
 from llmfleet.server.core.request import RequestStatus, SamplingParams
 from llmfleet.server.engine.engine import LLMEngine

@@ -8,11 +8,12 @@ import random
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.build import build_engine
 from llmfleet.server.runner.builtin_models import resolve_model
-from transformers import AutoModelForCausalLM
 
 MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 
