@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-HELP = "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies)"
+HELP = "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies) or server"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("which", nargs="?", default="engine", choices=["engine"], help="benchmark to run")
+    parser.add_argument("which", nargs="?", default="engine", choices=["engine", "server"], help="benchmark to run")
     parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has it natively, else float32")
     parser.add_argument("--out", default="bench/results", help="directory for JSON and PNG")
@@ -16,9 +16,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rate", type=float, default=1.0, help="online arrival rate, requests/s")
     parser.add_argument("--online-requests", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16, help="max_batch_size for the online policies")
+    parser.add_argument("--clients", type=int, default=32, help="server bench: concurrent streaming clients")
+    parser.add_argument("--port", type=int, default=8765, help="server bench: port for the server under test")
 
 
 def run(args) -> int:
+    if args.which == "server":
+        from .server_bench import run as run_server
+
+        return run_server(args)
     from .engine_bench import run as run_engine
 
     return run_engine(args)
