@@ -38,3 +38,12 @@ def test_cli_help_runs_without_torch():
         "assert 'torch' not in sys.modules, 'llm-fleet --help imported torch'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True)
+
+
+def test_python_dash_m_from_repo_root_keeps_stdlib_operator():
+    """`python -m venv`/`python -m pytest` put the cwd first on sys.path before the stdlib's
+    `collections` imports `operator`: a regular package named operator/ would break them."""
+    assert not (REPO / "operator" / "__init__.py").exists()
+    code = "import collections, operator; assert operator.__file__.endswith('operator.py')"
+    subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, check=True)
+    subprocess.run([sys.executable, "-m", "json.tool", "--help"], cwd=REPO, check=True, capture_output=True)

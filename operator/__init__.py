@@ -1,1 +1,0 @@
-"""llm-fleet Kubernetes operator (kopf): reconciles InferenceService resources and tunes them."""
