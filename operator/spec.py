@@ -1,0 +1,159 @@
+"""The InferenceService spec as the operator reads it (mirrors crds/inferenceservice.yaml).
+
+The CRD schema rejects most bad input at the API server; ``SpecError`` covers what it lets
+through but the operator cannot serve. Its message becomes a Degraded condition's message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from llmfleet.server.config import EngineConfig
+
+POOL_NAMES = ("colocated", "prefill", "decode")
+TUNABLE_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
+                 "maxNumBatchedTokens": "max_num_batched_tokens"}  # fmt: skip
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot serve: reason (CamelCase) and a readable message."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class ModelSource(_Model):
+    name: str | None = None
+    builtin: Literal["tiny", "small"] | None = None
+    path: str | None = None
+    volume: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if (self.builtin is None) == (self.path is None):
+            raise ValueError("set exactly one of model.builtin or model.path")
+        if self.path is not None and not self.path.startswith("/"):
+            raise ValueError(f"model.path must be absolute inside the container, got {self.path!r}")
+        return self
+
+    @property
+    def server_arg(self) -> str:
+        return f"builtin:{self.builtin}" if self.builtin else str(self.path)
+
+
+class Bound(_Model):
+    min: float | None = None
+    max: float | None = None
+
+    def clamp(self, value: float) -> float:
+        if self.min is not None:
+            value = max(value, self.min)
+        if self.max is not None:
+            value = min(value, self.max)
+        return value
+
+
+class Pool(_Model):
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    replicas: int | None = Field(None, ge=0)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    bounds: dict[str, Bound] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Pool:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas {self.min_replicas} > maxReplicas {self.max_replicas}")
+        for knob, bound in self.bounds.items():
+            if knob not in TUNABLE_KNOBS:
+                raise ValueError(f"bounds.{knob}: not a tunable knob (one of {sorted(TUNABLE_KNOBS)})")
+            if bound.min is not None and bound.max is not None and bound.min > bound.max:
+                raise ValueError(f"bounds.{knob}: min {bound.min} > max {bound.max}")
+        return self
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.model_validate(self.engine)
+
+    @property
+    def initial_replicas(self) -> int:
+        return self.min_replicas if self.replicas is None else self.replicas
+
+
+class SLO(_Model):
+    ttft_p95_ms: float = Field(gt=0)
+    itl_p95_ms: float = Field(gt=0)
+
+
+class Autotune(_Model):
+    enabled: bool = True
+    interval_seconds: int = Field(30, ge=5)
+    scale_up_stabilization_seconds: int = Field(0, ge=0)
+    scale_down_stabilization_seconds: int = Field(300, ge=0)
+    cooldown_seconds: int = Field(60, ge=0)
+    headroom: float = Field(0.2, ge=0, le=0.9)
+    prometheus_url: str | None = None
+
+
+class Router(_Model):
+    replicas: int = Field(1, ge=1)
+    policy: Literal["load", "round-robin"] = "load"
+    resources: dict[str, Any] = Field(default_factory=dict)
+
+
+class InferenceServiceSpec(_Model):
+    model: ModelSource
+    image: str = "ghcr.io/llm-fleet/llm-fleet:0.1.0"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    slo: SLO
+    mode: Literal["colocated", "disaggregated"] = "colocated"
+    pools: dict[str, Pool] = Field(default_factory=dict)
+    autotune: Autotune = Field(default_factory=Autotune)
+    router: Router = Field(default_factory=Router)
+
+    @model_validator(mode="after")
+    def _pools_for_mode(self) -> InferenceServiceSpec:
+        unknown = set(self.pools) - set(POOL_NAMES)
+        if unknown:
+            raise ValueError(f"unknown pools {sorted(unknown)}; use {list(POOL_NAMES)}")
+        if self.mode == "disaggregated":
+            missing = [p for p in ("prefill", "decode") if p not in self.pools]
+            if missing:
+                raise ValueError(f"disaggregated mode needs pools {missing}")
+        return self
+
+    @property
+    def active_pools(self) -> list[str]:
+        return ["prefill", "decode"] if self.mode == "disaggregated" else ["colocated"]
+
+    def pool(self, name: str) -> Pool:
+        return self.pools.get(name) or Pool()
+
+
+def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:
+    """Validate a spec dict, raising SpecError(reason, message) on anything unservable."""
+    try:
+        spec = InferenceServiceSpec.model_validate(raw)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+        raise SpecError("InvalidSpec", "; ".join(parts)) from exc
+    for name in spec.active_pools:
+        try:
+            spec.pool(name).engine_config()
+        except ValidationError as exc:
+            msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise SpecError("InvalidEngineConfig", f"pools.{name}.engine: {msgs}") from exc
+    return spec
