@@ -88,3 +88,18 @@ def test_errors_are_openai_errors(client):
         client.completions.create(model="other", prompt="x")
     with pytest.raises(openai.BadRequestError, match="at least one token"):
         client.completions.create(model="tiny", prompt="")
+
+
+def test_concurrent_requests_never_cross(client):
+    """Greedy outputs under concurrency equal the same prompts served one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"prompt number {i} " * (1 + i % 4) for i in range(12)]
+
+    def ask(prompt):
+        return client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+
+    alone = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(12) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == alone
