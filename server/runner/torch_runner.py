@@ -161,21 +161,18 @@ class TorchModelRunner:
             cache=self.cache,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             decode_rows=None,
-            decode_slots=None,
+            decode_blocks=None,
             decode_mask=None,
             prefills=[],
         )
         if decode_rows:
-            # slots of every position of every decode request, padded to the longest context
-            width = max(decode_lengths)
-            blocks = -(-width // bs)
-            tables = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in decode_tables])
-            all_slots = (tables[:, :, None] * bs + torch.arange(bs)).view(len(decode_rows), -1)[:, :width]
+            blocks = -(-max(decode_lengths) // bs)
+            tables = [t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in decode_tables]
             lengths = torch.tensor(decode_lengths)
-            pad = torch.arange(width)[None, :] >= lengths[:, None]
+            pad = torch.arange(blocks * bs)[None, :] >= lengths[:, None]
             mask = torch.zeros(pad.shape, dtype=self.dtype).masked_fill_(pad, float("-inf"))
             meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=dev)
-            meta.decode_slots = all_slots.to(dev)
+            meta.decode_blocks = torch.tensor(tables, dtype=torch.long).flatten().to(dev)
             meta.decode_mask = mask[None, :, None, :].to(dev)
         for row, n, ctx, ctx_slots in prefills:
             mask = None
