@@ -129,14 +129,16 @@ def scheduler_time_256() -> float:
         scheduler.add(Request(str(i), list(range(300)), SamplingParams(max_tokens=500)))
     scheduler.schedule()
     reps = 200
-    start = time.perf_counter()
+    spent = 0.0
     for _ in range(reps):
+        start = time.perf_counter()
         out = scheduler.schedule()
-        for item in out.scheduled:  # what postprocess does: the token is computed, one more is owed
+        spent += time.perf_counter() - start
+        for item in out.scheduled:  # what postprocess does (untimed): computed, one more owed
             req = item.request
             req.num_computed_tokens += item.num_tokens
             req.output_token_ids.append(1)
-    return (time.perf_counter() - start) / reps
+    return spent / reps
 
 
 def online(model: str, workload: Workload, config: EngineConfig) -> dict:

@@ -136,7 +136,7 @@ def create_app(state: ServerState) -> FastAPI:
         }
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionRequest):
         _check_serving(state, body.model)
         prompts = _completion_prompts(state, body.prompt)
         subs = _subrequests(state, prompts, body, body.max_tokens, body.logprobs)
@@ -148,10 +148,10 @@ def create_app(state: ServerState) -> FastAPI:
         results = await _collect(state, subs, streams)
         choices = []
         for sub in subs:
-            text, finish, tokens, lps, _ = results[sub.index]
-            choice = {"index": sub.index, "text": text, "finish_reason": finish, "logprobs": None}
+            result = results[sub.index]
+            choice = {"index": sub.index, "text": result.text, "finish_reason": result.finish_reason, "logprobs": None}
             if body.logprobs is not None:
-                choice["logprobs"] = _completion_logprobs(state, tokens, lps)
+                choice["logprobs"] = _completion_logprobs(state, result.token_ids, result.logprobs)
             choices.append(choice)
         return {
             "id": cid,
@@ -163,7 +163,7 @@ def create_app(state: ServerState) -> FastAPI:
         }
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request):
+    async def chat(body: ChatCompletionRequest):
         _check_serving(state, body.model)
         prompt = _chat_prompt(state, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
@@ -175,15 +175,17 @@ def create_app(state: ServerState) -> FastAPI:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(_stream_chat(state, subs, streams, cid, created, include_usage))
         results = await _collect(state, subs, streams)
-        choices = [
-            {
-                "index": sub.index,
-                "message": {"role": "assistant", "content": results[sub.index][0]},
-                "finish_reason": results[sub.index][1],
-                "logprobs": None,
-            }
-            for sub in subs
-        ]
+        choices = []
+        for sub in subs:
+            result = results[sub.index]
+            choices.append(
+                {
+                    "index": sub.index,
+                    "message": {"role": "assistant", "content": result.text},
+                    "finish_reason": result.finish_reason,
+                    "logprobs": _chat_logprobs(state, result) if body.logprobs else None,
+                }
+            )
         return {
             "id": cid,
             "object": "chat.completion",
@@ -327,19 +329,28 @@ async def _events(subs: list[_Sub], streams, state: ServerState) -> AsyncIterato
                 state.engine.abort(sub.request_id)
 
 
-async def _collect(state: ServerState, subs: list[_Sub], streams) -> dict[int, tuple]:
-    """Wait for every sub-request; returns index -> (text, finish_reason, token ids, logprobs, usage)."""
+@dataclass
+class _Result:
+    text: str
+    finish_reason: str | None
+    token_ids: list[int]
+    logprobs: list
+    num_output_tokens: int
+
+
+async def _collect(state: ServerState, subs: list[_Sub], streams) -> dict[int, _Result]:
+    """Wait for every sub-request's last event; returns index -> result."""
     text: dict[int, list[str]] = {s.index: [] for s in subs}
     tokens: dict[int, list[int]] = {s.index: [] for s in subs}
     lps: dict[int, list] = {s.index: [] for s in subs}
-    done: dict[int, tuple[str | None, int, int]] = {}
+    done: dict[int, tuple[str | None, int]] = {}
     async for sub, event in _events(subs, streams, state):
         text[sub.index].append(event.new_text)
         tokens[sub.index].extend(event.new_token_ids)
         lps[sub.index].extend(event.logprobs or [])
         if event.finished:
-            done[sub.index] = (_api_finish(event.finish_reason), event.num_prompt_tokens, event.num_output_tokens)
-    return {i: ("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1:]) for i in text}
+            done[sub.index] = (_api_finish(event.finish_reason), event.num_output_tokens)
+    return {i: _Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1]) for i in text}
 
 
 def _api_finish(reason: str | None) -> str | None:
@@ -347,10 +358,19 @@ def _api_finish(reason: str | None) -> str | None:
     return "stop" if reason == "abort" else reason
 
 
-def _usage(subs: list[_Sub], results: dict[int, tuple]) -> dict:
+def _usage(subs: list[_Sub], results: dict[int, _Result]) -> dict:
     prompt = _prompt_tokens(subs)
-    completion = sum(r[4][1] for r in results.values())
+    completion = sum(r.num_output_tokens for r in results.values())
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _chat_logprobs(state: ServerState, result: _Result) -> dict:
+    decode = state.tokenizer.decode
+    content = []
+    for token, lp in zip(result.token_ids, result.logprobs, strict=False):
+        top = [{"token": decode([t]), "logprob": v} for t, v in (lp.top_logprobs or {}).items()]
+        content.append({"token": decode([token]), "logprob": lp.logprob, "top_logprobs": top})
+    return {"content": content}
 
 
 def _prompt_tokens(subs: list[_Sub]) -> int:

@@ -160,12 +160,16 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int | None) -> int | None:
         """Give each running request its owed tokens (all of them, or up to the budget),
         preempting victims when KV blocks run out. Returns the budget left."""
+        # The hot loop of every step (hundreds of decodes): plain attribute access, no properties.
         chunked = self._chunked
+        block_size = self.block_manager.block_size
         scheduled: set[int] = set()
+        running = RequestStatus.RUNNING
         for request in list(self.running):
-            if request.status != RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # preempted as a victim earlier in this loop
-            owed = request.num_uncomputed_tokens
+            computed = request.num_computed_tokens
+            owed = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             if budget is None:
                 n = owed
             elif budget <= 0:
@@ -176,7 +180,8 @@ class Scheduler:
                 n = owed
             else:
                 continue  # whole prompts only; this one runs in a later step
-            if not self._reserve(request, n, scheduled):
+            fits = len(request.block_table) * block_size >= computed + n
+            if not fits and not self._reserve(request, n, scheduled):
                 continue
             out.scheduled.append(ScheduledRequest(request, n))
             scheduled.add(id(request))

@@ -103,3 +103,20 @@ def test_concurrent_requests_never_cross(client):
     with ThreadPoolExecutor(12) as pool:
         together = list(pool.map(ask, prompts))
     assert together == alone
+
+
+def test_logprobs(client):
+    out = client.completions.create(model="tiny", prompt="abc", max_tokens=4, temperature=0, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == 4 and all(v <= 0 for v in lp.token_logprobs)
+    assert all(len(top) >= 1 for top in lp.top_logprobs)
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and len(content[0].top_logprobs) == 2
