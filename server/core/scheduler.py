@@ -100,7 +100,7 @@ class Scheduler:
         out = SchedulerOutput(step=self.step_index)
 
         self._ordering.sort_running(self.running, now)
-        self._shed_excess_running(out)
+        self._shed_excess_running()
 
         if cfg.policy == Policy.CONTINUOUS:
             self._schedule_continuous(out, now)
@@ -129,8 +129,7 @@ class Scheduler:
             if ready:
                 self._admit(out, budget=None, limit=cfg.max_batch_size)
                 return
-        budget = None  # a classic batch runs every member each step
-        self._schedule_running(out, budget)
+        self._schedule_running(out, budget=None)  # a classic batch runs every member each step
 
     # --- continuous -----------------------------------------------------------------------------
     def _schedule_continuous(self, out: SchedulerOutput, now: float) -> None:
@@ -213,7 +212,7 @@ class Scheduler:
         self.num_preemptions += 1
         self._preempted.append(request)
 
-    def _shed_excess_running(self, out: SchedulerOutput) -> None:
+    def _shed_excess_running(self) -> None:
         """After a live decrease of max_batch_size, send the excess back to wait (recompute)."""
         while len(self.running) > self.config.max_batch_size:
             victim = self._ordering.pick_victim(self.running, self.clock())
