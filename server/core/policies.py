@@ -30,6 +30,9 @@ class PriorityOrdering(Ordering):
 
     Higher scores are served first and preempted last. The age term keeps low-priority
     requests from starving; the work term favours short jobs (shortest-remaining-first).
+    Remaining work is the prompt still to compute plus the output still to generate:
+    ``num_prompt_tokens - num_computed_tokens + max_tokens`` (a recompute after preemption
+    counts its outputs again, since they are part of the uncomputed tokens).
     """
 
     def __init__(self, age_weight: float, work_weight: float) -> None:
@@ -37,17 +40,27 @@ class PriorityOrdering(Ordering):
         self.work_weight = work_weight
 
     def score(self, request: Request, now: float) -> float:
-        remaining = request.num_uncomputed_tokens + request.sampling.max_tokens - request.num_output_tokens
-        return request.priority + self.age_weight * (now - request.arrival_time) - self.work_weight * remaining / 1000.0
+        return -self._sort_key(now)(request)[0]
+
+    def _sort_key(self, now: float):
+        # The score, inlined (this runs over every running request each step); ties go to the earlier arrival.
+        age, work = self.age_weight, self.work_weight / 1000.0
+
+        def key(r: Request) -> tuple[float, float]:
+            remaining = len(r.prompt_token_ids) - r.num_computed_tokens + r.sampling.max_tokens
+            return -(r.priority + age * (now - r.arrival_time) - work * remaining), r.arrival_time
+
+        return key
 
     def sort_waiting(self, waiting: deque[Request], now: float) -> None:
         if len(waiting) > 1:
-            ordered = sorted(waiting, key=lambda r: -self.score(r, now))
+            ordered = sorted(waiting, key=self._sort_key(now))
             waiting.clear()
             waiting.extend(ordered)
 
     def sort_running(self, running: list[Request], now: float) -> None:
-        running.sort(key=lambda r: -self.score(r, now))
+        if len(running) > 1:
+            running.sort(key=self._sort_key(now))
 
     def pick_victim(self, candidates: Sequence[Request], now: float) -> Request | None:
         return min(candidates, key=lambda r: (self.score(r, now), -r.arrival_time), default=None)
@@ -65,6 +78,10 @@ def window_expired(since: float, now: float, window_ms: float) -> bool:
     return now - since >= window_ms / 1000.0 - 1e-9
 
 
+def oldest_arrival(waiting: deque[Request]) -> float:
+    return min(r.arrival_time for r in waiting)
+
+
 class AdmissionGate:
     """When continuous batching lets waiting requests join the running set.
 
@@ -74,8 +91,8 @@ class AdmissionGate:
     - ``batch_timeout_ms``: hold new prompts until the oldest has waited this long or enough
       wait to fill the free slots, so they prefill together.
 
-    Recomputes of preempted requests are never held. With nothing running, only the
-    coalescing window applies.
+    Recomputes of preempted requests are never held, nor is anything after ``flush`` (drain).
+    With nothing running, only the coalescing window applies.
     """
 
     def __init__(self) -> None:
@@ -87,24 +104,31 @@ class AdmissionGate:
     def held(self) -> None:
         self.steps_since_admission += 1
 
-    def should_admit(self, cfg: EngineConfig, waiting: deque[Request], running: list[Request], now: float) -> bool:
-        if not waiting:
+    def should_admit(
+        self,
+        cfg: EngineConfig,
+        waiting: deque[Request],
+        num_running: int,
+        now: float,
+        *,
+        urgent: bool = False,
+    ) -> bool:
+        """``urgent``: a preempted request waits, or the engine is draining: admit now."""
+        free_slots = cfg.max_batch_size - num_running
+        if not waiting or free_slots <= 0:
             return False
-        if any(r.num_preemptions for r in waiting):
+        if urgent:
             return True
-        if running:
+        if num_running:
             waited = self.steps_since_admission + 1
             if waited < cfg.schedule_interval:
                 return False
             if (
                 cfg.waiting_served_ratio > 0
-                and len(waiting) < cfg.waiting_served_ratio * len(running)
+                and len(waiting) < cfg.waiting_served_ratio * num_running
                 and waited < cfg.max_waiting_steps
             ):
                 return False
-        if cfg.batch_timeout_ms > 0:
-            free_slots = cfg.max_batch_size - len(running)
-            oldest = min(r.arrival_time for r in waiting)
-            if len(waiting) < free_slots and not window_expired(oldest, now, cfg.batch_timeout_ms):
-                return False
+        if cfg.batch_timeout_ms > 0 and len(waiting) < free_slots:
+            return window_expired(oldest_arrival(waiting), now, cfg.batch_timeout_ms)
         return True

@@ -6,15 +6,24 @@ budget (``max_num_batched_tokens``) and the sequence budget (``max_batch_size``)
 Policies (server/core/policies.py) only decide *when* waiting requests are admitted, in
 which *order*, and *who* is preempted when KV blocks run out.
 
-Static and dynamic batching prefill a batch's whole prompts in one step (classic batching
-has no chunking), so that step may exceed the token budget; continuous batching never does,
-except that ``merged`` and ``prefill_first`` take a prompt longer than the budget whole when
-it is the only one admitted in a step (otherwise it could never run).
+Budget rules:
+
+- static and dynamic batching prefill a batch's whole prompts in one step (classic batching
+  has no chunking), so that step may exceed the token budget; every later step of the batch
+  is one decode per member;
+- continuous ``chunked`` never exceeds the budget: decodes first, then prompt chunks (down to
+  one token) fill what is left;
+- continuous ``merged`` and ``prefill_first`` admit whole prompts only, and a prompt longer
+  than the budget only when it is the sole request of its step (otherwise it could never run).
+  A running request still owing several tokens (left mid-prompt by a live switch from
+  ``chunked``) gets chunks of the budget left after the decodes, as in ``chunked``.
+
+Preemption is by recompute: the victim's blocks are freed, its computed tokens reset to 0,
+and it goes back to the head of the waiting queue (never dropped).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -22,7 +31,7 @@ from collections.abc import Callable
 from ..config import EngineConfig, Policy, PrefillMode
 from .batch import ScheduledRequest, SchedulerOutput
 from .block_manager import BlockManager
-from .policies import AdmissionGate, Ordering, make_ordering, window_expired
+from .policies import AdmissionGate, Ordering, make_ordering, oldest_arrival, window_expired
 from .request import Request, RequestStatus
 
 
@@ -39,6 +48,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.step_index = 0
         self.num_preemptions = 0
+        self._num_preempted_waiting = 0  # waiting requests with status PREEMPTED
         self._flushing = False
         self._preempted: list[Request] = []
         self._gate = AdmissionGate()
@@ -54,9 +64,10 @@ class Scheduler:
         """Take a finished or aborted request out and free its blocks."""
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        else:
-            with contextlib.suppress(ValueError):
-                self.waiting.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+            if request.status == RequestStatus.PREEMPTED:
+                self._num_preempted_waiting -= 1
         self.block_manager.free(request)
 
     @property
@@ -70,27 +81,23 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def _chunked(self) -> bool:
-        return self.config.policy == Policy.CONTINUOUS and self.config.prefill_mode == PrefillMode.CHUNKED
-
     # --- config ---------------------------------------------------------------------------------
     def update_config(self, config: EngineConfig) -> None:
+        """Applies at the next ``schedule()``; requests in flight keep their state."""
         self.config = config
         self._ordering = make_ordering(config)
 
     def flush(self) -> None:
-        """Static/dynamic batching: launch whatever waits as a partial batch (drain)."""
+        """Drain: launch whatever waits now, as a partial static/dynamic batch and past the
+        continuous coalescing window. Lasts until the waiting queue is empty."""
         self._flushing = True
 
     def next_wakeup(self) -> float | None:
         """When a time-based admission rule could next fire, if nothing can run now."""
-        if not self.waiting or self.config.batch_timeout_ms <= 0:
+        cfg = self.config
+        if not self.waiting or cfg.batch_timeout_ms <= 0 or cfg.policy == Policy.STATIC:
             return None
-        if self.config.policy == Policy.STATIC:
-            return None
-        oldest = min(r.arrival_time for r in self.waiting)
-        return oldest + self.config.batch_timeout_ms / 1000.0
+        return oldest_arrival(self.waiting) + cfg.batch_timeout_ms / 1000.0
 
     # --- the step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -100,7 +107,7 @@ class Scheduler:
         out = SchedulerOutput(step=self.step_index)
 
         self._ordering.sort_running(self.running, now)
-        self._shed_excess_running()
+        self._shed_excess_running(now)
 
         if cfg.policy == Policy.CONTINUOUS:
             self._schedule_continuous(out, now)
@@ -118,38 +125,38 @@ class Scheduler:
     # --- static and dynamic ---------------------------------------------------------------------
     def _schedule_batch(self, out: SchedulerOutput, now: float) -> None:
         cfg = self.config
-        if not self.running:
-            self._ordering.sort_waiting(self.waiting, now)
-            ready = len(self.waiting) >= cfg.max_batch_size or self._flushing
-            if not ready and self.waiting and cfg.policy == Policy.DYNAMIC:
-                oldest = min(r.arrival_time for r in self.waiting)
-                ready = window_expired(oldest, now, cfg.batch_timeout_ms)
-            if not ready and self.waiting and self.waiting[0].num_preemptions:
-                ready = True  # a preempted request never waits for a new batch to form
+        if not self.running and self.waiting:
+            # A preempted request never waits for a new batch to form.
+            ready = len(self.waiting) >= cfg.max_batch_size or self._flushing or self._num_preempted_waiting > 0
+            if not ready and cfg.policy == Policy.DYNAMIC:
+                ready = window_expired(oldest_arrival(self.waiting), now, cfg.batch_timeout_ms)
             if ready:
+                self._ordering.sort_waiting(self.waiting, now)
                 self._admit(out, budget=None, limit=cfg.max_batch_size)
                 return
-        self._schedule_running(out, budget=None)  # a classic batch runs every member each step
+        self._schedule_running(out, budget=None)  # a classic batch runs every member
 
     # --- continuous -----------------------------------------------------------------------------
     def _schedule_continuous(self, out: SchedulerOutput, now: float) -> None:
         cfg = self.config
-        budget: int | None = cfg.max_num_batched_tokens
-        admit = self._gate.should_admit(cfg, self.waiting, self.running, now)
+        chunked = cfg.prefill_mode == PrefillMode.CHUNKED
+        urgent = self._flushing or self._num_preempted_waiting > 0
+        admit = self._gate.should_admit(cfg, self.waiting, len(self.running), now, urgent=urgent)
         if admit:
             self._ordering.sort_waiting(self.waiting, now)
 
-        if cfg.prefill_mode == PrefillMode.PREFILL_FIRST and admit:
-            # New prompts run alone; running requests wait one step, then decode with them.
-            self._admit(out, budget=budget, limit=cfg.max_batch_size - len(self.running))
+        if admit and cfg.prefill_mode == PrefillMode.PREFILL_FIRST:
+            # New prompts run alone; running requests wait this step, then decode with them.
+            self._admit(out, budget=cfg.max_num_batched_tokens, limit=cfg.max_batch_size - len(self.running))
             if out.scheduled:
                 self._gate.admitted()
                 return
+            admit = False
 
-        budget = self._schedule_running(out, budget)
-        if admit and cfg.prefill_mode != PrefillMode.PREFILL_FIRST:
+        budget = self._schedule_running(out, budget=cfg.max_num_batched_tokens)
+        if admit and not self._preempted:  # blocks just ran short: admitting more would thrash (vLLM v1)
             before = len(out.scheduled)
-            self._admit(out, budget=budget, limit=cfg.max_batch_size - len(self.running))
+            self._admit(out, budget=budget, limit=cfg.max_batch_size - len(self.running), chunked=chunked)
             if len(out.scheduled) > before:
                 self._gate.admitted()
                 return
@@ -157,49 +164,57 @@ class Scheduler:
 
     # --- shared mechanism -----------------------------------------------------------------------
     def _schedule_running(self, out: SchedulerOutput, budget: int | None) -> int | None:
-        """Give each running request its owed tokens (all of them, or up to the budget),
-        preempting victims when KV blocks run out. Returns the budget left."""
+        """Give each running request its owed tokens, preempting when KV blocks run out.
+
+        Without a budget (classic batches) everyone gets everything. With one, decodes go
+        first in running order, then requests still owing several tokens (mid-prompt) get
+        chunks of what the budget has left. Returns the budget left."""
         # The hot loop of every step (hundreds of decodes): plain attribute access, no properties.
-        chunked = self._chunked
         block_size = self.block_manager.block_size
-        scheduled: set[int] = set()
-        running = RequestStatus.RUNNING
+        running_status = RequestStatus.RUNNING
+        scheduled = out.scheduled
+        deferred: list[Request] = []
         for request in list(self.running):
-            if request.status is not running:
+            if request.status is not running_status:
                 continue  # preempted as a victim earlier in this loop
             computed = request.num_computed_tokens
-            owed = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
-            if budget is None:
-                n = owed
-            elif budget <= 0:
-                break
-            elif chunked:
-                n = min(owed, budget)
-            elif owed <= budget or not out.scheduled:
-                n = owed
-            else:
-                continue  # whole prompts only; this one runs in a later step
-            fits = len(request.block_table) * block_size >= computed + n
-            if not fits and not self._reserve(request, n, scheduled):
-                continue
-            out.scheduled.append(ScheduledRequest(request, n))
-            scheduled.add(id(request))
+            n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             if budget is not None:
+                if n > 1:
+                    deferred.append(request)  # a prompt chunk: after the decodes
+                    continue
+                if budget <= 0:
+                    break
+            if len(request.block_table) * block_size < computed + n and not self._reserve(request, computed + n, out):
+                continue
+            scheduled.append(ScheduledRequest(request, n))
+            if budget is not None:
+                budget -= n
+        for request in deferred:
+            if budget is None or budget <= 0:
+                break
+            if request.status is not running_status:
+                continue
+            computed = request.num_computed_tokens
+            n = min(request.num_uncomputed_tokens, budget)
+            if self._reserve(request, computed + n, out):
+                scheduled.append(ScheduledRequest(request, n))
                 budget -= n
         return budget
 
-    def _reserve(self, request: Request, n: int, scheduled: set[int]) -> bool:
-        """Allocate KV slots for ``n`` more tokens of ``request``, preempting other running
-        requests (never ones already scheduled this step) while blocks are short. When no
-        victim is left, the request itself goes back to wait."""
-        target = request.num_computed_tokens + n
-        while not self.block_manager.allocate(request, target):
-            candidates = [r for r in self.running if id(r) not in scheduled and r is not request]
+    def _reserve(self, request: Request, num_slots: int, out: SchedulerOutput) -> bool:
+        """Grow ``request``'s block table to ``num_slots`` slots, preempting while blocks are
+        short. The victim is picked by the ordering among the running requests not yet
+        scheduled this step, ``request`` included (vLLM's rule); when ``request`` itself is
+        the victim it goes back to wait and this returns False."""
+        while not self.block_manager.allocate(request, num_slots):
+            scheduled = {id(s.request) for s in out.scheduled}  # only when blocks ran out: rare
+            candidates = [r for r in self.running if id(r) not in scheduled]
             victim = self._ordering.pick_victim(candidates, self.clock())
-            if victim is None:
-                self._preempt(request)
-                return False
+            assert victim is not None
             self._preempt(victim)
+            if victim is request:
+                return False
         return True
 
     def _preempt(self, request: Request) -> None:
@@ -209,37 +224,37 @@ class Scheduler:
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
+        self._num_preempted_waiting += 1
         self.num_preemptions += 1
         self._preempted.append(request)
 
-    def _shed_excess_running(self) -> None:
+    def _shed_excess_running(self, now: float) -> None:
         """After a live decrease of max_batch_size, send the excess back to wait (recompute)."""
         while len(self.running) > self.config.max_batch_size:
-            victim = self._ordering.pick_victim(self.running, self.clock())
+            victim = self._ordering.pick_victim(self.running, now)
             assert victim is not None
             self._preempt(victim)
 
-    def _admit(self, out: SchedulerOutput, budget: int | None, limit: int) -> int | None:
+    def _admit(self, out: SchedulerOutput, budget: int | None, limit: int, chunked: bool = False) -> int | None:
         """Move waiting requests (in queue order) into the running set while budgets and KV
-        blocks allow. Never preempts to admit."""
-        chunked = self._chunked
+        blocks allow. Never preempts to admit; stops at the first request that does not fit,
+        so the queue order is kept."""
         admitted = 0
         while self.waiting and admitted < limit:
             if budget is not None and budget <= 0:
                 break
             request = self.waiting[0]
-            owed = request.num_uncomputed_tokens
-            if budget is None:
-                n = owed
-            elif chunked:
-                n = min(owed, budget)
-            elif owed <= budget or not out.scheduled:
-                n = owed  # whole prompt; a lone over-budget prompt runs whole
-            else:
-                break
+            n = request.num_uncomputed_tokens
+            if budget is not None and n > budget:
+                if chunked:
+                    n = budget
+                elif out.scheduled:
+                    break  # whole prompts only; a lone over-budget prompt runs whole
             if not self.block_manager.allocate(request, request.num_computed_tokens + n):
                 break
             self.waiting.popleft()
+            if request.status == RequestStatus.PREEMPTED:
+                self._num_preempted_waiting -= 1
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, n))

@@ -31,28 +31,44 @@ class IncrementalDetokenizer:
         self._released = 0  # chars of self.text handed out
 
     def add(self, token_id: int) -> tuple[str, bool]:
-        """Add a token; returns (newly released text, hit_stop_string)."""
+        """Add a token; returns (newly released text, hit_stop_string). After a hit the
+        text ends just before the stop string and nothing more should be added."""
         self._tokens.append(token_id)
+        if not self._absorb(final=False):
+            return "", False  # mid UTF-8 sequence: wait for the next byte
+        return self._scan(final=False)
+
+    def flush(self) -> str:
+        """The request finished for another reason: release everything held back, including
+        an incomplete character (as U+FFFD), still cutting at a stop string."""
+        self._absorb(final=True)
+        return self._scan(final=True)[0]
+
+    def _absorb(self, final: bool) -> bool:
+        """Decode the tokens not yet in ``self.text``; False if they end mid-character."""
+        if self._read_offset == len(self._tokens):
+            return True
         prefix = self._decode(self._tokens[self._prefix_offset : self._read_offset])
         full = self._decode(self._tokens[self._prefix_offset :])
-        if full.endswith("\ufffd"):
-            return "", False  # mid UTF-8 sequence: wait for the next byte
+        if full.endswith("\ufffd") and not final:
+            return False
         self.text += full[len(prefix) :]
         self._prefix_offset = max(0, len(self._tokens) - _CONTEXT_TOKENS)
         self._read_offset = len(self._tokens)
+        return True
 
-        if self._stop:
-            start = max(0, self._released - self._max_stop + 1)
-            hit = min((i for i in (self.text.find(s, start) for s in self._stop) if i >= 0), default=-1)
-            if hit >= 0:
-                self.text = self.text[:hit]
-                return self._release(len(self.text)), True
-            return self._release(len(self.text) - self._partial_stop_suffix()), False
-        return self._release(len(self.text)), False
-
-    def flush(self) -> str:
-        """Release everything held back (the request finished for another reason)."""
-        return self._release(len(self.text))
+    def _scan(self, final: bool) -> tuple[str, bool]:
+        if not self._stop:
+            return self._release(len(self.text)), False
+        # A stop string cannot start inside released text (the held-back tail covers every
+        # partial match), so only the last few released characters need searching again.
+        start = max(0, self._released - self._max_stop + 1)
+        hit = min((i for i in (self.text.find(s, start) for s in self._stop) if i >= 0), default=-1)
+        if hit >= 0:
+            self.text = self.text[:hit]
+            return self._release(len(self.text)), True
+        hold = 0 if final else self._partial_stop_suffix()
+        return self._release(len(self.text) - hold), False
 
     def _release(self, upto: int) -> str:
         if upto <= self._released:

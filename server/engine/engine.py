@@ -6,6 +6,7 @@ tests and the simulator drive it directly.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ class LLMEngine:
         self._config_generation = 1
         self._steps = 0
         self._last = (0, 0, 0.0, 0.0)  # batch size, tokens, step s, schedule s
+        self._generate_batches = itertools.count()
 
     # --- requests -------------------------------------------------------------------------------
     def add_request(
@@ -131,6 +133,8 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not prompt:
             raise InvalidRequestError("prompt must contain at least one token")
+        if min(prompt) < 0:
+            raise InvalidRequestError(f"prompt token ids must be non-negative, got {min(prompt)}")
         if sampling.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
         limit = self.runner.max_model_len
@@ -284,21 +288,30 @@ class LLMEngine:
         )
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams]) -> list[list[int]]:
-        """Offline helper: run ``prompts`` to completion, return output token ids per prompt."""
+        """Offline helper: run ``prompts`` to completion, return output token ids per prompt.
+
+        It flushes (drain semantics), so no batching window holds the prompts back and the
+        loop never waits on the clock."""
         params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-        ids = [f"gen-{self._steps}-{i}" for i in range(len(prompts))]
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(params)} sampling parameter sets")
+        batch = next(self._generate_batches)
+        ids = [f"generate-{batch}-{i}" for i in range(len(prompts))]
         outputs: dict[str, list[int]] = {rid: [] for rid in ids}
-        for rid, prompt, sp in zip(ids, prompts, params, strict=True):
-            self.add_request(rid, prompt, sp)
-        self.flush()
+        try:
+            for rid, prompt, sp in zip(ids, prompts, params, strict=True):
+                self.add_request(rid, prompt, sp)
+        except Exception:
+            for rid in ids:
+                self.abort_request(rid)
+            self._aborted = [r for r in self._aborted if r.request_id not in outputs]
+            raise
         pending = set(ids)
         while pending:
+            self.flush()
             events = self.step()
-            if not events and self.scheduler.num_running == 0:
-                wake = self.next_wakeup()
-                if wake is not None:
-                    time.sleep(max(0.0, wake - self.clock()))
-                self.flush()
+            if not events and not self.has_unfinished_requests():
+                raise RuntimeError(f"generate: requests {sorted(pending)} ended without a final event")
             for ev in events:
                 if ev.request_id in outputs:
                     outputs[ev.request_id].extend(ev.new_token_ids)

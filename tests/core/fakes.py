@@ -1,7 +1,14 @@
-"""A deterministic stand-in for the model runner: the next token is a hash of the request's
-tokens so far, so any scheduling bug (wrong positions, lost tokens) changes the output."""
+"""Test doubles for the engine: a deterministic runner and a clock that tests move by hand.
+
+The fake runner's next token is a hash of the request's tokens so far, so any scheduling
+bug (wrong positions, lost or repeated tokens, a bad recompute) changes the output, and
+``reference_output`` gives what a correct engine must produce. It never emits EOS unless
+``eos`` says so. Other test areas may import these.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from llmfleet.server.core.batch import SampledToken, SchedulerOutput
 
@@ -13,36 +20,8 @@ def expected_next(tokens: list[int], vocab: int) -> int:
     return h % vocab
 
 
-class FakeRunner:
-    """Checks every scheduled chunk against block tables and returns hash tokens."""
-
-    def __init__(self, num_kv_blocks=64, kv_block_size=4, max_model_len=4096, vocab=1000, eos=()):
-        self.num_kv_blocks = num_kv_blocks
-        self.kv_block_size = kv_block_size
-        self.max_model_len = max_model_len
-        self.vocab = vocab
-        self.eos_token_ids = frozenset(eos)
-        self.steps: list[SchedulerOutput] = []
-        self.batches: list[list[tuple[str, int, int]]] = []  # (request id, start, n) per step
-        self.released: list[str] = []
-
-    def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
-        self.batches.append([(s.request.request_id, s.start, s.num_tokens) for s in output.scheduled])
-        result: list[SampledToken | None] = []
-        for s in output.scheduled:
-            r = s.request
-            assert s.num_tokens >= 1
-            end = s.start + s.num_tokens
-            assert end <= r.num_tokens, "scheduled past the known tokens"
-            assert len(r.block_table) * self.kv_block_size >= end, "KV slots not allocated"
-            result.append(SampledToken(expected_next(r.all_token_ids, self.vocab)) if s.sample else None)
-        return result
-
-    def release(self, request_id: str) -> None:
-        self.released.append(request_id)
-
-
 def reference_output(prompt: list[int], max_tokens: int, vocab: int = 1000) -> list[int]:
+    """The tokens a correct engine generates for ``prompt`` with the fake runner."""
     tokens = list(prompt)
     out = []
     for _ in range(max_tokens):
@@ -50,6 +29,47 @@ def reference_output(prompt: list[int], max_tokens: int, vocab: int = 1000) -> l
         tokens.append(nxt)
         out.append(nxt)
     return out
+
+
+class FakeRunner:
+    """Checks every scheduled chunk against the block tables and returns hash tokens.
+
+    Records, per step, the batch as ``(request id, start position, num tokens)`` and the
+    ids preempted in that step."""
+
+    def __init__(
+        self,
+        num_kv_blocks: int = 64,
+        kv_block_size: int = 4,
+        max_model_len: int = 4096,
+        vocab: int = 1000,
+        eos: Iterable[int] = (),
+    ) -> None:
+        self.num_kv_blocks = num_kv_blocks
+        self.kv_block_size = kv_block_size
+        self.max_model_len = max_model_len
+        self.vocab = vocab
+        self.eos_token_ids = frozenset(eos)
+        self.batches: list[list[tuple[str, int, int]]] = []
+        self.preempted: list[list[str]] = []
+        self.released: list[str] = []
+
+    def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
+        self.batches.append([(s.request.request_id, s.start, s.num_tokens) for s in output.scheduled])
+        self.preempted.append([r.request_id for r in output.preempted])
+        result: list[SampledToken | None] = []
+        for s in output.scheduled:
+            r = s.request
+            assert s.num_tokens >= 1
+            end = s.start + s.num_tokens
+            assert end <= r.num_tokens, "scheduled past the known tokens"
+            assert len(r.block_table) * self.kv_block_size >= end, "KV slots not allocated"
+            assert len(set(r.block_table)) == len(r.block_table), "a block appears twice in one table"
+            result.append(SampledToken(expected_next(r.all_token_ids, self.vocab)) if s.sample else None)
+        return result
+
+    def release(self, request_id: str) -> None:
+        self.released.append(request_id)
 
 
 class FakeClock:

@@ -121,15 +121,6 @@ def test_stop_token_and_eos():
     assert by_id["b"] == ref and by_id["c"] == ref[:3]
 
 
-def test_partial_utf8_is_held_until_complete():
-    from llmfleet.server.engine.detokenizer import IncrementalDetokenizer
-
-    detok = IncrementalDetokenizer(LetterDecoder(), [])
-    assert detok.add(0) == ("a", False)
-    assert detok.add(999) == ("", False)  # half a character: wait
-    assert detok.add(1) == ("b", False)
-
-
 # --- policies ------------------------------------------------------------------------------------
 def admitted_per_step(runner):
     return [[rid for rid, start, _ in batch if start == 0] for batch in runner.batches]
@@ -269,3 +260,134 @@ def test_a_failing_step_aborts_its_requests_and_the_engine_goes_on():
     engine.add_request("b", [1, 2], greedy(4))
     events = run_all(engine, clock)
     assert {(e.request_id, e.finish_reason) for e in events if e.finished} == {("a", "abort"), ("b", "length")}
+
+
+def test_negative_token_ids_are_rejected():
+    engine, _, _ = make()
+    with pytest.raises(InvalidRequestError, match="non-negative"):
+        engine.add_request("a", [1, -2], greedy(1))
+
+
+# --- events, stats, offline helper ---------------------------------------------------------------
+def test_one_event_per_token_with_metrics_and_logprobs():
+    engine, _, clock = make()
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0, logprobs=1))
+    clock.advance(0.5)
+    events = run_all(engine, clock, dt=0.25)
+    assert [len(e.new_token_ids) for e in events] == [1, 1, 1]
+    assert [e.num_output_tokens for e in events] == [1, 2, 3]
+    assert [e.finished for e in events] == [False, False, True]
+    assert [e.finish_reason for e in events] == [None, None, "length"]
+    assert all(e.logprobs and e.logprobs[0].token_id == e.new_token_ids[0] for e in events)
+    m = events[-1].metrics
+    assert (m.arrival_time, m.first_scheduled_time, m.first_token_time) == (0.0, 0.5, 0.5)
+    assert m.last_token_time == m.finished_time == 1.0
+    assert events[-1].num_prompt_tokens == 3
+
+
+def test_stats_snapshot():
+    engine, _, _ = make(num_blocks=10, max_batch_size=2)
+    for i in range(3):
+        engine.add_request(str(i), [1, 2, 3, 4, 5], greedy(4))
+    engine.step()
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_kv_blocks, stats.steps) == (2, 1, 10, 1)
+    assert (stats.last_batch_size, stats.last_num_tokens) == (2, 10)
+    assert stats.kv_usage == pytest.approx(0.4)  # 2 requests x 2 blocks of 4 slots
+    assert stats.config_generation == 1 and stats.last_step_seconds >= stats.last_schedule_seconds >= 0
+
+
+def test_context_limit_finishes_with_length():
+    engine, _, clock = make()  # max_model_len 64
+    engine.add_request("a", list(range(60)), greedy(4))
+    events = run_all(engine, clock)
+    assert events[-1].finish_reason == "length" and events[-1].num_output_tokens == 4
+
+
+def test_generate_flushes_every_window_and_never_waits_on_the_clock():
+    for knobs in ({"policy": "static", "max_batch_size": 8}, {"batch_timeout_ms": 60_000}, {"policy": "dynamic"}):
+        engine, _, _ = make(**knobs)  # the fake clock never moves: a wait would hang
+        prompts = [[1, 2], [3], [4, 5, 6]]
+        assert engine.generate(prompts, greedy(3)) == [reference_output(p, 3) for p in prompts]
+        assert engine.generate([[7]], greedy(2)) == [reference_output([7], 2)]  # fresh ids each call
+    engine, _, _ = make()
+    with pytest.raises(InvalidRequestError):
+        engine.generate([[1], []], greedy(2))
+    assert not engine.has_unfinished_requests() and engine.block_manager.usage == 0
+
+
+# --- more policy behaviour -----------------------------------------------------------------------
+def test_chunked_runs_decodes_before_prompt_chunks():
+    # priority sorts the urgent long prompt ahead of the decode; the decode still goes first
+    engine, runner, _ = make(max_num_batched_tokens=4, scheduling="priority", priority_age_weight=0)
+    engine.add_request("short", [1], greedy(10), priority=0)
+    engine.step()
+    engine.add_request("long", list(range(20)), greedy(2), priority=5)
+    engine.step()
+    assert runner.batches[-1] == [("short", 1, 1), ("long", 0, 3)]
+    engine.step()
+    assert runner.batches[-1] == [("short", 2, 1), ("long", 3, 3)]
+
+
+def test_switching_chunked_to_merged_finishes_half_done_prompts():
+    engine, runner, clock = make(max_num_batched_tokens=4)
+    engine.add_request("a", list(range(20)), greedy(3))
+    engine.step()
+    assert runner.batches[-1] == [("a", 0, 4)]
+    engine.update_config(EngineConfig(max_num_batched_tokens=4, prefill_mode="merged"))
+    engine.step()
+    assert runner.batches[-1] == [("a", 4, 4)]  # a running request keeps being chunked
+    events = run_all(engine, clock)
+    assert [t for e in events for t in e.new_token_ids] == reference_output(list(range(20)), 3)
+
+
+def test_fcfs_preempts_the_latest_arrival():
+    engine, runner, _clock = make(num_blocks=4, max_batch_size=3)
+    for i, name in enumerate("abc"):
+        engine.add_request(name, [1, 2, 3], greedy(8), arrival_time=float(i))
+    for _ in range(2):
+        engine.step()  # each holds one block of 4 slots; a 5th token needs a second block
+    assert engine.scheduler.num_preemptions == 0
+    engine.step()  # a takes the last free block; b needs one: the latest arrival, c, goes
+    assert runner.preempted[-1] == ["c"]
+    assert [rid for rid, _, _ in runner.batches[-1]] == ["a", "b"]
+    assert engine.scheduler.waiting[0].request_id == "c"  # back at the head of the queue
+
+
+def test_priority_preempts_the_lowest_priority():
+    engine, runner, _ = make(num_blocks=4, max_batch_size=3, scheduling="priority", priority_age_weight=0)
+    for name, priority in (("a", 1), ("b", 0), ("c", 2)):
+        engine.add_request(name, [1, 2, 3], greedy(8), priority=priority)
+    for _ in range(3):
+        engine.step()
+    assert runner.preempted[-1] == ["b"]
+
+
+def test_static_relaunches_a_preempted_request_without_waiting_for_a_full_batch():
+    engine, _, clock = make(policy="static", max_batch_size=3, num_blocks=3, scheduling="priority")
+    engine.add_request("a", [1, 2, 3], greedy(8), priority=0)
+    engine.add_request("b", [1, 2, 3], greedy(8), priority=1)
+    engine.flush()  # launch the partial batch of two
+    while not engine.scheduler.num_preemptions:
+        engine.step()
+    engine.add_request("late", [1], greedy(1), priority=5)  # sorts ahead of the preempted one
+    events = run_all(engine, clock)  # no flush: must not hang
+    assert {e.request_id for e in events if e.finished} == {"a", "b", "late"}
+
+
+def test_flush_launches_held_prompts_past_the_coalescing_window():
+    engine, _, _ = make(batch_timeout_ms=1000)
+    engine.add_request("a", [1], greedy(1))
+    assert engine.step() == [] and engine.next_wakeup() == pytest.approx(1.0)
+    engine.flush()
+    assert engine.step()[0].request_id == "a"
+    assert engine.next_wakeup() is None
+
+
+def test_static_and_dynamic_prefill_whole_prompts_over_the_token_budget():
+    engine, runner, clock = make(policy="static", max_batch_size=2, max_num_batched_tokens=4)
+    engine.add_request("a", list(range(10)), greedy(2))
+    engine.add_request("b", list(range(7)), greedy(2))
+    engine.step()
+    assert runner.batches[-1] == [("a", 0, 10), ("b", 0, 7)]
+    run_all(engine, clock)

@@ -1,0 +1,72 @@
+"""Incremental detokenization: stop strings are cut, partial matches and half characters
+are held back, and the streamed pieces always add up to the final text."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmfleet.server.engine.detokenizer import IncrementalDetokenizer
+
+HALF = 26  # decodes to the first byte of a two-byte character
+
+
+class LetterDecoder:
+    """Token t < 26 is one letter; token 26 is half a character: U+FFFD at the end of the
+    text, and it merges into the next token (rendered as nothing) otherwise."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        text = "".join(chr(ord("a") + t) for t in ids if t != HALF)
+        return text + ("\ufffd" if ids and ids[-1] == HALF else "")
+
+
+def stream(tokens: list[int], stop: list[str]) -> tuple[list[str], bool]:
+    detok = IncrementalDetokenizer(LetterDecoder(), stop)
+    pieces = []
+    for t in tokens:
+        piece, hit = detok.add(t)
+        pieces.append(piece)
+        if hit:
+            return pieces, True
+    pieces.append(detok.flush())
+    return pieces, False
+
+
+def test_half_characters_wait_for_the_rest():
+    detok = IncrementalDetokenizer(LetterDecoder(), [])
+    assert detok.add(0) == ("a", False)
+    assert detok.add(HALF) == ("", False)
+    assert detok.add(1) == ("b", False)
+    assert detok.add(HALF) == ("", False)
+    assert detok.flush() == "\ufffd"  # finished mid-character: the client still sees it
+
+
+def test_partial_stop_prefix_is_held_then_released():
+    detok = IncrementalDetokenizer(LetterDecoder(), ["cd"])
+    assert detok.add(0) == ("a", False)
+    assert detok.add(2) == ("", False)  # "c" could start "cd"
+    assert detok.add(4) == ("ce", False)  # it did not
+    assert detok.add(2) == ("", False)
+    assert detok.add(3) == ("", True)  # "cd": cut, excluded
+    assert detok.text == "ace"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, HALF).map(lambda t: t if t == HALF else t % 4), max_size=30),
+    stop=st.lists(st.text(alphabet="abcd", min_size=1, max_size=4), max_size=3),
+)
+def test_streamed_text_is_the_full_text_cut_at_the_first_stop(tokens, stop):
+    full = LetterDecoder().decode(tokens)
+    pieces, hit = stream(tokens, stop)
+    streamed = "".join(pieces)
+    # the stream stops at the first stop string to complete (not the first to start)
+    for end in range(len(full) + 1):
+        starts = [i for i in (full[:end].find(s) for s in stop) if i >= 0]
+        if starts:
+            assert hit and streamed == full[: min(starts)]
+            break
+    else:
+        assert not hit and streamed == full
+    # released text never retracted: every prefix of the stream is a prefix of the answer
+    assert all("".join(pieces[: k + 1]) == streamed[: len("".join(pieces[: k + 1]))] for k in range(len(pieces)))
