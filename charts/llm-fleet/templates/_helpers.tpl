@@ -1,0 +1,55 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "llm-fleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name, plus the chart name unless it already holds it. */}}
+{{- define "llm-fleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "llm-fleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. component=operator keeps them apart from the serving pods'
+     labels (app.kubernetes.io/name: llm-fleet, component: <pool>) that the operator creates. */}}
+{{- define "llm-fleet.labels" -}}
+helm.sh/chart: {{ include "llm-fleet.chart" . }}
+{{ include "llm-fleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "llm-fleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "llm-fleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "llm-fleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "llm-fleet.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "llm-fleet.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/* The operator's RBAC rules, split by scope: generated from llmfleet.operator.rbac.RBAC_RULES
+     into files/rbac-rules.yaml by scripts/chart-sync.py, so the chart never drifts from the code. */}}
+{{- define "llm-fleet.rbacRules" -}}
+{{- .Files.Get "files/rbac-rules.yaml" }}
+{{- end }}
