@@ -1,0 +1,202 @@
+"""What the tuner reads about one pool, and the interface every metric source implements.
+
+Two sources implement ``MetricSource``: ``PrometheusSource`` (PromQL over Prometheus's HTTP API,
+prometheus_source.py) and ``ScrapeSource`` (the pods' own ``/metrics``, scrape_source.py). Both
+return a ``PoolMetrics`` snapshot over a trailing window.
+
+Missing data is never read as zero. A value that could not be measured is ``None`` and
+``missing[field]`` says why (no series, no requests in the window, too few samples). A snapshot
+the tuner must not act on at all (no pod reporting, samples too old, the source unreachable) has
+``stale=True`` and a ``reason``. A zero is a measured zero: the counters exist and did not move.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
+
+LATENCY_FIELDS = ("ttft", "itl", "queue_time")
+RATE_FIELDS = ("request_rate", "prompt_tokens_per_s", "generation_tokens_per_s", "preemptions_per_s")
+LOAD_FIELDS = ("waiting", "running", "kv_usage_mean", "kv_usage_max", "mean_batch_size", "mean_step_tokens")
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """One pool of one InferenceService; in Prometheus its series carry these three labels."""
+
+    namespace: str
+    inference_service: str
+    pool: str  # colocated | prefill | decode
+
+    def labels(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "inference_service": self.inference_service, "pool": self.pool}
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.inference_service}/{self.pool}"
+
+
+@dataclass(frozen=True)
+class StalenessPolicy:
+    """When a snapshot, or one of its quantiles, is too thin to act on."""
+
+    max_sample_age_s: float = 60.0  # newest sample older than this: stale
+    min_samples: int = 20  # a p95 resting on fewer observations is reported as missing
+    min_pods: int = 1  # fewer pods reporting than this: stale
+
+
+@dataclass(frozen=True)
+class LatencyQuantiles:
+    """Windowed quantiles of one latency histogram, in seconds, and how many observations they rest on."""
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    samples: float | None = None  # observations in the window (increase of the histogram's _count)
+
+    @property
+    def known(self) -> bool:
+        return self.p95 is not None
+
+
+@dataclass(frozen=True)
+class PoolMetrics:
+    """A pool's behaviour over the trailing ``window_s`` seconds, as of ``at`` (unix seconds).
+
+    Latencies are seconds. ``waiting`` and ``running`` are summed over pods (mean over the window
+    where the source can average); ``kv_usage_*`` are fractions 0..1; ``mean_batch_size`` is the
+    running sequences per engine step and ``mean_step_tokens`` the tokens per step, per pod.
+    """
+
+    pool: PoolRef
+    at: float
+    window_s: float
+    ttft: LatencyQuantiles = field(default_factory=LatencyQuantiles)
+    itl: LatencyQuantiles = field(default_factory=LatencyQuantiles)
+    queue_time: LatencyQuantiles = field(default_factory=LatencyQuantiles)
+    request_rate: float | None = None  # finished requests/s
+    prompt_tokens_per_s: float | None = None
+    generation_tokens_per_s: float | None = None
+    preemptions_per_s: float | None = None
+    waiting: float | None = None
+    running: float | None = None
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    mean_batch_size: float | None = None
+    mean_step_tokens: float | None = None
+    ready_pods: int | None = None  # pods whose series are in the snapshot
+    newest_sample_age_s: float | None = None
+    stale: bool = False
+    reason: str = ""
+    missing: dict[str, str] = field(default_factory=dict)  # field -> why it is None
+
+    @property
+    def usable(self) -> bool:
+        return not self.stale
+
+    def why_missing(self, name: str) -> str:
+        return self.missing.get(name, f"{name} not measured")
+
+    def mean_prompt_tokens(self) -> float | None:
+        """Average prompt length over the window, from the token and request rates."""
+        if self.prompt_tokens_per_s is None or not self.request_rate:
+            return None
+        return self.prompt_tokens_per_s / self.request_rate
+
+    def with_staleness(self, stale: bool, reason: str) -> PoolMetrics:
+        return replace(self, stale=stale, reason=reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, non-finite numbers as None (for status ``inputs`` and logs)."""
+        return _json_safe(asdict(self))
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers a decision cites, in milliseconds and per second, rounded for status."""
+
+        def ms(value: float | None) -> float | None:
+            return None if value is None else round(value * 1000.0, 1)
+
+        def rounded(value: float | None, digits: int = 2) -> float | None:
+            return None if value is None else round(value, digits)
+
+        return {
+            "ttftP95Ms": ms(self.ttft.p95),
+            "itlP95Ms": ms(self.itl.p95),
+            "queueP95Ms": ms(self.queue_time.p95),
+            "requestRate": rounded(self.request_rate),
+            "promptTokensPerS": rounded(self.prompt_tokens_per_s, 1),
+            "generationTokensPerS": rounded(self.generation_tokens_per_s, 1),
+            "waiting": rounded(self.waiting),
+            "running": rounded(self.running),
+            "kvUsageMax": rounded(self.kv_usage_max, 3),
+            "meanBatchSize": rounded(self.mean_batch_size),
+            "readyPods": self.ready_pods,
+            "stale": self.stale,
+            **({"reason": self.reason} if self.reason else {}),
+        }
+
+
+@runtime_checkable
+class MetricSource(Protocol):
+    """Anything that can measure a pool over a trailing window."""
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics: ...
+
+
+def stale_snapshot(pool: PoolRef, at: float, window_s: float, reason: str) -> PoolMetrics:
+    """A snapshot that carries nothing but why it is unusable."""
+    return PoolMetrics(pool=pool, at=at, window_s=window_s, stale=True, reason=reason)
+
+
+def finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def latency_from_quantiles(
+    name: str,
+    quantiles: dict[float, float | None],
+    samples: float | None,
+    policy: StalenessPolicy,
+    window_s: float,
+    missing: dict[str, str],
+) -> LatencyQuantiles:
+    """Keep a histogram's quantiles only when enough observations back them; say why otherwise."""
+    if samples is None:
+        missing[name] = f"{name}: no histogram series"
+        return LatencyQuantiles()
+    if samples < policy.min_samples:
+        missing[name] = f"{name}: {samples:.0f} observations in the {window_s:.0f} s window (< {policy.min_samples})"
+        return LatencyQuantiles(samples=samples)
+    values = {q: finite_or_none(v) for q, v in quantiles.items()}
+    if values.get(0.95) is None:
+        missing[name] = f"{name}: quantile undefined (no observations in the window)"
+        return LatencyQuantiles(samples=samples)
+    return LatencyQuantiles(p50=values.get(0.5), p95=values.get(0.95), p99=values.get(0.99), samples=samples)
+
+
+def judge_staleness(metrics: PoolMetrics, policy: StalenessPolicy) -> PoolMetrics:
+    """Mark a snapshot stale when no or too few pods report, or its newest sample is too old."""
+    if metrics.stale:
+        return metrics
+    if metrics.ready_pods is None or metrics.ready_pods < policy.min_pods:
+        pods = 0 if metrics.ready_pods is None else metrics.ready_pods
+        return metrics.with_staleness(True, f"{metrics.pool.pool}: {pods} pods reporting (< {policy.min_pods})")
+    if metrics.newest_sample_age_s is None:
+        return metrics.with_staleness(True, f"{metrics.pool.pool}: age of the newest sample unknown")
+    if metrics.newest_sample_age_s > policy.max_sample_age_s:
+        return metrics.with_staleness(
+            True,
+            f"{metrics.pool.pool}: newest sample {metrics.newest_sample_age_s:.0f} s old "
+            f"(> {policy.max_sample_age_s:.0f} s)",
+        )
+    return metrics
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value

@@ -1,0 +1,334 @@
+"""Pool metrics from the pods' own ``/metrics`` (the local fleet, clusters without Prometheus).
+
+Each snapshot scrapes every pod of the pool and keeps the scrape. Windowed numbers come from the
+difference between this scrape and the pod's earlier scrape closest to ``window_s`` ago:
+counter rates, and histogram quantiles from bucket deltas with PromQL's interpolation
+(histogram_quantile.py). Gauges are averaged over the pod's scrapes inside the window.
+
+- Counter resets: a value that went down, or a series created (``_created``) after the earlier
+  scrape, counts from zero, as Prometheus's ``rate`` does.
+- Pods appearing: a pod with no earlier scrape counts from its series' creation time when that
+  lies inside the window (its whole life is in the window); otherwise it is left out of the rates
+  until the next snapshot, and ``missing["coverage"]`` says so.
+- Pods disappearing: their history is dropped; the rest of the pool still counts.
+- The first snapshot of a pool has nothing to difference against and is stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from . import promql
+from .histogram_quantile import bucket_deltas, bucket_quantile, parse_le
+from .metrics_source import (
+    PoolMetrics,
+    PoolRef,
+    StalenessPolicy,
+    judge_staleness,
+    latency_from_quantiles,
+    stale_snapshot,
+)
+
+Targets = Mapping[PoolRef, Sequence[str]] | Callable[[PoolRef], Sequence[str]]
+COUNTER_FIELDS = {
+    "request_rate": promql.REQUEST_SUCCESS,
+    "prompt_tokens_per_s": promql.PROMPT_TOKENS,
+    "generation_tokens_per_s": promql.GENERATION_TOKENS,
+    "preemptions_per_s": promql.PREEMPTIONS,
+}
+HISTOGRAM_MEANS = {"mean_batch_size": promql.BATCH_SIZE, "mean_step_tokens": promql.ITERATION_TOKENS}
+
+
+@dataclass(frozen=True)
+class PodScrape:
+    """One pod's exposition at one time, label variants summed (a pod serves one model and role)."""
+
+    at: float
+    counters: dict[str, float] = field(default_factory=dict)  # *_total, histogram *_count and *_sum
+    gauges: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # histogram -> le -> cumulative
+    created: dict[str, float] = field(default_factory=dict)  # family -> earliest _created of its series
+
+
+def parse_exposition(text: str, at: float) -> PodScrape:
+    """Parse the Prometheus text format into a PodScrape."""
+    scrape = PodScrape(at=at)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, value = sample.name, float(sample.value)
+            if name.endswith("_created"):
+                base = name.removesuffix("_created")
+                scrape.created[base] = min(value, scrape.created.get(base, value))
+            elif family.type == "histogram" and name.endswith("_bucket"):
+                le = parse_le(sample.labels["le"])
+                per_le = scrape.buckets.setdefault(family.name, {})
+                per_le[le] = per_le.get(le, 0.0) + value
+            elif family.type in ("counter", "histogram", "summary"):
+                scrape.counters[name] = scrape.counters.get(name, 0.0) + value
+            elif family.type == "gauge":
+                scrape.gauges[name] = scrape.gauges.get(name, 0.0) + value
+    return scrape
+
+
+def family_of(sample_name: str) -> str:
+    for suffix in ("_total", "_count", "_sum"):
+        if sample_name.endswith(suffix):
+            return sample_name.removesuffix(suffix)
+    return sample_name
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Where a pod's window starts: an earlier scrape, or nothing at the series' creation time."""
+
+    at: float
+    scrape: PodScrape | None  # None: every series counts from zero
+
+
+def pick_baseline(
+    history: Iterable[PodScrape], current: PodScrape, window_s: float, min_gap_s: float
+) -> Baseline | None:
+    """The earlier scrape closest to ``window_s`` before ``current`` (older ones up to 2x the window
+    when nothing fits), else the creation time of the pod's series when it lies inside the window."""
+    earlier = [s for s in history if current.at - s.at >= min_gap_s]
+    inside = [s for s in earlier if current.at - s.at <= window_s]
+    if inside:
+        return Baseline(min(inside, key=lambda s: s.at).at, min(inside, key=lambda s: s.at))
+    older = [s for s in earlier if current.at - s.at <= 2 * window_s]
+    if older:
+        newest = max(older, key=lambda s: s.at)
+        return Baseline(newest.at, newest)
+    born = min(current.created.values(), default=None)  # the pod's first series: its start
+    if born is not None and current.at - window_s <= born <= current.at - min_gap_s:
+        return Baseline(born, None)
+    return None
+
+
+def counter_delta(name: str, current: PodScrape, baseline: Baseline) -> float | None:
+    """Increase of one counter since the baseline; resets count from zero. None: no such series."""
+    if name not in current.counters:
+        return None
+    value = current.counters[name]
+    before = baseline.scrape.counters.get(name) if baseline.scrape else None
+    created = current.created.get(family_of(name))
+    restarted = created is not None and baseline.scrape is not None and created > baseline.at
+    if before is None or value < before or restarted:
+        return value
+    return value - before
+
+
+def histogram_delta(name: str, current: PodScrape, baseline: Baseline) -> dict[float, float] | None:
+    if name not in current.buckets:
+        return None
+    before = baseline.scrape.buckets.get(name) if baseline.scrape else None
+    created = current.created.get(name)
+    if created is not None and baseline.scrape is not None and created > baseline.at:
+        before = None
+    return bucket_deltas(current.buckets[name], before)
+
+
+class ScrapeSource:
+    """``MetricSource`` that scrapes the pods itself; give it the pods' /metrics URLs per pool."""
+
+    def __init__(
+        self,
+        targets: Targets,
+        *,
+        client: httpx.AsyncClient | None = None,
+        policy: StalenessPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        timeout_s: float = 3.0,
+        min_gap_s: float = 1.0,
+        min_reporting_fraction: float = 0.5,
+        max_history: int = 64,
+    ) -> None:
+        self._targets = targets
+        self.policy = policy or StalenessPolicy()
+        self._clock = clock
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self._min_gap_s = min_gap_s
+        self._min_fraction = min_reporting_fraction
+        self._history: dict[PoolRef, dict[str, deque[PodScrape]]] = {}
+        self._max_history = max_history
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self._client.aclose()
+
+    def targets(self, pool: PoolRef) -> list[str]:
+        found = self._targets(pool) if callable(self._targets) else self._targets.get(pool, ())
+        return list(dict.fromkeys(found))
+
+    async def scrape(self, url: str) -> PodScrape:
+        response = await self._client.get(url)
+        response.raise_for_status()
+        return parse_exposition(response.text, self._clock())
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        now = self._clock()
+        urls = self.targets(pool)
+        if not urls:
+            return stale_snapshot(pool, now, window_s, f"{pool.pool}: no pods to scrape")
+        results = await asyncio.gather(*(self.scrape(url) for url in urls), return_exceptions=True)
+        history = self._history.setdefault(pool, {})
+        for gone in set(history) - set(urls):
+            del history[gone]
+        current: dict[str, PodScrape] = {}
+        failed: list[str] = []
+        for url, result in zip(urls, results, strict=True):
+            if isinstance(result, httpx.HTTPError | ValueError):
+                failed.append(f"{url}: {result!r}")
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                current[url] = result
+        baselines = {
+            url: pick_baseline(history.get(url, ()), scrape, window_s, self._min_gap_s)
+            for url, scrape in current.items()
+        }
+        for url, scrape in current.items():
+            pod_history = history.setdefault(url, deque(maxlen=self._max_history))
+            pod_history.append(scrape)
+            while pod_history and scrape.at - pod_history[0].at > 2 * window_s + self._min_gap_s:
+                pod_history.popleft()
+        return self._assemble(pool, now, window_s, urls, current, baselines, history, failed)
+
+    def _assemble(
+        self,
+        pool: PoolRef,
+        now: float,
+        window_s: float,
+        urls: list[str],
+        current: dict[str, PodScrape],
+        baselines: dict[str, Baseline | None],
+        history: dict[str, deque[PodScrape]],
+        failed: list[str],
+    ) -> PoolMetrics:
+        if not current:
+            return stale_snapshot(pool, now, window_s, f"{pool.pool}: no pod answered: {'; '.join(failed)}")
+        if len(current) < self._min_fraction * len(urls):
+            answered = f"only {len(current)} of {len(urls)} pods answered"
+            return stale_snapshot(pool, now, window_s, f"{pool.pool}: {answered}: {'; '.join(failed)}")
+        counted = {url: b for url, b in baselines.items() if b is not None}
+        if not counted:
+            return stale_snapshot(
+                pool, now, window_s, f"{pool.pool}: first scrape of every pod; rates need an earlier scrape"
+            )
+        missing: dict[str, str] = {}
+        uncounted = sorted(set(current) - set(counted))
+        if uncounted or failed:
+            notes = [f"{len(uncounted)} pod(s) first seen now, left out of rates"] if uncounted else []
+            notes += [f"{len(failed)} pod(s) failed to answer"] if failed else []
+            missing["coverage"] = "; ".join(notes)
+
+        fields: dict[str, object] = {}
+        for name, counter in COUNTER_FIELDS.items():
+            fields[name] = _summed_rate(counter, current, counted, name, missing)
+        for name, histogram in promql.LATENCY_HISTOGRAMS.items():
+            buckets, samples = _merged_buckets(histogram, current, counted)
+            quantiles = {q: bucket_quantile(q, buckets) if buckets else None for q in promql.QUANTILES}
+            fields[name] = latency_from_quantiles(name, quantiles, samples, self.policy, window_s, missing)
+        for name, histogram in HISTOGRAM_MEANS.items():
+            fields[name] = _histogram_mean(histogram, current, counted, name, missing)
+        fields |= _gauges(current, history, now, window_s, missing)
+        metrics = PoolMetrics(
+            pool=pool,
+            at=now,
+            window_s=window_s,
+            ready_pods=len(current),
+            newest_sample_age_s=max(0.0, now - max(s.at for s in current.values())),
+            missing=missing,
+            **fields,  # type: ignore[arg-type]
+        )
+        return judge_staleness(metrics, self.policy)
+
+
+def _summed_rate(
+    counter: str, current: dict[str, PodScrape], counted: dict[str, Baseline], name: str, missing: dict[str, str]
+) -> float | None:
+    total, seen = 0.0, False
+    for url, baseline in counted.items():
+        delta = counter_delta(counter, current[url], baseline)
+        if delta is not None:
+            total += delta / (current[url].at - baseline.at)
+            seen = True
+    if not seen:
+        missing[name] = f"{name}: no series {counter}"
+        return None
+    return total
+
+
+def _merged_buckets(
+    histogram: str, current: dict[str, PodScrape], counted: dict[str, Baseline]
+) -> tuple[dict[float, float], float | None]:
+    merged: dict[float, float] = {}
+    samples: float | None = None
+    for url, baseline in counted.items():
+        delta = histogram_delta(histogram, current[url], baseline)
+        if delta is None:
+            continue
+        for le, count in delta.items():
+            merged[le] = merged.get(le, 0.0) + count
+        count_delta = counter_delta(f"{histogram}_count", current[url], baseline)
+        samples = (samples or 0.0) + (count_delta or 0.0)
+    return merged, samples
+
+
+def _histogram_mean(
+    histogram: str, current: dict[str, PodScrape], counted: dict[str, Baseline], name: str, missing: dict[str, str]
+) -> float | None:
+    total = count = 0.0
+    seen = False
+    for url, baseline in counted.items():
+        sum_delta = counter_delta(f"{histogram}_sum", current[url], baseline)
+        count_delta = counter_delta(f"{histogram}_count", current[url], baseline)
+        if sum_delta is not None and count_delta is not None:
+            total, count, seen = total + sum_delta, count + count_delta, True
+    if not seen:
+        missing[name] = f"{name}: no series {histogram}"
+        return None
+    if count <= 0:
+        missing[name] = f"{name}: no engine steps in the window"
+        return None
+    return total / count
+
+
+def _gauges(
+    current: dict[str, PodScrape],
+    history: dict[str, deque[PodScrape]],
+    now: float,
+    window_s: float,
+    missing: dict[str, str],
+) -> dict[str, float | None]:
+    """Per pod: the mean of its scrapes inside the window; then summed or averaged over pods."""
+    per_pod: dict[str, dict[str, list[float]]] = {}
+    for url in current:
+        inside = [s for s in history.get(url, ()) if now - s.at <= window_s]
+        for gauge in (promql.WAITING, promql.RUNNING, promql.KV_USAGE):
+            values = [s.gauges[gauge] for s in inside if gauge in s.gauges]
+            if values:
+                per_pod.setdefault(gauge, {})[url] = values
+    out: dict[str, float | None] = {}
+
+    def means(gauge: str) -> list[float]:
+        return [sum(v) / len(v) for v in per_pod.get(gauge, {}).values()]
+
+    for name, gauge in (("waiting", promql.WAITING), ("running", promql.RUNNING)):
+        values = means(gauge)
+        out[name] = sum(values) if values else None
+    kv = means(promql.KV_USAGE)
+    out["kv_usage_mean"] = sum(kv) / len(kv) if kv else None
+    all_kv = [x for v in per_pod.get(promql.KV_USAGE, {}).values() for x in v]
+    out["kv_usage_max"] = max(all_kv) if all_kv else None
+    for name, value in out.items():
+        if value is None:
+            missing[name] = f"{name}: no gauge series"
+    return out

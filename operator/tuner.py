@@ -1,0 +1,549 @@
+"""The tuner's control law: metrics in, a decision out. Pure and deterministic (the clock is an
+argument); the kopf timer, the simulator and the tests all call ``Tuner.decide`` the same way.
+
+Per pool, every run (pools: ``colocated`` does everything; in disaggregated mode ``prefill``
+owns TTFT and ``decode`` owns ITL):
+
+- **Spec bounds win.** A current value outside its spec range (a manual edit, a narrowed spec)
+  is first brought inside it. Nothing the tuner proposes ever leaves the range.
+- **Stale or missing data holds everything.** If any pool's snapshot is stale (no pod
+  reporting, samples too old, source down), nothing moves and ``hold_reason`` says why. A single
+  quantile resting on too few requests holds only the knobs that read it.
+- **maxBatchSize, AIMD against the ITL SLO** (colocated, decode). ITL p95 > SLO: multiplicative
+  decrease, x0.75 of the batch that actually ran (``min(current, observed mean batch)``, as TCP
+  decreases from the flight size). ITL p95 < 0.8 SLO and the batch is the limit (mean batch
+  >= 90% of the cap, or requests waiting): additive increase, +4. Not while the KV cache is
+  under pressure (usage >= 95% or preemptions), since a bigger batch would only preempt.
+- **batchTimeoutMs (the prefill coalescing window) against TTFT and queue time** (colocated,
+  prefill). TTFT p95 > SLO, or queue time >= 50% of TTFT while TTFT >= 0.5 SLO: halve it (below
+  1 ms: its minimum). TTFT p95 plus one step still < 0.5 SLO and ITL < 0.8 SLO: +5 ms (more
+  coalescing). Short prompts (chat) make queueing the bulk of TTFT, so their window shrinks.
+- **maxNumBatchedTokens, the step's token budget** (colocated, prefill). ITL over SLO with
+  prefill-heavy steps (tokens per step >= 2x running sequences): x0.75, never below the batch
+  size, instead of shrinking the batch. TTFT over SLO while prefill-bound (queue < 50% of TTFT)
+  with long prompts or full steps, and ITL to spare: x2.
+- **Replicas cover demand**: ``ceil(demand / (1 - headroom))`` replica-equivalents, where demand
+  is prompt tokens/s over per-replica prefill capacity (prefill), generated tokens/s over
+  per-replica decode capacity (decode), or both summed (colocated). The prefill:decode ratio
+  follows from the two, as in NVIDIA Dynamo's planner. Capacities start from a default guess and
+  follow an EWMA of the observed throughput per replica whenever a pool is saturated (a queue of
+  at least one request per pod); a pool outrunning its estimate raises it at once. Demand is
+  served throughput, so a saturated pool (served/capacity ~ pods) still grows by the headroom,
+  and the waiting requests' tokens count too, as demand to drain within ``backlog_drain_s`` (60).
+  One more replica when an owned SLO is violated and its knob is already at its limit (for ITL,
+  only with a queue: otherwise more replicas would not help). Then ``[minReplicas, maxReplicas]``.
+  A pool at zero replicas reports nothing, so it holds: keep ``minReplicas >= 1`` on tuned pools.
+- **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
+  move happens only if every recommendation of its window agrees (rise: the lowest, fall: the
+  highest), and a non-zero window must be covered first. Replicas rise over
+  ``scaleUpStabilizationSeconds`` and fall over ``scaleDownStabilizationSeconds``; the knobs'
+  SLO-protecting moves (batch down, window down, budget either way) are immediate and their
+  relaxing moves (batch up, window up) wait ``knob_relax_stabilization_s``.
+- **Cooldown and anti-flapping.** A quantity that changed does not move again the same way for
+  ``cooldown_s``, so the metric window sees the new setting first. It reverses direction at most
+  once per ``flap_window_s`` (the scale-down stabilization window), unless the reversal protects
+  an SLO that is at least ``override_ratio`` (1.2) times over (or, for replicas, demand 1.2x what
+  the pool can serve). Spec-bound corrections count as moves for both.
+
+Every change and every hold comes with a reason that cites its numbers, e.g.
+``decode: ITL p95 142 ms > SLO 100 ms -> maxBatchSize 32 -> 24 (x0.75)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .metrics_source import PoolMetrics
+from .tuner_memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
+from .tuner_model import (
+    INTEGER_KNOBS,
+    KNOB_FIELDS,
+    MAX_BATCH,
+    POOL_KNOBS,
+    POOL_ORDER,
+    REPLICAS,
+    TIMEOUT,
+    TOKEN_BUDGET,
+    Change,
+    Decision,
+    PoolInput,
+    PoolLimits,
+    PoolSettings,
+    Range,
+    SLOTargets,
+    TunerConfig,
+)
+from .tuner_model import num as _num
+
+__all__ = [
+    "INTEGER_KNOBS",
+    "KNOB_FIELDS",
+    "MAX_BATCH",
+    "REPLICAS",
+    "TIMEOUT",
+    "TOKEN_BUDGET",
+    "Change",
+    "Decision",
+    "PoolInput",
+    "PoolLimits",
+    "PoolSettings",
+    "Range",
+    "SLOTargets",
+    "Tuner",
+    "TunerConfig",
+    "TunerMemory",
+]
+
+
+# --- the law -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One rule's recommendation for one quantity, before stabilization, cooldown and anti-flap."""
+
+    target: float
+    why: str  # the condition, with its numbers
+    how: str = ""  # the step taken, e.g. "x0.75"
+    protective: bool = False  # moves to protect an SLO (may override anti-flap when badly violated)
+    severity: float = 0.0  # p95 / SLO (or demand / capacity) of what it protects
+    exhausted: bool = False  # the SLO is violated and this knob is already at its limit
+
+
+class Tuner:
+    def __init__(self, config: TunerConfig | None = None) -> None:
+        self.config = config or TunerConfig()
+
+    def decide(
+        self, pools: Mapping[str, PoolInput], slo: SLOTargets, memory: TunerMemory | None, now: float
+    ) -> Decision:
+        unknown = set(pools) - set(POOL_ORDER)
+        if unknown:
+            raise ValueError(f"unknown pools {sorted(unknown)}; the tuner knows {list(POOL_ORDER)}")
+        names = [p for p in POOL_ORDER if p in pools]
+        mem = (memory or TunerMemory()).model_copy(deep=True)
+        settings = {name: pools[name].current for name in names}
+        changes: list[Change] = []
+        lines: list[str] = []
+
+        for name in names:
+            settings[name] = self._enforce_bounds(name, pools[name], mem, now, changes, lines)
+        inputs = {name: pools[name].metrics.summary() for name in names}
+
+        stale = [pools[n].metrics.reason or f"{n}: metrics stale" for n in names if pools[n].metrics.stale]
+        if stale:
+            hold_reason = "holding every knob and replica count: " + "; ".join(stale)
+            lines.append(hold_reason)
+            return self._finish(now, changes, lines, True, hold_reason, settings, mem, inputs)
+
+        demand: dict[str, tuple[float, str]] = {}
+        for name in names:
+            pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits)
+            capacity = self._update_capacity(name, pool, mem, lines)
+            proposals = self._knob_proposals(name, pool, slo)
+            for knob, proposal in proposals.items():
+                settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
+            replicas, units = self._replica_proposal(name, pool, slo, capacity, proposals)
+            if units is not None:
+                demand[name] = units
+            settings[name] = self._act(name, REPLICAS, settings[name], replicas, mem, now, changes, lines)
+            inputs[name]["capacity"] = {"promptTokensPerS": round(capacity.prompt_tps, 1),
+                                        "generationTokensPerS": round(capacity.generation_tps, 1)}  # fmt: skip
+        if "prefill" in demand and "decode" in demand:
+            lines.append(
+                f"P:D demand {demand['prefill'][0]:.2f}:{demand['decode'][0]:.2f} replica-equivalents "
+                f"({demand['prefill'][1]} vs {demand['decode'][1]}) -> "
+                f"{settings['prefill'].replicas}:{settings['decode'].replicas} replicas"
+            )
+        return self._finish(now, changes, lines, False, "", settings, mem, inputs)
+
+    # -- bounds ---------------------------------------------------------------------------------
+
+    def _enforce_bounds(
+        self, name: str, pool: PoolInput, mem: TunerMemory, now: float, changes: list[Change], lines: list[str]
+    ) -> PoolSettings:
+        current, limits = pool.current, pool.limits
+        replicas = Range(limits.min_replicas, limits.max_replicas)
+        checks = [(REPLICAS, replicas, "minReplicas/maxReplicas")]
+        checks += [(knob, limits.knob(knob), f"bounds.{knob}") for knob in KNOB_FIELDS if knob in current.knobs]
+        for knob, allowed, source in checks:
+            old = current.value(knob)
+            if old in allowed:
+                continue
+            new = allowed.clamp(old)
+            reason = (
+                f"{name}: {knob} {_num(old)} is outside spec {source} [{_num(allowed.low)}, {_num(allowed.high)}]"
+                f" -> {_num(new)} (spec bounds win)"
+            )
+            changes.append(Change(name, knob, old, new, reason))
+            lines.append(reason)
+            current = current.with_value(knob, new)
+            mem.key(name, knob).moved(now, 1 if new > old else -1)  # cooldown and anti-flap count it too
+        return current
+
+    # -- knobs ----------------------------------------------------------------------------------
+
+    def _knob_proposals(self, name: str, pool: PoolInput, slo: SLOTargets) -> dict[str, Proposal]:
+        proposals: dict[str, Proposal] = {}
+        for knob in POOL_KNOBS[name]:
+            if knob not in pool.current.knobs:
+                continue
+            if knob == TOKEN_BUDGET:
+                proposals[knob] = self._budget_rule(name, pool, slo)
+            elif knob == MAX_BATCH:
+                proposals[knob] = self._batch_rule(pool, slo, proposals.get(TOKEN_BUDGET))
+            else:
+                proposals[knob] = self._timeout_rule(name, pool, slo)
+        return proposals
+
+    def _batch_rule(self, pool: PoolInput, slo: SLOTargets, budget: Proposal | None) -> Proposal:
+        c, m = self.config, pool.metrics
+        cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
+        itl, target_ms = _ms(m.itl.p95), slo.itl_p95_ms
+        if itl is None:
+            return Proposal(cur, f"ITL p95 unknown ({m.why_missing('itl')})")
+        if itl > target_ms:
+            why = f"ITL p95 {_fmt_ms(itl)} ms > SLO {_fmt_ms(target_ms)} ms"
+            if budget is not None and budget.target < pool.current.knobs[TOKEN_BUDGET]:
+                return Proposal(cur, f"{why}, but prefill chunks dominate the steps: {TOKEN_BUDGET} shrinks instead")
+            base = cur if m.mean_batch_size is None else min(cur, float(math.ceil(m.mean_batch_size)))
+            new = allowed.clamp(math.floor(base * c.batch_decrease_factor))
+            if new >= cur:
+                return Proposal(cur, f"{why} with {MAX_BATCH} at its minimum {_num(allowed.low)}",
+                                severity=itl / target_ms, exhausted=True)  # fmt: skip
+            how = f"x{c.batch_decrease_factor:g}" + (f" of the observed batch {_num(base)}" if base < cur else "")
+            return Proposal(new, why, how, protective=True, severity=itl / target_ms)
+        if itl >= c.itl_low_water * target_ms:
+            return Proposal(cur, f"ITL p95 {_fmt_ms(itl)} ms within {c.itl_low_water:g}-1x SLO {_fmt_ms(target_ms)} ms")
+        why = f"ITL p95 {_fmt_ms(itl)} ms < {c.itl_low_water:g} x SLO {_fmt_ms(target_ms)} ms"
+        if (m.kv_usage_max or 0.0) >= c.kv_pressure or (m.preemptions_per_s or 0.0) > 0:
+            return Proposal(
+                cur,
+                f"{why}, but the KV cache is under pressure (max usage {_pct(m.kv_usage_max)}, "
+                f"{m.preemptions_per_s or 0:.2f} preemptions/s)",
+            )
+        pods = max(m.ready_pods or 1, 1)
+        full = m.mean_batch_size is not None and m.mean_batch_size >= c.batch_full_fraction * cur
+        queued = m.waiting is not None and m.waiting / pods >= c.queue_per_pod
+        if not (full or queued):
+            return Proposal(
+                cur,
+                f"{why}, but the batch is not the limit (mean batch {_opt(m.mean_batch_size)} of {_num(cur)}, "
+                f"{_opt(None if m.waiting is None else m.waiting / pods)} waiting per pod)",
+            )
+        new = allowed.clamp(cur + c.batch_increase_step)
+        if new <= cur:
+            return Proposal(cur, f"{why} with {MAX_BATCH} at its maximum {_num(allowed.high)}")
+        evidence = (
+            f"the batch is full (mean {m.mean_batch_size:.1f} of {_num(cur)})"
+            if full
+            else f"{m.waiting / pods:.1f} requests wait per pod"  # type: ignore[operator]
+        )
+        return Proposal(new, f"{why} and {evidence}", f"+{_num(new - cur)}")
+
+    def _timeout_rule(self, name: str, pool: PoolInput, slo: SLOTargets) -> Proposal:
+        c, m = self.config, pool.metrics
+        cur, allowed = pool.current.knobs[TIMEOUT], pool.limits.knob(TIMEOUT)
+        ttft, target_ms = _ms(m.ttft.p95), slo.ttft_p95_ms
+        if ttft is None:
+            return Proposal(cur, f"TTFT p95 unknown ({m.why_missing('ttft')})")
+        queue = _ms(m.queue_time.p95)
+        share = queue / ttft if queue is not None and ttft > 0 else None
+        over = ttft > target_ms
+        queue_bound = share is not None and share >= c.queue_dominant_fraction and ttft >= c.ttft_low_water * target_ms
+        if over or queue_bound:
+            why = (
+                f"TTFT p95 {_fmt_ms(ttft)} ms > SLO {_fmt_ms(target_ms)} ms"
+                if over
+                else f"queue p95 {_fmt_ms(queue)} ms is {share:.0%} of TTFT p95 {_fmt_ms(ttft)} ms "  # type: ignore[arg-type]
+                f"(>= {c.ttft_low_water:g} x SLO {_fmt_ms(target_ms)} ms)"
+            )
+            shrunk = cur * c.timeout_shrink_factor
+            new = allowed.clamp(allowed.low if shrunk < c.timeout_snap_ms else round(shrunk, 1))
+            if new >= cur:
+                return Proposal(cur, f"{why} with {TIMEOUT} at its minimum {_num(allowed.low)}",
+                                severity=ttft / target_ms, exhausted=over)  # fmt: skip
+            return Proposal(new, why, f"x{c.timeout_shrink_factor:g}", protective=True, severity=ttft / target_ms)
+        step = c.timeout_step_ms
+        if ttft + step >= c.ttft_low_water * target_ms:
+            return Proposal(
+                cur,
+                f"TTFT p95 {_fmt_ms(ttft)} ms leaves no room for +{_num(step)} ms under "
+                f"{c.ttft_low_water:g} x SLO {_fmt_ms(target_ms)} ms",
+            )
+        why = f"TTFT p95 {_fmt_ms(ttft)} ms + {_num(step)} ms < {c.ttft_low_water:g} x SLO {_fmt_ms(target_ms)} ms"
+        if name != "prefill":  # a prefill pool has no ITL of its own
+            itl = _ms(m.itl.p95)
+            if itl is None or itl >= c.itl_low_water * slo.itl_p95_ms:
+                shown = "unknown" if itl is None else f"{_fmt_ms(itl)} ms"
+                return Proposal(
+                    cur, f"{why}, but ITL p95 {shown} is not < {c.itl_low_water:g} x SLO {_fmt_ms(slo.itl_p95_ms)} ms"
+                )
+            why += f" and ITL p95 {_fmt_ms(itl)} ms < {c.itl_low_water:g} x SLO {_fmt_ms(slo.itl_p95_ms)} ms"
+        new = allowed.clamp(round(cur + step, 1))
+        if new <= cur:
+            return Proposal(cur, f"{why} with {TIMEOUT} at its maximum {_num(allowed.high)}")
+        return Proposal(new, why, f"+{_num(round(new - cur, 1))} ms")
+
+    def _budget_rule(self, name: str, pool: PoolInput, slo: SLOTargets) -> Proposal:
+        c, m = self.config, pool.metrics
+        cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
+        ttft, itl = _ms(m.ttft.p95), _ms(m.itl.p95) if name != "prefill" else None
+        steps, batch = m.mean_step_tokens, m.mean_batch_size
+        if itl is not None and itl > slo.itl_p95_ms and steps and batch and steps >= c.prefill_heavy_ratio * batch:
+            why = (
+                f"ITL p95 {_fmt_ms(itl)} ms > SLO {_fmt_ms(slo.itl_p95_ms)} ms with prefill-heavy steps "
+                f"({steps:.0f} tokens per step for {batch:.1f} sequences)"
+            )
+            floor_ = allowed.clamp(max(allowed.low, pool.current.knobs.get(MAX_BATCH, allowed.low)))
+            new = max(floor_, allowed.clamp(math.floor(cur * c.budget_decrease_factor)))
+            if new >= cur:
+                return Proposal(cur, f"{why} with {TOKEN_BUDGET} at its floor {_num(floor_)}")
+            return Proposal(new, why, f"x{c.budget_decrease_factor:g}", protective=True,
+                            severity=itl / slo.itl_p95_ms)  # fmt: skip
+        if ttft is None:
+            return Proposal(cur, f"TTFT p95 unknown ({m.why_missing('ttft')})")
+        if ttft <= slo.ttft_p95_ms:
+            return Proposal(cur, f"TTFT p95 {_fmt_ms(ttft)} ms <= SLO {_fmt_ms(slo.ttft_p95_ms)} ms")
+        why = f"TTFT p95 {_fmt_ms(ttft)} ms > SLO {_fmt_ms(slo.ttft_p95_ms)} ms"
+        queue = _ms(m.queue_time.p95)
+        if queue is None or queue >= c.queue_dominant_fraction * ttft:
+            return Proposal(cur, f"{why}, but it is not prefill-bound (queue p95 {_opt(queue)} ms)")
+        prompt = m.mean_prompt_tokens()
+        if prompt is not None and prompt > cur:
+            evidence = f"mean prompt {prompt:.0f} tokens > budget {_num(cur)}"
+        elif steps is not None and steps >= 0.9 * cur:
+            evidence = f"steps fill the budget ({steps:.0f} of {_num(cur)} tokens)"
+        else:
+            return Proposal(cur, f"{why}, but prompts fit the budget (mean prompt {_opt(prompt)} tokens)")
+        if itl is not None and itl >= c.itl_low_water * slo.itl_p95_ms:
+            return Proposal(cur, f"{why} and {evidence}, but ITL p95 {_fmt_ms(itl)} ms has no room")
+        if name != "prefill" and itl is None:
+            return Proposal(cur, f"{why} and {evidence}, but ITL p95 is unknown ({m.why_missing('itl')})")
+        new = allowed.clamp(math.floor(cur * c.budget_increase_factor))
+        if new <= cur:
+            return Proposal(cur, f"{why} and {evidence} with {TOKEN_BUDGET} at its maximum {_num(allowed.high)}")
+        return Proposal(
+            new,
+            f"{why} while prefill-bound (queue p95 {_fmt_ms(queue)} ms) and {evidence}",
+            f"x{c.budget_increase_factor:g}",
+            protective=True,
+            severity=ttft / slo.ttft_p95_ms,
+        )
+
+    # -- replicas -------------------------------------------------------------------------------
+
+    def _replica_proposal(
+        self, name: str, pool: PoolInput, slo: SLOTargets, capacity: Capacity, knobs: Mapping[str, Proposal]
+    ) -> tuple[Proposal, tuple[float, str] | None]:
+        c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
+        parts: list[tuple[float | None, float, str]] = []
+        if name in ("colocated", "prefill"):
+            parts.append((m.prompt_tokens_per_s, capacity.prompt_tps, "prompt"))
+        if name in ("colocated", "decode"):
+            parts.append((m.generation_tokens_per_s, capacity.generation_tps, "generation"))
+        unknown = [label for rate, _, label in parts if rate is None]
+        if unknown:
+            fields = {"prompt": "prompt_tokens_per_s", "generation": "generation_tokens_per_s"}
+            why = "; ".join(m.why_missing(fields[label]) for label in unknown)
+            return Proposal(cur, f"demand unknown ({why})"), None
+        units = sum(rate / cap for rate, cap, _ in parts)  # type: ignore[operator]
+        detail = " + ".join(f"{label} {rate:.0f} tok/s / {cap:.0f} per replica" for rate, cap, label in parts)
+        backlog = self._backlog_units(m, parts)
+        if backlog is not None:
+            units += backlog[0]
+            detail += f" + {backlog[1]}"
+        raw = math.ceil(units / (1.0 - c.headroom) - 1e-9)
+        why = f"demand {units:.2f} replicas ({detail}) / (1 - headroom {c.headroom:g}) = {raw}"
+
+        latency = self._owned_latency_ratio(name, m, slo)
+        exhausted = [knob for knob, p in knobs.items() if p.exhausted]
+        if exhausted:
+            pods = m.ready_pods or 0
+            waiting = (m.waiting or 0.0) / max(pods, 1)
+            itl_only = all(k == MAX_BATCH for k in exhausted)
+            if pods < cur:
+                why += f"; SLO violated with {', '.join(exhausted)} at its limit, but {pods} of {_num(cur)} pods ready"
+            elif itl_only and waiting < c.queue_per_pod:
+                why += (f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
+                        " more replicas would not lower it")  # fmt: skip
+            elif raw <= cur:
+                raw = int(cur) + 1
+                why += f"; SLO violated with {', '.join(exhausted)} at its limit -> one more replica"
+        target = pool.limits.min_replicas if raw < pool.limits.min_replicas else raw
+        target = min(target, pool.limits.max_replicas)
+        if target != raw:
+            why += f", within [{pool.limits.min_replicas}, {pool.limits.max_replicas}] -> {target}"
+        over = units / cur if cur > 0 else math.inf
+        proposal = Proposal(float(target), why, protective=target > cur, severity=max(latency, over))
+        return proposal, (units, detail)
+
+    def _backlog_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
+        """Replica-equivalents to drain the queue within ``backlog_drain_s``: served throughput
+        under-counts demand once requests wait, so the waiting requests' tokens are added."""
+        c = self.config
+        if not m.waiting or m.waiting < 1 or not m.request_rate:
+            return None
+        per_request = {"prompt": m.prompt_tokens_per_s, "generation": m.generation_tokens_per_s}
+        units = 0.0
+        for _, cap, label in parts:
+            tokens = per_request[label]
+            if tokens is not None:
+                units += m.waiting * (tokens / m.request_rate) / cap / c.backlog_drain_s
+        return units, f"backlog {m.waiting:.0f} waiting drained in {c.backlog_drain_s:.0f} s = {units:.2f}"
+
+    def _owned_latency_ratio(self, name: str, m: PoolMetrics, slo: SLOTargets) -> float:
+        ratios = [0.0]
+        if name in ("colocated", "prefill") and m.ttft.p95 is not None:
+            ratios.append(m.ttft.p95 * 1000.0 / slo.ttft_p95_ms)
+        if name in ("colocated", "decode") and m.itl.p95 is not None:
+            ratios.append(m.itl.p95 * 1000.0 / slo.itl_p95_ms)
+        return max(ratios)
+
+    def _update_capacity(self, name: str, pool: PoolInput, mem: TunerMemory, lines: list[str]) -> Capacity:
+        """Per-replica throughput: EWMA of what a saturated pool does; an unsaturated pool that
+        already outruns the estimate raises it at once (its throughput is a lower bound)."""
+        c, m = self.config, pool.metrics
+        capacity = mem.capacity.setdefault(name, Capacity(prompt_tps=c.prefill_capacity_tps,
+                                                          generation_tps=c.decode_capacity_tps))  # fmt: skip
+        pods = m.ready_pods or 0
+        if pods <= 0 or (capacity.updated_at is not None and m.at <= capacity.updated_at):
+            return capacity
+        saturated = self._saturation(name, pool)
+        prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
+        generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
+        before = (capacity.prompt_tps, capacity.generation_tps)
+        if name == "colocated":
+            if prompt is None or generation is None or prompt + generation <= 0:
+                return capacity
+            load = prompt / capacity.prompt_tps + generation / capacity.generation_tps  # replicas busy, each
+            factor = (1 - c.capacity_ewma) + c.capacity_ewma * load if saturated else max(load, 1.0)
+            capacity.prompt_tps *= factor
+            capacity.generation_tps *= factor
+        else:
+            observed = prompt if name == "prefill" else generation
+            attr = "prompt_tps" if name == "prefill" else "generation_tps"
+            if observed is None or observed <= 0:
+                return capacity
+            old = getattr(capacity, attr)
+            new = (1 - c.capacity_ewma) * old + c.capacity_ewma * observed if saturated else max(old, observed)
+            setattr(capacity, attr, new)
+        capacity.prompt_tps = min(max(capacity.prompt_tps, c.prefill_capacity_tps / 100), c.prefill_capacity_tps * 100)
+        capacity.generation_tps = min(
+            max(capacity.generation_tps, c.decode_capacity_tps / 100), c.decode_capacity_tps * 100
+        )
+        capacity.updated_at = m.at
+        if (capacity.prompt_tps, capacity.generation_tps) != before:
+            capacity.observations += 1
+            moved = []
+            if name != "decode":
+                moved.append(f"{before[0]:.0f} -> {capacity.prompt_tps:.0f} prompt tok/s")
+            if name != "prefill":
+                moved.append(f"{before[1]:.0f} -> {capacity.generation_tps:.0f} generation tok/s")
+            why = saturated or "throughput above the estimate"
+            lines.append(f"{name}: per-replica capacity {', '.join(moved)} ({why})")
+        return capacity
+
+    def _saturation(self, name: str, pool: PoolInput) -> str:
+        """Why the pool counts as saturated (its throughput is its capacity), or '' if it does not."""
+        c, m = self.config, pool.metrics
+        pods = max(m.ready_pods or 1, 1)
+        # A full batch without a queue is not saturation: arrivals may just fill it. A queue is.
+        if m.waiting is not None and m.waiting / pods >= c.saturation_queue_per_pod:
+            return f"saturated: {m.waiting / pods:.1f} waiting per pod"
+        return ""
+
+    # -- stabilization, cooldown, anti-flap -----------------------------------------------------
+
+    def _act(
+        self,
+        name: str,
+        knob: str,
+        current: PoolSettings,
+        proposal: Proposal,
+        mem: TunerMemory,
+        now: float,
+        changes: list[Change],
+        lines: list[str],
+    ) -> PoolSettings:
+        old = current.value(knob)
+        history = mem.key(name, knob)
+        history.record(now, proposal.target, self.config.memory_horizon_s)
+        if any(c.pool == name and c.knob == knob for c in changes):
+            lines.append(f"{name}: {proposal.why}: {knob} stays {_num(old)}, just brought within spec bounds")
+            return current
+        rise, fall = self.config.windows(knob)
+        new, held_by = stabilize(history, now, old, rise, fall)
+        if new == old:
+            if proposal.target == old:
+                lines.append(f"{name}: {proposal.why}: {knob} stays {_num(old)}")
+            else:
+                lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(proposal.target)} held: {held_by}")
+            return current
+        gate, note = self._gate(history, now, new > old, proposal)
+        if gate:
+            lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(new)} held: {gate}")
+            return current
+        history.moved(now, 1 if new > old else -1)
+        how = proposal.how if new == proposal.target else f"stabilized over {_num(rise if new > old else fall)} s"
+        reason = f"{name}: {proposal.why} -> {knob} {_num(old)} -> {_num(new)}" + (f" ({how})" if how else "")
+        reason += f"; {note}" if note else ""
+        changes.append(Change(name, knob, old, new, reason))
+        lines.append(reason)
+        return current.with_value(knob, new)
+
+    def _gate(self, history: KeyHistory, now: float, rising: bool, proposal: Proposal) -> tuple[str, str]:
+        """(why the move is blocked, or ''; a note when an SLO overrides anti-flapping)."""
+        c = self.config
+        direction = 1 if rising else -1
+        reverses = history.last_direction not in (0, direction)
+        if not reverses and history.last_change_at is not None and now - history.last_change_at < c.cooldown_s:
+            return f"cooldown, last changed {now - history.last_change_at:.0f} s ago (< {c.cooldown_s:.0f} s)", ""
+        since = history.direction_since
+        if reverses and since is not None and now - since < c.flap_window_s:
+            flap = (
+                f"reversing the {'rise' if history.last_direction > 0 else 'fall'} begun {now - since:.0f} s ago "
+                f"(one direction change per {c.flap_window_s:.0f} s)"
+            )
+            if proposal.protective and proposal.severity >= c.override_ratio:
+                return "", f"{flap} allowed: {proposal.severity:.2f}x over target (>= {c.override_ratio:g})"
+            return flap, ""
+        return "", ""
+
+    def _finish(
+        self,
+        now: float,
+        changes: list[Change],
+        lines: list[str],
+        hold: bool,
+        hold_reason: str,
+        settings: dict[str, PoolSettings],
+        mem: TunerMemory,
+        inputs: dict[str, dict[str, Any]],
+    ) -> Decision:
+        mem.remember(DecisionRecord(at=now, hold=hold, changes=[str(c) for c in changes]))
+        if not lines:
+            lines.append("no pools to tune")
+        return Decision(now, tuple(changes), tuple(lines), hold, hold_reason, settings, mem, inputs)
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _fmt_ms(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"
+
+
+def _opt(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.0%}"

@@ -1,0 +1,274 @@
+"""The tuner's inputs and outputs: limits, current settings, SLOs, configuration, and the decision.
+
+Plain frozen dataclasses; knob names are camelCase as in the CRD and ``status.tuner``
+(``maxBatchSize``, ``batchTimeoutMs``, ``maxNumBatchedTokens``), plus ``replicas``. The law that
+maps inputs to a decision is in tuner.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from llmfleet.server.config import EngineConfig
+
+from .metrics_source import PoolMetrics
+from .tuner_memory import TunerMemory
+
+MAX_BATCH, TIMEOUT, TOKEN_BUDGET, REPLICAS = "maxBatchSize", "batchTimeoutMs", "maxNumBatchedTokens", "replicas"
+KNOB_FIELDS = {MAX_BATCH: "max_batch_size", TIMEOUT: "batch_timeout_ms", TOKEN_BUDGET: "max_num_batched_tokens"}
+INTEGER_KNOBS = frozenset({MAX_BATCH, TOKEN_BUDGET})
+POOL_ORDER = ("colocated", "prefill", "decode")
+POOL_KNOBS = {  # which knobs each pool's tuner moves, in the order they are decided
+    "colocated": (TOKEN_BUDGET, MAX_BATCH, TIMEOUT),
+    "prefill": (TOKEN_BUDGET, TIMEOUT),
+    "decode": (MAX_BATCH,),
+}
+DEFAULT_RANGES = {MAX_BATCH: (1.0, 256.0), TIMEOUT: (0.0, 100.0), TOKEN_BUDGET: (64.0, 16384.0)}
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if self.low > self.high:
+            raise ValueError(f"empty range [{self.low}, {self.high}]")
+
+    def clamp(self, value: float) -> float:
+        return min(self.high, max(self.low, value))
+
+    def __contains__(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+@dataclass(frozen=True)
+class SLOTargets:
+    ttft_p95_ms: float
+    itl_p95_ms: float
+
+    @classmethod
+    def from_spec(cls, slo: Any) -> SLOTargets:
+        return cls(ttft_p95_ms=float(slo.ttft_p95_ms), itl_p95_ms=float(slo.itl_p95_ms))
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """What the spec allows one pool: replicas and a range per knob (camelCase names)."""
+
+    min_replicas: int
+    max_replicas: int
+    knobs: Mapping[str, Range] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas {self.min_replicas} > maxReplicas {self.max_replicas}")
+
+    def knob(self, name: str) -> Range:
+        return self.knobs.get(name) or Range(*DEFAULT_RANGES[name])
+
+    @classmethod
+    def from_spec(cls, pool: Any, engine: Any | None = None) -> PoolLimits:
+        """From a spec ``Pool``: its ``bounds`` where given, else a default range widened to take
+        in the pool's initial engine value; always within what EngineConfig accepts."""
+        engine = engine if engine is not None else pool.engine_config()
+        ranges: dict[str, Range] = {}
+        for knob, field_name in KNOB_FIELDS.items():
+            bound = pool.bounds.get(knob)
+            initial = float(getattr(engine, field_name))
+            low, high = DEFAULT_RANGES[knob]
+            low = min(low, initial) if bound is None or bound.min is None else float(bound.min)
+            high = max(high, initial) if bound is None or bound.max is None else float(bound.max)
+            engine_low, engine_high = _engine_field_range(field_name)
+            low, high = max(low, engine_low), min(high, engine_high)
+            if knob in INTEGER_KNOBS:
+                low, high = float(math.ceil(low)), float(math.floor(high))
+            if low > high:
+                raise ValueError(f"bounds.{knob}: no valid value in [{num(low)}, {num(high)}]")
+            ranges[knob] = Range(low, high)
+        return cls(min_replicas=pool.min_replicas, max_replicas=pool.max_replicas, knobs=ranges)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """A pool's current replicas and knobs (camelCase names, as in ``status.tuner``)."""
+
+    replicas: int
+    knobs: Mapping[str, float]
+
+    @classmethod
+    def from_engine(cls, replicas: int, engine: Any) -> PoolSettings:
+        return cls(replicas, {knob: float(getattr(engine, name)) for knob, name in KNOB_FIELDS.items()})
+
+    def with_value(self, knob: str, value: float) -> PoolSettings:
+        if knob == REPLICAS:
+            return PoolSettings(int(value), self.knobs)
+        return PoolSettings(self.replicas, {**self.knobs, knob: value})
+
+    def value(self, knob: str) -> float:
+        return float(self.replicas) if knob == REPLICAS else float(self.knobs[knob])
+
+
+@dataclass(frozen=True)
+class PoolInput:
+    metrics: PoolMetrics
+    current: PoolSettings
+    limits: PoolLimits
+
+
+@dataclass(frozen=True)
+class TunerConfig:
+    # HPA-like behaviour (from spec.autotune)
+    scale_up_stabilization_s: float = 0.0
+    scale_down_stabilization_s: float = 300.0
+    cooldown_s: float = 60.0
+    headroom: float = 0.2
+    knob_relax_stabilization_s: float = 60.0
+    flap_window_s: float = 300.0
+    override_ratio: float = 1.2
+    # maxBatchSize: AIMD against ITL
+    batch_decrease_factor: float = 0.75
+    batch_increase_step: int = 4
+    itl_low_water: float = 0.8
+    batch_full_fraction: float = 0.9
+    queue_per_pod: float = 0.5  # mean waiting requests per pod that count as "a queue"
+    kv_pressure: float = 0.95
+    # batchTimeoutMs: against TTFT and queue time
+    timeout_shrink_factor: float = 0.5
+    timeout_step_ms: float = 5.0
+    timeout_snap_ms: float = 1.0
+    ttft_low_water: float = 0.5
+    queue_dominant_fraction: float = 0.5
+    # maxNumBatchedTokens
+    budget_increase_factor: float = 2.0
+    budget_decrease_factor: float = 0.75
+    prefill_heavy_ratio: float = 2.0
+    # per-replica capacity (tokens/s): default guesses, then measured
+    prefill_capacity_tps: float = 4000.0
+    decode_capacity_tps: float = 400.0
+    capacity_ewma: float = 0.3
+    saturation_queue_per_pod: float = 1.0
+    backlog_drain_s: float = 60.0  # waiting requests count as demand to be served within this time
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.headroom < 1.0:
+            raise ValueError(f"headroom must be in [0, 1), got {self.headroom}")
+
+    @classmethod
+    def from_autotune(cls, autotune: Any, **overrides: Any) -> TunerConfig:
+        """From a spec ``Autotune``; the anti-flap window is the scale-down stabilization window."""
+        values: dict[str, Any] = {
+            "scale_up_stabilization_s": float(autotune.scale_up_stabilization_seconds),
+            "scale_down_stabilization_s": float(autotune.scale_down_stabilization_seconds),
+            "cooldown_s": float(autotune.cooldown_seconds),
+            "headroom": float(autotune.headroom),
+            "flap_window_s": float(autotune.scale_down_stabilization_seconds),
+            "knob_relax_stabilization_s": float(max(2 * autotune.interval_seconds, autotune.cooldown_seconds)),
+        }
+        return cls(**(values | overrides))
+
+    def windows(self, knob: str) -> tuple[float, float]:
+        """(rise, fall) stabilization windows of one quantity."""
+        if knob == REPLICAS:
+            return self.scale_up_stabilization_s, self.scale_down_stabilization_s
+        if knob == TOKEN_BUDGET:
+            return 0.0, 0.0  # both directions protect an SLO (TTFT up, ITL down)
+        return self.knob_relax_stabilization_s, 0.0
+
+    @property
+    def memory_horizon_s(self) -> float:
+        longest = max(self.scale_up_stabilization_s, self.scale_down_stabilization_s, self.knob_relax_stabilization_s)
+        return 2 * max(longest, self.flap_window_s) + 60.0
+
+
+# --- outputs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    pool: str
+    knob: str  # camelCase knob, or "replicas"
+    old: float
+    new: float
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "knob": self.knob, "from": plain(self.old), "to": plain(self.new),
+                "reason": self.reason}  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"{self.pool}/{self.knob} {num(self.old)} -> {num(self.new)}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    at: float
+    changes: tuple[Change, ...]
+    reasons: tuple[str, ...]  # one line per change and per hold, each citing its numbers
+    hold: bool  # True: data was stale or missing, nothing but bound corrections moved
+    hold_reason: str
+    settings: Mapping[str, PoolSettings]  # every pool after the changes
+    memory: TunerMemory
+    inputs: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # per pool, the numbers used
+
+    def changed(self, pool: str, knob: str) -> Change | None:
+        return next((c for c in self.changes if c.pool == pool and c.knob == knob), None)
+
+    def tuner_status(self) -> dict[str, Any]:
+        """``status.tuner``: the replicas and knobs the tuner owns."""
+        return {
+            "replicas": {pool: s.replicas for pool, s in self.settings.items()},
+            "knobs": {pool: {k: plain(v) for k, v in s.knobs.items()} for pool, s in self.settings.items()},
+        }
+
+    def last_decision_status(self) -> dict[str, Any]:
+        """``status.lastDecision``: time, changes, reason and inputs."""
+        return {
+            "time": datetime.fromtimestamp(self.at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "changes": [c.to_dict() for c in self.changes],
+            "reason": self.hold_reason if self.hold else self._summary(),
+            "inputs": dict(self.inputs),
+        }
+
+    def condition(self) -> dict[str, str]:
+        """The TunerActive condition (type, status, reason, message)."""
+        if self.hold:
+            return {"type": "TunerActive", "status": "False", "reason": "MetricsUnavailable",
+                    "message": self.hold_reason}  # fmt: skip
+        reason = "Adjusted" if self.changes else "Steady"
+        return {"type": "TunerActive", "status": "True", "reason": reason, "message": self._summary()}
+
+    def _summary(self) -> str:
+        """The changes' reasons, or when nothing changed every reason for holding."""
+        return "; ".join(c.reason for c in self.changes) or "; ".join(self.reasons)
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def num(value: float) -> str:
+    """A knob value as reasons show it: integers bare, others with one decimal."""
+    if math.isfinite(value) and value == int(value):
+        return str(int(value))
+    return f"{value:.1f}"
+
+
+def plain(value: float) -> int | float:
+    """A JSON number: integral values as ints."""
+    return int(value) if math.isfinite(value) and value == int(value) else value
+
+
+def _engine_field_range(field_name: str) -> tuple[float, float]:
+    """The ge/le limits EngineConfig puts on a knob, so the tuner never writes an invalid config."""
+    low, high = -math.inf, math.inf
+    for item in EngineConfig.model_fields[field_name].metadata:
+        low = float(getattr(item, "ge", low))
+        high = float(getattr(item, "le", high))
+    return low, high

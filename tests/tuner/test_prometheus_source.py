@@ -1,0 +1,140 @@
+"""PrometheusSource against canned Prometheus API answers (httpx MockTransport)."""
+
+from __future__ import annotations
+
+import json
+import math
+from urllib.parse import parse_qs
+
+import httpx
+import pytest
+
+from llmfleet.operator import promql
+from llmfleet.operator.metrics_source import MetricSource, PoolRef, StalenessPolicy
+from llmfleet.operator.prometheus_source import PrometheusSource
+
+REF = PoolRef("prod", "chat", "decode")
+NOW = 1_700_000_000.0
+HEALTHY = {
+    "ttft:0.5": 0.08, "ttft:0.95": 0.31, "ttft:0.99": 0.6, "ttft:samples": 600.0,
+    "itl:0.5": 0.02, "itl:0.95": 0.045, "itl:0.99": 0.09, "itl:samples": 40000.0,
+    "queue_time:0.5": 0.001, "queue_time:0.95": 0.05, "queue_time:0.99": 0.1, "queue_time:samples": 600.0,
+    "request_rate": 10.0, "prompt_tokens_per_s": 2560.0, "generation_tokens_per_s": 1280.0, "preemptions_per_s": 0.0,
+    "waiting": 1.5, "running": 24.0, "kv_usage_mean": 0.3, "kv_usage_max": 0.55,
+    "mean_batch_size": 23.5, "mean_step_tokens": 60.0, "ready_pods": 2.0, "newest_sample": NOW - 3.0,
+}  # fmt: skip
+
+
+class FakePrometheus:
+    """Answers each of a snapshot's queries from a dict keyed like promql.pool_queries."""
+
+    def __init__(self, values: dict[str, float | None], status: int = 200) -> None:
+        self.by_query = {
+            q: values.get(field) for field, q in promql.pool_queries(promql.pool_selector(REF), 60).items()
+        }
+        self.status = status
+        self.seen: list[dict[str, str]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/query"
+        form = {k: v[0] for k, v in parse_qs(request.content.decode()).items()}
+        self.seen.append(form)
+        if self.status != 200:
+            body = {"status": "error", "errorType": "unavailable", "error": "TSDB not ready"}
+            return httpx.Response(self.status, json=body)
+        if form["query"] not in self.by_query:
+            return httpx.Response(400, json={"status": "error", "errorType": "bad_data", "error": "unknown query"})
+        value = self.by_query[form["query"]]
+        result = [] if value is None else [{"metric": {}, "value": [float(form["time"]), _text(value)]}]
+        return httpx.Response(
+            200, text=json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+        )
+
+
+def _text(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("+Inf" if value == math.inf else repr(value))
+
+
+def source(fake: FakePrometheus, **kw) -> PrometheusSource:
+    client = httpx.AsyncClient(transport=httpx.MockTransport(fake))
+    return PrometheusSource("http://prometheus:9090/", client=client, clock=lambda: NOW, **kw)
+
+
+async def test_healthy_snapshot() -> None:
+    fake = FakePrometheus(HEALTHY)
+    src = source(fake)
+    assert isinstance(src, MetricSource)
+    m = await src.snapshot(REF, 60)
+    assert not m.stale and m.reason == "" and m.missing == {}
+    assert (m.ttft.p50, m.ttft.p95, m.ttft.p99, m.ttft.samples) == (0.08, 0.31, 0.6, 600.0)
+    assert m.itl.p95 == 0.045 and m.queue_time.p95 == 0.05
+    assert (m.request_rate, m.prompt_tokens_per_s, m.generation_tokens_per_s) == (10.0, 2560.0, 1280.0)
+    assert (m.waiting, m.running, m.kv_usage_max, m.mean_batch_size) == (1.5, 24.0, 0.55, 23.5)
+    assert m.ready_pods == 2 and m.newest_sample_age_s == pytest.approx(3.0)
+    assert m.mean_prompt_tokens() == 256.0
+    assert {s["time"] for s in fake.seen} == {f"{NOW:.3f}"}  # one instant for every query
+    assert len(fake.seen) == len(HEALTHY)
+
+
+async def test_no_requests_in_window_is_missing_not_zero() -> None:
+    values = HEALTHY | {f"ttft:{q}": math.nan for q in ("0.5", "0.95", "0.99")} | {"ttft:samples": 0.0}
+    values |= {"mean_batch_size": math.nan}
+    m = await source(FakePrometheus(values)).snapshot(REF, 60)
+    assert not m.stale
+    assert m.ttft.p95 is None and m.ttft.samples == 0.0
+    assert m.missing["ttft"] == "ttft: 0 observations in the 60 s window (< 20)"
+    assert (
+        m.mean_batch_size is None and m.missing["mean_batch_size"] == "mean_batch_size: no engine steps in the window"
+    )
+
+
+async def test_too_few_samples_drop_the_quantile() -> None:
+    m = await source(FakePrometheus(HEALTHY | {"queue_time:samples": 7.0})).snapshot(REF, 60)
+    assert m.queue_time.p95 is None and m.queue_time.samples == 7.0
+    assert "7 observations in the 60 s window (< 20)" in m.missing["queue_time"]
+    assert m.ttft.p95 == 0.31  # the others stand
+
+
+async def test_missing_series_are_none_with_a_reason() -> None:
+    m = await source(FakePrometheus(HEALTHY | {"prompt_tokens_per_s": None, "itl:samples": None})).snapshot(REF, 60)
+    assert m.prompt_tokens_per_s is None and m.missing["prompt_tokens_per_s"] == "prompt_tokens_per_s: no series"
+    assert m.itl.p95 is None and m.missing["itl"] == "itl: no histogram series"
+
+
+async def test_zero_is_a_measured_zero() -> None:
+    m = await source(FakePrometheus(HEALTHY | {"request_rate": 0.0, "waiting": 0.0})).snapshot(REF, 60)
+    assert m.request_rate == 0.0 and m.waiting == 0.0 and "request_rate" not in m.missing
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        (HEALTHY | {"newest_sample": NOW - 95.0}, "decode: newest sample 95 s old (> 60 s)"),
+        (HEALTHY | {"ready_pods": None, "newest_sample": None}, "decode: 0 pods reporting (< 1)"),
+        (HEALTHY | {"newest_sample": None}, "decode: age of the newest sample unknown"),
+    ],
+)
+async def test_stale_snapshots(values, reason) -> None:
+    m = await source(FakePrometheus(values)).snapshot(REF, 60)
+    assert m.stale and m.reason == reason
+
+
+async def test_server_error_makes_it_stale() -> None:
+    m = await source(FakePrometheus(HEALTHY, status=503)).snapshot(REF, 60)
+    assert m.stale and "503 unavailable: TSDB not ready" in m.reason
+
+
+async def test_unreachable_prometheus_makes_it_stale() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    m = await PrometheusSource("http://prometheus:9090", client=client, clock=lambda: NOW).snapshot(REF, 60)
+    assert m.stale and "unreachable" in m.reason and m.ttft.p95 is None
+
+
+async def test_policy_is_configurable() -> None:
+    policy = StalenessPolicy(max_sample_age_s=2.0, min_samples=1000)
+    m = await source(FakePrometheus(HEALTHY), policy=policy).snapshot(REF, 60)
+    assert m.stale and "3 s old (> 2 s)" in m.reason
+    assert m.ttft.p95 is None and "600 observations" in m.missing["ttft"]

@@ -1,0 +1,320 @@
+"""The control law, one run at a time: tables of scenarios and the change (or hold) each must give."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from llmfleet.operator.tuner import MAX_BATCH, REPLICAS, TIMEOUT, TOKEN_BUDGET, PoolInput, Tuner, TunerConfig
+from llmfleet.operator.tuner_memory import TunerMemory
+from tests.tuner.scenarios import ONE_SHOT, SLO, limits, metrics, pool_input, settings
+
+
+@dataclass
+class Case:
+    name: str
+    pools: dict[str, PoolInput]
+    expect: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # (pool, knob): (old, new)
+    unchanged: list[tuple[str, str]] = field(default_factory=list)
+    says: list[str] = field(default_factory=list)  # substrings the reasons must contain
+
+
+def colocated(**kw) -> dict[str, PoolInput]:
+    current = kw.pop("current", None)
+    lim = kw.pop("lim", None)
+    return {"colocated": pool_input(metrics("colocated", **kw), current, lim)}
+
+
+CASES = [
+    Case(
+        "ITL over SLO lowers the batch (x0.75)",
+        colocated(itl_ms=142, mean_batch=32, step_tokens=40, prompt_tps=400, gen_tps=80),
+        expect={("colocated", MAX_BATCH): (32, 24)},
+        unchanged=[("colocated", TIMEOUT), ("colocated", TOKEN_BUDGET), ("colocated", REPLICAS)],
+        says=["colocated: ITL p95 142 ms > SLO 100 ms -> maxBatchSize 32 -> 24 (x0.75)"],
+    ),
+    Case(
+        "ITL over SLO decreases from the batch that actually ran",
+        colocated(itl_ms=130, mean_batch=11.3, step_tokens=20),
+        expect={("colocated", MAX_BATCH): (32, 9)},
+        says=["x0.75 of the observed batch 12"],
+    ),
+    Case(
+        "ITL under SLO with a queue raises the batch (+4)",
+        colocated(itl_ms=50, ttft_ms=300, waiting=3, mean_batch=20),
+        expect={("colocated", MAX_BATCH): (32, 36)},
+        unchanged=[("colocated", TIMEOUT)],
+        says=["ITL p95 50 ms < 0.8 x SLO 100 ms and 3.0 requests wait per pod -> maxBatchSize 32 -> 36 (+4)"],
+    ),
+    Case(
+        "ITL under SLO with a full batch raises it",
+        colocated(itl_ms=50, ttft_ms=300, mean_batch=31.5, prompt_tps=400, gen_tps=80),
+        expect={("colocated", MAX_BATCH): (32, 36)},
+        unchanged=[("colocated", REPLICAS)],
+        says=["the batch is full (mean 31.5 of 32)"],
+    ),
+    Case(
+        "ITL under SLO but the batch is not the limit: hold",
+        colocated(itl_ms=50, ttft_ms=300, mean_batch=8, waiting=0),
+        unchanged=[("colocated", MAX_BATCH)],
+        says=["the batch is not the limit (mean batch 8.0 of 32, 0.0 waiting per pod)"],
+    ),
+    Case(
+        "ITL under SLO but the KV cache is nearly full: hold",
+        colocated(itl_ms=50, ttft_ms=300, waiting=3, kv_max=0.97),
+        unchanged=[("colocated", MAX_BATCH)],
+        says=["KV cache is under pressure (max usage 97%"],
+    ),
+    Case(
+        "ITL inside the dead band: hold",
+        colocated(itl_ms=90, ttft_ms=300),
+        unchanged=[("colocated", MAX_BATCH)],
+        says=["ITL p95 90 ms within 0.8-1x SLO 100 ms: maxBatchSize stays 32"],
+    ),
+    Case(
+        "TTFT over SLO shrinks the window (x0.5)",
+        colocated(ttft_ms=800, queue_ms=100, itl_ms=90),
+        expect={("colocated", TIMEOUT): (20, 10)},
+        unchanged=[("colocated", MAX_BATCH), ("colocated", TOKEN_BUDGET), ("colocated", REPLICAS)],
+        says=["colocated: TTFT p95 800 ms > SLO 500 ms -> batchTimeoutMs 20 -> 10 (x0.5)"],
+    ),
+    Case(
+        "a window under 1 ms snaps to its minimum",
+        colocated(ttft_ms=800, queue_ms=100, current=settings(timeout=1.5)),
+        expect={("colocated", TIMEOUT): (1.5, 0)},
+    ),
+    Case(
+        "TTFT over SLO with the window at its minimum adds a replica",
+        colocated(ttft_ms=800, queue_ms=600, current=settings(timeout=0)),
+        expect={("colocated", REPLICAS): (1, 2)},
+        unchanged=[("colocated", TIMEOUT)],
+        says=["batchTimeoutMs at its minimum 0", "one more replica"],
+    ),
+    Case(
+        "ITL over SLO at the minimum batch with no queue: more replicas would not help",
+        colocated(
+            itl_ms=150, mean_batch=1, step_tokens=1.2, waiting=0, prompt_tps=100, gen_tps=20, current=settings(batch=1)
+        ),
+        unchanged=[("colocated", MAX_BATCH), ("colocated", REPLICAS)],
+        says=["more replicas would not lower it"],
+    ),
+    Case(
+        "chat shape (short prompts, queueing is most of TTFT): a shorter window",
+        colocated(ttft_ms=300, queue_ms=240, itl_ms=40, rate=5, prompt_tps=300, gen_tps=150, mean_batch=4),
+        expect={("colocated", TIMEOUT): (20, 10)},
+        unchanged=[("colocated", MAX_BATCH), ("colocated", TOKEN_BUDGET), ("colocated", REPLICAS)],
+        says=["queue p95 240 ms is 80% of TTFT p95 300 ms"],
+    ),
+    Case(
+        "long-prompt shape (prefill-bound TTFT, full batches): bigger batches, the window stays",
+        colocated(
+            ttft_ms=300,
+            queue_ms=30,
+            itl_ms=40,
+            rate=10,
+            prompt_tps=20000,
+            gen_tps=200,
+            mean_batch=31.5,
+            pods=7,
+            current=settings(replicas=7),
+        ),
+        expect={("colocated", MAX_BATCH): (32, 36)},
+        unchanged=[("colocated", TIMEOUT)],
+    ),
+    Case(
+        "long prompts with TTFT over SLO while prefill-bound: a bigger token budget",
+        colocated(ttft_ms=900, queue_ms=50, itl_ms=40, rate=1, prompt_tps=2000, gen_tps=100, step_tokens=480),
+        expect={("colocated", TOKEN_BUDGET): (512, 1024), ("colocated", TIMEOUT): (20, 10)},
+        says=["while prefill-bound (queue p95 50 ms) and mean prompt 2000 tokens > budget 512"],
+    ),
+    Case(
+        "ITL over SLO from prefill-heavy steps: the token budget shrinks, not the batch",
+        colocated(itl_ms=130, mean_batch=12, step_tokens=400),
+        expect={("colocated", TOKEN_BUDGET): (512, 384)},
+        unchanged=[("colocated", MAX_BATCH)],
+        says=["prefill-heavy steps (400 tokens per step for 12.0 sequences)", "maxNumBatchedTokens shrinks instead"],
+    ),
+    Case(
+        "TTFT far under SLO and ITL to spare: the window grows (+5 ms)",
+        colocated(ttft_ms=100, itl_ms=40),
+        expect={("colocated", TIMEOUT): (20, 25)},
+        says=["TTFT p95 100 ms + 5 ms < 0.5 x SLO 500 ms and ITL p95 40 ms < 0.8 x SLO 100 ms"],
+    ),
+    Case(
+        "too few requests behind the ITL quantile: the batch holds, replicas still follow demand",
+        {
+            "colocated": pool_input(
+                metrics(
+                    itl_ms=None,
+                    prompt_tps=8000,
+                    pods=3,
+                    missing={"itl": "itl: 3 observations in the 60 s window (< 20)"},
+                ),
+                settings(replicas=3),
+            )
+        },
+        expect={("colocated", REPLICAS): (3, 4)},
+        unchanged=[("colocated", MAX_BATCH)],
+        says=["ITL p95 unknown (itl: 3 observations in the 60 s window (< 20))"],
+    ),
+    Case(
+        "demand over capacity with headroom: more replicas",
+        colocated(prompt_tps=5600, gen_tps=200, pods=2, current=settings(replicas=2)),
+        expect={("colocated", REPLICAS): (2, 3)},
+        says=["demand 1.90 replicas (prompt 5600 tok/s / 4000 per replica + generation 200 tok/s / 400 per replica)"],
+    ),
+    Case(
+        "waiting requests count as demand to drain",
+        colocated(waiting=600, pods=2, current=settings(replicas=2)),
+        expect={("colocated", REPLICAS): (2, 3)},
+        says=["backlog 600 waiting drained in 60 s = 0.92"],
+    ),
+    Case(
+        "demand beyond maxReplicas stops at maxReplicas",
+        colocated(prompt_tps=5600, gen_tps=200, pods=2, current=settings(replicas=2), lim=limits(max_replicas=2)),
+        unchanged=[("colocated", REPLICAS)],
+        says=["within [1, 2] -> 2"],
+    ),
+    Case(
+        "low demand scales down, not below minReplicas",
+        colocated(prompt_tps=400, gen_tps=40, pods=4, current=settings(replicas=4), lim=limits(min_replicas=2)),
+        expect={("colocated", REPLICAS): (4, 2)},
+    ),
+    Case(
+        "a knob outside the spec bounds is brought back (spec bounds win)",
+        colocated(current=settings(batch=300), lim=limits(batch=(8, 256))),
+        expect={("colocated", MAX_BATCH): (300, 256)},
+        says=["maxBatchSize 300 is outside spec bounds.maxBatchSize [8, 256] -> 256 (spec bounds win)"],
+    ),
+    Case(
+        "P:D ratio follows prompt vs generated token demand (prompt-heavy)",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=300, prompt_tps=16000, pods=4), settings(replicas=4)),
+            "decode": pool_input(metrics("decode", gen_tps=400, pods=1), settings(replicas=1)),
+        },
+        expect={("prefill", REPLICAS): (4, 5), ("decode", REPLICAS): (1, 2)},
+        says=["P:D demand 4.00:1.00 replica-equivalents", "-> 5:2 replicas"],
+    ),
+    Case(
+        "P:D ratio follows prompt vs generated token demand (generation-heavy)",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=300, prompt_tps=4000, pods=1), settings(replicas=1)),
+            "decode": pool_input(metrics("decode", gen_tps=1600, pods=4), settings(replicas=4)),
+        },
+        expect={("prefill", REPLICAS): (1, 2), ("decode", REPLICAS): (4, 5)},
+        says=["P:D demand 1.00:4.00 replica-equivalents", "-> 2:5 replicas"],
+    ),
+    Case(
+        "disaggregated: prefill owns TTFT (window), decode owns ITL (batch)",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=800, queue_ms=100, itl_ms=500, prompt_tps=100)),
+            "decode": pool_input(metrics("decode", ttft_ms=5000, itl_ms=142, mean_batch=32, gen_tps=100)),
+        },
+        expect={("prefill", TIMEOUT): (20, 10), ("decode", MAX_BATCH): (32, 24)},
+        unchanged=[("prefill", MAX_BATCH), ("decode", TIMEOUT)],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_rule_table(case: Case) -> None:
+    decision = Tuner(ONE_SHOT).decide(case.pools, SLO, TunerMemory(), now=1000.0)
+    assert not decision.hold, decision.hold_reason
+    got = {(c.pool, c.knob): (c.old, c.new) for c in decision.changes}
+    text = "\n".join(decision.reasons)
+    for key, move in case.expect.items():
+        assert got.get(key) == move, f"{key}: expected {move}, got {got.get(key)}\n{text}"
+    for key in case.unchanged:
+        assert key not in got, f"{key} changed: {got[key]}\n{text}"
+    for fragment in case.says:
+        assert fragment in text, f"missing {fragment!r} in:\n{text}"
+    for change in decision.changes:
+        assert change.reason.startswith(f"{change.pool}: ") and any(ch.isdigit() for ch in change.reason)
+
+
+def test_stale_metrics_hold_everything_and_say_why() -> None:
+    pools = colocated(itl_ms=300, ttft_ms=2000, stale=True, reason="colocated: newest sample 95 s old (> 60 s)")
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, TunerMemory(), now=1000.0)
+    assert decision.hold and not decision.changes
+    assert "newest sample 95 s old" in decision.hold_reason
+    assert decision.condition()["status"] == "False"
+    assert decision.condition()["reason"] == "MetricsUnavailable"
+    assert decision.last_decision_status()["reason"] == decision.hold_reason
+
+
+def test_one_stale_pool_holds_the_other_too() -> None:
+    pools = {
+        "prefill": pool_input(metrics("prefill", stale=True, reason="prefill: 0 pods reporting (< 1)")),
+        "decode": pool_input(metrics("decode", itl_ms=300, mean_batch=32)),
+    }
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, TunerMemory(), now=1000.0)
+    assert decision.hold and not decision.changes
+    assert "prefill: 0 pods reporting" in decision.hold_reason
+
+
+def test_bounds_are_enforced_even_while_holding() -> None:
+    pools = colocated(stale=True, reason="x", current=settings(batch=2, replicas=12), lim=limits(batch=(8, 64)))
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, TunerMemory(), now=1000.0)
+    assert decision.hold
+    assert {(c.knob, c.old, c.new) for c in decision.changes} == {(MAX_BATCH, 2, 8), (REPLICAS, 12, 8)}
+    assert decision.settings["colocated"].replicas == 8
+
+
+def test_capacity_is_measured_when_saturated() -> None:
+    decode = pool_input(metrics("decode", gen_tps=900, waiting=4, pods=2), settings(replicas=2))
+    decision = Tuner(ONE_SHOT).decide({"decode": decode}, SLO, TunerMemory(), now=1000.0)
+    capacity = decision.memory.capacity["decode"]
+    assert capacity.generation_tps == pytest.approx(0.7 * 400 + 0.3 * 450)
+    assert any("400 -> 415 generation tok/s (saturated: 2.0 waiting per pod)" in r for r in decision.reasons)
+    # the same snapshot again is not a second observation
+    again = Tuner(ONE_SHOT).decide({"decode": decode}, SLO, decision.memory, now=1030.0)
+    assert again.memory.capacity["decode"].generation_tps == capacity.generation_tps
+
+
+def test_outrunning_the_estimate_raises_it_at_once() -> None:
+    prefill = pool_input(metrics("prefill", ttft_ms=300, prompt_tps=9000, pods=1))
+    decision = Tuner(ONE_SHOT).decide({"prefill": prefill}, SLO, TunerMemory(), now=1000.0)
+    assert decision.memory.capacity["prefill"].prompt_tps == 9000
+
+
+def test_status_views() -> None:
+    pools = colocated(itl_ms=142, mean_batch=32, step_tokens=40, prompt_tps=400, gen_tps=80)
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, None, now=0.0)
+    status = decision.tuner_status()
+    assert status["knobs"]["colocated"][MAX_BATCH] == 24 and status["replicas"]["colocated"] == 1
+    last = decision.last_decision_status()
+    assert last["time"] == "1970-01-01T00:00:00Z"
+    assert last["changes"] == [
+        {"pool": "colocated", "knob": MAX_BATCH, "from": 32, "to": 24, "reason": decision.changes[0].reason}
+    ]
+    assert last["inputs"]["colocated"]["itlP95Ms"] == 142.0
+    assert decision.condition() == {
+        "type": "TunerActive", "status": "True", "reason": "Adjusted", "message": decision.changes[0].reason,
+    }  # fmt: skip
+
+
+def test_unknown_pool_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown pools"):
+        Tuner().decide({"router": pool_input(metrics())}, SLO, None, now=0.0)
+
+
+def test_config_from_spec_autotune() -> None:
+    from llmfleet.operator.spec import Autotune
+
+    config = TunerConfig.from_autotune(Autotune(scaleDownStabilizationSeconds=120, cooldownSeconds=45, headroom=0.3))
+    assert config.scale_down_stabilization_s == 120 and config.flap_window_s == 120
+    assert config.cooldown_s == 45 and config.headroom == 0.3
+    assert config.knob_relax_stabilization_s == 60  # two 30 s intervals
+
+
+def test_limits_from_spec_pool() -> None:
+    from llmfleet.operator.spec import Pool
+    from llmfleet.operator.tuner import PoolLimits, Range
+
+    pool = Pool(minReplicas=1, maxReplicas=3, engine={"max_batch_size": 512}, bounds={"batchTimeoutMs": {"max": 40}})
+    lim = PoolLimits.from_spec(pool)
+    assert lim.knob(MAX_BATCH) == Range(1, 512)  # default range widened to the initial value
+    assert lim.knob(TIMEOUT) == Range(0, 40)
+    assert lim.knob(TOKEN_BUDGET).low >= 1
+    assert (lim.min_replicas, lim.max_replicas) == (1, 3)
