@@ -74,6 +74,8 @@ class ServerMetrics:
         # Export zeros from the start: a series that appears only on its first event breaks rate().
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.config_errors):
             metric.labels(**self.labels)
+        for gauge in (self.running, self.waiting, self.kv_usage, self.in_flight):
+            gauge.labels(**self.labels).set(0)
         for reason in ("stop", "length", "abort"):
             self.success.labels(**self.labels, finished_reason=reason)
         self._preemptions_seen = 0

@@ -107,6 +107,7 @@ async def test_histograms_observe_what_requests_did(server):
     assert delta("vllm:time_to_first_token_seconds_sum{}") > 0
     assert after["llmfleet_role_info{}"] == 1
     assert after["vllm:num_requests_running{}"] == 0
+    assert after["vllm:num_requests_waiting{}"] == 0
 
 
 async def test_live_config_change_under_traffic(server):
