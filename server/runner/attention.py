@@ -1,69 +1,109 @@
 """Paged attention, plugged into any HF decoder-only model through transformers'
 ``AttentionInterface`` under the name ``llmfleet``.
 
-Each step runs the model once over a flattened ragged batch of shape (1, T). The attention
-function writes this step's keys and values into the paged cache at ``slot_mapping`` and then
-attends each request's queries to that request's cached keys, causally:
+Each step runs the model once over a flattened ragged batch of shape (1, T). Read in
+transformers 5.23 (models/llama, qwen2, mistral; masking_utils): for an implementation with no
+registered mask function no mask is built (``attention_mask`` is None), our extra kwargs reach
+this function unchanged, and it gets q/k/v as (1, heads, T, head_dim) after RoPE, ``scaling``,
+the layer in ``module.layer_idx`` and, for Qwen2/Mistral, the layer's ``sliding_window``
+(None for full attention). It must return (1, T, heads, head_dim) in token order.
 
-- decode requests (one query each) are batched: their cached K/V are gathered into a padded
-  (B, ctx) block and attended with two batched matmuls (CPU SDPA is slow for one-token queries);
-- prefill chunks attend one request at a time with a causal mask offset by the chunk start.
+The function writes this step's keys and values into the paged cache at the slot mapping, then
+attends each request's queries to that request's cached keys, causally, with GQA:
 
-The gather indices and masks are built once per step (``StepMetadata``), not per layer.
+- one-query requests (decodes) are batched per group of similar context length: their blocks
+  are gathered into a padded (kv_heads, n, ctx, head_dim) tensor and attended with two batched
+  matmuls and a length mask (CPU SDPA is several times slower for one-token queries);
+- prompt chunks run SDPA one request at a time: a chunk that starts at position 0 attends to
+  its own fresh keys (causal, no gather); a later chunk gathers its request's blocks and uses a
+  causal mask offset by the chunk start.
+
+Sliding windows are honoured through the masks (``kv_pos > q_pos - window``, as transformers
+does), so Mistral and Qwen2 with a window shorter than the context stay exact.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
 
+from .kv_cache import PagedKVCache
+
 ATTN_IMPLEMENTATION = "llmfleet"
 
+# Decode attention gathers this many bytes of K and V at a time (a few heads), then attends:
+# small enough to stay in the CPU cache, about 1.5x faster than gathering all heads first.
+DECODE_CHUNK_BYTES = 4 << 20
 
-class PagedKVCache:
-    """Per layer, keys and values for every slot: (kv_heads, num_blocks * block_size, head_dim).
 
-    Heads come first so that gathering a request's slots yields one contiguous (ctx, head_dim)
-    matrix per head, which the score matmul reads without another copy."""
+@dataclass
+class DecodeGroup:
+    """One-query requests attended together, padded to the longest context of the group."""
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        shape = (num_kv_heads, num_blocks * block_size, head_dim)
-        self.block_size = block_size
-        self.num_blocks = num_blocks
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+    rows: torch.Tensor  # (n,) their rows in the flattened batch
+    blocks: torch.Tensor  # (n * blocks_per_request,) block ids, padded with block 0
+    lengths: torch.Tensor  # (n,) context lengths, the new token included
+    blocks_per_request: int
+    padded: bool  # some request is shorter than blocks_per_request * block_size
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
-    @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+    def mask(self, block_size: int, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive (1, n, 1, ctx) mask: -inf on padding and outside the window; None if neither."""
+        if window not in self._masks:
+            ctx = self.blocks_per_request * block_size
+            lengths = self.lengths[:, None]
+            positions = torch.arange(ctx, device=lengths.device)[None, :]
+            hidden = positions >= lengths if self.padded else None
+            if window is not None and window < ctx:
+                outside = positions < lengths - window
+                hidden = outside if hidden is None else hidden | outside
+            self._masks[window] = (
+                None
+                if hidden is None
+                else torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)
+                .masked_fill_(hidden, float("-inf"))
+                .view(1, -1, 1, ctx)
+            )
+        return self._masks[window]
 
 
 @dataclass
 class PrefillSpan:
-    token_start: int  # first row of this request in the flattened batch
+    """A prompt chunk (or a recompute) of one request: positions ``context - num_tokens .. context - 1``."""
+
+    row: int  # first row of the chunk in the flattened batch
     num_tokens: int
-    slots: torch.Tensor  # (ctx,) cache slots of positions 0..ctx-1
-    mask: torch.Tensor | None  # (num_tokens, ctx) bool, True = may attend; None = no masking needed
+    context: int  # tokens the chunk attends to: everything before it plus itself
+    blocks: torch.Tensor | None  # blocks covering the context; None when the chunk starts at position 0
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def fresh(self) -> bool:
+        return self.blocks is None
+
+    def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
+        """Boolean (num_tokens, context) mask, True = may attend; None means plain causal."""
+        if window not in self._masks:
+            windowed = window is not None and window < self.context
+            if self.fresh and not windowed:
+                self._masks[window] = None
+            else:
+                q_pos = torch.arange(self.context - self.num_tokens, self.context, device=device)[:, None]
+                k_pos = torch.arange(self.context, device=device)[None, :]
+                allowed = k_pos <= q_pos
+                if windowed:
+                    allowed &= k_pos > q_pos - window
+                self._masks[window] = allowed
+        return self._masks[window]
 
 
 @dataclass
 class StepMetadata:
     cache: PagedKVCache
-    slot_mapping: torch.Tensor  # (T,) where each token's K/V goes
-    decode_rows: torch.Tensor | None  # (B,) rows of one-token requests in the flattened batch
-    decode_blocks: torch.Tensor | None  # (B * max_blocks,) block ids to gather, padded with block 0
-    decode_mask: torch.Tensor | None  # (1, B, 1, max_blocks * block_size) additive mask, -inf past each length
+    slot_mapping: torch.Tensor  # (T,) cache slot of each token of the step
+    decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpan]
 
 
@@ -76,57 +116,89 @@ def paged_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     llmfleet_meta: StepMetadata | None = None,
+    sliding_window: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     meta = llmfleet_meta
     if meta is None:
         raise RuntimeError("llmfleet attention called without step metadata (use the llm-fleet runner)")
     layer = module.layer_idx
-    k_cache, v_cache = meta.cache.keys[layer], meta.cache.values[layer]
-    q = query[0].transpose(0, 1)  # (T, H, D)
-    k_cache.index_copy_(1, meta.slot_mapping, key[0].to(k_cache.dtype))
-    v_cache.index_copy_(1, meta.slot_mapping, value[0].to(v_cache.dtype))
+    cache = meta.cache
+    cache.write(layer, meta.slot_mapping, key[0], value[0])
 
+    q = query[0].transpose(0, 1)  # (T, heads, D)
     num_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[0]
-    group = num_heads // kv_heads
     scale = scaling if scaling is not None else head_dim**-0.5
-    out = torch.empty_like(q)
-
-    if meta.decode_rows is not None:
-        rows = meta.decode_rows
-        batch = rows.shape[0]
-        qd = q.index_select(0, rows).view(batch, kv_heads, group, head_dim).transpose(0, 1)  # (kvh, B, g, D)
-        # Gather whole blocks (block_size * head_dim contiguous values each): much faster than
-        # gathering token slots one by one. Positions past each request's length are masked.
-        per_block = meta.cache.block_size * head_dim
-        keys = k_cache.view(kv_heads, -1, per_block).index_select(1, meta.decode_blocks)
-        values = v_cache.view(kv_heads, -1, per_block).index_select(1, meta.decode_blocks)
-        keys = keys.view(kv_heads, batch, -1, head_dim)  # (kvh, B, ctx, D)
-        values = values.view(kv_heads, batch, -1, head_dim)
-        scores = torch.matmul(qd, keys.transpose(-1, -2)).mul_(scale).add_(meta.decode_mask)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)  # (kvh, B, g, ctx)
-        attended = torch.matmul(probs, values).transpose(0, 1).reshape(batch, num_heads, head_dim)
-        out.index_copy_(0, rows, attended)
-
+    out = torch.empty((q.shape[0], num_heads, head_dim), dtype=q.dtype, device=q.device)  # token-major
+    for group in meta.decode_groups:
+        _decode(q, out, cache, layer, group, scale, sliding_window)
     for span in meta.prefills:
-        qs = q[span.token_start : span.token_start + span.num_tokens].transpose(0, 1)  # (H, n, D)
-        ks = k_cache[:, span.slots]  # (kvh, ctx, D)
-        vs = v_cache[:, span.slots]
-        if group > 1:
-            ks = ks.repeat_interleave(group, dim=0)
-            vs = vs.repeat_interleave(group, dim=0)
-        attn = torch.nn.functional.scaled_dot_product_attention(
-            qs.unsqueeze(0),
-            ks.unsqueeze(0),
-            vs.unsqueeze(0),
-            attn_mask=span.mask,
-            is_causal=False,
-            scale=scale,
-        )
-        out[span.token_start : span.token_start + span.num_tokens] = attn[0].transpose(0, 1)
-
+        _prefill(q, key, value, out, cache, layer, span, scale, sliding_window)
     return out.unsqueeze(0), None
+
+
+def _decode(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    cache: PagedKVCache,
+    layer: int,
+    group: DecodeGroup,
+    scale: float,
+    window: int | None,
+) -> None:
+    n = group.rows.shape[0]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = cache.num_kv_heads
+    per_kv = num_heads // kv_heads  # query heads sharing one KV head (GQA)
+    queries = q.index_select(0, group.rows).view(n, kv_heads, per_kv, head_dim).transpose(0, 1)
+    attended = torch.empty((kv_heads, n, per_kv, head_dim), dtype=q.dtype, device=q.device)
+    mask = group.mask(cache.block_size, window, cache.dtype)
+    # On CPU a few KV heads at a time, so the gathered keys are still in cache when the matmul
+    # reads them; on a GPU all at once (fewer kernel launches).
+    step = kv_heads if q.is_cuda else cache.heads_per_chunk(group.blocks.shape[0], DECODE_CHUNK_BYTES)
+    for first in range(0, kv_heads, step):
+        end = min(first + step, kv_heads)
+        keys, values = cache.gather(layer, group.blocks, (first, end))
+        keys = keys.view(end - first, n, -1, head_dim)  # (heads, n, ctx, D)
+        values = values.view(end - first, n, -1, head_dim)
+        scores = torch.matmul(queries[first:end].to(keys.dtype), keys.transpose(-1, -2)).mul_(scale)
+        if mask is not None:
+            scores.add_(mask)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        attended[first:end] = torch.matmul(probs, values)
+    out.index_copy_(0, group.rows, attended.transpose(0, 1).reshape(n, num_heads, head_dim))
+
+
+def _prefill(
+    q: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    cache: PagedKVCache,
+    layer: int,
+    span: PrefillSpan,
+    scale: float,
+    window: int | None,
+) -> None:
+    rows = slice(span.row, span.row + span.num_tokens)
+    queries = q[rows].transpose(0, 1).unsqueeze(0)  # (1, heads, n, D)
+    if span.fresh:
+        keys, values = key[:, :, rows], value[:, :, rows]  # this step's own, no cache read needed
+    else:
+        keys, values = cache.gather(layer, span.blocks)
+        keys = keys[:, : span.context].unsqueeze(0)
+        values = values[:, : span.context].unsqueeze(0)
+    mask = span.mask(window, q.device)
+    attended = torch.nn.functional.scaled_dot_product_attention(
+        queries,
+        keys.to(queries.dtype),
+        values.to(queries.dtype),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=keys.shape[1] != queries.shape[1],
+    )
+    out[rows] = attended[0].transpose(0, 1)
 
 
 def register() -> None:

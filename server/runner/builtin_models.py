@@ -8,15 +8,23 @@ serving stack end to end.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 BUILTIN_PREFIX = "builtin:"
+# Bump when _build changes what it writes: cached copies made by an older build are remade.
+BUILD_VERSION = 2
+STAMP_FILE = "llmfleet-builtin.json"
+# Special tokens' output rows are shrunk by this factor so that greedy decoding (almost) never
+# picks EOS: tests and benchmarks want long generations from random weights.
+SPECIAL_TOKEN_LOGIT_SCALE = 0.1
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -39,6 +47,7 @@ class BuiltinSpec:
     max_position_embeddings: int
     init_std: float  # wider than HF's 0.02 so greedy argmax is decided by clear margins
     seed: int
+    sliding_window: int | None = None  # mistral/qwen2 only; None: a window wider than the context
 
 
 BUILTINS: dict[str, BuiltinSpec] = {
@@ -73,24 +82,51 @@ def resolve_model(model: str) -> Path:
 
 
 def ensure_builtin(name: str) -> Path:
+    """The cached directory of built-in ``name``, made on first use (or when its spec changed)."""
     if name not in BUILTINS:
         raise ValueError(f"unknown built-in model {name!r}; choose one of {sorted(BUILTINS)}")
     target = cache_dir() / name
-    if (target / "config.json").is_file():
-        return target
+    if not _is_current(target, BUILTINS[name]):
+        build_model_dir(BUILTINS[name], target)
+    return target
+
+
+def build_model_dir(spec: BuiltinSpec, target: Path) -> Path:
+    """Write the model of ``spec`` to ``target`` atomically: built in a private directory next to
+    it, then renamed into place, so concurrent first uses never see half a model."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a private directory, then rename: concurrent first uses never see a half model.
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-new-", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any model directory
+    stale: Path | None = None
     try:
-        _build(BUILTINS[name], staging)
+        _build(spec, staging)
+        (staging / STAMP_FILE).write_text(json.dumps(_stamp(spec), indent=1))
+        if target.exists() and not _is_current(target, spec):
+            # an outdated copy: move it aside first (rename is atomic), delete it afterwards
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+            with contextlib.suppress(OSError):  # another process moved or replaced it first
+                target.rename(stale / "model")
         try:
             staging.rename(target)
         except OSError:
-            if not (target / "config.json").is_file():
+            if not _is_current(target, spec):  # lost the race to a process that built the same spec
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
     return target
+
+
+def _stamp(spec: BuiltinSpec) -> dict[str, Any]:
+    return {"build_version": BUILD_VERSION, "spec": asdict(spec)}
+
+
+def _is_current(directory: Path, spec: BuiltinSpec) -> bool:
+    try:
+        return json.loads((directory / STAMP_FILE).read_text()) == _stamp(spec)
+    except (OSError, ValueError):
+        return False
 
 
 def _build(spec: BuiltinSpec, out: Path) -> None:
@@ -114,12 +150,13 @@ def _build(spec: BuiltinSpec, out: Path) -> None:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
                 param.fill_(1.0)
-            elif name.endswith("bias"):
-                param.normal_(0.0, spec.init_std, generator=generator)
             else:
                 param.normal_(0.0, spec.init_std, generator=generator)
+        special = [i for token, i in tokenizer.get_vocab().items() if token.startswith("<|")]
+        model.get_output_embeddings().weight[special] *= SPECIAL_TOKEN_LOGIT_SCALE
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
+    model.generation_config.bos_token_id = config.bos_token_id
     model.save_pretrained(out)
 
 
@@ -137,10 +174,12 @@ def _config_kwargs(spec: BuiltinSpec) -> dict[str, Any]:
         rms_norm_eps=1e-5,
     )
     if spec.architecture == "mistral":
-        # A window wider than the context: sliding-window attention never applies.
-        kwargs["sliding_window"] = spec.max_position_embeddings
+        # by default a window as wide as the context: sliding-window attention never applies
+        kwargs["sliding_window"] = spec.sliding_window or spec.max_position_embeddings
     if spec.architecture == "qwen2":
-        kwargs["use_sliding_window"] = False
+        kwargs["use_sliding_window"] = spec.sliding_window is not None
+        kwargs["sliding_window"] = spec.sliding_window
+        kwargs["max_window_layers"] = 1  # layers from this index on use the window
     return kwargs
 
 

@@ -1,6 +1,8 @@
-"""The engine's defining test: in float32, greedy output of every request equals HF
-``generate`` on that request alone, token for token, whatever the policy, prefill mode,
-chunk size, batch mix, preemption or arrival pattern."""
+"""The engine's defining test, through LLMEngine + TorchModelRunner: in float32, greedy output of
+every request equals HF ``generate`` on that request alone, token for token, whatever the
+policy, prefill mode, chunk size, batch mix, priority order, preemption or arrival pattern.
+
+(tests/runner/test_runner_oracle.py checks the same at runner level with hand-built steps.)"""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 
 CASES = {
     "continuous-chunked-7": dict(policy="continuous", prefill_mode="chunked", max_num_batched_tokens=7),
+    "continuous-chunked-3": dict(policy="continuous", prefill_mode="chunked", max_num_batched_tokens=3),
     "continuous-chunked-1": dict(policy="continuous", prefill_mode="chunked", max_num_batched_tokens=1),
     "continuous-merged": dict(policy="continuous", prefill_mode="merged", max_num_batched_tokens=64),
     "continuous-prefill-first": dict(policy="continuous", prefill_mode="prefill_first"),
@@ -26,6 +29,7 @@ CASES = {
     "dynamic": dict(policy="dynamic", batch_timeout_ms=1.0),
     "priority": dict(scheduling="priority", priority_work_weight=10.0, max_num_batched_tokens=16),
     "preemption": dict(max_num_batched_tokens=16, num_kv_blocks=14),
+    "preemption-merged-priority": dict(prefill_mode="merged", scheduling="priority", num_kv_blocks=14),
     "interval-ratio": dict(schedule_interval=2, waiting_served_ratio=0.5, max_waiting_steps=3),
 }
 
@@ -54,7 +58,7 @@ def reference(request):
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_matches_hf_generate(reference, case):
     name, prompts, max_tokens, priorities, expected = reference
-    config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, **CASES[case])
+    config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4, **CASES[case])
     engine, _ = build_engine(name, config)
     outputs: dict[str, list[int]] = {}
     finished: set[str] = set()
@@ -80,13 +84,13 @@ def test_greedy_matches_hf_generate(reference, case):
     assert finished == {str(i) for i in range(8)}
     for i in range(8):
         assert outputs[str(i)] == expected[i], f"request {i} diverged under {case} on {name}"
-    if case == "preemption":
+    if case.startswith("preemption"):
         assert engine.stats().preemptions_total > 0
     assert engine.block_manager.usage == 0
 
 
 def test_seed_gives_the_same_text_whatever_the_batch():
-    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32"))
+    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4))
     sampling = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=42)
     alone = engine.generate([[10, 11, 12]], sampling)[0]
     crowd = engine.generate(
@@ -98,7 +102,7 @@ def test_seed_gives_the_same_text_whatever_the_batch():
 
 
 def test_top_k_one_is_greedy_and_logprobs_are_returned():
-    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32"))
+    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4))
     greedy = engine.generate([[3, 4, 5]], SamplingParams(max_tokens=8, temperature=0))[0]
     top1 = engine.generate([[3, 4, 5]], SamplingParams(max_tokens=8, temperature=0.8, top_k=1))[0]
     assert top1 == greedy
@@ -112,7 +116,19 @@ def test_top_k_one_is_greedy_and_logprobs_are_returned():
         assert token.token_id in token.top_logprobs  # greedy token is the top one
 
 
-def test_bfloat16_runs_and_mostly_agrees():
-    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="bfloat16"))
-    out = engine.generate([[3, 4, 5], [9] * 20], SamplingParams(max_tokens=8, temperature=0))
-    assert [len(o) for o in out] == [8, 8] or all(len(o) <= 8 for o in out)
+def test_bfloat16_mostly_agrees_with_float32():
+    """bf16 rounding flips near-tied argmaxes now and then, so only most tokens must agree."""
+    prompts, _, _ = workload()
+    sampling = SamplingParams(max_tokens=16, temperature=0)
+    outputs = {}
+    for dtype in ("float32", "bfloat16"):
+        engine, _ = build_engine("builtin:tiny", EngineConfig(dtype=dtype, kv_cache_memory_mb=4))
+        assert engine.runner.dtype == getattr(torch, dtype)
+        outputs[dtype] = engine.generate(prompts, sampling)
+    assert all(len(o) == 16 for o in outputs["bfloat16"])
+    # tokens agreeing before each request's first divergence
+    agreeing = [
+        next((i for i, (a, b) in enumerate(zip(full, half, strict=True)) if a != b), 16)
+        for full, half in zip(outputs["float32"], outputs["bfloat16"], strict=True)
+    ]
+    assert sum(agreeing) >= 0.5 * 16 * len(prompts), agreeing

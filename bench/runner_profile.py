@@ -1,0 +1,174 @@
+"""Quick perf sanity for the torch runner (not a test, not the full benchmark).
+
+Times one pure-decode step of ``TorchModelRunner.execute`` at several batch sizes and compares
+it with two floors and a ceiling measured in the same run on the same shapes:
+
+- linear floor: the model's own Linear layers applied to a (batch, in_features) input, one after
+  the other, i.e. the matmul work a decode step cannot avoid (memory-bound at batch 1,
+  compute-bound at batch 32);
+- HF forward: the HF model forward with the same batch and no KV cache at all (eager
+  attention over one token), i.e. what the framework costs before any paged attention;
+
+and with the engine bench's "ceiling": the model's matmul FLOPs at the rate of a big square
+matmul, which small-batch decode matmuls cannot reach on a CPU.
+
+    python -m llmfleet.bench.runner_profile --model builtin:small --dtype auto --batches 1 8 32
+    python -m llmfleet.bench.runner_profile --profile 32   # torch.profiler table for batch 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+
+def _best_seconds(fn, reps: int) -> float:
+    """Fastest of ``reps`` runs: on a shared machine the minimum is the least disturbed."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+class _Decoding:
+    """``batch`` requests prefilled to ``context`` (+ up to ``spread``) tokens; each step decodes
+    one token for each of them and then rolls it back, so every timed step does the same work."""
+
+    def __init__(self, runner, batch: int, context: int, spread: int = 0) -> None:
+        from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
+        from llmfleet.server.core.request import Request, SamplingParams
+
+        self.runner = runner
+        bs = runner.kv_block_size
+        per_request = -(-(context + spread + 64) // bs)
+        vocab = runner.model.config.vocab_size
+        if batch * per_request > runner.num_kv_blocks:
+            raise SystemExit(f"needs {batch * per_request} KV blocks, the runner has {runner.num_kv_blocks}")
+        free = list(range(runner.num_kv_blocks))
+        random.Random(0).shuffle(free)  # scattered block tables, as a busy block manager hands out
+        self.requests = []
+        for i in range(batch):
+            length = context + (spread * i // max(1, batch - 1))
+            prompt = [(7 * i + j) % (vocab - 10) + 10 for j in range(length)]
+            request = Request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=64))
+            request.block_table = [free.pop() for _ in range(per_request)]
+            self.requests.append(request)
+        # prefill a few requests at a time so the warm-up stays cheap
+        for start in range(0, batch, 4):
+            group = self.requests[start : start + 4]
+            self._advance(SchedulerOutput([ScheduledRequest(r, r.num_tokens) for r in group]))
+        self._make = lambda: SchedulerOutput([ScheduledRequest(r, 1) for r in self.requests])
+
+    def _advance(self, output) -> None:
+        tokens = self.runner.execute(output)
+        for item, token in zip(output.scheduled, tokens, strict=True):
+            item.request.num_computed_tokens += item.num_tokens
+            item.request.output_token_ids.append(token.token_id)
+
+    def step(self) -> None:
+        self._advance(self._make())
+        # stay at the same context length so every timed step does the same work
+        for r in self.requests:
+            r.output_token_ids.pop()
+            r.num_computed_tokens -= 1
+
+
+def linear_floor(model, batch: int, reps: int) -> float:
+    import torch
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    dtype = linears[0].weight.dtype
+    inputs = {m.in_features: torch.randn(batch, m.in_features, dtype=dtype) for m in linears}
+
+    @torch.inference_mode()
+    def run() -> None:
+        for m in linears:
+            torch.nn.functional.linear(inputs[m.in_features], m.weight, m.bias)
+
+    return _best_seconds(run, reps)
+
+
+def forward_floor(model_dir, dtype, batch: int, reps: int) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").eval()
+    ids = torch.randint(10, model.config.vocab_size - 10, (batch, 1))
+
+    @torch.inference_mode()
+    def run() -> None:
+        model(input_ids=ids, use_cache=False)
+
+    return _best_seconds(run, reps)
+
+
+def square_matmul_gflops(dtype, n: int = 1536, reps: int = 5) -> float:
+    """The big-square-matmul rate the engine bench calls the ceiling."""
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return 2 * n**3 / _best_seconds(lambda: a @ b, reps) / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="builtin:small")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--context", type=int, default=192, help="tokens already in each request's KV")
+    parser.add_argument("--spread", type=int, default=0, help="contexts spread over context..context+spread")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--profile", type=int, metavar="BATCH", help="print a torch.profiler table at this batch")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from llmfleet.server.config import EngineConfig
+    from llmfleet.server.runner.builtin_models import resolve_model
+    from llmfleet.server.runner.torch_runner import TorchModelRunner
+
+    path = resolve_model(args.model)
+    per_request = -(-(args.context + args.spread + 64) // args.block_size)
+    blocks = max([*args.batches, args.profile or 0]) * per_request
+    config = EngineConfig(dtype=args.dtype, kv_block_size=args.block_size, num_kv_blocks=blocks)
+    runner = TorchModelRunner(path, config)
+    linear_params = sum(m.weight.numel() for m in runner.model.modules() if isinstance(m, torch.nn.Linear))
+    gflops = square_matmul_gflops(runner.dtype)
+    print(
+        f"model {args.model}: {linear_params / 1e6:.1f}M params in matmuls, {runner.dtype}, "
+        f"{torch.get_num_threads()} threads, context {args.context}+{args.spread}, block size {args.block_size}; "
+        f"square matmul {gflops:.0f} GFLOP/s"
+    )
+    header = ("batch", "step ms", "tok/s", "linear ms", "hf fwd ms", "step/linear", "vs ceiling")
+    print(" ".join(f"{h:>11}" for h in header))
+    for batch in args.batches:
+        decoding = _Decoding(runner, batch, args.context, args.spread)
+        step = _best_seconds(decoding.step, args.reps)
+        floor = linear_floor(runner.model, batch, args.reps)
+        fwd = forward_floor(path, runner.dtype, batch, max(3, args.reps // 2))
+        ceiling = 2 * linear_params * batch / (gflops * 1e9)  # seconds at the square-matmul rate
+        row = (batch, f"{step * 1e3:.1f}", f"{batch / step:.0f}", f"{floor * 1e3:.1f}", f"{fwd * 1e3:.1f}")
+        row += (f"{step / floor:.2f}", f"{ceiling / step:.0%}")
+        print(" ".join(f"{v:>11}" for v in row))
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        decoding = _Decoding(runner, args.profile, args.context, args.spread)
+        decoding.step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                decoding.step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""The paged KV cache tensors: per layer, keys and values for every slot of every block.
+
+Layout per layer: (kv_heads, num_blocks * block_size, head_dim), heads first. Gathering a
+request's blocks then copies whole blocks (block_size * head_dim contiguous values each) and
+yields one contiguous (ctx, head_dim) matrix per head and request, which the attention matmuls
+read without another copy.
+
+Gathers go into one scratch buffer reused by every layer and step: measured on this CPU,
+``index_select`` into an existing buffer is up to twice as fast as into a fresh tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_kv_heads, num_blocks * block_size, head_dim)
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = device
+        # zeros, not empty: padded positions of a gather read stale slots, which must be finite
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._block_size_elems = block_size * head_dim
+        self._key_blocks = [k.view(num_kv_heads, num_blocks, -1) for k in self.keys]
+        self._value_blocks = [v.view(num_kv_heads, num_blocks, -1) for v in self.values]
+        self._scratch = torch.empty(0, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store this step's ``key``/``value`` (kv_heads, T, head_dim) at ``slots`` (T,)."""
+        self.keys[layer].index_copy_(1, slots, key.to(self.dtype))
+        self.values[layer].index_copy_(1, slots, value.to(self.dtype))
+
+    def gather(
+        self, layer: int, blocks: torch.Tensor, heads: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``blocks`` (n,) for KV heads ``heads`` (first, end; default all),
+        each (num_heads, n * block_size, head_dim).
+
+        The results live in the shared scratch buffer: valid until the next ``gather``."""
+        first, end = heads if heads is not None else (0, self.num_kv_heads)
+        n = blocks.shape[0]
+        per_block = self._block_size_elems
+        size = (end - first) * n * per_block
+        if self._scratch.numel() < 2 * size:
+            self._scratch = torch.empty(2 * size, dtype=self.dtype, device=self.device)
+        keys = self._scratch[:size].view(end - first, n, per_block)
+        values = self._scratch[size : 2 * size].view(end - first, n, per_block)
+        torch.index_select(self._key_blocks[layer][first:end], 1, blocks, out=keys)
+        torch.index_select(self._value_blocks[layer][first:end], 1, blocks, out=values)
+        shape = (end - first, n * self.block_size, self.head_dim)
+        return keys.view(shape), values.view(shape)
+
+    def heads_per_chunk(self, num_blocks: int, chunk_bytes: int) -> int:
+        """How many KV heads of ``num_blocks`` gathered blocks fit in ``chunk_bytes`` (K and V)."""
+        per_head = 2 * num_blocks * self._block_size_elems * self.keys[0].element_size()
+        return max(1, min(self.num_kv_heads, chunk_bytes // per_head))

@@ -1,0 +1,87 @@
+"""Sampling on synthetic logits: greedy, top-k, top-p, seeds and logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llmfleet.server.core.request import Request, SamplingParams
+from llmfleet.server.runner.sampler import Sampler
+
+
+def req(rid: str = "r", **params) -> Request:
+    return Request(rid, [1], SamplingParams(**params))
+
+
+def draws(sampler: Sampler, logits: torch.Tensor, n: int, **params) -> list[int]:
+    return [sampler.sample(logits[None], [req(**params)])[0].token_id for _ in range(n)]
+
+
+@pytest.fixture
+def sampler() -> Sampler:
+    return Sampler(torch.device("cpu"))
+
+
+def test_greedy_rows_take_the_argmax(sampler):
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    tokens = sampler.sample(logits, [req(str(i), temperature=0) for i in range(6)])
+    assert [t.token_id for t in tokens] == logits.argmax(-1).tolist()
+    assert all(t.logprob is None and t.top_logprobs is None for t in tokens)
+
+
+def test_top_k_keeps_only_the_k_best(sampler):
+    logits = torch.randn(40, generator=torch.Generator().manual_seed(1))
+    best3 = set(logits.topk(3).indices.tolist())
+    seen = set(draws(sampler, logits * 0.1, 300, temperature=1.0, top_k=3))
+    assert seen == best3  # flat logits: all three get drawn, nothing else
+
+
+def test_top_p_keeps_the_smallest_nucleus(sampler):
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert set(draws(sampler, logits, 200, temperature=1.0, top_p=0.75)) == {0, 1}
+    assert set(draws(sampler, logits, 300, temperature=1.0, top_p=0.85)) == {0, 1, 2}
+    assert set(draws(sampler, logits, 50, temperature=1.0, top_p=0.3)) == {0}  # never empty
+    # top-p applies within the top-k: renormalised top-2 is [0.625, 0.375]
+    assert set(draws(sampler, logits, 100, temperature=1.0, top_k=2, top_p=0.6)) == {0}
+
+
+def test_mixed_batch_of_greedy_and_random_rows(sampler):
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(2))
+    requests = [req("g1", temperature=0), req("k1", temperature=1.0, top_k=1), req("g2", temperature=0), req("t")]
+    tokens = [t.token_id for t in sampler.sample(logits, requests)]
+    argmax = logits.argmax(-1).tolist()
+    assert tokens[:3] == argmax[:3] and 0 <= tokens[3] < 30
+
+
+def test_a_seed_gives_the_same_draws_whatever_the_batch(sampler):
+    logits = torch.randn(5, 100, generator=torch.Generator().manual_seed(3))
+    params = dict(temperature=1.0, top_p=0.95, seed=11)
+    alone = [sampler.sample(logits[2:3], [req("a", **params)])[0].token_id for _ in range(20)]
+    sampler.release("a")
+    crowd = []
+    for step in range(20):
+        others = [req(f"x{step}", temperature=1.0), req(f"y{step}", temperature=0)]
+        batch = [others[0], others[1], req("a", **params), req(f"z{step}", temperature=0.7, seed=step)]
+        tokens = sampler.sample(logits[:4], batch)
+        crowd.append(tokens[2].token_id)
+    assert crowd == alone
+    sampler.release("a")
+    other_seed = [sampler.sample(logits[2:3], [req("b", temperature=1.0, seed=12)])[0].token_id for _ in range(20)]
+    assert other_seed != alone
+
+
+def test_logprobs_of_the_chosen_and_top_tokens(sampler):
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(4))
+    requests = [req("a", temperature=0, logprobs=3), req("b", temperature=0), req("c", temperature=1.0, logprobs=0)]
+    a, b, c = sampler.sample(logits, requests)
+    expected = torch.log_softmax(logits, -1)
+    assert a.logprob == pytest.approx(expected[0, a.token_id].item(), abs=1e-5)
+    assert list(a.top_logprobs) == expected[0].topk(3).indices.tolist()
+    assert a.token_id == next(iter(a.top_logprobs))  # greedy: the best token
+    values = list(a.top_logprobs.values())
+    assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+    assert math.isclose(sum(math.exp(v) for v in expected[0].tolist()), 1.0, rel_tol=1e-5)
+    assert b.logprob is None and b.top_logprobs is None
+    assert c.logprob == pytest.approx(expected[2, c.token_id].item(), abs=1e-5) and c.top_logprobs is None
