@@ -17,7 +17,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--online-requests", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16, help="max_batch_size for the online policies")
     parser.add_argument("--clients", type=int, default=32, help="server bench: concurrent streaming clients")
-    parser.add_argument("--port", type=int, default=8765, help="server bench: port for the server under test")
+    parser.add_argument("--port", type=int, default=0, help="server bench: port for the server (0: a free one)")
+    parser.add_argument("--rounds", type=int, default=2, help="server bench: alternating rounds per contender")
 
 
 def run(args) -> int:

@@ -2,13 +2,15 @@
 
 All engine calls happen on that thread. The asyncio side sends commands (add, abort, new
 config) through a queue and gets, per request, an ``asyncio.Queue`` of ``RequestOutput``
-events, filled as tokens are produced.
+events, filled as tokens are produced. With nothing runnable the thread sleeps until a command
+arrives or the engine's next timer (``next_wakeup``: a batch window closing) fires.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -21,6 +23,10 @@ from ..core.request import SamplingParams
 from ..engine.engine import EngineStats, LLMEngine, RequestOutput, StepFailedError
 
 log = logging.getLogger(__name__)
+
+# Upper bound on an idle sleep while requests wait: a safety net for any admission rule whose
+# wake-up the engine cannot predict; commands and engine timers wake the loop sooner.
+_IDLE_POLL_S = 0.5
 
 StepObserver = Callable[[LLMEngine, list[RequestOutput]], None]
 
@@ -57,28 +63,57 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
+    def now(self) -> float:
+        """The engine's clock (thread-safe for the default monotonic clock)."""
+        return self.engine.clock()
+
     @property
     def num_unfinished(self) -> int:
         return len(self._streams)
 
     # --- asyncio side ---------------------------------------------------------------------------
     async def add(
-        self, request_id: str, prompt: list[int], sampling: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        stream: asyncio.Queue | None = None,
     ) -> asyncio.Queue:
-        """Submit a request; raises the engine's InvalidRequestError / QueueFullError."""
-        stream: asyncio.Queue = asyncio.Queue()
+        """Submit a request; raises the engine's InvalidRequestError / QueueFullError.
+
+        Returns the queue its ``RequestOutput`` events arrive on: ``stream`` when given (several
+        requests can share one), else a new one. ``priority``: larger is served first (the
+        engine's convention). ``arrival_time`` (engine clock) is when the HTTP request arrived,
+        so TTFT and queue time include tokenization and the hop to the engine thread.
+        """
+        if arrival_time is None:
+            arrival_time = self.now()
+        if stream is None:
+            stream = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         try:
-            await self._call("add", request_id, prompt, sampling, priority)
+            await self._call("add", request_id, prompt, sampling, priority, arrival_time)
+        except asyncio.CancelledError:  # the client left while the engine took the request
+            self._streams.pop(request_id, None)
+            self.abort(request_id)
+            raise
         except BaseException:
             self._streams.pop(request_id, None)
             raise
         return stream
 
     async def generate(
-        self, request_id: str, prompt: list[int], sampling: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        stream = await self.add(request_id, prompt, sampling, priority)
+        """One request's events as an async stream; leaving the loop early aborts it."""
+        stream = await self.add(request_id, prompt, sampling, priority, arrival_time)
         finished = False
         try:
             while not finished:
@@ -90,7 +125,15 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
+        """Thread-safe; the request's KV is freed before the engine's next step."""
         self._send(_Command("abort", (request_id,)))
+
+    def abort_all(self) -> int:
+        """Abort every request this engine is serving (drain timeout); returns how many."""
+        ids = list(self._streams)
+        for request_id in ids:
+            self.abort(request_id)
+        return len(ids)
 
     async def update_config(self, config: EngineConfig) -> list[str]:
         return await self._call("config", config)
@@ -122,7 +165,10 @@ class AsyncEngine:
         engine = self.engine
         try:
             while not self._stop.is_set():
+                # clear before reading commands: one that lands after this wakes the wait below
+                self._wake.clear()
                 self._drain_commands()
+                timeout: float | None = None
                 if engine.has_unfinished_requests():
                     try:
                         events = engine.step()
@@ -130,22 +176,26 @@ class AsyncEngine:
                         log.exception("engine step failed; its requests were aborted")
                         continue
                     self.stats = engine.stats()
-                    for observer in self.observers:
-                        observer(engine, events)
+                    self._observe(events)
                     self._deliver(events)
                     if events or engine.scheduler.num_running:
                         continue
-                # nothing runnable: sleep until a command arrives or a batching timer fires
-                wake = engine.next_wakeup()
-                timeout = None if wake is None else max(0.0, wake - engine.clock())
-                if not engine.has_unfinished_requests():
-                    timeout = None
-                self._wake.wait(timeout if timeout is not None else 0.5)
-                self._wake.clear()
+                    # waiting work that cannot run yet (a batch filling up, a timeout window):
+                    # sleep until the engine's timer, a command, or a safety poll
+                    wake = engine.next_wakeup()
+                    timeout = _IDLE_POLL_S if wake is None else min(_IDLE_POLL_S, max(0.0, wake - engine.clock()))
+                self._wake.wait(timeout)
         except BaseException as exc:  # surface to /health instead of dying silently
             self.error = exc
             log.exception("engine loop crashed")
             self._fail_all(exc)
+
+    def _observe(self, events: list[RequestOutput]) -> None:
+        for observer in self.observers:
+            try:
+                observer(self.engine, events)
+            except Exception:  # metrics must never stop the engine
+                log.exception("step observer failed")
 
     def _drain_commands(self) -> None:
         while True:
@@ -165,8 +215,8 @@ class AsyncEngine:
     def _apply(self, command: _Command):
         engine = self.engine
         if command.kind == "add":
-            request_id, prompt, sampling, priority = command.args
-            engine.add_request(request_id, prompt, sampling, priority=priority, arrival_time=engine.clock())
+            request_id, prompt, sampling, priority, arrival_time = command.args
+            engine.add_request(request_id, prompt, sampling, priority=priority, arrival_time=arrival_time)
             self.stats = engine.stats()
             return None
         if command.kind == "abort":
@@ -184,6 +234,8 @@ class AsyncEngine:
         raise ValueError(f"unknown command {command.kind}")
 
     def _deliver(self, events: list[RequestOutput]) -> None:
+        # one hop per event loop per step, not per event: 32 streams cost one wake-up
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
         for event in events:
             target = self._streams.get(event.request_id)
             if target is None:
@@ -191,12 +243,21 @@ class AsyncEngine:
             loop, stream = target
             if event.finished:
                 self._streams.pop(event.request_id, None)
-            loop.call_soon_threadsafe(stream.put_nowait, event)
+            batches.setdefault(loop, []).append((stream, event))
+        for loop, items in batches.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
+                loop.call_soon_threadsafe(_put_all, items)
 
     def _fail_all(self, exc: BaseException) -> None:
         streams, self._streams = self._streams, {}
         for rid, (loop, stream) in streams.items():
-            loop.call_soon_threadsafe(stream.put_nowait, _error_event(rid))
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stream.put_nowait, _error_event(rid))
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for stream, event in items:
+        stream.put_nowait(event)
 
 
 def _error_event(request_id: str) -> RequestOutput:

@@ -1,28 +1,40 @@
 """Watch the engine config file (a mounted ConfigMap in Kubernetes) and apply valid changes live.
 
-Polls the file's content (ConfigMap updates arrive as symlink swaps, which inotify handles
-poorly); a valid new version goes to the engine at its next step, an invalid one keeps the last
-good config, is logged and counted in ``llmfleet_config_errors_total``.
+Polls every ``interval_s`` (ConfigMap updates arrive as symlink swaps, which inotify handles
+poorly): a cheap ``stat`` first, and the content hash only when the stat changed. A valid new
+version goes to the engine, which applies it before its next step and bumps
+``llmfleet_config_generation``; an invalid one keeps the last good config, is logged with the
+reason and counted in ``llmfleet_config_errors_total``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import EngineConfig, load_engine_config
 
+if TYPE_CHECKING:
+    from .async_engine import AsyncEngine
+    from .metrics import ServerMetrics
+
 log = logging.getLogger(__name__)
+
+# apply: hand a validated config to the engine; may return a future that fails if the engine rejects it
+Apply = Callable[[EngineConfig], "concurrent.futures.Future | None"]
 
 
 class ConfigWatcher:
     def __init__(
         self,
         path: str | Path,
-        apply: Callable[[EngineConfig], None],
+        apply: Apply,
         on_error: Callable[[str], None],
         interval_s: float = 0.5,
     ) -> None:
@@ -30,36 +42,90 @@ class ConfigWatcher:
         self.apply = apply
         self.on_error = on_error
         self.interval_s = interval_s
+        self.last_good: EngineConfig | None = None
+        self._stat = self._read_stat()
         self._digest = self._read_digest()
+        self._missing_logged = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmfleet-config-watch", daemon=True)
+
+    @classmethod
+    def for_engine(
+        cls, path: str | Path, engine: AsyncEngine, metrics: ServerMetrics, initial: EngineConfig | None = None
+    ) -> ConfigWatcher:
+        """Apply to ``engine`` at its next step; count rejections in ``metrics``."""
+        watcher = cls(path, engine.update_config_threadsafe, lambda _: metrics.lab(metrics.config_errors).inc())
+        watcher.last_good = initial
+        return watcher
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
-    def _read_digest(self) -> str | None:
+    def _read_stat(self) -> tuple | None:
         try:
-            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+            st = os.stat(self.path)  # follows the ConfigMap's ..data symlink
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
         except OSError:
             return None
 
-    def check(self) -> None:
-        digest = self._read_digest()
-        if digest is None or digest == self._digest:
-            return
+    def _read_digest(self) -> str | None:
+        data = self._read()
+        return None if data is None else hashlib.sha256(data).hexdigest()
+
+    def check(self) -> str:
+        """One poll. Returns what happened: unchanged | missing | partial | invalid | applied."""
+        stat = self._read_stat()
+        if stat is None:
+            if not self._missing_logged:
+                log.warning("engine config %s is missing; keeping the current config", self.path)
+                self._missing_logged = True
+            return "missing"
+        self._missing_logged = False
+        if stat == self._stat:
+            return "unchanged"
+        data = self._read()
+        if data is None or self._read_stat() != stat or not data.strip():
+            # a writer is mid-way (truncated, or changing under us): look again at the next poll
+            return "partial"
+        self._stat = stat
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == self._digest:
+            return "unchanged"
         self._digest = digest
         try:
             config = load_engine_config(self.path)
         except ValueError as exc:
-            log.warning("keeping the last good engine config: %s", exc)
-            self.on_error(str(exc))
-            return
-        log.info("engine config changed: applying %s", self.path)
-        self.apply(config)
+            self._reject(str(exc))
+            return "invalid"
+        log.info("engine config %s changed: applying at the next engine step", self.path)
+        done = self.apply(config)
+        if done is not None:
+            done.add_done_callback(lambda f, c=config: self._settled(f, c))
+        else:
+            self.last_good = config
+        return "applied"
+
+    def _settled(self, done: concurrent.futures.Future, config: EngineConfig) -> None:
+        exc = done.exception()
+        if exc is not None:
+            self._reject(f"the engine rejected it: {exc}")
+        else:
+            self.last_good = config
+
+    def _reject(self, reason: str) -> None:
+        log.warning("keeping the last good engine config (%s is invalid): %s", self.path, reason)
+        self.on_error(reason)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

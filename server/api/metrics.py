@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from ..config import EngineConfig
-from ..engine.engine import LLMEngine, RequestOutput
+from ..engine.engine import EngineStats, LLMEngine, RequestOutput
 
 # Buckets as vLLM uses them (seconds)
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -56,7 +56,7 @@ class ServerMetrics:
         self.success = Counter("vllm:request_success", "Finished requests.", [*names, "finished_reason"], registry=reg)
         self.preemptions = Counter("vllm:num_preemptions", "Preemptions.", names, registry=reg)
         self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.", BATCH_BUCKETS)
-        self.cache_info = Info("vllm:cache_config", "KV cache configuration.", registry=reg)
+        self.cache_info = Info("vllm:cache_config", "KV cache configuration.", names, registry=reg)
 
         self.batch_size = hist("llmfleet_batch_size", "Requests per engine step.", BATCH_BUCKETS)
         self.step_seconds = hist("llmfleet_step_duration_seconds", "Engine step time.", STEP_BUCKETS)
@@ -71,11 +71,11 @@ class ServerMetrics:
         self.role_info = Gauge("llmfleet_role_info", "Server role.", names, registry=reg)
         self.in_flight = Gauge("llmfleet_requests_in_flight", "HTTP requests in flight.", names, registry=reg)
         self.role_info.labels(**self.labels).set(1)
-        # Export zeros from the start: a series that appears only on its first event breaks rate().
-        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.config_errors):
+        # Export every series from the start: one that appears only on its first event breaks rate()
+        # and makes dashboards show "no data" instead of 0.
+        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.config_errors,
+                       self.running, self.waiting, self.kv_usage, self.in_flight):  # fmt: skip
             metric.labels(**self.labels)
-        for gauge in (self.running, self.waiting, self.kv_usage, self.in_flight):
-            gauge.labels(**self.labels).set(0)
         for reason in ("stop", "length", "abort"):
             self.success.labels(**self.labels, finished_reason=reason)
         self._preemptions_seen = 0
@@ -84,26 +84,32 @@ class ServerMetrics:
     def lab(self, metric, **extra):
         return metric.labels(**self.labels, **extra)
 
-    def set_config(self, config: EngineConfig, generation: int, num_kv_blocks: int) -> None:
+    def set_config(self, config: EngineConfig, generation: int, runner) -> None:
+        """The applied config: its generation, numeric knobs, and the cache as the runner built it."""
         self.lab(self.config_generation).set(generation)
         for name in NUMERIC_KNOBS:
             self.lab(self.knob, knob=name).set(float(getattr(config, name)))
-        self.cache_info.info(
+        dtype = getattr(runner, "dtype", None)
+        self.lab(self.cache_info).info(
             {
-                "block_size": str(config.kv_block_size),
-                "num_gpu_blocks": str(num_kv_blocks),
-                "cache_dtype": config.dtype,
+                "block_size": str(runner.kv_block_size),
+                "num_gpu_blocks": str(runner.num_kv_blocks),
+                "cache_dtype": str(dtype).removeprefix("torch.") if dtype is not None else config.dtype,
                 "policy": config.policy.value,
                 "prefill_mode": config.prefill_mode.value,
             }
         )
 
-    def on_step(self, engine: LLMEngine, events: list[RequestOutput]) -> None:
-        """Engine-thread observer: called after each step with its events."""
-        stats = engine.stats()
+    def set_load(self, stats: EngineStats) -> None:
+        """Queue, batch and KV gauges from an engine snapshot (after a step, and at each scrape)."""
         self.lab(self.running).set(stats.num_running)
         self.lab(self.waiting).set(stats.num_waiting)
         self.lab(self.kv_usage).set(stats.kv_usage)
+
+    def on_step(self, engine: LLMEngine, events: list[RequestOutput]) -> None:
+        """Engine-thread observer: called after each step with its events."""
+        stats = engine.stats()
+        self.set_load(stats)
         if stats.preemptions_total > self._preemptions_seen:
             self.lab(self.preemptions).inc(stats.preemptions_total - self._preemptions_seen)
             self._preemptions_seen = stats.preemptions_total

@@ -29,7 +29,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    priority: int = Field(0, ge=-(10**6), le=10**6)
+    priority: int = Field(0, ge=-(10**6), le=10**6, description="As in vLLM: lower values are served first.")
     user: str | None = None
 
     @field_validator("stop")
@@ -49,7 +49,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = Field(False, description="Prepend the prompt text to each choice's text.")
 
 
 class ChatMessage(BaseModel):
@@ -57,12 +57,21 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, value):
+        if isinstance(value, list):
+            for part in value:
+                if part.get("type", "text") != "text" or not isinstance(part.get("text", ""), str):
+                    raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
+        return value
+
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.get("text", "") for part in self.content if part.get("type", "text") == "text")
+        return "".join(part.get("text", "") for part in self.content)
 
 
 class ChatCompletionRequest(_Sampling):
@@ -71,3 +80,31 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+# Documented in the OpenAPI schema of every generation endpoint
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid request (types, ranges, context length)"},
+    404: {"model": ErrorResponse, "description": "Unknown model"},
+    429: {"model": ErrorResponse, "description": "Waiting queue full; see Retry-After"},
+    503: {"model": ErrorResponse, "description": "Draining or engine down; see Retry-After"},
+}

@@ -1,5 +1,5 @@
-"""No input may produce a 5xx: schemathesis drives the app's own OpenAPI schema, hypothesis
-drives the request models with arbitrary JSON."""
+"""No input may produce a 5xx: schemathesis drives the app's own OpenAPI schema (positive and
+negative cases), hypothesis drives the request models and the app with arbitrary JSON."""
 
 from __future__ import annotations
 
@@ -11,42 +11,52 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
 
-from llmfleet.server.api.app import ServerState, create_app
-from llmfleet.server.api.async_engine import AsyncEngine
-from llmfleet.server.api.metrics import ServerMetrics
+from llmfleet.server.api.app import create_app
 from llmfleet.server.api.protocol import ChatCompletionRequest, CompletionRequest
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.engine.build import build_engine
+from tests.server.fakes import fake_state, real_tiny_state
+
+# a short context keeps every generated request cheap
+CONTEXT = 48
 
 
-def make_app():
-    # a short context keeps every generated request cheap
-    engine, tokenizer = build_engine("builtin:tiny", EngineConfig(max_model_len=48, kv_cache_memory_mb=8))
-    metrics = ServerMetrics("tiny", "colocated")
-    async_engine = AsyncEngine(engine, observers=[metrics.on_step])
-    async_engine.start()
-    return create_app(ServerState(async_engine, tokenizer, "tiny", 48, metrics)), async_engine
+@pytest.fixture(scope="module")
+def app():
+    """The real builtin:tiny engine behind the app."""
+    state = real_tiny_state(EngineConfig(max_model_len=CONTEXT, kv_cache_memory_mb=8))
+    yield create_app(state)
+    state.engine.shutdown()
 
 
-APP, ENGINE = make_app()
-schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
+@pytest.fixture(scope="module")
+def client(app):
+    with TestClient(app) as c:
+        yield c
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _stop_engine():
-    yield
-    ENGINE.shutdown()
+# schemathesis needs its app when it collects; the fake runner (the real engine loop and HTTP layer,
+# no model) costs nothing to build, and the schema is the same whatever the model.
+FAKE_STATE = fake_state(EngineConfig(max_model_len=CONTEXT), max_model_len=CONTEXT)
+_config = schemathesis.Config()
+_config.projects.default.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(FAKE_STATE), config=_config)
 
 
 @schema.parametrize()
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_gives_a_server_error(case):
     response = case.call()
+    case.validate_response(response, checks=[not_a_server_error])
     assert response.status_code < 500, response.text
+    assert response.status_code != 422, response.text
     if response.status_code >= 400:
         error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
         assert error["message"] and "pydantic" not in error["message"].lower()
+        assert '"loc"' not in response.text and "input_value" not in response.text  # pydantic's error shape
 
 
 json_values = st.recursive(
@@ -54,36 +64,92 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
     max_leaves=8,
 )
+sampling_fields = {
+    "model": json_values,
+    "temperature": json_values,
+    "top_p": json_values,
+    "top_k": json_values,
+    "n": json_values,
+    "stop": json_values,
+    "stop_token_ids": json_values,
+    "seed": json_values,
+    "stream": json_values,
+    "stream_options": json_values,
+    "ignore_eos": json_values,
+    "priority": json_values,
+    "unknown_field": json_values,
+}
 completion_bodies = st.fixed_dictionaries(
     {"prompt": json_values},
+    optional={**sampling_fields, "max_tokens": json_values, "logprobs": json_values, "echo": json_values},
+)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "bogus"]) | json_values},
+        optional={"content": json_values, "name": json_values},
+    ),
+    max_size=3,
+)
+chat_bodies = st.fixed_dictionaries(
+    {"messages": messages | json_values},
     optional={
+        **sampling_fields,
         "max_tokens": json_values,
-        "temperature": json_values,
-        "top_p": json_values,
-        "n": json_values,
-        "stop": json_values,
-        "seed": json_values,
-        "stream": json_values,
+        "max_completion_tokens": json_values,
         "logprobs": json_values,
-        "unknown_field": json_values,
+        "top_logprobs": json_values,
     },
 )
 
 
-@given(completion_bodies)
-@settings(max_examples=200, deadline=None)
-def test_request_models_accept_or_reject_cleanly(body):
+@given(completion_bodies, chat_bodies)
+@settings(max_examples=150, deadline=None)
+def test_request_models_accept_or_reject_cleanly(completion, chat):
+    """Validation either succeeds or raises ValidationError (which the app turns into a 400)."""
     with contextlib.suppress(ValidationError):
-        CompletionRequest.model_validate(body)
+        CompletionRequest.model_validate(completion)
+    with contextlib.suppress(ValidationError):
+        ChatCompletionRequest.model_validate(chat)
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=50, deadline=None)
+def test_any_text_prompt_validates(prompt):
+    request = CompletionRequest.model_validate({"prompt": prompt, "n": 2, "stop": "x"})
+    assert request.prompt == prompt and request.stop_list() == ["x"]
+
+
+def _cheap(body: dict) -> dict:
+    # keep generation short when a body happens to be valid
+    for key in ("max_tokens", "max_completion_tokens"):
+        if isinstance(body.get(key), int):
+            body[key] = 2
+    return body
+
+
+def _assert_clean(response) -> None:
+    assert response.status_code in (200, 400, 404, 429), response.text
+    if response.status_code != 200:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
 @given(completion_bodies)
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-def test_app_answers_arbitrary_completion_bodies_without_5xx(body):
-    with TestClient(APP) as client:
-        body = {**body, "max_tokens": 2} if isinstance(body.get("max_tokens"), int) else body
-        response = client.post("/v1/completions", json=body)
-    assert response.status_code in (200, 400, 404, 429), response.text
+def test_app_answers_arbitrary_completion_bodies_without_5xx(client, body):
+    _assert_clean(client.post("/v1/completions", json=_cheap(body)))
+
+
+@given(chat_bodies)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_app_answers_arbitrary_chat_bodies_without_5xx(client, body):
+    _assert_clean(client.post("/v1/chat/completions", json=_cheap(body)))
+
+
+@given(st.binary(max_size=64))
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_app_answers_arbitrary_bytes_with_400(client, raw):
+    response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
 
 
 def test_unknown_fields_are_ignored():
@@ -91,3 +157,9 @@ def test_unknown_fields_are_ignored():
         {"messages": [{"role": "user", "content": "hi", "name": "x"}], "frequency_penalty": 0.1, "tools": []}
     )
     assert request.messages[0].text() == "hi"
+
+
+def test_schema_documents_400_not_422(app):
+    schema = app.openapi()
+    responses = schema["paths"]["/v1/completions"]["post"]["responses"]
+    assert "400" in responses and "422" not in responses

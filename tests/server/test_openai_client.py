@@ -50,10 +50,48 @@ def test_completion_and_stream_agree(client):
 def test_chat_stream_and_not(client):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     full = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=8, temperature=0)
-    assert full.choices[0].message.role == "assistant"
-    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True)
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert full.object == "chat.completion" and full.choices[0].message.role == "assistant"
+    with_logprobs = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0, logprobs=True
+    )
+    assert len(with_logprobs.choices[0].logprobs.content) == full.usage.completion_tokens
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_streaming_n_choices_are_indexed(client):
+    stream = client.completions.create(model="tiny", prompt="abc", max_tokens=6, n=3, temperature=1.0, seed=3,
+                                       stream=True)  # fmt: skip
+    texts, finish = {0: "", 1: "", 2: ""}, {}
+    for chunk in stream:
+        (choice,) = chunk.choices
+        assert choice.index not in finish, "a chunk after the choice finished"
+        texts[choice.index] += choice.text
+        if choice.finish_reason is not None:
+            finish[choice.index] = choice.finish_reason
+    assert set(finish) == {0, 1, 2}
+    plain = client.completions.create(model="tiny", prompt="abc", max_tokens=6, n=3, temperature=1.0, seed=3)
+    assert [c.text for c in plain.choices] == [texts[i] for i in range(3)]  # seeded: same as not streamed
+    assert len(set(texts.values())) > 1  # each choice samples on its own
+
+
+def test_echo(client):
+    out = client.completions.create(model="tiny", prompt="Echo me", max_tokens=4, temperature=0, echo=True)
+    plain = client.completions.create(model="tiny", prompt="Echo me", max_tokens=4, temperature=0)
+    assert out.choices[0].text == "Echo me" + plain.choices[0].text
 
 
 def test_n_choices_and_token_prompts(client):
@@ -69,6 +107,11 @@ def test_stop_strings_cut_the_text(client):
     cut = client.completions.create(model="tiny", prompt="abc", max_tokens=24, temperature=0, stop=[stop])
     assert cut.choices[0].text == base[: base.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
+    stream = client.completions.create(model="tiny", prompt="abc", max_tokens=24, temperature=0, stop=stop,
+                                       stream=True)  # fmt: skip
+    chunks = [c.choices[0] for c in stream]
+    assert "".join(c.text for c in chunks) == cut.choices[0].text  # never a retracted character
+    assert chunks[-1].finish_reason == "stop"
 
 
 def test_seed_determinism(client):
@@ -77,6 +120,14 @@ def test_seed_determinism(client):
 
     assert sample(7).choices[0].text == sample(7).choices[0].text
     assert sample(7).choices[0].text != sample(8).choices[0].text
+
+    def chat(seed):
+        messages = [{"role": "user", "content": "tell me"}]
+        out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0.9,
+                                             top_p=0.95, seed=seed)  # fmt: skip
+        return out.choices[0].message.content
+
+    assert chat(11) == chat(11)
 
 
 def test_errors_are_openai_errors(client):

@@ -1,0 +1,71 @@
+"""Graceful drain on SIGTERM/SIGINT: readiness fails and new requests get 503 at once, in-flight
+streams finish (up to the drain timeout; then they are aborted and end cleanly), then uvicorn
+stops and the process exits 0. A second signal stops immediately."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import uvicorn
+
+from .state import ServerState
+
+log = logging.getLogger("llmfleet.drain")
+
+# After the engine work is done: time for the last SSE bytes to leave the socket
+_FLUSH_S = 0.2
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.state.draining or self._loop is None:
+            super().handle_exit(sig, frame)  # second signal (or not started): stop now
+            return
+        log.info("received %s: draining (up to %.0fs)", signal.Signals(sig).name, self.drain_timeout)
+        self.state.draining = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await drain(self.state, self.drain_timeout)
+            await asyncio.sleep(_FLUSH_S)
+            log.info("drained; shutting down")
+        finally:
+            self.should_exit = True
+
+
+async def drain(state: ServerState, timeout: float) -> int:
+    """Wait until the engine has no request left (the caller has set ``state.draining``, so no
+    new one comes in); past ``timeout`` abort the rest, whose streams then end cleanly.
+    Returns how many were aborted."""
+    engine = state.engine
+    if engine is None:
+        return 0
+    engine.flush()  # static batching: launch whatever waits instead of holding it
+    deadline = time.monotonic() + timeout
+    while engine.num_unfinished and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if not engine.num_unfinished:
+        return 0
+    aborted = engine.abort_all()
+    log.warning("drain timeout after %.0fs: aborted %d unfinished requests", timeout, aborted)
+    while engine.num_unfinished and engine.alive:
+        await asyncio.sleep(0.05)
+    return aborted

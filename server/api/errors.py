@@ -1,0 +1,76 @@
+"""OpenAI-style errors: every failure, including request validation, answers
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status, never pydantic's shape."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+# Statuses a client should retry after a pause: a full queue, a draining replica.
+RETRYABLE = (429, 503)
+RETRY_AFTER_S = 1
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type_, param
+
+
+def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in RETRYABLE else None
+    return JSONResponse(error_body(message, type_, status, param), status, headers=headers)
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable line per offending field; a union (e.g. ``prompt``) reports its field once."""
+    by_field: dict[str, list[str]] = {}
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        field = loc[0] if loc else "body"
+        if err.get("type") == "json_invalid":
+            field = "body"
+        msg = _clean(str(err.get("msg", "invalid value")))
+        if msg not in by_field.setdefault(field, []):
+            by_field[field].append(msg)
+    parts = [f"{field}: {'; or '.join(msgs[:3])}" for field, msgs in by_field.items()]
+    param = next((f for f in by_field if f != "body"), None)
+    return "invalid request: " + " | ".join(parts), param
+
+
+def _clean(msg: str) -> str:
+    # pydantic phrasing that names our classes or its own machinery says nothing to a client
+    msg = re.sub(r" or instance of \w+", "", msg)
+    return msg.removeprefix("Value error, ")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.type, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError):
+        message, param = validation_message(exc)
+        return error_response(400, message, "invalid_request_error", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException):
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), type_)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return error_response(500, "internal error", "internal_error")

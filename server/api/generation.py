@@ -1,0 +1,201 @@
+"""From an API call to engine requests and back: one engine request per (prompt, choice), all
+feeding one event queue; leaving the event stream early aborts whatever is unfinished."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from ..core.batch import SampledToken
+from ..core.request import SamplingParams
+from ..engine.engine import InvalidRequestError, QueueFullError, RequestOutput
+from .errors import APIError
+from .protocol import _Sampling
+from .state import ServerState
+
+
+@dataclass
+class SubRequest:
+    """One engine request behind one API choice."""
+
+    index: int  # the choice index: prompt_index * n + j
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingParams
+
+
+@dataclass
+class Result:
+    text: str
+    finish_reason: str | None
+    token_ids: list[int]
+    logprobs: list[SampledToken]
+    num_output_tokens: int
+
+
+@dataclass
+class Submission:
+    subs: list[SubRequest]
+    events: asyncio.Queue  # RequestOutput of every sub-request, as produced
+    by_id: dict[str, SubRequest] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_id = {s.request_id: s for s in self.subs}
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The n choices of one prompt share it: count it once."""
+        return sum(len(p) for p in {id(s.prompt): s.prompt for s in self.subs}.values())
+
+
+def check_serving(state: ServerState, model: str | None) -> None:
+    reason = state.unavailable_reason()
+    if reason is not None:
+        raise APIError(503, reason, "unavailable")
+    if model is not None and model != state.model_name:
+        raise APIError(
+            404, f"The model `{model}` does not exist. Served: `{state.model_name}`.", "NotFoundError", "model"
+        )
+
+
+def build_subrequests(
+    state: ServerState, prompts: list[list[int]], body: _Sampling, max_tokens: int | None, logprobs: int | None
+) -> list[SubRequest]:
+    subs = []
+    base = uuid.uuid4().hex
+    limit_tokens = state.max_model_len
+    if state.max_request_tokens is not None:
+        limit_tokens = min(limit_tokens, state.max_request_tokens)
+    for p_index, prompt in enumerate(prompts):
+        if not prompt:
+            raise APIError(400, "prompt must contain at least one token", param="prompt")
+        if len(prompt) >= state.max_model_len:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {state.max_model_len} tokens, "
+                f"but the prompt has {len(prompt)} tokens.",
+                param="prompt",
+            )
+        # no max_tokens: the rest of the context, as far as the KV cache can hold it
+        limit = max_tokens if max_tokens is not None else max(1, limit_tokens - len(prompt))
+        for j in range(body.n):
+            try:
+                sampling = SamplingParams(
+                    max_tokens=limit,
+                    temperature=1.0 if body.temperature is None else body.temperature,
+                    top_p=1.0 if body.top_p is None else body.top_p,
+                    top_k=max(0, body.top_k or 0),
+                    seed=None if body.seed is None else body.seed + j,  # n choices differ, reproducibly
+                    stop=body.stop_list(),
+                    stop_token_ids=list(body.stop_token_ids or []),
+                    ignore_eos=body.ignore_eos,
+                    logprobs=logprobs,
+                )
+            except ValueError as exc:
+                raise APIError(400, str(exc)) from exc
+            index = p_index * body.n + j
+            subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling))
+    return subs
+
+
+async def submit(state: ServerState, subs: list[SubRequest], priority: int, arrival_time: float) -> Submission:
+    """Hand every sub-request to the engine, or none: a rejection aborts those already in."""
+    events: asyncio.Queue = asyncio.Queue()
+    added: list[SubRequest] = []
+    engine = state.engine
+    try:
+        for sub in subs:
+            # vLLM's API: lower priority values are served first; the engine serves larger first
+            await engine.add(sub.request_id, sub.prompt, sub.sampling, -priority, arrival_time, stream=events)
+            added.append(sub)
+    except InvalidRequestError as exc:
+        _abort(state, added)
+        raise APIError(400, str(exc), param="max_tokens" if "max_tokens" in str(exc) else "prompt") from exc
+    except QueueFullError as exc:
+        _abort(state, added)
+        raise APIError(429, str(exc), "rate_limit_exceeded") from exc
+    except RuntimeError as exc:  # the engine loop is gone
+        _abort(state, added)
+        raise APIError(503, str(exc), "unavailable") from exc
+    except BaseException:
+        _abort(state, added)
+        raise
+    return Submission(subs, events)
+
+
+def _abort(state: ServerState, subs: list[SubRequest]) -> None:
+    for sub in subs:
+        state.engine.abort(sub.request_id)
+
+
+async def iter_events(state: ServerState, sub: Submission) -> AsyncIterator[tuple[SubRequest, RequestOutput]]:
+    """Events of all sub-requests as produced. Closing this early (the client left) aborts the
+    unfinished ones, which frees their KV blocks before the engine's next step.
+
+    A consumer that falls behind the engine (a slow client, a busy event loop) gets the events
+    that piled up merged into one per request, as vLLM does: fewer, larger chunks instead of a
+    backlog that grows with the engine's speed."""
+    unfinished = dict(sub.by_id)
+    queue = sub.events
+    try:
+        while unfinished:
+            pending = [await queue.get()]
+            while not queue.empty():
+                pending.append(queue.get_nowait())
+            for event in merge_events(pending):
+                owner = unfinished.get(event.request_id)
+                if owner is None:
+                    continue
+                if event.finished:
+                    del unfinished[event.request_id]
+                yield owner, event
+    finally:
+        _abort(state, list(unfinished.values()))
+
+
+def merge_events(events: list[RequestOutput]) -> list[RequestOutput]:
+    """One event per request, in first-seen order: tokens, text and logprobs concatenated; the
+    state (finished, reason, counts, timings) of the latest."""
+    merged: dict[str, RequestOutput] = {}
+    for event in events:
+        into = merged.get(event.request_id)
+        if into is None:
+            merged[event.request_id] = event
+            continue
+        logprobs = None
+        if into.logprobs is not None or event.logprobs is not None:
+            logprobs = (into.logprobs or []) + (event.logprobs or [])
+        merged[event.request_id] = replace(
+            event,
+            new_token_ids=into.new_token_ids + event.new_token_ids,
+            new_text=into.new_text + event.new_text,
+            logprobs=logprobs,
+        )
+    return list(merged.values())
+
+
+async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
+    """Wait for every sub-request's last event; returns choice index -> result."""
+    text: dict[int, list[str]] = {s.index: [] for s in sub.subs}
+    tokens: dict[int, list[int]] = {s.index: [] for s in sub.subs}
+    lps: dict[int, list] = {s.index: [] for s in sub.subs}
+    done: dict[int, tuple[str | None, int]] = {}
+    events = iter_events(state, sub)
+    try:
+        async for owner, event in events:
+            text[owner.index].append(event.new_text)
+            tokens[owner.index].extend(event.new_token_ids)
+            lps[owner.index].extend(event.logprobs or [])
+            if event.finished:
+                done[owner.index] = (api_finish_reason(event.finish_reason), event.num_output_tokens)
+    finally:
+        await events.aclose()
+    return {i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1]) for i in text}
+
+
+def api_finish_reason(reason: str | None) -> str | None:
+    # "stop" | "length"; "abort" (as vLLM reports it) only when the engine failed under the
+    # request or a drain timed out: the text is cut, and the client must be able to tell
+    return reason

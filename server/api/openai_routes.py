@@ -1,0 +1,266 @@
+"""The OpenAI endpoints served from a local engine (roles colocated, and the base of prefill and
+decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE) and ``/tokenize``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request, Response
+
+from ..core.batch import SampledToken
+from .errors import APIError
+from .generation import (
+    Result,
+    Submission,
+    SubRequest,
+    api_finish_reason,
+    build_subrequests,
+    check_serving,
+    collect,
+    iter_events,
+    submit,
+)
+from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from .sse import EventStreamResponse
+from .state import ServerState
+
+
+def install(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    async def completions(body: CompletionRequest, raw: Request):
+        arrival = state.engine.now()
+        check_serving(state, body.model)
+        if body.echo and body.logprobs is not None:
+            raise APIError(400, "echo together with logprobs is not supported", param="echo")
+        prompts, prompt_texts = _completion_prompts(state, body.prompt, body.echo)
+        subs = build_subrequests(state, prompts, body, body.max_tokens, body.logprobs)
+        submission = await submit(state, subs, body.priority, arrival)
+        reply = _Reply(state, submission, "cmpl", want_logprobs=body.logprobs is not None)
+        echo = {s.index: prompt_texts[s.index // body.n] for s in subs} if body.echo else {}
+        if body.stream:
+            return EventStreamResponse(reply.stream_completion(echo, _include_usage(body)))
+        results = await collect_unless_gone(raw, state, submission)
+        if results is None:
+            return Response(status_code=CLIENT_GONE)
+        choices = []
+        for sub in subs:
+            result = results[sub.index]
+            choice = {
+                "index": sub.index,
+                "text": echo.get(sub.index, "") + result.text,
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+            }
+            if body.logprobs is not None:
+                choice["logprobs"] = completion_logprobs(state, result.token_ids, result.logprobs)
+            choices.append(choice)
+        return reply.envelope("text_completion", choices, usage=reply.usage(results))
+
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    async def chat(body: ChatCompletionRequest, raw: Request):
+        arrival = state.engine.now()
+        check_serving(state, body.model)
+        prompt = chat_prompt(state, body.messages)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs)
+        submission = await submit(state, subs, body.priority, arrival)
+        reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs)
+        if body.stream:
+            return EventStreamResponse(reply.stream_chat(_include_usage(body)))
+        results = await collect_unless_gone(raw, state, submission)
+        if results is None:
+            return Response(status_code=CLIENT_GONE)
+        choices = [
+            {
+                "index": sub.index,
+                "message": {"role": "assistant", "content": results[sub.index].text},
+                "logprobs": chat_logprobs(state, results[sub.index]) if body.logprobs else None,
+                "finish_reason": results[sub.index].finish_reason,
+            }
+            for sub in subs
+        ]
+        return reply.envelope("chat.completion", choices, usage=reply.usage(results))
+
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
+    async def tokenize(body: TokenizeRequest):
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", param="prompt")
+        if body.prompt is not None:
+            ids = state.tokenizer.encode(body.prompt, add_special_tokens=False)
+        else:
+            ids = chat_prompt(state, body.messages, body.add_generation_prompt)
+        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+
+
+# nginx's "client closed request": logged nowhere, read by nobody, but never a 5xx
+CLIENT_GONE = 499
+
+
+async def collect_unless_gone(raw: Request, state: ServerState, submission: Submission) -> dict[int, Result] | None:
+    """``collect``, unless the client disconnects first: then its requests are aborted (freeing
+    their KV) and None is returned. A non-streaming client has nothing else that notices."""
+    work = asyncio.ensure_future(collect(state, submission))
+    gone = asyncio.ensure_future(_disconnected(raw))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        return None
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()  # its cleanup aborts the unfinished engine requests
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+
+
+async def _disconnected(raw: Request) -> None:
+    # the body is already read: the next ASGI message is the disconnect (or the end of the response)
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+# --- prompts -------------------------------------------------------------------------------------
+def _completion_prompts(state: ServerState, prompt, echo: bool) -> tuple[list[list[int]], list[str]]:
+    """Token ids per prompt (and the prompt texts, for echo)."""
+    if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    vocab = len(state.tokenizer)
+    ids_list, texts = [], []
+    for item in prompt:
+        ids = state.tokenizer.encode(item, add_special_tokens=False) if isinstance(item, str) else list(item)
+        if any(t < 0 or t >= vocab for t in ids):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="prompt")
+        ids_list.append(ids)
+        if echo:
+            texts.append(item if isinstance(item, str) else state.tokenizer.decode(ids))
+    return ids_list, texts
+
+
+def chat_prompt(state: ServerState, messages, add_generation_prompt: bool = True) -> list[int]:
+    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    try:
+        text = state.tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    except Exception as exc:  # a template that rejects the conversation is the client's error
+        raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
+    return state.tokenizer.encode(text, add_special_tokens=False)
+
+
+# --- responses -----------------------------------------------------------------------------------
+class _Reply:
+    """Formats one call's choices, chunks and usage."""
+
+    def __init__(self, state: ServerState, submission: Submission, prefix: str, want_logprobs: bool) -> None:
+        self.state = state
+        self.submission = submission
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.want_logprobs = want_logprobs
+
+    def envelope(self, obj: str, choices: list[dict], **extra) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name,
+                "choices": choices, **extra}  # fmt: skip
+
+    def usage(self, results: dict[int, Result] | None = None, completion: int | None = None) -> dict:
+        prompt = self.submission.prompt_tokens
+        if completion is None:
+            completion = sum(r.num_output_tokens for r in results.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def stream_completion(self, echo: dict[int, str], include_usage: bool) -> AsyncIterator[dict]:
+        state, completion = self.state, 0
+        for index, text in sorted(echo.items()):
+            yield self.envelope("text_completion", [_text_choice(index, text, None, None)])
+        offsets = {s.index: len(echo.get(s.index, "")) for s in self.submission.subs}
+        events = iter_events(state, self.submission)
+        try:
+            async for owner, event in events:
+                if event.finished:
+                    completion += event.num_output_tokens
+                if not self._worth_a_chunk(event):
+                    continue
+                logprobs = None
+                if self.want_logprobs and event.logprobs:
+                    logprobs = completion_logprobs(state, event.new_token_ids, event.logprobs, offsets[owner.index])
+                offsets[owner.index] += len(event.new_text)
+                finish = api_finish_reason(event.finish_reason) if event.finished else None
+                yield self.envelope("text_completion", [_text_choice(owner.index, event.new_text, logprobs, finish)])
+        finally:
+            await events.aclose()
+        if include_usage:
+            yield self.envelope("text_completion", [], usage=self.usage(completion=completion))
+
+    async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict]:
+        state, completion = self.state, 0
+        for sub in self.submission.subs:
+            yield self._chat_chunk(sub, {"role": "assistant", "content": ""}, None, None)
+        events = iter_events(state, self.submission)
+        try:
+            async for owner, event in events:
+                if event.finished:
+                    completion += event.num_output_tokens
+                if not self._worth_a_chunk(event):
+                    continue
+                delta = {"content": event.new_text} if event.new_text else {}
+                logprobs = None
+                if self.want_logprobs and event.logprobs:
+                    logprobs = {"content": _chat_token_logprobs(state, event.new_token_ids, event.logprobs)}
+                finish = api_finish_reason(event.finish_reason) if event.finished else None
+                yield self._chat_chunk(owner, delta, logprobs, finish)
+        finally:
+            await events.aclose()
+        if include_usage:
+            yield self.envelope("chat.completion.chunk", [], usage=self.usage(completion=completion))
+
+    def _worth_a_chunk(self, event) -> bool:
+        # text held back (a partial UTF-8 sequence, a possible stop string) waits for the next token
+        return bool(event.new_text or event.finished or (self.want_logprobs and event.logprobs))
+
+    def _chat_chunk(self, sub: SubRequest, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
+        choice = {"index": sub.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return self.envelope("chat.completion.chunk", [choice])
+
+
+def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def completion_logprobs(state: ServerState, tokens: list[int], lps: list[SampledToken], start: int = 0) -> dict:
+    decode = state.tokenizer.decode
+    pieces = [decode([t]) for t in tokens]
+    offsets, pos = [], start
+    for piece in pieces:
+        offsets.append(pos)
+        pos += len(piece)
+    return {
+        "tokens": pieces,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [{decode([t]): v for t, v in (lp.top_logprobs or {}).items()} for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(state: ServerState, result: Result) -> dict:
+    return {"content": _chat_token_logprobs(state, result.token_ids, result.logprobs)}
+
+
+def _chat_token_logprobs(state: ServerState, tokens: list[int], lps: list[SampledToken]) -> list[dict]:
+    decode = state.tokenizer.decode
+    content = []
+    for token, lp in zip(tokens, lps, strict=False):
+        top = [{"token": decode([t]), "logprob": v} for t, v in (lp.top_logprobs or {}).items()]
+        content.append({"token": decode([token]), "logprob": lp.logprob, "top_logprobs": top})
+    return content

@@ -1,0 +1,319 @@
+"""The HTTP layer in-process, on the real engine loop with the fake hash runner: error shapes,
+admission control, drain, SSE framing, echo, metrics names/types/labels. Milliseconds each."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmfleet.server.api.app import create_app
+from llmfleet.server.api.drain import drain
+from llmfleet.server.config import EngineConfig
+from tests.server.fakes import fake_state
+
+
+@pytest.fixture
+def make_state():
+    states = []
+
+    def make(config: EngineConfig | None = None, **runner_kwargs):
+        state = fake_state(config, **runner_kwargs)
+        states.append(state)
+        return state
+
+    yield make
+    for state in states:
+        state.engine.shutdown()
+
+
+@pytest.fixture
+def state(make_state):
+    return make_state()
+
+
+@pytest.fixture
+def client(state):
+    with TestClient(create_app(state)) as c:
+        yield c
+
+
+def sse_chunks(response) -> list:
+    """Parse an SSE body: the JSON chunks, and the literal [DONE] last."""
+    events = [line[len("data: ") :] for line in response.text.split("\n\n") if line]
+    assert all(not e.startswith("data:") for e in events)
+    assert events[-1] == "[DONE]", events[-3:]
+    return [json.loads(e) for e in events[:-1]]
+
+
+def assert_openai_error(response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+# --- errors ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hi", "temperature": -1}, "temperature"),
+        ({"prompt": "hi", "temperature": 2.5}, "temperature"),
+        ({"prompt": "hi", "top_p": 0}, "top_p"),
+        ({"prompt": "hi", "n": 0}, "n"),
+        ({"prompt": "hi", "n": 17}, "n"),
+        ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+        ({"prompt": {"not": "a prompt"}}, "prompt"),
+        ({"prompt": [1, "mixed"]}, "prompt"),
+        ({"max_tokens": 4}, "prompt"),
+        ({"prompt": "hi", "stop": ["a"] * 17}, "stop"),
+        ({"prompt": "hi", "stream_options": {"include_usage": "sometimes"}}, "stream_options"),
+        ({"prompt": [5, 10_000]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo"),
+    ],
+)
+def test_bad_completion_values_are_openai_400s(client, body, param):
+    error = assert_openai_error(client.post("/v1/completions", json=body), 400, param)
+    assert error["type"] == "invalid_request_error"
+    assert "pydantic" not in error["message"].lower() and "CompletionRequest" not in error["message"]
+
+
+def test_prompt_over_the_context_names_the_limit(client):
+    error = assert_openai_error(client.post("/v1/completions", json={"prompt": "x" * 300}), 400, "prompt")
+    assert "maximum context length is 256 tokens" in error["message"]
+    error = assert_openai_error(client.post("/v1/completions", json={"prompt": "x" * 200, "max_tokens": 100}), 400)
+    assert "256" in error["message"]
+
+
+def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
+    raw = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert_openai_error(raw, 400)
+    assert_openai_error(client.post("/v1/completions", json=["prompt"]), 400)
+    assert_openai_error(client.post("/v1/chat/completions", json={"messages": []}), 400, "messages")
+    robot = [{"role": "robot", "content": "x"}]
+    assert_openai_error(client.post("/v1/chat/completions", json={"messages": robot}), 400)
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    assert_openai_error(client.post("/v1/chat/completions", json={"messages": image}), 400, "messages")
+
+
+def test_chat_template_rejection_is_a_400(client):
+    body = {"messages": [{"role": "tool", "content": "result"}]}
+    assert_openai_error(client.post("/v1/chat/completions", json=body), 400, "messages")
+
+
+def test_unknown_model_is_404_and_unknown_route_is_json_404(client):
+    error = assert_openai_error(client.post("/v1/completions", json={"prompt": "hi", "model": "gpt-9"}), 404, "model")
+    assert "gpt-9" in error["message"]
+    assert_openai_error(client.get("/v1/nothing-here"), 404)
+    assert client.get("/v1/completions").status_code == 405
+
+
+def test_unknown_fields_are_ignored(client):
+    body = {"prompt": "hi", "max_tokens": 3, "frequency_penalty": 0.5, "suffix": None, "best_of": 1, "x": {"y": 1}}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+
+
+# --- responses -------------------------------------------------------------------------------------
+def test_models_card(client):
+    (card,) = client.get("/v1/models").json()["data"]
+    assert card["id"] == "fake" and card["root"] == "fake" and card["object"] == "model"
+    assert card["max_model_len"] == 256 and card["owned_by"] and isinstance(card["created"], int)
+
+
+def test_completion_body_and_usage(client):
+    out = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "max_tokens": 5, "n": 2}).json()
+    assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert all(len(c["text"]) == 5 and c["finish_reason"] == "length" for c in out["choices"])
+    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25}
+
+
+def test_echo_prepends_the_prompt(client):
+    plain = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0}).json()
+    echoed = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0, "echo": True})
+    assert echoed.json()["choices"][0]["text"] == "hello" + plain["choices"][0]["text"]
+    stream = client.post("/v1/completions", json={"prompt": [72, 73], "max_tokens": 4, "echo": True, "stream": True})
+    text = "".join(c["choices"][0]["text"] for c in sse_chunks(stream) if c["choices"])
+    assert text.startswith("hi") and len(text) == 6
+
+
+def test_completion_stream_framing(client):
+    body = {"prompt": "abc", "max_tokens": 6, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    response = client.post("/v1/completions", json=body)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = sse_chunks(response)
+    *token_chunks, usage = chunks
+    assert usage["choices"] == []
+    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 12, "total_tokens": 15}
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in token_chunks if c["choices"][0]["index"] == index]
+        assert "".join(c["text"] for c in mine) and len("".join(c["text"] for c in mine)) == 6
+        assert [c["finish_reason"] for c in mine] == [None] * (len(mine) - 1) + ["length"]
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_chat_stream_framing(client):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5, "stream": True}
+    chunks = sse_chunks(client.post("/v1/chat/completions", json=body))
+    assert chunks[0]["object"] == "chat.completion.chunk"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len("".join(c["choices"][0]["delta"].get("content", "") for c in chunks)) == 5
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert reasons[-1] == "length" and set(reasons[:-1]) == {None}
+    assert all("usage" not in c for c in chunks)  # include_usage not asked
+
+
+def test_chat_without_max_tokens_fits_the_kv_cache(make_state):
+    # 16 blocks of 4 tokens: a request can hold 64 tokens, fewer than the 256-token context
+    state = make_state(EngineConfig(), num_kv_blocks=16, kv_block_size=4)
+    with TestClient(create_app(state)) as client:
+        out = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    prompt = out["usage"]["prompt_tokens"]
+    assert out["usage"]["completion_tokens"] == 64 - prompt
+    assert out["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_strings_and_stop_token_ids(client):
+    base = client.post("/v1/completions", json={"prompt": "q", "max_tokens": 12, "temperature": 0}).json()
+    text = base["choices"][0]["text"]
+    cut = client.post("/v1/completions", json={"prompt": "q", "max_tokens": 12, "stop": text[4:6]}).json()
+    assert cut["choices"][0]["text"] == text[: text.index(text[4:6])]
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    stop_id = ord(text[3]) - 32  # CharTokenizer: token t is chr(32 + t)
+    by_id = client.post("/v1/completions", json={"prompt": "q", "max_tokens": 12, "stop_token_ids": [stop_id]})
+    assert by_id.json()["choices"][0]["finish_reason"] == "stop"
+
+
+# --- admission control and drain -------------------------------------------------------------------
+async def test_full_queue_is_429_with_retry_after_and_accepted_requests_finish(make_state):
+    # static batching never launches a batch of 8 from 2 waiting requests: they stay queued
+    state = make_state(EngineConfig(policy="static", max_batch_size=8, max_queue_len=2))
+    transport = httpx.ASGITransport(app=create_app(state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        body = {"prompt": "abc", "max_tokens": 3}
+        accepted = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(2)]
+        while state.engine.stats.num_waiting < 2:
+            await asyncio.sleep(0.01)
+        rejected = await client.post("/v1/completions", json=body)
+        error = assert_openai_error(rejected, 429)
+        assert error["type"] == "rate_limit_exceeded" and rejected.headers["retry-after"] == "1"
+        state.engine.flush()  # launch the partial batch
+        done = await asyncio.wait_for(asyncio.gather(*accepted), 10)
+    assert [r.status_code for r in done] == [200, 200]
+    assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in done)
+
+
+async def test_drain_refuses_new_work_finishes_old_and_times_out(make_state):
+    state = make_state(EngineConfig(), step_seconds=0.01)
+    app = create_app(state)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        short = asyncio.create_task(client.post("/v1/completions", json={"prompt": "a", "max_tokens": 5}))
+        long = asyncio.create_task(client.post("/v1/completions", json={"prompt": "b", "max_tokens": 250}))
+        while state.engine.stats.num_running < 2:
+            await asyncio.sleep(0.01)
+        state.draining = True  # what SIGTERM does first
+        draining = asyncio.create_task(drain(state, timeout=0.5))
+        assert_openai_error(await client.get("/ready"), 503)
+        late = await client.post("/v1/completions", json={"prompt": "c", "max_tokens": 2})
+        assert_openai_error(late, 503)
+        assert late.headers["retry-after"] == "1"
+        assert (await client.get("/health")).status_code == 200  # still alive while draining
+        assert await asyncio.wait_for(draining, 10) == 1  # the long one
+        short_out, long_out = (await short).json(), (await long).json()
+    assert short_out["choices"][0]["finish_reason"] == "length"
+    # past the drain timeout the long one was cut, and its response still ended cleanly
+    assert long_out["choices"][0]["finish_reason"] == "abort" and len(long_out["choices"][0]["text"]) < 250
+    assert state.engine.num_unfinished == 0 and state.engine.stats.kv_usage == 0
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+HISTOGRAMS = [
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds", "vllm:iteration_tokens_total", "llmfleet_batch_size",
+    "llmfleet_step_duration_seconds", "llmfleet_scheduler_duration_seconds", "llmfleet_kv_transfer_bytes",
+    "llmfleet_kv_transfer_seconds",
+]  # fmt: skip
+COUNTERS = [
+    "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success", "vllm:num_preemptions",
+    "llmfleet_config_errors",
+]  # fmt: skip
+GAUGES = [
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cache_config_info",
+    "llmfleet_config_generation", "llmfleet_config_knob", "llmfleet_role_info", "llmfleet_requests_in_flight",
+]  # fmt: skip
+
+
+def test_metrics_names_types_and_labels(client):
+    assert client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3}).status_code == 200
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    for name in HISTOGRAMS:
+        assert families[name].type == "histogram", name
+    for name in COUNTERS:
+        assert families[name].type == "counter", name
+    for name in GAUGES:
+        assert families[name].type in ("gauge", "info"), name
+    assert len(families["vllm:time_to_first_token_seconds"].samples) > 20  # vLLM-like buckets
+    for family in families.values():
+        for sample in family.samples:
+            assert sample.labels.get("model_name") == "fake", sample
+            assert sample.labels.get("role") == "colocated", sample
+    text = response.text
+    assert 'vllm:request_success_total{finished_reason="length",model_name="fake",role="colocated"} 1.0' in text
+    assert 'llmfleet_config_knob{knob="max_batch_size",model_name="fake",role="colocated"} 32.0' in text
+    assert 'vllm:cache_config_info{block_size="4"' in text
+
+
+async def test_in_flight_gauge_counts_streams_until_they_end(make_state):
+    state = make_state(EngineConfig(), step_seconds=0.01)
+    gauge = state.metrics.lab(state.metrics.in_flight)
+    transport = httpx.ASGITransport(app=create_app(state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        body = {"prompt": "a", "max_tokens": 20, "stream": True}
+        task = asyncio.create_task(client.post("/v1/completions", json=body))
+        while state.engine.stats.num_running < 1:
+            await asyncio.sleep(0.005)
+        assert gauge._value.get() == 1
+        await client.get("/metrics")  # scrapes are not API work
+        assert gauge._value.get() == 1
+        assert (await task).status_code == 200
+    assert gauge._value.get() == 0
+
+
+async def test_priority_lower_value_is_served_first(make_state):
+    """vLLM's API convention: among waiting requests, the lower ``priority`` value goes first."""
+    state = make_state(EngineConfig(max_batch_size=1, scheduling="priority", priority_age_weight=0), step_seconds=0.002)
+    transport = httpx.ASGITransport(app=create_app(state))
+    finished: list[str] = []
+
+    async def ask(name: str, priority: int, max_tokens: int):
+        body = {"prompt": name, "max_tokens": max_tokens, "priority": priority}
+        response = await client.post("/v1/completions", json=body)
+        assert response.status_code == 200
+        finished.append(name)
+
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        first = asyncio.create_task(ask("first", 0, 150))  # holds the only batch slot
+        while state.engine.stats.num_running < 1:
+            await asyncio.sleep(0.002)
+        late = [asyncio.create_task(ask(name, prio, 2)) for name, prio in (("low", 5), ("high", -5), ("mid", 0))]
+        while state.engine.stats.num_waiting < 3 and not first.done():
+            await asyncio.sleep(0.002)
+        await asyncio.gather(first, *late)
+    assert finished == ["first", "high", "mid", "low"]

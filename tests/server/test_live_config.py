@@ -1,0 +1,132 @@
+"""The config watcher: valid changes reach the engine at its next step and bump the generation;
+invalid, partial or missing files keep the last good config, and invalid ones are counted."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import time
+
+import pytest
+
+from llmfleet.server.api.live_config import ConfigWatcher
+from llmfleet.server.config import EngineConfig
+from tests.server.fakes import fake_state
+
+
+def write(path, text: str) -> None:
+    """Replace atomically, with a fresh mtime even within one clock tick."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@pytest.fixture
+def served(tmp_path):
+    path = tmp_path / "engine.yaml"
+    write(path, "max_batch_size: 4\n")
+    state = fake_state(EngineConfig(max_batch_size=4))
+    watcher = ConfigWatcher.for_engine(path, state.engine, state.metrics, initial=EngineConfig(max_batch_size=4))
+    yield path, state, watcher
+    watcher.stop()
+    state.engine.shutdown()
+
+
+def metric(state, metric_name, **labels) -> float:
+    return state.metrics.lab(getattr(state.metrics, metric_name), **labels)._value.get()
+
+
+def wait_until(predicate, timeout=5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_valid_change_applies_and_bumps_the_generation(served):
+    path, state, watcher = served
+    engine = state.engine.engine
+    assert watcher.check() == "unchanged"
+    write(path, "max_batch_size: 7\npolicy: dynamic\nbatch_timeout_ms: 25\n")
+    assert watcher.check() == "applied"
+    assert wait_until(lambda: engine.config.max_batch_size == 7)
+    assert engine.config.policy == "dynamic" and engine.config.batch_timeout_ms == 25
+    assert wait_until(lambda: metric(state, "config_generation") == 2)
+    assert metric(state, "knob", knob="max_batch_size") == 7
+    assert metric(state, "knob", knob="batch_timeout_ms") == 25
+    assert wait_until(lambda: watcher.last_good is not None and watcher.last_good.max_batch_size == 7)
+    assert metric(state, "config_errors") == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["policy: [unclosed\n", "max_batch_size: 0\n", "no_such_knob: 3\n", "- a list\n", "policy: turbo\n"],
+)
+def test_an_invalid_file_keeps_the_last_good_config_and_counts(served, text, caplog):
+    path, state, watcher = served
+    engine = state.engine.engine
+    with caplog.at_level(logging.WARNING, logger="llmfleet.server.api.live_config"):
+        write(path, text)
+        assert watcher.check() == "invalid"
+    assert "keeping the last good engine config" in caplog.text
+    assert metric(state, "config_errors") == 1
+    assert engine.config.max_batch_size == 4 and engine.config_generation == 1
+    assert watcher.check() == "unchanged"  # counted once, not at every poll
+    assert metric(state, "config_errors") == 1
+    write(path, "max_batch_size: 5\n")  # the next valid version applies
+    assert watcher.check() == "applied"
+    assert wait_until(lambda: engine.config.max_batch_size == 5)
+
+
+def test_partial_missing_and_rewritten_identical_files_change_nothing(served):
+    path, state, watcher = served
+    engine = state.engine.engine
+    path.write_text("")  # a writer truncated it and has not written yet
+    assert watcher.check() == "partial"
+    write(path, "max_batch_size: 4\n")  # same content as before, new inode and mtime
+    assert watcher.check() == "unchanged"
+    path.unlink()
+    assert watcher.check() == "missing"
+    assert watcher.check() == "missing"
+    write(path, "max_batch_size: 4\n")
+    assert watcher.check() == "unchanged"
+    assert engine.config_generation == 1 and metric(state, "config_errors") == 0
+
+
+def test_restart_only_fields_are_ignored_live_and_logged(served, caplog):
+    path, state, watcher = served
+    engine = state.engine.engine
+    with caplog.at_level(logging.WARNING):
+        write(path, "max_batch_size: 6\nkv_block_size: 32\n")
+        assert watcher.check() == "applied"
+        assert wait_until(lambda: engine.config.max_batch_size == 6)
+    assert engine.config.kv_block_size == 16
+    assert wait_until(lambda: "kv_block_size" in caplog.text)
+
+
+def test_an_engine_rejection_counts_as_an_error(tmp_path):
+    path = tmp_path / "engine.yaml"
+    write(path, "max_batch_size: 4\n")
+    errors = []
+
+    def reject(config):
+        done = concurrent.futures.Future()
+        done.set_exception(ValueError("no"))
+        return done
+
+    watcher = ConfigWatcher(path, reject, errors.append)
+    write(path, "max_batch_size: 9\n")
+    assert watcher.check() == "applied"
+    assert errors == ["the engine rejected it: no"] and watcher.last_good is None
+
+
+def test_the_watcher_thread_polls(served):
+    path, state, watcher = served
+    watcher.interval_s = 0.02
+    watcher.start()
+    write(path, "max_batch_size: 3\n")
+    assert wait_until(lambda: state.engine.engine.config.max_batch_size == 3)
+    assert wait_until(lambda: metric(state, "config_generation") == 2)
