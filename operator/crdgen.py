@@ -2,6 +2,10 @@
 EngineConfig, so the CRD can never drift from what the pods accept.
 
     python -m llmfleet.operator.crdgen > crds/inferenceservice.yaml
+
+Every field has a type and a description (`kubectl explain llmis.spec.pools.decode.bounds`);
+cross-field rules are CEL `x-kubernetes-validations`, enforced by the API server (1.25+). The
+operator re-checks what it needs (spec.py) and reports a Degraded condition instead of crashing.
 """
 
 from __future__ import annotations
@@ -13,26 +17,56 @@ import yaml
 
 from llmfleet.server.config import EngineConfig
 
+from .spec import TUNABLE_KNOBS
+
 GROUP = "llmfleet.io"
 VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SHORT_NAMES = ["llmis", "llmsvc"]
-TUNABLE_KNOBS = ["maxBatchSize", "batchTimeoutMs", "maxNumBatchedTokens"]
+DEFAULT_IMAGE = "ghcr.io/llm-fleet/llm-fleet:0.1.0"
+MIN_LE_MAX = "!has(self.min) || !has(self.max) || self.min <= self.max"
+
+
+def _obj(description: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "description": description, "properties": properties, **extra}
+
+
+def _int(description: str, minimum: int | None = None, default: int | None = None, **extra: Any) -> dict:
+    out: dict[str, Any] = {"type": "integer", "description": description, **extra}
+    if minimum is not None:
+        out["minimum"] = minimum
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def _str(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+def _map(description: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "description": description, "additionalProperties": values}
+
+
+def _preserve(description: str) -> dict[str, Any]:
+    return {"type": "object", "description": description, "x-kubernetes-preserve-unknown-fields": True}
+
+
+# -- engine knobs ---------------------------------------------------------------------------------
 
 
 def engine_schema() -> dict[str, Any]:
     """EngineConfig's fields as a structural schema (camelCase, no $refs, no nulls)."""
     source = EngineConfig.model_json_schema(by_alias=True)
     defs = source.get("$defs", {})
-    props = {}
-    for name, field in source["properties"].items():
-        props[name] = _structural(field, defs)
-    return {
-        "type": "object",
-        "description": "Engine knobs (server/config.py). Live knobs change without a pod restart.",
-        "properties": props,
-    }
+    props = {name: _structural(field, defs) for name, field in source["properties"].items()}
+    return _obj(
+        "Initial engine knobs of this pool (the server's EngineConfig, camelCase). The operator writes "
+        "them to the pool's engine ConfigMap; pods apply live knobs at their next step, without a restart. "
+        "Start-up-only knobs roll the pods.",
+        props,
+    )
 
 
 def _structural(field: dict, defs: dict) -> dict:
@@ -51,178 +85,278 @@ def _structural(field: dict, defs: dict) -> dict:
     if "default" in field and field["default"] is not None:
         out["default"] = field["default"]
     if field.get("restart"):
-        out["description"] = out.get("description", "") + " (start-up only: changing it restarts pods)"
+        out["description"] = out.get("description", "") + " Start-up only: changing it restarts the pool's pods."
     if out.get("type") == "number" and isinstance(out.get("default"), int):
         out["default"] = float(out["default"])
     return out
 
 
 def _bounds() -> dict[str, Any]:
-    bound = {
-        "type": "object",
-        "properties": {"min": {"type": "number", "minimum": 0}, "max": {"type": "number", "minimum": 0}},
-        "x-kubernetes-validations": [
-            {"rule": "!has(self.min) || !has(self.max) || self.min <= self.max", "message": "min must be <= max"}
-        ],
-    }
-    return {
-        "type": "object",
-        "description": "Range each tunable knob must stay within; the tuner never crosses it.",
-        "properties": {knob: bound for knob in TUNABLE_KNOBS},
-    }
+    def bound(knob: str) -> dict[str, Any]:
+        return _obj(
+            f"Range of {knob} (inclusive).",
+            {"min": {"type": "number", "minimum": 0}, "max": {"type": "number", "minimum": 0}},
+            **{"x-kubernetes-validations": [{"rule": MIN_LE_MAX, "message": "min must be <= max"}]},
+        )
+
+    return _obj(
+        "Range each tunable knob must stay within: the tuner never crosses it, and an initial knob outside "
+        "it is clamped.",
+        {knob: bound(knob) for knob in TUNABLE_KNOBS},
+    )
 
 
-def _preserve(description: str) -> dict[str, Any]:
-    return {"type": "object", "description": description, "x-kubernetes-preserve-unknown-fields": True}
+# -- Kubernetes types the spec embeds -------------------------------------------------------------
+
+_QUANTITY = {
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "x-kubernetes-int-or-string": True,
+    # The API server's own quantity pattern, as in the built-in types' CRD schemas.
+    "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+}
 
 
-def pool_schema(default_replicas: int) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "minReplicas": {"type": "integer", "minimum": 0, "default": default_replicas},
-            "maxReplicas": {"type": "integer", "minimum": 1, "default": max(4, default_replicas)},
-            "replicas": {"type": "integer", "minimum": 0, "description": "Initial replicas (default minReplicas)."},
-            "resources": _preserve("Container resources (requests/limits, e.g. nvidia.com/gpu)."),
+def _resources(what: str) -> dict[str, Any]:
+    return _obj(
+        f"Compute resources of {what} (a Kubernetes ResourceRequirements), e.g. limits nvidia.com/gpu: 1.",
+        {
+            "limits": _map("Maximum amount of each resource.", _QUANTITY),
+            "requests": _map("Amount of each resource the scheduler reserves.", _QUANTITY),
+        },
+    )
+
+
+TAINT_EFFECTS = ["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+def _tolerations() -> dict[str, Any]:
+    toleration = _obj(
+        "A Kubernetes toleration.",
+        {
+            "key": _str("Taint key; empty with operator Exists matches all taints."),
+            "operator": _str("How key and value match.", enum=["Exists", "Equal"]),
+            "value": _str("Taint value (operator Equal)."),
+            "effect": _str("Taint effect to tolerate (empty: all).", enum=TAINT_EFFECTS),
+            "tolerationSeconds": _int("How long a NoExecute taint is tolerated."),
+        },
+    )
+    description = "Tolerations for this pool's pods (e.g. GPU node taints)."
+    return {"type": "array", "description": description, "items": toleration}
+
+
+# -- spec -----------------------------------------------------------------------------------------
+
+
+def pool_schema(role: str) -> dict[str, Any]:
+    schema = _obj(
+        f"The {role} pool: one Deployment of `llm-fleet serve --role {role}`.",
+        {
+            "minReplicas": _int("Fewest replicas the tuner may run.", minimum=0, default=1),
+            "maxReplicas": _int("Most replicas the tuner may run.", minimum=1, default=4),
+            "replicas": _int("Initial replicas (default: minReplicas); the tuner moves it within min/max.", 0),
+            "resources": _resources("each server container"),
             "engine": engine_schema(),
             "bounds": _bounds(),
-            "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
-            "tolerations": {"type": "array", "items": _preserve("A toleration.")},
+            "nodeSelector": _map("Node labels the pods must run on.", {"type": "string"}),
+            "tolerations": _tolerations(),
         },
-        "x-kubernetes-validations": [
-            {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
-            {
-                "rule": "!has(self.replicas) || "
-                "(self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
-                "message": "replicas must lie within [minReplicas, maxReplicas]",
-            },
-        ],
-    }
+    )
+    schema["x-kubernetes-validations"] = [
+        {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
+        {
+            "rule": "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
+            "message": "replicas must lie within [minReplicas, maxReplicas]",
+        },
+    ]
+    return schema
 
 
 def spec_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["model", "slo"],
-        "properties": {
-            "model": {
-                "type": "object",
-                "description": "What to serve: a built-in test model, or a path (usually on a mounted volume).",
-                "properties": {
-                    "name": {
-                        "type": "string",
-                        "description": "Model id in the OpenAI API (default: the resource name).",
-                    },
-                    "builtin": {"type": "string", "enum": ["tiny", "small"]},
-                    "path": {
-                        "type": "string",
-                        "description": "Model directory inside the container, e.g. /models/llama.",
-                    },
-                    "volume": _preserve("A Kubernetes volume source mounted read-only at /models."),
-                },
-                "x-kubernetes-validations": [
-                    {"rule": "has(self.builtin) != has(self.path)", "message": "set exactly one of builtin or path"}
-                ],
-            },
-            "image": {"type": "string", "default": "ghcr.io/llm-fleet/llm-fleet:0.1.0"},
-            "imagePullPolicy": {
-                "type": "string",
-                "enum": ["Always", "IfNotPresent", "Never"],
-                "default": "IfNotPresent",
-            },
-            "slo": {
-                "type": "object",
-                "required": ["ttftP95Ms", "itlP95Ms"],
-                "properties": {
-                    "ttftP95Ms": {"type": "number", "minimum": 1, "description": "p95 time to first token."},
-                    "itlP95Ms": {"type": "number", "minimum": 1, "description": "p95 inter-token latency."},
-                },
-            },
-            "mode": {"type": "string", "enum": ["colocated", "disaggregated"], "default": "colocated"},
-            "pools": {
-                "type": "object",
-                "default": {},
-                "properties": {
-                    "colocated": pool_schema(1),
-                    "prefill": pool_schema(1),
-                    "decode": pool_schema(1),
-                },
-            },
-            "autotune": {
-                "type": "object",
-                "default": {},
-                "properties": {
-                    "enabled": {"type": "boolean", "default": True},
-                    "intervalSeconds": {"type": "integer", "minimum": 5, "default": 30},
-                    "scaleUpStabilizationSeconds": {"type": "integer", "minimum": 0, "default": 0},
-                    "scaleDownStabilizationSeconds": {"type": "integer", "minimum": 0, "default": 300},
-                    "cooldownSeconds": {"type": "integer", "minimum": 0, "default": 60},
-                    "headroom": {"type": "number", "minimum": 0, "maximum": 0.9, "default": 0.2},
-                    "prometheusUrl": {"type": "string", "description": "Override the operator's Prometheus URL."},
-                },
-            },
-            "router": {
-                "type": "object",
-                "default": {},
-                "properties": {
-                    "replicas": {"type": "integer", "minimum": 1, "default": 1},
-                    "policy": {"type": "string", "enum": ["load", "round-robin"], "default": "load"},
-                    "resources": _preserve("Router container resources."),
-                },
-            },
+    model = _obj(
+        "What to serve: a built-in test model, or a model directory (usually on a mounted volume).",
+        {
+            "name": _str("Model id in the OpenAI API (default: the InferenceService's name)."),
+            "builtin": _str(
+                "A built-in random-weight model, created in the pod (for trying the stack).", enum=["tiny", "small"]
+            ),
+            "path": _str("Model directory inside the container, e.g. /models/llama-3 (under /models with a volume)."),
+            "volume": _preserve(
+                "A Kubernetes volume source holding the model, mounted read-only at /models, e.g. "
+                "{persistentVolumeClaim: {claimName: llama}}, {hostPath: {path: /data/models}} or {emptyDir: {}}."
+            ),
         },
-        "x-kubernetes-validations": [
-            {
-                "rule": "self.mode != 'disaggregated' || (has(self.pools.prefill) && has(self.pools.decode))",
-                "message": "disaggregated mode needs pools.prefill and pools.decode",
-            }
-        ],
-    }
+    )
+    model["x-kubernetes-validations"] = [
+        {"rule": "has(self.builtin) != has(self.path)", "message": "set exactly one of builtin or path"},
+        {
+            "rule": "!has(self.volume) || !has(self.path) || self.path == '/models' "
+            "|| self.path.startsWith('/models/')",
+            "message": "with a volume, path must lie under /models, where the volume is mounted",
+        },
+    ]
+    slo = _obj(
+        "Latency objectives the tuner holds the fleet to, at the lowest cost.",
+        {
+            "ttftP95Ms": {"type": "number", "minimum": 1, "description": "p95 time to first token, milliseconds."},
+            "itlP95Ms": {"type": "number", "minimum": 1, "description": "p95 inter-token latency, milliseconds."},
+        },
+        required=["ttftP95Ms", "itlP95Ms"],
+    )
+    autotune = _obj(
+        "The tuner: batch size, batching window and replicas from live metrics, within the bounds.",
+        {
+            "enabled": {"type": "boolean", "default": True, "description": "Off: the spec's values stand as written."},
+            "intervalSeconds": _int("How often the tuner decides.", minimum=5, default=30),
+            "scaleUpStabilizationSeconds": _int("Look-back window before scaling up (as HPA behavior).", 0, 0),
+            "scaleDownStabilizationSeconds": _int("Look-back window before scaling down (as HPA behavior).", 0, 300),
+            "cooldownSeconds": _int("Least time between two changes of the same pool.", minimum=0, default=60),
+            "headroom": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 0.9,
+                "default": 0.2,
+                "description": "Spare capacity kept above measured demand (0.2: plan for 20% more).",
+            },
+            "prometheusUrl": _str("Prometheus API URL for this service (default: the operator's --prometheus-url)."),
+        },
+    )
+    router = _obj(
+        "The router in front of the prefill and decode pools (disaggregated mode only).",
+        {
+            "replicas": _int("Router replicas.", minimum=1, default=1),
+            "policy": _str("How the router picks pods.", enum=["load", "round-robin"], default="load"),
+            "resources": _resources("each router container"),
+        },
+    )
+    schema = _obj(
+        "The desired serving fleet.",
+        {
+            "model": model,
+            "image": _str("Server image (runs `llm-fleet serve`).", default=DEFAULT_IMAGE),
+            "imagePullPolicy": _str(
+                "Image pull policy.", enum=["Always", "IfNotPresent", "Never"], default="IfNotPresent"
+            ),
+            "slo": slo,
+            "mode": _str(
+                "colocated: one pool does prefill and decode. disaggregated: prefill and decode pools scaled "
+                "apart, with a router in front.",
+                enum=["colocated", "disaggregated"],
+                default="colocated",
+            ),
+            "pools": _obj(
+                "The serving pools: colocated, or prefill and decode.",
+                {role: pool_schema(role) for role in ("colocated", "prefill", "decode")},
+                default={},
+            ),
+            "autotune": {**autotune, "default": {}},
+            "router": {**router, "default": {}},
+        },
+        required=["model", "slo"],
+    )
+    schema["x-kubernetes-validations"] = [
+        {
+            "rule": "self.mode != 'disaggregated' || (has(self.pools.prefill) && has(self.pools.decode))",
+            "message": "disaggregated mode needs pools.prefill and pools.decode",
+        }
+    ]
+    return schema
+
+
+# -- status ---------------------------------------------------------------------------------------
 
 
 def status_schema() -> dict[str, Any]:
-    condition = {
-        "type": "object",
-        "required": ["type", "status"],
-        "properties": {
-            "type": {"type": "string"},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-            "observedGeneration": {"type": "integer"},
+    condition = _obj(
+        "Ready, Progressing, Degraded or TunerActive.",
+        {
+            "type": _str("Condition type."),
+            "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": _str("Machine-readable reason, CamelCase."),
+            "message": _str("Human-readable details."),
+            "lastTransitionTime": _str("When status last changed.", format="date-time"),
+            "observedGeneration": _int("The metadata.generation this condition describes."),
         },
-    }
-    return {
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-        "properties": {
-            "conditions": {"type": "array", "items": condition},
-            "observedGeneration": {"type": "integer"},
-            "ready": {"type": "string", "description": "Ready replicas / desired, all pools."},
-            "pools": _preserve("Per pool: replicas, readyReplicas, knobs."),
-            "latency": _preserve("Last measured p95 TTFT / ITL / queue time (ms) and when."),
-            "lastDecision": _preserve("The tuner's last decision: what changed, why, from which numbers."),
-            "tuner": _preserve("Tuner state (replicas and knobs it owns)."),
+        required=["type", "status"],
+    )
+    knobs = _obj(
+        "Live values of the tunable knobs.",
+        {knob: {"type": "number", "description": f"Current {knob}."} for knob in TUNABLE_KNOBS},
+    )
+    pool = _obj(
+        "One pool as it runs now.",
+        {
+            "replicas": _int("Desired replicas."),
+            "readyReplicas": _int("Replicas passing their readiness probe."),
+            "knobs": knobs,
         },
-    }
+    )
+    tuner = _obj(
+        "What the tuner owns; reconcile applies it within the spec's bounds and min/max replicas.",
+        {
+            "replicas": _map("Replicas per pool.", {"type": "integer", "minimum": 0}),
+            "knobs": _map("Knobs per pool.", {"type": "object", "additionalProperties": {"type": "number"}}),
+            "memory": _preserve("The tuner's own bookkeeping between runs (stabilization history); opaque."),
+        },
+    )
+    latency = _obj(
+        "The last measured p95 latencies, milliseconds.",
+        {
+            "ttftP95Ms": {"type": "number", "description": "p95 time to first token."},
+            "itlP95Ms": {"type": "number", "description": "p95 inter-token latency."},
+            "queueP95Ms": {"type": "number", "description": "p95 time waiting in the queue."},
+            "at": _str("When they were measured.", format="date-time"),
+        },
+    )
+    decision = _obj(
+        "The tuner's last decision.",
+        {
+            "time": _str("When it was made.", format="date-time"),
+            "changes": {
+                "type": "array",
+                "description": "What changed: pool, knob or replicas, from and to.",
+                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+            "reason": _str("Why, in words."),
+            "inputs": _preserve("The numbers it decided from."),
+        },
+    )
+    return _obj(
+        "What the operator and the tuner observed.",
+        {
+            "conditions": {
+                "type": "array",
+                "description": "Ready, Progressing, Degraded, TunerActive.",
+                "items": condition,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "observedGeneration": _int("The metadata.generation the operator last acted on."),
+            "ready": _str("Ready replicas / desired replicas, all pools."),
+            "batch": _int("maxBatchSize of the decode (or colocated) pool."),
+            "pools": _map("Per pool: colocated, prefill, decode, router.", pool),
+            "tuner": tuner,
+            "latency": latency,
+            "lastDecision": decision,
+        },
+    )
 
 
 def crd() -> dict[str, Any]:
     columns = [
-        ("Mode", "string", ".spec.mode"),
-        ("Ready", "string", ".status.ready"),
-        ("Prefill", "integer", ".status.pools.prefill.replicas"),
-        ("Decode", "integer", ".status.pools.decode.replicas"),
-        ("Batch", "integer", ".status.pools.decode.knobs.maxBatchSize"),
-        ("TTFT-p95", "number", ".status.latency.ttftP95Ms"),
-        ("ITL-p95", "number", ".status.latency.itlP95Ms"),
-        ("Age", "date", ".metadata.creationTimestamp"),
+        ("Mode", "string", ".spec.mode", "colocated or disaggregated"),
+        ("Ready", "string", ".status.ready", "ready / desired replicas"),
+        ("Prefill", "integer", ".status.pools.prefill.replicas", "prefill replicas"),
+        ("Decode", "integer", ".status.pools.decode.replicas", "decode replicas"),
+        ("Batch", "integer", ".status.batch", "decode (or colocated) maxBatchSize"),
+        ("TTFT-p95", "number", ".status.latency.ttftP95Ms", "measured p95 time to first token, ms"),
+        ("ITL-p95", "number", ".status.latency.itlP95Ms", "measured p95 inter-token latency, ms"),
+        ("Age", "date", ".metadata.creationTimestamp", ""),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/name": "llm-fleet"}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
@@ -240,19 +374,22 @@ def crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [{"name": n, "type": t, "jsonPath": p} for n, t, p in columns],
+                    "additionalPrinterColumns": [
+                        {"name": n, "type": t, "jsonPath": p, **({"description": d} if d else {})}
+                        for n, t, p, d in columns
+                    ],
                     "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "An LLM serving fleet held to latency SLOs at the lowest cost.",
-                            "properties": {
+                        "openAPIV3Schema": _obj(
+                            "An LLM serving fleet held to latency SLOs at the lowest cost.",
+                            {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },
-                        }
+                            required=["spec"],
+                        )
                     },
                 }
             ],

@@ -1,5 +1,11 @@
 """Reconcile: a pure function from an InferenceService (spec plus tuner state) to the objects
-that should exist. No API calls here; handlers.py applies the result idempotently.
+that should exist. No API calls here; apply.py writes the difference.
+
+Per serving pool (colocated, or prefill and decode): an engine ConfigMap, a Deployment, a headless
+Service (one DNS record per ready pod: how the router and direct scraping find pods) and a
+PodDisruptionBudget. Disaggregated adds the router Deployment and its PDB. The Service named like
+the InferenceService is the client endpoint (colocated pods, or the router). A PodMonitor comes
+along when the Prometheus operator is installed.
 
 Knob changes only touch each pool's engine ConfigMap, which pods watch and apply live; the pod
 template carries a checksum of the start-up-only fields alone, so a knob change never restarts
@@ -15,20 +21,32 @@ from typing import Any
 
 import yaml
 
-from llmfleet.server.config import EngineConfig
+from llmfleet.server.config import EngineConfig, ValidationError
 
-from .spec import TUNABLE_KNOBS, InferenceServiceSpec
+from .spec import MODELS_DIR, TUNABLE_KNOBS, InferenceServiceSpec, Pool
 
 SERVER_PORT = 8000
 CONFIG_DIR = "/etc/llm-fleet"
 CONFIG_KEY = "engine.yaml"
-MODELS_DIR = "/models"
-DRAIN_SECONDS = 30
+DRAIN_SECONDS = 30  # `serve --drain-timeout`: in-flight streams get this long after SIGTERM
+PRE_STOP_SECONDS = 5  # endpoints drop the pod before it stops accepting
+GRACE_SECONDS = PRE_STOP_SECONDS + DRAIN_SECONDS + 10
+RUN_AS_USER = 65532
+
+OWNER_LABEL = "llmfleet.io/inference-service"
+POOL_LABEL = "llmfleet.io/pool"
+MANAGED_BY = "llm-fleet-operator"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+RESTART_CHECKSUM = "llmfleet.io/restart-checksum"
 
 
 @dataclass
 class TunerState:
-    """What the tuner owns: current replicas and knobs per pool (spec bounds still win)."""
+    """What the tuner owns: current replicas and knobs per pool (spec bounds still win).
+
+    It lives in the InferenceService's ``status.tuner``: {replicas: {pool: n}, knobs: {pool:
+    {maxBatchSize: 48, batchTimeoutMs: 5, maxNumBatchedTokens: 2048}}}.
+    """
 
     replicas: dict[str, int] = field(default_factory=dict)
     knobs: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> camelCase knob -> value
@@ -58,19 +76,23 @@ class Owner:
         }
 
 
-def labels(owner: Owner, pool: str) -> dict[str, str]:
+def owner_labels(owner: Owner) -> dict[str, str]:
+    """On every child: how the operator lists what it owns."""
     return {
         "app.kubernetes.io/name": "llm-fleet",
         "app.kubernetes.io/instance": owner.name,
-        "app.kubernetes.io/component": pool,
-        "app.kubernetes.io/managed-by": "llm-fleet-operator",
-        "llmfleet.io/inference-service": owner.name,
-        "llmfleet.io/pool": pool,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        OWNER_LABEL: owner.name,
     }
 
 
-def selector(owner: Owner, pool: str) -> dict[str, str]:
-    return {"llmfleet.io/inference-service": owner.name, "llmfleet.io/pool": pool}
+def labels(owner: Owner, pool: str) -> dict[str, str]:
+    return {**owner_labels(owner), "app.kubernetes.io/component": pool, POOL_LABEL: pool}
+
+
+def selector(owner: Owner, pool: str | None = None) -> dict[str, str]:
+    """Pod selector of one pool, or (pool=None) the label query for all of the owner's children."""
+    return {OWNER_LABEL: owner.name} if pool is None else {OWNER_LABEL: owner.name, POOL_LABEL: pool}
 
 
 def pool_object_name(owner: Owner, pool: str) -> str:
@@ -80,16 +102,19 @@ def pool_object_name(owner: Owner, pool: str) -> str:
 def effective_engine(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> EngineConfig:
     """The pool's engine config: spec knobs, overridden by the tuner's, clamped to spec bounds."""
     pool_spec = spec.pool(pool)
-    config = pool_spec.engine_config()
-    updates: dict[str, Any] = {}
+    config = pool_spec.engine_config()  # validate_assignment: each setattr below is checked
     tuned = (tuner.knobs.get(pool) if tuner else None) or {}
     for knob, attr in TUNABLE_KNOBS.items():
-        value = tuned.get(knob, getattr(config, attr))
-        bound = pool_spec.bounds.get(knob)
-        if bound is not None:
-            value = bound.clamp(value)
-        updates[attr] = type(getattr(config, attr))(value)
-    return config.model_copy(update=updates)
+        for value in (tuned.get(knob), getattr(config, attr)):  # the tuner's value, else the spec's
+            if value is None:
+                continue
+            bound = pool_spec.bounds.get(knob)
+            try:
+                setattr(config, attr, type(getattr(config, attr))(bound.clamp(value) if bound is not None else value))
+                break
+            except (ValidationError, TypeError, ValueError):  # outside what the engine accepts
+                continue
+    return config
 
 
 def effective_replicas(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> int:
@@ -110,26 +135,25 @@ def desired_objects(
         engine = effective_engine(spec, pool, tuner)
         objects.append(_config_map(owner, pool, engine))
         objects.append(_deployment(owner, spec, pool, engine, effective_replicas(spec, pool, tuner)))
-        objects.append(_service(owner, pool_object_name(owner, pool), pool))
+        objects.append(_service(owner, pool_object_name(owner, pool), pool, headless=True))
         objects.append(_pdb(owner, pool))
     entry = "colocated"
     if spec.mode == "disaggregated":
         entry = "router"
         objects.append(_router_deployment(owner, spec))
-        objects.append(_service(owner, pool_object_name(owner, "router"), "router"))
-    objects.append(_service(owner, owner.name, entry))  # the client-facing endpoint
+        objects.append(_pdb(owner, "router"))
+    objects.append(_service(owner, owner.name, entry, headless=False))  # the client endpoint
     if pod_monitor:
         objects.append(_pod_monitor(owner))
     return objects
 
 
-def _meta(owner: Owner, name: str, pool: str, **extra: Any) -> dict[str, Any]:
+def _meta(owner: Owner, name: str, object_labels: dict[str, str]) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": owner.namespace,
-        "labels": labels(owner, pool),
+        "labels": object_labels,
         "ownerReferences": [owner.reference()],
-        **extra,
     }
 
 
@@ -137,7 +161,7 @@ def _config_map(owner: Owner, pool: str, engine: EngineConfig) -> dict[str, Any]
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(owner, f"{pool_object_name(owner, pool)}-engine", pool),
+        "metadata": _meta(owner, f"{pool_object_name(owner, pool)}-engine", labels(owner, pool)),
         "data": {CONFIG_KEY: engine.to_yaml()},
     }
 
@@ -149,45 +173,84 @@ def restart_checksum(engine: EngineConfig) -> str:
 
 
 def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], resources: dict) -> dict[str, Any]:
-    probe = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2}
+    def http_get(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}}
+
     return {
         "name": "server",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
+        "command": ["llm-fleet"],
         "args": ["serve", "--role", role, "--host", "0.0.0.0", "--port", str(SERVER_PORT), *args],
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
-        "readinessProbe": probe,
-        "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 120},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
-        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},  # let endpoints drop the pod first
+        # Loading weights can take minutes: the startup probe holds liveness off until /ready.
+        "startupProbe": {**http_get("/ready"), "periodSeconds": 5, "failureThreshold": 120},
+        "readinessProbe": {**http_get("/ready"), "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {**http_get("/health"), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
         "resources": resources,
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
         },
-        "env": [{"name": "LLMFLEET_CACHE", "value": "/tmp/llm-fleet"}],
+        "env": [
+            {"name": "LLMFLEET_CACHE", "value": "/tmp/llm-fleet"},  # built-in models are created here
+            {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
 
 
-def _pod_spec(containers: list[dict], volumes: list[dict], pool_spec=None) -> dict[str, Any]:
+def _pod_template(owner: Owner, pool: str, container: dict, volumes: list[dict], pool_spec: Pool | None) -> dict:
     spec: dict[str, Any] = {
-        "containers": containers,
+        "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
-        "terminationGracePeriodSeconds": DRAIN_SECONDS + 15,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,  # the servers never call the API
+        # Spread replicas over nodes where possible: one node going away takes few of them.
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector(owner, pool)},
+            }
+        ],
     }
-    for container in containers:
-        container.setdefault("volumeMounts", []).insert(0, {"name": "tmp", "mountPath": "/tmp"})
     if pool_spec is not None and pool_spec.node_selector:
         spec["nodeSelector"] = dict(pool_spec.node_selector)
     if pool_spec is not None and pool_spec.tolerations:
-        spec["tolerations"] = list(pool_spec.tolerations)
-    return spec
+        spec["tolerations"] = [dict(t) for t in pool_spec.tolerations]
+    return {"metadata": {"labels": labels(owner, pool)}, "spec": spec}
+
+
+def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, pool_object_name(owner, pool), labels(owner, pool)),
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector(owner, pool)},
+            # Never below the serving capacity during a rollout: new pods start before old ones drain.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": template,
+        },
+    }
 
 
 def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: EngineConfig, replicas: int) -> dict:
-    name = pool_object_name(owner, pool)
     pool_spec = spec.pool(pool)
     args = [
         "--model",
@@ -200,28 +263,14 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         str(DRAIN_SECONDS),
     ]
     container = _server_container(spec, pool, args, pool_spec.resources)
-    container["volumeMounts"] = [{"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True}]
-    volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{name}-engine"}}]
+    container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
+    volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]
     if spec.model.volume:
         volumes.append({"name": "models", **spec.model.volume})
         container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(owner, name, pool),
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": selector(owner, pool)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {
-                "metadata": {
-                    "labels": labels(owner, pool),
-                    "annotations": {"llmfleet.io/restart-checksum": restart_checksum(engine)},
-                },
-                "spec": _pod_spec([container], volumes, pool_spec),
-            },
-        },
-    }
+    template = _pod_template(owner, pool, container, volumes, pool_spec)
+    template["metadata"]["annotations"] = {RESTART_CHECKSUM: restart_checksum(engine)}
+    return _deployment_object(owner, pool, replicas, template)
 
 
 def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -234,60 +283,74 @@ def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, An
         pool_object_name(owner, "decode"),
         "--router-policy",
         spec.router.policy,
+        "--drain-timeout",
+        str(DRAIN_SECONDS),
     ]
     container = _server_container(spec, "router", args, spec.router.resources)
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(owner, pool_object_name(owner, "router"), "router"),
-        "spec": {
-            "replicas": spec.router.replicas,
-            "selector": {"matchLabels": selector(owner, "router")},
-            "template": {"metadata": {"labels": labels(owner, "router")}, "spec": _pod_spec([container], [])},
-        },
-    }
+    template = _pod_template(owner, "router", container, [], None)
+    return _deployment_object(owner, "router", spec.router.replicas, template)
 
 
-def _service(owner: Owner, name: str, pool: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(owner, name, pool),
-        "spec": {
-            "selector": selector(owner, pool),
-            "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
+def _service(owner: Owner, name: str, pool: str, *, headless: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": selector(owner, pool),
+        "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http", "protocol": "TCP"}],
     }
+    if headless:
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(owner, name, labels(owner, pool)), "spec": spec}
 
 
 def _pdb(owner: Owner, pool: str) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta(owner, pool_object_name(owner, pool), pool),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(owner, pool)}},
+        "metadata": _meta(owner, pool_object_name(owner, pool), labels(owner, pool)),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector(owner, pool)},
+            # A pod that never became ready may always be evicted (it serves nothing).
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
     }
 
 
 def _pod_monitor(owner: Owner) -> dict[str, Any]:
-    relabel = [
-        {
-            "sourceLabels": ["__meta_kubernetes_pod_label_llmfleet_io_inference_service"],
-            "targetLabel": "inference_service",
-        },
-        {"sourceLabels": ["__meta_kubernetes_pod_label_llmfleet_io_pool"], "targetLabel": "pool"},
-        {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
+    def copy_label(source: str, target: str) -> dict[str, Any]:
+        return {"sourceLabels": [source], "targetLabel": target, "action": "replace"}
+
+    relabelings = [
+        copy_label("__meta_kubernetes_pod_label_llmfleet_io_inference_service", "inference_service"),
+        copy_label("__meta_kubernetes_pod_label_llmfleet_io_pool", "pool"),
+        copy_label("__meta_kubernetes_namespace", "namespace"),
+        copy_label("__meta_kubernetes_pod_name", "pod"),
     ]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _meta(owner, owner.name, "all"),
+        "metadata": _meta(owner, owner.name, owner_labels(owner)),
         "spec": {
-            "selector": {"matchLabels": {"llmfleet.io/inference-service": owner.name}},
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel}],
+            "selector": {"matchLabels": selector(owner)},
+            "podMetricsEndpoints": [
+                {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabelings}
+            ],
         },
     }
 
 
+class _Dumper(yaml.SafeDumper):
+    """Readable manifests: no YAML anchors, multi-line strings (engine.yaml) as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump(objects: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump_all(objects, sort_keys=False)
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False)

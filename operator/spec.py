@@ -14,6 +14,7 @@ from pydantic.alias_generators import to_camel
 from llmfleet.server.config import EngineConfig
 
 POOL_NAMES = ("colocated", "prefill", "decode")
+MODELS_DIR = "/models"  # where model.volume is mounted
 TUNABLE_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
                  "maxNumBatchedTokens": "max_num_batched_tokens"}  # fmt: skip
 
@@ -42,6 +43,8 @@ class ModelSource(_Model):
             raise ValueError("set exactly one of model.builtin or model.path")
         if self.path is not None and not self.path.startswith("/"):
             raise ValueError(f"model.path must be absolute inside the container, got {self.path!r}")
+        if self.volume and self.path is not None and not (self.path + "/").startswith(MODELS_DIR + "/"):
+            raise ValueError(f"model.path {self.path!r} is outside the model volume, which is mounted at {MODELS_DIR}")
         return self
 
     @property

@@ -356,8 +356,6 @@ class Tuner:
         if backlog is not None:
             units += backlog[0]
             detail += f" + {backlog[1]}"
-        if not math.isfinite(units):  # a zero or absurd capacity estimate: no number to act on
-            return Proposal(cur, f"demand not measurable ({detail})"), None
         raw = math.ceil(units / (1.0 - c.headroom) - 1e-9)
         why = f"demand {units:.2f} replicas ({detail}) / (1 - headroom {c.headroom:g}) = {raw}"
 

@@ -8,12 +8,30 @@ import os
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llmfleet.operator.reconcile import Owner, TunerState, desired_objects, dump
+from llmfleet.operator.reconcile import (
+    GRACE_SECONDS,
+    Owner,
+    TunerState,
+    desired_objects,
+    dump,
+    effective_engine,
+    effective_replicas,
+)
 from llmfleet.operator.spec import parse_spec
+from llmfleet.server.config import EngineConfig
 
 EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt"]
 OWNER = Owner("svc", "ml", "0c0ffee0-0000-4000-8000-000000000001")
+POD_LABELS = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "llmfleet.io/inference-service",
+    "llmfleet.io/pool",
+}
 
 
 def load(repo_root, name):
@@ -25,6 +43,10 @@ def by_kind(objects, kind):
     return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
+def engine_yaml(objects, name):
+    return yaml.safe_load(by_kind(objects, "ConfigMap")[name]["data"]["engine.yaml"])
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_golden_manifests(repo_root, example):
     owner, spec = load(repo_root, example)
@@ -32,14 +54,85 @@ def test_golden_manifests(repo_root, example):
     for obj in objects:
         if obj["apiVersion"] != "monitoring.coreos.com/v1":
             kubernetes_validate.validate(obj, "1.33", strict=True)
-        assert obj["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+        assert obj["metadata"]["ownerReferences"] == [owner.reference()]
         assert obj["metadata"]["namespace"] == "ml"
+        assert obj["metadata"]["labels"]["llmfleet.io/inference-service"] == owner.name
     golden = repo_root / "tests" / "operator" / "golden" / f"{example}.yaml"
     rendered = dump(objects)
     if os.environ.get("UPDATE_GOLDEN") or not golden.exists():
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(rendered)
     assert rendered == golden.read_text(), f"{golden.name} changed; rerun with UPDATE_GOLDEN=1 if intended"
+    assert list(yaml.safe_load_all(golden.read_text())) == objects
+
+
+def test_object_set_per_mode(repo_root):
+    owner, spec = load(repo_root, "local")
+    kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in desired_objects(owner, spec))
+    assert kinds == [
+        "ConfigMap/tiny-colocated-engine",
+        "Deployment/tiny-colocated",
+        "PodDisruptionBudget/tiny-colocated",
+        "Service/tiny",
+        "Service/tiny-colocated",
+    ]
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    objects = desired_objects(owner, spec, pod_monitor=True)
+    assert set(by_kind(objects, "Deployment")) == {"rag-prefill", "rag-decode", "rag-router"}
+    assert set(by_kind(objects, "ConfigMap")) == {"rag-prefill-engine", "rag-decode-engine"}
+    assert set(by_kind(objects, "PodDisruptionBudget")) == {"rag-prefill", "rag-decode", "rag-router"}
+    assert set(by_kind(objects, "PodMonitor")) == {"rag"}
+    services = by_kind(objects, "Service")
+    assert set(services) == {"rag", "rag-prefill", "rag-decode"}
+    assert services["rag"]["spec"]["selector"]["llmfleet.io/pool"] == "router"
+    assert "clusterIP" not in services["rag"]["spec"]  # the client endpoint balances over routers
+    for pool in ("prefill", "decode"):  # headless: one DNS record per ready pod, for the router
+        assert services[f"rag-{pool}"]["spec"]["clusterIP"] == "None"
+        assert services[f"rag-{pool}"]["spec"]["ports"] == [
+            {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+        ]
+
+
+def test_pods_follow_the_conventions(repo_root):
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    for name, deployment in by_kind(desired_objects(owner, spec), "Deployment").items():
+        pool = name.removeprefix("rag-")
+        template = deployment["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        assert set(labels) >= POD_LABELS and labels["llmfleet.io/pool"] == pool
+        assert labels["app.kubernetes.io/component"] == pool
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        pod = template["spec"]
+        (container,) = pod["containers"]
+        args = container["args"]
+        assert container["command"] == ["llm-fleet"] and args[:3] == ["serve", "--role", pool]
+        assert args[args.index("--port") + 1] == "8000"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        # drain: preStop, then the server's --drain-timeout, all inside the grace period
+        drain = float(args[args.index("--drain-timeout") + 1])
+        assert container["lifecycle"]["preStop"]["sleep"]["seconds"] + drain < pod["terminationGracePeriodSeconds"]
+        assert pod["terminationGracePeriodSeconds"] == GRACE_SECONDS
+        if pool == "router":
+            assert args[args.index("--prefill-service") + 1] == "rag-prefill"
+            assert args[args.index("--decode-service") + 1] == "rag-decode"
+            continue
+        assert args[args.index("--config") + 1] == "/etc/llm-fleet/engine.yaml"
+        assert args[args.index("--model") + 1] == "/models/qwen2-7b-instruct"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts["/etc/llm-fleet"]["readOnly"] and mounts["/models"]["readOnly"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["engine-config"]["configMap"]["name"] == f"rag-{pool}-engine"
+        assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "qwen2-7b-instruct"
+
+
+def test_engine_config_map_is_what_the_server_reads(repo_root):
+    owner, spec = load(repo_root, "colocated-chat")
+    config = EngineConfig.model_validate(engine_yaml(desired_objects(owner, spec), "chat-colocated-engine"))
+    assert config.max_batch_size == 64 and config.max_num_batched_tokens == 2048 and config.dtype == "bfloat16"
 
 
 def test_reconcile_is_deterministic(repo_root):
@@ -50,11 +143,11 @@ def test_reconcile_is_deterministic(repo_root):
 def test_knob_change_touches_only_the_config_map(repo_root):
     owner, spec = load(repo_root, "local")
     before = desired_objects(owner, spec)
-    after = desired_objects(owner, spec, TunerState(knobs={"colocated": {"maxBatchSize": 32}}))
+    after = desired_objects(owner, spec, TunerState(knobs={"colocated": {"maxBatchSize": 32, "batchTimeoutMs": 7}}))
     changed = [b["kind"] for b, a in zip(before, after, strict=True) if a != b]
     assert changed == ["ConfigMap"]
-    engine = yaml.safe_load(by_kind(after, "ConfigMap")["tiny-colocated-engine"]["data"]["engine.yaml"])
-    assert engine["max_batch_size"] == 32
+    engine = engine_yaml(after, "tiny-colocated-engine")
+    assert engine["max_batch_size"] == 32 and engine["batch_timeout_ms"] == 7.0
 
 
 def test_restart_only_field_rolls_the_pods(repo_root):
@@ -82,15 +175,50 @@ def test_replica_change_touches_only_replicas_and_bounds_win(repo_root):
         owner, spec, TunerState(replicas={"colocated": 50}, knobs={"colocated": {"maxBatchSize": 999}})
     )
     assert by_kind(wild, "Deployment")["tiny-colocated"]["spec"]["replicas"] == 3
-    engine = yaml.safe_load(by_kind(wild, "ConfigMap")["tiny-colocated-engine"]["data"]["engine.yaml"])
-    assert engine["max_batch_size"] == 64
+    assert engine_yaml(wild, "tiny-colocated-engine")["max_batch_size"] == 64
 
 
-def test_disaggregated_has_router_and_pool_services(repo_root):
-    owner, spec = load(repo_root, "disaggregated-long-prompt")
-    objects = desired_objects(owner, spec)
-    assert set(by_kind(objects, "Deployment")) == {"rag-prefill", "rag-decode", "rag-router"}
-    services = by_kind(objects, "Service")
-    assert services["rag"]["spec"]["selector"]["llmfleet.io/pool"] == "router"
-    router_args = by_kind(objects, "Deployment")["rag-router"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--prefill-service" in router_args and "rag-prefill" in router_args
+def test_tuner_values_the_engine_rejects_are_ignored(repo_root):
+    _, spec = load(repo_root, "disaggregated-long-prompt")  # prefill has no bounds
+    tuner = TunerState(knobs={"prefill": {"maxBatchSize": 0, "batchTimeoutMs": "soon", "maxNumBatchedTokens": 4096}})
+    engine = effective_engine(spec, "prefill", tuner)
+    assert engine.max_batch_size == 16 and engine.batch_timeout_ms == 0.0  # the spec's values
+    assert engine.max_num_batched_tokens == 4096
+
+
+knob_values = st.one_of(st.none(), st.integers(-10, 10_000), st.floats(-5, 1e5, allow_nan=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    replicas=st.one_of(st.none(), st.integers(-5, 100)),
+    batch=knob_values,
+    timeout=knob_values,
+    tokens=knob_values,
+)
+def test_whatever_the_tuner_asks_the_result_is_within_bounds(replicas, batch, timeout, tokens):
+    spec = parse_spec(
+        {
+            "model": {"builtin": "tiny"},
+            "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
+            "pools": {
+                "colocated": {
+                    "minReplicas": 1,
+                    "maxReplicas": 6,
+                    "engine": {"maxBatchSize": 16},
+                    "bounds": {"maxBatchSize": {"min": 4, "max": 64}, "batchTimeoutMs": {"min": 0, "max": 50}},
+                }
+            },
+        }
+    )
+    knobs = {k: v for k, v in {"maxBatchSize": batch, "batchTimeoutMs": timeout, "maxNumBatchedTokens": tokens}.items()}
+    tuner = TunerState(
+        replicas={} if replicas is None else {"colocated": replicas},
+        knobs={"colocated": {k: v for k, v in knobs.items() if v is not None}},
+    )
+    assert 1 <= effective_replicas(spec, "colocated", tuner) <= 6
+    engine = effective_engine(spec, "colocated", tuner)
+    assert 4 <= engine.max_batch_size <= 64
+    assert 0 <= engine.batch_timeout_ms <= 50
+    assert 1 <= engine.max_num_batched_tokens <= 1 << 20
+    EngineConfig.model_validate(engine.model_dump())  # always a config the server accepts

@@ -1,0 +1,61 @@
+"""`llm-fleet operator`: run the kopf operator that serves InferenceServices.
+
+kopf, aiohttp and the handlers are imported in run(), so `llm-fleet --help` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = "run the Kubernetes operator for InferenceService resources"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="serve InferenceServices in this namespace (repeatable; globs like team-* work)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace (the default)")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--standalone", action="store_true", help="no peering: the only operator instance (the default)"
+    )
+    peering.add_argument(
+        "--peering", metavar="NAME", help="coordinate with other replicas through this kopf peering object"
+    )
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("LLMFLEET_PROMETHEUS_URL"),
+        help="Prometheus API for the tuner (default: $LLMFLEET_PROMETHEUS_URL; none: scrape pods directly)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers with kopf)
+
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+    namespaces = tuple(args.namespaces or ())
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness,
+        memo=kopf.Memo(prometheus_url=args.prometheus_url),
+    )
+    return 0

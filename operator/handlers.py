@@ -1,0 +1,148 @@
+"""kopf handlers: every trigger runs the same level-triggered pass (converge.py) for one
+InferenceService, serialized per object.
+
+Triggers: create, update and resume (operator start) of an InferenceService; a periodic resync
+timer that repairs drift (e.g. a deleted Service); and changes of the Deployments it owns, so
+status follows readiness and a deleted Deployment comes back. Deletion needs no handler: every
+child carries an owner reference and the garbage collector removes it. (kopf adds its finalizer
+only because timers need one; it removes it itself when the object goes.)
+
+Run: ``llm-fleet operator`` (cli.py) or ``kopf run --standalone -m llmfleet.operator.handlers``.
+
+Hook for the tuner: write the decision into ``status.tuner`` ({replicas: {pool: n}, knobs:
+{pool: {maxBatchSize: ...}}}), then ``await reconcile_now(body_with_that_status, memo, logger)``.
+Knobs land in the engine ConfigMaps (pods apply them live), replicas in the Deployments; spec
+bounds and min/max replicas are enforced by reconcile, whatever the tuner asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from .converge import Outcome, converge
+from .kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
+from .kube import login as kube_login
+from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
+
+GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
+RESYNC_SECONDS = float(os.environ.get("LLMFLEET_OPERATOR_RESYNC_SECONDS", "60"))
+POD_MONITOR_CHECK_SECONDS = 300.0
+ANNOTATION_PREFIX = "operator.llmfleet.io"
+FINALIZER = "operator.llmfleet.io/finalizer"
+
+
+@dataclass
+class OperatorState:
+    """Shared by all handlers of one operator process (kopf's memo holds it)."""
+
+    client: KubeClient
+    prometheus_url: str | None = None
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    _pod_monitor: tuple[float, bool] | None = None
+
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self.locks.setdefault((namespace, name), asyncio.Lock())
+
+    async def pod_monitor_served(self) -> bool:
+        """Is the Prometheus operator's PodMonitor CRD installed? Rechecked every few minutes."""
+        if self._pod_monitor is None or time.monotonic() - self._pod_monitor[0] > POD_MONITOR_CHECK_SECONDS:
+            self._pod_monitor = (time.monotonic(), await self.client.serves(POD_MONITOR))
+        return self._pod_monitor[1]
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    # kopf's bookkeeping goes into annotations under our prefix, never into our status schema.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.finalizer = FINALIZER
+    # Only our own events reach the API (kopf would post one per handler run otherwise).
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "llm-fleet-operator"
+    # A watch that goes quiet is reconnected rather than trusted forever.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> kopf.ConnectionInfo | None:
+    """The same credentials as our own client, looked up when kopf logs in (again, on a 401),
+    not when this module is imported: $KUBECONFIG, else the service account, else ~/.kube/config."""
+    try:
+        return kube_login(settings)
+    except kopf.LoginError as exc:
+        logger.error(str(exc))
+        return None
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    configure(settings)
+    url = memo.get("prometheus_url") or os.environ.get("LLMFLEET_PROMETHEUS_URL") or None
+    memo.llmfleet = OperatorState(client=KubeClient.from_environment(settings), prometheus_url=url)
+    logger.info(f"llm-fleet operator ready (prometheus: {url or 'direct scraping'}, resync: {RESYNC_SECONDS}s)")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState | None = memo.get("llmfleet")
+    if state is not None:
+        await state.client.close()
+
+
+async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: logging.Logger) -> Outcome:
+    """One pass for one InferenceService, posting Events for what changed. Safe to call any time."""
+    state: OperatorState = memo.llmfleet
+    raw = copy.deepcopy(dict(body))
+    meta = raw["metadata"]
+    if meta.get("deletionTimestamp"):
+        return Outcome()  # going away: the garbage collector takes the children
+    async with state.lock(meta["namespace"], meta["name"]):
+        try:
+            outcome = await converge(state.client, raw, pod_monitor=await state.pod_monitor_served())
+        except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
+            raise kopf.TemporaryError(f"API server: {exc}", delay=5) from exc
+    for event in outcome.events:
+        kopf.event(raw, type=event.type, reason=event.reason, message=event.message)
+        (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
+    return outcome
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=10)
+@kopf.on.create(GROUP, VERSION, PLURAL, backoff=10)
+@kopf.on.update(GROUP, VERSION, PLURAL, backoff=10)
+async def reconcile(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    await reconcile_now(body, memo, logger)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, backoff=10)
+async def resync(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    await reconcile_now(body, memo, logger)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY})
+async def deployment_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Readiness changed, or the Deployment was deleted: re-run the owner's pass."""
+    owner_name = next(
+        (
+            ref["name"]
+            for ref in body.metadata.get("ownerReferences") or []
+            if ref.get("controller") and ref.get("kind") == INFERENCE_SERVICE.kind
+        ),
+        None,
+    )
+    if owner_name is None or body.metadata.namespace is None:
+        return
+    state: OperatorState = memo.llmfleet
+    owner = await state.client.get(INFERENCE_SERVICE, body.metadata.namespace, owner_name)
+    if owner is None or owner["metadata"].get("deletionTimestamp"):
+        return  # going away: the garbage collector takes the children
+    await reconcile_now(owner, memo, logger)

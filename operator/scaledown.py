@@ -1,0 +1,34 @@
+"""Scale down gracefully: before the tuner lowers a pool's replicas, rank its pods by the work
+they hold, so the ReplicaSet controller removes the idlest ones first.
+
+Kubernetes deletes the pods with the lowest ``controller.kubernetes.io/pod-deletion-cost`` first
+(beta since 1.22, on by default). Each pod's cost becomes its in-flight requests
+(``llmfleet_requests_in_flight``); pods without a number keep the default cost 0 and go first (no
+metrics usually means not serving). The pods that do go drain on SIGTERM (preStop, then
+``--drain-timeout``), so no stream is cut either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .kube import POD, KubeClient
+from .reconcile import Owner, selector
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+async def rank_pods_for_scale_down(
+    client: KubeClient, owner: Owner, pool: str, in_flight: Mapping[str, float]
+) -> list[str]:
+    """Annotate the pool's pods with their in-flight work as deletion cost; returns those changed."""
+    changed = []
+    for pod in await client.list(POD, owner.namespace, selector(owner, pool)):
+        name = pod["metadata"]["name"]
+        if name not in in_flight or pod["metadata"].get("deletionTimestamp"):
+            continue
+        cost = str(max(0, round(in_flight[name])))
+        if (pod["metadata"].get("annotations") or {}).get(DELETION_COST) != cost:
+            await client.patch_merge(POD, owner.namespace, name, {"metadata": {"annotations": {DELETION_COST: cost}}})
+            changed.append(name)
+    return changed

@@ -1,0 +1,215 @@
+"""apply.py against the emulated API server (no kopf): create, then nothing; change one field,
+then exactly one write; a field we stop setting goes away; what is no longer desired is pruned;
+a same-named object another controller owns is never taken over. Plus the comparison rules."""
+
+from __future__ import annotations
+
+import copy
+
+import kopf
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmfleet.operator.apply import APPLIED_HASH, OwnershipConflict, apply_all, is_subset, quantity
+from llmfleet.operator.kube import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.reconcile import Owner, desired_objects, selector
+from llmfleet.operator.scaledown import DELETION_COST, rank_pods_for_scale_down
+from llmfleet.operator.spec import parse_spec
+
+from .emulator import Fault, kubeconfig, make_cluster, serve
+
+KINDS = tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
+SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
+
+
+@pytest.fixture
+def running():
+    running = serve(make_cluster())
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def client(running):
+    client = KubeClient(kopf.ConnectionInfo(server=running.url))
+    yield client
+    await client.close()
+
+
+def writes(running):
+    return running.call(running.cluster.writes)
+
+
+async def create_owner(client, name="svc"):
+    body = {"apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": name}, "spec": SPEC}
+    created = await client.request("POST", "/apis/llmfleet.io/v1alpha1/namespaces/ml/inferenceservices", body=body)
+    return Owner(name, "ml", created["metadata"]["uid"])
+
+
+async def apply(client, owner, objects):
+    return await apply_all(client, "ml", owner.uid, selector(owner), objects, KINDS)
+
+
+async def test_create_then_nothing_then_one_write(running, client):
+    owner = await create_owner(client)
+    objects = desired_objects(owner, parse_spec(SPEC))
+    first = await apply(client, owner, objects)
+    assert len(first.created) == len(objects) and not first.updated and not first.deleted
+    before = len(writes(running))
+
+    second = await apply(client, owner, objects)
+    assert not second.changed and second.summary() == "no changes"
+    assert len(writes(running)) == before, "an unchanged object was written"
+
+    changed = copy.deepcopy(objects)
+    changed[1]["spec"]["replicas"] = 3  # the Deployment
+    third = await apply(client, owner, changed)
+    assert third.updated == ["Deployment/svc-colocated"] and not third.created
+    assert writes(running)[before:] == ["PATCH /apis/apps/v1/namespaces/ml/deployments/svc-colocated"]
+    live = await client.get(DEPLOYMENT, "ml", "svc-colocated")
+    assert live["spec"]["replicas"] == 3 and live["metadata"]["annotations"][APPLIED_HASH]
+
+
+async def test_a_field_we_stop_setting_is_removed(running, client):
+    owner = await create_owner(client)
+    spec = parse_spec({**SPEC, "pools": {"colocated": {"nodeSelector": {"gpu": "a100"}}}})
+    await apply(client, owner, desired_objects(owner, spec))
+    live = await client.get(DEPLOYMENT, "ml", "svc-colocated")
+    assert live["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "a100"}
+
+    result = await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
+    assert result.updated == ["Deployment/svc-colocated"]  # the subset test alone would miss it
+    live = await client.get(DEPLOYMENT, "ml", "svc-colocated")
+    assert "nodeSelector" not in live["spec"]["template"]["spec"]
+
+
+async def test_drift_is_repaired(running, client):
+    owner = await create_owner(client)
+    objects = desired_objects(owner, parse_spec(SPEC))
+    await apply(client, owner, objects)
+    await client.patch_merge(CONFIG_MAP, "ml", "svc-colocated-engine", {"data": {"engine.yaml": "max_batch_size: 1"}})
+    result = await apply(client, owner, objects)
+    assert result.updated == ["ConfigMap/svc-colocated-engine"]
+    live = await client.get(CONFIG_MAP, "ml", "svc-colocated-engine")
+    assert live["data"] == objects[0]["data"]
+
+
+async def test_objects_no_longer_desired_are_pruned_and_foreign_ones_kept(running, client):
+    owner = await create_owner(client)
+    await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
+    # someone else's object carrying our labels, without our controller reference
+    stray = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "notes", "namespace": "ml", "labels": selector(owner)},
+        "data": {"a": "b"},
+    }
+    await client.request("POST", CONFIG_MAP.path("ml"), body=stray)
+    disaggregated = parse_spec({**SPEC, "mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}})
+    result = await apply(client, owner, desired_objects(owner, disaggregated))
+    assert sorted(result.deleted) == [
+        "ConfigMap/svc-colocated-engine",
+        "Deployment/svc-colocated",
+        "PodDisruptionBudget/svc-colocated",
+        "Service/svc-colocated",
+    ]
+    assert "Service/svc" in result.updated  # the endpoint now selects the router
+    assert await client.get(CONFIG_MAP, "ml", "notes") is not None
+    names = {o["metadata"]["name"] for o in await client.list(DEPLOYMENT, "ml", selector(owner))}
+    assert names == {"svc-prefill", "svc-decode", "svc-router"}
+
+
+async def test_never_takes_over_another_controllers_object(running, client):
+    owner = await create_owner(client)
+    other = await create_owner(client, "other")
+    squatter = desired_objects(other, parse_spec(SPEC))[0]
+    squatter["metadata"]["name"] = "svc-colocated-engine"
+    squatter["metadata"]["labels"] = {"app": "other"}
+    await client.request("POST", CONFIG_MAP.path("ml"), body=squatter)
+    before = len(writes(running))
+    with pytest.raises(OwnershipConflict, match="svc-colocated-engine"):
+        await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
+    assert len(writes(running)) == before, "wrote something before detecting the conflict"
+
+
+async def test_client_errors_and_retries(running, client, monkeypatch):
+    monkeypatch.setattr("llmfleet.operator.kube.RETRY_BACKOFFS", (0.01, 0.01))
+    owner = await create_owner(client)
+    objects = desired_objects(owner, parse_spec(SPEC))
+    running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/deployments/", 500, times=2)))
+    result = await apply(client, owner, objects)  # two 500s, then success: retried inside the client
+    assert "Deployment/svc-colocated" in result.created
+    running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/services/", 422, times=1)))
+    objects[2]["spec"]["ports"][0]["port"] = 9000
+    with pytest.raises(ApiError) as err:
+        await apply(client, owner, objects)
+    assert err.value.status == 422 and not err.value.retryable
+    assert await client.get(DEPLOYMENT, "ml", "absent") is None
+
+
+def test_quantities():
+    assert quantity("500m") == quantity(0.5) == quantity("0.5")
+    assert quantity("1Gi") == 1024**3 and quantity("1G") == 10**9
+    assert quantity(True) is None and quantity("abc") is None and quantity(None) is None
+
+
+@pytest.mark.parametrize(
+    ("want", "have", "same"),
+    [
+        ({"a": 1}, {"a": 1, "b": 2}, True),  # the server adds defaults
+        ({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}, True),
+        ({"a": 1}, {"a": 2}, False),
+        ({"a": 1}, {}, False),
+        ([{"name": "x"}], [{"name": "x", "protocol": "TCP"}], True),
+        ([{"name": "x"}], [{"name": "x"}, {"name": "y"}], False),
+        ({"limits": {"nvidia.com/gpu": 1}}, {"limits": {"nvidia.com/gpu": "1"}}, True),  # the server's form
+        ({"cpu": "0.5"}, {"cpu": "500m"}, True),
+        ({"cpu": "1"}, {"cpu": "2"}, False),
+        ({"flag": True}, {"flag": 1}, False),
+        ({"x": "1"}, {"x": "01a"}, False),
+    ],
+)
+def test_is_subset(want, have, same):
+    assert is_subset(want, have) is same
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+def test_everything_is_a_subset_of_itself(value):
+    assert is_subset(value, copy.deepcopy(value))
+
+
+async def test_scale_down_ranks_pods_by_in_flight_work(running, client):
+    owner = await create_owner(client)
+    for name, pool in (("a", "decode"), ("b", "decode"), ("c", "decode"), ("p", "prefill")):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": selector(owner, pool)}}
+        await client.request("POST", POD.path("ml"), body=pod)
+    changed = await rank_pods_for_scale_down(client, owner, "decode", {"a": 7, "b": 0.4, "p": 3, "gone": 1})
+    assert sorted(changed) == ["a", "b"]
+    pods = {n: await client.get(POD, "ml", n) for n in "abcp"}
+    costs = {n: (pod["metadata"].get("annotations") or {}).get(DELETION_COST) for n, pod in pods.items()}
+    assert costs == {"a": "7", "b": "0", "c": None, "p": None}
+    before = len(writes(running))
+    assert await rank_pods_for_scale_down(client, owner, "decode", {"a": 7, "b": 0}) == []
+    assert len(writes(running)) == before
+
+
+async def test_an_expired_token_logs_in_again(running, client, tmp_path, monkeypatch):
+    config = tmp_path / "kubeconfig"
+    config.write_text(kubeconfig(running.url))
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    owner = await create_owner(client)
+    running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/configmaps/", 401, times=1)))
+    result = await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
+    assert "ConfigMap/svc-colocated-engine" in result.created
+    auth = [r.headers.get("Authorization") for r in running.call(lambda: list(running.cluster._requests))]
+    assert auth[0] is None and auth[-1] == "Bearer test-token"  # anonymous before, the kubeconfig's token after

@@ -1,0 +1,110 @@
+"""One reconcile pass (converge.py) against the emulated API server, without kopf: the status
+write under an optimistic lock keeps the tuner's word, API rejections become Degraded with the
+server's message, server trouble is raised for kopf to retry, and recovery is announced."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+from kmock import ResourceInfo
+
+from llmfleet.operator.converge import converge
+from llmfleet.operator.kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
+
+from .emulator import Fault, make_cluster, serve
+
+SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
+
+
+@pytest.fixture
+def running():
+    running = serve(make_cluster())
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def client(running):
+    client = KubeClient(kopf.ConnectionInfo(server=running.url))
+    yield client
+    await client.close()
+
+
+async def create(client, spec=SPEC, name="svc"):
+    body = {"apiVersion": "llmfleet.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": name}, "spec": spec}
+    return await client.request("POST", INFERENCE_SERVICE.path("ml"), body=body)
+
+
+async def fetch(client, name="svc"):
+    return await client.get(INFERENCE_SERVICE, "ml", name)
+
+
+def condition(body, type_):
+    return next(c for c in body["status"]["conditions"] if c["type"] == type_)
+
+
+async def test_a_stale_body_never_overwrites_the_tuners_condition(running, client):
+    stale = await create(client)
+    tuner_says = {"type": "TunerActive", "status": "True", "reason": "Tuning", "message": "p95 ITL 41 ms"}
+    await client.patch_status(INFERENCE_SERVICE, "ml", "svc", {"conditions": [tuner_says]})
+
+    outcome = await converge(client, stale, pod_monitor=False)  # read before the tuner wrote
+    assert outcome.status_patch is not None
+    fresh = await fetch(client)
+    assert condition(fresh, "TunerActive") == tuner_says
+    assert condition(fresh, "Degraded")["status"] == "False"
+    conflicts = [w for w in running.call(running.cluster.writes) if w.endswith("/status")]
+    assert len(conflicts) == 3  # the tuner's, our stale attempt (409), our retry
+
+    settling = await converge(client, fresh, pod_monitor=False)  # Progressing: Applied -> RollingOut
+    assert condition(await fetch(client), "Progressing")["reason"] == "RollingOut" and not settling.events
+    again = await converge(client, await fetch(client), pod_monitor=False)
+    assert again.status_patch is None and not again.applied.changed and again.events == []
+
+
+async def test_an_object_the_api_server_rejects_degrades_with_its_message(running, client):
+    body = await create(client)
+    running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/deployments/", 422, times=1)))
+    outcome = await converge(client, body, pod_monitor=False)
+    assert outcome.degraded is not None and outcome.degraded.reason == "ApplyFailed"
+    assert "injected by the test" in outcome.degraded.message
+    assert [(e.type, e.reason) for e in outcome.events] == [("Warning", "ApplyFailed")]
+    body = await fetch(client)
+    assert condition(body, "Degraded")["status"] == "True"
+
+    recovered = await converge(client, body, pod_monitor=False)
+    assert recovered.degraded is None
+    assert [e.reason for e in recovered.events] == ["Applied", "Recovered"]
+    assert condition(await fetch(client), "Degraded")["status"] == "False"
+
+
+async def test_server_trouble_is_raised_for_a_retry(running, client, monkeypatch):
+    monkeypatch.setattr("llmfleet.operator.kube.RETRY_BACKOFFS", ())
+    body = await create(client)
+    running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/configmaps/", 503, times=1)))
+    with pytest.raises(ApiError) as err:
+        await converge(client, body, pod_monitor=False)
+    assert err.value.retryable
+    assert "status" not in await fetch(client)  # nothing half-reported
+
+
+async def test_the_same_degradation_is_reported_once(running, client):
+    body = await create(client, {**SPEC, "mode": "disaggregated"})
+    first = await converge(client, body, pod_monitor=False)
+    assert [(e.type, e.reason) for e in first.events] == [("Warning", "InvalidSpec")]
+    second = await converge(client, await fetch(client), pod_monitor=False)
+    assert second.events == [] and second.status_patch is None
+
+
+async def test_pod_monitor_only_when_served(running, client):
+    body = await create(client)
+    without = await converge(client, body, pod_monitor=False)
+    assert not [r for r in without.applied.created if r.startswith("PodMonitor/")]
+    running.call(lambda: running.cluster.declare("monitoring.coreos.com/v1/podmonitors", _pod_monitor_info()))
+    assert await client.serves(POD_MONITOR)
+    with_monitor = await converge(client, await fetch(client), pod_monitor=True)
+    assert with_monitor.applied.created == ["PodMonitor/svc"]
+
+
+def _pod_monitor_info():
+    return ResourceInfo(kind="PodMonitor", singular="podmonitor", namespaced=True, verbs={"get", "list", "patch"})

@@ -1,0 +1,88 @@
+"""`llm-fleet operator`: its options reach kopf as meant, and the real command serves an
+InferenceService end to end (a subprocess against the emulated API server, stopped by SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from llmfleet.cli import main
+
+from .conftest import eventually, free_port, inference_service
+
+SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
+
+
+@pytest.fixture
+def kopf_run(monkeypatch):
+    import kopf
+
+    calls = []
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
+    return calls
+
+
+def test_defaults_serve_all_namespaces_standalone(kopf_run, monkeypatch):
+    monkeypatch.delenv("LLMFLEET_PROMETHEUS_URL", raising=False)
+    assert main(["operator"]) == 0
+    (kwargs,) = kopf_run
+    assert kwargs["clusterwide"] is True and kwargs["namespaces"] == ()
+    assert kwargs["standalone"] is True and kwargs["peering_name"] is None
+    assert kwargs["liveness_endpoint"] is None and kwargs["memo"].prometheus_url is None
+
+
+def test_namespaces_peering_liveness_and_prometheus(kopf_run, monkeypatch):
+    monkeypatch.setenv("LLMFLEET_PROMETHEUS_URL", "http://from-env:9090")
+    argv = ["operator", "-n", "team-a", "--namespace", "team-b", "--peering", "llm-fleet"]
+    assert main([*argv, "--liveness", "http://0.0.0.0:8080/healthz"]) == 0
+    assert main(["operator", "--prometheus-url", "http://prometheus.monitoring:9090"]) == 0
+    first, second = kopf_run
+    assert first["clusterwide"] is False and first["namespaces"] == ("team-a", "team-b")
+    assert first["standalone"] is False and first["peering_name"] == "llm-fleet"
+    assert first["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
+    assert first["memo"].prometheus_url == "http://from-env:9090"
+    assert second["memo"].prometheus_url == "http://prometheus.monitoring:9090"
+
+
+@pytest.mark.parametrize("argv", [["--standalone", "--peering", "x"], ["-A", "-n", "ml"]])
+def test_contradicting_options_are_refused(kopf_run, argv):
+    with pytest.raises(SystemExit):
+        main(["operator", *argv])
+    assert kopf_run == []
+
+
+def test_the_command_serves_and_stops_cleanly(kube, tmp_path):
+    liveness = f"http://127.0.0.1:{free_port()}/healthz"
+    env = {**os.environ, "KUBECONFIG": os.environ["KUBECONFIG"], "LLMFLEET_OPERATOR_RESYNC_SECONDS": "2"}
+    log = (tmp_path / "operator.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmfleet.cli", "operator", "--standalone", "-A", "--liveness", liveness],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        eventually(lambda: httpx.get(liveness, timeout=1).status_code == 200, timeout=30)
+        kube.create(inference_service("tiny", SPEC))
+        eventually(lambda: kube.get("Deployment", "tiny-colocated"), timeout=20)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        log.close()
+
+
+def test_the_operator_never_loads_torch():
+    code = (
+        "import sys, llmfleet.operator.handlers, llmfleet.operator.cli, llmfleet.operator.crdgen\n"
+        "heavy = {'torch', 'transformers', 'numpy'} & set(sys.modules)\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

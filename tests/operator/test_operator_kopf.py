@@ -1,0 +1,281 @@
+"""The real operator (kopf run --standalone through KopfRunner) against the emulated API server.
+
+Each test drives it like a user with kubectl and checks what lands in the cluster. On exit every
+test also checks that each API call the operator made is covered by RBAC_RULES (conftest).
+The resync timer runs every 2 s here, so "no write" is checked across several passes.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import yaml
+
+from .conftest import NAMESPACE, eventually, inference_service, operator_running, settle
+from .emulator import Fault
+
+TINY = {
+    "model": {"builtin": "tiny"},
+    "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
+    "pools": {
+        "colocated": {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "engine": {"maxBatchSize": 16, "kvCacheMemoryMb": 128},
+            "bounds": {"maxBatchSize": {"min": 4, "max": 64}},
+        }
+    },
+}
+COLOCATED = {
+    "ConfigMap": {"tiny-colocated-engine"},
+    "Deployment": {"tiny-colocated"},
+    "Service": {"tiny", "tiny-colocated"},
+    "PodDisruptionBudget": {"tiny-colocated"},
+}
+DISAGGREGATED = {
+    "ConfigMap": {"tiny-prefill-engine", "tiny-decode-engine"},
+    "Deployment": {"tiny-prefill", "tiny-decode", "tiny-router"},
+    "Service": {"tiny", "tiny-prefill", "tiny-decode"},
+    "PodDisruptionBudget": {"tiny-prefill", "tiny-decode", "tiny-router"},
+}
+
+
+def children(kube) -> dict[str, set[str]]:
+    return {kind: set(kube.list(kind)) for kind in COLOCATED}
+
+
+def versions(kube) -> dict[str, str]:
+    return {
+        f"{kind}/{name}": obj["metadata"]["resourceVersion"]
+        for kind in COLOCATED
+        for name, obj in kube.list(kind).items()
+    }
+
+
+def engine_of(kube, name="tiny-colocated-engine") -> dict:
+    return yaml.safe_load(kube.get("ConfigMap", name)["data"]["engine.yaml"])
+
+
+def conditions(obj) -> dict[str, dict]:
+    return {c["type"]: c for c in obj["status"]["conditions"]}
+
+
+def mark_ready(kube, name: str) -> None:
+    """Play the Deployment controller: every desired replica updated and ready."""
+    deployment = kube.get("Deployment", name)
+    replicas = deployment["spec"]["replicas"]
+    status = {
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+        "observedGeneration": deployment["metadata"]["generation"],
+    }
+    kube.patch("Deployment", name, {"status": status}, subresource="status")
+
+
+def test_create_converges_reports_and_then_writes_nothing(kube, operator):
+    created = kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    obj = settle(kube, "tiny", 1)
+
+    for kind in COLOCATED:
+        for child in kube.list(kind).values():
+            (ref,) = child["metadata"]["ownerReferences"]
+            assert ref["uid"] == created["metadata"]["uid"] and ref["controller"] and ref["kind"] == "InferenceService"
+    assert engine_of(kube)["max_batch_size"] == 16
+    status = obj["status"]
+    cond = conditions(obj)
+    assert (cond["Degraded"]["status"], cond["Ready"]["reason"]) == ("False", "PoolsNotReady")
+    assert cond["TunerActive"]["status"] == "Unknown"
+    assert all(c["observedGeneration"] == 1 for c in cond.values())
+    assert status["pools"] == {
+        "colocated": {
+            "replicas": 1,
+            "readyReplicas": 0,
+            "knobs": {"maxBatchSize": 16, "batchTimeoutMs": 0.0, "maxNumBatchedTokens": 512},
+        }
+    }
+    assert (status["ready"], status["batch"]) == ("0/1", 16)
+    events = kube.events("tiny")
+    assert [(e["type"], e["reason"]) for e in events] == [("Normal", "Applied")]
+    assert "created ConfigMap/tiny-colocated-engine" in events[0]["message"]
+
+    # pods come up: readiness flows into the status through the Deployment watch
+    mark_ready(kube, "tiny-colocated")
+    eventually(lambda: conditions(kube.get("InferenceService", "tiny"))["Ready"]["status"] == "True")
+    obj = settle(kube, "tiny", 1)
+    assert obj["status"]["ready"] == "1/1"
+    assert conditions(obj)["Progressing"]["reason"] == "Converged"
+
+    # level-triggered: resync passes keep running (lists), and write nothing
+    lists_before = sum(1 for c in kube.calls() if c.method == "GET" and c.resource == "configmaps")
+    assert kube.quiet(5.0) == []
+    lists_after = sum(1 for c in kube.calls() if c.method == "GET" and c.resource == "configmaps")
+    assert lists_after >= lists_before + 2, "the resync timer did not run"
+
+    health = httpx.get(operator.liveness_url, timeout=5)
+    assert health.status_code == 200
+
+
+def test_spec_changes_roll_the_right_objects_only(kube, operator):
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    settle(kube, "tiny", 1)
+    template = kube.get("Deployment", "tiny-colocated")["spec"]["template"]
+
+    # a live knob: the ConfigMap only; the pods keep running (same template, same Deployment)
+    before = versions(kube)
+    kube.patch("InferenceService", "tiny", {"spec": {"pools": {"colocated": {"engine": {"maxBatchSize": 24}}}}})
+    settle(kube, "tiny", 2)
+    after = versions(kube)
+    assert {k for k in before if before[k] != after[k]} == {"ConfigMap/tiny-colocated-engine"}
+    assert engine_of(kube)["max_batch_size"] == 24
+    assert kube.get("Deployment", "tiny-colocated")["spec"]["template"] == template
+    assert kube.get("InferenceService", "tiny")["status"]["batch"] == 24
+
+    # replicas: the Deployment's replicas only
+    kube.patch("InferenceService", "tiny", {"spec": {"pools": {"colocated": {"replicas": 2}}}})
+    settle(kube, "tiny", 3)
+    again = versions(kube)
+    assert {k for k in after if after[k] != again[k]} == {"Deployment/tiny-colocated"}
+    deployment = kube.get("Deployment", "tiny-colocated")
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["template"] == template
+
+    # a start-up-only knob: the ConfigMap and a new pod template (a rolling restart)
+    kube.patch("InferenceService", "tiny", {"spec": {"pools": {"colocated": {"engine": {"kvBlockSize": 32}}}}})
+    settle(kube, "tiny", 4)
+    last = versions(kube)
+    assert {k for k in again if again[k] != last[k]} == {"ConfigMap/tiny-colocated-engine", "Deployment/tiny-colocated"}
+    checksum = "llmfleet.io/restart-checksum"
+    new_template = kube.get("Deployment", "tiny-colocated")["spec"]["template"]
+    assert new_template["metadata"]["annotations"][checksum] != template["metadata"]["annotations"][checksum]
+    reasons = [e["message"] for e in kube.events("tiny") if e["reason"] == "Applied"]
+    assert "updated ConfigMap/tiny-colocated-engine" in reasons
+
+
+def test_mode_switch_prunes_the_old_pool_and_deletion_takes_everything(kube, operator):
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    settle(kube, "tiny", 1)
+
+    disaggregated = {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {"maxReplicas": 2}}}
+    kube.patch("InferenceService", "tiny", {"spec": disaggregated})
+    eventually(lambda: children(kube) == DISAGGREGATED)
+    obj = settle(kube, "tiny", 2)
+    assert set(obj["status"]["pools"]) == {"prefill", "decode", "router"}
+    assert kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "router"
+    router = kube.get("Deployment", "tiny-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert router[router.index("--prefill-service") + 1] == "tiny-prefill"
+
+    kube.delete("InferenceService", "tiny")
+    eventually(lambda: kube.get("InferenceService", "tiny") is None)  # kopf released its finalizer
+    eventually(lambda: children(kube) == {kind: set() for kind in COLOCATED})  # garbage-collected
+
+
+def test_restart_mid_way_converges_without_duplicates(kube, monkeypatch):
+    monkeypatch.setattr("llmfleet.operator.kube.RETRY_BACKOFFS", (0.05,))
+    fault = Fault("PATCH", "/deployments/", 500)
+    kube.running.call(lambda: kube.cluster.faults.append(fault))
+    kube.create(inference_service("tiny", TINY))
+    with operator_running(kube):
+        eventually(lambda: kube.get("ConfigMap", "tiny-colocated-engine"))
+        eventually(lambda: any("/deployments/" in w for w in kube.writes()))  # it tried, and failed
+    assert kube.get("Deployment", "tiny-colocated") is None
+
+    # while it is down: the API server recovers, and the user edits the spec
+    kube.running.call(lambda: kube.cluster.faults.clear())
+    kube.patch("InferenceService", "tiny", {"spec": {"pools": {"colocated": {"engine": {"maxBatchSize": 20}}}}})
+
+    with operator_running(kube):
+        eventually(lambda: children(kube) == COLOCATED)
+        obj = settle(kube, "tiny", 2)
+    assert engine_of(kube)["max_batch_size"] == 20
+    assert conditions(obj)["Degraded"]["status"] == "False"
+    added = [(c.resource, c.object["metadata"]["name"]) for c in kube.cluster.changes if c.type == "ADDED"]
+    assert len(added) == len(set(added)), f"something was created twice: {added}"
+    assert sum(1 for c in kube.cluster.changes if c.type == "DELETED") == 0
+
+
+BAD_SPECS = {
+    "relpath": ({**TINY, "model": {"path": "models/llama"}}, "InvalidSpec", "absolute"),
+    "nopools": ({**TINY, "mode": "disaggregated", "pools": {}}, "InvalidSpec", "needs pools"),
+    "minmax": (
+        {**TINY, "pools": {"colocated": {"minReplicas": 4, "maxReplicas": 2}}},
+        "InvalidSpec",
+        "minReplicas 4 > maxReplicas 2",
+    ),
+    "knob": ({**TINY, "pools": {"colocated": {"engine": {"policy": "fastest"}}}}, "InvalidEngineConfig", "policy"),
+    "volume": (
+        {**TINY, "model": {"path": "/data/m", "volume": {"emptyDir": {}}}},
+        "InvalidSpec",
+        "outside the model volume",
+    ),
+}
+
+
+def test_unservable_specs_degrade_with_a_reason_and_recover(kube, operator):
+    for name, (spec, _, _) in BAD_SPECS.items():
+        kube.create(inference_service(name, spec))
+    for name, (_, reason, fragment) in BAD_SPECS.items():
+        obj = settle(kube, name, 1)
+        degraded = conditions(obj)["Degraded"]
+        assert (degraded["status"], degraded["reason"]) == ("True", reason), name
+        assert fragment in degraded["message"], (name, degraded["message"])
+        assert conditions(obj)["Ready"]["status"] == "False"
+        warnings = [e for e in kube.events(name) if e["type"] == "Warning"]
+        assert [e["reason"] for e in warnings] == [reason], name  # one Event, not one per pass
+    assert children(kube) == {kind: set() for kind in COLOCATED}, "an unservable spec deployed something"
+    assert kube.quiet(3.0) == [], "a degraded object keeps being rewritten"
+
+    kube.patch("InferenceService", "volume", {"spec": {"model": {"path": "/models/m"}}})
+    obj = settle(kube, "volume", 2)
+    assert conditions(obj)["Degraded"]["status"] == "False"
+    assert kube.get("Deployment", "volume-colocated") is not None
+    assert "Recovered" in [e["reason"] for e in kube.events("volume")]
+
+
+def test_tuner_state_is_applied_within_the_spec_bounds(kube, operator):
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    settle(kube, "tiny", 1)
+    template = kube.get("Deployment", "tiny-colocated")["spec"]["template"]
+
+    # the tuner's decision (status.tuner); the resync pass applies it, clamped to the spec
+    tuner = {"replicas": {"colocated": 9}, "knobs": {"colocated": {"maxBatchSize": 999, "batchTimeoutMs": 5}}}
+    kube.patch("InferenceService", "tiny", {"status": {"tuner": tuner}}, subresource="status")
+    eventually(lambda: kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] == 3)
+    eventually(lambda: engine_of(kube)["max_batch_size"] == 64)
+    assert engine_of(kube)["batch_timeout_ms"] == 5.0
+    assert kube.get("Deployment", "tiny-colocated")["spec"]["template"] == template  # knobs never restart pods
+    obj = settle(kube, "tiny")
+    assert obj["status"]["pools"]["colocated"]["knobs"]["maxBatchSize"] == 64 and obj["status"]["batch"] == 64
+    assert obj["status"]["tuner"] == tuner  # the tuner's own field is left alone
+
+    # autotune off: the spec's values stand again
+    kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"enabled": False}}})
+    obj = settle(kube, "tiny", 2)
+    assert engine_of(kube)["max_batch_size"] == 16
+    assert kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] == 1
+    assert conditions(obj)["TunerActive"]["reason"] == "Disabled"
+
+
+def test_a_deleted_deployment_comes_back(kube, operator):
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    old = kube.get("Deployment", "tiny-colocated")["metadata"]["uid"]
+    kube.delete("Deployment", "tiny-colocated")
+    new = eventually(lambda: kube.get("Deployment", "tiny-colocated"), timeout=10)
+    assert new["metadata"]["uid"] != old
+
+
+@pytest.mark.parametrize("cluster_options", [{"pod_monitor": True}])
+def test_pod_monitor_when_the_prometheus_operator_is_installed(kube, operator, cluster_options):
+    kube.create(inference_service("tiny", TINY))
+    monitor = eventually(lambda: kube.get("PodMonitor", "tiny"))
+    assert monitor["spec"]["selector"]["matchLabels"] == {"llmfleet.io/inference-service": "tiny"}
+    relabel = {r["targetLabel"]: r["sourceLabels"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    assert relabel["inference_service"] == ["__meta_kubernetes_pod_label_llmfleet_io_inference_service"]
+    assert relabel["pool"] == ["__meta_kubernetes_pod_label_llmfleet_io_pool"]
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    settle(kube, "tiny", 1)

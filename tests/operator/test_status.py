@@ -1,0 +1,97 @@
+"""Status: conditions keep their lastTransitionTime until they flip, the tuner's condition is left
+alone, readiness and rollout come from the Deployments, and an unchanged status is no patch."""
+
+from __future__ import annotations
+
+from llmfleet.operator import status as st
+
+
+def deployment(replicas=2, ready=2, updated=2, current=2, generation=3, observed=3):
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": replicas},
+        "status": {
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "replicas": current,
+            "observedGeneration": observed,
+        },
+    }
+
+
+def test_transition_time_moves_only_on_a_flip():
+    first = st.merge_conditions([], [st.Condition("Ready", "False", "PoolsNotReady", "0/1")], 1, "T1")
+    assert first == [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "PoolsNotReady",
+            "message": "0/1",
+            "lastTransitionTime": "T1",
+            "observedGeneration": 1,
+        }
+    ]
+    same = st.merge_conditions(first, [st.Condition("Ready", "False", "PoolsNotReady", "0/2")], 2, "T2")
+    assert same[0]["lastTransitionTime"] == "T1" and same[0]["message"] == "0/2"
+    flipped = st.merge_conditions(same, [st.Condition("Ready", "True", "AllPoolsReady", "")], 2, "T3")
+    assert flipped[0]["lastTransitionTime"] == "T3"
+
+
+def test_others_conditions_are_kept_in_order():
+    tuner = {"type": "TunerActive", "status": "True", "reason": "Tuning", "lastTransitionTime": "T0"}
+    custom = {"type": "Zeta", "status": "True"}
+    merged = st.merge_conditions([custom, tuner], [st.Condition("Degraded", "False", "AsExpected")], 4, "T1")
+    assert [c["type"] for c in merged] == ["Degraded", "TunerActive", "Zeta"]
+    assert merged[1] == tuner
+
+
+def test_pool_states():
+    assert st.PoolState.of("decode", 2, deployment()).rolled_out
+    assert not st.PoolState.of("decode", 2, deployment(observed=2)).rolled_out  # controller lags
+    assert not st.PoolState.of("decode", 2, deployment(updated=1)).rolled_out
+    assert not st.PoolState.of("decode", 2, deployment(current=3)).rolled_out  # old pod draining
+    assert not st.PoolState.of("decode", 2, None).rolled_out
+
+
+def test_serving_conditions():
+    ready = [st.PoolState.of("prefill", 1, deployment(1, 1, 1, 1)), st.PoolState.of("decode", 2, deployment())]
+    assert [(c.type, c.status, c.reason) for c in st.serving_conditions(ready, None)] == [
+        ("Ready", "True", "AllPoolsReady"),
+        ("Progressing", "False", "Converged"),
+    ]
+    assert st.ready_summary(ready) == "3/3"
+    starting = [st.PoolState.of("decode", 2, deployment(ready=1))]
+    conditions = st.serving_conditions(starting, None)
+    assert (conditions[0].reason, conditions[0].message) == ("PoolsNotReady", "decode 1/2 ready")
+    assert (conditions[1].status, conditions[1].reason) == ("True", "RollingOut")
+    applied = st.serving_conditions(ready, "updated ConfigMap/x-decode-engine")
+    assert (applied[1].reason, applied[1].message) == ("Applied", "updated ConfigMap/x-decode-engine")
+    zero = st.serving_conditions([st.PoolState.of("decode", 0, deployment(0, 0, 0, 0))], None)
+    assert (zero[0].status, zero[0].reason) == ("False", "ScaledToZero")
+
+
+def test_status_patch_is_none_when_nothing_changed():
+    current = {
+        "observedGeneration": 2,
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "pools": {"decode": {"replicas": 2, "readyReplicas": 2}},
+        "tuner": {"replicas": {"decode": 2}},  # the tuner's: not ours to compare or touch
+        "latency": {"ttftP95Ms": 120},
+    }
+    desired = {
+        "observedGeneration": 2,
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "pools": {"decode": {"replicas": 2, "readyReplicas": 2}},
+    }
+    assert st.status_patch(current, desired) is None
+    assert st.status_patch(current, {**desired, "observedGeneration": 3}) == {**desired, "observedGeneration": 3}
+
+
+def test_status_patch_removes_pools_that_went_away():
+    current = {"pools": {"colocated": {"replicas": 1}}}
+    patch = st.status_patch(current, {"pools": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}})
+    assert patch == {"pools": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "colocated": None}}
+
+
+def test_timestamps_are_rfc3339_utc():
+    assert st.now().endswith("Z") and "T" in st.now() and "." not in st.now()
