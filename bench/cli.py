@@ -10,6 +10,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has it natively, else float32")
     parser.add_argument("--out", default="bench/results", help="directory for JSON and PNG")
+    parser.add_argument("--device", help="engine bench: cpu (default) or cuda")
     parser.add_argument("--quick", action="store_true", help="a small version for smoke tests")
     parser.add_argument("--skip-hf", action="store_true", help="skip the HF contenders")
     parser.add_argument("--skip-online", action="store_true", help="skip the online policy comparison")

@@ -31,18 +31,26 @@ class Trace:
     token_times: list[float] = field(default_factory=list)
 
 
-def _load_hf(model_dir, dtype, attn="sdpa"):
+def _load_hf(model_dir, dtype, attn="sdpa", device="cpu"):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
-    return model.eval()
+    return model.to(device).eval()
 
 
-def offline_ours(model: str, prompts, outputs, dtype: str) -> tuple[float, object]:
+def _sync(device) -> None:
+    """Wait for queued GPU work, so a timer reads the work's end and not its launch."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def offline_ours(model: str, prompts, outputs, dtype: str, device: str | None = None) -> tuple[float, object]:
     from llmfleet.server.engine.build import build_engine
 
     config = EngineConfig(dtype=dtype, max_batch_size=32, max_num_batched_tokens=2048)
-    engine, _ = build_engine(model, config)
+    engine, _ = build_engine(model, config, device=device)
     engine.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0))  # warm-up
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
     start = time.perf_counter()
@@ -50,11 +58,11 @@ def offline_ours(model: str, prompts, outputs, dtype: str) -> tuple[float, objec
     return time.perf_counter() - start, engine
 
 
-def offline_hf_generate(model_dir, prompts, outputs, torch_dtype) -> float:
+def offline_hf_generate(model_dir, prompts, outputs, torch_dtype, device="cpu") -> float:
     import torch
 
-    model = _load_hf(model_dir, torch_dtype)
-    ids = torch.tensor(prompts)  # equal lengths: no padding needed
+    model = _load_hf(model_dir, torch_dtype, device=device)
+    ids = torch.tensor(prompts, device=device)  # equal lengths: no padding needed
     longest = max(outputs)
     with torch.inference_mode():
         model.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), max_new_tokens=2, do_sample=False)
@@ -66,13 +74,14 @@ def offline_hf_generate(model_dir, prompts, outputs, torch_dtype) -> float:
             min_new_tokens=longest,
             do_sample=False,
         )
+        _sync(device)
     return time.perf_counter() - start
 
 
-def offline_hf_generate_batch(model_dir, prompts, outputs, torch_dtype) -> float:
+def offline_hf_generate_batch(model_dir, prompts, outputs, torch_dtype, device="cpu") -> float:
     from transformers import GenerationConfig
 
-    model = _load_hf(model_dir, torch_dtype)
+    model = _load_hf(model_dir, torch_dtype, device=device)
     longest = max(outputs)
     config = GenerationConfig(
         max_new_tokens=longest, min_new_tokens=longest, do_sample=False, eos_token_id=-1, pad_token_id=0
@@ -86,16 +95,18 @@ def offline_hf_generate_batch(model_dir, prompts, outputs, torch_dtype) -> float
     return elapsed
 
 
-def matmul_gflops(torch_dtype, n: int = 1536) -> float:
+def matmul_gflops(torch_dtype, n: int = 1536, device="cpu") -> float:
     import torch
 
-    a = torch.randn(n, n, dtype=torch_dtype)
-    b = torch.randn(n, n, dtype=torch_dtype)
+    a = torch.randn(n, n, dtype=torch_dtype, device=device)
+    b = torch.randn(n, n, dtype=torch_dtype, device=device)
     a @ b
+    _sync(device)
     start = time.perf_counter()
-    reps = 5
+    reps = 5 if torch.device(device).type == "cpu" else 200
     for _ in range(reps):
         a @ b
+    _sync(device)
     return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
 
 
@@ -141,10 +152,10 @@ def scheduler_time_256() -> float:
     return spent / reps
 
 
-def online(model: str, workload: Workload, config: EngineConfig) -> dict:
+def online(model: str, workload: Workload, config: EngineConfig, device: str | None = None) -> dict:
     from llmfleet.server.engine.build import build_engine
 
-    engine, _ = build_engine(model, config)
+    engine, _ = build_engine(model, config, device=device)
     vocab = engine.runner.model.config.vocab_size
     specs = workload.requests()
     traces: dict[str, Trace] = {}
@@ -182,14 +193,20 @@ def run(args) -> int:
     import torch
 
     from llmfleet.server.runner.builtin_models import resolve_model
-    from llmfleet.server.runner.torch_runner import resolve_dtype
+    from llmfleet.server.runner.torch_runner import resolve_device, resolve_dtype
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(args.model)
-    torch_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    device = resolve_device(getattr(args, "device", None) or "cpu")
+    torch_dtype = resolve_dtype(args.dtype, device)
     dtype_name = str(torch_dtype).removeprefix("torch.")
-    results: dict = {"model": args.model, "dtype": dtype_name, "threads": torch.get_num_threads()}
+    results: dict = {
+        "model": args.model,
+        "dtype": dtype_name,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+    }
 
     workload = OFFLINE_32 if not args.quick else Workload("offline-8", 8, prompt_len=(128, 128), output_len=(16, 64))
     specs = workload.requests()
@@ -197,17 +214,21 @@ def run(args) -> int:
     prompts = [prompt_tokens(s, i, vocab) for i, s in enumerate(specs)]
     outputs = [s.output_len for s in specs]
     useful = sum(outputs)
-    print(f"== {workload.name}: {workload.description or workload.params()} | model {args.model} {dtype_name}")
+    print(
+        f"== {workload.name}: {workload.description or workload.params()} | model {args.model} {dtype_name} on {device}"
+    )
 
-    ours_s, engine = offline_ours(args.model, prompts, outputs, dtype_name)
+    ours_s, engine = offline_ours(args.model, prompts, outputs, dtype_name, str(device))
     rows = [("llm-fleet engine (continuous, chunked)", ours_s)]
     if not args.skip_hf:
-        rows.append(("HF generate (dynamic cache)", offline_hf_generate(model_dir, prompts, outputs, torch_dtype)))
+        rows.append(
+            ("HF generate (dynamic cache)", offline_hf_generate(model_dir, prompts, outputs, torch_dtype, device))
+        )
         try:
             rows.append(
                 (
                     "HF generate_batch (continuous)",
-                    offline_hf_generate_batch(model_dir, prompts, outputs, torch_dtype),
+                    offline_hf_generate_batch(model_dir, prompts, outputs, torch_dtype, device),
                 )
             )
         except Exception as exc:  # report, don't hide: the table says why it is missing
@@ -224,7 +245,7 @@ def run(args) -> int:
         ],
     )
 
-    gflops = matmul_gflops(torch_dtype)
+    gflops = matmul_gflops(torch_dtype, device=device)
     params = sum(p.numel() for p in engine.runner.model.parameters())
     ceiling = gflops * 1e9 / (2 * params)
     decode = decode_at_batch(engine, batch=32 if not args.quick else 8)
@@ -254,7 +275,7 @@ def run(args) -> int:
         online_rows = {}
         for name, config in policies.items():
             config = config.model_copy(update={"dtype": dtype_name})
-            online_rows[name] = online(args.model, wl, config)
+            online_rows[name] = online(args.model, wl, config, str(device))
         base = online_rows["static"]
         print_table(
             [

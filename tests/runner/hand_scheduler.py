@@ -13,6 +13,8 @@ from transformers import AutoModelForCausalLM
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
 
+from .device import DEVICE
+
 
 @dataclass
 class Plan:
@@ -86,10 +88,10 @@ class HandScheduler:
 
 def hf_greedy(model_dir, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
     """HF ``generate`` on each request alone, float32, greedy: the oracle."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(DEVICE)
     outputs = []
     for prompt, n in zip(prompts, max_tokens, strict=True):
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=DEVICE)
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, min_new_tokens=n
         )

@@ -17,6 +17,8 @@ from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.build import build_engine
 from llmfleet.server.runner.builtin_models import resolve_model
 
+from .device import DEVICE
+
 MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 
 CASES = {
@@ -45,11 +47,11 @@ def workload(seed: int = 7):
 @pytest.fixture(scope="module", params=MODELS)
 def reference(request):
     """(model name, prompts, max_tokens, priorities, HF generate outputs one request at a time)."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(request.param), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(request.param), dtype=torch.float32).to(DEVICE)
     prompts, max_tokens, priorities = workload()
     expected = []
     for prompt, n in zip(prompts, max_tokens, strict=True):
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=DEVICE)
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
         expected.append(out[0, len(prompt) :].tolist())
     return request.param, prompts, max_tokens, priorities, expected
@@ -59,7 +61,7 @@ def reference(request):
 def test_greedy_matches_hf_generate(reference, case):
     name, prompts, max_tokens, priorities, expected = reference
     config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4, **CASES[case])
-    engine, _ = build_engine(name, config)
+    engine, _ = build_engine(name, config, device=DEVICE)
     outputs: dict[str, list[int]] = {}
     finished: set[str] = set()
     # half the requests arrive mid-run, while the first half is decoding
@@ -90,7 +92,7 @@ def test_greedy_matches_hf_generate(reference, case):
 
 
 def test_seed_gives_the_same_text_whatever_the_batch():
-    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4))
+    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4), device=DEVICE)
     sampling = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=42)
     alone = engine.generate([[10, 11, 12]], sampling)[0]
     crowd = engine.generate(
@@ -102,7 +104,7 @@ def test_seed_gives_the_same_text_whatever_the_batch():
 
 
 def test_top_k_one_is_greedy_and_logprobs_are_returned():
-    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4))
+    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4), device=DEVICE)
     greedy = engine.generate([[3, 4, 5]], SamplingParams(max_tokens=8, temperature=0))[0]
     top1 = engine.generate([[3, 4, 5]], SamplingParams(max_tokens=8, temperature=0.8, top_k=1))[0]
     assert top1 == greedy
@@ -122,7 +124,7 @@ def test_bfloat16_mostly_agrees_with_float32():
     sampling = SamplingParams(max_tokens=16, temperature=0)
     outputs = {}
     for dtype in ("float32", "bfloat16"):
-        engine, _ = build_engine("builtin:tiny", EngineConfig(dtype=dtype, kv_cache_memory_mb=4))
+        engine, _ = build_engine("builtin:tiny", EngineConfig(dtype=dtype, kv_cache_memory_mb=4), device=DEVICE)
         assert engine.runner.dtype == getattr(torch, dtype)
         outputs[dtype] = engine.generate(prompts, sampling)
     assert all(len(o) == 16 for o in outputs["bfloat16"])

@@ -17,6 +17,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir, resolve_model
 from llmfleet.server.runner.torch_runner import TorchModelRunner
 
+from .device import DEVICE
 from .hand_scheduler import HandScheduler, hf_greedy
 
 MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
@@ -24,7 +25,7 @@ MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 
 def make_runner(model_dir, num_kv_blocks: int = 64, block_size: int = 4) -> TorchModelRunner:
     config = EngineConfig(dtype="float32", kv_block_size=block_size, num_kv_blocks=num_kv_blocks)
-    return TorchModelRunner(model_dir, config, device="cpu")
+    return TorchModelRunner(model_dir, config, device=DEVICE)
 
 
 def prompts_for(seed: int, count: int, longest: int = 40) -> list[list[int]]:
@@ -129,7 +130,7 @@ def test_execute_returns_none_for_unfinished_prompt_chunks():
 
 def test_kv_cache_sized_from_memory():
     config = EngineConfig(dtype="float32", kv_block_size=16, kv_cache_memory_mb=1)
-    runner = TorchModelRunner(resolve_model("builtin:tiny"), config, device="cpu")
+    runner = TorchModelRunner(resolve_model("builtin:tiny"), config, device=DEVICE)
     # tiny: 2 layers x 2 KV heads x head_dim 16, K and V, float32, 16 tokens a block
     assert runner.kv_bytes_per_block == 2 * 2 * 16 * 2 * 16 * 4
     assert runner.num_kv_blocks == (1 << 20) // runner.kv_bytes_per_block

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request
 from llmfleet.server.runner.kv_cache import PagedKVCache
-from llmfleet.server.runner.step_inputs import GROUP_COST_BLOCKS, _slots, build_step_inputs
+from llmfleet.server.runner.step_inputs import GROUP_COST_BLOCKS, _slots, _split_by_length, build_step_inputs
 
 BS = 4
 
@@ -71,6 +71,13 @@ def test_decodes_of_very_different_lengths_are_grouped():
             assert visible.tolist() == g.lengths.tolist()
     # a group is only split off when it saves more padding than a group costs
     assert GROUP_COST_BLOCKS > 0
+
+
+def test_without_a_group_cost_every_decode_shares_one_group():
+    """On a GPU kernel launches cost more than padding: one group, whatever the lengths."""
+    decodes = [(i, n, list(range(60))) for i, n in enumerate([200, 198, 20, 3])]
+    assert len(_split_by_length(decodes, BS, GROUP_COST_BLOCKS)) >= 2
+    assert _split_by_length(decodes, BS, None) == [decodes]
 
 
 def test_window_mask_hides_keys_outside_the_window():
