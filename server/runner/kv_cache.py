@@ -70,6 +70,15 @@ class PagedKVCache:
         shape = (end - first, n * self.block_size, self.head_dim)
         return keys.view(shape), values.view(shape)
 
+    def take_scratch(self) -> torch.Tensor:
+        """Hand over the gather buffer and start a fresh one (a CUDA graph capture must allocate
+        its own inside the graph's memory pool, never keep a pointer into this one)."""
+        scratch, self._scratch = self._scratch, torch.empty(0, dtype=self.dtype, device=self.device)
+        return scratch
+
+    def restore_scratch(self, scratch: torch.Tensor) -> None:
+        self._scratch = scratch
+
     def heads_per_chunk(self, num_blocks: int, chunk_bytes: int) -> int:
         """How many KV heads of ``num_blocks`` gathered blocks fit in ``chunk_bytes`` (K and V)."""
         per_head = 2 * num_blocks * self._block_size_elems * self.keys[0].element_size()

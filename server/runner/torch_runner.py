@@ -9,6 +9,7 @@ already chosen the tokens and allocated the blocks of every request in the step.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from ..config import EngineConfig
 from ..core.batch import SampledToken, SchedulerOutput
 from . import attention
+from .cuda_graphs import DecodeGraphs
 from .kv_cache import PagedKVCache
 from .sampler import Sampler
 from .step_inputs import build_step_inputs
@@ -75,14 +77,20 @@ class TorchModelRunner:
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, config.kv_cache_memory_mb * (1 << 20) // self.kv_bytes_per_block
         )
+        use_graphs = self.device.type == "cuda" and os.environ.get("LLMFLEET_CUDA_GRAPHS", "1") != "0"
         self.cache = PagedKVCache(
             self.num_layers,
-            self.num_kv_blocks,
+            self.num_kv_blocks + (1 if use_graphs else 0),  # CUDA graphs: one dummy block for padding rows
             self.kv_block_size,
             self.num_kv_heads,
             self.head_dim,
             self.dtype,
             self.device,
+        )
+        self.graphs = (
+            DecodeGraphs(self.model, self.cache, dummy_block=self.num_kv_blocks, max_model_len=self.max_model_len)
+            if use_graphs
+            else None
         )
         self.eos_token_ids = frozenset(_eos_ids(self.model))
         self.sampler = Sampler(self.device)
@@ -114,6 +122,10 @@ class TorchModelRunner:
         result: list[SampledToken | None] = [None] * len(output.scheduled)
         if not output.scheduled:
             return result
+        shape = self.graphs.shape_for(output) if self.graphs is not None else None
+        if shape is not None:
+            logits = self.graphs.run(output, shape)
+            return list(self.sampler.sample(logits, [item.request for item in output.scheduled]))
         step = build_step_inputs(output, self.cache, self.device)
         logits = self.model(
             input_ids=step.input_ids,
