@@ -1,0 +1,83 @@
+"""The local fleet's client-facing endpoint for a colocated pool: one URL in front of the pool's
+servers, like the pool's Service in a cluster. Each request goes to the server holding the fewest
+of this front's in-flight requests; a server that refuses the connection (starting, gone) or
+answers 503 (draining) is skipped and the request tried on the next. Responses stream through
+unchanged, so SSE reaches the client token by token."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "server_error", "code": status}}, status_code=status)
+
+
+def build_front(backends: Callable[[], list[str]]) -> Starlette:
+    """``backends()`` returns the ready servers' base URLs at the time of each request."""
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+    in_flight: dict[str, int] = {}
+    tie_break = itertools.count()
+
+    def ordered() -> list[str]:
+        urls = backends()
+        turn = next(tie_break)
+        return sorted(urls, key=lambda u: (in_flight.get(u, 0), (urls.index(u) - turn) % max(1, len(urls))))
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(_: Request) -> Response:
+        n = len(backends())
+        return JSONResponse({"ready": n > 0, "backends": n}, status_code=200 if n else 503)
+
+    async def forward(request: Request) -> Response:
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        tried = []
+        for url in ordered():
+            upstream = client.build_request(
+                request.method, url + request.url.path, params=request.query_params, headers=headers, content=body
+            )
+            try:
+                response = await client.send(upstream, stream=True)
+            except httpx.TransportError as exc:
+                tried.append(f"{url}: {type(exc).__name__}")
+                continue
+            if response.status_code == 503 and len(tried) + 1 < len(backends()):
+                await response.aclose()
+                tried.append(f"{url}: 503")
+                continue
+            in_flight[url] = in_flight.get(url, 0) + 1
+
+            async def relay(response=response, url=url):
+                try:
+                    async for chunk in response.aiter_raw():
+                        yield chunk
+                finally:
+                    in_flight[url] -= 1
+                    await response.aclose()
+
+            out_headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
+            return StreamingResponse(relay(), status_code=response.status_code, headers=out_headers)
+        detail = "; ".join(tried) or "no server is ready yet"
+        return _error(503, f"no replica could take the request ({detail}); retry shortly")
+
+    routes = [
+        Route("/health", health),
+        Route("/ready", ready),
+        Route("/{path:path}", forward, methods=["GET", "POST"]),
+    ]
+
+    app = Starlette(routes=routes)
+    app.state.client = client  # closed by whoever stops the app
+    return app

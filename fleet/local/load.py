@@ -1,0 +1,114 @@
+"""`llm-fleet load`: send a workload at an OpenAI endpoint (the local fleet, a router, a Service)
+and print what the clients see every few seconds, so the tuner's reactions show."""
+
+from __future__ import annotations
+
+HELP = "send a chat / long-prompt / creative workload at an OpenAI endpoint and report client latencies"
+
+WORDS = ("fleet", "token", "batch", "queue", "prefill", "decode", "latency", "cache", "router", "replica", "window")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="base URL of the OpenAI endpoint")
+    parser.add_argument("--shape", default="chat", choices=["chat", "long-prompt", "creative"])
+    parser.add_argument("--rate", type=float, default=None, help="requests/s (default: the shape's)")
+    parser.add_argument("--peak-rate", type=float, help="ramp the rate linearly up to this by the end")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    parser.add_argument("--report-every", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    import asyncio
+    import sys
+
+    import httpx
+
+    try:
+        summary = asyncio.run(generate_load(args))
+    except httpx.HTTPError as exc:
+        print(f"error: {args.url}: {exc!r} (is `llm-fleet up` running?)", file=sys.stderr)
+        return 2
+    print(summary.line("total"))
+    return 0 if summary.errors == 0 else 1
+
+
+class Summary:
+    def __init__(self) -> None:
+        self.sent = self.done = self.errors = 0
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+
+    def line(self, label: str) -> str:
+        def p(values: list[float], q: float) -> str:
+            if not values:
+                return "-"
+            ordered = sorted(values)
+            return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000:.0f}"
+
+        ttft = f"{p(self.ttft, 0.5)}/{p(self.ttft, 0.95)}"
+        itl = f"{p(self.itl, 0.5)}/{p(self.itl, 0.95)}"
+        counts = f"sent {self.sent}, done {self.done}, errors {self.errors}"
+        return f"{label}: {counts}; TTFT p50/p95 {ttft} ms; ITL p50/p95 {itl} ms"
+
+
+async def generate_load(args) -> Summary:
+    import asyncio
+    import json
+    import random
+    import time
+
+    import httpx
+
+    from llmfleet.bench.workloads import SHAPES
+
+    shape = SHAPES[args.shape]
+    rng = random.Random(args.seed)
+    start_rate = args.rate or shape.rate_per_s or 1.0
+    peak = args.peak_rate or start_rate
+    total, window = Summary(), Summary()
+    async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(300.0, connect=5.0)) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+
+        async def one(prompt_words: int, max_tokens: int) -> None:
+            for s in (total, window):
+                s.sent += 1
+            body = {"model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(prompt_words)),
+                    "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0}  # fmt: skip
+            began = last = time.monotonic()
+            first = True
+            try:
+                async with client.stream("POST", "/v1/completions", json=body) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        if "error" in json.loads(line[6:]):
+                            raise RuntimeError(line)
+                        now = time.monotonic()
+                        for s in (total, window):
+                            (s.ttft if first else s.itl).append(now - (began if first else last))
+                        first, last = False, now
+                for s in (total, window):
+                    s.done += 1
+            except (httpx.HTTPError, RuntimeError):
+                for s in (total, window):
+                    s.errors += 1
+
+        tasks = []
+        began = time.monotonic()
+        next_report = began + args.report_every
+        t = 0.0
+        while t < args.duration:
+            rate = start_rate + (peak - start_rate) * t / args.duration
+            t += rng.expovariate(rate)
+            while time.monotonic() - began < t:
+                if time.monotonic() >= next_report:
+                    print(window.line(f"t={time.monotonic() - began:4.0f}s rate {rate:.1f}/s"), flush=True)
+                    window.__init__()
+                    next_report += args.report_every
+                await asyncio.sleep(min(0.05, max(0.0, t - (time.monotonic() - began))))
+            prompt_words = rng.randint(*shape.prompt_len) * 2 // 3  # ~1.5 tokens a word
+            tasks.append(asyncio.create_task(one(max(1, prompt_words), rng.randint(*shape.output_len))))
+        await asyncio.gather(*tasks)
+    return total

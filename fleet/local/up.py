@@ -1,0 +1,142 @@
+"""`llm-fleet up`: run an InferenceService on this machine (the local fleet)."""
+
+from __future__ import annotations
+
+HELP = "run an InferenceService file as a local fleet of server processes, with the tuner"
+
+DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as examples/local.yaml
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("-f", "--file", help="InferenceService YAML (default: builtin:tiny, as examples/local.yaml)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="the client-facing OpenAI endpoint")
+    parser.add_argument("--prometheus-url", help="read metrics from this Prometheus instead of scraping the servers")
+    parser.add_argument("--run-dir", help="engine configs and server logs (default: a new temporary directory)")
+    parser.add_argument("--no-tui", action="store_true", help="plain log lines instead of the live view")
+    parser.add_argument("--log-level", default="info")
+
+
+def load_service(path: str | None) -> tuple[str, object]:
+    """(name, parsed spec) of the first InferenceService in ``path`` (or the built-in default)."""
+    from importlib import resources
+    from pathlib import Path
+
+    import yaml
+
+    from llmfleet.operator.spec import parse_spec
+
+    source = Path(path) if path else resources.files("llmfleet.local").joinpath(DEFAULT_SPEC)
+    text = source.read_text()
+    for doc in yaml.safe_load_all(text):
+        if isinstance(doc, dict) and doc.get("kind") == "InferenceService":
+            name = (doc.get("metadata") or {}).get("name") or "local"
+            return name, parse_spec(doc.get("spec") or {})
+    raise ValueError(f"no InferenceService in {path or DEFAULT_SPEC}")
+
+
+def run(args) -> int:
+    import asyncio
+    import logging
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from llmfleet.operator.spec import SpecError
+
+    from .fleet import LocalFleet
+
+    try:
+        name, spec = load_service(args.file)
+    except SpecError as exc:
+        print(f"error: {args.file}: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tui = not args.no_tui and sys.stdout.isatty()
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"llm-fleet-{name}-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handlers = [logging.FileHandler(run_dir / "fleet.log")] + ([] if tui else [logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(message)s", handlers=handlers, force=True)
+    fleet = LocalFleet(name, spec, run_dir, args.port)
+    try:
+        return asyncio.run(_serve(fleet, args, tui))
+    finally:
+        fleet.stop(timeout=0)  # after a clean drain a no-op; after a crash no server outlives us
+
+
+async def _serve(fleet, args, tui: bool) -> int:
+    import asyncio
+    import contextlib
+    import logging
+    import signal
+
+    import uvicorn
+    from rich.console import Console
+    from rich.live import Live
+
+    from llmfleet.operator.prometheus_source import PrometheusSource
+    from llmfleet.operator.reconcile import DRAIN_SECONDS
+    from llmfleet.operator.scrape_source import ScrapeSource
+
+    from .front import build_front
+    from .view import render
+
+    log = logging.getLogger("llmfleet.local")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape and request is noise
+    url = f"http://{args.host}:{args.port}"
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    prometheus = args.prometheus_url or fleet.spec.autotune.prometheus_url
+    source = PrometheusSource(prometheus) if prometheus else ScrapeSource(fleet.scrape_targets)
+    fleet.start()
+    front = front_task = None
+    if fleet.router is None:
+        app = build_front(fleet.ready_backends)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+        front = uvicorn.Server(config)
+        front.capture_signals = contextlib.nullcontext  # ours handle Ctrl-C: the fleet drains first
+        front_task = asyncio.create_task(front._serve())
+    log.info("InferenceService %s: starting %s; logs and configs in %s", fleet.name, fleet.spec.mode, fleet.run_dir)
+    announced = False
+    live = Live(render(fleet, url), console=Console(), refresh_per_second=2) if tui else None
+    with live or contextlib.nullcontext():
+        while not stop.is_set():
+            fleet.supervise()
+            if not announced and _serving(fleet):
+                announced = True
+                log.info("ready: %s (OpenAI API, model %s)", url, fleet.spec.model.name or fleet.name)
+            if fleet.tune_due():
+                try:
+                    decision = await fleet.tune(source)
+                    if not tui:
+                        for line in decision.reasons:
+                            log.info("tuner: %s", line)
+                except Exception:  # a failed run holds: the next interval tries again
+                    log.exception("tuner run failed")
+            if live is not None:
+                live.update(render(fleet, url))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+    log.info("draining the fleet (up to %d s)", DRAIN_SECONDS)
+    if front is not None:
+        front.should_exit = True
+    await asyncio.to_thread(fleet.stop, DRAIN_SECONDS + 5)
+    if front_task is not None:
+        await front_task
+        await app.state.client.aclose()
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        await close()
+    log.info("stopped")
+    return 0
+
+
+def _serving(fleet) -> bool:
+    if fleet.router is not None:
+        return fleet.router.poll_ready()
+    return bool(fleet.ready_backends())

@@ -1,0 +1,64 @@
+"""The live terminal view of the local fleet (rich): pools, replicas, knobs, p95 latencies
+against the SLO, and the tuner's last decision."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from llmfleet.operator.reconcile import effective_engine
+
+from .fleet import LocalFleet
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _against(seconds: float | None, slo_ms: float) -> Text:
+    if seconds is None:
+        return Text("-", style="dim")
+    return Text(f"{seconds * 1000:.0f} / {slo_ms:.0f}", style="green" if seconds * 1000 <= slo_ms else "bold red")
+
+
+def render(fleet: LocalFleet, url: str) -> Group:
+    slo = fleet.spec.slo
+    table = Table(title=f"InferenceService {fleet.name} ({fleet.spec.mode}) at {url}", expand=True)
+    for column in ("pool", "ready/replicas", "maxBatchSize", "batchTimeoutMs", "tokenBudget",
+                   "TTFT p95 ms / SLO", "ITL p95 ms / SLO", "queue p95 ms", "req/s", "waiting"):  # fmt: skip
+        table.add_column(column)
+    for name, pool in fleet.pools.items():
+        engine = effective_engine(fleet.spec, name, fleet.tuner_state)
+        m = fleet.view.last_metrics.get(name)
+        draining = f" (+{len(pool.draining)} draining)" if pool.draining else ""
+        table.add_row(
+            name,
+            f"{len(pool.ready_urls())}/{pool.replicas}{draining}",
+            str(engine.max_batch_size),
+            f"{engine.batch_timeout_ms:g}",
+            str(engine.max_num_batched_tokens),
+            _against(m.ttft.p95 if m else None, slo.ttft_p95_ms),
+            _against(m.itl.p95 if m else None, slo.itl_p95_ms),
+            _ms(m.queue_time.p95 if m else None),
+            "-" if not m or m.request_rate is None else f"{m.request_rate:.2f}",
+            "-" if not m or m.waiting is None else f"{m.waiting:.0f}",
+        )
+    decision = fleet.view.last_decision
+    if decision is None:
+        last = Text(f"tuner: first run in {fleet.spec.autotune.interval_seconds} s" if fleet.spec.autotune.enabled
+                    else "tuner: disabled (spec.autotune.enabled: false)", style="dim")  # fmt: skip
+    elif decision.hold:
+        last = Text(f"tuner holds: {decision.hold_reason}", style="yellow")
+    elif decision.changes:
+        last = Text("\n".join(f"{c}: {c.reason}" for c in decision.changes), style="cyan")
+    else:
+        last = Text("tuner: no change needed (" + "; ".join(decision.reasons[-2:]) + ")", style="dim")
+    history = Text("\n".join(fleet.view.history[-8:]) or "-", style="dim")
+    return Group(
+        table,
+        Panel(last, title="last decision"),
+        Panel(history, title="events"),
+        Text("Ctrl-C drains the servers and exits", style="dim"),
+    )

@@ -1,0 +1,196 @@
+"""The local fleet (`llm-fleet up`) as a user runs it: a subprocess on loopback, the official
+`openai` client, Ctrl-C; and the closed loop under rising load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+from rich.console import Console
+
+from llmfleet.local.fleet import LocalFleet
+from llmfleet.local.up import load_service
+from llmfleet.local.view import render
+from llmfleet.operator.spec import SpecError
+
+from ..support import free_port
+
+
+class FleetProcess:
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.run_dir = tmp_path / "run"
+        self.log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed in stop()
+        command = [sys.executable, "-m", "llmfleet.cli", "up", "--no-tui", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*command, "--run-dir", str(self.run_dir), *args], stdout=self.log, stderr=subprocess.STDOUT
+        )
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(self.output())
+
+    def output(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def server_pids(self) -> list[int]:
+        found = subprocess.run(["pgrep", "-f", f"serve.*--config {self.run_dir}"], capture_output=True, text=True)
+        return [int(pid) for pid in found.stdout.split()]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(60)
+        self.log.close()
+        return self.proc.returncode
+
+
+def test_the_main_command_serves_the_openai_client_and_ctrl_c_leaves_nothing(tmp_path):
+    fleet = FleetProcess(tmp_path)
+    try:
+        fleet.wait_ready()
+        client = openai.OpenAI(base_url=f"{fleet.url}/v1", api_key="unused")
+        model = client.models.list().data[0].id
+        assert model == "tiny"
+        completion = client.completions.create(model=model, prompt="Hello", max_tokens=8)
+        assert completion.usage.completion_tokens >= 1 and completion.choices[0].finish_reason in ("stop", "length")
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+        )
+        chunks = list(stream)
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        servers = fleet.server_pids()
+        assert len(servers) == 1
+    finally:
+        code = fleet.stop()
+    assert code == 0, fleet.output()
+    assert "stopped" in fleet.output()
+    for pid in servers:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_rising_load_makes_the_tuner_act_and_latency_comes_back_under_the_slo(tmp_path):
+    """Batch size 2 under 12 concurrent streams: requests queue, TTFT p95 far over the SLO. The
+    tuner raises maxBatchSize (and maybe replicas); then the clients' TTFT p95 is under the SLO."""
+    slo_ttft_ms = 1000
+    spec = {
+        "apiVersion": "llmfleet.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "rising"},
+        "spec": {
+            "model": {"builtin": "tiny"},
+            "slo": {"ttftP95Ms": slo_ttft_ms, "itlP95Ms": 500},
+            "pools": {
+                "colocated": {
+                    "minReplicas": 1,
+                    "maxReplicas": 2,
+                    "engine": {"maxBatchSize": 2, "batchTimeoutMs": 0, "kvCacheMemoryMb": 64},
+                    "bounds": {"maxBatchSize": {"min": 2, "max": 32}},
+                }
+            },
+            "autotune": {"intervalSeconds": 5, "cooldownSeconds": 5, "scaleDownStabilizationSeconds": 120},
+        },
+    }
+    path = tmp_path / "rising.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    fleet = FleetProcess(tmp_path, "-f", str(path))
+    try:
+        fleet.wait_ready()
+        ttfts = asyncio.run(_closed_loop(fleet.url, streams=12, seconds=100, until=lambda: _tuned(fleet)))
+    finally:
+        code = fleet.stop()
+    assert code == 0, fleet.output()
+    engine = yaml.safe_load((fleet.run_dir / "colocated-engine.yaml").read_text())
+    assert engine["max_batch_size"] > 2 or "replicas 1 -> 2" in fleet.output(), fleet.output()
+    assert "maxBatchSize 2 ->" in fleet.output() or "replicas 1 -> 2" in fleet.output()
+    late = sorted(t for at, t in ttfts if at >= ttfts[-1][0] - 15)  # the last 15 s of the run
+    assert late, "no request finished late in the run"
+    p95 = late[min(len(late) - 1, int(0.95 * len(late)))]
+    assert p95 * 1000 < slo_ttft_ms, f"TTFT p95 {p95 * 1000:.0f} ms after tuning; {fleet.output()[-3000:]}"
+
+
+def _tuned(fleet: FleetProcess) -> bool:
+    """True once the batch has grown well past its start (or a second replica serves)."""
+    try:
+        engine = yaml.safe_load((fleet.run_dir / "colocated-engine.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return engine["max_batch_size"] >= 10 or "replicas 1 -> 2" in fleet.output()
+
+
+async def _closed_loop(url: str, streams: int, seconds: float, until) -> list[tuple[float, float]]:
+    """``streams`` clients each sending one streamed request after another; (finish time, TTFT)
+    per request. Stops ``seconds`` in, or 20 s after ``until()`` first holds."""
+    began = time.monotonic()
+    deadline = [began + seconds]
+    ttfts: list[tuple[float, float]] = []
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while time.monotonic() < deadline[0]:
+            body = {"model": "rising", "prompt": "tune me", "max_tokens": 64, "ignore_eos": True, "stream": True}
+            sent = time.monotonic()
+            first = None
+            async with http.stream("POST", "/v1/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if first is None and line.startswith("data: {"):
+                        first = time.monotonic() - sent
+            ttfts.append((time.monotonic() - began, first if first is not None else float("inf")))
+
+    async def watch() -> None:
+        while time.monotonic() < deadline[0]:
+            if until():
+                deadline[0] = min(deadline[0], time.monotonic() + 20)
+                return
+            await asyncio.sleep(1)
+
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        await asyncio.gather(watch(), *(client(http) for _ in range(streams)))
+    return sorted(ttfts)
+
+
+def test_the_default_spec_is_the_local_example(repo_root):
+    packaged = Path(__file__).resolve().parents[2] / "fleet" / "local" / "default.yaml"
+    assert packaged.read_text() == (repo_root / "examples" / "local.yaml").read_text()
+    name, spec = load_service(None)
+    assert name == "tiny" and spec.mode == "colocated"
+
+
+def test_a_bad_file_is_refused_with_its_reason(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"kind": "InferenceService", "metadata": {"name": "x"}, "spec": {"model": {}}}))
+    with pytest.raises(SpecError) as err:
+        load_service(str(bad))
+    assert err.value.reason.startswith("Invalid")
+    result = subprocess.run(
+        [sys.executable, "-m", "llmfleet.cli", "up", "-f", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "Invalid" in result.stderr
+
+
+def test_the_view_renders_before_any_metrics(tmp_path):
+    name, spec = load_service(None)
+    fleet = LocalFleet(name, spec, tmp_path, 8000)
+    console = Console(record=True, width=160, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(render(fleet, "http://127.0.0.1:8000"))
+    text = console.export_text()
+    assert "colocated" in text and "first run in" in text
