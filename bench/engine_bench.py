@@ -17,9 +17,9 @@ from pathlib import Path
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
+from llmfleet.workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
 
 from .report import latency_summary, print_table, save_plot
-from .workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
 
 
 @dataclass

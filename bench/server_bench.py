@@ -22,10 +22,10 @@ from pathlib import Path
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
+from llmfleet.workloads import Workload, prompt_tokens
 
 from .engine_bench import Trace
 from .report import latency_summary, print_table
-from .workloads import Workload, prompt_tokens
 
 
 def _workload(clients: int) -> Workload:

@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("LLMFLEET_PROMETHEUS_URL"),
         help="Prometheus API for the tuner (default: $LLMFLEET_PROMETHEUS_URL; none: scrape pods directly)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8081,
+        help="serve the tuner's decision metrics (llmfleet_tuner_*) on this port; 0: off",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
 
@@ -56,6 +62,6 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.peering is None,
         peering_name=args.peering,
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(prometheus_url=args.prometheus_url),
+        memo=kopf.Memo(prometheus_url=args.prometheus_url, metrics_port=args.metrics_port),
     )
     return 0

@@ -9,8 +9,8 @@ only because timers need one; it removes it itself when the object goes.)
 
 Run: ``llm-fleet operator`` (cli.py) or ``kopf run --standalone -m llmfleet.operator.handlers``.
 
-Hook for the tuner: write the decision into ``status.tuner`` ({replicas: {pool: n}, knobs:
-{pool: {maxBatchSize: ...}}}), then ``await reconcile_now(body_with_that_status, memo, logger)``.
+The tuner (a daemon per InferenceService, tuning.py) writes its decision into ``status.tuner``
+({replicas: {pool: n}, knobs: {pool: {maxBatchSize: ...}}}), then runs ``reconcile_now``.
 Knobs land in the engine ConfigMaps (pods apply them live), replicas in the Deployments; spec
 bounds and min/max replicas are enforced by reconcile, whatever the tuner asks.
 """
@@ -28,10 +28,13 @@ from typing import Any
 
 import kopf
 
+from . import tuner_metrics
 from .converge import Outcome, converge
 from .kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
 from .kube import login as kube_login
 from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
+from .spec import SpecError, parse_spec
+from .tuning import autotune_once, new_events, prepare_scale_down
 
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
 RESYNC_SECONDS = float(os.environ.get("LLMFLEET_OPERATOR_RESYNC_SECONDS", "60"))
@@ -47,6 +50,7 @@ class OperatorState:
     client: KubeClient
     prometheus_url: str | None = None
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    tuner_sessions: dict[tuple[str, str], Any] = field(default_factory=dict)  # metric sources kept between runs
     _pod_monitor: tuple[float, bool] | None = None
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
@@ -88,6 +92,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     configure(settings)
     url = memo.get("prometheus_url") or os.environ.get("LLMFLEET_PROMETHEUS_URL") or None
     memo.llmfleet = OperatorState(client=KubeClient.from_environment(settings), prometheus_url=url)
+    if memo.get("metrics_port"):
+        from prometheus_client import start_http_server
+
+        start_http_server(memo.metrics_port, registry=tuner_metrics.REGISTRY)
+        logger.info(f"tuner metrics on :{memo.metrics_port}/metrics")
     logger.info(f"llm-fleet operator ready (prometheus: {url or 'direct scraping'}, resync: {RESYNC_SECONDS}s)")
 
 
@@ -126,6 +135,54 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, backoff=10)
 async def resync(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     await reconcile_now(body, memo, logger)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, backoff=10)
+async def autotune(
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """The tuner, every spec.autotune.intervalSeconds (re-read each time: a spec edit takes effect
+    at the next run). Stale metrics or a failed run hold everything until the next one."""
+    state: OperatorState = memo.llmfleet
+    key = (meta.namespace, meta.name)
+    try:
+        while not stopped:
+            try:
+                spec = parse_spec(dict(body.get("spec") or {}))
+            except SpecError:
+                spec = None  # converge reports it as Degraded; nothing to tune
+            interval = spec.autotune.interval_seconds if spec is not None else RESYNC_SECONDS
+            await stopped.wait(interval)
+            if stopped or spec is None or not spec.autotune.enabled:
+                continue
+            await tune_now(copy.deepcopy(dict(body)), spec, memo, logger)
+    finally:
+        state.tuner_sessions.pop(key, None)
+        tuner_metrics.forget(*key)
+
+
+async def tune_now(raw: dict[str, Any], spec: Any, memo: kopf.Memo, logger: logging.Logger) -> None:
+    """One tuner run for one InferenceService, then the converge pass that applies it."""
+    state: OperatorState = memo.llmfleet
+    meta = raw["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    async with state.lock(meta["namespace"], meta["name"]):
+        fresh = await state.client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
+        if fresh is None:
+            return
+        try:
+            outcome, raw = await autotune_once(state.client, state.tuner_sessions, fresh, spec, state.prometheus_url)
+        except ApiError as exc:
+            logger.warning(f"tuner run skipped, API server: {exc}")
+            return
+    tuner_metrics.record(meta["namespace"], meta["name"], outcome)
+    for type_, reason, message in new_events(outcome, fresh.get("status") or {}):
+        kopf.event(raw, type=type_, reason=reason, message=message)
+    logger.info(f"tuner: {outcome.condition.reason}: {outcome.status['lastDecision']['reason']}")
+    if outcome.decision.changes:
+        await prepare_scale_down(state.client, raw, outcome)
+        await reconcile_now(raw, memo, logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY})

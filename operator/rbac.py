@@ -30,7 +30,8 @@ RBAC_RULES: list[dict[str, Any]] = [
     _rule("apps", ["deployments"], [*CHILD_VERBS, "watch"]),
     _rule("policy", ["poddisruptionbudgets"], CHILD_VERBS),
     _rule("monitoring.coreos.com", ["podmonitors"], CHILD_VERBS),
-    # scaledown.py: rank a pool's pods by in-flight work before the tuner scales it down.
+    # scaledown.py: rank a pool's pods by in-flight work before the tuner scales it down;
+    # tuning.py: the ready pods' IPs, to scrape their /metrics when no Prometheus is configured.
     _rule("", ["pods"], ["list", "patch"]),
     # kopf posts the operator's Events (core v1).
     _rule("", ["events"], ["create"]),

@@ -17,30 +17,17 @@ from pathlib import Path
 
 import yaml
 
+from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
 from llmfleet.operator.metrics_source import MetricSource, PoolMetrics, PoolRef
-from llmfleet.operator.reconcile import TunerState, effective_engine
+from llmfleet.operator.reconcile import TunerState
 from llmfleet.operator.spec import InferenceServiceSpec
-from llmfleet.operator.tuner import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
-from llmfleet.operator.tuner_memory import TunerMemory
+from llmfleet.operator.tuner import Decision
 
 from .pools import LocalPool
 from .processes import ServerProcess
 
 log = logging.getLogger(__name__)
 NAMESPACE = "local"
-
-
-def tuner_config(spec: InferenceServiceSpec) -> TunerConfig:
-    """The tuner's timing from the spec's autotune section (HPA-like behaviour)."""
-    a = spec.autotune
-    return TunerConfig(
-        scale_up_stabilization_s=float(a.scale_up_stabilization_seconds),
-        scale_down_stabilization_s=float(a.scale_down_stabilization_seconds),
-        cooldown_s=float(a.cooldown_seconds),
-        headroom=float(a.headroom),
-        knob_relax_stabilization_s=float(min(a.cooldown_seconds, a.scale_down_stabilization_seconds)),
-        flap_window_s=float(a.scale_down_stabilization_seconds),
-    )
 
 
 @dataclass
@@ -60,8 +47,7 @@ class LocalFleet:
         self.port = port
         self.pools = {p: LocalPool(p, spec, name, run_dir) for p in spec.active_pools}
         self.tuner_state = TunerState()
-        self.tuner = Tuner(tuner_config(spec))
-        self.memory = TunerMemory()
+        self.autotuner: Autotuner | None = None
         self.router: ServerProcess | None = None
         self.endpoints_file = run_dir / "endpoints.yaml"
         self.view = FleetView()
@@ -120,37 +106,33 @@ class LocalFleet:
         return self.spec.autotune.enabled and time.monotonic() >= self._next_tune
 
     async def tune(self, source: MetricSource) -> Decision:
-        """One tuner run: measure every pool, decide, apply. Returns the decision."""
+        """One tuner run (operator/autotune.py, as in the cluster): measure, decide, apply."""
         self._next_tune = time.monotonic() + self.spec.autotune.interval_seconds
-        window = float(max(30, 3 * self.spec.autotune.interval_seconds))
-        inputs = {}
-        for name, pool in self.pools.items():
-            metrics = await source.snapshot(self.pool_ref(name), window)
-            self.view.last_metrics[name] = metrics
-            engine = effective_engine(self.spec, name, self.tuner_state)
-            current = PoolSettings.from_engine(pool.replicas, engine)
-            inputs[name] = PoolInput(metrics, current, PoolLimits.from_spec(self.spec.pool(name)))
-        decision = self.tuner.decide(inputs, SLOTargets.from_spec(self.spec.slo), self.memory, time.time())
-        self.memory = decision.memory
-        self.apply(decision)
-        self.view.last_decision = decision
-        for change in decision.changes:
-            self._note(f"{change}: {change.reason}")
-        if decision.hold:
-            log.info("tuner holds: %s", decision.hold_reason)
-        return decision
+        if self.autotuner is None:
+            refs = {name: self.pool_ref(name) for name in self.pools}
+            self.autotuner = Autotuner(self.spec, source, refs)
+        outcome = await self.autotuner.step(_Actuator(self), time.time())
+        self.view.last_metrics = outcome.metrics
+        self.view.last_decision = outcome.decision
+        for _, reason, message in outcome.events:
+            if reason != "TunerHolding":
+                self._note(message)
+        if outcome.decision.hold:
+            log.info("tuner holds: %s", outcome.decision.hold_reason)
+        return outcome.decision
 
-    def apply(self, decision: Decision) -> None:
-        """The decision's settings become the tuner state; configs and replica counts follow."""
-        for name, settings in decision.settings.items():
-            self.tuner_state.replicas[name] = settings.replicas
-            self.tuner_state.knobs[name] = dict(settings.knobs)
-        for pool in self.pools.values():
-            if pool.write_config(self.tuner_state):
-                log.info("%s: wrote %s", pool.name, pool.config_path)
-            wanted = pool.desired_replicas(self.tuner_state)
-            if wanted != pool.replicas:
-                pool.scale_to(wanted)
+    def apply(self, pool: str, replicas: int | None, knobs: dict[str, float]) -> None:
+        """The tuner's new values become the tuner state; the config file and the processes follow."""
+        if replicas is not None:
+            self.tuner_state.replicas[pool] = replicas
+        if knobs:
+            self.tuner_state.knobs[pool] = {**self.tuner_state.knobs.get(pool, {}), **knobs}
+        local = self.pools[pool]
+        if local.write_config(self.tuner_state):
+            log.info("%s: wrote %s", pool, local.config_path)
+        wanted = local.desired_replicas(self.tuner_state)
+        if wanted != local.replicas:
+            local.scale_to(wanted)
 
     def _write_endpoints(self) -> None:
         endpoints = {name: pool.ready_urls() for name, pool in self.pools.items()}
@@ -164,3 +146,16 @@ class LocalFleet:
         log.info("%s", line)
         self.view.history.append(f"{time.strftime('%H:%M:%S')} {line}")
         del self.view.history[:-50]
+
+
+class _Actuator:
+    """The local fleet as the tuner sees it: state in memory, config files and processes."""
+
+    def __init__(self, fleet: LocalFleet) -> None:
+        self.fleet = fleet
+
+    def observe(self) -> dict[str, PoolView]:
+        return views_from_state(self.fleet.spec, self.fleet.tuner_state)
+
+    def apply(self, pool: str, replicas: int | None, knobs: dict[str, float]) -> None:
+        self.fleet.apply(pool, replicas, knobs)

@@ -60,7 +60,7 @@ async def generate_load(args) -> Summary:
 
     import httpx
 
-    from llmfleet.bench.workloads import SHAPES
+    from llmfleet.workloads import SHAPES
 
     shape = SHAPES[args.shape]
     rng = random.Random(args.seed)

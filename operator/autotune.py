@@ -1,0 +1,172 @@
+"""One tuner run around the pure law (tuner.py), the same in the operator and in the local fleet:
+measure every pool through a ``MetricSource``, decide, hand the new replicas and knobs to an
+``Actuator``, and describe the run for status, Events and logs.
+
+Ownership rule while autotune is on (documented in the README): spec bounds win, the tuner owns
+the current value. A manual `kubectl scale` or ConfigMap edit is overwritten with the tuner's value
+at the next reconcile; users steer through the spec (bounds, min/max replicas, SLOs). A value
+outside the spec's bounds is first brought inside them, and that correction is recorded like any
+other change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from .metrics_source import MetricSource, PoolMetrics, PoolRef
+from .reconcile import TunerState, effective_engine, effective_replicas
+from .spec import InferenceServiceSpec
+from .status import TUNER_ACTIVE, Condition
+from .tuner import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
+from .tuner_memory import TunerMemory
+
+
+@dataclass
+class PoolView:
+    """What runs now for one pool: replicas and camelCase knobs (maxBatchSize, batchTimeoutMs, ...)."""
+
+    replicas: int
+    knobs: dict[str, float]
+
+
+class Actuator(Protocol):
+    def observe(self) -> dict[str, PoolView]: ...
+
+    def apply(self, pool: str, replicas: int | None, knobs: dict[str, float]) -> None:
+        """Only what changed: ``replicas`` None if unchanged, ``knobs`` the changed ones."""
+
+
+@dataclass
+class AutotuneOutcome:
+    decision: Decision
+    status: dict[str, Any]  # tuner (replicas, knobs, memory), lastDecision, latency
+    condition: Condition  # TunerActive
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    metrics: dict[str, PoolMetrics] = field(default_factory=dict)
+
+
+def tuner_config(spec: InferenceServiceSpec) -> TunerConfig:
+    """The tuner's timing from spec.autotune, as HPA ``behavior``: knob relaxations wait one cooldown."""
+    a = spec.autotune
+    return TunerConfig(
+        scale_up_stabilization_s=float(a.scale_up_stabilization_seconds),
+        scale_down_stabilization_s=float(a.scale_down_stabilization_seconds),
+        cooldown_s=float(a.cooldown_seconds),
+        headroom=float(a.headroom),
+        knob_relax_stabilization_s=float(min(a.cooldown_seconds, a.scale_down_stabilization_seconds)),
+        flap_window_s=float(a.scale_down_stabilization_seconds),
+    )
+
+
+def metric_window_s(spec: InferenceServiceSpec) -> float:
+    """The trailing window each run measures: three intervals, at least 30 s of samples."""
+    return float(max(30, 3 * spec.autotune.interval_seconds))
+
+
+def views_from_state(spec: InferenceServiceSpec, state: TunerState | None) -> dict[str, PoolView]:
+    """What reconcile makes of a tuner state: the spec's values, the tuner's where it has one, in bounds."""
+    views = {}
+    for pool in spec.active_pools:
+        engine = effective_engine(spec, pool, state)
+        settings = PoolSettings.from_engine(effective_replicas(spec, pool, state), engine)
+        views[pool] = PoolView(settings.replicas, dict(settings.knobs))
+    return views
+
+
+class Autotuner:
+    def __init__(
+        self,
+        spec: InferenceServiceSpec,
+        source: MetricSource,
+        pools: dict[str, PoolRef],
+        *,
+        tuner: Tuner | None = None,
+        memory: TunerMemory | None = None,
+    ) -> None:
+        self.spec = spec
+        self.source = source
+        self.pools = pools
+        self.tuner = tuner or Tuner(tuner_config(spec))
+        self.memory = memory or TunerMemory()
+
+    async def step(self, actuator: Actuator, now: float) -> AutotuneOutcome:
+        spec = self.spec
+        current = actuator.observe()
+        window = metric_window_s(spec)
+        metrics: dict[str, PoolMetrics] = {}
+        inputs: dict[str, PoolInput] = {}
+        for name in spec.active_pools:
+            metrics[name] = await self.source.snapshot(self.pools[name], window)
+            view = current[name]
+            settings = PoolSettings(view.replicas, view.knobs)
+            inputs[name] = PoolInput(metrics[name], settings, PoolLimits.from_spec(spec.pool(name)))
+        decision = self.tuner.decide(inputs, SLOTargets.from_spec(spec.slo), self.memory, now)
+        self.memory = decision.memory
+        for name, settings in decision.settings.items():
+            was = current[name]
+            knobs = {k: v for k, v in settings.knobs.items() if was.knobs.get(k) != v}
+            replicas = settings.replicas if settings.replicas != was.replicas else None
+            if knobs or replicas is not None:
+                actuator.apply(name, replicas, knobs)
+        return AutotuneOutcome(
+            decision=decision,
+            status=self._status(decision, metrics, now),
+            condition=_condition(decision),
+            events=_events(decision),
+            metrics=metrics,
+        )
+
+    def _status(self, decision: Decision, metrics: dict[str, PoolMetrics], now: float) -> dict[str, Any]:
+        at = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status: dict[str, Any] = {
+            "tuner": {
+                "replicas": {name: s.replicas for name, s in decision.settings.items()},
+                "knobs": {name: {k: _plain(v) for k, v in s.knobs.items()} for name, s in decision.settings.items()},
+                "memory": decision.memory.model_dump(mode="json"),
+            },
+            "lastDecision": {
+                "time": at,
+                "changes": [c.to_dict() for c in decision.changes],
+                "reason": decision.hold_reason if decision.hold else "; ".join(decision.reasons),
+                "inputs": {name: dict(v) for name, v in decision.inputs.items()},
+            },
+        }
+        latency = _latency(self.spec, metrics)
+        if latency:
+            status["latency"] = {**latency, "at": at}
+        return status
+
+
+def _latency(spec: InferenceServiceSpec, metrics: dict[str, PoolMetrics]) -> dict[str, float]:
+    """p95s in ms for the printer columns: TTFT from the pool that owns it, ITL likewise."""
+    ttft_pool = "prefill" if spec.mode == "disaggregated" else "colocated"
+    itl_pool = "decode" if spec.mode == "disaggregated" else "colocated"
+    out = {}
+    for key, pool, attr in (("ttftP95Ms", ttft_pool, "ttft"), ("itlP95Ms", itl_pool, "itl"),
+                            ("queueP95Ms", ttft_pool, "queue_time")):  # fmt: skip
+        m = metrics.get(pool)
+        value = getattr(m, attr).p95 if m is not None else None
+        if value is not None:
+            out[key] = round(value * 1000.0, 1)
+    return out
+
+
+def _condition(decision: Decision) -> Condition:
+    if decision.hold:
+        return Condition(TUNER_ACTIVE, "False", "Holding", decision.hold_reason)
+    if decision.changes:
+        return Condition(TUNER_ACTIVE, "True", "Tuned", "; ".join(str(c) for c in decision.changes))
+    return Condition(TUNER_ACTIVE, "True", "Steady", "every knob and replica count holds its SLOs within bounds")
+
+
+def _events(decision: Decision) -> list[tuple[str, str, str]]:
+    events = [("Normal", "Tuned", f"{c}: {c.reason}") for c in decision.changes]
+    if decision.hold:
+        events.append(("Warning", "TunerHolding", decision.hold_reason))
+    return events
+
+
+def _plain(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else float(value)

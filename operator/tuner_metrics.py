@@ -1,0 +1,62 @@
+"""The tuner's decisions as Prometheus metrics of the operator process, so Grafana can plot them
+next to the latencies they answer (annotations from the decision counter, knob and replica lines)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from .autotune import AutotuneOutcome
+
+REGISTRY = CollectorRegistry()
+
+DECISIONS = Counter(
+    "llmfleet_tuner_decisions",
+    "Changes the tuner made, by pool, knob (or replicas) and direction.",
+    ["namespace", "inference_service", "pool", "knob", "direction"],
+    registry=REGISTRY,
+)
+KNOB_VALUE = Gauge(
+    "llmfleet_tuner_knob_value",
+    "The tuner's current value of each knob.",
+    ["namespace", "inference_service", "pool", "knob"],
+    registry=REGISTRY,
+)
+REPLICAS = Gauge(
+    "llmfleet_tuner_replicas",
+    "The tuner's replica count per pool.",
+    ["namespace", "inference_service", "pool"],
+    registry=REGISTRY,
+)
+HOLD = Gauge(
+    "llmfleet_tuner_hold",
+    "1 while the tuner holds (stale or missing metrics), else 0.",
+    ["namespace", "inference_service"],
+    registry=REGISTRY,
+)
+RUNS = Counter(
+    "llmfleet_tuner_runs",
+    "Tuner runs, by outcome (Tuned, Steady, Holding).",
+    ["namespace", "inference_service", "outcome"],
+    registry=REGISTRY,
+)
+
+
+def record(namespace: str, name: str, outcome: AutotuneOutcome) -> None:
+    decision = outcome.decision
+    RUNS.labels(namespace, name, outcome.condition.reason).inc()
+    HOLD.labels(namespace, name).set(1 if decision.hold else 0)
+    for change in decision.changes:
+        direction = "up" if change.new > change.old else "down"
+        DECISIONS.labels(namespace, name, change.pool, change.knob, direction).inc()
+    for pool, settings in decision.settings.items():
+        REPLICAS.labels(namespace, name, pool).set(settings.replicas)
+        for knob, value in settings.knobs.items():
+            KNOB_VALUE.labels(namespace, name, pool, knob).set(value)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop a deleted InferenceService's series."""
+    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, HOLD, RUNS):
+        for labels in list(metric._metrics):
+            if labels[:2] == (namespace, name):
+                metric.remove(*labels)

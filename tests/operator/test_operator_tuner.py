@@ -1,0 +1,114 @@
+"""The tuner inside the real operator (kopf daemon) against the emulated API server, with a
+scripted metric source in place of the pods' /metrics: what a run writes (status, ConfigMap,
+Deployment, Events, decision metrics) and what it leaves alone."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from llmfleet.operator import tuning
+from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.tuner_metrics import REGISTRY
+
+from .conftest import eventually, inference_service, settle
+
+SPEC = {
+    "model": {"builtin": "tiny"},
+    "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
+    "pools": {
+        "colocated": {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "engine": {"maxBatchSize": 32, "kvCacheMemoryMb": 128},
+            "bounds": {"maxBatchSize": {"min": 8, "max": 64}},
+        }
+    },
+    "autotune": {"intervalSeconds": 5, "cooldownSeconds": 0, "scaleUpStabilizationSeconds": 0},
+}
+
+
+def snapshot(pool: PoolRef, *, itl_ms: float, stale: bool = False) -> PoolMetrics:
+    def q(p95_ms: float) -> LatencyQuantiles:
+        return LatencyQuantiles(p50=p95_ms / 2000, p95=p95_ms / 1000, p99=p95_ms / 1000, samples=500)
+
+    return PoolMetrics(
+        pool=pool, at=0.0, window_s=30.0, ttft=q(200.0), itl=q(itl_ms), queue_time=q(20.0),
+        request_rate=40.0, prompt_tokens_per_s=4000.0, generation_tokens_per_s=1200.0,
+        waiting=12.0, running=32.0, kv_usage_mean=0.5, kv_usage_max=0.6, mean_batch_size=32.0,
+        mean_step_tokens=40.0, preemptions_per_s=0.0, ready_pods=1, stale=stale,
+        reason="colocated: no pods to scrape" if stale else "",
+    )  # fmt: skip
+
+
+class ScriptedSource:
+    """Stands in for the pods' /metrics: an ITL p95 far over the SLO, or nothing fresh."""
+
+    itl_ms = 250.0
+    stale = False
+
+    def __init__(self, targets) -> None:
+        self.targets = targets
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        return snapshot(pool, itl_ms=self.itl_ms, stale=self.stale)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    monkeypatch.setattr(tuning, "ScrapeSource", ScriptedSource)
+    ScriptedSource.itl_ms, ScriptedSource.stale = 250.0, False
+    return ScriptedSource
+
+
+def engine_of(kube) -> dict:
+    return yaml.safe_load(kube.get("ConfigMap", "tiny-colocated-engine")["data"]["engine.yaml"])
+
+
+def test_a_run_shrinks_the_batch_scales_out_and_explains_itself(kube, operator, scripted):
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    assert engine_of(kube)["max_batch_size"] == 32
+
+    eventually(lambda: kube.get("InferenceService", "tiny")["status"].get("lastDecision"), timeout=20)
+    eventually(lambda: engine_of(kube)["max_batch_size"] < 32, timeout=10)
+    obj = kube.get("InferenceService", "tiny")
+    status = obj["status"]
+    decision = status["lastDecision"]
+    knobs = {c["knob"] for c in decision["changes"]}
+    assert "maxBatchSize" in knobs and "ITL p95 250 ms > SLO 100 ms" in decision["reason"]
+    assert status["tuner"]["knobs"]["colocated"]["maxBatchSize"] == engine_of(kube)["max_batch_size"] >= 8
+    assert status["latency"]["itlP95Ms"] == 250.0
+    tuner_active = kube.condition("tiny", "TunerActive")
+    assert (tuner_active["status"], tuner_active["reason"]) == ("True", "Tuned")
+    if "replicas" in knobs:  # 12 waiting over the default capacity: more replicas
+        eventually(lambda: kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] > 1)
+    assert any(e["reason"] == "Tuned" and "maxBatchSize" in e["message"] for e in kube.events("tiny"))
+    exposed = generate_latest(REGISTRY).decode()
+    assert 'llmfleet_tuner_decisions_total{direction="down",inference_service="tiny"' in exposed
+    assert 'llmfleet_tuner_knob_value{inference_service="tiny",knob="maxBatchSize"' in exposed
+
+
+def test_stale_metrics_hold_with_a_reason_and_touch_nothing(kube, operator, scripted):
+    scripted.stale = True
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    before = kube.get("ConfigMap", "tiny-colocated-engine")["metadata"]["resourceVersion"]
+    eventually(lambda: (kube.condition("tiny", "TunerActive") or {}).get("reason") == "Holding", timeout=20)
+    assert "no pods to scrape" in kube.condition("tiny", "TunerActive")["message"]
+    assert kube.get("ConfigMap", "tiny-colocated-engine")["metadata"]["resourceVersion"] == before
+    holds = [e for e in kube.events("tiny") if e["reason"] == "TunerHolding"]
+    assert len(holds) == 1 and holds[0]["type"] == "Warning"
+
+
+def test_a_manual_edit_is_overwritten_by_the_tuners_value(kube, operator, scripted):
+    """Spec bounds win; the tuner owns the current value (a ConfigMap edit does not stick)."""
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    eventually(lambda: engine_of(kube)["max_batch_size"] < 32, timeout=20)
+    tuned = kube.get("InferenceService", "tiny")["status"]["tuner"]["knobs"]["colocated"]["maxBatchSize"]
+    scripted.stale = True  # hold from now on: only reconcile acts
+    edited = dict(engine_of(kube), max_batch_size=60)
+    kube.patch("ConfigMap", "tiny-colocated-engine", {"data": {"engine.yaml": yaml.safe_dump(edited)}})
+    eventually(lambda: engine_of(kube)["max_batch_size"] == tuned, timeout=10)

@@ -1,0 +1,76 @@
+"""One tuner run around the law (operator/autotune.py): what reaches the actuator, and what the
+run reports for status, the TunerActive condition and Events."""
+
+from __future__ import annotations
+
+from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
+from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
+from llmfleet.operator.reconcile import TunerState
+from llmfleet.operator.spec import parse_spec
+from llmfleet.operator.tuner_memory import TunerMemory
+
+from .scenarios import metrics
+
+SPEC = parse_spec(
+    {
+        "model": {"builtin": "tiny"},
+        "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
+        "pools": {"colocated": {"minReplicas": 1, "maxReplicas": 4, "engine": {"maxBatchSize": 32}}},
+        "autotune": {"intervalSeconds": 10, "cooldownSeconds": 0},
+    }
+)
+REF = PoolRef("ns", "chat", "colocated")
+
+
+class FixedSource:
+    def __init__(self, snapshot: PoolMetrics) -> None:
+        self.snapshot_value = snapshot
+        self.asked: list[tuple[PoolRef, float]] = []
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        self.asked.append((pool, window_s))
+        return self.snapshot_value
+
+
+class RecordingActuator:
+    def __init__(self, views: dict[str, PoolView]) -> None:
+        self.views = views
+        self.applied: list[tuple[str, int | None, dict[str, float]]] = []
+
+    def observe(self) -> dict[str, PoolView]:
+        return self.views
+
+    def apply(self, pool: str, replicas: int | None, knobs: dict[str, float]) -> None:
+        self.applied.append((pool, replicas, knobs))
+
+
+async def test_an_itl_violation_shrinks_the_batch_and_says_why():
+    source = FixedSource(metrics(itl_ms=180.0, ttft_ms=200.0))
+    actuator = RecordingActuator(views_from_state(SPEC, None))
+    outcome = await Autotuner(SPEC, source, {"colocated": REF}).step(actuator, now=1000.0)
+    assert source.asked == [(REF, 30.0)]
+    (pool, _, knobs), *_ = actuator.applied
+    assert pool == "colocated" and knobs["maxBatchSize"] < 32
+    assert outcome.status["tuner"]["knobs"]["colocated"]["maxBatchSize"] == knobs["maxBatchSize"]
+    assert "ITL p95 180 ms > SLO 100 ms" in outcome.status["lastDecision"]["reason"]
+    assert outcome.status["latency"]["itlP95Ms"] == 180.0
+    assert outcome.condition.status == "True" and outcome.condition.reason == "Tuned"
+    assert any(reason == "Tuned" and "maxBatchSize" in message for _, reason, message in outcome.events)
+    TunerMemory.model_validate(outcome.status["tuner"]["memory"])  # what status keeps can be read back
+
+
+async def test_stale_metrics_hold_and_warn():
+    source = FixedSource(metrics().with_staleness(True, "colocated: no pods to scrape"))
+    actuator = RecordingActuator(views_from_state(SPEC, None))
+    outcome = await Autotuner(SPEC, source, {"colocated": REF}).step(actuator, now=1000.0)
+    assert actuator.applied == []
+    assert outcome.condition.status == "False" and outcome.condition.reason == "Holding"
+    assert "no pods to scrape" in outcome.condition.message
+    assert outcome.events[-1][:2] == ("Warning", "TunerHolding")
+
+
+def test_views_follow_the_tuner_state_within_the_spec_bounds():
+    state = TunerState(replicas={"colocated": 9}, knobs={"colocated": {"maxBatchSize": 48}})
+    view = views_from_state(SPEC, state)["colocated"]
+    assert view.replicas == 4  # maxReplicas wins over the tuner's 9
+    assert view.knobs["maxBatchSize"] == 48
