@@ -176,7 +176,7 @@ async def tune_now(raw: dict[str, Any], spec: Any, memo: kopf.Memo, logger: logg
         except ApiError as exc:
             logger.warning(f"tuner run skipped, API server: {exc}")
             return
-    tuner_metrics.record(meta["namespace"], meta["name"], outcome)
+    tuner_metrics.record(meta["namespace"], meta["name"], outcome, spec.slo)
     for type_, reason, message in new_events(outcome, fresh.get("status") or {}):
         kopf.event(raw, type=type_, reason=reason, message=message)
     logger.info(f"tuner: {outcome.condition.reason}: {outcome.status['lastDecision']['reason']}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .autotune import AutotuneOutcome
+from .spec import SLO as SLO_SPEC
 
 REGISTRY = CollectorRegistry()
 
@@ -33,6 +34,12 @@ HOLD = Gauge(
     ["namespace", "inference_service"],
     registry=REGISTRY,
 )
+SLO = Gauge(
+    "llmfleet_slo_seconds",
+    "The InferenceService's p95 SLOs (kind: ttft, itl), for dashboards and alerts.",
+    ["namespace", "inference_service", "kind"],
+    registry=REGISTRY,
+)
 RUNS = Counter(
     "llmfleet_tuner_runs",
     "Tuner runs, by outcome (Tuned, Steady, Holding).",
@@ -41,8 +48,10 @@ RUNS = Counter(
 )
 
 
-def record(namespace: str, name: str, outcome: AutotuneOutcome) -> None:
+def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -> None:
     decision = outcome.decision
+    SLO.labels(namespace, name, "ttft").set(slo.ttft_p95_ms / 1000.0)
+    SLO.labels(namespace, name, "itl").set(slo.itl_p95_ms / 1000.0)
     RUNS.labels(namespace, name, outcome.condition.reason).inc()
     HOLD.labels(namespace, name).set(1 if decision.hold else 0)
     for change in decision.changes:
@@ -56,7 +65,7 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome) -> None:
 
 def forget(namespace: str, name: str) -> None:
     """Drop a deleted InferenceService's series."""
-    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, HOLD, RUNS):
+    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, HOLD, RUNS, SLO):
         for labels in list(metric._metrics):
             if labels[:2] == (namespace, name):
                 metric.remove(*labels)

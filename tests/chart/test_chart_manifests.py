@@ -199,7 +199,7 @@ def test_dashboard_configmaps(render, tmp_path: Path) -> None:
     chart = tmp_path / "llm-fleet"
     shutil.copytree(CHART, chart)
     dashboards = {
-        "fleet-overview.json": {"title": "Fleet overview", "panels": [{"expr": 'sum(rate(x{a="b"}[1m]))'}]},
+        "test-overview.json": {"title": "Test overview", "panels": [{"expr": 'sum(rate(x{a="b"}[1m]))'}]},
         "Pod_Detail.json": {"title": "Pod detail", "templating": {"list": []}},
     }
     for name, body in dashboards.items():
