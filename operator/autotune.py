@@ -12,13 +12,12 @@ other change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .metrics_source import MetricSource, PoolMetrics, PoolRef
 from .reconcile import TunerState, effective_engine, effective_replicas
 from .spec import InferenceServiceSpec
-from .status import TUNER_ACTIVE, Condition
+from .status import Condition
 from .tuner import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
 from .tuner_memory import TunerMemory
 
@@ -119,23 +118,13 @@ class Autotuner:
         )
 
     def _status(self, decision: Decision, metrics: dict[str, PoolMetrics], now: float) -> dict[str, Any]:
-        at = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status: dict[str, Any] = {
-            "tuner": {
-                "replicas": {name: s.replicas for name, s in decision.settings.items()},
-                "knobs": {name: {k: _plain(v) for k, v in s.knobs.items()} for name, s in decision.settings.items()},
-                "memory": decision.memory.model_dump(mode="json"),
-            },
-            "lastDecision": {
-                "time": at,
-                "changes": [c.to_dict() for c in decision.changes],
-                "reason": decision.hold_reason if decision.hold else "; ".join(decision.reasons),
-                "inputs": {name: dict(v) for name, v in decision.inputs.items()},
-            },
+            "tuner": {**decision.tuner_status(), "memory": decision.memory.model_dump(mode="json")},
+            "lastDecision": decision.last_decision_status(),
         }
         latency = _latency(self.spec, metrics)
         if latency:
-            status["latency"] = {**latency, "at": at}
+            status["latency"] = {**latency, "at": status["lastDecision"]["time"]}
         return status
 
 
@@ -154,11 +143,8 @@ def _latency(spec: InferenceServiceSpec, metrics: dict[str, PoolMetrics]) -> dic
 
 
 def _condition(decision: Decision) -> Condition:
-    if decision.hold:
-        return Condition(TUNER_ACTIVE, "False", "Holding", decision.hold_reason)
-    if decision.changes:
-        return Condition(TUNER_ACTIVE, "True", "Tuned", "; ".join(str(c) for c in decision.changes))
-    return Condition(TUNER_ACTIVE, "True", "Steady", "every knob and replica count holds its SLOs within bounds")
+    c = decision.condition()
+    return Condition(c["type"], c["status"], c["reason"], c["message"])
 
 
 def _events(decision: Decision) -> list[tuple[str, str, str]]:
@@ -166,7 +152,3 @@ def _events(decision: Decision) -> list[tuple[str, str, str]]:
     if decision.hold:
         events.append(("Warning", "TunerHolding", decision.hold_reason))
     return events
-
-
-def _plain(value: float) -> float | int:
-    return int(value) if float(value).is_integer() else float(value)

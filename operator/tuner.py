@@ -356,6 +356,8 @@ class Tuner:
         if backlog is not None:
             units += backlog[0]
             detail += f" + {backlog[1]}"
+        if not math.isfinite(units):  # e.g. a near-zero request rate under a queue: no usable estimate
+            return Proposal(cur, f"demand not finite ({detail}): replicas hold"), None
         raw = math.ceil(units / (1.0 - c.headroom) - 1e-9)
         why = f"demand {units:.2f} replicas ({detail}) / (1 - headroom {c.headroom:g}) = {raw}"
 

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .autotune import AutotuneOutcome
 from .spec import SLO as SLO_SPEC
+from .tuner_model import REPLICAS as REPLICAS_KNOB
 
 REGISTRY = CollectorRegistry()
 
@@ -42,7 +43,7 @@ SLO = Gauge(
 )
 RUNS = Counter(
     "llmfleet_tuner_runs",
-    "Tuner runs, by outcome (Tuned, Steady, Holding).",
+    "Tuner runs, by outcome (the TunerActive reason: Adjusted, Steady, MetricsUnavailable).",
     ["namespace", "inference_service", "outcome"],
     registry=REGISTRY,
 )
@@ -54,6 +55,12 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -
     SLO.labels(namespace, name, "itl").set(slo.itl_p95_ms / 1000.0)
     RUNS.labels(namespace, name, outcome.condition.reason).inc()
     HOLD.labels(namespace, name).set(1 if decision.hold else 0)
+    # Every decision series exists at 0 from the first run: one born at 1 is invisible to
+    # increase()/changes(), so a pool's first decision would never show on a dashboard.
+    for pool, settings in decision.settings.items():
+        for knob in (*settings.knobs, REPLICAS_KNOB):
+            for direction in ("up", "down"):
+                DECISIONS.labels(namespace, name, pool, knob, direction)
     for change in decision.changes:
         direction = "up" if change.new > change.old else "down"
         DECISIONS.labels(namespace, name, change.pool, change.knob, direction).inc()

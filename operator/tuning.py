@@ -130,7 +130,7 @@ async def autotune_once(
 def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The run's Events, less a hold warning already given for the same reason."""
     was = st.condition_of(previous_status, st.TUNER_ACTIVE) or {}
-    repeated = was.get("reason") == "Holding" and was.get("message") == outcome.condition.message
+    repeated = was.get("reason") == outcome.condition.reason and was.get("message") == outcome.condition.message
     return [e for e in outcome.events if not (e[1] == "TunerHolding" and repeated)]
 
 

@@ -22,8 +22,10 @@ def free_port() -> int:
 class ServerProcess:
     """`llm-fleet serve` in a subprocess; waits for /ready; stops it on exit."""
 
-    def __init__(self, *args: str, config: Path | None = None, log_path: Path | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, *args: str, config: Path | None = None, log_path: Path | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "llmfleet.cli", "serve", "--port", str(self.port), *args]
         if config is not None:

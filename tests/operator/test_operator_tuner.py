@@ -81,7 +81,7 @@ def test_a_run_shrinks_the_batch_scales_out_and_explains_itself(kube, operator, 
     assert status["tuner"]["knobs"]["colocated"]["maxBatchSize"] == engine_of(kube)["max_batch_size"] >= 8
     assert status["latency"]["itlP95Ms"] == 250.0
     tuner_active = kube.condition("tiny", "TunerActive")
-    assert (tuner_active["status"], tuner_active["reason"]) == ("True", "Tuned")
+    assert (tuner_active["status"], tuner_active["reason"]) == ("True", "Adjusted")
     if "replicas" in knobs:  # 12 waiting over the default capacity: more replicas
         eventually(lambda: kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] > 1)
     assert any(e["reason"] == "Tuned" and "maxBatchSize" in e["message"] for e in kube.events("tiny"))
@@ -95,7 +95,7 @@ def test_stale_metrics_hold_with_a_reason_and_touch_nothing(kube, operator, scri
     kube.create(inference_service("tiny", SPEC))
     settle(kube, "tiny", 1)
     before = kube.get("ConfigMap", "tiny-colocated-engine")["metadata"]["resourceVersion"]
-    eventually(lambda: (kube.condition("tiny", "TunerActive") or {}).get("reason") == "Holding", timeout=20)
+    eventually(lambda: (kube.condition("tiny", "TunerActive") or {}).get("reason") == "MetricsUnavailable", timeout=20)
     assert "no pods to scrape" in kube.condition("tiny", "TunerActive")["message"]
     assert kube.get("ConfigMap", "tiny-colocated-engine")["metadata"]["resourceVersion"] == before
     holds = [e for e in kube.events("tiny") if e["reason"] == "TunerHolding"]

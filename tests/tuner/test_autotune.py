@@ -54,7 +54,7 @@ async def test_an_itl_violation_shrinks_the_batch_and_says_why():
     assert outcome.status["tuner"]["knobs"]["colocated"]["maxBatchSize"] == knobs["maxBatchSize"]
     assert "ITL p95 180 ms > SLO 100 ms" in outcome.status["lastDecision"]["reason"]
     assert outcome.status["latency"]["itlP95Ms"] == 180.0
-    assert outcome.condition.status == "True" and outcome.condition.reason == "Tuned"
+    assert outcome.condition.status == "True" and outcome.condition.reason == "Adjusted"
     assert any(reason == "Tuned" and "maxBatchSize" in message for _, reason, message in outcome.events)
     TunerMemory.model_validate(outcome.status["tuner"]["memory"])  # what status keeps can be read back
 
@@ -64,7 +64,7 @@ async def test_stale_metrics_hold_and_warn():
     actuator = RecordingActuator(views_from_state(SPEC, None))
     outcome = await Autotuner(SPEC, source, {"colocated": REF}).step(actuator, now=1000.0)
     assert actuator.applied == []
-    assert outcome.condition.status == "False" and outcome.condition.reason == "Holding"
+    assert outcome.condition.status == "False" and outcome.condition.reason == "MetricsUnavailable"
     assert "no pods to scrape" in outcome.condition.message
     assert outcome.events[-1][:2] == ("Warning", "TunerHolding")
 

@@ -1,0 +1,212 @@
+"""End to end: an InferenceService goes in, serving pods come up, traffic flows, the tuner's
+decision lands, and deleting it leaves nothing behind.
+
+- ``test_on_a_real_cluster`` runs against ``$KUBECONFIG`` (kind, k3d, a real cluster) with the
+  real helm and kubectl: skipped with a message where no cluster answers.
+- ``test_on_the_emulator`` runs the same scenario on one machine, in CI: kmock's emulated API
+  server, the real operator (kopf), real server processes and a real Prometheus. The emulator
+  schedules no pods, so the test plays the kubelet: it starts the servers the reconciled
+  Deployment describes, with the ConfigMap's engine.yaml as their config file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.operator.conftest import NAMESPACE, Kube, eventually, inference_service, operator_running
+from tests.operator.emulator import kubeconfig, make_cluster, serve
+from tests.prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
+from tests.support import ServerProcess, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The local example, with an ITL SLO no machine meets, so the tuner must act within one interval.
+EXAMPLE = yaml.safe_load((REPO / "examples" / "local.yaml").read_text())
+SPEC = {
+    **EXAMPLE["spec"],
+    "slo": {"ttftP95Ms": 60000, "itlP95Ms": 0.01},
+    "autotune": {"intervalSeconds": 5, "cooldownSeconds": 0, "scaleDownStabilizationSeconds": 300},
+}
+
+
+async def _traffic(url: str, seconds: float, streams: int = 4) -> int:
+    """Streamed completions from ``streams`` clients for ``seconds``; returns how many finished."""
+    deadline = time.monotonic() + seconds
+    done = 0
+
+    async def client() -> None:
+        nonlocal done
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=5)
+        while time.monotonic() < deadline:
+            stream = await api.completions.create(model="tiny", prompt="e2e", max_tokens=16, stream=True)
+            async for _ in stream:
+                pass
+            done += 1
+
+    await asyncio.gather(*(client() for _ in range(streams)))
+    return done
+
+
+# -- the emulator variant (CI) ----------------------------------------------------------------
+
+
+def _server_args(kube: Kube, port: int, config: Path) -> list[str]:
+    """The Deployment's container args, bound to loopback and to a local copy of the ConfigMap."""
+    (container,) = kube.get("Deployment", "tiny-colocated")["spec"]["template"]["spec"]["containers"]
+    args = list(container["args"])
+    assert args[0] == "serve"
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--config", str(config))):
+        args[args.index(flag) + 1] = value
+    return args[1:]
+
+
+def _project_config_map(kube: Kube, path: Path) -> dict:
+    """What the kubelet does for a mounted ConfigMap: the file follows the object."""
+    text = kube.get("ConfigMap", "tiny-colocated-engine")["data"]["engine.yaml"]
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return yaml.safe_load(text)
+
+
+@pytest.mark.prometheus
+def test_on_the_emulator(tmp_path, monkeypatch):
+    require_prometheus()
+    running = serve(make_cluster())
+    config_file = tmp_path / "kubeconfig"
+    config_file.write_text(kubeconfig(running.url))
+    monkeypatch.setenv("KUBECONFIG", str(config_file))
+    kube = Kube(running)
+    port = free_port()
+    labels = {"namespace": NAMESPACE, "inference_service": "tiny", "pool": "colocated"}
+    try:
+        with (
+            PrometheusProcess([TargetGroup([f"127.0.0.1:{port}"], labels)]) as prometheus,
+            operator_running(kube),
+        ):
+            spec = {**SPEC, "autotune": {**SPEC["autotune"], "prometheusUrl": prometheus.url}}
+            kube.create(inference_service("tiny", spec))
+            eventually(lambda: kube.get("ConfigMap", "tiny-colocated-engine"), timeout=20)
+            engine_yaml = tmp_path / "engine.yaml"
+            engine = _project_config_map(kube, engine_yaml)
+            with ServerProcess(*_server_args(kube, port, engine_yaml), port=port) as server:
+                _mark_ready(kube)
+                eventually(lambda: (kube.condition("tiny", "Ready") or {}).get("status") == "True", timeout=20)
+
+                # traffic through the OpenAI API until the tuner's decision lands in status
+                def decided() -> bool:
+                    decision = (kube.get("InferenceService", "tiny").get("status") or {}).get("lastDecision") or {}
+                    return any(c["knob"] == "maxBatchSize" for c in decision.get("changes") or [])
+
+                deadline = time.monotonic() + 90
+                while not decided():
+                    assert time.monotonic() < deadline, kube.get("InferenceService", "tiny").get("status")
+                    assert asyncio.run(_traffic(server.url, seconds=5)) > 0
+                status = kube.get("InferenceService", "tiny")["status"]
+                tuned = status["tuner"]["knobs"]["colocated"]["maxBatchSize"]
+                assert tuned < engine["max_batch_size"], status["lastDecision"]
+                assert kube.condition("tiny", "TunerActive")["status"] == "True"
+                # the knob reaches the ConfigMap, the mounted file, and the running server
+                eventually(lambda: _project_config_map(kube, engine_yaml)["max_batch_size"] == tuned, timeout=20)
+                eventually(lambda: _applied_batch(server) == tuned, timeout=20)
+                # deletion: the garbage collector takes every child
+                kube.delete("InferenceService", "tiny")
+                for kind in ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget"):
+                    eventually(lambda kind=kind: kube.list(kind) == {}, timeout=20)
+                eventually(lambda: kube.get("InferenceService", "tiny") is None, timeout=20)
+    finally:
+        kube.http.close()
+        running.stop()
+
+
+def _mark_ready(kube: Kube) -> None:
+    deployment = kube.get("Deployment", "tiny-colocated")
+    n = deployment["spec"]["replicas"]
+    status = {"replicas": n, "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n,
+              "observedGeneration": deployment["metadata"]["generation"]}  # fmt: skip
+    kube.patch("Deployment", "tiny-colocated", {"status": status}, subresource="status")
+
+
+def _applied_batch(server: ServerProcess) -> float | None:
+    return server.metrics().get("llmfleet_config_knob{knob=max_batch_size}")
+
+
+# -- the real-cluster variant ------------------------------------------------------------------
+
+
+def _cluster_or_skip() -> tuple[str, str]:
+    if not os.environ.get("KUBECONFIG"):
+        pytest.skip("no KUBECONFIG: set it to a test cluster (kind, k3d) to run the real-cluster e2e")
+    tools = REPO / ".tools" / "bin"
+    kubectl = shutil.which("kubectl") or str(tools / "kubectl")
+    helm = shutil.which("helm") or str(tools / "helm")
+    probe = subprocess.run([kubectl, "version", "--request-timeout=5s", "-o", "json"], capture_output=True, text=True)
+    if probe.returncode != 0 or "serverVersion" not in probe.stdout:
+        pytest.skip(f"KUBECONFIG is set but no cluster answers: {probe.stderr.strip()[:200]}")
+    return kubectl, helm
+
+
+def test_on_a_real_cluster(tmp_path):
+    kubectl, helm = _cluster_or_skip()
+    namespace = os.environ.get("LLMFLEET_E2E_NAMESPACE", "llm-fleet-e2e")
+    image = os.environ.get("LLMFLEET_E2E_IMAGE")  # the operator and server image your cluster can pull
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        assert not check or result.returncode == 0, f"{' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+        return result
+
+    install = [helm, "upgrade", "--install", "llm-fleet-e2e", str(REPO / "charts" / "llm-fleet"),
+               "-n", f"{namespace}-system", "--create-namespace", "--wait", "--timeout", "5m",
+               "--set", f"watchNamespaces={{{namespace}}}"]  # fmt: skip
+    if image:
+        repository, _, tag = image.rpartition(":")
+        install += ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]
+    run(kubectl, "apply", "--server-side", "-f", str(REPO / "crds"))
+    run(*install)
+    run(kubectl, "create", "namespace", namespace, check=False)
+    resource = {**EXAMPLE, "metadata": {"name": "tiny", "namespace": namespace}, "spec": SPEC}
+    if image:
+        resource["spec"] = {**SPEC, "image": image}
+    manifest = tmp_path / "tiny.yaml"
+    manifest.write_text(yaml.safe_dump(resource))
+    forward = None
+    try:
+        run(kubectl, "apply", "-f", str(manifest))
+        run(kubectl, "wait", "-n", namespace, "llmis/tiny", "--for=condition=Ready", "--timeout=600s")
+        local = free_port()
+        forward = subprocess.Popen([kubectl, "port-forward", "-n", namespace, "svc/tiny", f"{local}:8000"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        url = f"http://127.0.0.1:{local}"
+        eventually(lambda: httpx.get(f"{url}/v1/models", timeout=2).status_code == 200, timeout=60)
+        deadline = time.monotonic() + 300
+        while True:
+            assert asyncio.run(_traffic(url, seconds=10)) > 0
+            got = run(kubectl, "get", "-n", namespace, "llmis/tiny", "-o", "json")
+            decision = json.loads(got.stdout).get("status", {}).get("lastDecision") or {}
+            if decision.get("changes"):
+                break
+            assert time.monotonic() < deadline, f"no tuner decision landed: {decision}"
+    finally:
+        if forward is not None:
+            forward.terminate()
+        run(kubectl, "delete", "-f", str(manifest), "--wait=true", "--timeout=300s", check=False)
+        left = run(kubectl, "get", "all,configmaps,pdb", "-n", namespace, "-l",
+                   "llmfleet.io/inference-service=tiny", "-o", "name", check=False)  # fmt: skip
+        run(helm, "uninstall", "llm-fleet-e2e", "-n", f"{namespace}-system", check=False)
+    assert left.stdout.strip() == "", f"left behind: {left.stdout}"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
