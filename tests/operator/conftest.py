@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import kopf
 import pytest
 
 from .emulator import INFERENCE_SERVICES, Call, RunningCluster, kubeconfig, make_cluster, serve
@@ -108,6 +109,23 @@ class Kube:
         before = len(self.writes())
         time.sleep(seconds)
         return self.writes()[before:]
+
+
+@pytest.fixture
+def running() -> Iterator[RunningCluster]:
+    """The emulated API server alone (tests of our own client code, without kopf)."""
+    running = serve(make_cluster())
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def client(running: RunningCluster):
+    from llmfleet.operator.kube import KubeClient
+
+    client = KubeClient(kopf.ConnectionInfo(server=running.url))
+    yield client
+    await client.close()
 
 
 @pytest.fixture

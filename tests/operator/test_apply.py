@@ -6,35 +6,20 @@ from __future__ import annotations
 
 import copy
 
-import kopf
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmfleet.operator.apply import APPLIED_HASH, OwnershipConflict, apply_all, is_subset, quantity
-from llmfleet.operator.kube import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.kube import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD_MONITOR, ApiError
 from llmfleet.operator.reconcile import Owner, desired_objects, selector
 from llmfleet.operator.scaledown import DELETION_COST, rank_pods_for_scale_down
 from llmfleet.operator.spec import parse_spec
 
-from .emulator import Fault, kubeconfig, make_cluster, serve
+from .emulator import Fault, kubeconfig
 
 KINDS = tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
-
-
-@pytest.fixture
-def running():
-    running = serve(make_cluster())
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-async def client(running):
-    client = KubeClient(kopf.ConnectionInfo(server=running.url))
-    yield client
-    await client.close()
 
 
 def writes(running):

@@ -4,30 +4,15 @@ server's message, server trouble is raised for kopf to retry, and recovery is an
 
 from __future__ import annotations
 
-import kopf
 import pytest
 from kmock import ResourceInfo
 
 from llmfleet.operator.converge import converge
-from llmfleet.operator.kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.kube import INFERENCE_SERVICE, POD_MONITOR, ApiError
 
-from .emulator import Fault, make_cluster, serve
+from .emulator import Fault
 
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
-
-
-@pytest.fixture
-def running():
-    running = serve(make_cluster())
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-async def client(running):
-    client = KubeClient(kopf.ConnectionInfo(server=running.url))
-    yield client
-    await client.close()
 
 
 async def create(client, spec=SPEC, name="svc"):

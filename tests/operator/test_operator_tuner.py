@@ -13,20 +13,15 @@ from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, Pool
 from llmfleet.operator.tuner_metrics import REGISTRY
 
 from .conftest import eventually, inference_service, settle
+from .test_operator_kopf import TINY
 
+# The usual tiny fleet, tuned every 5 s with no cooldown.
 SPEC = {
-    "model": {"builtin": "tiny"},
-    "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
-    "pools": {
-        "colocated": {
-            "minReplicas": 1,
-            "maxReplicas": 3,
-            "engine": {"maxBatchSize": 32, "kvCacheMemoryMb": 128},
-            "bounds": {"maxBatchSize": {"min": 8, "max": 64}},
-        }
-    },
+    **TINY,
+    "pools": {"colocated": {**TINY["pools"]["colocated"], "engine": {"maxBatchSize": 32, "kvCacheMemoryMb": 128},
+                            "bounds": {"maxBatchSize": {"min": 8, "max": 64}}}},
     "autotune": {"intervalSeconds": 5, "cooldownSeconds": 0, "scaleUpStabilizationSeconds": 0},
-}
+}  # fmt: skip
 
 
 def snapshot(pool: PoolRef, *, itl_ms: float, stale: bool = False) -> PoolMetrics:
