@@ -37,6 +37,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "peering": {"peering": {"enabled": True}, "replicaCount": 2},
     "peering-namespaces": {"peering": {"enabled": True}, "watchNamespaces": WATCHED},
     "dashboards": {"grafana": {"dashboards": {"enabled": True}}},
+    "prometheus-rule": {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}}},
     "own-account": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops-bot"}},
 }
 

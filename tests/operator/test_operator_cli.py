@@ -35,6 +35,7 @@ def test_defaults_serve_all_namespaces_standalone(kopf_run, monkeypatch):
     assert kwargs["clusterwide"] is True and kwargs["namespaces"] == ()
     assert kwargs["standalone"] is True and kwargs["peering_name"] is None
     assert kwargs["liveness_endpoint"] is None and kwargs["memo"].prometheus_url is None
+    assert kwargs["memo"].metrics_port == 8081
 
 
 def test_namespaces_peering_liveness_and_prometheus(kopf_run, monkeypatch):
@@ -59,16 +60,18 @@ def test_contradicting_options_are_refused(kopf_run, argv):
 
 def test_the_command_serves_and_stops_cleanly(kube, tmp_path):
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
+    metrics_port = free_port()  # never the default 8081: other test runs may share this machine
     env = {**os.environ, "KUBECONFIG": os.environ["KUBECONFIG"], "LLMFLEET_OPERATOR_RESYNC_SECONDS": "2"}
     log = (tmp_path / "operator.log").open("w")
+    argv = ["operator", "--standalone", "-A", "--liveness", liveness, "--metrics-port", str(metrics_port)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "llmfleet.cli", "operator", "--standalone", "-A", "--liveness", liveness],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "llmfleet.cli", *argv], env=env, stdout=log, stderr=subprocess.STDOUT
     )
     try:
         eventually(lambda: httpx.get(liveness, timeout=1).status_code == 200, timeout=30)
+        exposed = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        assert "# TYPE llmfleet_tuner_decisions_total counter" in exposed
+        assert "# TYPE llmfleet_tuner_hold gauge" in exposed
         kube.create(inference_service("tiny", SPEC))
         eventually(lambda: kube.get("Deployment", "tiny-colocated"), timeout=20)
         process.send_signal(signal.SIGTERM)
