@@ -3,10 +3,13 @@
 ``python -m llmfleet.dashboards`` writes charts/llm-fleet/dashboards/*.json (shipped by the chart
 as sidecar ConfigMaps, importable by hand) and charts/llm-fleet/prometheus/*.yaml (recording and
 alert rules; the chart ships them as a PrometheusRule). A test checks the committed files equal
-this output, and runs every query against a real Prometheus that scraped real servers.
+this output, and runs every query against a real Prometheus that scraped real servers and the
+operator's tuner metrics.
 
-Every series carries ``namespace``, ``inference_service`` and ``pool`` (PodMonitor relabeling in
-a cluster, static labels in the local fleet); the dashboards select them with template variables.
+Every server series carries ``namespace``, ``inference_service``, ``pool`` and ``pod`` (PodMonitor
+relabeling in a cluster); the dashboards select them with template variables. The operator's own
+series (``llmfleet_tuner_*``, ``llmfleet_slo_seconds``) carry ``namespace`` and
+``inference_service`` themselves, so its scrape job must keep them (``honor_labels: true``).
 """
 
 from __future__ import annotations
@@ -19,20 +22,18 @@ from typing import Any
 import yaml
 
 from llmfleet.operator import promql
+from llmfleet.operator.tuner_model import KNOB_FIELDS
 
 SELECTOR = 'namespace=~"$namespace",inference_service=~"$service",pool=~"$pool"'
-POD_SELECTOR = SELECTOR + ',instance=~"$instance"'
+POD_SELECTOR = SELECTOR + ',pod=~"$pod"'  # the PodMonitor copies the pod name into `pod`
 TUNER_SELECTOR = 'namespace=~"$namespace",inference_service=~"$service"'
 RATE = "$__rate_interval"
 E2E = "vllm:e2e_request_latency_seconds"
 STEP = "llmfleet_step_duration_seconds"
 SCHEDULER = "llmfleet_scheduler_duration_seconds"
-KNOBS = "max_batch_size|batch_timeout_ms|max_num_batched_tokens"
+KNOBS = "|".join(KNOB_FIELDS.values())  # the tuned knobs, as the servers name them
 DECISIONS = "llmfleet_tuner_decisions_total"
-
-# Queries that read the operator's own metrics (llmfleet_tuner_*): empty where no operator runs
-# (the local fleet logs its decisions instead), so the data test checks only that they parse.
-OPERATOR_METRICS = ("llmfleet_tuner_",)
+SLO = "llmfleet_slo_seconds"  # exported by the operator (operator/tuner_metrics.py) with its tuner on
 
 
 # -- building blocks --------------------------------------------------------------------------
@@ -81,9 +82,10 @@ def _quantiles(metric: str, selector: str, by: str = "pool") -> list[tuple[str, 
     ]
 
 
-def _slo_line(variable: str) -> tuple[str, str]:
-    """The SLO as a flat line (dashboard variables in milliseconds, the panels in seconds)."""
-    return f"vector(${variable} / 1000)", "SLO"
+def _slo_line(kind: str) -> tuple[str, str]:
+    """The SLO as a flat line: the strictest of the selected InferenceServices' SLOs as the operator
+    exports them, else the dashboard's own variable (milliseconds; the panels are in seconds)."""
+    return f'min({SLO}{{{TUNER_SELECTOR},kind="{kind}"}}) or vector(${kind}_slo_ms / 1000)', "SLO"
 
 
 def _variables(pod: bool) -> list[dict[str, Any]]:
@@ -94,6 +96,7 @@ def _variables(pod: bool) -> list[dict[str, Any]]:
             "type": "query",
             "refresh": 2,
             "includeAll": True,
+            "allValue": ".*",  # not a regex of every value: stays short on a large fleet
             "multi": True,
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "query": {"query": f"label_values({metric}{{{selector}}}, {label})", "refId": "var"},
@@ -115,12 +118,20 @@ def _variables(pod: bool) -> list[dict[str, Any]]:
         query("namespace", "namespace", promql.RUNNING),
         query("service", "inference_service", promql.RUNNING, 'namespace=~"$namespace"'),
         query("pool", "pool", promql.RUNNING, 'namespace=~"$namespace",inference_service=~"$service"'),
-        slo("ttft_slo_ms", "TTFT p95 SLO (ms)", "500"),
-        slo("itl_slo_ms", "ITL p95 SLO (ms)", "100"),
+        # Only where the operator exports no llmfleet_slo_seconds (its tuner is off, or no operator).
+        slo("ttft_slo_ms", "TTFT p95 SLO (ms), if not exported", "500"),
+        slo("itl_slo_ms", "ITL p95 SLO (ms), if not exported", "100"),
     ]
     if pod:
-        variables.append(query("instance", "instance", promql.RUNNING, SELECTOR))
+        variables.append(query("pod", "pod", promql.RUNNING, SELECTOR))
     return variables
+
+
+def decision_annotation() -> str:
+    """Decisions in the last minute: counter changes, plus series born at 1 (the operator pre-creates
+    each pool's series at 0, but a decision in its very first run creates and counts in one go)."""
+    d = f"{DECISIONS}{{{TUNER_SELECTOR}}}"
+    return f"sum by (pool, knob, direction) (changes({d}[1m]) > 0 or ({d} > 0 unless {d} offset 1m))"
 
 
 def _dashboard(uid: str, title: str, panels: list[dict[str, Any]], *, pod: bool) -> dict[str, Any]:
@@ -130,7 +141,7 @@ def _dashboard(uid: str, title: str, panels: list[dict[str, Any]], *, pod: bool)
             "enable": True,
             "iconColor": "orange",
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "expr": f"sum by (pool, knob, direction) (changes({DECISIONS}{{{TUNER_SELECTOR}}}[1m])) > 0",
+            "expr": decision_annotation(),
             "titleFormat": "tuner",
             "textFormat": "{{pool}} {{knob}} {{direction}}",
             "step": "30s",
@@ -179,7 +190,7 @@ def fleet_overview() -> dict[str, Any]:
         ),
         _panel(
             "Time to first token",
-            [*_quantiles(promql.TTFT, s), _slo_line("ttft_slo_ms")],
+            [*_quantiles(promql.TTFT, s), _slo_line("ttft")],
             "s",
             0,
             8,
@@ -187,7 +198,7 @@ def fleet_overview() -> dict[str, Any]:
         ),
         _panel(
             "Inter-token latency",
-            [*_quantiles(promql.ITL, s), _slo_line("itl_slo_ms")],
+            [*_quantiles(promql.ITL, s), _slo_line("itl")],
             "s",
             12,
             8,
@@ -241,11 +252,18 @@ def fleet_overview() -> dict[str, Any]:
         ),
         _panel(
             "Knob values",
-            [(f'max by (pool, knob) (llmfleet_config_knob{{{s},knob=~"{KNOBS}"}})', "{{pool}} {{knob}}")],
+            [
+                (f'max by (pool, knob) (llmfleet_config_knob{{{s},knob=~"{KNOBS}"}})', "applied {{pool}} {{knob}}"),
+                (
+                    f'max by (pool, knob) (llmfleet_tuner_knob_value{{{s},knob!="replicas"}})',
+                    "tuner {{pool}} {{knob}}",
+                ),
+            ],
             "short",
             0,
             40,
-            description="What the servers applied (live config).",
+            description="What the servers applied (live config), and the tuner's targets (operator metrics). "
+            "Applied lags the target by one config rollout.",
         ),
         _panel(
             "Tuner decisions",
@@ -269,34 +287,29 @@ def pod_detail() -> dict[str, Any]:
     s = POD_SELECTOR
 
     def mean(metric: str) -> str:
-        return (
-            f"sum by (instance) (rate({metric}_sum{{{s}}}[{RATE}])) / "
-            f"sum by (instance) (rate({metric}_count{{{s}}}[{RATE}]))"
-        )
+        return f"sum by (pod) (rate({metric}_sum{{{s}}}[{RATE}])) / sum by (pod) (rate({metric}_count{{{s}}}[{RATE}]))"
 
     panels = [
-        _panel("Engine step time", [*_quantiles(STEP, s, "instance")], "s", 0, 0),
-        _panel("Scheduler time per step", [(mean(SCHEDULER), "mean {{instance}}")], "s", 12, 0),
-        _panel("Batch size", [(mean(promql.BATCH_SIZE), "mean {{instance}}")], "short", 0, 8),
-        _panel("Tokens per step", [(mean(promql.ITERATION_TOKENS), "mean {{instance}}")], "short", 12, 8),
+        _panel("Engine step time", [*_quantiles(STEP, s, "pod")], "s", 0, 0),
+        _panel("Scheduler time per step", [(mean(SCHEDULER), "mean {{pod}}")], "s", 12, 0),
+        _panel("Batch size", [(mean(promql.BATCH_SIZE), "mean {{pod}}")], "short", 0, 8),
+        _panel("Tokens per step", [(mean(promql.ITERATION_TOKENS), "mean {{pod}}")], "short", 12, 8),
         _panel(
             "Preemptions/s",
-            [(f"sum by (instance) (rate({promql.PREEMPTIONS}{{{s}}}[{RATE}]))", "{{instance}}")],
+            [(f"sum by (pod) (rate({promql.PREEMPTIONS}{{{s}}}[{RATE}]))", "{{pod}}")],
             "short",
             0,
             16,
         ),
-        _panel(
-            "KV cache usage", [(f"max by (instance) ({promql.KV_USAGE}{{{s}}})", "{{instance}}")], "percentunit", 12, 16
-        ),
-        _panel("Time to first token", [*_quantiles(promql.TTFT, s, "instance"), _slo_line("ttft_slo_ms")], "s", 0, 24),
-        _panel("Inter-token latency", [*_quantiles(promql.ITL, s, "instance"), _slo_line("itl_slo_ms")], "s", 12, 24),
+        _panel("KV cache usage", [(f"max by (pod) ({promql.KV_USAGE}{{{s}}})", "{{pod}}")], "percentunit", 12, 16),
+        _panel("Time to first token", [*_quantiles(promql.TTFT, s, "pod"), _slo_line("ttft")], "s", 0, 24),
+        _panel("Inter-token latency", [*_quantiles(promql.ITL, s, "pod"), _slo_line("itl")], "s", 12, 24),
         _panel(
             "Requests",
             [
-                (f"sum by (instance) ({promql.RUNNING}{{{s}}})", "running {{instance}}"),
-                (f"sum by (instance) ({promql.WAITING}{{{s}}})", "waiting {{instance}}"),
-                (f"sum by (instance) (llmfleet_requests_in_flight{{{s}}})", "HTTP in flight {{instance}}"),
+                (f"sum by (pod) ({promql.RUNNING}{{{s}}})", "running {{pod}}"),
+                (f"sum by (pod) ({promql.WAITING}{{{s}}})", "waiting {{pod}}"),
+                (f"sum by (pod) (llmfleet_requests_in_flight{{{s}}})", "HTTP in flight {{pod}}"),
             ],
             "short",
             0,
@@ -305,10 +318,10 @@ def pod_detail() -> dict[str, Any]:
         _panel(
             "Applied config generation",
             [
-                (f"max by (instance) (llmfleet_config_generation{{{s}}})", "{{instance}}"),
+                (f"max by (pod) (llmfleet_config_generation{{{s}}})", "{{pod}}"),
                 (
-                    f"sum by (instance) (increase(llmfleet_config_errors_total{{{s}}}[1h]))",
-                    "rejected files (1h) {{instance}}",
+                    f"sum by (pod) (increase(llmfleet_config_errors_total{{{s}}}[1h]))",
+                    "rejected files (1h) {{pod}}",
                 ),
             ],
             "short",
@@ -316,6 +329,8 @@ def pod_detail() -> dict[str, Any]:
             32,
             description="A knob change from the tuner lands as a new generation.",
         ),
+        _panel("End-to-end latency", _quantiles(E2E, s, "pod"), "s", 0, 40),
+        _panel("Queue time", _quantiles(promql.QUEUE_TIME, s, "pod"), "s", 12, 40),
     ]
     return _dashboard("llm-fleet-pod", "llm-fleet / Engine per pod", panels, pod=True)
 
@@ -326,18 +341,33 @@ DASHBOARDS = {"fleet-overview.json": fleet_overview, "engine-pod.json": pod_deta
 # -- Prometheus rules -------------------------------------------------------------------------
 
 POOL_LABELS = "namespace, inference_service, pool"
+SERVICE_LABELS = "namespace, inference_service"
+# A p95 SLO lets 5% of observations exceed the threshold: that is the error budget. Burning it B
+# times too fast means a fraction 0.05*B over the threshold, i.e. the (1 - 0.05*B) quantile above
+# it, so burn rates come from the histograms we already have. The page follows the SRE workbook's
+# multiwindow rule: burn rate 14.4 over 1 h (2% of a 30-day budget), still burning over 5 min.
+BUDGET = 0.05
+FAST_BURN = 14.4
+FAST_BURN_QUANTILE = round(1 - BUDGET * FAST_BURN, 2)  # 0.28
+SLO_KINDS = {"ttft": ("TTFT", promql.TTFT), "itl": ("ITL", promql.ITL)}
+DECISION_WINDOW = "15m"
+
+
+def _quantile_rule(name: str, metric: str, q: float, window: str) -> dict[str, str]:
+    return {
+        "record": f"llmfleet:{name}_seconds:p{round(q * 100)}_{window}",
+        "expr": f"histogram_quantile({q:g}, sum by (le, {POOL_LABELS}) (rate({metric}_bucket[{window}])))",
+    }
 
 
 def recording_rules() -> list[dict[str, str]]:
-    rules = []
-    for name, metric in (("ttft", promql.TTFT), ("itl", promql.ITL), ("queue_time", promql.QUEUE_TIME)):
-        for q in (0.5, 0.95, 0.99):
-            rules.append(
-                {
-                    "record": f"llmfleet:{name}_seconds:p{round(q * 100)}_5m",
-                    "expr": f"histogram_quantile({q}, sum by (le, {POOL_LABELS}) (rate({metric}_bucket[5m])))",
-                }
-            )
+    rules = [
+        _quantile_rule(name, metric, q, "5m")
+        for name, metric in promql.LATENCY_HISTOGRAMS.items()
+        for q in promql.QUANTILES
+    ]
+    for kind, (_, metric) in SLO_KINDS.items():
+        rules += [_quantile_rule(kind, metric, FAST_BURN_QUANTILE, window) for window in ("5m", "1h")]
     for name, metric in (
         ("prompt_tokens", promql.PROMPT_TOKENS),
         ("generation_tokens", promql.GENERATION_TOKENS),
@@ -346,6 +376,11 @@ def recording_rules() -> list[dict[str, str]]:
         rules.append({"record": f"llmfleet:{name}:rate5m", "expr": f"sum by ({POOL_LABELS}) (rate({metric}[5m]))"})
     rules.append({"record": "llmfleet:pods:count", "expr": f"count by ({POOL_LABELS}) ({promql.RUNNING})"})
     return rules
+
+
+def _over_slo(record: str, kind: str) -> str:
+    """A pool's recorded quantile where it exceeds its InferenceService's SLO (pool labels kept)."""
+    return f'{record} > on ({SERVICE_LABELS}) group_left max by ({SERVICE_LABELS}) ({SLO}{{kind="{kind}"}})'
 
 
 def alert_rules() -> list[dict[str, Any]]:
@@ -358,27 +393,34 @@ def alert_rules() -> list[dict[str, Any]]:
             "annotations": {"summary": summary, "description": description},
         }
 
-    return [
-        alert(
-            "LLMFleetTTFTAboveSLO",
-            "llmfleet:ttft_seconds:p95_5m > on (namespace, inference_service) group_left "
-            'max by (namespace, inference_service) (llmfleet_slo_seconds{kind="ttft"})',
-            10,
-            "warning",
-            "TTFT p95 above its SLO for 10 minutes",
-            "{{ $labels.namespace }}/{{ $labels.inference_service }} pool {{ $labels.pool }}: TTFT p95 "
-            "{{ $value | humanizeDuration }} over the SLO; the tuner is at its bounds or holding.",
-        ),
-        alert(
-            "LLMFleetITLAboveSLO",
-            "llmfleet:itl_seconds:p95_5m > on (namespace, inference_service) group_left "
-            'max by (namespace, inference_service) (llmfleet_slo_seconds{kind="itl"})',
-            10,
-            "warning",
-            "ITL p95 above its SLO for 10 minutes",
-            "{{ $labels.namespace }}/{{ $labels.inference_service }} pool {{ $labels.pool }}: ITL p95 "
-            "{{ $value | humanizeDuration }} over the SLO.",
-        ),
+    where = "{{ $labels.namespace }}/{{ $labels.inference_service }} pool {{ $labels.pool }}"
+    burn = f"p{round(FAST_BURN_QUANTILE * 100)}"
+    alerts = []
+    for kind, (name, _) in SLO_KINDS.items():
+        alerts += [
+            alert(
+                f"LLMFleet{name}AboveSLO",
+                _over_slo(f"llmfleet:{kind}_seconds:p95_5m", kind),
+                10,
+                "warning",
+                f"{name} p95 above its SLO for 10 minutes",
+                f"{where}: {name} p95 {{{{ $value | humanizeDuration }}}} over the SLO; the tuner is at its "
+                "bounds or holding.",
+            ),
+            alert(
+                f"LLMFleet{name}ErrorBudgetFastBurn",
+                f"({_over_slo(f'llmfleet:{kind}_seconds:{burn}_1h', kind)}) and on ({POOL_LABELS}) "
+                f"({_over_slo(f'llmfleet:{kind}_seconds:{burn}_5m', kind)})",
+                2,
+                "critical",
+                f"{name} error budget burning {FAST_BURN:g}x too fast",
+                f"{where}: over {round(BUDGET * FAST_BURN * 100)}% of {name} observations exceed the SLO over the "
+                f"last hour and the last 5 minutes (the hour's {burn} is {{{{ $value | humanizeDuration }}}}); "
+                "a 30-day error budget lasts 2 days at this rate.",
+            ),
+        ]
+    violating = " or ".join(f"({_over_slo(f'llmfleet:{kind}_seconds:p95_5m', kind)})" for kind in SLO_KINDS)
+    alerts += [
         alert(
             "LLMFleetTunerStuck",
             "max by (namespace, inference_service) (llmfleet_tuner_hold) == 1",
@@ -389,18 +431,45 @@ def alert_rules() -> list[dict[str, Any]]:
             "see the TunerActive condition for why.",
         ),
         alert(
+            "LLMFleetTunerIdleWhileViolating",
+            f"max by ({POOL_LABELS}) ({violating}) "
+            f"unless on ({SERVICE_LABELS}) (sum by ({SERVICE_LABELS}) (increase({DECISIONS}[{DECISION_WINDOW}])) > 0) "
+            f"and on ({SERVICE_LABELS}) (max by ({SERVICE_LABELS}) (llmfleet_tuner_hold) == 0)",
+            15,
+            "warning",
+            "The SLO is violated and the tuner has changed nothing for 15 minutes",
+            f"{where}: p95 TTFT or ITL over the SLO while the tuner runs but decides nothing: every knob is at "
+            "its bound and the pool at maxReplicas (raise them, or add capacity), or the SLO is out of reach.",
+        ),
+        alert(
             "LLMFleetMetricsStale",
-            f"absent_over_time({promql.RUNNING}[5m]) or (count by (namespace, inference_service) "
-            "(llmfleet_tuner_replicas > 0) unless count by (namespace, inference_service) "
-            f"({promql.RUNNING}))",
+            f"count by ({SERVICE_LABELS}) (llmfleet_tuner_replicas > 0) "
+            f"unless on ({SERVICE_LABELS}) count by ({SERVICE_LABELS}) ({promql.RUNNING})",
             5,
             "critical",
             "No engine metrics for 5 minutes",
-            "No vllm:num_requests_running series scraped{{ if $labels.inference_service }} for "
-            "{{ $labels.namespace }}/{{ $labels.inference_service }}{{ end }}: the tuner cannot act; "
-            "check the PodMonitor and the pods.",
+            "{{ $labels.namespace }}/{{ $labels.inference_service }} should run pods, but Prometheus has no "
+            f"{promql.RUNNING} series for it: the tuner cannot act; check the PodMonitor and the pods.",
+        ),
+        alert(
+            "LLMFleetTargetDown",
+            'up{inference_service!=""} == 0',
+            5,
+            "warning",
+            "A fleet pod cannot be scraped",
+            f"{where}: Prometheus has failed to scrape {{{{ $labels.instance }}}} for 5 minutes.",
+        ),
+        alert(
+            "LLMFleetEngineStalled",
+            f"({promql.RUNNING} + {promql.WAITING} > 0) unless on (job, instance) (rate({STEP}_count[5m]) > 0)",
+            5,
+            "critical",
+            "An engine has requests but runs no steps",
+            f"{where}: {{{{ $labels.instance }}}} holds requests but has run no engine step for 5 minutes "
+            "(engine thread stuck, or a step that never returns); its clients are hanging.",
         ),
     ]
+    return alerts
 
 
 def rules_file() -> dict[str, Any]:
