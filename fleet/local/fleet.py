@@ -19,12 +19,12 @@ import yaml
 
 from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
 from llmfleet.operator.metrics_source import MetricSource, PoolMetrics, PoolRef
-from llmfleet.operator.reconcile import TunerState
+from llmfleet.operator.reconcile import POOL_LABEL, Owner, TunerState, desired_objects
 from llmfleet.operator.spec import InferenceServiceSpec
 from llmfleet.operator.tuner import Decision
 
 from .pools import LocalPool
-from .processes import ServerProcess
+from .processes import START_ATTEMPTS, ServerProcess, StartFailed
 
 log = logging.getLogger(__name__)
 NAMESPACE = "local"
@@ -40,17 +40,21 @@ class FleetView:
 
 
 class LocalFleet:
-    def __init__(self, name: str, spec: InferenceServiceSpec, run_dir: Path, port: int) -> None:
+    def __init__(
+        self, name: str, spec: InferenceServiceSpec, run_dir: Path, port: int, host: str = "127.0.0.1"
+    ) -> None:
         self.name = name
         self.spec = spec
         self.run_dir = run_dir
         self.port = port
+        self.host = host
         self.pools = {p: LocalPool(p, spec, name, run_dir) for p in spec.active_pools}
         self.tuner_state = TunerState()
         self.autotuner: Autotuner | None = None
         self.router: ServerProcess | None = None
         self.endpoints_file = run_dir / "endpoints.yaml"
         self.view = FleetView()
+        self._router_failed_starts = 0  # in a row, as for the pools' servers
         self._next_tune = time.monotonic() + spec.autotune.interval_seconds
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -62,10 +66,12 @@ class LocalFleet:
             pool.scale_to(pool.desired_replicas(self.tuner_state))
         if self.spec.mode == "disaggregated":
             self._write_endpoints()
-            args = ["--role", "router", "--served-model-name", self.spec.model.name or self.name,
-                    "--model", self.spec.model.server_arg, "--endpoints-file", str(self.endpoints_file),
-                    "--router-policy", self.spec.router.policy]  # fmt: skip
-            self.router = ServerProcess(f"{self.name}-router", args, self.run_dir / "router.log", port=self.port)
+            self._start_router()
+
+    def _start_router(self) -> None:
+        args = router_args(self.name, self.spec, self.endpoints_file)
+        log_path = self.run_dir / "router.log"
+        self.router = ServerProcess(f"{self.name}-router", args, log_path, port=self.port, host=self.host)
 
     def processes(self) -> list[ServerProcess]:
         found = [p for pool in self.pools.values() for p in pool.all_processes()]
@@ -75,11 +81,24 @@ class LocalFleet:
         """Where the colocated front sends requests."""
         return self.pools["colocated"].ready_urls() if "colocated" in self.pools else []
 
+    def serving(self) -> bool:
+        """A request sent now can be answered: every pool has a ready server (and the router is up)."""
+        if not all(pool.ready_urls() for pool in self.pools.values()):
+            return False
+        return self.router is None or (self.router.ready and self.router.alive)
+
     def stop(self, timeout: float) -> None:
-        """Drain every server (each finishes its streams), then kill what is left after ``timeout``."""
+        """Drain every server (each finishes its streams), then kill what is left after ``timeout``.
+
+        The router goes first and alone: its streams still need the prefill and decode servers,
+        which would refuse them (503) if they drained at the same time."""
+        deadline = time.monotonic() + timeout
+        if self.router is not None:
+            self.router.drain()
+            while self.router.alive and time.monotonic() < deadline:
+                time.sleep(0.1)
         for server in self.processes():
             server.drain()
-        deadline = time.monotonic() + timeout
         while any(s.alive for s in self.processes()) and time.monotonic() < deadline:
             time.sleep(0.1)
         for server in self.processes():
@@ -95,12 +114,26 @@ class LocalFleet:
         return [f"{url}/metrics" for url in pool.ready_urls()] if pool else []
 
     def supervise(self) -> None:
-        """Reap drained and crashed servers, keep the router's endpoints current."""
+        """Reap drained and crashed servers, keep the router's endpoints current.
+
+        Raises StartFailed when a pool's servers or the router keep exiting before they are ready."""
         for pool in self.pools.values():
             for note in pool.reap():
                 self._note(f"{pool.name}: {note}")
         if self.spec.mode == "disaggregated":
             self._write_endpoints()
+        router = self.router
+        if router is not None and not router.ready and router.poll_ready():
+            self._router_failed_starts = 0
+            self._note(f"router ready at {router.url}")
+        if router is not None and not router.alive and not router.draining:
+            # As the kubelet restarts a crashed container; one that never got ready stops the fleet.
+            if not router.ready:
+                self._router_failed_starts += 1
+                if self._router_failed_starts >= START_ATTEMPTS:
+                    raise StartFailed(f"the router exits before it is ready; it said:\n{router.log_tail(3)}")
+            self._note(f"router exited with {router.proc.returncode}: {router.log_tail(3)}; restarting")
+            self._start_router()
 
     def tune_due(self) -> bool:
         return self.spec.autotune.enabled and time.monotonic() >= self._next_tune
@@ -146,6 +179,21 @@ class LocalFleet:
         log.info("%s", line)
         self.view.history.append(f"{time.strftime('%H:%M:%S')} {line}")
         del self.view.history[:-50]
+
+
+def router_args(name: str, spec: InferenceServiceSpec, endpoints_file: Path) -> list[str]:
+    """The router's `llm-fleet serve` arguments as the operator renders them for the cluster, except
+    that it finds the prefill and decode servers in ``endpoints_file`` (kept current by the fleet)
+    rather than through the pools' headless Services; host and port are the process's own."""
+    objects = desired_objects(Owner(name, NAMESPACE, "local"), spec)
+    (router,) = (o for o in objects if o["kind"] == "Deployment" and o["metadata"]["labels"][POOL_LABEL] == "router")
+    (container,) = router["spec"]["template"]["spec"]["containers"]
+    dropped = {"--host", "--port", "--prefill-service", "--decode-service"}
+    args, rendered = [], container["args"][1:]  # [0] is the `serve` subcommand
+    for flag, value in zip(rendered[::2], rendered[1::2], strict=True):
+        if flag not in dropped:
+            args += [flag, value]
+    return [*args, "--endpoints-file", str(endpoints_file)]
 
 
 class _Actuator:

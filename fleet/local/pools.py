@@ -17,7 +17,7 @@ import httpx
 from llmfleet.operator.reconcile import DRAIN_SECONDS, TunerState, effective_engine, effective_replicas
 from llmfleet.operator.spec import InferenceServiceSpec
 
-from .processes import ServerProcess
+from .processes import START_ATTEMPTS, ServerProcess, StartFailed
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class LocalPool:
         self.servers: list[ServerProcess] = []
         self.draining: list[ServerProcess] = []
         self._started = 0
+        self._failed_starts = 0  # in a row: servers that exited before their first /ready
         self.replicas = 0  # desired
 
     @property
@@ -84,6 +85,7 @@ class LocalPool:
         notes = []
         for server in self.servers:
             if not server.ready and server.poll_ready():
+                self._failed_starts = 0
                 notes.append(f"{server.name} ready at {server.url}")
         for server in [s for s in self.draining if not s.alive]:
             self.draining.remove(server)
@@ -91,6 +93,11 @@ class LocalPool:
         for server in [s for s in self.servers if not s.alive]:
             self.servers.remove(server)
             notes.append(f"{server.name} exited with {server.proc.returncode}: {server.log_tail(3)}")
+            if not server.ready:
+                self._failed_starts += 1
+                if self._failed_starts >= START_ATTEMPTS:
+                    raise StartFailed(f"{self.name} servers exit before they are ready; the last one said:\n"
+                                      f"{server.log_tail(5)}\n(full log: {server.log_path})")  # fmt: skip
         if len(self.servers) < self.replicas:
             self.scale_to(self.replicas)
         return notes

@@ -14,6 +14,14 @@ from pathlib import Path
 
 import httpx
 
+# A server that exits before it ever answered /ready this many times in a row will not start:
+# a bad model path, a role this build lacks. Retrying forever would hide the reason.
+START_ATTEMPTS = 3
+
+
+class StartFailed(RuntimeError):
+    """Servers of one pool (or the router) keep exiting before they are ready."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -24,12 +32,14 @@ def free_port() -> int:
 class ServerProcess:
     """One `llm-fleet serve` on loopback; its output goes to ``log_path``."""
 
-    def __init__(self, name: str, args: list[str], log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self, name: str, args: list[str], log_path: Path, port: int | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.name = name
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{self.port}"  # how the fleet reaches it, whatever it binds
         self.log_path = log_path
-        command = [sys.executable, "-m", "llmfleet.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [sys.executable, "-m", "llmfleet.cli", "serve", "--host", host, "--port", str(self.port)]
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 command + args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

@@ -59,7 +59,7 @@ def run(args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     handlers = [logging.FileHandler(run_dir / "fleet.log")] + ([] if tui else [logging.StreamHandler(sys.stdout)])
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(message)s", handlers=handlers, force=True)
-    fleet = LocalFleet(name, spec, run_dir, args.port)
+    fleet = LocalFleet(name, spec, run_dir, args.port, host=args.host)
     try:
         return asyncio.run(_serve(fleet, args, tui))
     finally:
@@ -71,6 +71,7 @@ async def _serve(fleet, args, tui: bool) -> int:
     import contextlib
     import logging
     import signal
+    import sys
 
     import uvicorn
     from rich.console import Console
@@ -81,6 +82,7 @@ async def _serve(fleet, args, tui: bool) -> int:
     from llmfleet.operator.scrape_source import ScrapeSource
 
     from .front import build_front
+    from .processes import StartFailed
     from .view import render
 
     log = logging.getLogger("llmfleet.local")
@@ -104,10 +106,16 @@ async def _serve(fleet, args, tui: bool) -> int:
     log.info("InferenceService %s: starting %s; logs and configs in %s", fleet.name, fleet.spec.mode, fleet.run_dir)
     announced = False
     live = Live(render(fleet, url), console=Console(), refresh_per_second=2) if tui else None
+    failure = None
     with live or contextlib.nullcontext():
         while not stop.is_set():
-            fleet.supervise()
-            if not announced and _serving(fleet):
+            try:
+                fleet.supervise()
+            except StartFailed as exc:
+                log.error("cannot start the fleet: %s", exc)
+                failure = str(exc)
+                break
+            if not announced and fleet.serving():
                 announced = True
                 log.info("ready: %s (OpenAI API, model %s)", url, fleet.spec.model.name or fleet.name)
             if fleet.tune_due():
@@ -133,10 +141,8 @@ async def _serve(fleet, args, tui: bool) -> int:
     if close is not None:
         await close()
     log.info("stopped")
-    return 0
-
-
-def _serving(fleet) -> bool:
-    if fleet.router is not None:
-        return fleet.router.poll_ready()
-    return bool(fleet.ready_backends())
+    if failure is None:
+        return 0
+    if tui:  # the log went to a file: say why here too
+        print(f"error: cannot start the fleet: {failure}", file=sys.stderr)
+    return 1

@@ -56,8 +56,12 @@ def render(fleet: LocalFleet, url: str) -> Group:
     else:
         last = Text("tuner: no change needed (" + "; ".join(decision.reasons[-2:]) + ")", style="dim")
     history = Text("\n".join(fleet.view.history[-8:]) or "-", style="dim")
+    parts = [table]
+    if fleet.router is not None:  # disaggregated: the client-facing router in front of both pools
+        state = "ready" if fleet.router.ready and fleet.router.alive else "starting"
+        parts.append(Text(f"router ({fleet.spec.router.policy}): {state} at {url}", style="dim"))
     return Group(
-        table,
+        *parts,
         Panel(last, title="last decision"),
         Panel(history, title="events"),
         Text("Ctrl-C drains the servers and exits", style="dim"),

@@ -16,7 +16,7 @@ from llmfleet.operator.spec import SpecError, parse_spec
 
 from . import crdcheck
 
-EXAMPLES = ["local.yaml", "colocated-chat.yaml", "disaggregated-long-prompt.yaml"]
+EXAMPLES = ["local.yaml", "local-disaggregated.yaml", "colocated-chat.yaml", "disaggregated-long-prompt.yaml"]
 
 
 @pytest.fixture(scope="module")
