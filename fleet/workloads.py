@@ -31,16 +31,54 @@ class Workload:
         for _ in range(self.num_requests):
             if self.rate_per_s:
                 t += rng.expovariate(self.rate_per_s)
-            lo, hi = self.output_len
-            if self.output_mean is not None:
-                n = round(rng.expovariate(1.0 / self.output_mean))
-            else:
-                n = rng.randint(lo, hi)
-            out.append(RequestSpec(t, rng.randint(*self.prompt_len), min(max(n, lo), hi)))
+            out.append(_request(rng, t, self.prompt_len, self.output_len, self.output_mean))
         return out
 
     def params(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class PhasedWorkload:
+    """Poisson arrivals whose rate steps through ``phases`` of (seconds, requests/s): rate steps
+    and spikes, for the tuner. Lengths are drawn as in ``Workload``."""
+
+    name: str
+    phases: tuple[tuple[float, float], ...]
+    seed: int = 0
+    prompt_len: tuple[int, int] = (16, 512)
+    output_len: tuple[int, int] = (1, 256)
+    output_mean: float | None = 128.0
+    description: str = ""
+
+    @property
+    def duration_s(self) -> float:
+        return sum(seconds for seconds, _ in self.phases)
+
+    def requests(self) -> list[RequestSpec]:
+        rng = random.Random(self.seed)
+        out = []
+        start = 0.0
+        for seconds, rate in self.phases:
+            t = start  # arrivals are memoryless: restarting the clock at a phase boundary is exact
+            while rate > 0:
+                t += rng.expovariate(rate)
+                if t >= start + seconds:
+                    break
+                out.append(_request(rng, t, self.prompt_len, self.output_len, self.output_mean))
+            start += seconds
+        return out
+
+    def params(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def _request(
+    rng: random.Random, t: float, prompt_len: tuple[int, int], output_len: tuple[int, int], mean: float | None
+) -> RequestSpec:
+    lo, hi = output_len
+    n = round(rng.expovariate(1.0 / mean)) if mean is not None else rng.randint(lo, hi)
+    return RequestSpec(t, rng.randint(*prompt_len), min(max(n, lo), hi))
 
 
 def prompt_tokens(spec: RequestSpec, index: int, vocab: int, seed: int = 0) -> list[int]:
@@ -75,3 +113,10 @@ SHAPES = {
     "long-prompt": Workload("long-prompt", 32, seed=3, rate_per_s=0.5, prompt_len=(768, 1536), output_len=(8, 32)),
     "creative": Workload("creative", 32, seed=4, rate_per_s=0.5, prompt_len=(8, 48), output_len=(128, 384)),
 }
+
+BURSTY = PhasedWorkload(
+    "bursty",
+    phases=((120, 1.0), (90, 3.0), (120, 1.0), (30, 6.0), (150, 1.5), (90, 0.5)),
+    seed=5,
+    description="anyscale-online lengths; Poisson rate steps 1 -> 3 -> 1 req/s, a 30 s spike to 6, then 1.5 and 0.5",
+)
