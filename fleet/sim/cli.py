@@ -1,0 +1,84 @@
+"""`llm-fleet sim`: replay a workload trace through a simulated fleet of an InferenceService.
+
+Each pod runs the real scheduler and engine loop with a cost-model runner fitted by
+`llm-fleet calibrate`; the real tuner (or an HPA baseline, or nothing) acts every autotune
+interval on the simulated metrics. Prints SLO attainment, goodput, replica-minutes and the
+decisions; writes JSON and a PNG plot.
+"""
+
+from __future__ import annotations
+
+HELP = "simulate an InferenceService on a workload trace: real scheduler and tuner, cost-model pods"
+
+
+def add_arguments(parser) -> None:
+    from .trace import TRACE_NAMES
+
+    parser.add_argument("-f", "--file", required=True, help="InferenceService YAML (e.g. examples/local.yaml)")
+    parser.add_argument("--workload", default="bursty", choices=TRACE_NAMES, help="built-in workload (default bursty)")
+    parser.add_argument("--trace", help="JSONL trace (arrival_s, prompt_tokens, output_tokens per line)")
+    parser.add_argument("--duration", type=float, help="seconds of built-in workload (default: its own length)")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the built-in workload's rates")
+    parser.add_argument("--seed", type=int, help="workload seed (default: the workload's)")
+    parser.add_argument("--save-trace", help="write the trace used as JSONL")
+    parser.add_argument("--profile", help="cost profile (default $LLMFLEET_CACHE/calibration/<model>.json)")
+    parser.add_argument(
+        "--controller",
+        choices=["tuner", "hpa", "fixed"],
+        help="tuner (default when spec.autotune.enabled), hpa (queue-length baseline) or fixed",
+    )
+    parser.add_argument("--hpa-target", type=float, default=2.0, help="HPA: target waiting requests per pod")
+    parser.add_argument("--startup-s", type=float, default=30.0, help="pod start-up delay on scale-up")
+    parser.add_argument("--tail-s", type=float, default=600.0, help="after the last arrival, time left to finish")
+    parser.add_argument("--kv-transfer-gbps", type=float, default=10.0, help="disaggregated: prefill->decode Gbit/s")
+    parser.add_argument("--out", default="sim-results", help="directory for the JSON and PNG")
+    parser.add_argument("--decisions", type=int, default=20, help="how many decisions to print")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from .cost_model import CostModel, default_profile_path
+    from .fleet import SimOptions
+    from .hpa import HPAConfig
+    from .report import print_summary, save_plot, summarize, write_json
+    from .simulate import read_service, simulate
+    from .trace import builtin_workload, describe, read_trace, write_trace
+
+    name, spec = read_service(args.file)
+    model = spec.model.server_arg
+    profile = Path(args.profile) if args.profile else default_profile_path(model)
+    if not profile.is_file():
+        quick = " --quick" if model == "builtin:tiny" else ""
+        print(
+            f"no cost profile at {profile}: run `llm-fleet calibrate --model {model}{quick}` first, or pass --profile"
+        )
+        return 2
+    cost = CostModel.load(profile)
+    if args.trace:
+        requests = read_trace(args.trace)
+        source = f"trace {args.trace}: {len(requests)} requests"
+        label = Path(args.trace).stem
+    else:
+        workload = builtin_workload(args.workload, args.duration, args.rate_scale, args.seed)
+        requests = workload.requests()
+        source = describe(workload)
+        label = args.workload
+    if args.save_trace:
+        write_trace(args.save_trace, requests)
+    controller = args.controller or ("tuner" if spec.autotune.enabled else "fixed")
+    options = SimOptions(startup_s=args.startup_s, tail_s=args.tail_s,
+                         kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9 / 8)  # fmt: skip
+    print(f"== {name} ({spec.mode}, model {model}) on {source}")
+    print(f"   cost profile {profile}: {cost.describe()}")
+    result = simulate(spec, cost, requests, controller=controller, options=options, name=name,
+                      hpa=HPAConfig(target_waiting_per_pod=args.hpa_target))  # fmt: skip
+    result.notes["workload"] = source
+    summary = summarize(result)
+    print_summary(result, summary, args.decisions)
+    out = Path(args.out)
+    stem = f"sim-{name}-{label}-{controller}"
+    json_path = write_json(result, out / f"{stem}.json", summary)
+    png_path = save_plot(result, out / f"{stem}.png", f"{name} on {label}: {controller}")
+    print(f"wrote {json_path} and {png_path}")
+    return 0 if result.conserved else 1

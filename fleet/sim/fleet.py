@@ -1,0 +1,413 @@
+"""The fleet simulation: a discrete-event loop over pods, a router, scaling and a controller.
+
+Events, in simulated time:
+
+- ``arrival``: the router sends a request to the least-loaded ready pod of the entry pool
+  (``colocated``, or ``prefill`` in disaggregated mode); with no ready pod it waits at the router.
+- ``step_end``: a pod's step is over; its tokens become visible (client records, pool metrics),
+  and the pod starts its next step. A prefill pod's finished request moves to the decode pool
+  after the KV transfer delay (``transfer``).
+- ``wake``: a batching window of an idle pod runs out.
+- ``ready``: a new pod has started (``startup_s`` after the scale-up) and joins the router.
+- ``drain_deadline``: a draining pod still holding requests is killed; they are reported aborted.
+- ``scrape``: every pool's gauges and cumulative metrics are sampled (what Prometheus or the
+  direct-scrape source sees); the timeline for the plot is recorded.
+- ``control``: the controller (the real tuner, an HPA baseline, or none) runs.
+
+Scale-up adds pods in ``starting`` state (paid for, not serving); scale-down cancels starting
+pods first, then drains the ready pods with the least in-flight work (the operator's
+pod-deletion-cost ranking): they leave the router at once and stop when their last request
+ends, or after ``drain_timeout_s``. Every arrival ends as finished, rejected (queue full, or too
+long for the model), aborted (drain timeout) or unfinished (still open ``tail_s`` after the last
+arrival); ``SimResult.conserved`` checks it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from llmfleet.operator.metrics_source import PoolRef
+from llmfleet.operator.reconcile import DRAIN_SECONDS, effective_engine, effective_replicas
+from llmfleet.operator.spec import InferenceServiceSpec
+from llmfleet.operator.tuner import KNOB_FIELDS
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.engine.engine import InvalidRequestError, QueueFullError
+from llmfleet.workloads import RequestSpec
+
+from .cost_model import CostModel
+from .metrics import PodGauges, PoolSeries, RequestRecord, SimMetricSource
+from .pod import PodState, SimPod
+
+NAMESPACE = "sim"
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    startup_s: float = 30.0  # pod start-up delay on scale-up (schedule, pull, load the model)
+    scrape_interval_s: float = 1.0
+    kv_transfer_latency_s: float = 0.002  # per request, prefill -> decode
+    kv_transfer_bytes_per_s: float = 1.25e9  # 10 Gbit/s between pods
+    drain_timeout_s: float = float(DRAIN_SECONDS)  # `serve --drain-timeout`, as the operator renders it
+    tail_s: float = 600.0  # after the last arrival, how long requests may still finish
+    initial_pods_ready: bool = True  # the fleet starts warm: its first pods are up at t=0
+
+
+class Controller(Protocol):
+    """Runs every ``interval_s`` of simulated time and acts on the fleet."""
+
+    name: str
+    interval_s: float
+
+    def control(self, now: float) -> None: ...
+
+
+@dataclass
+class ControlRecord:
+    """One controller run that changed something or held (for the decision history)."""
+
+    at: float
+    controller: str
+    changes: list[dict[str, Any]]
+    hold: bool = False
+    reason: str = ""
+
+
+@dataclass
+class TimelinePoint:
+    at: float
+    pools: dict[str, dict[str, float]]  # pool -> ready/starting/draining/waiting/running and knobs
+
+
+@dataclass
+class SimResult:
+    name: str
+    mode: str
+    slo_ttft_s: float
+    slo_itl_s: float
+    controller: str
+    end: float
+    last_arrival: float
+    records: list[RequestRecord]
+    timeline: list[TimelinePoint]
+    decisions: list[ControlRecord]
+    pod_lifetimes: list[tuple[str, str, float, float]]  # pod, pool, created, stopped (or the end)
+    options: SimOptions
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def conserved(self) -> bool:
+        """Every arrival is accounted for exactly once."""
+        return all(r.status in ("finished", "rejected", "aborted", "unfinished") for r in self.records)
+
+    def replica_seconds(self, pool: str | None = None) -> float:
+        return sum(stop - start for _, p, start, stop in self.pod_lifetimes if pool is None or p == pool)
+
+
+@dataclass
+class SimPool:
+    name: str
+    config: EngineConfig
+    series: PoolSeries
+    pods: list[SimPod] = field(default_factory=list)
+    backlog: list[tuple[RequestRecord, float]] = field(default_factory=list)  # waiting at the router
+    turn: int = 0
+    created: int = 0
+
+    def with_state(self, *states: PodState) -> list[SimPod]:
+        return [p for p in self.pods if p.state in states]
+
+    @property
+    def replicas(self) -> int:
+        """Pods counted against the desired replicas: starting and ready, not draining."""
+        return len(self.with_state(PodState.STARTING, PodState.READY))
+
+
+class Fleet:
+    def __init__(
+        self,
+        spec: InferenceServiceSpec,
+        cost: CostModel,
+        requests: list[RequestSpec],
+        options: SimOptions | None = None,
+        controller: Callable[[Fleet], Controller] | None = None,
+        *,
+        name: str = "sim",
+    ) -> None:
+        self.spec = spec
+        self.cost = cost
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.options = options or SimOptions()
+        self.name = name
+        self.now = 0.0
+        self.disaggregated = spec.mode == "disaggregated"
+        self.entry = "prefill" if self.disaggregated else "colocated"
+        self.pools = {
+            p: SimPool(p, effective_engine(spec, p, None), PoolSeries(p)) for p in spec.active_pools
+        }  # fmt: skip
+        self.records: list[RequestRecord] = []
+        self.timeline: list[TimelinePoint] = []
+        self.decisions: list[ControlRecord] = []
+        self.metric_source = SimMetricSource(
+            lambda pool: self.pools[pool].series,
+            lambda pool: len(self.pools[pool].with_state(PodState.READY)),
+            lambda: self.now,
+        )
+        self._events: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self._live: dict[tuple[str, str], RequestRecord] = {}  # (pod, request id) -> record
+        self._open = 0
+        self._next_arrival = 0
+        for pool in self.pools.values():
+            self.scale(pool.name, effective_replicas(spec, pool.name, None), initial=True)
+        self.controller = controller(self) if controller is not None else None
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        last_arrival = self.requests[-1].arrival_s if self.requests else 0.0
+        deadline = last_arrival + self.options.tail_s
+        self._push_next_arrival()
+        self._push(0.0, "scrape", None)
+        if self.controller is not None:
+            self._push(self.controller.interval_s, "control", None)
+        while self._events:
+            at, _, kind, payload = heapq.heappop(self._events)
+            if at > deadline:
+                break
+            self.now = at
+            getattr(self, f"_on_{kind}")(payload)
+            if self._next_arrival >= len(self.requests) and self._open == 0:
+                break
+        self._scrape()
+        end = self.now
+        lifetimes = [(p.name, p.pool, p.created_at, p.stopped_at if p.stopped_at is not None else end)
+                     for pool in self.pools.values() for p in pool.pods]  # fmt: skip
+        return SimResult(
+            name=self.name,
+            mode=self.spec.mode,
+            slo_ttft_s=self.spec.slo.ttft_p95_ms / 1000.0,
+            slo_itl_s=self.spec.slo.itl_p95_ms / 1000.0,
+            controller=self.controller.name if self.controller is not None else "fixed",
+            end=end,
+            last_arrival=last_arrival,
+            records=self.records,
+            timeline=self.timeline,
+            decisions=self.decisions,
+            pod_lifetimes=lifetimes,
+            options=self.options,
+            notes={
+                "cost_model": self.cost.describe(),
+                "profile": f"{self.cost.model} {self.cost.dtype} {self.cost.device} {self.cost.threads} threads",
+            },
+        )
+
+    def _push(self, at: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), kind, payload))
+
+    def _push_next_arrival(self) -> None:
+        if self._next_arrival < len(self.requests):
+            self._push(self.requests[self._next_arrival].arrival_s, "arrival", self._next_arrival)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _on_arrival(self, index: int) -> None:
+        spec = self.requests[index]
+        record = RequestRecord(index, spec.arrival_s, spec.prompt_len, spec.output_len)
+        self.records.append(record)
+        self._open += 1
+        self._next_arrival = index + 1
+        self._push_next_arrival()
+        self._dispatch(self.entry, record, record.arrival)
+
+    def _on_step_end(self, pod: SimPod) -> None:
+        pod.busy_until = None
+        if pod.state == PodState.STOPPED:
+            pod.take_outputs()  # killed mid-step: nothing of it reaches anyone
+            return
+        self._publish(pod)
+        self._kick(pod)
+
+    def _on_wake(self, pod: SimPod) -> None:
+        if pod.wake_at is not None and pod.wake_at <= self.now:
+            pod.wake_at = None
+        self._kick(pod)
+
+    def _on_ready(self, pod: SimPod) -> None:
+        if pod.state != PodState.STARTING:
+            return  # cancelled while starting
+        pod.state = PodState.READY
+        pool = self.pools[pod.pool]
+        waiting, pool.backlog = pool.backlog, []
+        for record, arrived in waiting:
+            self._dispatch(pool.name, record, arrived)
+
+    def _on_transfer(self, record: RequestRecord) -> None:
+        self._dispatch("decode", record, self.now)
+
+    def _on_drain_deadline(self, pod: SimPod) -> None:
+        if pod.state != PodState.DRAINING:
+            return
+        pod.abort_all()
+        pod.take_outputs()  # the step in flight dies with the pod: its tokens never reach anyone
+        why = f"{pod.name} killed at the end of its {self.options.drain_timeout_s:g} s drain"
+        for key in [k for k in self._live if k[0] == pod.name]:
+            self._close(self._live.pop(key), "aborted", why)
+        self._stop(pod)
+
+    def _on_scrape(self, _: Any) -> None:
+        self._scrape()
+        self._push(self.now + self.options.scrape_interval_s, "scrape", None)
+
+    def _on_control(self, _: Any) -> None:
+        assert self.controller is not None
+        self.controller.control(self.now)
+        self._push(self.now + self.controller.interval_s, "control", None)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _dispatch(self, pool_name: str, record: RequestRecord, arrived: float) -> None:
+        pool = self.pools[pool_name]
+        pod = self._pick(pool)
+        if pod is None:
+            pool.backlog.append((record, arrived))
+            return
+        prefilled = pool_name == "decode"
+        output_len = 1 if pool_name == "prefill" else record.output_len
+        try:
+            pod.add(str(record.index), record.prompt_len, output_len, arrived, prefilled=prefilled)
+        except QueueFullError as exc:
+            self._close(record, "rejected", f"429 from {pod.name}: {exc}")
+            return
+        except InvalidRequestError as exc:
+            self._close(record, "rejected", f"400 from {pod.name}: {exc}")
+            return
+        self._live[(pod.name, str(record.index))] = record
+        self._kick(pod)
+
+    def _pick(self, pool: SimPool) -> SimPod | None:
+        """Least loaded ready pod: fewest requests held, then least KV in use, then round robin."""
+        ready = pool.with_state(PodState.READY)
+        if not ready:
+            return None
+        pool.turn += 1
+        n = len(ready)
+        return min(enumerate(ready), key=lambda ip: (ip[1].in_flight, ip[1].kv_usage, (ip[0] - pool.turn) % n))[1]
+
+    def _publish(self, pod: SimPod) -> None:
+        """The step that just ended: its tokens reach the clients and the pool's metrics."""
+        series = self.pools[pod.pool].series
+        at = self.now
+        for out in pod.take_outputs():
+            record = self._live.get((pod.name, out.request_id))
+            if record is None:
+                continue
+            if out.new_token_ids:
+                if not record.token_times:
+                    series.first_token(at - record.arrival, record.prompt_len)
+                else:
+                    series.next_token(at - record.token_times[-1])
+                record.token_times.append(at)
+            if not out.finished:
+                continue
+            del self._live[(pod.name, out.request_id)]
+            m = out.metrics
+            series.finished(None if m.first_scheduled_time is None else m.first_scheduled_time - m.arrival_time)
+            if out.finish_reason == "abort":
+                self._close(record, "aborted", f"aborted on {pod.name}")
+            elif pod.pool == "prefill" and record.output_len > 1:
+                delay = self.options.kv_transfer_latency_s + (
+                    record.prompt_len * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
+                )
+                self._push(at + delay, "transfer", record)
+            else:
+                self._close(record, "finished")
+
+    def _close(self, record: RequestRecord, status: str, detail: str = "") -> None:
+        record.status, record.detail = status, detail
+        self._open -= 1
+
+    # -- pods -----------------------------------------------------------------------------------
+
+    def _kick(self, pod: SimPod) -> None:
+        """Start the pod's next step if it is free and has work; else wait for its window."""
+        if pod.busy_until is not None or pod.state in (PodState.STARTING, PodState.STOPPED):
+            return
+        step = pod.run_step(self.now)
+        if step is not None:
+            series = self.pools[pod.pool].series
+            series.step(step.batch, step.tokens)
+            new = pod.new_preemptions()
+            if new:
+                series.preempted(new)
+            self._push(step.end, "step_end", pod)
+            return
+        self._publish(pod)  # aborts only
+        wake = pod.engine.next_wakeup()
+        if wake is not None and (pod.wake_at is None or wake < pod.wake_at):
+            pod.wake_at = max(wake, self.now + 1e-6)  # never a wake-up in the past: time must move
+            self._push(pod.wake_at, "wake", pod)
+        if pod.state == PodState.DRAINING and pod.idle:
+            self._stop(pod)
+
+    def _stop(self, pod: SimPod) -> None:
+        pod.state = PodState.STOPPED
+        pod.stopped_at = self.now
+
+    def scale(self, pool_name: str, replicas: int, *, initial: bool = False) -> None:
+        """Start or drain pods until ``replicas`` are starting or ready."""
+        pool = self.pools[pool_name]
+        have = pool.replicas
+        for _ in range(replicas - have):
+            pool.created += 1
+            startup = 0.0 if initial and self.options.initial_pods_ready else self.options.startup_s
+            pod = SimPod.create(f"{pool_name}-{pool.created}", pool_name, pool.config, self.cost,
+                                now=self.now, startup_s=startup)  # fmt: skip
+            pool.pods.append(pod)
+            if pod.state == PodState.STARTING:
+                self._push(pod.ready_at, "ready", pod)
+        excess = have - replicas
+        if excess <= 0:
+            return
+        for pod in sorted(pool.with_state(PodState.STARTING), key=lambda p: -p.created_at)[:excess]:
+            self._stop(pod)  # not ready yet: removed first, as a ReplicaSet does
+            excess -= 1
+        ranked = sorted(pool.with_state(PodState.READY), key=lambda p: (p.in_flight, -p.created_at))
+        for pod in ranked[:excess]:
+            pod.drain(self.now, self.options.drain_timeout_s)
+            self._push(self.now + self.options.drain_timeout_s, "drain_deadline", pod)
+            self._kick(pod)
+
+    def set_engine(self, pool_name: str, config: EngineConfig) -> None:
+        """New live knobs for the pool: every pod applies them at its next step (as from the ConfigMap)."""
+        pool = self.pools[pool_name]
+        pool.config = config
+        for pod in pool.pods:
+            if pod.alive:
+                pod.update_config(config)
+                self._kick(pod)
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def pool_ref(self, pool: str) -> PoolRef:
+        return PoolRef(NAMESPACE, self.name, pool)
+
+    def _scrape(self) -> None:
+        point: dict[str, dict[str, float]] = {}
+        for pool in self.pools.values():
+            reporting = pool.with_state(PodState.READY, PodState.DRAINING)
+            gauges = [PodGauges(p.engine.scheduler.num_waiting, p.engine.scheduler.num_running, p.kv_usage)
+                      for p in reporting]  # fmt: skip
+            pool.series.scrape(self.now, gauges)
+            point[pool.name] = {
+                "ready": len(pool.with_state(PodState.READY)),
+                "starting": len(pool.with_state(PodState.STARTING)),
+                "draining": len(pool.with_state(PodState.DRAINING)),
+                "waiting": float(sum(g.waiting for g in gauges) + len(pool.backlog)),
+                "running": float(sum(g.running for g in gauges)),
+                **{knob: float(getattr(pool.config, attr)) for knob, attr in KNOB_FIELDS.items()},
+            }
+        self.timeline.append(TimelinePoint(self.now, point))

@@ -1,0 +1,176 @@
+"""A simulated pod: the real engine loop and scheduler (server/engine, server/core) on simulated
+time, with a runner that computes nothing and takes as long as the cost model says.
+
+Each pod owns its clock. ``run_step(now)`` sets it to ``now``, lets the engine schedule, and the
+``CostModelRunner`` moves it forward by the modeled step time, so the engine stamps the step's
+tokens at the step's end, as the real runner's forward pass does in wall time. The fleet holds a
+step's outputs until that end time (``pending``) before anyone sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.batch import SampledToken, SchedulerOutput
+from llmfleet.server.core.request import Request, SamplingParams
+from llmfleet.server.engine.engine import LLMEngine, RequestOutput
+
+from .cost_model import CostModel, StepFeatures
+
+TOKEN = SampledToken(token_id=0)  # what every simulated sample "generates"; never a stop token
+MIN_STEP_S = 1e-6  # a step always takes some time, so simulated time always moves
+
+
+class SimClock:
+    """A pod's engine clock: read by the scheduler and the engine, moved by the runner."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CostModelRunner:
+    """``ModelRunner`` with no model: each step takes ``cost.step_seconds`` of simulated time."""
+
+    def __init__(self, cost: CostModel, clock: SimClock, *, num_kv_blocks: int, kv_block_size: int) -> None:
+        self.cost = cost
+        self.clock = clock
+        self.num_kv_blocks = num_kv_blocks
+        self.kv_block_size = kv_block_size
+        self.max_model_len = cost.max_model_len
+        self.eos_token_ids: frozenset[int] = frozenset()
+        self.last_features: StepFeatures | None = None
+
+    def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
+        self.last_features = self.cost.features(output, self.kv_block_size)
+        self.clock.now += max(MIN_STEP_S, self.cost.step_seconds(self.last_features))
+        return [TOKEN if item.sample else None for item in output.scheduled]
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+class PodState(StrEnum):
+    STARTING = "starting"  # scheduled, pulling, loading the model: costs money, serves nothing
+    READY = "ready"  # in the router's endpoints
+    DRAINING = "draining"  # out of the endpoints, finishing its in-flight requests
+    STOPPED = "stopped"
+
+
+@dataclass
+class StepRecord:
+    end: float
+    seconds: float
+    batch: int
+    tokens: int
+
+
+@dataclass
+class SimPod:
+    name: str
+    pool: str
+    engine: LLMEngine
+    clock: SimClock
+    created_at: float
+    ready_at: float
+    state: PodState = PodState.STARTING
+    stopped_at: float | None = None
+    drain_deadline: float | None = None
+    busy_until: float | None = None  # the end of the step in flight
+    wake_at: float | None = None  # a pending wake-up for a batching window
+    pending: list[RequestOutput] = field(default_factory=list)
+    preemptions_seen: int = 0
+
+    @classmethod
+    def create(
+        cls, name: str, pool: str, config: EngineConfig, cost: CostModel, *, now: float, startup_s: float
+    ) -> SimPod:
+        clock = SimClock(now)
+        blocks = config.num_kv_blocks or cost.num_kv_blocks(config.kv_cache_memory_mb, config.kv_block_size)
+        runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size)
+        engine = LLMEngine(config, runner, clock=clock)
+        state = PodState.READY if startup_s <= 0 else PodState.STARTING
+        return cls(name, pool, engine, clock, created_at=now, ready_at=now + max(0.0, startup_s), state=state)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def add(self, request_id: str, prompt_len: int, output_len: int, arrival: float, *, prefilled: bool) -> Request:
+        """Queue a request. Raises the engine's errors (queue full, too long).
+
+        ``prefilled`` (disaggregated mode): the request's KV and its first token arrived from a
+        prefill pod, so only the decode is left: the decode pod's first step for it is one
+        decode token. An approximation of the engine's KV import, where the decode pod imports
+        the KV of the first ``len(prompt) - 1`` tokens and computes the last prompt token itself
+        (the same one-token step, so the decode pod's load is the same) and the client's first
+        token is the decode pod's sample: here the client sees the prefill pod's token, so a
+        disaggregated TTFT is short by the KV transfer and the decode pod's first step."""
+        sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        request = self.engine.add_request(request_id, [1] * prompt_len, sampling, arrival_time=arrival)
+        if prefilled:
+            request.output_token_ids.append(TOKEN.token_id)
+            request.num_computed_tokens = prompt_len  # the scheduler allocates the blocks it lands in
+            request.first_token_time = request.last_token_time = arrival
+        return request
+
+    @property
+    def in_flight(self) -> int:
+        s = self.engine.scheduler
+        return s.num_waiting + s.num_running
+
+    @property
+    def kv_usage(self) -> float:
+        return self.engine.block_manager.usage
+
+    @property
+    def alive(self) -> bool:
+        return self.state != PodState.STOPPED
+
+    @property
+    def idle(self) -> bool:
+        return self.busy_until is None and not self.engine.has_unfinished_requests()
+
+    # -- stepping -------------------------------------------------------------------------------
+
+    def run_step(self, now: float) -> StepRecord | None:
+        """One engine step starting at ``now``. Returns its record (its outputs wait in
+        ``pending`` until ``record.end``), or None when nothing could be scheduled."""
+        self.clock.now = now
+        outputs = self.engine.step()
+        runner: CostModelRunner = self.engine.runner  # type: ignore[assignment]
+        if self.clock.now == now:  # nothing ran (a batching window holds, or only aborts)
+            self.pending.extend(outputs)
+            return None
+        self.pending.extend(outputs)
+        self.busy_until = self.clock.now
+        stats = self.engine.stats()
+        features = runner.last_features
+        return StepRecord(self.clock.now, self.clock.now - now, stats.last_batch_size,
+                          features.tokens if features else stats.last_num_tokens)  # fmt: skip
+
+    def take_outputs(self) -> list[RequestOutput]:
+        outputs, self.pending = self.pending, []
+        return outputs
+
+    def new_preemptions(self) -> int:
+        total = self.engine.scheduler.num_preemptions
+        new, self.preemptions_seen = total - self.preemptions_seen, total
+        return new
+
+    def drain(self, now: float, timeout_s: float) -> None:
+        self.state = PodState.DRAINING
+        self.drain_deadline = now + timeout_s
+        self.engine.flush()  # nothing more will join: no batching window should hold the rest
+
+    def abort_all(self) -> list[str]:
+        """The drain deadline passed (the kubelet kills the pod): abort what is left."""
+        ids = [r.request_id for r in (*self.engine.scheduler.running, *self.engine.scheduler.waiting)]
+        for rid in ids:
+            self.engine.abort_request(rid)
+        return ids
+
+    def update_config(self, config: EngineConfig) -> None:
+        self.engine.update_config(config)

@@ -1,0 +1,103 @@
+"""Workload traces for the simulator: the built-in workloads (llmfleet.workloads), stretched to a
+duration, or a JSONL file with one request per line::
+
+    {"arrival_s": 0.42, "prompt_tokens": 180, "output_tokens": 96}
+
+``arrival_s`` is seconds from the start of the trace; other keys are ignored. Requests are
+``llmfleet.workloads.RequestSpec`` (arrival_s, prompt_len, output_len) in arrival order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Workload, anyscale_online
+
+TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the line."""
+
+
+def read_trace(path: str | Path) -> list[RequestSpec]:
+    requests = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc}") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise TraceError(f"{where}: not JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise TraceError(f"{where}: expected an object with arrival_s, prompt_tokens, output_tokens")
+        missing = [k for k in ("arrival_s", "prompt_tokens", "output_tokens") if k not in record]
+        if missing:
+            raise TraceError(f"{where}: missing {', '.join(missing)}")
+        arrival, prompt, output = record["arrival_s"], record["prompt_tokens"], record["output_tokens"]
+        if (
+            isinstance(arrival, bool)
+            or not isinstance(arrival, int | float)
+            or not math.isfinite(arrival)
+            or arrival < 0
+        ):
+            raise TraceError(f"{where}: arrival_s must be a finite number >= 0, got {arrival!r}")
+        for key, value in (("prompt_tokens", prompt), ("output_tokens", output)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+        requests.append(RequestSpec(float(arrival), prompt, output))
+    requests.sort(key=lambda r: r.arrival_s)  # stable: ties keep file order
+    return requests
+
+
+def write_trace(path: str | Path, requests: list[RequestSpec]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for r in requests:
+            record = {"arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_len, "output_tokens": r.output_len}
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def builtin_workload(
+    name: str, duration_s: float | None = None, rate_scale: float = 1.0, seed: int | None = None
+) -> Workload | PhasedWorkload:
+    """A built-in workload, its rate multiplied by ``rate_scale``; the shapes and anyscale-online
+    run for ``duration_s`` at their own rate (default: their defined request count)."""
+    if rate_scale <= 0:
+        raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+    if name == "bursty":
+        phases = BURSTY.phases
+        if duration_s is not None:  # stretch or squeeze the phases to the duration
+            k = duration_s / BURSTY.duration_s
+            phases = tuple((seconds * k, rate) for seconds, rate in phases)
+        phases = tuple((seconds, rate * rate_scale) for seconds, rate in phases)
+        return replace(BURSTY, phases=phases, seed=BURSTY.seed if seed is None else seed)
+    if name == "anyscale-online":
+        base: Workload = anyscale_online(1.0, 32)
+    elif name in SHAPES:
+        base = SHAPES[name]
+    else:
+        raise ValueError(f"unknown workload {name!r}; use one of {', '.join(TRACE_NAMES)}")
+    rate = (base.rate_per_s or 1.0) * rate_scale
+    count = base.num_requests if duration_s is None else max(1, round(rate * duration_s))
+    return replace(base, rate_per_s=rate, num_requests=count, seed=base.seed if seed is None else seed)
+
+
+def describe(workload: Workload | PhasedWorkload) -> str:
+    if isinstance(workload, PhasedWorkload):
+        steps = " -> ".join(f"{rate:g}/s for {seconds:g} s" for seconds, rate in workload.phases)
+        return f"{workload.name}: {steps}; prompts {workload.prompt_len}, outputs {workload.output_len}"
+    lengths = f"prompts {workload.prompt_len}, outputs {workload.output_len}"
+    if workload.output_mean is not None:
+        lengths += f" (exponential mean {workload.output_mean:g})"
+    return f"{workload.name}: {workload.num_requests} requests, Poisson {workload.rate_per_s:g}/s; {lengths}"
