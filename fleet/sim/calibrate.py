@@ -129,10 +129,11 @@ class _Bench:
         self.config = config
         group_cost = None if runner.device.type == "cuda" else CPU_GROUP_COST_BLOCKS
         self._features: StepFeatures | None = None
+        self._seen: set[int] = set()  # step sizes run so far, for new_shape
         execute = runner.execute
 
         def recording_execute(output):
-            self._features = StepFeatures.of(output, runner.kv_block_size, group_cost)
+            self._features = StepFeatures.of(output, runner.kv_block_size, group_cost, self._seen)
             return execute(output)
 
         runner.execute = recording_execute
@@ -162,13 +163,18 @@ class _Bench:
         return self._features, time.perf_counter() - started
 
     def _point(self, kind: str, out: list[Sample], before=None) -> None:
-        """``reps`` steps of one shape (``before`` sets each up, untimed); keeps the median."""
+        """``reps`` steps of one shape (``before`` sets each up, untimed); keeps the median, and
+        a first step of a size never run before on its own (``new_shape``)."""
         timed = []
         for _ in range(self.grid.reps):
             if before is not None:
                 before()
             features, seconds = self._step()
-            if features is not None:
+            if features is None:
+                continue
+            if features.new_shape:
+                out.append(Sample(features, seconds, "new-shape"))
+            else:
                 timed.append((seconds, features))
         if timed:
             timed.sort(key=lambda t: t[0])
@@ -261,7 +267,7 @@ def print_report(profile: CostModel) -> None:
     print("   mean |error| by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in q.by_kind.items()))
     samples = [Sample.from_dict(s) for s in profile.samples]
     rows = []
-    for kind in ("decode", "mixed", "prefill"):
+    for kind in ("decode", "mixed", "prefill", "new-shape"):
         chosen = sorted((s for s in samples if s.kind == kind), key=lambda s: s.seconds)
         for s in chosen[:: max(1, len(chosen) // 4)][:5]:
             predicted = profile.step_seconds(s.features)

@@ -14,7 +14,11 @@ runner receives), with non-negative coefficients fitted by ``llm-fleet calibrate
   (server/runner/step_inputs.py), a fixed number of torch calls per layer and group;
 - ``kv_read``: the KV slots decode attention reads, padded to the group's longest context;
 - ``prefill_attn``: the query-key pairs of prompt chunks (causal, with their earlier context);
-- ``prefills``: per prompt chunk (one SDPA call per layer, the cache gather of a later chunk).
+- ``prefills``: per prompt chunk (one SDPA call per layer, the cache gather of a later chunk);
+- ``new_shape``: 1 when the engine process has not run a step of this many tokens before. oneDNN
+  compiles a kernel per matmul shape on first use (bfloat16 on CPU: about 4 ms per new shape for
+  builtin:tiny, 2-30 ms for builtin:small, none in float32), so a fresh pod pays it for every
+  new step size until it has seen most of them. Each simulated pod keeps its own set.
 
 The fit is a non-negative least squares on relative error, so every term keeps its physical sign
 and short decode steps count as much as long prefills; samples the fit cannot explain at all (a
@@ -36,7 +40,7 @@ from typing import Any
 
 from llmfleet.server.core.batch import SchedulerOutput
 
-FEATURES = ("intercept", "tokens", "seqs", "decode_groups", "kv_read", "prefill_attn", "prefills")
+FEATURES = ("intercept", "tokens", "seqs", "decode_groups", "kv_read", "prefill_attn", "prefills", "new_shape")
 PROFILE_VERSION = 2
 
 # server/runner/step_inputs.py (which imports torch, so it is mirrored here; a runner test checks
@@ -73,9 +77,18 @@ class StepFeatures:
     kv_read: int  # KV slots the decodes read (each padded to its group's longest context)
     prefill_attn: int  # query-key pairs of the prompt chunks (causal, with their earlier context)
     prefills: int  # prompt chunks (including recomputes)
+    new_shape: int = 0  # 1: the first step of this many tokens the engine process runs
 
     @classmethod
-    def of(cls, output: SchedulerOutput, block_size: int = 16, group_cost: int | None = CPU_GROUP_COST_BLOCKS):
+    def of(
+        cls,
+        output: SchedulerOutput,
+        block_size: int = 16,
+        group_cost: int | None = CPU_GROUP_COST_BLOCKS,
+        seen: set[int] | None = None,
+    ) -> StepFeatures:
+        """The features of a step; ``seen``: the step sizes this engine process has run before
+        (updated), for ``new_shape``."""
         tokens = attn = prefills = 0
         contexts: list[int] = []
         for item in output.scheduled:
@@ -89,7 +102,11 @@ class StepFeatures:
                 attn += n * start + n * (n + 1) // 2
         groups = decode_group_sizes(contexts, block_size, group_cost)
         kv = sum(members * padded for members, padded in groups)
-        return cls(tokens, len(output.scheduled), len(groups), kv, attn, prefills)
+        new = 0
+        if seen is not None and tokens not in seen:
+            seen.add(tokens)
+            new = 1
+        return cls(tokens, len(output.scheduled), len(groups), kv, attn, prefills, new)
 
     def vector(self) -> list[float]:
         return [1.0, *(float(getattr(self, name)) for name in FEATURES[1:])]
@@ -127,8 +144,10 @@ class CostModel:
     def group_cost(self) -> int | None:
         return None if self.device.startswith("cuda") else CPU_GROUP_COST_BLOCKS
 
-    def features(self, output: SchedulerOutput, block_size: int | None = None) -> StepFeatures:
-        return StepFeatures.of(output, block_size or self.kv_block_size, self.group_cost)
+    def features(
+        self, output: SchedulerOutput, block_size: int | None = None, seen: set[int] | None = None
+    ) -> StepFeatures:
+        return StepFeatures.of(output, block_size or self.kv_block_size, self.group_cost, seen)
 
     def step_seconds(self, features: StepFeatures) -> float:
         c = self.coefficients
@@ -147,6 +166,7 @@ class CostModel:
             f" + {c.get('seqs', 0) * 1e6:.1f} us/seq + {c.get('decode_groups', 0) * 1e6:.0f} us/decode group"
             f" + {c.get('kv_read', 0) * 1e9:.1f} ns/KV slot read + {c.get('prefill_attn', 0) * 1e9:.3f} ns/prefill"
             f" q-k pair + {c.get('prefills', 0) * 1e6:.0f} us/chunk"
+            f" + {c.get('new_shape', 0) * 1e3:.1f} ms/new step size"
         )
 
     # -- files ----------------------------------------------------------------------------------
@@ -220,7 +240,8 @@ class Sample:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sample:
         names = FEATURES[1:]
-        return cls(StepFeatures(**{k: int(data[k]) for k in names}), float(data["seconds"]), data.get("kind", "step"))
+        values = {k: int(data.get(k, 0)) for k in names}
+        return cls(StepFeatures(**values), float(data["seconds"]), data.get("kind", "step"))
 
 
 def fit(

@@ -44,9 +44,10 @@ class CostModelRunner:
         self.max_model_len = cost.max_model_len
         self.eos_token_ids: frozenset[int] = frozenset()
         self.last_features: StepFeatures | None = None
+        self.seen_sizes: set[int] = set()  # step sizes this pod has run (new_shape: first-use kernel compiles)
 
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
-        self.last_features = self.cost.features(output, self.kv_block_size)
+        self.last_features = self.cost.features(output, self.kv_block_size, self.seen_sizes)
         self.clock.now += max(MIN_STEP_S, self.cost.step_seconds(self.last_features))
         return [TOKEN if item.sample else None for item in output.scheduled]
 
