@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..config import EngineConfig
+from ..core.kv_wire import KVImport
 from ..core.request import SamplingParams
 from ..engine.engine import EngineStats, LLMEngine, RequestOutput, StepFailedError
 
@@ -80,6 +81,8 @@ class AsyncEngine:
         priority: int = 0,
         arrival_time: float | None = None,
         stream: asyncio.Queue | None = None,
+        kv_import: KVImport | None = None,
+        export_kv: bool = False,
     ) -> asyncio.Queue:
         """Submit a request; raises the engine's InvalidRequestError / QueueFullError.
 
@@ -94,7 +97,7 @@ class AsyncEngine:
             stream = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         try:
-            await self._call("add", request_id, prompt, sampling, priority, arrival_time)
+            await self._call("add", request_id, prompt, sampling, priority, arrival_time, kv_import, export_kv)
         except asyncio.CancelledError:  # the client left while the engine took the request
             self._streams.pop(request_id, None)
             self.abort(request_id)
@@ -203,6 +206,10 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
+            # A caller that gave up (a client gone while its request was handed over) cancelled
+            # the future: skip the command (its abort follows), never set a result on it.
+            if command.done is not None and not command.done.set_running_or_notify_cancel():
+                continue
             try:
                 result = self._apply(command)
             except Exception as exc:
@@ -215,8 +222,16 @@ class AsyncEngine:
     def _apply(self, command: _Command):
         engine = self.engine
         if command.kind == "add":
-            request_id, prompt, sampling, priority, arrival_time = command.args
-            engine.add_request(request_id, prompt, sampling, priority=priority, arrival_time=arrival_time)
+            request_id, prompt, sampling, priority, arrival_time, kv_import, export_kv = command.args
+            engine.add_request(
+                request_id,
+                prompt,
+                sampling,
+                priority=priority,
+                arrival_time=arrival_time,
+                kv_import=kv_import,
+                export_kv=export_kv,
+            )
             self.stats = engine.stats()
             return None
         if command.kind == "abort":

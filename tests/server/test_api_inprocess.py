@@ -317,3 +317,23 @@ async def test_priority_lower_value_is_served_first(make_state):
             await asyncio.sleep(0.002)
         await asyncio.gather(first, *late)
     assert finished == ["first", "high", "mid", "low"]
+
+
+async def test_a_caller_that_gives_up_mid_handover_never_stops_the_engine(make_state):
+    """A client gone while its request is handed to the engine thread cancels the hand-over; the
+    engine skips it instead of crashing on the cancelled future."""
+    from llmfleet.server.core.request import SamplingParams
+
+    state = make_state(step_seconds=0.05)
+    engine = state.engine
+    busy = asyncio.ensure_future(engine.add("busy", [1, 2, 3], SamplingParams(max_tokens=40)))
+    await busy  # the engine thread is now stepping; the next command waits for the step's end
+    gives_up = asyncio.ensure_future(engine.add("gone", [4, 5, 6], SamplingParams(max_tokens=4)))
+    await asyncio.sleep(0)
+    gives_up.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gives_up
+    events = await asyncio.wait_for(engine.add("after", [7, 8], SamplingParams(max_tokens=2)), 10)
+    while not (await asyncio.wait_for(events.get(), 10)).finished:
+        pass
+    assert engine.alive
