@@ -64,8 +64,16 @@ class ModelRunner(Protocol):
     kv_block_size: int
     eos_token_ids: frozenset[int]
 
-    def execute(self, output: SchedulerOutput) -> list[SampledToken | None]: ...
+    def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
+        """Before computing, a scheduled request that still holds ``kv_import`` (KV received from
+        a prefill server) has that payload written into its first blocks."""
+        ...
 
     def release(self, request_id: str) -> None:
         """Forget per-request state (e.g. a seeded generator) once a request ends."""
+        ...
+
+    def export_kv(self, block_table: list[int], num_tokens: int) -> memoryview:
+        """Copy out the KV of a request's first ``num_tokens`` tokens, in the kv_wire payload
+        layout (only runners of prefill servers need it)."""
         ...

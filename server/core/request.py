@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
+
+from .kv_wire import KVImport
 
 
 class RequestStatus(StrEnum):
@@ -84,6 +87,11 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # Disaggregation: KV received for the first prompt tokens, written by the runner in the step
+    # that first schedules the request (then dropped); and, on a prefill server, the request's KV
+    # copied out when it finishes (an opaque buffer from the runner).
+    kv_import: KVImport | None = None
+    kv_export: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -10,10 +10,12 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import EngineConfig
 from ..core.batch import ModelRunner, SampledToken
 from ..core.block_manager import BlockManager
+from ..core.kv_wire import KVImport
 from ..core.request import Request, RequestStatus, SamplingParams
 from ..core.scheduler import Scheduler
 from .detokenizer import Decoder, IncrementalDetokenizer
@@ -52,6 +54,7 @@ class RequestOutput:
     num_output_tokens: int
     logprobs: list[SampledToken] | None
     metrics: RequestMetrics
+    kv_export: Any = None  # on the final event of an ``export_kv`` request: its KV (runner.export_kv)
 
 
 @dataclass
@@ -74,6 +77,7 @@ class _Tracked:
     request: Request
     detok: IncrementalDetokenizer | None
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    export_kv: bool = False
 
 
 class LLMEngine:
@@ -107,8 +111,19 @@ class LLMEngine:
         *,
         priority: int = 0,
         arrival_time: float | None = None,
+        kv_import: KVImport | None = None,
+        export_kv: bool = False,
     ) -> Request:
+        """Queue a request. ``kv_import``: KV computed elsewhere (a prefill server) for its first
+        ``kv_import.num_tokens`` prompt tokens; they count as computed, as a prefix-cache hit
+        would. ``export_kv``: when it finishes, its final event carries the KV of every token it
+        computed (``RequestOutput.kv_export``), copied out before its blocks are freed."""
         self._validate(request_id, prompt_token_ids, sampling)
+        if kv_import is not None and not 0 < kv_import.num_tokens < len(prompt_token_ids):
+            raise InvalidRequestError(
+                f"imported KV covers {kv_import.num_tokens} tokens; it must cover fewer than the "
+                f"{len(prompt_token_ids)} prompt tokens (the last one is computed here)"
+            )
         if self.scheduler.num_waiting >= self.config.max_queue_len:
             raise QueueFullError(f"waiting queue is full ({self.config.max_queue_len} requests); retry later")
         request = Request(
@@ -118,13 +133,16 @@ class LLMEngine:
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             priority=priority,
         )
+        if kv_import is not None:
+            request.num_computed_tokens = kv_import.num_tokens
+            request.kv_import = kv_import
         detok = None
         if self._decoder is not None:
             detok = IncrementalDetokenizer(self._decoder, sampling.stop)
         stop_ids = frozenset(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             stop_ids |= self.runner.eos_token_ids
-        self._requests[request_id] = _Tracked(request, detok, stop_ids)
+        self._requests[request_id] = _Tracked(request, detok, stop_ids, export_kv)
         self.scheduler.add(request)
         return request
 
@@ -205,6 +223,7 @@ class LLMEngine:
         for item, token in zip(out.scheduled, sampled, strict=True):
             request = item.request
             request.num_computed_tokens += item.num_tokens
+            request.kv_import = None  # the runner wrote it into the request's blocks
             if token is not None:
                 events.append(self._append_token(request, token, now))
         self._last = (
@@ -241,6 +260,9 @@ class LLMEngine:
         return self._event(request, [token.token_id], text, logprobs)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        tracked = self._requests.get(request.request_id)
+        if tracked is not None and tracked.export_kv and status != RequestStatus.FINISHED_ABORTED:
+            request.kv_export = self.runner.export_kv(request.block_table, request.num_computed_tokens)
         self.scheduler.remove(request)
         request.status = status
         request.finished_time = self.clock()
@@ -260,6 +282,7 @@ class LLMEngine:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             logprobs=logprobs,
+            kv_export=request.kv_export,
             metrics=RequestMetrics(
                 arrival_time=request.arrival_time,
                 first_scheduled_time=request.first_scheduled_time,

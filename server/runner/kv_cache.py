@@ -70,6 +70,31 @@ class PagedKVCache:
         shape = (end - first, n * self.block_size, self.head_dim)
         return keys.view(shape), values.view(shape)
 
+    def export_blocks(self, blocks: list[int]) -> torch.Tensor:
+        """A host copy of ``blocks`` of every layer, in the KV transfer payload layout
+        (server/core/kv_wire.py): (layers, 2, kv_heads, len(blocks), block_size * head_dim)."""
+        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        shape = (self.num_layers, 2, self.num_kv_heads, len(blocks), self._block_size_elems)
+        if self.device.type == "cpu":
+            out = torch.empty(shape, dtype=self.dtype)
+            for layer in range(self.num_layers):
+                torch.index_select(self._key_blocks[layer], 1, index, out=out[layer, 0])
+                torch.index_select(self._value_blocks[layer], 1, index, out=out[layer, 1])
+            return out
+        staged = torch.empty(shape, dtype=self.dtype, device=self.device)
+        for layer in range(self.num_layers):
+            torch.index_select(self._key_blocks[layer], 1, index, out=staged[layer, 0])
+            torch.index_select(self._value_blocks[layer], 1, index, out=staged[layer, 1])
+        return staged.cpu()
+
+    def import_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
+        """Write ``data`` (the payload layout, on any device) into ``blocks`` of every layer."""
+        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        data = data.to(self.device, non_blocking=True)
+        for layer in range(self.num_layers):
+            self._key_blocks[layer].index_copy_(1, index, data[layer, 0])
+            self._value_blocks[layer].index_copy_(1, index, data[layer, 1])
+
     def take_scratch(self) -> torch.Tensor:
         """Hand over the gather buffer and start a fresh one (a CUDA graph capture must allocate
         its own inside the graph's memory pool, never keep a pointer into this one)."""

@@ -8,8 +8,10 @@ already chosen the tokens and allocated the blocks of every request in the step.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from ..config import EngineConfig
 from ..core.batch import SampledToken, SchedulerOutput
+from ..core.kv_wire import KVLayout
 from . import attention
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import PagedKVCache
@@ -26,6 +29,7 @@ from .step_inputs import build_step_inputs
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -94,6 +98,14 @@ class TorchModelRunner:
         )
         self.eos_token_ids = frozenset(_eos_ids(self.model))
         self.sampler = Sampler(self.device)
+        self.kv_layout = KVLayout(
+            fingerprint=model_fingerprint(self.model),
+            dtype=_DTYPE_NAMES[self.dtype],
+            num_layers=self.num_layers,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            block_size=self.kv_block_size,
+        )
         log.info(
             "loaded %s: %s on %s, %d KV blocks of %d tokens (%.0f MiB)",
             model_dir,
@@ -117,11 +129,31 @@ class TorchModelRunner:
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
 
+    def export_kv(self, block_table: list[int], num_tokens: int) -> memoryview:
+        blocks = block_table[: self.kv_layout.num_blocks(num_tokens)]
+        return memoryview(self.cache.export_blocks(blocks).view(torch.uint8).numpy()).cast("B")
+
+    def _import_kv(self, output: SchedulerOutput) -> None:
+        """Write KV received from a prefill server into the blocks of requests scheduled for the
+        first time (the engine drops ``kv_import`` after this step)."""
+        layout = self.kv_layout
+        for item in output.scheduled:
+            kv = item.request.kv_import
+            if kv is None:
+                continue
+            n = layout.num_blocks(kv.num_tokens)
+            shape = (layout.num_layers, 2, layout.num_kv_heads, n, layout.block_size * layout.head_dim)
+            with warnings.catch_warnings():  # a read-only buffer: read once, copied into the cache
+                warnings.simplefilter("ignore", UserWarning)
+                data = torch.frombuffer(kv.payload, dtype=torch.uint8)
+            self.cache.import_blocks(item.request.block_table[:n], data.view(self.dtype).view(shape))
+
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
         result: list[SampledToken | None] = [None] * len(output.scheduled)
         if not output.scheduled:
             return result
+        self._import_kv(output)
         shape = self.graphs.shape_for(output) if self.graphs is not None else None
         if shape is not None:
             logits = self.graphs.run(output, shape)
@@ -139,6 +171,22 @@ class TorchModelRunner:
             for i, token in zip(step.sample_index, self.sampler.sample(logits, requests), strict=True):
                 result[i] = token
         return result
+
+
+def model_fingerprint(model) -> str:
+    """Identifies the weights (and so the meaning of their KV): the architecture's sizes and a
+    sample of the embedding and last layers' values. Two servers of the same checkpoint agree,
+    whatever path they loaded it from."""
+    digest = hashlib.sha256()
+    config = model.config
+    for key in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "rope_theta"):  # fmt: skip
+        digest.update(f"{key}={getattr(config, key, None)};".encode())
+    params = list(model.parameters())
+    for tensor in (params[0], params[-1]):
+        sample = tensor.detach().reshape(-1)[:4096].to("cpu", torch.float32)
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _eos_ids(model) -> set[int]:

@@ -1,0 +1,98 @@
+"""Disaggregation's defining test at engine level: a prefill engine computes ``prompt[:-1]`` and
+exports its KV; a decode engine imports it through the wire format and continues. In float32 the
+decode engine's greedy output equals HF ``generate`` on the request alone, whatever the decode
+engine's policy, its batch mix (imported and ordinary requests together) or a preemption that
+throws the imported KV away."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.kv_wire import KVImport, decode, encode_header
+from llmfleet.server.core.request import SamplingParams
+from llmfleet.server.engine.build import build_engine
+
+from .device import DEVICE
+from .test_engine_oracle import reference  # noqa: F401 - the HF generate fixture
+
+DECODE_CASES = {
+    "chunked-5": dict(policy="continuous", prefill_mode="chunked", max_num_batched_tokens=5),
+    "merged": dict(policy="continuous", prefill_mode="merged", max_num_batched_tokens=64),
+    "prefill-first": dict(policy="continuous", prefill_mode="prefill_first"),
+    "static": dict(policy="static"),
+    "preemption": dict(max_num_batched_tokens=16, num_kv_blocks=14),
+}
+
+ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+
+def prefill(engine, prompt: list[int], request_id: str) -> bytes:
+    """What a prefill server sends for ``prompt``: the wire body of ``prompt[:-1]``'s KV."""
+    engine.add_request(request_id, prompt[:-1], ONE_TOKEN, export_kv=True)
+    exported = None
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            if event.finished:
+                exported = event.kv_export
+    assert exported is not None
+    return encode_header("m", engine.runner.kv_layout, prompt[:-1], exported) + bytes(exported)
+
+
+def run(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:
+    outputs: dict[str, list[int]] = {rid: [] for rid in requests}
+    for rid, (prompt, sampling, kv) in requests.items():
+        engine.add_request(rid, prompt, sampling, kv_import=kv)
+    while engine.has_unfinished_requests():
+        engine.flush()  # static: launch partial batches
+        for event in engine.step():
+            outputs[event.request_id].extend(event.new_token_ids)
+    return outputs
+
+
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_decoding_imported_kv_matches_hf_generate(reference, case):  # noqa: F811
+    name, prompts, max_tokens, _, expected = reference
+    base = dict(dtype="float32", kv_block_size=4, max_batch_size=4)
+    prefill_engine, _ = build_engine(name, EngineConfig(**base, kv_cache_memory_mb=4, prefill_mode="chunked",
+                                                        max_num_batched_tokens=7), device=DEVICE)  # fmt: skip
+    decode_engine, _ = build_engine(name, EngineConfig(**base, kv_cache_memory_mb=4, **DECODE_CASES[case]), DEVICE)
+    requests = {}
+    for i, prompt in enumerate(prompts):
+        sampling = SamplingParams(max_tokens=max_tokens[i], temperature=0)
+        kv = None
+        if len(prompt) > 1 and i % 3 != 2:  # every third request is an ordinary one, in the same batches
+            body = prefill(prefill_engine, prompt, f"p{i}")
+            kv = KVImport(len(prompt) - 1, decode(body, "m", decode_engine.runner.kv_layout, prompt[:-1]))
+        requests[str(i)] = (prompt, sampling, kv)
+    outputs = run(decode_engine, requests)
+    for i in range(len(prompts)):
+        assert outputs[str(i)] == expected[i], f"request {i} diverged on {name} under {case}"
+    if case == "preemption":
+        assert decode_engine.stats().preemptions_total > 0
+    assert decode_engine.block_manager.usage == 0 and prefill_engine.block_manager.usage == 0
+
+
+def test_seeded_sampling_through_a_transfer_is_the_colocated_text():
+    """The decode server samples every output token, the first included, with the request's own
+    generator: a seed gives the colocated text."""
+    config = EngineConfig(dtype="float32", kv_block_size=4, kv_cache_memory_mb=4)
+    colocated, _ = build_engine("builtin:tiny", config, device=DEVICE)
+    prefill_engine, _ = build_engine("builtin:tiny", config, device=DEVICE)
+    decode_engine, _ = build_engine("builtin:tiny", config, device=DEVICE)
+    rng = random.Random(3)
+    prompt = [rng.randrange(5, 500) for _ in range(23)]
+    sampling = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=11)
+    want = colocated.generate([prompt], sampling)[0]
+    body = prefill(prefill_engine, prompt, "p")
+    kv = KVImport(len(prompt) - 1, decode(body, "m", decode_engine.runner.kv_layout, prompt[:-1]))
+    assert run(decode_engine, {"d": (prompt, sampling, kv)})["d"] == want
+
+
+def test_an_import_must_leave_the_last_prompt_token_to_compute():
+    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4), device=DEVICE)
+    whole = KVImport(3, memoryview(b""))
+    with pytest.raises(ValueError, match="fewer than the 3 prompt tokens"):
+        engine.add_request("x", [1, 2, 3], ONE_TOKEN, kv_import=whole)
