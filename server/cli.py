@@ -15,9 +15,42 @@ def add_arguments(parser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--log-level", default="info")
+    prefill = parser.add_argument_group("prefill role")
+    prefill.add_argument(
+        "--kv-export-ttl",
+        type=float,
+        default=60.0,
+        help="seconds computed KV waits for a decode server to fetch it (default 60)",
+    )
+    prefill.add_argument(
+        "--kv-export-limit-mb",
+        type=int,
+        default=2048,
+        help="host memory for KV waiting to be fetched; the oldest goes first (default 2048)",
+    )
+    router = parser.add_argument_group("router role")
+    router.add_argument("--prefill-url", action="append", help="a prefill server (repeatable)")
+    router.add_argument("--decode-url", action="append", help="a decode server (repeatable)")
+    router.add_argument("--endpoints-file", help="YAML {prefill: [url], decode: [url]}, re-read when it changes")
+    router.add_argument("--prefill-service", help="Kubernetes Service of the prefill pods (EndpointSlices)")
+    router.add_argument("--decode-service", help="Kubernetes Service of the decode pods (EndpointSlices)")
+    router.add_argument("--kube-api", help="Kubernetes API URL without credentials (default: in-cluster)")
+    router.add_argument("--router-policy", default="load", choices=["load", "round-robin"])
+    router.add_argument(
+        "--prefill-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for a prefill server's answer before trying another",
+    )
+    router.add_argument("--decode-timeout", type=float, default=120.0,
+                        help="seconds to wait for a decode server's next byte")  # fmt: skip
 
 
 def run(args) -> int:
+    if args.role == "router":
+        from .router.serve import serve as serve_router
+
+        return serve_router(args)
     from .api.serve import serve
 
     return serve(args)

@@ -23,7 +23,12 @@ class ServerProcess:
     """`llm-fleet serve` in a subprocess; waits for /ready; stops it on exit."""
 
     def __init__(
-        self, *args: str, config: Path | None = None, log_path: Path | None = None, port: int | None = None
+        self,
+        *args: str,
+        config: Path | None = None,
+        log_path: Path | None = None,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -32,7 +37,8 @@ class ServerProcess:
             cmd += ["--config", str(config)]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        environ = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=environ)
 
     def wait_ready(self, timeout: float = 90.0) -> ServerProcess:
         deadline = time.monotonic() + timeout

@@ -1,8 +1,11 @@
 """The HTTP app: the endpoints every role serves (health, readiness, metrics, models, load) plus
 the role's own routes, OpenAI-style errors and an in-flight request gauge.
 
-Roles plug in through :func:`register_role`: a route installer ``(app, state) -> None``. The
-colocated role installs the OpenAI endpoints on a local engine (:mod:`.openai_routes`).
+Roles plug in through :func:`register_role`: a route installer ``(app, state) -> None``, installed
+before the common routes so that a role can answer one of them its own way (the router's
+``/v1/models`` and ``/load``). Colocated and decode servers serve the OpenAI endpoints on a local
+engine (:mod:`.openai_routes`); a prefill server also hands out the KV it computed
+(:mod:`.kv_transfer`); the router lives in ``llmfleet.server.router``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import openai_routes
+from . import kv_transfer, openai_routes
 from .errors import APIError, error_body, error_response, install_error_handlers
 from .state import ServerState
 
@@ -23,7 +26,17 @@ __all__ = ["APIError", "ServerState", "create_app", "error_body", "register_role
 
 RouteInstaller = Callable[[FastAPI, ServerState], None]
 
-_ROLE_ROUTES: dict[str, RouteInstaller] = {"colocated": openai_routes.install}
+
+def _prefill_routes(app: FastAPI, state: ServerState) -> None:
+    openai_routes.install(app, state)
+    kv_transfer.install_prefill_routes(app, state)
+
+
+_ROLE_ROUTES: dict[str, RouteInstaller] = {
+    "colocated": openai_routes.install,
+    "prefill": _prefill_routes,
+    "decode": openai_routes.install,
+}
 
 
 def register_role(role: str, install: RouteInstaller) -> None:
@@ -39,8 +52,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(InFlightMiddleware, state=state)
-    _install_common_routes(app, state)
     install_role(app, state)
+    _install_common_routes(app, state)
     _document_400_not_422(app)
     return app
 
@@ -65,15 +78,19 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
     async def metrics():
         if state.engine is not None:
             state.metrics.set_load(state.engine.stats)  # fresh gauges even while the engine idles
+        if state.kv_store is not None:
+            state.kv_store.expire()
+            state.metrics.set_kv_held(state.kv_store.held_bytes)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/load")
     async def load():
         """Cheap load report for routers: queue depth, running requests and KV usage."""
         if state.engine is None:
-            return {"waiting": 0, "running": 0, "kv_usage": 0.0, "role": state.role}
+            return {"waiting": 0, "running": 0, "kv_usage": 0.0, "role": state.role, "draining": state.draining}
         s = state.engine.stats
-        return {"waiting": s.num_waiting, "running": s.num_running, "kv_usage": s.kv_usage, "role": state.role}
+        return {"waiting": s.num_waiting, "running": s.num_running, "kv_usage": s.kv_usage, "role": state.role,
+                "draining": state.draining}  # fmt: skip
 
     @app.get("/v1/models")
     async def models():
@@ -95,6 +112,7 @@ class InFlightMiddleware:
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
+        self.state = state
         self.gauge = state.metrics.lab(state.metrics.in_flight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -102,10 +120,12 @@ class InFlightMiddleware:
             await self.app(scope, receive, send)
             return
         self.gauge.inc()
+        self.state.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.gauge.dec()
+            self.state.in_flight -= 1
 
 
 def _document_400_not_422(app: FastAPI) -> None:

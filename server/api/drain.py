@@ -8,12 +8,17 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 import uvicorn
 
+from .app import create_app
 from .state import ServerState
 
 log = logging.getLogger("llmfleet.drain")
+
+# uvicorn's own wait for connections after the drain: streams are already done by then
+_SHUTDOWN_GRACE_S = 5.0
 
 # After the engine work is done: time for the last SSE bytes to leave the socket
 _FLUSH_S = 0.2
@@ -56,16 +61,51 @@ async def drain(state: ServerState, timeout: float) -> int:
     new one comes in); past ``timeout`` abort the rest, whose streams then end cleanly.
     Returns how many were aborted."""
     engine = state.engine
-    if engine is None:
+    deadline = time.monotonic() + timeout
+    if engine is None:  # the router: its calls end when the servers behind it answer
+        while state.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         return 0
     engine.flush()  # static batching: launch whatever waits instead of holding it
-    deadline = time.monotonic() + timeout
     while engine.num_unfinished and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     if not engine.num_unfinished:
+        await _hand_over_kv(state, deadline)
         return 0
     aborted = engine.abort_all()
     log.warning("drain timeout after %.0fs: aborted %d unfinished requests", timeout, aborted)
     while engine.num_unfinished and engine.alive:
         await asyncio.sleep(0.05)
     return aborted
+
+
+async def _hand_over_kv(state: ServerState, deadline: float) -> None:
+    """A prefill server keeps serving the KV it computed until decode servers took it (or it
+    expired), so that no request behind a router has to start over."""
+    store = state.kv_store
+    while store is not None and len(store) and time.monotonic() < deadline:
+        store.expire()
+        await asyncio.sleep(0.05)
+
+
+def run_app(state: ServerState, args, on_exit: Callable[[], None] | None = None) -> int:
+    """Serve ``state``'s role over HTTP until SIGTERM/SIGINT, then drain and return 0."""
+    server = DrainingServer(
+        uvicorn.Config(
+            create_app(state),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level.lower(),
+            access_log=False,
+            timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
+        ),
+        state,
+        args.drain_timeout,
+    )
+    try:
+        server.run()
+    finally:
+        if on_exit is not None:
+            on_exit()
+    logging.getLogger("llmfleet.serve").info("exited cleanly")
+    return 0

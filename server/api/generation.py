@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from ..core.batch import SampledToken
+from ..core.kv_wire import KVImport
 from ..core.request import SamplingParams
 from ..engine.engine import InvalidRequestError, QueueFullError, RequestOutput
 from .errors import APIError
@@ -24,6 +25,7 @@ class SubRequest:
     request_id: str
     prompt: list[int]
     sampling: SamplingParams
+    kv_import: KVImport | None = None  # KV of the first prompt tokens, from a prefill server
 
 
 @dataclass
@@ -61,8 +63,15 @@ def check_serving(state: ServerState, model: str | None) -> None:
 
 
 def build_subrequests(
-    state: ServerState, prompts: list[list[int]], body: _Sampling, max_tokens: int | None, logprobs: int | None
+    state: ServerState,
+    prompts: list[list[int]],
+    body: _Sampling,
+    max_tokens: int | None,
+    logprobs: int | None,
+    imports: list[KVImport | None] | None = None,
 ) -> list[SubRequest]:
+    """One engine request per (prompt, choice); ``imports``: per prompt, KV received for it
+    (the n choices of a prompt each write their own copy into their own blocks)."""
     subs = []
     base = uuid.uuid4().hex
     limit_tokens = state.max_model_len
@@ -96,19 +105,25 @@ def build_subrequests(
             except ValueError as exc:
                 raise APIError(400, str(exc)) from exc
             index = p_index * body.n + j
-            subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling))
+            kv = imports[p_index] if imports is not None else None
+            subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
     return subs
 
 
-async def submit(state: ServerState, subs: list[SubRequest], priority: int, arrival_time: float) -> Submission:
-    """Hand every sub-request to the engine, or none: a rejection aborts those already in."""
+async def submit(
+    state: ServerState, subs: list[SubRequest], priority: int, arrival_time: float, export_kv: bool = False
+) -> Submission:
+    """Hand every sub-request to the engine, or none: a rejection aborts those already in.
+    ``export_kv``: each one's final event carries its KV (a prefill server's work)."""
     events: asyncio.Queue = asyncio.Queue()
     added: list[SubRequest] = []
     engine = state.engine
     try:
         for sub in subs:
             # vLLM's API: lower priority values are served first; the engine serves larger first
-            await engine.add(sub.request_id, sub.prompt, sub.sampling, -priority, arrival_time, stream=events)
+            await engine.add(
+                sub.request_id, sub.prompt, sub.sampling, -priority, arrival_time, events, sub.kv_import, export_kv
+            )
             added.append(sub)
     except InvalidRequestError as exc:
         _abort(state, added)

@@ -70,6 +70,10 @@ class ServerMetrics:
         self.kv_transfer_seconds = hist("llmfleet_kv_transfer_seconds", "KV transfer time.", STEP_BUCKETS)
         self.role_info = Gauge("llmfleet_role_info", "Server role.", names, registry=reg)
         self.in_flight = Gauge("llmfleet_requests_in_flight", "HTTP requests in flight.", names, registry=reg)
+        self.kv_held = Gauge("llmfleet_kv_export_held_bytes", "Exported KV waiting to be fetched.", names, registry=reg)
+        self.kv_failures = Counter(
+            "llmfleet_kv_transfer_failures", "KV transfers that failed.", [*names, "reason"], registry=reg
+        )
         self.role_info.labels(**self.labels).set(1)
         # Export every series from the start: one that appears only on its first event breaks rate()
         # and makes dashboards show "no data" instead of 0.
@@ -99,6 +103,17 @@ class ServerMetrics:
                 "prefill_mode": config.prefill_mode.value,
             }
         )
+
+    def observe_kv_transfer(self, nbytes: int, seconds: float) -> None:
+        """One KV body sent (prefill role) or received and checked (decode role)."""
+        self.lab(self.kv_transfer_bytes).observe(nbytes)
+        self.lab(self.kv_transfer_seconds).observe(seconds)
+
+    def set_kv_held(self, nbytes: int) -> None:
+        self.lab(self.kv_held).set(nbytes)
+
+    def count_kv_failure(self, reason: str) -> None:
+        self.lab(self.kv_failures, reason=reason).inc()
 
     def set_load(self, stats: EngineStats) -> None:
         """Queue, batch and KV gauges from an engine snapshot (after a step, and at each scrape)."""

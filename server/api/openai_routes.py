@@ -3,8 +3,6 @@ decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE) and ``/to
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +10,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request, Response
 
 from ..core.batch import SampledToken
+from . import kv_transfer
+from .client_gone import CLIENT_GONE, unless_client_gone
 from .errors import APIError
 from .generation import (
     Result,
@@ -37,7 +37,10 @@ def install(app: FastAPI, state: ServerState) -> None:
         if body.echo and body.logprobs is not None:
             raise APIError(400, "echo together with logprobs is not supported", param="echo")
         prompts, prompt_texts = _completion_prompts(state, body.prompt, body.echo)
-        subs = build_subrequests(state, prompts, body, body.max_tokens, body.logprobs)
+        if _remote_decode(body):
+            return await _prefillunless_client_gone(raw, state, prompts, body.priority, arrival)
+        imports = await _received_kv(state, body, prompts)
+        subs = build_subrequests(state, prompts, body, body.max_tokens, body.logprobs, imports)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "cmpl", want_logprobs=body.logprobs is not None)
         echo = {s.index: prompt_texts[s.index // body.n] for s in subs} if body.echo else {}
@@ -67,7 +70,10 @@ def install(app: FastAPI, state: ServerState) -> None:
         prompt = chat_prompt(state, body.messages)
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs)
+        if _remote_decode(body):
+            return await _prefillunless_client_gone(raw, state, [prompt], body.priority, arrival)
+        imports = await _received_kv(state, body, [prompt])
+        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs)
         if body.stream:
@@ -97,32 +103,31 @@ def install(app: FastAPI, state: ServerState) -> None:
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
 
-# nginx's "client closed request": logged nowhere, read by nobody, but never a 5xx
-CLIENT_GONE = 499
-
-
 async def collect_unless_gone(raw: Request, state: ServerState, submission: Submission) -> dict[int, Result] | None:
     """``collect``, unless the client disconnects first: then its requests are aborted (freeing
     their KV) and None is returned. A non-streaming client has nothing else that notices."""
-    work = asyncio.ensure_future(collect(state, submission))
-    gone = asyncio.ensure_future(_disconnected(raw))
-    try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            return work.result()
-        return None
-    finally:
-        gone.cancel()
-        if not work.done():
-            work.cancel()  # its cleanup aborts the unfinished engine requests
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+    return await unless_client_gone(raw, collect(state, submission))
 
 
-async def _disconnected(raw: Request) -> None:
-    # the body is already read: the next ASGI message is the disconnect (or the end of the response)
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass
+async def _prefillunless_client_gone(raw: Request, state: ServerState, prompts, priority: int, arrival: float):
+    """A prefill server's answer to the router; a router that gave up (its timeout) gets nothing
+    held for it: the prefill is aborted."""
+    reply = await unless_client_gone(raw, kv_transfer.prefill_for_remote_decode(state, prompts, priority, arrival))
+    return Response(status_code=CLIENT_GONE) if reply is None else reply
+
+
+def _remote_decode(body) -> bool:
+    params = body.kv_transfer_params
+    if params is not None and params.do_remote_decode and params.do_remote_prefill:
+        raise APIError(400, "do_remote_decode and do_remote_prefill exclude each other", param="kv_transfer_params")
+    return params is not None and params.do_remote_decode
+
+
+async def _received_kv(state: ServerState, body, prompts: list[list[int]]):
+    params = body.kv_transfer_params
+    if params is None or not params.do_remote_prefill:
+        return None  # served as on a colocated server, whatever the role
+    return await kv_transfer.receive(state, params, prompts)
 
 
 def _include_usage(body) -> bool:

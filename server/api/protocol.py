@@ -15,6 +15,19 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class KVTransferParams(BaseModel):
+    """Prefill/decode disaggregation (what the router adds; clients never send it):
+    ``do_remote_decode`` asks a prefill server to compute the prompts' KV and hold it for a decode
+    server; ``do_remote_prefill`` tells a decode server to fetch it from ``remote_url``, one id per
+    prompt (None: that prompt is too short to transfer, compute it here)."""
+
+    model_config = ConfigDict(extra="ignore")
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_url: str | None = Field(None, pattern=r"^https?://")
+    remote_kv_ids: list[str | None] | None = None
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -31,6 +44,7 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     priority: int = Field(0, ge=-(10**6), le=10**6, description="As in vLLM: lower values are served first.")
     user: str | None = None
+    kv_transfer_params: KVTransferParams | None = None
 
     @field_validator("stop")
     @classmethod

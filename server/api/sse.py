@@ -27,25 +27,9 @@ def encode_event(chunk: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
-class EventStreamResponse(StreamingResponse):
-    def __init__(self, chunks: AsyncIterator[dict]) -> None:
-        self._chunks = chunks
-        super().__init__(
-            self._body(),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-
-    async def _body(self) -> AsyncIterator[str]:
-        try:
-            async for chunk in self._chunks:
-                yield encode_event(chunk)
-        except Exception as exc:  # after the headers went out, an error must end the stream visibly
-            log.exception("stream failed")
-            yield encode_event(error_body(f"stream failed: {exc}", "internal_error", 500))
-        finally:
-            await self._chunks.aclose()
-        yield encode_event("[DONE]")
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that stops at the client's disconnect and always closes its body
+    iterator, so the iterator's cleanup runs at once (not at garbage collection)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -61,3 +45,23 @@ class EventStreamResponse(StreamingResponse):
                 group.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class EventStreamResponse(ClosingStreamingResponse):
+    def __init__(self, chunks: AsyncIterator[dict]) -> None:
+        self._chunks = chunks
+        super().__init__(self._body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _body(self) -> AsyncIterator[str]:
+        try:
+            async for chunk in self._chunks:
+                yield encode_event(chunk)
+        except Exception as exc:  # after the headers went out, an error must end the stream visibly
+            log.exception("stream failed")
+            yield encode_event(error_body(f"stream failed: {exc}", "internal_error", 500))
+        finally:
+            await self._chunks.aclose()
+        yield encode_event("[DONE]")

@@ -4,11 +4,23 @@ and the drain flag."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+import httpx
+
+from ..core.kv_wire import KVLayout
 from ..engine.engine import LLMEngine
 from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from .kv_transfer import KVExportStore
+
+# Fetching a KV body from a prefill server: connecting is quick or the pod is gone; reading may
+# take a while for a long prompt on a slow network.
+KV_FETCH_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 
 
 @dataclass
@@ -23,6 +35,19 @@ class ServerState:
     # Most tokens (prompt + output) one request can hold in the KV cache; caps the default max_tokens
     max_request_tokens: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # Disaggregation: the cache layout a KV transfer must match, the prefill role's held KV
+    kv_layout: KVLayout | None = None
+    kv_store: KVExportStore | None = None
+    in_flight: int = 0  # API calls being answered (a drain waits for them)
+    # A role's own readiness condition: why it cannot serve yet (the router: no decode server)
+    not_ready: Callable[[], str | None] | None = None
+    _http: Any = None
+
+    def http_client(self) -> httpx.AsyncClient:
+        """One pooled client per server for its calls to other servers (KV fetches)."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT)
+        return self._http
 
     def unavailable_reason(self) -> str | None:
         """Why this replica must not take new requests now (readiness fails), or None."""
@@ -30,7 +55,7 @@ class ServerState:
             return "server is draining; retry on another replica"
         if self.engine is not None and not self.engine.alive:
             return "engine loop is not running"
-        return None
+        return self.not_ready() if self.not_ready is not None else None
 
     @classmethod
     def for_engine(cls, engine: LLMEngine, tokenizer, model_name: str, role: str = "colocated") -> ServerState:
@@ -54,4 +79,5 @@ class ServerState:
             metrics,
             role=role,
             max_request_tokens=runner.num_kv_blocks * runner.kv_block_size,
+            kv_layout=getattr(runner, "kv_layout", None),
         )

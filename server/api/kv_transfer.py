@@ -1,0 +1,202 @@
+"""KV cache transfer between a prefill and a decode server, over plain HTTP.
+
+The router asks a prefill server (``kv_transfer_params.do_remote_decode``) to compute each
+prompt's KV: the server runs ``prompt[:-1]`` as a one-token request whose final event carries
+the KV copied out of its blocks (the blocks are freed at once), and keeps it in its
+``KVExportStore`` under a fresh id. It answers with those ids. The router then sends the client's
+request to a decode server with ``do_remote_prefill``, the prefill server's URL and the ids; the
+decode server fetches each body (``GET /v1/kv/{id}``, one-shot), checks it against its own model,
+layout and tokenization (server/core/kv_wire.py), and queues the request with the KV imported:
+it computes only the last prompt token, then decodes. Its greedy output is the colocated one.
+
+Why pull, not push or relay: the KV goes prefill -> decode directly, never through the router,
+and the prefill server holds it in host memory only until the decode server took it, or a TTL
+ran out, so an abandoned transfer never pins memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from ..core.kv_wire import KVCorruptError, KVImport, KVMismatchError, decode, encode_header
+from ..core.request import SamplingParams
+from .errors import APIError
+from .generation import SubRequest, iter_events, submit
+from .protocol import KVTransferParams
+from .state import ServerState
+
+KV_MEDIA_TYPE = "application/x-llmfleet-kv"
+_SEND_CHUNK = 4 << 20  # bytes per write of a KV body
+_PARAM = "kv_transfer_params"
+
+
+@dataclass
+class _Held:
+    header: bytes
+    payload: memoryview
+    expires: float
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + self.payload.nbytes
+
+
+class KVExportStore:
+    """A prefill server's exported KV, waiting for decode servers to fetch it.
+
+    Each entry is taken once. Entries older than ``ttl_s`` are dropped, and past ``limit_bytes``
+    the oldest go first: a decode server that comes too late gets 404 and its router retries the
+    whole request, which is cheaper than letting abandoned transfers fill the host's memory."""
+
+    def __init__(self, ttl_s: float = 60.0, limit_bytes: int = 2 << 30, clock=time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.limit_bytes = limit_bytes
+        self.clock = clock
+        self._held: OrderedDict[str, _Held] = OrderedDict()
+        self.held_bytes = 0
+        self.dropped = 0  # expired or evicted before anyone took them
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def put(self, header: bytes, payload: memoryview) -> str:
+        kv_id = uuid.uuid4().hex
+        entry = _Held(header, payload, self.clock() + self.ttl_s)
+        self._held[kv_id] = entry
+        self.held_bytes += entry.nbytes
+        self.expire()
+        return kv_id
+
+    def take(self, kv_id: str) -> _Held | None:
+        self.expire()
+        entry = self._held.pop(kv_id, None)
+        if entry is not None:
+            self.held_bytes -= entry.nbytes
+        return entry
+
+    def expire(self) -> None:
+        now = self.clock()
+        while self._held:
+            kv_id, oldest = next(iter(self._held.items()))
+            if oldest.expires > now and self.held_bytes <= self.limit_bytes:
+                return
+            del self._held[kv_id]
+            self.held_bytes -= oldest.nbytes
+            self.dropped += 1
+
+
+# --- the prefill side ------------------------------------------------------------------------------
+async def prefill_for_remote_decode(
+    state: ServerState, prompts: list[list[int]], priority: int, arrival: float
+) -> dict:
+    """Compute and hold the KV of every prompt but its last token; answer the ids to fetch."""
+    if state.role != "prefill" or state.kv_store is None:
+        raise APIError(400, f"do_remote_decode needs a prefill server; this one is {state.role}", param=_PARAM)
+    one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    subs = [
+        SubRequest(i, f"prefill-{uuid.uuid4().hex}-{i}", prompt[:-1], one_token)
+        for i, prompt in enumerate(prompts)
+        if len(prompt) > 1  # a one-token prompt has nothing to transfer: the decode server computes it
+    ]
+    ids: list[str | None] = [None] * len(prompts)
+    if subs:
+        submission = await submit(state, subs, priority, arrival, export_kv=True)
+        events = iter_events(state, submission)
+        try:
+            async for owner, event in events:
+                if event.finished:
+                    if event.kv_export is None:  # aborted (a drain timeout): no KV to hand over
+                        raise APIError(503, "the prefill was aborted; retry on another server", "unavailable")
+                    ids[owner.index] = _hold(state, owner.prompt, event.kv_export)
+        finally:
+            await events.aclose()
+    state.metrics.set_kv_held(state.kv_store.held_bytes)
+    prompt_tokens = sum(len(p) for p in prompts)
+    return {
+        "id": f"prefill-{uuid.uuid4().hex}",
+        "object": "kv_transfer",
+        "model": state.model_name,
+        "kv_transfer_params": {"do_remote_prefill": True, "remote_kv_ids": ids},
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
+    }
+
+
+def _hold(state: ServerState, token_ids: list[int], payload: memoryview) -> str:
+    header = encode_header(state.model_name, state.kv_layout, token_ids, payload)
+    return state.kv_store.put(header, payload)
+
+
+def install_prefill_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/v1/kv/{kv_id}")
+    async def fetch_kv(kv_id: str):
+        """The KV body of one prefilled prompt, once: the decode server's fetch."""
+        entry = state.kv_store.take(kv_id)
+        state.metrics.set_kv_held(state.kv_store.held_bytes)
+        if entry is None:
+            raise APIError(404, f"no KV {kv_id} here: expired, evicted or already taken", "not_found_error")
+        return StreamingResponse(
+            _send(state, entry), media_type=KV_MEDIA_TYPE, headers={"Content-Length": str(entry.nbytes)}
+        )
+
+
+async def _send(state: ServerState, entry: _Held) -> AsyncIterator[bytes]:
+    started = time.perf_counter()
+    yield entry.header
+    payload = entry.payload
+    for start in range(0, payload.nbytes, _SEND_CHUNK):
+        yield bytes(payload[start : start + _SEND_CHUNK])
+    state.metrics.observe_kv_transfer(entry.nbytes, time.perf_counter() - started)
+
+
+# --- the decode side -------------------------------------------------------------------------------
+async def receive(state: ServerState, params: KVTransferParams, prompts: list[list[int]]) -> list[KVImport | None]:
+    """Fetch and check the KV of every prompt from the prefill server named in ``params``.
+
+    A body that does not fit this server (another model, layout or tokenization) is a 409 that
+    says what differs; a prefill server that cannot be reached, or no longer holds the KV, is a
+    502 the router answers by retrying the request elsewhere."""
+    if state.role != "decode":
+        raise APIError(400, f"do_remote_prefill needs a decode server; this one is {state.role}", param=_PARAM)
+    ids = params.remote_kv_ids
+    if not params.remote_url or ids is None or len(ids) != len(prompts):
+        raise APIError(400, "do_remote_prefill needs remote_url and one remote_kv_ids entry per prompt", param=_PARAM)
+    base = params.remote_url.rstrip("/")
+    client = state.http_client()
+
+    async def one(kv_id: str | None, prompt: list[int]) -> KVImport | None:
+        if kv_id is None:
+            return None
+        started = time.perf_counter()
+        try:
+            response = await client.get(f"{base}/v1/kv/{kv_id}")
+        except httpx.HTTPError as exc:
+            raise _transfer_failed(f"cannot fetch the KV from the prefill server at {base}: {exc!r}") from exc
+        if response.status_code != 200:
+            raise _transfer_failed(
+                f"the prefill server at {base} answered {response.status_code}: {response.text[:200]}"
+            )
+        body = response.content
+        try:
+            payload = decode(body, state.model_name, state.kv_layout, prompt[:-1])
+        except KVMismatchError as exc:
+            state.metrics.count_kv_failure("mismatch")
+            raise APIError(409, f"KV from {base} does not fit this server: {exc}", "kv_transfer_mismatch") from exc
+        except KVCorruptError as exc:
+            raise _transfer_failed(f"KV from {base} is unusable: {exc}") from exc
+        state.metrics.observe_kv_transfer(len(body), time.perf_counter() - started)
+        return KVImport(len(prompt) - 1, payload)
+
+    def _transfer_failed(message: str) -> APIError:
+        state.metrics.count_kv_failure("fetch")
+        return APIError(502, message, "kv_transfer_failed")
+
+    return list(await asyncio.gather(*(one(kv_id, prompt) for kv_id, prompt in zip(ids, prompts, strict=True))))

@@ -1,0 +1,199 @@
+"""Which prefill and which decode server takes the next request.
+
+The router keeps a table of the servers its endpoint source names, polls each one's ``/load``
+(waiting and running requests, KV usage) twice a second, and counts the requests it has itself
+sent there and not yet seen answered: between two polls that count is the freshest signal, so a
+burst spreads instead of landing on the server that looked idlest half a second ago.
+
+A server that refuses a connection or fails a request (a timeout, a 5xx) is set aside until a
+poll finds it well again; a busy server whose ``/load`` is merely slow is set aside only after
+several slow polls in a row. Set-aside servers are still tried when a pool has nothing else (one
+slow answer must not turn into a 503 for everyone), draining ones never. Policies are pluggable
+(``POLICIES``): ``load`` (least loaded) and ``round-robin`` (the baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from .endpoints import POOLS, EndpointSource
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.5
+POLL_TIMEOUT_S = 2.0
+SLOW_POLLS = 3  # timeouts in a row that set a server aside
+DISCOVERY_INTERVAL_S = 1.0
+# Weight of KV usage in the load score: a decode server near a full cache preempts (recomputes)
+# and slows everyone on it, worth several queued requests.
+KV_WEIGHT = 4.0
+
+
+@dataclass
+class Server:
+    url: str
+    pool: str
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    assigned: int = 0  # requests this router sent and that have not finished yet
+    healthy: bool = True  # a new server is tried at once; a failure sets it aside until a poll succeeds
+    draining: bool = False  # its /load says so: it takes no new request
+    failures: int = 0
+    slow_polls: int = 0
+    polling: bool = False
+    polled_at: float | None = None
+
+    @property
+    def score(self) -> float:
+        return self.assigned + self.waiting + self.running / 2 + KV_WEIGHT * self.kv_usage
+
+    def as_dict(self) -> dict:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "waiting": self.waiting,
+            "running": self.running,
+            "kv_usage": round(self.kv_usage, 4),
+            "assigned": self.assigned,
+        }
+
+
+Policy = Callable[[list[Server]], Server]
+
+
+def least_loaded(candidates: list[Server]) -> Server:
+    return min(candidates, key=lambda s: (s.score, s.assigned, s.url))
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def __call__(self, candidates: list[Server]) -> Server:
+        ordered = sorted(candidates, key=lambda s: s.url)
+        return ordered[next(self._turn) % len(ordered)]
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {"load": lambda: least_loaded, "round-robin": RoundRobin}
+
+
+class Balancer:
+    def __init__(self, source: EndpointSource, policy: str, client: httpx.AsyncClient) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown router policy {policy!r}; known: {sorted(POLICIES)}")
+        self.source = source
+        self.policies = {pool: POLICIES[policy]() for pool in POOLS}
+        self.client = client
+        self.servers: dict[str, dict[str, Server]] = {pool: {} for pool in POOLS}
+        self._tasks: list[asyncio.Task] = []
+        self._polls: set[asyncio.Task] = set()
+
+    # --- choosing ------------------------------------------------------------------------------
+    def not_ready(self) -> str | None:
+        """Why the router cannot serve now: it knows no decode server that takes requests."""
+        if any(not s.draining for s in self.servers["decode"].values()):
+            return None
+        return f"no decode server is ready yet (servers from {self.source.description})"
+
+    def pick(self, pool: str, exclude: set[str] = frozenset()) -> Server | None:
+        """The policy's choice among the healthy servers of ``pool`` not in ``exclude``, else the
+        set-aside one that failed least; None if every server is excluded or draining."""
+        open_ = [s for s in self.servers[pool].values() if not s.draining and s.url not in exclude]
+        healthy = [s for s in open_ if s.healthy]
+        if healthy:
+            return self.policies[pool](healthy)
+        return min(open_, key=lambda s: (s.failures, s.url)) if open_ else None
+
+    def failed(self, server: Server, why: str) -> None:
+        server.failures += 1
+        if server.healthy:
+            log.warning("%s server %s set aside: %s", server.pool, server.url, why)
+        server.healthy = False
+
+    def snapshot(self) -> dict[str, list[dict]]:
+        return {pool: [s.as_dict() for s in servers.values()] for pool, servers in self.servers.items()}
+
+    # --- keeping the table current -------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Apply the endpoint source's current lists (new servers in, departed ones out)."""
+        endpoints = await self.source.fetch()
+        for pool in POOLS:
+            urls = set(endpoints.get(pool, []))
+            table = self.servers[pool]
+            for url in urls - table.keys():
+                table[url] = Server(url, pool)
+                log.info("%s server %s joined", pool, url)
+            for url in table.keys() - urls:
+                del table[url]
+                log.info("%s server %s left", pool, url)
+
+    async def poll(self) -> None:
+        """Poll every server not still answering an earlier poll (a slow one holds up no other)."""
+        servers = [s for table in self.servers.values() for s in table.values() if not s.polling]
+        for server in servers:
+            task = asyncio.create_task(self._poll_one(server))
+            self._polls.add(task)
+            task.add_done_callback(self._polls.discard)
+
+    async def _poll_one(self, server: Server) -> None:
+        server.polling = True
+        try:
+            await self._read_load(server)
+        finally:
+            server.polling = False
+
+    async def _read_load(self, server: Server) -> None:
+        try:
+            response = await self.client.get(f"{server.url}/load", timeout=httpx.Timeout(POLL_TIMEOUT_S, connect=1.0))
+            response.raise_for_status()
+            load = response.json()
+        except httpx.TimeoutException as exc:  # busy, or stopped: only a streak of them counts
+            server.slow_polls += 1
+            if server.slow_polls >= SLOW_POLLS:
+                self.failed(server, f"/load timed out {server.slow_polls} times in a row: {exc!r}")
+            return
+        except (httpx.HTTPError, ValueError) as exc:
+            self.failed(server, f"/load: {exc!r}")
+            return
+        server.slow_polls = 0
+        server.draining = bool(load.get("draining", False))
+        server.waiting = int(load.get("waiting", 0))
+        server.running = int(load.get("running", 0))
+        server.kv_usage = float(load.get("kv_usage", 0.0))
+        server.polled_at = time.monotonic()
+        if not server.healthy:
+            log.info("%s server %s is back", server.pool, server.url)
+        server.healthy = True
+
+    async def start(self) -> None:
+        await self.refresh()
+        await self.poll()
+        await asyncio.gather(*self._polls)  # route on measured load from the first request
+        self._tasks = [
+            asyncio.create_task(self._every(DISCOVERY_INTERVAL_S, self.refresh)),
+            asyncio.create_task(self._every(POLL_INTERVAL_S, self.poll)),
+        ]
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *self._polls]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @staticmethod
+    async def _every(seconds: float, job) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await job()
+            except Exception:  # the router keeps routing on the last good table
+                log.exception("router background job failed")

@@ -1,0 +1,136 @@
+"""Where the router finds the prefill and decode servers: a static list, a file the local fleet
+keeps current, or the EndpointSlices of the pools' Services in Kubernetes. Each source answers
+``await source.fetch() -> {"prefill": [url, ...], "decode": [url, ...]}``; the router polls it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import quote
+
+import httpx
+import yaml
+
+log = logging.getLogger(__name__)
+
+POOLS = ("prefill", "decode")
+Endpoints = dict[str, list[str]]
+
+
+class EndpointSource(Protocol):
+    description: str
+
+    async def fetch(self) -> Endpoints: ...
+
+
+class StaticEndpoints:
+    def __init__(self, prefill: list[str], decode: list[str]) -> None:
+        self.endpoints = {"prefill": [_url(u) for u in prefill], "decode": [_url(u) for u in decode]}
+        self.description = f"static: {len(prefill)} prefill, {len(decode)} decode"
+
+    async def fetch(self) -> Endpoints:
+        return self.endpoints
+
+
+class EndpointsFile:
+    """A YAML mapping ``{prefill: [url, ...], decode: [url, ...]}``, re-read when it changes (the
+    local fleet rewrites it atomically as servers become ready or drain)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.description = f"file {self.path}"
+        self._stamp: tuple[int, int] | None = None
+        self._last: Endpoints = {pool: [] for pool in POOLS}
+
+    async def fetch(self) -> Endpoints:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return {pool: [] for pool in POOLS}
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
+            try:
+                raw = yaml.safe_load(self.path.read_text()) or {}
+                self._last = {pool: [_url(u) for u in raw.get(pool) or []] for pool in POOLS}
+                self._stamp = stamp
+            except (OSError, yaml.YAMLError, AttributeError, TypeError) as exc:
+                log.warning("endpoints file %s unreadable, keeping the last good list: %s", self.path, exc)
+        return self._last
+
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class EndpointSlices:
+    """The ready endpoints of the pools' Services, read from the Kubernetes API (EndpointSlices,
+    ``discovery.k8s.io/v1``) with the pod's service account: the same list kube-proxy and the
+    headless Service's DNS follow, without waiting on DNS caches."""
+
+    def __init__(self, services: dict[str, str], namespace: str, api: httpx.AsyncClient, port_name: str = "http"):
+        self.services = services
+        self.namespace = namespace
+        self.api = api
+        self.port_name = port_name
+        self.description = f"EndpointSlices of {', '.join(services.values())} in {namespace}"
+        self._last: Endpoints = {pool: [] for pool in POOLS}
+
+    @classmethod
+    def in_cluster(cls, services: dict[str, str], api_url: str | None = None) -> EndpointSlices:
+        """From inside a pod: the API server, token, CA and namespace of the service account.
+        ``api_url`` (tests, ``kubectl proxy``) talks to that URL without credentials."""
+        if api_url is not None:
+            namespace = os.environ.get("POD_NAMESPACE", "default")
+            return cls(services, namespace, httpx.AsyncClient(base_url=api_url, timeout=5.0))
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host or not (SERVICE_ACCOUNT / "token").exists():
+            raise SystemExit("--prefill-service/--decode-service need a pod's service account (or --kube-api URL)")
+        namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
+        token = (SERVICE_ACCOUNT / "token").read_text().strip()
+        client = httpx.AsyncClient(
+            base_url=f"https://{host}:{port}",
+            verify=str(SERVICE_ACCOUNT / "ca.crt"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5.0,
+        )
+        return cls(services, namespace, client)
+
+    async def fetch(self) -> Endpoints:
+        found: Endpoints = {}
+        for pool, service in self.services.items():
+            selector = quote(f"kubernetes.io/service-name={service}")
+            path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices?labelSelector={selector}"
+            try:
+                response = await self.api.get(path)
+                response.raise_for_status()
+                found[pool] = ready_urls(response.json().get("items") or [], self.port_name)
+            except (httpx.HTTPError, ValueError) as exc:  # keep routing on the last good list
+                log.warning("cannot list EndpointSlices of %s: %s", service, exc)
+                found[pool] = self._last.get(pool, [])
+        self._last = found
+        return found
+
+
+def ready_urls(slices: list[dict], port_name: str = "http") -> list[str]:
+    """URLs of the ready endpoints of ``slices`` (a missing ``ready`` condition means ready)."""
+    urls = []
+    for item in slices:
+        ports = item.get("ports") or []
+        port = next((p.get("port") for p in ports if p.get("name") == port_name), None)
+        if port is None and ports:
+            port = ports[0].get("port")
+        if port is None:
+            continue
+        for endpoint in item.get("endpoints") or []:
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            for address in endpoint.get("addresses") or []:
+                host = f"[{address}]" if ":" in address else address
+                urls.append(f"http://{host}:{port}")
+    return sorted(set(urls))
+
+
+def _url(value: str) -> str:
+    value = str(value).rstrip("/")
+    return value if value.startswith(("http://", "https://")) else f"http://{value}"

@@ -1,0 +1,98 @@
+"""The router's metrics: latency as the client sees it, under vLLM's names with ``role="router"``
+(TTFT, ITL and end-to-end latency, finished requests by reason), and its own ``llmfleet_router_*``
+counters: retries per pool, prefills the decode servers did themselves, streams cut by a failure.
+
+Token counters stay at zero here: the prefill and decode servers count the tokens, and a fleet sum
+must not count them twice."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from prometheus_client import Counter
+
+from ..api.metrics import ServerMetrics
+
+
+class RouterMetrics(ServerMetrics):
+    def __init__(self, model_name: str) -> None:
+        super().__init__(model_name, "router")
+        names = list(self.labels)
+        self.retries = Counter(
+            "llmfleet_router_retries", "Requests sent again after a server failed.", [*names, "pool"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            "llmfleet_router_local_prefills",
+            "Requests whose decode server computed the prompt itself (no prefill server could).",
+            names,
+            registry=self.registry,
+        )
+        self.broken_streams = Counter(
+            "llmfleet_router_broken_streams", "Streams ended with an error event after a server failed.", names,
+            registry=self.registry,
+        )  # fmt: skip
+        for pool in ("prefill", "decode"):
+            self.lab(self.retries, pool=pool)
+        self.lab(self.fallbacks)
+        self.lab(self.broken_streams)
+
+    def finished(self, started: float, reason: str | None) -> None:
+        self.lab(self.e2e).observe(time.monotonic() - started)
+        self.lab(self.success, finished_reason=reason or "abort").inc()
+
+
+class StreamMeter:
+    """Reads the SSE bytes the router relays: when content arrives (TTFT, ITL, observed as they
+    happen), the finish reason, and whether the stream has started (a byte of content or a final
+    event went out: from then on a failure can no longer be retried)."""
+
+    def __init__(self, metrics: RouterMetrics, started: float) -> None:
+        self.metrics = metrics
+        self.started = started
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+        self._buffer = b""
+
+    @property
+    def started_content(self) -> bool:
+        return self.first_at is not None or self.finish_reason is not None or self.done
+
+    def feed(self, raw: bytes) -> None:
+        self._buffer += raw
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    self._on_data(line[5:].strip())
+
+    def _on_data(self, data: bytes) -> None:
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return
+        choices = chunk.get("choices") or []
+        if any(_has_content(c) for c in choices):
+            now = time.monotonic()
+            if self.first_at is None:
+                self.first_at = now
+                self.metrics.lab(self.metrics.ttft).observe(now - self.started)
+            else:
+                self.metrics.lab(self.metrics.itl).observe(now - self.last_at)
+            self.last_at = now
+        for choice in choices:
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+
+def _has_content(choice: dict) -> bool:
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content"))

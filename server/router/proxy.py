@@ -1,0 +1,261 @@
+"""One client request through the disaggregated fleet: prefill server, then decode server.
+
+1. A prefill server computes the prompt's KV (``kv_transfer_params.do_remote_decode``) and
+   answers the ids it holds it under.
+2. A decode server gets the client's request with those ids and the prefill server's URL; it
+   fetches the KV straight from the prefill server and answers the client's request as a
+   colocated server would, streaming or not. The router relays its bytes unchanged.
+
+Faults, and what the client sees:
+
+- a prefill server that refuses the connection, times out, is busy (429) or draining (503), or
+  fails (5xx): the request goes to another one; with none left, the decode server computes the
+  prompt itself (``llmfleet_router_local_prefills``);
+- a decode server that fails the same ways before the first byte of content left the router,
+  or cannot fetch the KV: the request starts over on other servers (the KV is taken once);
+- a decode server that fails after content went out: the stream ends with an OpenAI-style error
+  event and ``[DONE]``, never a hang (every read has a timeout);
+- a 4xx from either server (a bad prompt, an unknown model) is the client's: relayed as is; a
+  409 from the decode server (the prefill server's KV does not fit it: another model or layout)
+  is a deployment error: 502 with its message.
+
+The router never holds KV: it only passes ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response
+
+from ..api.client_gone import CLIENT_GONE, unless_client_gone
+from ..api.errors import error_body, error_response
+from ..api.sse import SSE_HEADERS, ClosingStreamingResponse, encode_event
+from .balancer import Balancer, Server
+from .metrics import RouterMetrics, StreamMeter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    prefill_timeout_s: float = 120.0  # longest wait for a prefill server's answer
+    decode_timeout_s: float = 120.0  # longest wait for any byte from a decode server
+    connect_timeout_s: float = 2.0
+    attempts: int = 3  # prefill + decode rounds per request
+
+
+class ServerFailed(Exception):
+    """The server could not serve this request now; another one may."""
+
+    def __init__(self, server: Server, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.server, self.message, self.status = server, message, status
+
+
+class Answered(Exception):
+    """A final answer for the client (a 4xx of its own, or a deployment error)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+@dataclass
+class _Opened:
+    """A decode server's answer whose first content has arrived (or all of it, not streaming)."""
+
+    server: Server
+    response: httpx.Response
+    head: list[bytes]  # what was read so far, not yet sent
+    rest: AsyncIterator[bytes] | None
+    meter: StreamMeter | None
+
+
+class Proxy:
+    def __init__(
+        self, balancer: Balancer, client: httpx.AsyncClient, metrics: RouterMetrics, settings: ProxySettings
+    ) -> None:
+        self.balancer = balancer
+        self.client = client
+        self.metrics = metrics
+        self.settings = settings
+
+    async def serve(self, path: str, body: dict, raw: Request) -> Response:
+        started = time.monotonic()
+        stream = bool(body.get("stream"))
+        opened = await unless_client_gone(raw, self._open(path, body, stream, started))
+        if opened is None:
+            return Response(status_code=CLIENT_GONE)
+        if isinstance(opened, Response):
+            return opened
+        if stream:
+            relay = _Relay(opened, self.metrics, started)
+            return ClosingStreamingResponse(relay, media_type="text/event-stream", headers=SSE_HEADERS)
+        return self._whole(opened, started)
+
+    # --- choosing servers, with retries ----------------------------------------------------------
+    async def _open(self, path: str, body: dict, stream: bool, started: float) -> _Opened | Response:
+        tried = {"prefill": set(), "decode": set()}
+        last: ServerFailed | None = None
+        for attempt in range(self.settings.attempts):
+            try:
+                params = await self._prefill(path, body, tried["prefill"])
+                decode = self.balancer.pick("decode", tried["decode"])
+                if decode is None:
+                    break
+                return await self._decode(decode, path, body, params, stream, started)
+            except ServerFailed as failure:
+                pool = failure.server.pool
+                tried[pool].add(failure.server.url)
+                self.balancer.failed(failure.server, failure.message)
+                self.metrics.lab(self.metrics.retries, pool=pool).inc()
+                log.warning("attempt %d: %s", attempt + 1, failure.message)
+                last = failure
+            except Answered as answer:
+                return answer.response
+        if last is None:
+            return error_response(503, "no decode server is available; retry later", "unavailable")
+        status = last.status if last.status in (429, 503) else 502
+        message = f"no server could take the request after {attempt + 1} attempts; last: {last.message}"
+        return error_response(status, message, "unavailable" if status != 502 else "bad_gateway")
+
+    async def _prefill(self, path: str, body: dict, tried: set[str]) -> dict | None:
+        """The KV transfer parameters for the decode server, or None when it must compute the
+        prompt itself (no prefill server can take the request)."""
+        server = self.balancer.pick("prefill", tried)
+        if server is None:
+            self.metrics.lab(self.metrics.fallbacks).inc()
+            return None
+        ask = {**body, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+        ask.pop("stream_options", None)
+        timeout = httpx.Timeout(self.settings.prefill_timeout_s, connect=self.settings.connect_timeout_s)
+        server.assigned += 1
+        try:
+            response = await self.client.post(f"{server.url}{path}", json=ask, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise ServerFailed(server, f"prefill server {server.url}: {exc!r}") from exc
+        finally:
+            server.assigned -= 1
+        if response.status_code == 200:
+            try:
+                params = dict(response.json()["kv_transfer_params"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ServerFailed(server, f"prefill server {server.url} answered no KV ids") from exc
+            return {**params, "do_remote_prefill": True, "remote_url": server.url}
+        self._check_status(server, response.status_code, response.content)
+        raise AssertionError("unreachable")
+
+    async def _decode(
+        self, server: Server, path: str, body: dict, params: dict | None, stream: bool, started: float
+    ) -> _Opened:
+        send = {**body, "kv_transfer_params": params} if params is not None else body
+        timeout = httpx.Timeout(self.settings.decode_timeout_s, connect=self.settings.connect_timeout_s)
+        server.assigned += 1
+        response = None
+        try:
+            request = self.client.build_request("POST", f"{server.url}{path}", json=send, timeout=timeout)
+            response = await self.client.send(request, stream=True)
+            if response.status_code != 200:
+                self._check_status(server, response.status_code, await response.aread())
+            if not stream:
+                return _Opened(server, response, [await response.aread()], None, None)
+            meter = StreamMeter(self.metrics, started)
+            rest = response.aiter_raw()
+            head = []
+            async for chunk in rest:  # hold the bytes until content comes: until then a retry is free
+                head.append(chunk)
+                meter.feed(chunk)
+                if meter.started_content:
+                    break
+            return _Opened(server, response, head, rest, meter)
+        except httpx.HTTPError as exc:
+            server.assigned -= 1
+            if response is not None:
+                await response.aclose()
+            raise ServerFailed(server, f"decode server {server.url}: {exc!r}") from exc
+        except BaseException:
+            server.assigned -= 1
+            if response is not None:
+                await response.aclose()
+            raise
+
+    def _check_status(self, server: Server, status: int, content: bytes) -> None:
+        """Raise what a non-200 answer means for this request."""
+        message = _error_message(content) or f"status {status}"
+        where = f"{server.pool} server {server.url}"
+        if status in (429, 503) or status >= 500:
+            raise ServerFailed(server, f"{where} answered {status}: {message}", status)
+        if status == 409 and server.pool == "decode":
+            raise Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
+        raise Answered(Response(content, status, media_type="application/json"))
+
+    # --- relaying the answer -------------------------------------------------------------------
+    def _whole(self, opened: _Opened, started: float) -> Response:
+        opened.server.assigned -= 1
+        content = opened.head[0]
+        try:
+            reasons = [c.get("finish_reason") for c in json.loads(content).get("choices") or []]
+        except (ValueError, AttributeError):
+            reasons = []
+        self.metrics.finished(started, next((r for r in reasons if r), None))
+        return Response(content, 200, media_type="application/json")
+
+
+class _Relay:
+    """The decode server's stream, relayed. Its cleanup (the server's count, the upstream
+    connection, the request's metrics) runs exactly once in ``aclose``, which the response calls
+    even when the client left before the first chunk was sent."""
+
+    def __init__(self, opened: _Opened, metrics: RouterMetrics, started: float) -> None:
+        self.opened = opened
+        self.metrics = metrics
+        self.started = started
+        self._chunks = self._body()
+        self._closed = False
+
+    def __aiter__(self) -> _Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._chunks.__anext__()
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        opened, meter = self.opened, self.opened.meter
+        try:
+            for chunk in opened.head:
+                yield chunk
+            async for chunk in opened.rest:
+                meter.feed(chunk)
+                yield chunk
+            if not meter.done:  # the decode server closed the stream early
+                raise httpx.RemoteProtocolError("the stream ended without [DONE]")
+        except httpx.HTTPError as exc:
+            self.metrics.lab(self.metrics.broken_streams).inc()
+            log.warning("decode server %s failed mid-stream: %r", opened.server.url, exc)
+            message = f"the decode server failed mid-stream ({exc!r}); the answer is incomplete"
+            yield encode_event(error_body(message, "bad_gateway", 502)).encode()
+            yield encode_event("[DONE]").encode()
+            meter.finish_reason = meter.finish_reason or "abort"
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._chunks.aclose()
+        self.opened.server.assigned -= 1
+        await self.opened.response.aclose()  # a client that left: the decode server aborts its work
+        self.metrics.finished(self.started, self.opened.meter.finish_reason)
+
+
+def _error_message(content: bytes) -> str | None:
+    try:
+        return str(json.loads(content)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        text = content.decode(errors="replace").strip()
+        return text[:300] or None

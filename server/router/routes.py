@@ -1,0 +1,78 @@
+"""The router's HTTP endpoints: the OpenAI generation endpoints (relayed through a prefill and a
+decode server), ``/v1/models`` as the decode servers describe the model, and ``/load`` with the
+router's view of every server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI, Request
+
+from ..api.errors import APIError
+from ..api.protocol import ERROR_RESPONSES
+from ..api.state import ServerState
+from .balancer import Balancer
+from .proxy import Proxy
+
+
+def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await balancer.start()
+        try:
+            yield
+        finally:
+            await balancer.stop()
+            await proxy.client.aclose()
+
+    app.router.lifespan_context = lifespan
+
+    async def relay(path: str, raw: Request):
+        reason = state.unavailable_reason()
+        if reason is not None:
+            raise APIError(503, reason, "unavailable")
+        try:
+            body = json.loads(await raw.body())
+        except ValueError as exc:
+            raise APIError(400, f"invalid request: the body is not JSON ({exc})") from exc
+        if not isinstance(body, dict):
+            raise APIError(400, "invalid request: the body must be a JSON object")
+        if body.get("model") not in (None, state.model_name):
+            raise APIError(404, f"The model `{body['model']}` does not exist. Served: `{state.model_name}`.",
+                           "NotFoundError", "model")  # fmt: skip
+        return await proxy.serve(path, body, raw)
+
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    async def completions(raw: Request):
+        """As a colocated server's: the request goes through a prefill and a decode server."""
+        return await relay("/v1/completions", raw)
+
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    async def chat(raw: Request):
+        return await relay("/v1/chat/completions", raw)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "llm-fleet",
+                "root": state.model_name, "parent": None, "max_model_len": await _max_model_len()}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    async def _max_model_len() -> int | None:
+        """What the decode servers serve (they run every token); None while none answers."""
+        server = balancer.pick("decode")
+        if server is None:
+            return state.max_model_len or None
+        try:
+            response = await proxy.client.get(f"{server.url}/v1/models", timeout=2.0)
+            state.max_model_len = int(response.json()["data"][0]["max_model_len"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            pass
+        return state.max_model_len or None
+
+    @app.get("/load")
+    async def load():
+        """The router's own in-flight requests and its view of every server."""
+        return {"role": "router", "in_flight": state.in_flight, "servers": balancer.snapshot()}

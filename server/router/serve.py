@@ -1,0 +1,50 @@
+"""`llm-fleet serve --role router`: wiring of the endpoint source, balancer, proxy and app."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import httpx
+
+from ..api.app import register_role
+from ..api.drain import run_app
+from ..api.state import ServerState
+from .balancer import Balancer
+from .endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints
+from .metrics import RouterMetrics
+from .proxy import Proxy, ProxySettings
+from .routes import install
+
+
+def endpoint_source(args) -> EndpointSource:
+    if args.endpoints_file:
+        return EndpointsFile(args.endpoints_file)
+    if args.prefill_service or args.decode_service:
+        if not (args.prefill_service and args.decode_service):
+            raise SystemExit("--prefill-service and --decode-service go together")
+        services = {"prefill": args.prefill_service, "decode": args.decode_service}
+        return EndpointSlices.in_cluster(services, api_url=args.kube_api)
+    if args.decode_url:
+        return StaticEndpoints(args.prefill_url or [], args.decode_url)
+    raise SystemExit(
+        "the router needs its servers: --prefill-url/--decode-url, --endpoints-file, "
+        "or --prefill-service/--decode-service"
+    )
+
+
+def serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    source = endpoint_source(args)
+    model_name = args.served_model_name or args.model
+    metrics = RouterMetrics(model_name)
+    state = ServerState(None, None, model_name, 0, metrics, role="router")
+    # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256))
+    balancer = Balancer(source, args.router_policy, client)
+    settings = ProxySettings(prefill_timeout_s=args.prefill_timeout, decode_timeout_s=args.decode_timeout)
+    proxy = Proxy(balancer, client, metrics, settings)
+    state.not_ready = balancer.not_ready  # /ready fails until a decode server is known
+    logging.getLogger("llmfleet.router").info("router for %s: servers from %s", model_name, source.description)
+    register_role("router", partial(install, proxy=proxy, balancer=balancer))
+    return run_app(state, args)

@@ -1,0 +1,232 @@
+"""Router -> prefill -> decode as real server processes on loopback.
+
+In float32, greedy output through the router equals a colocated server's, for mixed prompt
+lengths and concurrent requests, streaming or not. Each fault of the issue is made real: a
+prefill server stopped (times out) or killed, a decode server stopped or killed before its first
+byte, a decode server killed mid-stream, a prefill server of another model. No request hangs,
+and no prefill server keeps KV nobody fetches."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from ..support import ServerProcess
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # six servers share two cores
+MODEL = "tiny"
+PROMPTS = [
+    "a",
+    "Disaggregation splits the prompt from the decode",
+    "The quick brown fox jumps over the lazy dog. " * 12,
+    "KV blocks move from prefill to decode over HTTP",
+    "x y z " * 40,
+    "One more: mixed lengths and concurrent requests",
+]
+
+
+def engine_config(tmp: Path) -> Path:
+    path = tmp / "engine.yaml"
+    path.write_text("dtype: float32\nkv_block_size: 8\nkv_cache_memory_mb: 16\n")
+    return path
+
+
+def server(tmp: Path, name: str, role: str, model: str = "builtin:tiny") -> ServerProcess:
+    return ServerProcess("--role", role, "--model", model, "--served-model-name", MODEL,
+                         config=engine_config(tmp), log_path=tmp / f"{name}.log", env=ONE_THREAD)  # fmt: skip
+
+
+def router(tmp: Path, prefill: list[ServerProcess], decode: list[ServerProcess], *extra: str) -> ServerProcess:
+    args = ["--role", "router", "--served-model-name", MODEL, "--prefill-timeout", "3", "--decode-timeout", "5"]
+    for p in prefill:
+        args += ["--prefill-url", p.url]
+    for d in decode:
+        args += ["--decode-url", d.url]
+    return ServerProcess(*args, *extra, log_path=tmp / f"router-{len(list(tmp.glob('router*')))}.log").wait_ready(30)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("disagg")
+    servers = {
+        "colocated": server(tmp, "colocated", "colocated"),
+        "p1": server(tmp, "p1", "prefill"),
+        "p2": server(tmp, "p2", "prefill"),
+        "d1": server(tmp, "d1", "decode"),
+        "d2": server(tmp, "d2", "decode"),
+    }
+    try:
+        for s in servers.values():
+            s.wait_ready(180)
+        yield tmp, servers
+    finally:
+        for s in servers.values():
+            s.terminate(signal.SIGCONT)
+            s.stop()
+
+
+def complete(url: str, prompt: str, max_tokens: int = 12, stream: bool = False) -> str:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    if stream:
+        chunks = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                           stream=True)  # fmt: skip
+        return "".join(c.choices[0].text for c in chunks if c.choices)
+    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0).choices[0].text
+
+
+def chat(url: str, content: str, stream: bool) -> str:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    messages = [{"role": "user", "content": content}]
+    if stream:
+        chunks = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                                stream=True)  # fmt: skip
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return (
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+        .choices[0]
+        .message.content
+    )
+
+
+def expected(fleet_servers, prompts=PROMPTS) -> dict[str, str]:
+    return {p: complete(fleet_servers["colocated"].url, p) for p in prompts}
+
+
+def all_through(url: str, prompts: list[str], stream: bool = False) -> dict[str, str]:
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        futures = {p: pool.submit(complete, url, p, 12, stream) for p in prompts}
+        return {p: f.result() for p, f in futures.items()}
+
+
+def held_kv(*prefill: ServerProcess) -> float:
+    return sum(p.metrics()["llmfleet_kv_export_held_bytes{}"] for p in prefill)
+
+
+def test_greedy_through_the_router_is_the_colocated_output(fleet):
+    tmp, s = fleet
+    want = expected(s)
+    with router(tmp, [s["p1"], s["p2"]], [s["d1"], s["d2"]]) as r:
+        assert all_through(r.url, PROMPTS) == want  # concurrent, mixed lengths (one too short to transfer)
+        assert all_through(r.url, PROMPTS, stream=True) == want
+        for stream in (False, True):
+            assert chat(r.url, "hello there", stream) == chat(s["colocated"].url, "hello there", stream)
+        client = openai.OpenAI(base_url=f"{r.url}/v1", api_key="unused")
+        card = client.models.list().data[0]
+        assert card.id == MODEL and card.max_model_len == 2048
+        metrics = r.metrics()
+        assert metrics["vllm:time_to_first_token_seconds_count{}"] >= len(PROMPTS) + 1  # streams, as clients see them
+        assert metrics["vllm:inter_token_latency_seconds_count{}"] > 0
+        assert metrics["llmfleet_router_local_prefills_total{}"] == 0
+    received = (
+        s["d1"].metrics()["llmfleet_kv_transfer_bytes_count{}"]
+        + s["d2"].metrics()["llmfleet_kv_transfer_bytes_count{}"]
+    )
+    assert received >= 2 * (len(PROMPTS) - 1) + 2  # every prompt of two tokens or more, and the chats
+    assert held_kv(s["p1"], s["p2"]) == 0  # everything computed was fetched
+
+
+def test_a_prefill_server_that_times_out_is_retried_on_another(fleet):
+    tmp, s = fleet
+    want = expected(s)
+    with router(tmp, [s["p1"], s["p2"]], [s["d1"]], "--router-policy", "round-robin") as r:
+        s["p1"].terminate(signal.SIGSTOP)  # alive, accepts connections, answers nothing
+        try:
+            started = time.monotonic()
+            assert all_through(r.url, PROMPTS[1:5]) == {p: want[p] for p in PROMPTS[1:5]}
+            assert time.monotonic() - started < 30
+            assert r.metrics()["llmfleet_router_retries_total{pool=prefill}"] >= 1
+        finally:
+            s["p1"].terminate(signal.SIGCONT)
+
+
+def test_a_decode_server_silent_before_its_first_byte_is_retried(fleet):
+    tmp, s = fleet
+    want = expected(s)
+    with router(tmp, [s["p2"]], [s["d1"], s["d2"]], "--router-policy", "round-robin") as r:
+        s["d1"].terminate(signal.SIGSTOP)
+        try:
+            assert all_through(r.url, PROMPTS[1:5], stream=True) == {p: want[p] for p in PROMPTS[1:5]}
+            assert r.metrics()["llmfleet_router_retries_total{pool=decode}"] >= 1
+        finally:
+            s["d1"].terminate(signal.SIGCONT)
+
+
+def test_dead_servers_before_the_first_byte_are_retried(fleet):
+    tmp, s = fleet
+    want = expected(s)
+    victims = [server(tmp, "p-victim", "prefill"), server(tmp, "d-victim", "decode")]
+    for victim in victims:
+        victim.wait_ready(180)
+    p_victim, d_victim = victims
+    with router(tmp, [p_victim, s["p2"]], [d_victim, s["d2"]], "--router-policy", "round-robin") as r:
+        for victim in victims:
+            victim.stop()  # SIGKILL: connections refused from now on
+        assert all_through(r.url, PROMPTS[1:5]) == {p: want[p] for p in PROMPTS[1:5]}
+        metrics = r.metrics()
+        assert metrics["llmfleet_router_retries_total{pool=prefill}"] >= 1
+        assert metrics["llmfleet_router_retries_total{pool=decode}"] >= 1
+
+
+def test_a_decode_server_killed_mid_stream_ends_the_stream_with_an_error(fleet):
+    tmp, s = fleet
+    victim = server(tmp, "d-mid-stream", "decode").wait_ready(180)
+    with router(tmp, [s["p2"]], [victim]) as r:
+        body = {"model": MODEL, "prompt": "long answer", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        lines = []
+        started = time.monotonic()
+        with httpx.stream("POST", f"{r.url}/v1/completions", json=body, timeout=30) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                lines.append(line)
+                if len(lines) == 10:
+                    victim.stop()
+        assert time.monotonic() - started < 30  # never a hang
+        data = [line for line in lines if line.startswith("data: ")]
+        assert data[-1] == "data: [DONE]"
+        assert '"error"' in data[-2] and "mid-stream" in data[-2]
+        assert r.metrics()["llmfleet_router_broken_streams_total{}"] == 1
+
+        # the only decode server is gone: a clear error at once, not a hang
+        reply = httpx.post(f"{r.url}/v1/completions", json={"model": MODEL, "prompt": "hi"}, timeout=30)
+        assert reply.status_code in (502, 503) and reply.json()["error"]["message"]
+
+
+def test_kv_from_another_model_is_refused_with_a_clear_error(fleet):
+    tmp, s = fleet
+    other = server(tmp, "p-other-model", "prefill", model="builtin:tiny-qwen2").wait_ready(180)
+    try:
+        with router(tmp, [other], [s["d1"]]) as r:
+            reply = httpx.post(f"{r.url}/v1/completions", json={"model": MODEL, "prompt": "hello there"}, timeout=30)
+        assert reply.status_code == 502
+        message = reply.json()["error"]["message"]
+        assert "cannot use the prefill server's KV" in message and "differs from this server" in message
+        assert s["d1"].metrics()["llmfleet_kv_transfer_failures_total{reason=mismatch}"] >= 1
+    finally:
+        other.stop()
+
+
+def test_roles_refuse_transfers_that_are_not_theirs_and_kv_is_taken_once(fleet):
+    _, s = fleet
+    ask = {"model": MODEL, "prompt": "hello there", "kv_transfer_params": {"do_remote_decode": True}}
+    refused = httpx.post(f"{s['d1'].url}/v1/completions", json=ask, timeout=30)
+    assert refused.status_code == 400 and "needs a prefill server" in refused.json()["error"]["message"]
+
+    before = held_kv(s["p1"])  # a prefill the timeout test gave up on may still wait for its TTL
+    held = httpx.post(f"{s['p1'].url}/v1/completions", json=ask, timeout=30).json()
+    (kv_id,) = held["kv_transfer_params"]["remote_kv_ids"]
+    assert held_kv(s["p1"]) > before
+    fetched = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30)
+    assert fetched.status_code == 200 and fetched.content.startswith(b"LLMFKV")
+    assert httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30).status_code == 404  # taken once
+    assert held_kv(s["p1"]) <= before
+
+    gone = {**ask, "kv_transfer_params": {"do_remote_prefill": True, "remote_url": s["p1"].url,
+                                          "remote_kv_ids": [kv_id]}}  # fmt: skip
+    reply = httpx.post(f"{s['d1'].url}/v1/completions", json=gone, timeout=30)
+    assert reply.status_code == 502 and "answered 404" in reply.json()["error"]["message"]

@@ -1,0 +1,152 @@
+"""The router's parts without servers: endpoint sources, the balancer's choices and health, and
+the stream meter that decides when a retry is no longer possible."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from llmfleet.server.router.balancer import SLOW_POLLS, Balancer, Server, least_loaded
+from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, StaticEndpoints, ready_urls
+from llmfleet.server.router.metrics import RouterMetrics, StreamMeter
+
+
+def test_ready_urls_follow_the_endpoint_conditions():
+    slices = [
+        {
+            "ports": [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8000}],
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},  # starting or draining
+                {"addresses": ["10.0.0.3"]},  # no condition: ready
+                {"addresses": ["fd00::4"], "conditions": {"ready": True}},
+            ],
+        },
+        {"ports": [], "endpoints": [{"addresses": ["10.0.0.9"]}]},  # no port: nothing to reach
+    ]
+    assert ready_urls(slices) == ["http://10.0.0.1:8000", "http://10.0.0.3:8000", "http://[fd00::4]:8000"]
+
+
+def test_endpoint_slices_are_listed_per_service_and_kept_on_errors():
+    calls = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url)
+        if "tiny-decode" in str(request.url) and len(calls) > 2:
+            return httpx.Response(500)
+        ip = "10.0.0.1" if "prefill" in str(request.url) else "10.0.0.2"
+        item = {"ports": [{"name": "http", "port": 8000}], "endpoints": [{"addresses": [ip]}]}
+        return httpx.Response(200, json={"items": [item]})
+
+    api = httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="https://api")
+    source = EndpointSlices({"prefill": "tiny-prefill", "decode": "tiny-decode"}, "ml", api)
+    first = asyncio.run(source.fetch())
+    assert first == {"prefill": ["http://10.0.0.1:8000"], "decode": ["http://10.0.0.2:8000"]}
+    assert "/apis/discovery.k8s.io/v1/namespaces/ml/endpointslices" in str(calls[0])
+    assert calls[0].params["labelSelector"] == "kubernetes.io/service-name=tiny-prefill"
+    assert asyncio.run(source.fetch()) == first  # the API failed for decode: the last good list stays
+
+
+def test_the_endpoints_file_is_reread_when_it_changes(tmp_path):
+    path = tmp_path / "endpoints.yaml"
+    source = EndpointsFile(path)
+    assert asyncio.run(source.fetch()) == {"prefill": [], "decode": []}  # not written yet
+    path.write_text("prefill: ['127.0.0.1:1']\ndecode: ['http://127.0.0.1:2/']\n")
+    assert asyncio.run(source.fetch()) == {"prefill": ["http://127.0.0.1:1"], "decode": ["http://127.0.0.1:2"]}
+    path.write_text("prefill: [unclosed")
+    assert asyncio.run(source.fetch())["decode"] == ["http://127.0.0.1:2"]  # unreadable: the last good list
+
+
+def servers(*specs) -> dict[str, Server]:
+    return {s.url: s for s in (Server(url, "decode", **kw) for url, kw in specs)}
+
+
+def balancer(policy: str = "load") -> Balancer:
+    return Balancer(StaticEndpoints([], []), policy, httpx.AsyncClient())
+
+
+def test_least_loaded_counts_the_routers_own_requests_and_kv():
+    idle = Server("a", "decode")
+    queued = Server("b", "decode", waiting=2)
+    full = Server("c", "decode", kv_usage=0.9)
+    assert least_loaded([queued, full, idle]) is idle
+    idle.assigned = 3  # sent since the last poll
+    assert least_loaded([queued, full, idle]) is queued
+
+
+def test_pick_prefers_healthy_falls_back_to_set_aside_and_never_draining():
+    b = balancer()
+    b.servers["decode"] = servers(("a", {"healthy": False, "failures": 2}), ("b", {"healthy": False, "failures": 1}),
+                                  ("c", {"draining": True}))  # fmt: skip
+    assert b.pick("decode").url == "b"  # nothing healthy: the one that failed least, not a 503
+    assert b.pick("decode", exclude={"b"}).url == "a"
+    assert b.pick("decode", exclude={"a", "b"}) is None  # the draining one is never chosen
+    b.servers["decode"]["a"].healthy = True
+    assert b.pick("decode").url == "a"
+    assert b.not_ready() is None
+    b.servers["decode"] = servers(("c", {"draining": True}))
+    assert "no decode server" in b.not_ready()
+
+
+def test_round_robin_takes_turns():
+    b = balancer("round-robin")
+    b.servers["decode"] = servers(("a", {}), ("b", {"waiting": 9}))
+    assert [b.pick("decode").url for _ in range(4)] == ["a", "b", "a", "b"]
+    with pytest.raises(ValueError, match="unknown router policy"):
+        balancer("random")
+
+
+def test_polls_set_servers_aside_and_back():
+    state = {"mode": "ok"}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if state["mode"] == "slow":
+            raise httpx.ReadTimeout("slow", request=request)
+        if state["mode"] == "refused":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"waiting": 3, "running": 2, "kv_usage": 0.5, "draining": False})
+
+    b = Balancer(StaticEndpoints([], ["http://d"]), "load", httpx.AsyncClient(transport=httpx.MockTransport(answer)))
+
+    async def scenario():
+        await b.refresh()
+        server = b.servers["decode"]["http://d"]
+        await b._poll_one(server)
+        assert (server.waiting, server.running, server.kv_usage, server.healthy) == (3, 2, 0.5, True)
+        state["mode"] = "slow"
+        for _ in range(SLOW_POLLS - 1):
+            await b._poll_one(server)
+        assert server.healthy  # busy is not dead
+        await b._poll_one(server)
+        assert not server.healthy
+        state["mode"] = "ok"
+        await b._poll_one(server)
+        assert server.healthy
+        state["mode"] = "refused"
+        await b._poll_one(server)
+        assert not server.healthy  # refused at once
+
+    asyncio.run(scenario())
+
+
+def sse(chunk) -> bytes:
+    data = chunk if isinstance(chunk, str) else json.dumps(chunk)
+    return f"data: {data}\n\n".encode()
+
+
+def test_the_stream_meter_sees_content_across_split_chunks():
+    metrics = RouterMetrics("m")
+    meter = StreamMeter(metrics, started=0.0)
+    role = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+    meter.feed(role)
+    assert not meter.started_content  # the role chunk is no content: a retry is still free
+    token = sse({"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]})
+    meter.feed(token[:10])
+    assert not meter.started_content
+    meter.feed(token[10:])
+    assert meter.started_content and meter.first_at is not None
+    meter.feed(sse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}) + sse("[DONE]"))
+    assert meter.finish_reason == "length" and meter.done
