@@ -57,9 +57,22 @@ CONFIG_MAP = ResourceKind("", "v1", "configmaps", "ConfigMap")
 POD_DISRUPTION_BUDGET = ResourceKind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 POD_MONITOR = ResourceKind("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 POD = ResourceKind("", "v1", "pods", "Pod")
+SERVICE_ACCOUNT = ResourceKind("", "v1", "serviceaccounts", "ServiceAccount")
+ROLE = ResourceKind("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDING = ResourceKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 
-# Every kind reconcile.desired_objects() may return, in apply order (config before its readers).
-CHILD_KINDS: tuple[ResourceKind, ...] = (CONFIG_MAP, SERVICE, DEPLOYMENT, POD_DISRUPTION_BUDGET, POD_MONITOR)
+# Every kind reconcile.desired_objects() may return, in apply order (config and the router's
+# account before their readers).
+CHILD_KINDS: tuple[ResourceKind, ...] = (
+    SERVICE_ACCOUNT,
+    ROLE,
+    ROLE_BINDING,
+    CONFIG_MAP,
+    SERVICE,
+    DEPLOYMENT,
+    POD_DISRUPTION_BUDGET,
+    POD_MONITOR,
+)
 
 
 def kind_of(obj: dict[str, Any]) -> ResourceKind:

@@ -30,6 +30,12 @@ RBAC_RULES: list[dict[str, Any]] = [
     _rule("apps", ["deployments"], [*CHILD_VERBS, "watch"]),
     _rule("policy", ["poddisruptionbudgets"], CHILD_VERBS),
     _rule("monitoring.coreos.com", ["podmonitors"], CHILD_VERBS),
+    # A disaggregated fleet's router reads the pools' EndpointSlices with its own account: the
+    # operator creates the account, a Role and its binding, and must itself hold what the Role
+    # grants (RBAC refuses to create a Role granting more than its creator has).
+    _rule("", ["serviceaccounts"], CHILD_VERBS),
+    _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], CHILD_VERBS),
+    _rule("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"]),
     # scaledown.py: rank a pool's pods by in-flight work before the tuner scales it down;
     # tuning.py: the ready pods' IPs, to scrape their /metrics when no Prometheus is configured.
     _rule("", ["pods"], ["list", "patch"]),

@@ -3,7 +3,9 @@ that should exist. No API calls here; apply.py writes the difference.
 
 Per serving pool (colocated, or prefill and decode): an engine ConfigMap, a Deployment, a headless
 Service (one DNS record per ready pod: how the router and direct scraping find pods) and a
-PodDisruptionBudget. Disaggregated adds the router Deployment and its PDB. The Service named like
+PodDisruptionBudget. Disaggregated adds the router Deployment and its PDB, and the router's own
+ServiceAccount with a Role that reads the pools' EndpointSlices (how it finds the prefill and
+decode pods that are ready, as they come and go). The Service named like
 the InferenceService is the client endpoint (colocated pods, or the router). A PodMonitor comes
 along when the Prometheus operator is installed.
 
@@ -140,6 +142,7 @@ def desired_objects(
     entry = "colocated"
     if spec.mode == "disaggregated":
         entry = "router"
+        objects.extend(_router_account(owner))
         objects.append(_router_deployment(owner, spec))
         objects.append(_pdb(owner, "router"))
     objects.append(_service(owner, owner.name, entry, headless=False))  # the client endpoint
@@ -216,7 +219,7 @@ def _pod_template(owner: Owner, pool: str, container: dict, volumes: list[dict],
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "automountServiceAccountToken": False,  # the servers never call the API
+        "automountServiceAccountToken": False,  # the engine servers never call the API
         # Spread replicas over nodes where possible: one node going away takes few of them.
         "topologySpreadConstraints": [
             {
@@ -288,7 +291,33 @@ def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, An
     ]
     container = _server_container(spec, "router", args, spec.router.resources)
     template = _pod_template(owner, "router", container, [], None)
+    # Only the router calls the API (EndpointSlices), with a token of its own account.
+    template["spec"]["serviceAccountName"] = router_account_name(owner)
+    template["spec"]["automountServiceAccountToken"] = True
     return _deployment_object(owner, "router", spec.router.replicas, template)
+
+
+def router_account_name(owner: Owner) -> str:
+    return pool_object_name(owner, "router")
+
+
+def _router_account(owner: Owner) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding: the router may read EndpointSlices, nothing else."""
+    name = router_account_name(owner)
+    meta = _meta(owner, name, labels(owner, "router"))
+    rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        },
+    ]
 
 
 def _service(owner: Owner, name: str, pool: str, *, headless: bool) -> dict[str, Any]:

@@ -23,7 +23,9 @@ from llmfleet.operator.reconcile import (
 from llmfleet.operator.spec import parse_spec
 from llmfleet.server.config import EngineConfig
 
-EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt"]
+EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt", "local-disaggregated"]
+# The oldest Kubernetes the pods run on (preStop `sleep` is on by default from 1.30) and a recent one.
+KUBERNETES_VERSIONS = ("1.30", "1.35")
 OWNER = Owner("svc", "ml", "0c0ffee0-0000-4000-8000-000000000001")
 POD_LABELS = {
     "app.kubernetes.io/name",
@@ -53,7 +55,8 @@ def test_golden_manifests(repo_root, example):
     objects = desired_objects(owner, spec, pod_monitor=True)
     for obj in objects:
         if obj["apiVersion"] != "monitoring.coreos.com/v1":
-            kubernetes_validate.validate(obj, "1.33", strict=True)
+            for version in KUBERNETES_VERSIONS:
+                kubernetes_validate.validate(obj, version, strict=True)
         assert obj["metadata"]["ownerReferences"] == [owner.reference()]
         assert obj["metadata"]["namespace"] == "ml"
         assert obj["metadata"]["labels"]["llmfleet.io/inference-service"] == owner.name
