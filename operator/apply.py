@@ -44,7 +44,8 @@ _SUFFIX = {
 
 
 class OwnershipConflict(Exception):
-    """A same-named object exists and another controller owns it: we must not take it over."""
+    """A same-named object exists that we do not control (another controller's, or nobody's): we
+    must not take it over."""
 
 
 def quantity(value: Any) -> Decimal | None:
@@ -142,8 +143,15 @@ async def apply_all(
             current = await client.get(kind_of(obj), namespace, obj["metadata"]["name"])
             if current is not None:
                 live[ref(obj)] = current
-        owner = controller_uid(current) if current else None
-        if owner is not None and owner != owner_uid:
+        if current is None:
+            continue
+        owner = controller_uid(current)
+        if owner is None:  # made by hand or another tool (a vLLM Service being migrated): never ours to take
+            raise OwnershipConflict(
+                f"{ref(obj)} exists and no InferenceService controls it; llm-fleet does not take it over: "
+                "delete it or rename the InferenceService"
+            )
+        if owner != owner_uid:
             raise OwnershipConflict(f"{ref(obj)} exists and is controlled by another owner (uid {owner})")
 
     for obj in wanted:

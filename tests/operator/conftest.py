@@ -6,17 +6,29 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import kopf
 import pytest
+import yaml
 
+from . import crdcheck
 from .emulator import INFERENCE_SERVICES, Call, RunningCluster, kubeconfig, make_cluster, serve
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "inferenceservice.yaml"
+
+
+@functools.cache
+def _crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_FILE.read_text())
+
 
 # Read by llmfleet.operator.handlers at import: resync every 2 s, so a test sees several passes.
 os.environ.setdefault("LLMFLEET_OPERATOR_RESYNC_SECONDS", "2")
@@ -61,7 +73,12 @@ class Kube:
     def cluster(self):
         return self.running.cluster
 
-    def create(self, doc: dict[str, Any]) -> dict[str, Any]:
+    def create(self, doc: dict[str, Any], *, schema_checked: bool = True) -> dict[str, Any]:
+        """Create ``doc``; an InferenceService first passes the CRD's schema and CEL rules, as on a
+        real API server (``schema_checked=False``: what an older or hand-edited CRD lets through)."""
+        if doc["kind"] == "InferenceService" and schema_checked:
+            errors = crdcheck.validate(doc, _crd())
+            assert not errors, f"the API server would reject this InferenceService: {errors}"
         response = self.http.post(PATHS[doc["kind"]], json=doc)
         response.raise_for_status()
         return response.json()

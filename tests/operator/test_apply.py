@@ -118,6 +118,18 @@ async def test_never_takes_over_another_controllers_object(running, client):
     assert len(writes(running)) == before, "wrote something before detecting the conflict"
 
 
+async def test_never_takes_over_an_object_nobody_controls(running, client):
+    """A Service made by hand (say, the vLLM one being replaced) keeps its selector and its life."""
+    owner = await create_owner(client)
+    by_hand = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc", "namespace": "ml"},
+               "spec": {"selector": {"app": "vllm"}, "ports": [{"port": 8000}]}}  # fmt: skip
+    await client.request("POST", "/api/v1/namespaces/ml/services", body=by_hand)
+    before = len(writes(running))
+    with pytest.raises(OwnershipConflict, match="no InferenceService controls it"):
+        await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
+    assert len(writes(running)) == before
+
+
 async def test_client_errors_and_retries(running, client, monkeypatch):
     monkeypatch.setattr("llmfleet.operator.kube.RETRY_BACKOFFS", (0.01, 0.01))
     owner = await create_owner(client)

@@ -216,7 +216,9 @@ BAD_SPECS = {
 
 def test_unservable_specs_degrade_with_a_reason_and_recover(kube, operator):
     for name, (spec, _, _) in BAD_SPECS.items():
-        kube.create(inference_service(name, spec))
+        # Some of these the CRD's own rules refuse; the operator must still not trip over them
+        # (a CRD left at an older version on upgrade, a hand-edited one).
+        kube.create(inference_service(name, spec), schema_checked=False)
     for name, (_, reason, fragment) in BAD_SPECS.items():
         obj = settle(kube, name, 1)
         degraded = conditions(obj)["Degraded"]
