@@ -10,6 +10,7 @@ WORDS = ("fleet", "token", "batch", "queue", "prefill", "decode", "latency", "ca
 
 def add_arguments(parser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="base URL of the OpenAI endpoint")
+    parser.add_argument("--port", type=int, help="shorthand for --url http://127.0.0.1:PORT (as `up --port`)")
     parser.add_argument("--shape", default="chat", choices=["chat", "long-prompt", "creative"])
     parser.add_argument("--rate", type=float, default=None, help="requests/s (default: the shape's)")
     parser.add_argument("--peak-rate", type=float, help="ramp the rate linearly up to this by the end")
@@ -24,6 +25,8 @@ def run(args) -> int:
 
     import httpx
 
+    if args.port is not None:
+        args.url = f"http://127.0.0.1:{args.port}"
     try:
         summary = asyncio.run(generate_load(args))
     except httpx.HTTPError as exc:

@@ -54,6 +54,10 @@ def run(args) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    busy = _port_in_use(args.host, args.port)
+    if busy:
+        print(f"error: cannot serve on {args.host}:{args.port}: {busy}; pick another with --port", file=sys.stderr)
+        return 2
     tui = not args.no_tui and sys.stdout.isatty()
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"llm-fleet-{name}-"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +68,19 @@ def run(args) -> int:
         return asyncio.run(_serve(fleet, args, tui))
     finally:
         fleet.stop(timeout=0)  # after a clean drain a no-op; after a crash no server outlives us
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """Why the client port cannot be bound (checked before any server loads a model), or None."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 async def _serve(fleet, args, tui: bool) -> int:
@@ -90,7 +107,9 @@ async def _serve(fleet, args, tui: bool) -> int:
     url = f"http://{args.host}:{args.port}"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # Ctrl-C, a kill, or the terminal going away (the servers run in sessions of their own, so a
+    # hang-up reaches only us): all drain the fleet.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
 
     prometheus = args.prometheus_url or fleet.spec.autotune.prometheus_url

@@ -57,6 +57,10 @@ def render(fleet: LocalFleet, url: str) -> Group:
         last = Text("tuner: no change needed (" + "; ".join(decision.reasons[-2:]) + ")", style="dim")
     history = Text("\n".join(fleet.view.history[-8:]) or "-", style="dim")
     parts = [table]
+    if fleet.spec.model.builtin:
+        parts.append(Text(f"model builtin:{fleet.spec.model.builtin}: random weights, its text is gibberish "
+                          "(point spec.model at a real model for words)", style="dim"))  # fmt: skip
+    parts.append(Text(f"configs and logs: {fleet.run_dir}", style="dim"))
     if fleet.router is not None:  # disaggregated: the client-facing router in front of both pools
         state = "ready" if fleet.router.ready and fleet.router.alive else "starting"
         parts.append(Text(f"router ({fleet.spec.router.policy}): {state} at {url}", style="dim"))
