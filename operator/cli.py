@@ -45,6 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8081,
         help="serve the tuner's decision metrics (llmfleet_tuner_*) on this port; 0: off",
     )
+    parser.add_argument(
+        "--pod-monitor-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="label on the PodMonitors it creates, the one your Prometheus selects them by "
+        "(kube-prometheus-stack: release=<its release name>); repeatable",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
 
@@ -54,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
 
     from . import handlers  # noqa: F401  (registers the handlers with kopf)
 
+    labels = {}
+    for item in args.pod_monitor_label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--pod-monitor-label wants KEY=VALUE, got {item!r}")
+        labels[key] = value
     kopf.configure(verbose=args.verbose, debug=args.debug)
     namespaces = tuple(args.namespaces or ())
     kopf.run(
@@ -62,6 +76,6 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.peering is None,
         peering_name=args.peering,
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(prometheus_url=args.prometheus_url, metrics_port=args.metrics_port),
+        memo=kopf.Memo(prometheus_url=args.prometheus_url, metrics_port=args.metrics_port, pod_monitor_labels=labels),
     )
     return 0

@@ -46,7 +46,9 @@ def tuner_state(spec: InferenceServiceSpec, status: dict[str, Any]) -> TunerStat
     return TunerState.from_status(status) if spec.autotune.enabled else None
 
 
-async def converge(client: KubeClient, body: dict[str, Any], *, pod_monitor: bool) -> Outcome:
+async def converge(
+    client: KubeClient, body: dict[str, Any], *, pod_monitor: bool, pod_monitor_labels: dict[str, str] | None = None
+) -> Outcome:
     owner = owner_of(body)
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
@@ -56,7 +58,7 @@ async def converge(client: KubeClient, body: dict[str, Any], *, pod_monitor: boo
         return await _degrade(client, owner, body, err.reason, str(err))
 
     tuner = tuner_state(spec, status)
-    objects = desired_objects(owner, spec, tuner, pod_monitor=pod_monitor)
+    objects = desired_objects(owner, spec, tuner, pod_monitor=pod_monitor, pod_monitor_labels=pod_monitor_labels)
     kinds = CHILD_KINDS if pod_monitor else tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
     try:
         applied = await apply_all(client, owner.namespace, owner.uid, selector(owner), objects, kinds)

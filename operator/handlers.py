@@ -49,6 +49,7 @@ class OperatorState:
 
     client: KubeClient
     prometheus_url: str | None = None
+    pod_monitor_labels: dict[str, str] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     tuner_sessions: dict[tuple[str, str], Any] = field(default_factory=dict)  # metric sources kept between runs
     _pod_monitor: tuple[float, bool] | None = None
@@ -91,7 +92,8 @@ def login(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     configure(settings)
     url = memo.get("prometheus_url") or os.environ.get("LLMFLEET_PROMETHEUS_URL") or None
-    memo.llmfleet = OperatorState(client=KubeClient.from_environment(settings), prometheus_url=url)
+    labels = dict(memo.get("pod_monitor_labels") or {})
+    memo.llmfleet = OperatorState(KubeClient.from_environment(settings), url, pod_monitor_labels=labels)
     if memo.get("metrics_port"):
         from prometheus_client import start_http_server
 
@@ -116,7 +118,8 @@ async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: loggin
         return Outcome()  # going away: the garbage collector takes the children
     async with state.lock(meta["namespace"], meta["name"]):
         try:
-            outcome = await converge(state.client, raw, pod_monitor=await state.pod_monitor_served())
+            served = await state.pod_monitor_served()
+            outcome = await converge(state.client, raw, pod_monitor=served, pod_monitor_labels=state.pod_monitor_labels)
         except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
             raise kopf.TemporaryError(f"API server: {exc}", delay=5) from exc
     for event in outcome.events:

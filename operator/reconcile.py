@@ -131,7 +131,11 @@ def desired_objects(
     tuner: TunerState | None = None,
     *,
     pod_monitor: bool = False,
+    pod_monitor_labels: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
+    """Every object the InferenceService needs. ``pod_monitor``: add a PodMonitor (the Prometheus
+    operator is installed), with ``pod_monitor_labels`` on it (how that Prometheus selects them,
+    e.g. ``release: kube-prometheus-stack``)."""
     objects: list[dict[str, Any]] = []
     for pool in spec.active_pools:
         engine = effective_engine(spec, pool, tuner)
@@ -147,7 +151,7 @@ def desired_objects(
         objects.append(_pdb(owner, "router"))
     objects.append(_service(owner, owner.name, entry, headless=False))  # the client endpoint
     if pod_monitor:
-        objects.append(_pod_monitor(owner))
+        objects.append(_pod_monitor(owner, pod_monitor_labels or {}))
     return objects
 
 
@@ -344,7 +348,7 @@ def _pdb(owner: Owner, pool: str) -> dict[str, Any]:
     }
 
 
-def _pod_monitor(owner: Owner) -> dict[str, Any]:
+def _pod_monitor(owner: Owner, extra_labels: dict[str, str]) -> dict[str, Any]:
     def copy_label(source: str, target: str) -> dict[str, Any]:
         return {"sourceLabels": [source], "targetLabel": target, "action": "replace"}
 
@@ -357,7 +361,7 @@ def _pod_monitor(owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _meta(owner, owner.name, owner_labels(owner)),
+        "metadata": _meta(owner, owner.name, {**extra_labels, **owner_labels(owner)}),
         "spec": {
             "selector": {"matchLabels": selector(owner)},
             "podMetricsEndpoints": [

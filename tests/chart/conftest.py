@@ -38,6 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "peering-namespaces": {"peering": {"enabled": True}, "watchNamespaces": WATCHED},
     "dashboards": {"grafana": {"dashboards": {"enabled": True}}},
     "prometheus-rule": {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}}},
+    "pod-monitor-labels": {"podMonitorLabels": {"release": "kube-prometheus-stack"}},
     "own-account": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops-bot"}},
 }
 

@@ -107,6 +107,12 @@ def test_listed_namespaces_and_prometheus_url(render) -> None:
     assert env_of(container)["LLMFLEET_PROMETHEUS_URL"] == "http://prometheus.monitoring:9090"
 
 
+def test_pod_monitor_labels_reach_the_operator(render) -> None:
+    args = operator_container(render(VARIANTS["pod-monitor-labels"]))["args"]
+    assert "--pod-monitor-label=release=kube-prometheus-stack" in args
+    assert not [a for a in operator_container(render({}))["args"] if a.startswith("--pod-monitor-label")]
+
+
 def test_peering_mode(render) -> None:
     docs = render(VARIANTS["peering"])
     args = operator_container(docs)["args"]

@@ -49,6 +49,14 @@ def test_namespaces_peering_liveness_and_prometheus(kopf_run, monkeypatch):
     assert first["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
     assert first["memo"].prometheus_url == "http://from-env:9090"
     assert second["memo"].prometheus_url == "http://prometheus.monitoring:9090"
+    assert second["memo"].pod_monitor_labels == {}
+
+
+def test_pod_monitor_labels(kopf_run):
+    assert main(["operator", "--pod-monitor-label", "release=kps", "--pod-monitor-label", "team=ml"]) == 0
+    assert kopf_run[0]["memo"].pod_monitor_labels == {"release": "kps", "team": "ml"}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        main(["operator", "--pod-monitor-label", "release"])
 
 
 @pytest.mark.parametrize("argv", [["--standalone", "--peering", "x"], ["-A", "-n", "ml"]])

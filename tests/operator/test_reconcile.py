@@ -85,6 +85,14 @@ def test_object_set_per_mode(repo_root):
     assert set(by_kind(objects, "ConfigMap")) == {"rag-prefill-engine", "rag-decode-engine"}
     assert set(by_kind(objects, "PodDisruptionBudget")) == {"rag-prefill", "rag-decode", "rag-router"}
     assert set(by_kind(objects, "PodMonitor")) == {"rag"}
+    labelled = desired_objects(owner, spec, pod_monitor=True, pod_monitor_labels={"release": "kps"})
+    assert by_kind(labelled, "PodMonitor")["rag"]["metadata"]["labels"]["release"] == "kps"
+    assert set(by_kind(objects, "ServiceAccount")) == set(by_kind(objects, "Role")) == {"rag-router"}
+    binding = by_kind(objects, "RoleBinding")["rag-router"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rag-router", "namespace": "ml"}]
+    router_pod = by_kind(objects, "Deployment")["rag-router"]["spec"]["template"]["spec"]
+    assert router_pod["serviceAccountName"] == "rag-router" and router_pod["automountServiceAccountToken"]
+    assert not by_kind(objects, "Deployment")["rag-decode"]["spec"]["template"]["spec"]["automountServiceAccountToken"]
     services = by_kind(objects, "Service")
     assert set(services) == {"rag", "rag-prefill", "rag-decode"}
     assert services["rag"]["spec"]["selector"]["llmfleet.io/pool"] == "router"
