@@ -52,6 +52,7 @@ class PrometheusProcess:
         scrape_interval: str = "1s",
         rule_files: Sequence[Path] = (),
         log_path: Path | None = None,
+        file_sd: Sequence[Path] = (),
     ) -> None:
         self.binary = require_prometheus()
         self.port = free_port()
@@ -70,6 +71,15 @@ class PrometheusProcess:
                 }
             ],
         }
+        if file_sd:  # targets from files (the local fleet's), re-read when they change
+            config["scrape_configs"].append(
+                {
+                    "job_name": "llm-fleet-files",
+                    "scrape_interval": scrape_interval,
+                    "scrape_timeout": scrape_interval,
+                    "file_sd_configs": [{"files": [str(f) for f in file_sd], "refresh_interval": "1s"}],
+                }
+            )
         self.config_path = self._dir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None

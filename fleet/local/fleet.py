@@ -10,6 +10,7 @@ decision lands as a config-file write (knobs, applied live) or as processes star
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ class LocalFleet:
         self.autotuner: Autotuner | None = None
         self.router: ServerProcess | None = None
         self.endpoints_file = run_dir / "endpoints.yaml"
+        # Prometheus file_sd targets, labelled as the PodMonitor labels pods in the cluster: a
+        # Prometheus reading this file serves `--prometheus-url` the same PromQL as in the cluster.
+        self.targets_file = run_dir / "prometheus-targets.json"
         self.view = FleetView()
         self._router_failed_starts = 0  # in a row, as for the pools' servers
         self._next_tune = time.monotonic() + spec.autotune.interval_seconds
@@ -114,7 +118,8 @@ class LocalFleet:
         return [f"{url}/metrics" for url in pool.ready_urls()] if pool else []
 
     def supervise(self) -> None:
-        """Reap drained and crashed servers, keep the router's endpoints current.
+        """Reap drained and crashed servers, keep the router's endpoints and the Prometheus targets
+        current.
 
         Raises StartFailed when a pool's servers or the router keep exiting before they are ready."""
         for pool in self.pools.values():
@@ -122,6 +127,7 @@ class LocalFleet:
                 self._note(f"{pool.name}: {note}")
         if self.spec.mode == "disaggregated":
             self._write_endpoints()
+        self._write_targets()
         router = self.router
         if router is not None and not router.ready and router.poll_ready():
             self._router_failed_starts = 0
@@ -169,16 +175,30 @@ class LocalFleet:
 
     def _write_endpoints(self) -> None:
         endpoints = {name: pool.ready_urls() for name, pool in self.pools.items()}
-        text = yaml.safe_dump(endpoints)
-        if not self.endpoints_file.exists() or self.endpoints_file.read_text() != text:
-            tmp = self.endpoints_file.with_suffix(".tmp")
-            tmp.write_text(text)
-            tmp.replace(self.endpoints_file)
+        _replace_if_changed(self.endpoints_file, yaml.safe_dump(endpoints))
+
+    def _write_targets(self) -> None:
+        groups = [
+            {
+                "targets": [url.removeprefix("http://") for url in pool.ready_urls()],
+                "labels": {"namespace": NAMESPACE, "inference_service": self.name, "pool": name},
+            }
+            for name, pool in self.pools.items()
+        ]
+        _replace_if_changed(self.targets_file, json.dumps(groups, indent=1))
 
     def _note(self, line: str) -> None:
         log.info("%s", line)
         self.view.history.append(f"{time.strftime('%H:%M:%S')} {line}")
         del self.view.history[:-50]
+
+
+def _replace_if_changed(path: Path, text: str) -> None:
+    """Readers (the router, Prometheus) see the old file or the new one, never half of one."""
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
 
 
 def router_args(name: str, spec: InferenceServiceSpec, endpoints_file: Path) -> list[str]:

@@ -123,6 +123,7 @@ async def _serve(fleet, args, tui: bool) -> int:
         front.capture_signals = contextlib.nullcontext  # ours handle Ctrl-C: the fleet drains first
         front_task = asyncio.create_task(front._serve())
     log.info("InferenceService %s: starting %s; logs and configs in %s", fleet.name, fleet.spec.mode, fleet.run_dir)
+    log.info("Prometheus can scrape the servers through file_sd: %s", fleet.targets_file)
     announced = False
     live = Live(render(fleet, url), console=Console(), refresh_per_second=2) if tui else None
     failure = None

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -226,3 +229,56 @@ def test_up_refuses_a_busy_port_before_loading_anything(tmp_path):
         result = subprocess.run([sys.executable, "-m", "llmfleet.cli", "up", "--port", str(port), "--no-tui"],
                                 capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2 and f"127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
+
+
+def test_prometheus_url_reads_the_fleet_through_its_targets_file(tmp_path):
+    """A Prometheus that reads the fleet's file_sd targets answers the tuner's PromQL, labels and
+    all, as in the cluster: `up --prometheus-url` tunes from it."""
+    from llmfleet.operator.prometheus_source import PrometheusSource
+
+    from ..prometheus_support import PrometheusProcess
+
+    name, spec = load_service(None)
+    fleet = LocalFleet(name, spec, tmp_path, free_port())
+    try:
+        fleet.start()
+        deadline = time.monotonic() + 120
+        while not fleet.serving():
+            assert time.monotonic() < deadline, fleet.view.history
+            fleet.supervise()
+            time.sleep(0.2)
+        fleet.supervise()
+        (group,) = json.loads(fleet.targets_file.read_text())
+        assert group["labels"] == {"namespace": "local", "inference_service": "tiny", "pool": "colocated"}
+        with PrometheusProcess([], file_sd=[fleet.targets_file]) as prometheus, _traffic(fleet.ready_backends()[0]):
+            deadline = time.monotonic() + 60
+            while not prometheus.query('vllm:time_to_first_token_seconds_count{pool="colocated"} > 0'):
+                assert time.monotonic() < deadline, "Prometheus never saw a first token"
+                time.sleep(0.5)
+            time.sleep(spec.autotune.interval_seconds)  # a window of traffic for rates and quantiles
+            asyncio.run(fleet.tune(PrometheusSource(prometheus.url)))
+        metrics = fleet.view.last_metrics["colocated"]
+        assert metrics.ttft.p95 is not None and metrics.itl.p95 is not None, metrics
+        assert metrics.request_rate > 0
+    finally:
+        fleet.stop(timeout=10)
+
+
+@contextlib.contextmanager
+def _traffic(url: str):
+    """One client streaming short completions until the block ends."""
+    stop = threading.Event()
+
+    def client() -> None:
+        body = {"model": "tiny", "prompt": "scrape me", "max_tokens": 8, "stream": True}
+        while not stop.is_set():
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+                list(response.iter_lines())
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
