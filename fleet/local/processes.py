@@ -33,7 +33,13 @@ class ServerProcess:
     """One `llm-fleet serve` on loopback; its output goes to ``log_path``."""
 
     def __init__(
-        self, name: str, args: list[str], log_path: Path, port: int | None = None, host: str = "127.0.0.1"
+        self,
+        name: str,
+        args: list[str],
+        log_path: Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.port = port or free_port()
@@ -42,7 +48,12 @@ class ServerProcess:
         command = [sys.executable, "-m", "llmfleet.cli", "serve", "--host", host, "--port", str(self.port)]
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                command + args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                command + args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         self.started = time.monotonic()
         self.ready = False
