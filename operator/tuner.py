@@ -17,7 +17,10 @@ owns TTFT and ``decode`` owns ITL):
 - **batchTimeoutMs (the prefill coalescing window) against TTFT and queue time** (colocated,
   prefill). TTFT p95 > SLO, or queue time >= 50% of TTFT while TTFT >= 0.5 SLO: halve it (below
   1 ms: its minimum). TTFT p95 plus one step still < 0.5 SLO and ITL < 0.8 SLO: +5 ms (more
-  coalescing). Short prompts (chat) make queueing the bulk of TTFT, so their window shrinks.
+  coalescing), but only while prompts arrive often enough to coalesce (at least 0.2 more per
+  pod expected within the window): a window that holds nothing back only adds latency. Short
+  prompts (chat) make queueing the bulk of TTFT, so their window shrinks. A queue p95 above the
+  TTFT p95 (possible only through coarse histogram buckets) is not read as a queue share.
 - **maxNumBatchedTokens, the step's token budget** (colocated, prefill). ITL over SLO with
   prefill-heavy steps (tokens per step >= 2x running sequences): x0.75, never below the batch
   size, instead of shrinking the batch. TTFT over SLO while prefill-bound (queue < 50% of TTFT)
@@ -27,7 +30,11 @@ owns TTFT and ``decode`` owns ITL):
   per-replica decode capacity (decode), or both summed (colocated). The prefill:decode ratio
   follows from the two, as in NVIDIA Dynamo's planner. Capacities start from a default guess and
   follow an EWMA of the observed throughput per replica whenever a pool is saturated (a queue of
-  at least one request per pod); a pool outrunning its estimate raises it at once. Demand is
+  at least one request per pod); a pool outrunning its estimate raises it at once. A pool that
+  violates an owned SLO with its protecting knob at its limit is saturated for latency: its
+  per-pod load becomes the estimate's upper bound at once (capacity at the SLO, which for short
+  chat or long RAG prompts is well below raw throughput). Per-pod rates are only measured once
+  the ready pod count has held for a whole metric window. Demand is
   served throughput, so a saturated pool (served/capacity ~ pods) still grows by the headroom,
   and the waiting requests' tokens count too, as demand to drain within ``backlog_drain_s`` (60).
   One more replica when an owned SLO is violated and its knob is already at its limit (for ITL,
@@ -142,7 +149,7 @@ class Tuner:
         demand: dict[str, tuple[float, str]] = {}
         for name in names:
             pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits)
-            capacity = self._update_capacity(name, pool, mem, lines)
+            capacity, measurable = self._update_capacity(name, pool, mem, lines)
             proposals = self._knob_proposals(name, pool, slo)
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
@@ -150,6 +157,8 @@ class Tuner:
             if units is not None:
                 demand[name] = units
             settings[name] = self._act(name, REPLICAS, settings[name], replicas, mem, now, changes, lines)
+            if measurable:
+                self._latency_saturation(name, pool, slo, capacity, proposals, lines)
             inputs[name]["capacity"] = {"promptTokensPerS": round(capacity.prompt_tps, 1),
                                         "generationTokensPerS": round(capacity.generation_tps, 1)}  # fmt: skip
         if "prefill" in demand and "decode" in demand:
@@ -250,7 +259,7 @@ class Tuner:
         ttft, target_ms = _ms(m.ttft.p95), slo.ttft_p95_ms
         if ttft is None:
             return Proposal(cur, f"TTFT p95 unknown ({m.why_missing('ttft')})")
-        queue = _ms(m.queue_time.p95)
+        queue = _queue_ms(m)
         share = queue / ttft if queue is not None and ttft > 0 else None
         over = ttft > target_ms
         queue_bound = share is not None and share >= c.queue_dominant_fraction and ttft >= c.ttft_low_water * target_ms
@@ -283,6 +292,15 @@ class Tuner:
                     cur, f"{why}, but ITL p95 {shown} is not < {c.itl_low_water:g} x SLO {_fmt_ms(slo.itl_p95_ms)} ms"
                 )
             why += f" and ITL p95 {_fmt_ms(itl)} ms < {c.itl_low_water:g} x SLO {_fmt_ms(slo.itl_p95_ms)} ms"
+        pods = max(m.ready_pods or 1, 1)
+        expected = None if m.request_rate is None else m.request_rate / pods * (cur + step) / 1000.0
+        if expected is None or expected < c.window_coalesce_min:
+            shown = "unknown" if expected is None else f"{expected:.2f}"
+            return Proposal(
+                cur,
+                f"{why}, but a {_num(round(cur + step, 1))} ms window would coalesce {shown} more prompts per pod "
+                f"(< {c.window_coalesce_min:g}): it would only add latency",
+            )
         new = allowed.clamp(round(cur + step, 1))
         if new <= cur:
             return Proposal(cur, f"{why} with {TIMEOUT} at its maximum {_num(allowed.high)}")
@@ -309,7 +327,7 @@ class Tuner:
         if ttft <= slo.ttft_p95_ms:
             return Proposal(cur, f"TTFT p95 {_fmt_ms(ttft)} ms <= SLO {_fmt_ms(slo.ttft_p95_ms)} ms")
         why = f"TTFT p95 {_fmt_ms(ttft)} ms > SLO {_fmt_ms(slo.ttft_p95_ms)} ms"
-        queue = _ms(m.queue_time.p95)
+        queue = _queue_ms(m)
         if queue is None or queue >= c.queue_dominant_fraction * ttft:
             return Proposal(cur, f"{why}, but it is not prefill-bound (queue p95 {_opt(queue)} ms)")
         prompt = m.mean_prompt_tokens()
@@ -405,22 +423,38 @@ class Tuner:
             ratios.append(m.itl.p95 * 1000.0 / slo.itl_p95_ms)
         return max(ratios)
 
-    def _update_capacity(self, name: str, pool: PoolInput, mem: TunerMemory, lines: list[str]) -> Capacity:
+    def _update_capacity(self, name: str, pool: PoolInput, mem: TunerMemory, lines: list[str]) -> tuple[Capacity, bool]:
         """Per-replica throughput: EWMA of what a saturated pool does; an unsaturated pool that
-        already outruns the estimate raises it at once (its throughput is a lower bound)."""
+        already outruns the estimate raises it at once (its throughput is a lower bound).
+
+        Per-pod rates are the window's throughput over the pods ready now, so they are only
+        measured once the ready count has held for a whole window: right after a new pod joins
+        they would under-count (the window's tokens came from fewer pods), right after one left,
+        over-count. Returns the capacity and whether this snapshot could measure it."""
         c, m = self.config, pool.metrics
         capacity = mem.capacity.setdefault(name, Capacity(prompt_tps=c.prefill_capacity_tps,
                                                           generation_tps=c.decode_capacity_tps))  # fmt: skip
         pods = m.ready_pods or 0
         if pods <= 0 or (capacity.updated_at is not None and m.at <= capacity.updated_at):
-            return capacity
+            return capacity, False
+        if capacity.pods != pods:  # a fresh memory (pods None) assumes the count it first sees has held
+            capacity.pods_since = m.at if capacity.pods is not None else None
+            capacity.pods = pods
+        held = math.inf if capacity.pods_since is None else m.at - capacity.pods_since
+        if held < m.window_s:
+            capacity.updated_at = m.at
+            lines.append(
+                f"{name}: per-replica capacity not measured: {pods} ready pods for {held:.0f} s "
+                f"(< the {m.window_s:.0f} s window)"
+            )
+            return capacity, False
         saturated = self._saturation(name, pool)
         prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
         generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
         before = (capacity.prompt_tps, capacity.generation_tps)
         if name == "colocated":
             if prompt is None or generation is None or prompt + generation <= 0:
-                return capacity
+                return capacity, True
             load = prompt / capacity.prompt_tps + generation / capacity.generation_tps  # replicas busy, each
             factor = (1 - c.capacity_ewma) + c.capacity_ewma * load if saturated else max(load, 1.0)
             capacity.prompt_tps *= factor
@@ -429,7 +463,7 @@ class Tuner:
             observed = prompt if name == "prefill" else generation
             attr = "prompt_tps" if name == "prefill" else "generation_tps"
             if observed is None or observed <= 0:
-                return capacity
+                return capacity, True
             old = getattr(capacity, attr)
             new = (1 - c.capacity_ewma) * old + c.capacity_ewma * observed if saturated else max(old, observed)
             setattr(capacity, attr, new)
@@ -447,7 +481,64 @@ class Tuner:
                 moved.append(f"{before[1]:.0f} -> {capacity.generation_tps:.0f} generation tok/s")
             why = saturated or "throughput above the estimate"
             lines.append(f"{name}: per-replica capacity {', '.join(moved)} ({why})")
-        return capacity
+        return capacity, True
+
+    def _latency_saturation(
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        capacity: Capacity,
+        knobs: Mapping[str, Proposal],
+        lines: list[str],
+    ) -> None:
+        """A pool that violates an SLO it owns with the knob that protects it at its limit is
+        saturated for latency: one replica cannot serve its current share of the traffic within
+        the SLO, so that share is an upper bound on the capacity that counts (capacity at the
+        SLO, not raw throughput: short-prompt chat or long-prompt RAG can break a TTFT SLO well
+        below a pod's token throughput). The estimate drops to it at once, for the next runs
+        (this run's replica decision, one more replica, is already made): without that, the
+        replica count computed from throughput alone scales back down to the count that broke
+        the SLO as soon as the stabilization window allows. It rises again only when pods are
+        seen serving more (``_update_capacity``). Not for ITL over SLO at the minimum batch
+        without a queue: that is the step time, not the load."""
+        c, m = self.config, pool.metrics
+        exhausted = [knob for knob, p in knobs.items() if p.exhausted]
+        pods = m.ready_pods or 0
+        waiting = (m.waiting or 0.0) / max(pods, 1)
+        if not exhausted or pods <= 0 or self._saturation(name, pool):
+            return  # nothing exhausted, or a queue already made this run's measurement
+        if all(k == MAX_BATCH for k in exhausted) and waiting < c.queue_per_pod:
+            return
+        prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
+        generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
+        before = (capacity.prompt_tps, capacity.generation_tps)
+        if name == "colocated":
+            if prompt is None or generation is None or prompt + generation <= 0:
+                return
+            load = prompt / capacity.prompt_tps + generation / capacity.generation_tps
+            if load >= 1.0:
+                return  # the estimate already says one replica is full at this load
+            capacity.prompt_tps *= load
+            capacity.generation_tps *= load
+        else:
+            observed = prompt if name == "prefill" else generation
+            attr = "prompt_tps" if name == "prefill" else "generation_tps"
+            old = getattr(capacity, attr)
+            if observed is None or observed <= 0 or observed >= old:
+                return
+            setattr(capacity, attr, observed)
+        capacity.observations += 1
+        ratio = self._owned_latency_ratio(name, m, slo)
+        moved = []
+        if name != "decode":
+            moved.append(f"{before[0]:.0f} -> {capacity.prompt_tps:.0f} prompt tok/s")
+        if name != "prefill":
+            moved.append(f"{before[1]:.0f} -> {capacity.generation_tps:.0f} generation tok/s")
+        lines.append(
+            f"{name}: per-replica capacity {', '.join(moved)} (saturated for latency: {ratio:.2f}x the SLO with "
+            f"{', '.join(exhausted)} at its limit)"
+        )
 
     def _saturation(self, name: str, pool: PoolInput) -> str:
         """Why the pool counts as saturated (its throughput is its capacity), or '' if it does not."""
@@ -537,6 +628,16 @@ class Tuner:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
+
+
+def _queue_ms(m: PoolMetrics) -> float | None:
+    """Queue time p95 in ms, or None when it cannot be right: every request's queue time is part
+    of its TTFT, so a queue p95 above the TTFT p95 only comes from interpolating inside coarse
+    histogram buckets (vLLM's queue-time buckets start at 300 ms) and says nothing about the share."""
+    queue, ttft = _ms(m.queue_time.p95), _ms(m.ttft.p95)
+    if queue is not None and ttft is not None and queue > ttft:
+        return None
+    return queue
 
 
 def _fmt_ms(value: float) -> str:

@@ -56,6 +56,8 @@ class Capacity(BaseModel):
     generation_tps: float
     observations: int = 0
     updated_at: float | None = None
+    pods: int | None = None  # ready pods at the last run, and since when (per-pod rates need a steady count)
+    pods_since: float | None = None
 
 
 class DecisionRecord(BaseModel):

@@ -146,6 +146,7 @@ class TunerConfig:
     timeout_snap_ms: float = 1.0
     ttft_low_water: float = 0.5
     queue_dominant_fraction: float = 0.5
+    window_coalesce_min: float = 0.2  # grow the window only if it expects this many more prompts per pod
     # maxNumBatchedTokens
     budget_increase_factor: float = 2.0
     budget_decrease_factor: float = 0.75
