@@ -97,14 +97,18 @@ class SimResult:
     pod_lifetimes: list[tuple[str, str, float, float]]  # pod, pool, created, stopped (or the end)
     options: SimOptions
     notes: dict[str, Any] = field(default_factory=dict)
+    measure_from: float = 0.0  # the report leaves out what came before (a warm-up)
 
     @property
     def conserved(self) -> bool:
         """Every arrival is accounted for exactly once."""
         return all(r.status in ("finished", "rejected", "aborted", "unfinished") for r in self.records)
 
-    def replica_seconds(self, pool: str | None = None) -> float:
-        return sum(stop - start for _, p, start, stop in self.pod_lifetimes if pool is None or p == pool)
+    def replica_seconds(self, pool: str | None = None, since: float = 0.0) -> float:
+        """Pod-seconds paid for (starting, ready and draining pods), from ``since`` on."""
+        return sum(
+            max(0.0, stop - max(start, since)) for _, p, start, stop in self.pod_lifetimes if pool is None or p == pool
+        )
 
 
 @dataclass
@@ -286,6 +290,7 @@ class Fleet:
             self._close(record, "rejected", f"400 from {pod.name}: {exc}")
             return
         self._live[(pod.name, str(record.index))] = record
+        record.pod, record.dispatched_at = pod.name, self.now
         self._kick(pod)
 
     def _pick(self, pool: SimPool) -> SimPod | None:

@@ -47,6 +47,8 @@ class RequestRecord:
     token_times: list[float] = field(default_factory=list)
     status: str = "unfinished"
     detail: str = ""
+    pod: str = ""  # the pod that served it (the decode pod in disaggregated mode)
+    dispatched_at: float | None = None  # when the router handed it to that pod
 
     @property
     def ttft(self) -> float | None:

@@ -9,6 +9,10 @@ history; printed, as JSON, and as a PNG plot of latency, replicas and knobs over
   target is the ITL SLO), per second of the trace.
 - **Direction changes**: per controlled quantity, the most reversals (up then down, or down
   then up) within any stabilization window (the spec's ``scaleDownStabilizationSeconds``).
+
+A run with a warm-up (``SimResult.measure_from``) is reported from there on: minutes, latencies
+and goodput of the requests that arrived after it, replica-minutes paid after it, and direction
+changes of the decisions made after it.
 """
 
 from __future__ import annotations
@@ -33,21 +37,27 @@ def nearest_rank(values: Iterable[float], q: float) -> float | None:
 
 
 def per_minute(result: SimResult) -> list[dict[str, Any]]:
-    minutes = max(1, math.ceil(result.last_arrival / 60.0 + 1e-9))
+    """One row per minute of the trace after ``measure_from`` (``minute`` counts from there)."""
+    start = result.measure_from
+    minutes = max(1, math.ceil((result.last_arrival - start) / 60.0 + 1e-9))
+
+    def minute(t: float) -> int:
+        return int((t - start) // 60) if t >= start else -1
+
     ttft: list[list[float]] = [[] for _ in range(minutes)]
     itl: list[list[float]] = [[] for _ in range(minutes)]
     for r in result.records:
-        m = int(r.arrival // 60)
-        if m < minutes:
+        m = minute(r.arrival)
+        if 0 <= m < minutes:
             ttft[m].append(r.ttft if r.ttft is not None else math.inf)
-        for a, b in zip(r.token_times, r.token_times[1:], strict=False):
-            k = int(b // 60)
-            if k < minutes:
+        for a, b in itertools.pairwise(r.token_times):
+            k = minute(b)
+            if 0 <= k < minutes:
                 itl[k].append(b - a)
     replicas: list[list[float]] = [[] for _ in range(minutes)]
     for point in result.timeline:
-        m = int(point.at // 60)
-        if m < minutes:
+        m = minute(point.at)
+        if 0 <= m < minutes:
             replicas[m].append(sum(p["ready"] + p["starting"] + p["draining"] for p in point.pools.values()))
     rows = []
     for m in range(minutes):
@@ -68,7 +78,8 @@ def per_minute(result: SimResult) -> list[dict[str, Any]]:
 
 
 def direction_changes(result: SimResult, window_s: float) -> dict[str, int]:
-    """Most reversals of each quantity (pool/knob) within any ``window_s`` of the run."""
+    """Most reversals of each quantity (pool/knob) within any ``window_s`` of the run (after
+    ``measure_from``; the move before the first one counted sets the direction)."""
     moves: dict[str, list[tuple[float, int]]] = {}
     for record in result.decisions:
         for change in record.changes:
@@ -76,7 +87,7 @@ def direction_changes(result: SimResult, window_s: float) -> dict[str, int]:
             moves.setdefault(f"{change['pool']}/{change['knob']}", []).append((record.at, direction))
     out = {}
     for key, seq in moves.items():
-        flips = [t for (_, d0), (t, d1) in itertools.pairwise(seq) if d1 != d0]
+        flips = [t for (_, d0), (t, d1) in itertools.pairwise(seq) if d1 != d0 and t >= result.measure_from]
         out[key] = max((sum(1 for u in flips if t <= u < t + window_s) for t in flips), default=0)
     return out
 
@@ -84,12 +95,13 @@ def direction_changes(result: SimResult, window_s: float) -> dict[str, int]:
 def summarize(result: SimResult) -> dict[str, Any]:
     import numpy as np
 
-    records = result.records
+    start = result.measure_from
+    records = [r for r in result.records if r.arrival >= start]
     status: dict[str, int] = {}
     for r in records:
         status[r.status] = status.get(r.status, 0) + 1
     served = [r for r in records if r.token_times]
-    duration = max(result.last_arrival, 1e-9)
+    duration = max(result.last_arrival - start, 1e-9)
     tokens = sum(len(r.token_times) for r in served)
     ttft = [r.ttft for r in served]
     e2e = [r.e2e for r in served if r.status == "finished"]
@@ -116,9 +128,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "requests": len(records),
         "status": status,
         "conserved": result.conserved,
-        "duration_s": result.last_arrival,
+        "measured_from_s": start,
+        "duration_s": result.last_arrival - start,
         "end_s": result.end,
-        "throughput_tok_s": tokens / max(result.end, 1e-9),
+        "throughput_tok_s": tokens / max(result.end - start, 1e-9),
         "ttft_p50_s": pct(ttft, 50),
         "ttft_p95_s": pct(ttft, 95),
         "ttft_p99_s": pct(ttft, 99),
@@ -131,8 +144,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "slo_minutes": len(judged),
         "slo_minutes_met": sum(1 for m in judged if m["met"]),
         "slo_attainment": sum(1 for m in judged if m["met"]) / len(judged) if judged else 1.0,
-        "replica_minutes": result.replica_seconds() / 60.0,
-        "replica_minutes_by_pool": {p: result.replica_seconds(p) / 60.0 for p in pools},
+        "replica_minutes": result.replica_seconds(since=start) / 60.0,
+        "replica_minutes_by_pool": {p: result.replica_seconds(p, since=start) / 60.0 for p in pools},
         "decisions": len(result.decisions),
         "max_direction_changes_per_window": max(flips.values(), default=0),
         "direction_changes": flips,
@@ -165,8 +178,9 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.0f} ms"
 
+    warm = f" after a {s['measured_from_s']:.0f} s warm-up" if s["measured_from_s"] else ""
     print(f"== {s['name']}: {s['mode']}, controller {s['controller']}, {s['requests']} requests over "
-          f"{s['duration_s']:.0f} s (done at {s['end_s']:.0f} s): {s['status']}")  # fmt: skip
+          f"{s['duration_s']:.0f} s{warm} (done at {s['end_s']:.0f} s): {s['status']}")  # fmt: skip
     print(f"   SLO p95 TTFT {ms(s['slo']['ttft_p95_s'])}, ITL {ms(s['slo']['itl_p95_s'])}: met in "
           f"{s['slo_minutes_met']}/{s['slo_minutes']} minutes ({s['slo_attainment']:.1%})")  # fmt: skip
     print(f"   TTFT p50/p95/p99 {ms(s['ttft_p50_s'])}/{ms(s['ttft_p95_s'])}/{ms(s['ttft_p99_s'])}; "

@@ -28,7 +28,10 @@ def simulate(
     name: str = "sim",
     hpa: HPAConfig | None = None,
     tuner: TunerConfig | None = None,
+    measure_from: float = 0.0,
 ) -> SimResult:
+    """Run ``requests`` through a fleet of ``spec`` under ``controller``; the report covers what
+    happens from ``measure_from`` on (after a warm-up)."""
     if controller == "tuner":
         factory = lambda fleet: TunerController(fleet, tuner)  # noqa: E731
     elif controller == "hpa":
@@ -39,6 +42,7 @@ def simulate(
         raise ValueError(f"unknown controller {controller!r}: tuner, hpa or fixed")
     result = Fleet(spec, cost, requests, options, factory, name=name).run()
     result.notes["stabilization_window_s"] = float(spec.autotune.scale_down_stabilization_seconds)
+    result.measure_from = measure_from
     return result
 
 

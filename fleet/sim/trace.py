@@ -101,3 +101,23 @@ def describe(workload: Workload | PhasedWorkload) -> str:
     if workload.output_mean is not None:
         lengths += f" (exponential mean {workload.output_mean:g})"
     return f"{workload.name}: {workload.num_requests} requests, Poisson {workload.rate_per_s:g}/s; {lengths}"
+
+
+def with_warmup(workload: Workload | PhasedWorkload, warmup_s: float, seed: int = 1000) -> list[RequestSpec]:
+    """``warmup_s`` seconds of the workload's lengths at its opening rate, then the workload
+    itself shifted by ``warmup_s``: a fleet that has been serving for a while when it starts."""
+    requests = workload.requests()
+    if warmup_s <= 0:
+        return requests
+    if isinstance(workload, PhasedWorkload):
+        rate = workload.phases[0][1]
+        base = Workload("warm-up", 0, prompt_len=workload.prompt_len, output_len=workload.output_len,
+                        output_mean=workload.output_mean)  # fmt: skip
+    else:
+        rate = workload.rate_per_s or 1.0
+        base = workload
+    count = max(1, round(rate * warmup_s * 1.5))  # enough arrivals to cover the warm-up; the rest are cut
+    warm = [
+        r for r in replace(base, rate_per_s=rate, num_requests=count, seed=seed).requests() if r.arrival_s < warmup_s
+    ]
+    return warm + [RequestSpec(r.arrival_s + warmup_s, r.prompt_len, r.output_len) for r in requests]
