@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-HELP = "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies) or server"
+HELP = (
+    "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "
+    "sim-fidelity (real engine vs simulator) or tuner (closed loop vs fixed configs vs HPA, simulated)"
+)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("which", nargs="?", default="engine", choices=["engine", "server"], help="benchmark to run")
+    from . import sim_fidelity, tuner_eval
+
+    parser.add_argument(
+        "which", nargs="?", default="engine", choices=["engine", "server", "sim-fidelity", "tuner"], help="benchmark"
+    )
     parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has it natively, else float32")
     parser.add_argument("--out", default="bench/results", help="directory for JSON and PNG")
@@ -20,6 +27,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--clients", type=int, default=32, help="server bench: concurrent streaming clients")
     parser.add_argument("--port", type=int, default=0, help="server bench: port for the server (0: a free one)")
     parser.add_argument("--rounds", type=int, default=2, help="server bench: alternating rounds per contender")
+    sim_fidelity.add_arguments(parser)
+    tuner_eval.add_arguments(parser)
 
 
 def run(args) -> int:
@@ -27,6 +36,14 @@ def run(args) -> int:
         from .server_bench import run as run_server
 
         return run_server(args)
+    if args.which == "sim-fidelity":
+        from .sim_fidelity import run as run_fidelity
+
+        return run_fidelity(args)
+    if args.which == "tuner":
+        from .tuner_eval import run as run_tuner
+
+        return run_tuner(args)
     from .engine_bench import run as run_engine
 
     return run_engine(args)
