@@ -20,6 +20,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--duration", type=float, help="seconds of built-in workload (default: its own length)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the built-in workload's rates")
     parser.add_argument("--seed", type=int, help="workload seed (default: the workload's)")
+    parser.add_argument(
+        "--warmup", type=float, default=0.0, help="serve the workload's opening rate this long first, unreported"
+    )
     parser.add_argument("--save-trace", help="write the trace used as JSONL")
     parser.add_argument("--profile", help="cost profile (default $LLMFLEET_CACHE/calibration/<model>.json)")
     parser.add_argument(
@@ -38,14 +41,20 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from llmfleet.operator.spec import SpecError
+
     from .cost_model import CostModel, default_profile_path
     from .fleet import SimOptions
     from .hpa import HPAConfig
     from .report import print_summary, save_plot, summarize, write_json
     from .simulate import read_service, simulate
-    from .trace import builtin_workload, describe, read_trace, write_trace
+    from .trace import TraceError, builtin_workload, describe, read_trace, with_warmup, write_trace
 
-    name, spec = read_service(args.file)
+    try:
+        name, spec = read_service(args.file)
+    except (OSError, ValueError, SpecError) as exc:
+        print(f"cannot simulate {args.file}: {exc}")
+        return 2
     model = spec.model.server_arg
     profile = Path(args.profile) if args.profile else default_profile_path(model)
     if not profile.is_file():
@@ -54,15 +63,21 @@ def run(args) -> int:
             f"no cost profile at {profile}: run `llm-fleet calibrate --model {model}{quick}` first, or pass --profile"
         )
         return 2
-    cost = CostModel.load(profile)
+    try:
+        cost = CostModel.load(profile)
+        requests = read_trace(args.trace) if args.trace else []
+    except (TraceError, ValueError) as exc:
+        print(exc)
+        return 2
     if args.trace:
-        requests = read_trace(args.trace)
         source = f"trace {args.trace}: {len(requests)} requests"
         label = Path(args.trace).stem
     else:
         workload = builtin_workload(args.workload, args.duration, args.rate_scale, args.seed)
-        requests = workload.requests()
-        source = describe(workload)
+        requests = with_warmup(workload, args.warmup)
+        source = describe(workload) + (
+            f", after a {args.warmup:g} s warm-up at its opening rate" if args.warmup else ""
+        )
         label = args.workload
     if args.save_trace:
         write_trace(args.save_trace, requests)
@@ -71,8 +86,9 @@ def run(args) -> int:
                          kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9 / 8)  # fmt: skip
     print(f"== {name} ({spec.mode}, model {model}) on {source}")
     print(f"   cost profile {profile}: {cost.describe()}")
+    warmup = 0.0 if args.trace else args.warmup
     result = simulate(spec, cost, requests, controller=controller, options=options, name=name,
-                      hpa=HPAConfig(target_waiting_per_pod=args.hpa_target))  # fmt: skip
+                      hpa=HPAConfig(target_waiting_per_pod=args.hpa_target), measure_from=warmup)  # fmt: skip
     result.notes["workload"] = source
     summary = summarize(result)
     print_summary(result, summary, args.decisions)

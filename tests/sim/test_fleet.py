@@ -1,0 +1,176 @@
+"""The simulated fleet: every request accounted for, determinism, start-up delay, drains, the HPA
+baseline and disaggregated pools. A synthetic cost profile: no torch, no timing."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
+from llmfleet.sim.fleet import Fleet, SimOptions
+from llmfleet.sim.hpa import HPAConfig, QueueLengthHPA
+from llmfleet.sim.pod import PodState
+from llmfleet.sim.report import direction_changes, per_minute, summarize
+from llmfleet.sim.simulate import simulate
+from llmfleet.workloads import PhasedWorkload, RequestSpec, Workload
+from tests.sim.conftest import make_spec
+
+
+def poisson(n: int, rate: float, prompt=(16, 256), output=(8, 64), seed: int = 0) -> list[RequestSpec]:
+    return Workload("t", n, seed=seed, rate_per_s=rate, prompt_len=prompt, output_len=output).requests()
+
+
+@dataclass
+class Script:
+    """A controller that scales the pool at given times: (time, replicas)."""
+
+    fleet: Fleet
+    steps: list[tuple[float, int]]
+    name: str = "script"
+    interval_s: float = 1.0
+
+    def control(self, now: float) -> None:
+        for at, replicas in self.steps:
+            if at <= now < at + self.interval_s:
+                self.fleet.scale("colocated", replicas)
+
+
+def scripted(steps: list[tuple[float, int]]):
+    return lambda fleet: Script(fleet, steps)
+
+
+def test_every_arrival_is_accounted_for_once(profile) -> None:
+    requests = poisson(300, 20.0, output=(8, 128))
+    requests.append(RequestSpec(1.0, 5000, 10))  # longer than builtin:small's 4096 positions: 400
+    spec = make_spec(engine={"maxQueueLen": 8, "maxBatchSize": 4}, max_replicas=2)
+    result = simulate(spec, profile, requests, controller="tuner", options=SimOptions(tail_s=5.0))
+    assert len(result.records) == len(requests) and result.conserved
+    status = summarize(result)["status"]
+    assert set(status) == {"finished", "rejected", "unfinished"}, status
+    assert sum(status.values()) == len(requests)
+    details = [r.detail for r in result.records if r.status == "rejected"]
+    assert any(d.startswith("429") for d in details) and any("maximum context length" in d for d in details)
+    for r in result.records:
+        if r.status == "finished":
+            assert len(r.token_times) == r.output_len and r.token_times == sorted(r.token_times)
+            assert r.token_times[0] > r.arrival
+
+
+def test_runs_are_deterministic(profile) -> None:
+    requests = poisson(200, 4.0)
+    spec = make_spec(ttft_ms=500, itl_ms=80, engine={"batchTimeoutMs": 20})
+
+    def run():
+        result = simulate(spec, profile, requests, controller="tuner")
+        return [r.token_times for r in result.records], [(d.at, d.changes) for d in result.decisions], summarize(result)
+
+    assert run() == run()
+
+
+def test_scale_up_waits_for_the_start_up_delay(profile) -> None:
+    requests = poisson(400, 4.0)
+    result = Fleet(make_spec(), profile, requests, SimOptions(startup_s=30.0), scripted([(10.0, 2)])).run()
+    starting = [p.at for p in result.timeline if p.pools["colocated"]["starting"] == 1]
+    assert min(starting) == pytest.approx(10.0, abs=1.0) and max(starting) < 40.0
+    served = [r for r in result.records if r.pod == "colocated-2"]
+    assert served and min(r.dispatched_at for r in served) >= 40.0
+    assert ("colocated-2", "colocated", 10.0, result.end) in result.pod_lifetimes  # paid for from the scale-up
+
+
+def test_scale_down_drains_without_aborting(profile) -> None:
+    requests = poisson(300, 6.0, output=(32, 128))
+    spec = make_spec(replicas=2)
+    fleet = Fleet(spec, profile, requests, SimOptions(), scripted([(20.0, 1)]))
+    result = fleet.run()
+    assert all(r.status == "finished" for r in result.records)
+    drained = next(p for p in fleet.pools["colocated"].pods if p.state == PodState.STOPPED)
+    served = [r for r in result.records if r.pod == drained.name]
+    assert served and all(r.dispatched_at < 20.0 for r in served)  # out of the router at once
+    assert drained.stopped_at == pytest.approx(max(r.token_times[-1] for r in served))  # stops after its last token
+    assert drained.stopped_at > 20.0
+
+
+def test_a_drain_past_its_deadline_aborts_what_is_left(profile) -> None:
+    requests = poisson(40, 8.0, output=(1500, 2000))
+    fleet = Fleet(make_spec(replicas=2), profile, requests, SimOptions(drain_timeout_s=2.0), scripted([(5.0, 1)]))
+    result = fleet.run()
+    aborted = [r for r in result.records if r.status == "aborted"]
+    assert aborted and all("killed at the end of its 2 s drain" in r.detail for r in aborted)
+    assert result.conserved
+    stopped = [p for p in fleet.pools["colocated"].pods if p.state == PodState.STOPPED]
+    assert len(stopped) == 1 and stopped[0].stopped_at == pytest.approx(7.0)
+
+
+def test_scale_down_cancels_starting_pods_first(profile) -> None:
+    fleet = Fleet(make_spec(replicas=2), profile, poisson(200, 4.0), SimOptions(startup_s=30.0),
+                  scripted([(10.0, 3), (15.0, 2)]))  # fmt: skip
+    fleet.run()
+    pods = {p.name: p for p in fleet.pools["colocated"].pods}
+    assert pods["colocated-3"].stopped_at == pytest.approx(15.0, abs=1.0)
+    assert pods["colocated-3"].engine.scheduler.step_index == 0  # never served
+    assert pods["colocated-1"].stopped_at is None and pods["colocated-2"].stopped_at is None
+
+
+def test_the_router_holds_requests_while_no_pod_is_ready(profile) -> None:
+    result = Fleet(make_spec(), profile, poisson(20, 2.0), SimOptions(startup_s=15.0, initial_pods_ready=False)).run()
+    assert all(r.status == "finished" for r in result.records)
+    assert min(r.dispatched_at for r in result.records) == pytest.approx(15.0)
+
+
+class StubMetrics:
+    def __init__(self, waiting: float, pods: int) -> None:
+        self.waiting, self.pods = waiting, pods
+
+    def measure(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        return PoolMetrics(pool=pool, at=0.0, window_s=window_s, waiting=self.waiting, ready_pods=self.pods)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "pods", "desired"),
+    [(10.0, 2, 5), (4.1, 2, 2), (0.0, 2, 0), (100.0, 2, 6), (3.0, 1, 2)],
+    ids=["ceil(waiting / target)", "within 10% tolerance", "no queue", "at most +4 or x2", "one pod"],
+)
+def test_hpa_recommendation(profile, waiting, pods, desired) -> None:
+    fleet = Fleet(make_spec(replicas=pods), profile, [])
+    fleet.metric_source = StubMetrics(waiting, pods)  # type: ignore[assignment]
+    hpa = QueueLengthHPA(fleet, HPAConfig(target_waiting_per_pod=2.0))
+    assert hpa.recommend("colocated", 0.0)[0] == desired
+
+
+def test_hpa_scales_up_on_a_queue_and_down_after_its_window(profile) -> None:
+    burst = PhasedWorkload("b", phases=((120.0, 12.0), (400.0, 0.2)), prompt_len=(64, 256), output_len=(16, 64),
+                           output_mean=None)  # fmt: skip
+    spec = make_spec(max_replicas=6, autotune={"scaleDownStabilizationSeconds": 120})
+    result = simulate(spec, profile, burst.requests(), controller="hpa", hpa=HPAConfig(target_waiting_per_pod=1.0))
+    moves = [(d.at, c["from"], c["to"]) for d in result.decisions for c in d.changes]
+    ups = [m for m in moves if m[2] > m[1]]
+    downs = [m for m in moves if m[2] < m[1]]
+    assert ups and ups[0][0] < 120.0 and max(m[2] for m in ups) > 1
+    # scale-down takes the highest recommendation of its 120 s window: not before a window after the last rise
+    assert downs and min(m[0] for m in downs) >= max(m[0] for m in ups) + 120.0
+    knobs = {tuple(p.pools["colocated"][k] for k in ("maxBatchSize", "batchTimeoutMs")) for p in result.timeline}
+    assert len(knobs) == 1  # an HPA never moves the knobs
+    assert max(direction_changes(result, 120.0).values()) <= 1
+
+
+def test_disaggregated_pools(profile) -> None:
+    spec = make_spec(mode="disaggregated", replicas=1)
+    result = simulate(spec, profile, poisson(100, 3.0, output=(8, 64)), controller="fixed")
+    assert result.conserved and all(r.status == "finished" for r in result.records)
+    assert {r.pod.split("-")[0] for r in result.records} == {"decode"}
+    assert all(len(r.token_times) == r.output_len for r in result.records)
+    summary = summarize(result)
+    assert set(summary["replica_minutes_by_pool"]) == {"prefill", "decode"}
+
+
+def test_report_per_minute_and_warm_up(profile) -> None:
+    requests = poisson(600, 5.0)  # two minutes
+    result = simulate(make_spec(), profile, requests, controller="fixed", measure_from=60.0)
+    minutes = per_minute(result)
+    assert len(minutes) == math.ceil((requests[-1].arrival_s - 60.0) / 60.0)
+    assert sum(m["arrivals"] for m in minutes) == sum(1 for r in requests if r.arrival_s >= 60.0)
+    summary = summarize(result)
+    assert summary["requests"] == minutes[0]["arrivals"] + sum(m["arrivals"] for m in minutes[1:])
+    assert summary["replica_minutes"] == pytest.approx((result.end - 60.0) / 60.0)

@@ -1,0 +1,77 @@
+"""Workload traces: JSONL read and write, built-in workloads, warm-ups, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmfleet.sim.trace import TraceError, builtin_workload, read_trace, with_warmup, write_trace
+from llmfleet.workloads import BURSTY, RequestSpec
+
+
+def test_round_trip(tmp_path) -> None:
+    requests = builtin_workload("chat", duration_s=30.0).requests()
+    path = write_trace(tmp_path / "t" / "chat.jsonl", requests)
+    back = read_trace(path)
+    assert [(r.prompt_len, r.output_len) for r in back] == [(r.prompt_len, r.output_len) for r in requests]
+    assert [r.arrival_s for r in back] == pytest.approx([r.arrival_s for r in requests], abs=1e-6)
+
+
+def test_sorted_by_arrival_blank_lines_and_extra_keys(tmp_path) -> None:
+    lines = [
+        {"arrival_s": 2.0, "prompt_tokens": 5, "output_tokens": 1, "user": "b"},
+        {"arrival_s": 1, "prompt_tokens": 7, "output_tokens": 2},
+        {"arrival_s": 2.0, "prompt_tokens": 9, "output_tokens": 3},
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n\n" + json.dumps(lines[2]) + "\n")
+    assert read_trace(path) == [RequestSpec(1.0, 7, 2), RequestSpec(2.0, 5, 1), RequestSpec(2.0, 9, 3)]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "t.jsonl:2: not JSON"),
+        ("[1, 2, 3]", "t.jsonl:2: expected an object"),
+        ('{"arrival_s": 1, "prompt_tokens": 3}', "t.jsonl:2: missing output_tokens"),
+        ('{"arrival_s": -1, "prompt_tokens": 3, "output_tokens": 1}', "arrival_s must be a finite number >= 0"),
+        ('{"arrival_s": NaN, "prompt_tokens": 3, "output_tokens": 1}', "arrival_s must be a finite number >= 0"),
+        ('{"arrival_s": true, "prompt_tokens": 3, "output_tokens": 1}', "arrival_s must be a finite number >= 0"),
+        ('{"arrival_s": 1, "prompt_tokens": 0, "output_tokens": 1}', "prompt_tokens must be an integer >= 1, got 0"),
+        ('{"arrival_s": 1, "prompt_tokens": 3, "output_tokens": 2.5}', "output_tokens must be an integer >= 1"),
+    ],
+)
+def test_bad_traces_name_the_line(tmp_path, line, message) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 3, "output_tokens": 1}\n' + line + "\n")
+    with pytest.raises(TraceError, match=message.replace("[", r"\[")):
+        read_trace(path)
+
+
+def test_missing_trace(tmp_path) -> None:
+    with pytest.raises(TraceError, match="cannot read trace"):
+        read_trace(tmp_path / "nope.jsonl")
+
+
+def test_builtin_workloads() -> None:
+    chat = builtin_workload("chat", duration_s=60.0, rate_scale=2.0)
+    assert chat.rate_per_s == 4.0 and chat.num_requests == 240
+    bursty = builtin_workload("bursty", duration_s=BURSTY.duration_s / 2, rate_scale=2.0)
+    assert bursty.duration_s == pytest.approx(BURSTY.duration_s / 2)
+    assert [rate for _, rate in bursty.phases] == [2 * rate for _, rate in BURSTY.phases]
+    assert builtin_workload("anyscale-online").prompt_len == (1, 512)
+    with pytest.raises(ValueError, match="unknown workload 'rag'"):
+        builtin_workload("rag")
+    with pytest.raises(ValueError, match="rate_scale must be > 0"):
+        builtin_workload("chat", rate_scale=0)
+
+
+def test_warm_up_prefix() -> None:
+    workload = builtin_workload("bursty")
+    requests = with_warmup(workload, 100.0)
+    warm = [r for r in requests if r.arrival_s < 100.0]
+    rest = requests[len(warm) :]
+    assert 60 <= len(warm) <= 140  # the opening phase's 1 request/s
+    assert [r.arrival_s - 100.0 for r in rest] == pytest.approx([r.arrival_s for r in workload.requests()])
+    assert with_warmup(workload, 0.0) == workload.requests()
