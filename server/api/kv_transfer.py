@@ -116,7 +116,7 @@ async def prefill_for_remote_decode(
                 if event.finished:
                     if event.kv_export is None:  # aborted (a drain timeout): no KV to hand over
                         raise APIError(503, "the prefill was aborted; retry on another server", "unavailable")
-                    ids[owner.index] = _hold(state, owner.prompt, event.kv_export)
+                    ids[owner.index] = await _hold(state, owner.prompt, event.kv_export)
         finally:
             await events.aclose()
     state.metrics.set_kv_held(state.kv_store.held_bytes)
@@ -130,8 +130,9 @@ async def prefill_for_remote_decode(
     }
 
 
-def _hold(state: ServerState, token_ids: list[int], payload: memoryview) -> str:
-    header = encode_header(state.model_name, state.kv_layout, token_ids, payload)
+async def _hold(state: ServerState, token_ids: list[int], payload: memoryview) -> str:
+    # the payload checksum reads every byte (zlib lets go of the GIL): off the event loop
+    header = await asyncio.to_thread(encode_header, state.model_name, state.kv_layout, token_ids, payload)
     return state.kv_store.put(header, payload)
 
 
@@ -186,7 +187,7 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
             )
         body = response.content
         try:
-            payload = decode(body, state.model_name, state.kv_layout, prompt[:-1])
+            payload = await asyncio.to_thread(decode, body, state.model_name, state.kv_layout, prompt[:-1])
         except KVMismatchError as exc:
             state.metrics.count_kv_failure("mismatch")
             raise APIError(409, f"KV from {base} does not fit this server: {exc}", "kv_transfer_mismatch") from exc

@@ -104,11 +104,11 @@ class Proxy:
         tried = {"prefill": set(), "decode": set()}
         last: ServerFailed | None = None
         for attempt in range(self.settings.attempts):
+            decode = self.balancer.pick("decode", tried["decode"])
+            if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
+                break
             try:
                 params = await self._prefill(path, body, tried["prefill"])
-                decode = self.balancer.pick("decode", tried["decode"])
-                if decode is None:
-                    break
                 return await self._decode(decode, path, body, params, stream, started)
             except ServerFailed as failure:
                 pool = failure.server.pool
@@ -148,8 +148,7 @@ class Proxy:
             except (ValueError, KeyError, TypeError) as exc:
                 raise ServerFailed(server, f"prefill server {server.url} answered no KV ids") from exc
             return {**params, "do_remote_prefill": True, "remote_url": server.url}
-        self._check_status(server, response.status_code, response.content)
-        raise AssertionError("unreachable")
+        raise _refusal(server, response.status_code, response.content)
 
     async def _decode(
         self, server: Server, path: str, body: dict, params: dict | None, stream: bool, started: float
@@ -162,7 +161,7 @@ class Proxy:
             request = self.client.build_request("POST", f"{server.url}{path}", json=send, timeout=timeout)
             response = await self.client.send(request, stream=True)
             if response.status_code != 200:
-                self._check_status(server, response.status_code, await response.aread())
+                raise _refusal(server, response.status_code, await response.aread())
             if not stream:
                 return _Opened(server, response, [await response.aread()], None, None)
             meter = StreamMeter(self.metrics, started)
@@ -184,16 +183,6 @@ class Proxy:
             if response is not None:
                 await response.aclose()
             raise
-
-    def _check_status(self, server: Server, status: int, content: bytes) -> None:
-        """Raise what a non-200 answer means for this request."""
-        message = _error_message(content) or f"status {status}"
-        where = f"{server.pool} server {server.url}"
-        if status in (429, 503) or status >= 500:
-            raise ServerFailed(server, f"{where} answered {status}: {message}", status)
-        if status == 409 and server.pool == "decode":
-            raise Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
-        raise Answered(Response(content, status, media_type="application/json"))
 
     # --- relaying the answer -------------------------------------------------------------------
     def _whole(self, opened: _Opened, started: float) -> Response:
@@ -251,6 +240,17 @@ class _Relay:
         self.opened.server.assigned -= 1
         await self.opened.response.aclose()  # a client that left: the decode server aborts its work
         self.metrics.finished(self.started, self.opened.meter.finish_reason)
+
+
+def _refusal(server: Server, status: int, content: bytes) -> ServerFailed | Answered:
+    """What a server's non-200 answer means for the request: try elsewhere, or answer the client."""
+    message = _error_message(content) or f"status {status}"
+    where = f"{server.pool} server {server.url}"
+    if status in (429, 503) or status >= 500:
+        return ServerFailed(server, f"{where} answered {status}: {message}", status)
+    if status == 409 and server.pool == "decode":
+        return Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
+    return Answered(Response(content, status, media_type="application/json"))
 
 
 def _error_message(content: bytes) -> str | None:
