@@ -4,15 +4,20 @@ from __future__ import annotations
 
 HELP = (
     "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "
-    "sim-fidelity (real engine vs simulator) or tuner (closed loop vs fixed configs vs HPA, simulated)"
+    "disagg (colocated vs prefill/decode), sim-fidelity (real engine vs simulator) "
+    "or tuner (closed loop vs fixed configs vs HPA, simulated)"
 )
 
 
 def add_arguments(parser) -> None:
-    from . import sim_fidelity, tuner_eval
+    from . import disagg_bench, sim_fidelity, tuner_eval
 
     parser.add_argument(
-        "which", nargs="?", default="engine", choices=["engine", "server", "sim-fidelity", "tuner"], help="benchmark"
+        "which",
+        nargs="?",
+        default="engine",
+        choices=["engine", "server", "disagg", "sim-fidelity", "tuner"],
+        help="benchmark",
     )
     parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has it natively, else float32")
@@ -27,6 +32,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--clients", type=int, default=32, help="server bench: concurrent streaming clients")
     parser.add_argument("--port", type=int, default=0, help="server bench: port for the server (0: a free one)")
     parser.add_argument("--rounds", type=int, default=2, help="server bench: alternating rounds per contender")
+    disagg_bench.add_arguments(parser)
     sim_fidelity.add_arguments(parser)
     tuner_eval.add_arguments(parser)
 
@@ -36,6 +42,10 @@ def run(args) -> int:
         from .server_bench import run as run_server
 
         return run_server(args)
+    if args.which == "disagg":
+        from .disagg_bench import run as run_disagg
+
+        return run_disagg(args)
     if args.which == "sim-fidelity":
         from .sim_fidelity import run as run_fidelity
 
