@@ -28,8 +28,8 @@ from pathlib import Path
 from llmfleet.local.processes import ServerProcess
 from llmfleet.workloads import SHAPES, prompt_tokens
 
-from .engine_bench import Trace
 from .report import latency_summary, print_table
+from .server_bench import stream_completion
 
 WORKLOADS = ("chat", "long-prompt")
 
@@ -72,26 +72,12 @@ class Servers:
             server.kill()
 
 
-async def _client(http, url: str, arrival: float, prompt: list[int], n: int, start: float) -> Trace:
-    await asyncio.sleep(max(0.0, start + arrival - time.monotonic()))
-    trace = Trace(arrival, len(prompt))
-    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
-    async with http.stream("POST", f"{url}/v1/completions", json=body, timeout=1800) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk["choices"] and chunk["choices"][0]["text"]:
-                    trace.token_times.append(time.monotonic() - start)
-    return trace
-
-
 async def replay(url: str, requests: list[tuple[float, list[int], int]]) -> dict:
     import httpx
 
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=len(requests) + 4)) as http:
         start = time.monotonic()
-        traces = await asyncio.gather(*(_client(http, url, a, p, n, start) for a, p, n in requests))
+        traces = await asyncio.gather(*(stream_completion(http, url, p, n, start, a) for a, p, n in requests))
         total = time.monotonic() - start
     summary = latency_summary(traces, total)
     summary["throughput_tok_s"] = sum(n for _, _, n in requests) / total

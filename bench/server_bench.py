@@ -53,10 +53,12 @@ def in_process(engine, prompts, outputs, tag: str) -> dict:
     return result
 
 
-async def _client(http, url: str, prompt: list[int], n: int, start: float) -> Trace:
-    trace = Trace(0.0, len(prompt))
+async def stream_completion(http, url: str, prompt: list[int], n: int, start: float, arrival: float = 0.0) -> Trace:
+    """One streamed completion, sent ``arrival`` seconds after ``start``; token times from ``start``."""
+    await asyncio.sleep(max(0.0, start + arrival - time.monotonic()))
+    trace = Trace(arrival, len(prompt))
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
-    async with http.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as resp:
+    async with http.stream("POST", f"{url}/v1/completions", json=body, timeout=1800) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             if line.startswith("data: {"):
@@ -71,7 +73,9 @@ async def over_http(url: str, prompts, outputs) -> dict:
 
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=len(prompts) + 4)) as http:
         start = time.monotonic()
-        traces = await asyncio.gather(*(_client(http, url, p, n, start) for p, n in zip(prompts, outputs, strict=True)))
+        traces = await asyncio.gather(
+            *(stream_completion(http, url, p, n, start) for p, n in zip(prompts, outputs, strict=True))
+        )
         total = time.monotonic() - start
     summary = latency_summary(traces, total)
     # tokens counted by the engine, not by SSE chunks (a chunk can hold held-back text)
