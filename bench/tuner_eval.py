@@ -11,9 +11,10 @@ every pod the real scheduler and engine loop with the calibrated cost model, pod
   that meet the SLOs). The *best fixed* configuration is the one with the fewest replica-minutes
   among those meeting the SLOs in >= 99% of minutes: the best one could pick in hindsight;
 - **hpa**: a HorizontalPodAutoscaler on ``vllm:num_requests_waiting`` (AverageValue target per
-  pod, HPA's algorithm and behaviour) with the initial knobs, for a few targets; the *HPA
-  baseline* is the cheapest target that meets the SLOs (the best-tuned HPA), else the one with the
-  best attainment.
+  pod, HPA's algorithm and behaviour) for a few targets. The *HPA baseline* runs the initial
+  knobs (an HPA does not tune them): its cheapest target that meets the SLOs, else the one with
+  the best attainment. Shown too, not a target: the HPA with the best fixed configuration's
+  knobs, chosen in hindsight.
 
 Targets (the issue): the tuner meets the p95 TTFT and ITL SLOs in >= 99% of minutes, uses <= 1.1x
 the replica-minutes of the best fixed configuration and <= 0.7x the HPA baseline's, changes a
@@ -193,12 +194,8 @@ def evaluate(case: Case, cost, startup_s: float, quick: bool = False, workers: i
             (case, target, knobs, cost, requests, startup_s, warmup) for knobs in hpa_knobs for target in HPA_TARGETS
         ]
         hpas = list(pool.map(_hpa, *zip(*hpa_jobs, strict=True)))
-    hpa_meeting = [r for r in hpas if r["slo_attainment"] >= ATTAINMENT_TARGET]
-    hpa = (
-        min(hpa_meeting, key=lambda r: r["replica_minutes"])
-        if hpa_meeting
-        else max(hpas, key=lambda r: (r["slo_attainment"], -r["replica_minutes"]))
-    )
+    hpa = _best_hpa([r for r in hpas if r["knobs"] == INITIAL_ENGINE])
+    hpa_hindsight = _best_hpa([r for r in hpas if r["knobs"] != INITIAL_ENGINE])
 
     moved_right = {
         knob: (tuner["knobs"][knob]["net"] * sign > 0) for knob, sign in case.expect.items() if knob in tuner["knobs"]
@@ -226,6 +223,7 @@ def evaluate(case: Case, cost, startup_s: float, quick: bool = False, workers: i
         "best_fixed": best_fixed,
         "hpa_runs": hpas,
         "hpa": hpa,
+        "hpa_hindsight": hpa_hindsight,
         "ratios": {
             "vs_best_fixed": None if best_fixed is None else tuner["replica_minutes"] / best_fixed["replica_minutes"],
             "vs_hpa": tuner["replica_minutes"] / hpa["replica_minutes"],
@@ -259,6 +257,16 @@ def _fixed(case: Case, knobs: dict[str, Any], cost, requests, startup_s: float, 
         if row["slo_attainment"] >= ATTAINMENT_TARGET:
             break
     return row
+
+
+def _best_hpa(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cheapest HPA target that meets the SLOs, else the one with the best attainment."""
+    if not runs:
+        return None
+    meeting = [r for r in runs if r["slo_attainment"] >= ATTAINMENT_TARGET]
+    if meeting:
+        return min(meeting, key=lambda r: r["replica_minutes"])
+    return max(runs, key=lambda r: (r["slo_attainment"], -r["replica_minutes"]))
 
 
 def _hpa(
@@ -322,14 +330,16 @@ def print_workload(row: dict[str, Any]) -> None:
           f"evaluated in {row['wall_s']:.0f} s")  # fmt: skip
     best = row["best_fixed"]
     hpa = row["hpa"]
-    contenders = [row["tuner"], *([best] if best else []), hpa, row["cold"]]
-    labels = [
-        "tuner (closed loop)",
-        f"best fixed: {best['contender'].removeprefix('fixed ')}" if best else None,
-        f"HPA baseline: {hpa['contender'].removeprefix('hpa ')}",
-        "tuner from a cold start (no warm-up)",
+    hindsight = row["hpa_hindsight"]
+    rows = [
+        ("tuner (closed loop)", row["tuner"]),
+        (f"best fixed: {best['contender'].removeprefix('fixed ')}" if best else "", best),
+        (f"HPA baseline: {hpa['contender'].removeprefix('hpa ')}", hpa),
+        (f"HPA, hindsight knobs: {hindsight['contender'].removeprefix('hpa ')}" if hindsight else "", hindsight),
+        ("tuner from a cold start (no warm-up)", row["cold"]),
     ]
-    labels = [label for label in labels if label]
+    labels = [label for label, r in rows if r]
+    contenders = [r for _, r in rows if r]
     table = []
     for label, r in zip(labels, contenders, strict=True):
         table.append([
@@ -374,7 +384,9 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
             row["workload"],
             f"{mark(c['attainment'])} ({t['slo_attainment']:.0%})",
             f"{mark(c['vs_best_fixed'])} ({_ratio(row['ratios']['vs_best_fixed'])})",
-            f"{mark(c['vs_hpa'])} ({_ratio(row['ratios']['vs_hpa'])})",
+            f"{mark(c['vs_hpa'])} ({_ratio(row['ratios']['vs_hpa'])}"
+            + ("" if row["hpa"]["slo_attainment"] >= ATTAINMENT_TARGET else
+               f"; the HPA meets {row['hpa']['slo_minutes_met']}/{row['hpa']['slo_minutes']}") + ")",
             f"{mark(c['one_direction_change_per_window'])} ({t['max_direction_changes_per_window']})",
             f"{mark(c['knobs_right_way'])} ({expect})",
         ])  # fmt: skip
