@@ -38,7 +38,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             raise APIError(400, "echo together with logprobs is not supported", param="echo")
         prompts, prompt_texts = _completion_prompts(state, body.prompt, body.echo)
         if _remote_decode(body):
-            return await _prefillunless_client_gone(raw, state, prompts, body.priority, arrival)
+            return await _prefill_unless_gone(raw, state, prompts, body.priority, arrival)
         imports = await _received_kv(state, body, prompts)
         subs = build_subrequests(state, prompts, body, body.max_tokens, body.logprobs, imports)
         submission = await submit(state, subs, body.priority, arrival)
@@ -71,7 +71,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if _remote_decode(body):
-            return await _prefillunless_client_gone(raw, state, [prompt], body.priority, arrival)
+            return await _prefill_unless_gone(raw, state, [prompt], body.priority, arrival)
         imports = await _received_kv(state, body, [prompt])
         subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports)
         submission = await submit(state, subs, body.priority, arrival)
@@ -109,7 +109,7 @@ async def collect_unless_gone(raw: Request, state: ServerState, submission: Subm
     return await unless_client_gone(raw, collect(state, submission))
 
 
-async def _prefillunless_client_gone(raw: Request, state: ServerState, prompts, priority: int, arrival: float):
+async def _prefill_unless_gone(raw: Request, state: ServerState, prompts, priority: int, arrival: float):
     """A prefill server's answer to the router; a router that gave up (its timeout) gets nothing
     held for it: the prefill is aborted."""
     reply = await unless_client_gone(raw, kv_transfer.prefill_for_remote_decode(state, prompts, priority, arrival))
