@@ -230,3 +230,43 @@ def test_roles_refuse_transfers_that_are_not_theirs_and_kv_is_taken_once(fleet):
                                           "remote_kv_ids": [kv_id]}}  # fmt: skip
     reply = httpx.post(f"{s['d1'].url}/v1/completions", json=gone, timeout=30)
     assert reply.status_code == 502 and "answered 404" in reply.json()["error"]["message"]
+
+
+def test_the_router_follows_the_pools_endpoint_slices(fleet):
+    """In a cluster the router reads the pools' EndpointSlices (here from the emulated API server,
+    as `--kube-api` without credentials): pods join and leave as their readiness changes."""
+    from tests.operator.emulator import make_cluster, serve
+
+    tmp, s = fleet
+    running = serve(make_cluster())
+    slices = f"{running.url}/apis/discovery.k8s.io/v1/namespaces/ml/endpointslices"
+
+    def endpoint_slice(service: str, server: ServerProcess, ready: bool) -> dict:
+        return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": f"{service}-x1", "namespace": "ml",
+                             "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4", "ports": [{"name": "http", "port": server.port, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}]}  # fmt: skip
+
+    try:
+        httpx.post(slices, json=endpoint_slice("rag-prefill", s["p1"], True)).raise_for_status()
+        httpx.post(slices, json=endpoint_slice("rag-decode", s["d1"], True)).raise_for_status()
+        args = ["--role", "router", "--served-model-name", MODEL, "--prefill-service", "rag-prefill",
+                "--decode-service", "rag-decode", "--kube-api", running.url]  # fmt: skip
+        with ServerProcess(*args, log_path=tmp / "router-slices.log", env={"POD_NAMESPACE": "ml"}) as r:
+            prompt = PROMPTS[1]
+            assert complete(r.url, prompt) == complete(s["colocated"].url, prompt)
+            servers = httpx.get(f"{r.url}/load", timeout=5).json()["servers"]
+            assert [x["url"] for x in servers["prefill"]] == [s["p1"].url]
+            assert [x["url"] for x in servers["decode"]] == [s["d1"].url]
+
+            gone = endpoint_slice("rag-decode", s["d1"], False)  # the decode pod turns unready
+            name = gone["metadata"]["name"]
+            httpx.put(f"{slices}/{name}", json=gone).raise_for_status()
+            deadline = time.monotonic() + 15
+            while httpx.get(f"{r.url}/ready", timeout=5).status_code == 200:
+                assert time.monotonic() < deadline, "the router still routes to an unready decode pod"
+                time.sleep(0.3)
+            assert "no decode server" in httpx.get(f"{r.url}/ready", timeout=5).json()["error"]["message"]
+    finally:
+        running.stop()
