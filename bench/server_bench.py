@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
+from llmfleet.local.processes import ServerProcess
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.workloads import Workload, prompt_tokens
@@ -83,36 +82,6 @@ async def over_http(url: str, prompts, outputs) -> dict:
     return summary
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(model: str, cfg_file: Path, port: int) -> subprocess.Popen:
-    import httpx
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmfleet.cli", "serve", "--model", model, "--port", str(port),
-         "--config", str(cfg_file), "--log-level", "warning"],
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise TimeoutError("server not ready after 300 s")
-
-
 def _row(name: str, r: dict, base: float) -> list[str]:
     return [
         name,
@@ -142,11 +111,12 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = out_dir / "server_bench_engine.yaml"
     cfg_file.write_text(config.to_yaml())
-    port = args.port or _free_port()
-    url = f"http://127.0.0.1:{port}"
 
     engine, _ = build_engine(args.model, config)
-    proc = _start_server(args.model, cfg_file, port)
+    server_args = ["--model", args.model, "--config", str(cfg_file), "--log-level", "warning"]
+    server = ServerProcess("bench-server", server_args, out_dir / "server_bench_server.log", port=args.port or None)
+    url = server.url
+    server.wait_ready(300)
     local_runs, remote_runs = [], []
     try:
         # warm-up both: first shapes, allocator, connections
@@ -158,8 +128,8 @@ def run(args) -> int:
             print(f"round {r + 1}: in-process {local_runs[-1]['throughput_tok_s']:.1f} tok/s, "
                   f"server {remote_runs[-1]['throughput_tok_s']:.1f} tok/s")  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.drain()
+        server.proc.wait(60)
 
     local = max(local_runs, key=lambda r: r["throughput_tok_s"])
     remote = max(remote_runs, key=lambda r: r["throughput_tok_s"])
