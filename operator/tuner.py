@@ -14,6 +14,10 @@ owns TTFT and ``decode`` owns ITL):
   decreases from the flight size). ITL p95 < 0.8 SLO and the batch is the limit (mean batch
   >= 90% of the cap, or requests waiting): additive increase, +4. Not while the KV cache is
   under pressure (usage >= 95% or preemptions), since a bigger batch would only preempt.
+  **Slot-bound TTFT** (colocated): queue >= 50% of a TTFT p95 >= 0.5 SLO, ITL < 0.8 SLO, steps
+  that leave the token budget unfilled and a cap the batch reaches at times (mean + 3 sd, the
+  spread of an M/G/inf occupancy): prompts wait for a batch slot, so +4 at once (protective, no
+  relaxation window) and the window's exhaustion does not add a replica this run.
 - **batchTimeoutMs (the prefill coalescing window) against TTFT and queue time** (colocated,
   prefill). TTFT p95 > SLO, or queue time >= 50% of TTFT while TTFT >= 0.5 SLO: halve it (below
   1 ms: its minimum). TTFT p95 plus one step still < 0.5 SLO and ITL < 0.8 SLO: +5 ms (more
@@ -30,7 +34,10 @@ owns TTFT and ``decode`` owns ITL):
   per-replica decode capacity (decode), or both summed (colocated). The prefill:decode ratio
   follows from the two, as in NVIDIA Dynamo's planner. Capacities start from a default guess and
   follow an EWMA of the observed throughput per replica whenever a pool is saturated (a queue of
-  at least one request per pod); a pool outrunning its estimate raises it at once. A pool that
+  at least one request per pod); the first such measurement replaces the guess outright (a
+  guess can be off several-fold). A saturated window only measures the knobs that held through
+  it and will hold: not when the batch cap or the token budget changed within the window or rises
+  this run. A pool outrunning its estimate raises it at once. A pool that
   violates an owned SLO with its protecting knob at its limit is saturated for latency: its
   per-pod load becomes the estimate's upper bound at once (capacity at the SLO, which for short
   chat or long RAG prompts is well below raw throughput). Per-pod rates are only measured once
@@ -38,7 +45,11 @@ owns TTFT and ``decode`` owns ITL):
   served throughput, so a saturated pool (served/capacity ~ pods) still grows by the headroom,
   and the waiting requests' tokens count too, as demand to drain within ``backlog_drain_s`` (60).
   One more replica when an owned SLO is violated and its knob is already at its limit (for ITL,
-  only with a queue: otherwise more replicas would not help). Then ``[minReplicas, maxReplicas]``.
+  only with a queue: otherwise more replicas would not help; not while another knob protects the
+  same SLO this run). A scale-down goes only as low as the owned latencies measured now project
+  under their SLOs: at utilization rho = demand / pods, latency scales by (1 - rho) / (1 - rho')
+  at the lower count (M/M/1), so a pool near its TTFT SLO keeps its pods even when throughput
+  says fewer would do. Then ``[minReplicas, maxReplicas]``.
   A pool at zero replicas reports nothing, so it holds: keep ``minReplicas >= 1`` on tuned pools.
 - **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
   move happens only if every recommendation of its window agrees (rise: the lowest, fall: the
@@ -118,6 +129,7 @@ class Proposal:
     protective: bool = False  # moves to protect an SLO (may override anti-flap when badly violated)
     severity: float = 0.0  # p95 / SLO (or demand / capacity) of what it protects
     exhausted: bool = False  # the SLO is violated and this knob is already at its limit
+    protects: str = ""  # the SLO a protective or exhausted proposal is about: "ttft" or "itl"
 
 
 class Tuner:
@@ -149,8 +161,8 @@ class Tuner:
         demand: dict[str, tuple[float, str]] = {}
         for name in names:
             pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits)
-            capacity, measurable = self._update_capacity(name, pool, mem, lines)
             proposals = self._knob_proposals(name, pool, slo)
+            capacity, measurable = self._update_capacity(name, pool, mem, lines, proposals)
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
             replicas, units = self._replica_proposal(name, pool, slo, capacity, proposals)
@@ -203,12 +215,12 @@ class Tuner:
             if knob == TOKEN_BUDGET:
                 proposals[knob] = self._budget_rule(name, pool, slo)
             elif knob == MAX_BATCH:
-                proposals[knob] = self._batch_rule(pool, slo, proposals.get(TOKEN_BUDGET))
+                proposals[knob] = self._batch_rule(name, pool, slo, proposals.get(TOKEN_BUDGET))
             else:
                 proposals[knob] = self._timeout_rule(name, pool, slo)
         return proposals
 
-    def _batch_rule(self, pool: PoolInput, slo: SLOTargets, budget: Proposal | None) -> Proposal:
+    def _batch_rule(self, name: str, pool: PoolInput, slo: SLOTargets, budget: Proposal | None) -> Proposal:
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
         itl, target_ms = _ms(m.itl.p95), slo.itl_p95_ms
@@ -222,9 +234,12 @@ class Tuner:
             new = allowed.clamp(math.floor(base * c.batch_decrease_factor))
             if new >= cur:
                 return Proposal(cur, f"{why} with {MAX_BATCH} at its minimum {_num(allowed.low)}",
-                                severity=itl / target_ms, exhausted=True)  # fmt: skip
+                                severity=itl / target_ms, exhausted=True, protects="itl")  # fmt: skip
             how = f"x{c.batch_decrease_factor:g}" + (f" of the observed batch {_num(base)}" if base < cur else "")
-            return Proposal(new, why, how, protective=True, severity=itl / target_ms)
+            return Proposal(new, why, how, protective=True, severity=itl / target_ms, protects="itl")
+        slots = self._slot_bound_ttft(pool, slo, budget) if name == "colocated" else None
+        if slots is not None:
+            return slots
         if itl >= c.itl_low_water * target_ms:
             return Proposal(cur, f"ITL p95 {_fmt_ms(itl)} ms within {c.itl_low_water:g}-1x SLO {_fmt_ms(target_ms)} ms")
         why = f"ITL p95 {_fmt_ms(itl)} ms < {c.itl_low_water:g} x SLO {_fmt_ms(target_ms)} ms"
@@ -253,6 +268,50 @@ class Tuner:
         )
         return Proposal(new, f"{why} and {evidence}", f"+{_num(new - cur)}")
 
+    def _slot_bound_ttft(self, pool: PoolInput, slo: SLOTargets, budget: Proposal | None) -> Proposal | None:
+        """TTFT spent queueing for a batch slot while ITL has room: a bigger batch protects TTFT
+        (immediately, like the window's shrink), before any replica is added. Requests wait for
+        admission when every slot is taken or the step's token budget is spent; steps that do not
+        fill the budget leave the slots as the limit. None when this does not apply."""
+        c, m = self.config, pool.metrics
+        cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
+        ttft, queue, itl = _ms(m.ttft.p95), _queue_ms(m), _ms(m.itl.p95)
+        if ttft is None or queue is None or itl is None or ttft <= 0:
+            return None
+        target_ms = slo.ttft_p95_ms
+        if queue / ttft < c.queue_dominant_fraction or ttft < c.ttft_low_water * target_ms:
+            return None
+        if itl >= c.itl_low_water * slo.itl_p95_ms:
+            return None  # no ITL to spend on a bigger batch
+        if (m.kv_usage_max or 0.0) >= c.kv_pressure or (m.preemptions_per_s or 0.0) > 0:
+            return None
+        budget_now = pool.current.knobs.get(TOKEN_BUDGET)
+        steps = m.mean_step_tokens
+        if budget is not None and budget.target != budget_now:
+            return None  # the token budget moves this run: one lever at a time
+        if budget_now is not None and (steps is None or steps >= c.batch_full_fraction * budget_now):
+            return None  # the budget, not the slots, may be what holds prompts back
+        running = m.mean_batch_size
+        if running is None or running + 3.0 * math.sqrt(running) < cur:
+            return None  # the cap is (almost) never reached: slots are not what requests wait for
+        new = allowed.clamp(cur + c.batch_increase_step)
+        if new <= cur:
+            return None
+        why = (
+            f"queue p95 {_fmt_ms(queue)} ms is {queue / ttft:.0%} of TTFT p95 {_fmt_ms(ttft)} ms "
+            f"(>= {c.ttft_low_water:g} x SLO {_fmt_ms(target_ms)} ms) with ITL p95 {_fmt_ms(itl)} ms "
+            f"< {c.itl_low_water:g} x SLO {_fmt_ms(slo.itl_p95_ms)} ms"
+            + f", mean batch {running:.1f} of {_num(cur)} (+3 sd reaches it)"
+            + ("" if steps is None else f" and steps under the budget ({steps:.0f} tokens)")
+            + ": prompts wait for a batch slot"
+        )
+        return Proposal(new, why, f"+{_num(new - cur)}", protective=True, severity=ttft / target_ms, protects="ttft")
+
+    def _exhausted(self, pool: PoolInput, knobs: Mapping[str, Proposal]) -> list[str]:
+        """Knobs at their limit against a violated SLO that no other knob is protecting this run."""
+        moving = {p.protects for k, p in knobs.items() if p.protective and p.target != pool.current.value(k)}
+        return [k for k, p in knobs.items() if p.exhausted and p.protects not in moving]
+
     def _timeout_rule(self, name: str, pool: PoolInput, slo: SLOTargets) -> Proposal:
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TIMEOUT], pool.limits.knob(TIMEOUT)
@@ -274,8 +333,9 @@ class Tuner:
             new = allowed.clamp(allowed.low if shrunk < c.timeout_snap_ms else round(shrunk, 1))
             if new >= cur:
                 return Proposal(cur, f"{why} with {TIMEOUT} at its minimum {_num(allowed.low)}",
-                                severity=ttft / target_ms, exhausted=over)  # fmt: skip
-            return Proposal(new, why, f"x{c.timeout_shrink_factor:g}", protective=True, severity=ttft / target_ms)
+                                severity=ttft / target_ms, exhausted=over, protects="ttft")  # fmt: skip
+            return Proposal(new, why, f"x{c.timeout_shrink_factor:g}", protective=True, severity=ttft / target_ms,
+                            protects="ttft")  # fmt: skip
         step = c.timeout_step_ms
         if ttft + step >= c.ttft_low_water * target_ms:
             return Proposal(
@@ -321,7 +381,7 @@ class Tuner:
             if new >= cur:
                 return Proposal(cur, f"{why} with {TOKEN_BUDGET} at its floor {_num(floor_)}")
             return Proposal(new, why, f"x{c.budget_decrease_factor:g}", protective=True,
-                            severity=itl / slo.itl_p95_ms)  # fmt: skip
+                            severity=itl / slo.itl_p95_ms, protects="itl")  # fmt: skip
         if ttft is None:
             return Proposal(cur, f"TTFT p95 unknown ({m.why_missing('ttft')})")
         if ttft <= slo.ttft_p95_ms:
@@ -350,6 +410,7 @@ class Tuner:
             f"x{c.budget_increase_factor:g}",
             protective=True,
             severity=ttft / slo.ttft_p95_ms,
+            protects="ttft",
         )
 
     # -- replicas -------------------------------------------------------------------------------
@@ -380,7 +441,7 @@ class Tuner:
         why = f"demand {units:.2f} replicas ({detail}) / (1 - headroom {c.headroom:g}) = {raw}"
 
         latency = self._owned_latency_ratio(name, m, slo)
-        exhausted = [knob for knob, p in knobs.items() if p.exhausted]
+        exhausted = self._exhausted(pool, knobs)
         if exhausted:
             pods = m.ready_pods or 0
             waiting = (m.waiting or 0.0) / max(pods, 1)
@@ -393,6 +454,9 @@ class Tuner:
             elif raw <= cur:
                 raw = int(cur) + 1
                 why += f"; SLO violated with {', '.join(exhausted)} at its limit -> one more replica"
+        if raw < cur:
+            raw, note = self._projected_scale_down(name, m, slo, units, int(cur), raw)
+            why += note
         target = pool.limits.min_replicas if raw < pool.limits.min_replicas else raw
         target = min(target, pool.limits.max_replicas)
         if target != raw:
@@ -400,6 +464,38 @@ class Tuner:
         over = units / cur if cur > 0 else math.inf
         proposal = Proposal(float(target), why, protective=target > cur, severity=max(latency, over))
         return proposal, (units, detail)
+
+    def _projected_scale_down(
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, target: int
+    ) -> tuple[int, str]:
+        """The fewest replicas, from ``target`` up to ``cur``, at which the owned latencies are
+        projected to stay within their SLOs, and a note when that is more.
+
+        Fewer pods carry more load each: utilization rho = demand / pods rises to rho' and, as in
+        an M/M/1 queue, latency scales by (1 - rho) / (1 - rho'). Capacity estimated from
+        throughput says nothing about latency (a pod can be well under its token throughput and
+        still break a TTFT SLO): this asks the latency measured now whether fewer pods would hold."""
+        ratio = self._owned_latency_ratio(name, m, slo)
+        pods = m.ready_pods or 0
+        if ratio <= 0 or pods != cur or units <= 0:
+            return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
+        rho = units / cur
+        limit = 1.0
+        lowest = max(target, 1)  # a demand that rounds to zero replicas is judged at one
+        for n in range(lowest, cur):
+            after = units / n
+            if after < 1.0 and rho < 1.0 and ratio * (1.0 - rho) / (1.0 - after) <= limit:
+                if n == lowest:
+                    return target, ""
+                break
+        else:
+            n = cur
+        target = lowest
+        projected = math.inf if units / target >= 1.0 else ratio * (1.0 - rho) / (1.0 - units / target)
+        return n, (
+            f"; at {target} the owned latency is projected at {projected:.2f}x its SLO (now {ratio:.2f}x at "
+            f"utilization {rho:.2f}, then {units / target:.2f}; > {limit:g}) -> {n}"
+        )
 
     def _backlog_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
         """Replica-equivalents to drain the queue within ``backlog_drain_s``: served throughput
@@ -423,7 +519,9 @@ class Tuner:
             ratios.append(m.itl.p95 * 1000.0 / slo.itl_p95_ms)
         return max(ratios)
 
-    def _update_capacity(self, name: str, pool: PoolInput, mem: TunerMemory, lines: list[str]) -> tuple[Capacity, bool]:
+    def _update_capacity(
+        self, name: str, pool: PoolInput, mem: TunerMemory, lines: list[str], knobs: Mapping[str, Proposal]
+    ) -> tuple[Capacity, bool]:
         """Per-replica throughput: EWMA of what a saturated pool does; an unsaturated pool that
         already outruns the estimate raises it at once (its throughput is a lower bound).
 
@@ -449,14 +547,22 @@ class Tuner:
             )
             return capacity, False
         saturated = self._saturation(name, pool)
+        if saturated:
+            past = self._knobs_of_the_past(name, pool, mem, knobs)
+            if past:
+                lines.append(f"{name}: {saturated}, but not the pool's capacity: {past}")
+                saturated = ""  # still a lower bound: an estimate below the throughput rises to it
         prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
         generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
         before = (capacity.prompt_tps, capacity.generation_tps)
+        # The first saturated measurement replaces the default guess outright: an EWMA from a
+        # guess that may be off several-fold would keep the guess's error for many runs.
+        weight = c.capacity_ewma if capacity.measured else 1.0
         if name == "colocated":
             if prompt is None or generation is None or prompt + generation <= 0:
                 return capacity, True
             load = prompt / capacity.prompt_tps + generation / capacity.generation_tps  # replicas busy, each
-            factor = (1 - c.capacity_ewma) + c.capacity_ewma * load if saturated else max(load, 1.0)
+            factor = (1 - weight) + weight * load if saturated else max(load, 1.0)
             capacity.prompt_tps *= factor
             capacity.generation_tps *= factor
         else:
@@ -465,8 +571,11 @@ class Tuner:
             if observed is None or observed <= 0:
                 return capacity, True
             old = getattr(capacity, attr)
-            new = (1 - c.capacity_ewma) * old + c.capacity_ewma * observed if saturated else max(old, observed)
+            new = (1 - weight) * old + weight * observed if saturated else max(old, observed)
             setattr(capacity, attr, new)
+        if saturated and not capacity.measured:
+            capacity.measured = True
+            saturated += " (first measurement: replaces the default guess)"
         capacity.prompt_tps = min(max(capacity.prompt_tps, c.prefill_capacity_tps / 100), c.prefill_capacity_tps * 100)
         capacity.generation_tps = min(
             max(capacity.generation_tps, c.decode_capacity_tps / 100), c.decode_capacity_tps * 100
@@ -482,6 +591,27 @@ class Tuner:
             why = saturated or "throughput above the estimate"
             lines.append(f"{name}: per-replica capacity {', '.join(moved)} ({why})")
         return capacity, True
+
+    def _knobs_of_the_past(self, name: str, pool: PoolInput, mem: TunerMemory, knobs: Mapping[str, Proposal]) -> str:
+        """Why a saturated window does not measure the capacity of the knobs to come, or ''.
+
+        The throughput of a saturated pool is its capacity at the batch cap and token budget it
+        ran with. When one of them changed within the window, the window mixes two settings; when
+        this run raises one (a full batch with ITL to spare, prefill-bound with a budget to
+        grow), the pool is about to serve more per replica. Either way, learning that throughput
+        as the capacity would add replicas that the new knobs do not need."""
+        m = pool.metrics
+        for knob in (MAX_BATCH, TOKEN_BUDGET):
+            if knob not in pool.current.knobs:
+                continue
+            history = mem.keys.get(f"{name}/{knob}")
+            since = None if history is None or history.last_change_at is None else m.at - history.last_change_at
+            if since is not None and since < m.window_s:
+                return f"{knob} changed {since:.0f} s ago (< the {m.window_s:.0f} s window)"
+            proposal = knobs.get(knob)
+            if proposal is not None and proposal.target > pool.current.knobs[knob]:
+                return f"{knob} rises this run ({_num(pool.current.knobs[knob])} -> {_num(proposal.target)})"
+        return ""
 
     def _latency_saturation(
         self,
@@ -503,7 +633,7 @@ class Tuner:
         seen serving more (``_update_capacity``). Not for ITL over SLO at the minimum batch
         without a queue: that is the step time, not the load."""
         c, m = self.config, pool.metrics
-        exhausted = [knob for knob, p in knobs.items() if p.exhausted]
+        exhausted = self._exhausted(pool, knobs)
         pods = m.ready_pods or 0
         waiting = (m.waiting or 0.0) / max(pods, 1)
         if not exhausted or pods <= 0 or self._saturation(name, pool):
@@ -529,6 +659,7 @@ class Tuner:
                 return
             setattr(capacity, attr, observed)
         capacity.observations += 1
+        capacity.measured = True
         ratio = self._owned_latency_ratio(name, m, slo)
         moved = []
         if name != "decode":
@@ -569,6 +700,8 @@ class Tuner:
             lines.append(f"{name}: {proposal.why}: {knob} stays {_num(old)}, just brought within spec bounds")
             return current
         rise, fall = self.config.windows(knob)
+        if proposal.protective and knob != REPLICAS:  # a knob protecting an SLO does not wait for a relaxation's window
+            rise, fall = (0.0, fall) if proposal.target > old else (rise, 0.0)
         new, held_by = stabilize(history, now, old, rise, fall)
         if new == old:
             if proposal.target == old:

@@ -55,6 +55,7 @@ class Capacity(BaseModel):
     prompt_tps: float
     generation_tps: float
     observations: int = 0
+    measured: bool = False  # a saturated pool or a broken SLO has replaced the default guess
     updated_at: float | None = None
     pods: int | None = None  # ready pods at the last run, and since when (per-pod rates need a steady count)
     pods_since: float | None = None

@@ -166,9 +166,10 @@ CASES = [
     ),
     Case(
         "waiting requests count as demand to drain",
+        # saturated: the first measurement replaces the default guess (1500 / 150 tok/s per replica)
         colocated(waiting=600, pods=2, current=settings(replicas=2)),
-        expect={("colocated", REPLICAS): (2, 3)},
-        says=["backlog 600 waiting drained in 60 s = 0.92"],
+        expect={("colocated", REPLICAS): (2, 5)},
+        says=["first measurement: replaces the default guess", "backlog 600 waiting drained in 60 s = 2.00"],
     ),
     Case(
         "demand beyond maxReplicas stops at maxReplicas",
@@ -265,11 +266,17 @@ def test_capacity_is_measured_when_saturated() -> None:
     decode = pool_input(metrics("decode", gen_tps=900, waiting=4, pods=2), settings(replicas=2))
     decision = Tuner(ONE_SHOT).decide({"decode": decode}, SLO, TunerMemory(), now=1000.0)
     capacity = decision.memory.capacity["decode"]
-    assert capacity.generation_tps == pytest.approx(0.7 * 400 + 0.3 * 450)
-    assert any("400 -> 415 generation tok/s (saturated: 2.0 waiting per pod)" in r for r in decision.reasons)
+    # the first measurement replaces the default guess (400) outright
+    assert capacity.generation_tps == pytest.approx(450) and capacity.measured
+    assert any("400 -> 450 generation tok/s (saturated: 2.0 waiting per pod (first measurement" in r
+               for r in decision.reasons)  # fmt: skip
     # the same snapshot again is not a second observation
     again = Tuner(ONE_SHOT).decide({"decode": decode}, SLO, decision.memory, now=1030.0)
     assert again.memory.capacity["decode"].generation_tps == capacity.generation_tps
+    # later measurements are smoothed (EWMA 0.3)
+    slower = pool_input(metrics("decode", gen_tps=700, waiting=4, pods=2, at=1100.0), settings(replicas=2))
+    later = Tuner(ONE_SHOT).decide({"decode": slower}, SLO, decision.memory, now=1100.0)
+    assert later.memory.capacity["decode"].generation_tps == pytest.approx(0.7 * 450 + 0.3 * 350)
 
 
 def test_outrunning_the_estimate_raises_it_at_once() -> None:
