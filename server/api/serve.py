@@ -16,8 +16,6 @@ from .kv_transfer import KVExportStore
 from .live_config import ConfigWatcher
 from .state import ServerState
 
-LOCAL_ENGINE_ROLES = ("colocated", "prefill", "decode")
-
 
 def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     """Load the model, start the engine thread and, with ``--config``, the live-config watcher."""
@@ -38,8 +36,6 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
 
 def serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.role not in LOCAL_ENGINE_ROLES:
-        raise SystemExit(f"role {args.role!r} has no local engine")
     state, watcher = local_engine_state(args)
 
     def stop() -> None:

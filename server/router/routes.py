@@ -61,9 +61,9 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         return {"object": "list", "data": [card]}
 
     async def _max_model_len() -> int | None:
-        """What the decode servers serve (they run every token); None while none answers."""
+        """What the decode servers serve (they run every token), asked once; None while none answers."""
         server = balancer.pick("decode")
-        if server is None:
+        if state.max_model_len or server is None:
             return state.max_model_len or None
         try:
             response = await proxy.client.get(f"{server.url}/v1/models", timeout=2.0)

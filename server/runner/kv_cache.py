@@ -75,17 +75,11 @@ class PagedKVCache:
         (server/core/kv_wire.py): (layers, 2, kv_heads, len(blocks), block_size * head_dim)."""
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
         shape = (self.num_layers, 2, self.num_kv_heads, len(blocks), self._block_size_elems)
-        if self.device.type == "cpu":
-            out = torch.empty(shape, dtype=self.dtype)
-            for layer in range(self.num_layers):
-                torch.index_select(self._key_blocks[layer], 1, index, out=out[layer, 0])
-                torch.index_select(self._value_blocks[layer], 1, index, out=out[layer, 1])
-            return out
-        staged = torch.empty(shape, dtype=self.dtype, device=self.device)
+        out = torch.empty(shape, dtype=self.dtype, device=self.device)
         for layer in range(self.num_layers):
-            torch.index_select(self._key_blocks[layer], 1, index, out=staged[layer, 0])
-            torch.index_select(self._value_blocks[layer], 1, index, out=staged[layer, 1])
-        return staged.cpu()
+            torch.index_select(self._key_blocks[layer], 1, index, out=out[layer, 0])
+            torch.index_select(self._value_blocks[layer], 1, index, out=out[layer, 1])
+        return out.cpu()  # on the CPU already: the same tensor, no copy
 
     def import_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
         """Write ``data`` (the payload layout, on any device) into ``blocks`` of every layer."""
