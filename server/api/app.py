@@ -119,13 +119,13 @@ class InFlightMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/") or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        self.gauge.inc()
         self.state.in_flight += 1
+        self.gauge.set(self.state.in_flight)
         try:
             await self.app(scope, receive, send)
         finally:
-            self.gauge.dec()
             self.state.in_flight -= 1
+            self.gauge.set(self.state.in_flight)
 
 
 def _document_400_not_422(app: FastAPI) -> None:

@@ -9,6 +9,7 @@ and no prefill server keeps KV nobody fetches."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -104,6 +105,16 @@ def all_through(url: str, prompts: list[str], stream: bool = False) -> dict[str,
         return {p: f.result() for p, f in futures.items()}
 
 
+@contextlib.contextmanager
+def stopped(server: ServerProcess):
+    """SIGSTOP for the block: the server is alive and accepts connections, but answers nothing."""
+    server.terminate(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        server.terminate(signal.SIGCONT)
+
+
 def held_kv(*prefill: ServerProcess) -> float:
     return sum(p.metrics()["llmfleet_kv_export_held_bytes{}"] for p in prefill)
 
@@ -134,27 +145,19 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
 def test_a_prefill_server_that_times_out_is_retried_on_another(fleet):
     tmp, s = fleet
     want = expected(s)
-    with router(tmp, [s["p1"], s["p2"]], [s["d1"]], "--router-policy", "round-robin") as r:
-        s["p1"].terminate(signal.SIGSTOP)  # alive, accepts connections, answers nothing
-        try:
-            started = time.monotonic()
-            assert all_through(r.url, PROMPTS[1:5]) == {p: want[p] for p in PROMPTS[1:5]}
-            assert time.monotonic() - started < 30
-            assert r.metrics()["llmfleet_router_retries_total{pool=prefill}"] >= 1
-        finally:
-            s["p1"].terminate(signal.SIGCONT)
+    with router(tmp, [s["p1"], s["p2"]], [s["d1"]], "--router-policy", "round-robin") as r, stopped(s["p1"]):
+        started = time.monotonic()
+        assert all_through(r.url, PROMPTS[1:5]) == {p: want[p] for p in PROMPTS[1:5]}
+        assert time.monotonic() - started < 30
+        assert r.metrics()["llmfleet_router_retries_total{pool=prefill}"] >= 1
 
 
 def test_a_decode_server_silent_before_its_first_byte_is_retried(fleet):
     tmp, s = fleet
     want = expected(s)
-    with router(tmp, [s["p2"]], [s["d1"], s["d2"]], "--router-policy", "round-robin") as r:
-        s["d1"].terminate(signal.SIGSTOP)
-        try:
-            assert all_through(r.url, PROMPTS[1:5], stream=True) == {p: want[p] for p in PROMPTS[1:5]}
-            assert r.metrics()["llmfleet_router_retries_total{pool=decode}"] >= 1
-        finally:
-            s["d1"].terminate(signal.SIGCONT)
+    with router(tmp, [s["p2"]], [s["d1"], s["d2"]], "--router-policy", "round-robin") as r, stopped(s["d1"]):
+        assert all_through(r.url, PROMPTS[1:5], stream=True) == {p: want[p] for p in PROMPTS[1:5]}
+        assert r.metrics()["llmfleet_router_retries_total{pool=decode}"] >= 1
 
 
 def test_dead_servers_before_the_first_byte_are_retried(fleet):
