@@ -13,12 +13,27 @@ the tuner must not act on at all (no pod reporting, samples too old, the source 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 LATENCY_FIELDS = ("ttft", "itl", "queue_time")
-RATE_FIELDS = ("request_rate", "prompt_tokens_per_s", "generation_tokens_per_s", "preemptions_per_s")
-LOAD_FIELDS = ("waiting", "running", "kv_usage_mean", "kv_usage_max", "mean_batch_size", "mean_step_tokens")
+RATE_FIELDS = (
+    "request_rate",
+    "prompt_tokens_per_s",
+    "generation_tokens_per_s",
+    "preemptions_per_s",
+    "waiting_growth_per_s",
+)
+LOAD_FIELDS = (
+    "waiting",
+    "running",
+    "kv_usage_mean",
+    "kv_usage_max",
+    "mean_batch_size",
+    "mean_step_tokens",
+    "mean_step_seconds",
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +80,10 @@ class PoolMetrics:
 
     Latencies are seconds. ``waiting`` and ``running`` are summed over pods (mean over the window
     where the source can average); ``kv_usage_*`` are fractions 0..1; ``mean_batch_size`` is the
-    running sequences per engine step and ``mean_step_tokens`` the tokens per step, per pod.
+    running sequences per engine step, ``mean_step_tokens`` the tokens per step and
+    ``mean_step_seconds`` the time per step, per pod. ``waiting_growth_per_s`` is how fast the
+    queue grew over the window (requests/s, summed over pods; negative while it drains): arrivals
+    the pool did not keep up with, which served throughput does not show.
     """
 
     pool: PoolRef
@@ -78,12 +96,14 @@ class PoolMetrics:
     prompt_tokens_per_s: float | None = None
     generation_tokens_per_s: float | None = None
     preemptions_per_s: float | None = None
+    waiting_growth_per_s: float | None = None
     waiting: float | None = None
     running: float | None = None
     kv_usage_mean: float | None = None
     kv_usage_max: float | None = None
     mean_batch_size: float | None = None
     mean_step_tokens: float | None = None
+    mean_step_seconds: float | None = None
     ready_pods: int | None = None  # pods whose series are in the snapshot
     newest_sample_age_s: float | None = None
     stale: bool = False
@@ -127,9 +147,11 @@ class PoolMetrics:
             "promptTokensPerS": rounded(self.prompt_tokens_per_s, 1),
             "generationTokensPerS": rounded(self.generation_tokens_per_s, 1),
             "waiting": rounded(self.waiting),
+            "waitingGrowthPerS": rounded(self.waiting_growth_per_s, 3),
             "running": rounded(self.running),
             "kvUsageMax": rounded(self.kv_usage_max, 3),
             "meanBatchSize": rounded(self.mean_batch_size),
+            "meanStepMs": ms(self.mean_step_seconds),
             "readyPods": self.ready_pods,
             "stale": self.stale,
             **({"reason": self.reason} if self.reason else {}),
@@ -190,6 +212,17 @@ def judge_staleness(metrics: PoolMetrics, policy: StalenessPolicy) -> PoolMetric
             f"(> {policy.max_sample_age_s:.0f} s)",
         )
     return metrics
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Slope of (time, value) points by least squares, as PromQL's ``deriv``; None under two times."""
+    if len({t for t, _ in points}) < 2:
+        return None
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread
 
 
 def _json_safe(value: Any) -> Any:

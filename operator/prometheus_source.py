@@ -29,7 +29,7 @@ from .metrics_source import (
     stale_snapshot,
 )
 
-NO_STEPS_FIELDS = {"mean_batch_size", "mean_step_tokens"}  # 0/0 means no engine step ran
+NO_STEPS_FIELDS = {"mean_batch_size", "mean_step_tokens", "mean_step_seconds"}  # 0/0 means no engine step ran
 
 
 class PrometheusError(RuntimeError):

@@ -25,6 +25,7 @@ RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 BATCH_SIZE = "llmfleet_batch_size"
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
+STEP_DURATION = "llmfleet_step_duration_seconds"
 
 LATENCY_HISTOGRAMS = {"ttft": TTFT, "itl": ITL, "queue_time": QUEUE_TIME}
 QUANTILES = (0.5, 0.95, 0.99)
@@ -89,6 +90,11 @@ def gauge_max(gauge: str, selector: str, window: float | str) -> str:
     return f"max(max_over_time({gauge}{{{selector}}}[{duration(window)}]))"
 
 
+def gauge_growth(gauge: str, selector: str, window: float | str) -> str:
+    """How fast a gauge rose over the window, per second, summed over pods (least squares, as ``deriv``)."""
+    return f"sum(deriv({gauge}{{{selector}}}[{duration(window)}]))"
+
+
 def pods_reporting(selector: str) -> str:
     """Pods with a live series (Prometheus drops a vanished target's series via staleness markers)."""
     return f"count({RUNNING}{{{selector}}})"
@@ -111,12 +117,14 @@ def pool_queries(selector: str, window: float | str) -> dict[str, str]:
         "prompt_tokens_per_s": counter_rate(PROMPT_TOKENS, selector, window),
         "generation_tokens_per_s": counter_rate(GENERATION_TOKENS, selector, window),
         "preemptions_per_s": counter_rate(PREEMPTIONS, selector, window),
+        "waiting_growth_per_s": gauge_growth(WAITING, selector, window),
         "waiting": gauge_sum_mean(WAITING, selector, window),
         "running": gauge_sum_mean(RUNNING, selector, window),
         "kv_usage_mean": gauge_avg_mean(KV_USAGE, selector, window),
         "kv_usage_max": gauge_max(KV_USAGE, selector, window),
         "mean_batch_size": histogram_mean(BATCH_SIZE, selector, window),
         "mean_step_tokens": histogram_mean(ITERATION_TOKENS, selector, window),
+        "mean_step_seconds": histogram_mean(STEP_DURATION, selector, window),
         "ready_pods": pods_reporting(selector),
         "newest_sample": newest_sample_time(selector),
     }

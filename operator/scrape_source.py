@@ -33,6 +33,7 @@ from .metrics_source import (
     StalenessPolicy,
     judge_staleness,
     latency_from_quantiles,
+    least_squares_slope,
     stale_snapshot,
 )
 
@@ -43,7 +44,11 @@ COUNTER_FIELDS = {
     "generation_tokens_per_s": promql.GENERATION_TOKENS,
     "preemptions_per_s": promql.PREEMPTIONS,
 }
-HISTOGRAM_MEANS = {"mean_batch_size": promql.BATCH_SIZE, "mean_step_tokens": promql.ITERATION_TOKENS}
+HISTOGRAM_MEANS = {
+    "mean_batch_size": promql.BATCH_SIZE,
+    "mean_step_tokens": promql.ITERATION_TOKENS,
+    "mean_step_seconds": promql.STEP_DURATION,
+}
 
 
 @dataclass(frozen=True)
@@ -308,15 +313,20 @@ def _gauges(
     window_s: float,
     missing: dict[str, str],
 ) -> dict[str, float | None]:
-    """Per pod: the mean of its scrapes inside the window; then summed or averaged over pods."""
+    """Per pod: the mean of its scrapes inside the window (and the queue's growth over them); then
+    summed or averaged over pods."""
     per_pod: dict[str, dict[str, list[float]]] = {}
+    growth: list[float] = []
     for url in current:
         inside = [s for s in history.get(url, ()) if now - s.at <= window_s]
         for gauge in (promql.WAITING, promql.RUNNING, promql.KV_USAGE):
             values = [s.gauges[gauge] for s in inside if gauge in s.gauges]
             if values:
                 per_pod.setdefault(gauge, {})[url] = values
-    out: dict[str, float | None] = {}
+        slope = least_squares_slope([(s.at, s.gauges[promql.WAITING]) for s in inside if promql.WAITING in s.gauges])
+        if slope is not None:
+            growth.append(slope)
+    out: dict[str, float | None] = {"waiting_growth_per_s": sum(growth) if growth else None}
 
     def means(gauge: str) -> list[float]:
         return [sum(v) / len(v) for v in per_pod.get(gauge, {}).values()]
@@ -330,5 +340,6 @@ def _gauges(
     out["kv_usage_max"] = max(all_kv) if all_kv else None
     for name, value in out.items():
         if value is None:
-            missing[name] = f"{name}: no gauge series"
+            growth = name == "waiting_growth_per_s"
+            missing[name] = f"{name}: " + ("fewer than two scrapes in the window" if growth else "no gauge series")
     return out

@@ -344,7 +344,7 @@ class Fleet:
         step = pod.run_step(self.now)
         if step is not None:
             series = self.pools[pod.pool].series
-            series.step(step.batch, step.tokens)
+            series.step(step.batch, step.tokens, step.seconds)
             new = pod.new_preemptions()
             if new:
                 series.preempted(new)

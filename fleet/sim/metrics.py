@@ -26,13 +26,23 @@ from llmfleet.operator.metrics_source import (
     StalenessPolicy,
     judge_staleness,
     latency_from_quantiles,
+    least_squares_slope,
     stale_snapshot,
 )
 from llmfleet.server.api.metrics import ITL_BUCKETS as SERVER_ITL_BUCKETS
 from llmfleet.server.api.metrics import REQUEST_BUCKETS, TTFT_BUCKETS
 
 LATENCY_BUCKETS = {"ttft": TTFT_BUCKETS, "itl": SERVER_ITL_BUCKETS, "queue_time": REQUEST_BUCKETS}
-COUNTERS = ("requests", "prompt_tokens", "generation_tokens", "preemptions", "steps", "step_batch", "step_tokens")
+COUNTERS = (
+    "requests",
+    "prompt_tokens",
+    "generation_tokens",
+    "preemptions",
+    "steps",
+    "step_batch",
+    "step_tokens",
+    "step_seconds",
+)
 
 
 @dataclass
@@ -128,10 +138,11 @@ class PoolSeries:
         if queue_time is not None:
             self.histograms["queue_time"].observe(queue_time)
 
-    def step(self, batch: int, tokens: int) -> None:
+    def step(self, batch: int, tokens: int, seconds: float) -> None:
         self.counters["steps"] += 1
         self.counters["step_batch"] += batch
         self.counters["step_tokens"] += tokens
+        self.counters["step_seconds"] += seconds
 
     def preempted(self, count: int) -> None:
         self.counters["preemptions"] += count
@@ -197,7 +208,8 @@ class SimMetricSource:
             latencies[name] = latency_from_quantiles(name, quantiles, samples, self.policy, window_s, missing)
         steps = delta["steps"]
         if steps <= 0:
-            missing["mean_batch_size"] = missing["mean_step_tokens"] = "no engine steps in the window"
+            for name in ("mean_batch_size", "mean_step_tokens", "mean_step_seconds"):
+                missing[name] = "no engine steps in the window"
         kv_means = [s.kv_mean for s in scrapes if s.kv_mean is not None]
         kv_maxes = [s.kv_max for s in scrapes if s.kv_max is not None]
         metrics = PoolMetrics(
@@ -211,12 +223,14 @@ class SimMetricSource:
             prompt_tokens_per_s=delta["prompt_tokens"] / span,
             generation_tokens_per_s=delta["generation_tokens"] / span,
             preemptions_per_s=delta["preemptions"] / span,
+            waiting_growth_per_s=least_squares_slope([(s.at, s.waiting) for s in scrapes]),
             waiting=sum(s.waiting for s in scrapes) / len(scrapes),
             running=sum(s.running for s in scrapes) / len(scrapes),
             kv_usage_mean=sum(kv_means) / len(kv_means) if kv_means else None,
             kv_usage_max=max(kv_maxes) if kv_maxes else None,
             mean_batch_size=delta["step_batch"] / steps if steps > 0 else None,
             mean_step_tokens=delta["step_tokens"] / steps if steps > 0 else None,
+            mean_step_seconds=delta["step_seconds"] / steps if steps > 0 else None,
             ready_pods=pods,
             newest_sample_age_s=max(0.0, now - last.at),
             missing=missing,

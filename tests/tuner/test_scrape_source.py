@@ -152,6 +152,7 @@ async def test_first_snapshot_is_stale_then_rates_and_quantiles_over_the_window(
     assert m.mean_batch_size == pytest.approx(8.0)
     # gauges: each pod's mean over its scrapes in the window, summed (queues) or averaged (KV)
     assert m.waiting == pytest.approx((2 + 4) / 2 + 0)
+    assert m.waiting_growth_per_s == pytest.approx(2 / 30)  # pod A's queue rose 2 -> 4 in 30 s
     assert m.running == pytest.approx(12)
     assert m.kv_usage_max == pytest.approx(0.6)
     assert m.kv_usage_mean == pytest.approx(((0.2 + 0.6) / 2 + 0.4) / 2)

@@ -1,0 +1,24 @@
+"""What the simulated pools report to the tuner: step times and the queue's growth, as the
+direct-scrape source would measure them from real pods."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmfleet.operator.metrics_source import PoolRef
+from llmfleet.sim.metrics import PodGauges, PoolSeries, SimMetricSource
+
+
+def test_step_times_and_queue_growth_over_the_window() -> None:
+    series = PoolSeries("colocated")
+    clock = [0.0]
+    source = SimMetricSource(lambda pool: series, lambda pool: 1, lambda: clock[0])
+    for at, waiting in ((0.0, 0), (10.0, 2), (20.0, 4), (30.0, 6)):
+        clock[0] = at
+        series.step(batch=4, tokens=20, seconds=0.030)
+        series.step(batch=8, tokens=8, seconds=0.040)
+        series.scrape(at, [PodGauges(waiting=waiting, running=8, kv_usage=0.1)])
+    m = source.measure(PoolRef("default", "svc", "colocated"), 60.0)
+    assert m.mean_step_seconds == pytest.approx(0.035)
+    assert m.mean_batch_size == pytest.approx(6.0) and m.mean_step_tokens == pytest.approx(14.0)
+    assert m.waiting_growth_per_s == pytest.approx(0.2)
