@@ -32,17 +32,22 @@ owns TTFT and ``decode`` owns ITL):
 - **Replicas cover demand**: ``ceil(demand / (1 - headroom))`` replica-equivalents, where demand
   is prompt tokens/s over per-replica prefill capacity (prefill), generated tokens/s over
   per-replica decode capacity (decode), or both summed (colocated). The prefill:decode ratio
-  follows from the two, as in NVIDIA Dynamo's planner. Capacities start from a default guess and
-  follow an EWMA of the observed throughput per replica whenever a pool is saturated (a queue of
-  at least one request per pod); the first such measurement replaces the guess outright (a
-  guess can be off several-fold). A saturated window only measures the knobs that held through
-  it and will hold: not when the batch cap or the token budget changed within the window or rises
-  this run. A pool outrunning its estimate raises it at once. A pool that
+  follows from the two, as in NVIDIA Dynamo's planner. Where pods report step times, capacity
+  comes from the step-time plane (step_model.py: overhead + per sequence + per prompt token,
+  fitted online, the same at any knobs), projected at the batch cap and token budget this run
+  leaves: decode steps of B sequences serve B / (overhead + per_seq x B) tok/s. A queue then
+  proves nothing about capacity (a batching window or a batch cap makes one too). Elsewhere
+  capacities start from a default guess and follow an EWMA of the observed throughput per
+  replica whenever a pool is saturated (a queue of at least one request per pod); the first
+  such measurement replaces the guess outright (a guess can be off several-fold), and only
+  knobs that held through the window and will hold are measured. Either way a pool outrunning
+  its estimate raises it at once, and a pool that
   violates an owned SLO with its protecting knob at its limit is saturated for latency: its
   per-pod load becomes the estimate's upper bound at once (capacity at the SLO, which for short
   chat or long RAG prompts is well below raw throughput). Per-pod rates are only measured once
   the ready pod count has held for a whole metric window. Demand is
-  served throughput, so a saturated pool (served/capacity ~ pods) still grows by the headroom,
+  served throughput, so a saturated pool (served/capacity ~ pods) still grows by the headroom;
+  a queue that grows by g requests/s adds g requests/s of demand (arrivals above what is served),
   and the waiting requests' tokens count too, as demand to drain within ``backlog_drain_s`` (60).
   One more replica when an owned SLO is violated and its knob is already at its limit (for ITL,
   only with a queue: otherwise more replicas would not help; not while another knob protects the
@@ -132,6 +137,19 @@ class Proposal:
     protects: str = ""  # the SLO a protective or exhausted proposal is about: "ttft" or "itl"
 
 
+@dataclass(frozen=True)
+class PerReplica:
+    """Tokens/s one replica of a pool serves at given knobs, and how that was worked out."""
+
+    prompt_tps: float
+    generation_tps: float
+    basis: str = ""  # the step plane at those knobs; empty for the stored estimate
+
+    def summary(self) -> dict[str, Any]:
+        return {"promptTokensPerS": round(self.prompt_tps, 1), "generationTokensPerS": round(self.generation_tps, 1),
+                **({"basis": self.basis} if self.basis else {})}  # fmt: skip
+
+
 class Tuner:
     def __init__(self, config: TunerConfig | None = None) -> None:
         self.config = config or TunerConfig()
@@ -165,14 +183,14 @@ class Tuner:
             capacity, measurable = self._update_capacity(name, pool, mem, lines, proposals)
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
-            replicas, units = self._replica_proposal(name, pool, slo, capacity, proposals)
+            per_replica = self._per_replica(name, capacity, settings[name])  # at the knobs this run leaves
+            replicas, units = self._replica_proposal(name, pool, slo, per_replica, proposals)
             if units is not None:
                 demand[name] = units
             settings[name] = self._act(name, REPLICAS, settings[name], replicas, mem, now, changes, lines)
             if measurable:
                 self._latency_saturation(name, pool, slo, capacity, proposals, lines)
-            inputs[name]["capacity"] = {"promptTokensPerS": round(capacity.prompt_tps, 1),
-                                        "generationTokensPerS": round(capacity.generation_tps, 1)}  # fmt: skip
+            inputs[name]["capacity"] = per_replica.summary()
         if "prefill" in demand and "decode" in demand:
             lines.append(
                 f"P:D demand {demand['prefill'][0]:.2f}:{demand['decode'][0]:.2f} replica-equivalents "
@@ -416,7 +434,7 @@ class Tuner:
     # -- replicas -------------------------------------------------------------------------------
 
     def _replica_proposal(
-        self, name: str, pool: PoolInput, slo: SLOTargets, capacity: Capacity, knobs: Mapping[str, Proposal]
+        self, name: str, pool: PoolInput, slo: SLOTargets, capacity: PerReplica, knobs: Mapping[str, Proposal]
     ) -> tuple[Proposal, tuple[float, str] | None]:
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
         parts: list[tuple[float | None, float, str]] = []
@@ -431,10 +449,12 @@ class Tuner:
             return Proposal(cur, f"demand unknown ({why})"), None
         units = sum(rate / cap for rate, cap, _ in parts)  # type: ignore[operator]
         detail = " + ".join(f"{label} {rate:.0f} tok/s / {cap:.0f} per replica" for rate, cap, label in parts)
-        backlog = self._backlog_units(m, parts)
-        if backlog is not None:
-            units += backlog[0]
-            detail += f" + {backlog[1]}"
+        for extra in (self._growth_units(m, parts), self._backlog_units(m, parts)):
+            if extra is not None:
+                units += extra[0]
+                detail += f" + {extra[1]}"
+        if capacity.basis:
+            detail += f"; per replica {capacity.basis}"
         if not math.isfinite(units):  # e.g. a near-zero request rate under a queue: no usable estimate
             return Proposal(cur, f"demand not finite ({detail}): replicas hold"), None
         raw = math.ceil(units / (1.0 - c.headroom) - 1e-9)
@@ -497,6 +517,19 @@ class Tuner:
             f"utilization {rho:.2f}, then {units / target:.2f}; > {limit:g}) -> {n}"
         )
 
+    def _growth_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
+        """Replica-equivalents of the arrivals the pool is not keeping up with: served throughput
+        stops growing once a pool saturates, while a queue that grows by g requests/s says the
+        arrival rate is g above it. Counting them scales a step up in one move, before the
+        backlog they build gets long (a pod takes a while to start). Only a queue that grew by at
+        least one request over the window counts; smaller slopes are noise."""
+        growth = m.waiting_growth_per_s
+        if growth is None or growth * m.window_s < 1.0 or not m.request_rate:
+            return None
+        per_request = {"prompt": m.prompt_tokens_per_s, "generation": m.generation_tokens_per_s}
+        units = sum(growth * (per_request[label] or 0.0) / m.request_rate / cap for _, cap, label in parts)
+        return units, f"queue growing {growth:.2f} req/s = {units:.2f}"
+
     def _backlog_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
         """Replica-equivalents to drain the queue within ``backlog_drain_s``: served throughput
         under-counts demand once requests wait, so the waiting requests' tokens are added."""
@@ -535,6 +568,9 @@ class Tuner:
         pods = m.ready_pods or 0
         if pods <= 0 or (capacity.updated_at is not None and m.at <= capacity.updated_at):
             return capacity, False
+        step = (m.mean_batch_size, m.mean_step_tokens, m.mean_step_seconds)
+        if all(v is not None for v in step):  # the plane is knob-free: every window counts
+            capacity.steps.observe(m.at, *step)  # type: ignore[arg-type]
         if capacity.pods != pods:  # a fresh memory (pods None) assumes the count it first sees has held
             capacity.pods_since = m.at if capacity.pods is not None else None
             capacity.pods = pods
@@ -548,49 +584,80 @@ class Tuner:
             return capacity, False
         saturated = self._saturation(name, pool)
         if saturated:
-            past = self._knobs_of_the_past(name, pool, mem, knobs)
+            # A queue can come from a batching window or a batch cap as much as from a pod at its
+            # limit: with step times the plane says what a replica serves at the knobs, and a
+            # saturated window's throughput only counts as a lower bound, as it does when the
+            # window mixes knobs or this run raises them.
+            plane = "the step plane gives it" if capacity.steps.points else ""
+            past = plane or self._knobs_of_the_past(name, pool, mem, knobs)
             if past:
                 lines.append(f"{name}: {saturated}, but not the pool's capacity: {past}")
                 saturated = ""  # still a lower bound: an estimate below the throughput rises to it
         prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
         generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
-        before = (capacity.prompt_tps, capacity.generation_tps)
+        before = self._per_replica(name, capacity, pool.current)  # at the knobs the window ran
         # The first saturated measurement replaces the default guess outright: an EWMA from a
         # guess that may be off several-fold would keep the guess's error for many runs.
         weight = c.capacity_ewma if capacity.measured else 1.0
         if name == "colocated":
             if prompt is None or generation is None or prompt + generation <= 0:
                 return capacity, True
-            load = prompt / capacity.prompt_tps + generation / capacity.generation_tps  # replicas busy, each
+            load = prompt / before.prompt_tps + generation / before.generation_tps  # replicas busy, each
             factor = (1 - weight) + weight * load if saturated else max(load, 1.0)
-            capacity.prompt_tps *= factor
-            capacity.generation_tps *= factor
         else:
             observed = prompt if name == "prefill" else generation
-            attr = "prompt_tps" if name == "prefill" else "generation_tps"
+            old = before.prompt_tps if name == "prefill" else before.generation_tps
             if observed is None or observed <= 0:
                 return capacity, True
-            old = getattr(capacity, attr)
-            new = (1 - weight) * old + weight * observed if saturated else max(old, observed)
-            setattr(capacity, attr, new)
+            factor = ((1 - weight) * old + weight * observed if saturated else max(old, observed)) / old
+        self._rescale(name, capacity, factor)
         if saturated and not capacity.measured:
             capacity.measured = True
             saturated += " (first measurement: replaces the default guess)"
-        capacity.prompt_tps = min(max(capacity.prompt_tps, c.prefill_capacity_tps / 100), c.prefill_capacity_tps * 100)
-        capacity.generation_tps = min(
-            max(capacity.generation_tps, c.decode_capacity_tps / 100), c.decode_capacity_tps * 100
-        )
         capacity.updated_at = m.at
-        if (capacity.prompt_tps, capacity.generation_tps) != before:
+        after = self._per_replica(name, capacity, pool.current)
+        if (after.prompt_tps, after.generation_tps) != (before.prompt_tps, before.generation_tps):
             capacity.observations += 1
-            moved = []
-            if name != "decode":
-                moved.append(f"{before[0]:.0f} -> {capacity.prompt_tps:.0f} prompt tok/s")
-            if name != "prefill":
-                moved.append(f"{before[1]:.0f} -> {capacity.generation_tps:.0f} generation tok/s")
             why = saturated or "throughput above the estimate"
-            lines.append(f"{name}: per-replica capacity {', '.join(moved)} ({why})")
+            lines.append(f"{name}: per-replica capacity {self._moved(name, before, after)} ({why})")
         return capacity, True
+
+    def _per_replica(self, name: str, capacity: Capacity, settings: PoolSettings) -> PerReplica:
+        """Tokens/s one replica serves at ``settings``' knobs: the step plane's throughput at the
+        batch cap (generation) and the token budget (prompts), times the measured scale; the
+        stored estimate where no step times were reported."""
+        c = self.config
+        plane = capacity.steps.plane(c.step_overhead_seqs, c.step_prompt_token_share)
+        if plane is None:
+            return PerReplica(capacity.prompt_tps, capacity.generation_tps)
+        batch, budget = settings.knobs.get(MAX_BATCH), settings.knobs.get(TOKEN_BUDGET)
+        prompt = capacity.prompt_tps if budget is None else plane.prompt_tokens_per_s(budget) * capacity.scale
+        generation = capacity.generation_tps if batch is None else plane.decode_tokens_per_s(batch) * capacity.scale
+        at = ", ".join(f"{knob} {_num(v)}" for knob, v in ((MAX_BATCH, batch), (TOKEN_BUDGET, budget)) if v is not None)
+        scaled = "" if capacity.scale == 1.0 else f" x{capacity.scale:.2f} measured"
+        return PerReplica(prompt, generation, f"at {at}: {plane.describe()}{scaled}")
+
+    def _rescale(self, name: str, capacity: Capacity, factor: float) -> None:
+        """Multiply what one replica serves by ``factor``: the step plane's scale, or the estimate."""
+        c = self.config
+        if capacity.steps.points:
+            capacity.scale = min(max(capacity.scale * factor, 0.1), 10.0)
+            return
+        if name != "decode":
+            capacity.prompt_tps = min(max(capacity.prompt_tps * factor, c.prefill_capacity_tps / 100),
+                                      c.prefill_capacity_tps * 100)  # fmt: skip
+        if name != "prefill":
+            capacity.generation_tps = min(max(capacity.generation_tps * factor, c.decode_capacity_tps / 100),
+                                          c.decode_capacity_tps * 100)  # fmt: skip
+
+    @staticmethod
+    def _moved(name: str, before: PerReplica, after: PerReplica) -> str:
+        moved = []
+        if name != "decode":
+            moved.append(f"{before.prompt_tps:.0f} -> {after.prompt_tps:.0f} prompt tok/s")
+        if name != "prefill":
+            moved.append(f"{before.generation_tps:.0f} -> {after.generation_tps:.0f} generation tok/s")
+        return ", ".join(moved)
 
     def _knobs_of_the_past(self, name: str, pool: PoolInput, mem: TunerMemory, knobs: Mapping[str, Proposal]) -> str:
         """Why a saturated window does not measure the capacity of the knobs to come, or ''.
@@ -642,33 +709,27 @@ class Tuner:
             return
         prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
         generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
-        before = (capacity.prompt_tps, capacity.generation_tps)
+        before = self._per_replica(name, capacity, pool.current)
         if name == "colocated":
             if prompt is None or generation is None or prompt + generation <= 0:
                 return
-            load = prompt / capacity.prompt_tps + generation / capacity.generation_tps
-            if load >= 1.0:
-                return  # the estimate already says one replica is full at this load
-            capacity.prompt_tps *= load
-            capacity.generation_tps *= load
+            factor = prompt / before.prompt_tps + generation / before.generation_tps
         else:
             observed = prompt if name == "prefill" else generation
-            attr = "prompt_tps" if name == "prefill" else "generation_tps"
-            old = getattr(capacity, attr)
-            if observed is None or observed <= 0 or observed >= old:
+            old = before.prompt_tps if name == "prefill" else before.generation_tps
+            if observed is None or observed <= 0:
                 return
-            setattr(capacity, attr, observed)
+            factor = observed / old
+        if factor >= 1.0:
+            return  # the estimate already says one replica is full at this load
+        self._rescale(name, capacity, factor)
         capacity.observations += 1
         capacity.measured = True
         ratio = self._owned_latency_ratio(name, m, slo)
-        moved = []
-        if name != "decode":
-            moved.append(f"{before[0]:.0f} -> {capacity.prompt_tps:.0f} prompt tok/s")
-        if name != "prefill":
-            moved.append(f"{before[1]:.0f} -> {capacity.generation_tps:.0f} generation tok/s")
+        after = self._per_replica(name, capacity, pool.current)
         lines.append(
-            f"{name}: per-replica capacity {', '.join(moved)} (saturated for latency: {ratio:.2f}x the SLO with "
-            f"{', '.join(exhausted)} at its limit)"
+            f"{name}: per-replica capacity {self._moved(name, before, after)} (saturated for latency: {ratio:.2f}x "
+            f"the SLO with {', '.join(exhausted)} at its limit)"
         )
 
     def _saturation(self, name: str, pool: PoolInput) -> str:

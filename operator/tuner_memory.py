@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from .step_model import StepModel
+
 MAX_RECOMMENDATIONS = 64
 MAX_RECENT_DECISIONS = 10
 
@@ -50,10 +52,18 @@ class KeyHistory(BaseModel):
 
 
 class Capacity(BaseModel):
-    """Measured throughput one replica of a pool sustains (tokens/s), seeded with a default guess."""
+    """What one replica of a pool sustains (tokens/s).
+
+    Where the pods report their step times, ``steps`` learns the step-time plane and the
+    capacity at any knobs is that plane's throughput times ``scale`` (what saturated or
+    SLO-breaking windows showed the plane to miss: KV limits, gaps between steps). Elsewhere
+    ``prompt_tps`` and ``generation_tps`` are the estimate itself, seeded with a default guess.
+    """
 
     prompt_tps: float
     generation_tps: float
+    steps: StepModel = Field(default_factory=StepModel)
+    scale: float = 1.0
     observations: int = 0
     measured: bool = False  # a saturated pool or a broken SLO has replaced the default guess
     updated_at: float | None = None

@@ -155,6 +155,10 @@ class TunerConfig:
     prefill_capacity_tps: float = 4000.0
     decode_capacity_tps: float = 400.0
     capacity_ewma: float = 0.3
+    # priors of the step-time plane until its points spread: a step's fixed cost in decoding
+    # sequences' worth, and a prompt token's cost as a share of a decoding sequence's
+    step_overhead_seqs: float = 16.0
+    step_prompt_token_share: float = 0.25
     saturation_queue_per_pod: float = 1.0
     backlog_drain_s: float = 60.0  # waiting requests count as demand to be served within this time
 
