@@ -326,7 +326,7 @@ def _gauges(
         slope = least_squares_slope([(s.at, s.gauges[promql.WAITING]) for s in inside if promql.WAITING in s.gauges])
         if slope is not None:
             growth.append(slope)
-    out: dict[str, float | None] = {"waiting_growth_per_s": sum(growth) if growth else None}
+    out: dict[str, float | None] = {}
 
     def means(gauge: str) -> list[float]:
         return [sum(v) / len(v) for v in per_pod.get(gauge, {}).values()]
@@ -340,6 +340,8 @@ def _gauges(
     out["kv_usage_max"] = max(all_kv) if all_kv else None
     for name, value in out.items():
         if value is None:
-            growth = name == "waiting_growth_per_s"
-            missing[name] = f"{name}: " + ("fewer than two scrapes in the window" if growth else "no gauge series")
+            missing[name] = f"{name}: no gauge series"
+    out["waiting_growth_per_s"] = sum(growth) if growth else None
+    if not growth:
+        missing["waiting_growth_per_s"] = "waiting_growth_per_s: fewer than two scrapes in the window"
     return out
