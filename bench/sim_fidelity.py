@@ -46,7 +46,11 @@ class Trace:
 
 def add_arguments(parser) -> None:
     """Options of `llm-fleet bench sim-fidelity` (bench/cli.py adds them)."""
-    parser.add_argument("--profile", help="cost profile (default $LLMFLEET_CACHE/calibration/<model>.json)")
+    parser.add_argument(
+        "--profile",
+        help="cost profile (sim-fidelity default: $LLMFLEET_CACHE/calibration/<model>.json; "
+        "tuner default: the reference profile in bench/profiles/)",
+    )
     parser.add_argument("--calibrate", action="store_true", help="sim-fidelity: calibrate first (full grid)")
     parser.add_argument("--threads", type=int, help="sim-fidelity --calibrate: torch threads to pin")
     parser.add_argument("--rates", default="0.6,2.5", help="sim-fidelity: arrival rates, requests/s")

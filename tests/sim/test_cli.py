@@ -58,3 +58,13 @@ def test_bench_tuner_quick(tmp_path, capsys) -> None:
     row = result["workloads"][0]
     assert row["workload"] == "chat" and set(row["checks"]) >= {"attainment", "vs_best_fixed", "vs_hpa"}
     assert (tmp_path / "tuner_eval.png").is_file()
+
+
+def test_the_tuner_bench_defaults_to_the_reference_profile() -> None:
+    """The profile the tuner bench's SLOs were set for ships with the package and loads."""
+    from llmfleet.bench.tuner_eval import REFERENCE_PROFILE
+    from llmfleet.sim.cost_model import CostModel
+
+    cost = CostModel.load(REFERENCE_PROFILE)
+    assert (cost.model, cost.dtype, cost.device) == ("builtin:small", "float32", "cpu")
+    assert cost.describe().startswith("59.80 ms + 1824.9 us/token")
