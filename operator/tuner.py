@@ -310,7 +310,7 @@ class Tuner:
         if budget_now is not None and (steps is None or steps >= c.batch_full_fraction * budget_now):
             return None  # the budget, not the slots, may be what holds prompts back
         running = m.mean_batch_size
-        if running is None or running + 3.0 * math.sqrt(running) < cur:
+        if running is None or _cap_out_of_reach(running, cur):
             return None  # the cap is (almost) never reached: slots are not what requests wait for
         new = allowed.clamp(cur + c.batch_increase_step)
         if new <= cur:
@@ -406,15 +406,31 @@ class Tuner:
             return Proposal(cur, f"TTFT p95 {_fmt_ms(ttft)} ms <= SLO {_fmt_ms(slo.ttft_p95_ms)} ms")
         why = f"TTFT p95 {_fmt_ms(ttft)} ms > SLO {_fmt_ms(slo.ttft_p95_ms)} ms"
         queue = _queue_ms(m)
-        if queue is None or queue >= c.queue_dominant_fraction * ttft:
-            return Proposal(cur, f"{why}, but it is not prefill-bound (queue p95 {_opt(queue)} ms)")
         prompt = m.mean_prompt_tokens()
+        # A prompt longer than the budget takes several steps; steps that fill the budget leave the
+        # next prompts waiting for one; and where prompts queue while neither the window nor the
+        # slots hold them back, a budget too small for two prompts beside a full batch makes the
+        # second of two arrivals wait a step. A queue in front of a small budget is the budget's
+        # doing, so it does not rule the budget out.
+        pair = None if prompt is None else 2 * prompt + pool.current.knobs.get(MAX_BATCH, 0.0)
         if prompt is not None and prompt > cur:
             evidence = f"mean prompt {prompt:.0f} tokens > budget {_num(cur)}"
         elif steps is not None and steps >= 0.9 * cur:
             evidence = f"steps fill the budget ({steps:.0f} of {_num(cur)} tokens)"
+        elif (
+            pair is not None
+            and pair > cur
+            and queue is not None
+            and queue >= c.queue_dominant_fraction * ttft
+            and self._window_and_slots_clear(pool)
+        ):
+            evidence = (
+                f"prompts queue (queue p95 {_fmt_ms(queue)} ms) with {TIMEOUT} at its minimum and batch slots "
+                f"free, and two mean prompts and a full batch ({pair:.0f} tokens) overflow the budget"
+            )
         else:
-            return Proposal(cur, f"{why}, but prompts fit the budget (mean prompt {_opt(prompt)} tokens)")
+            return Proposal(cur, f"{why}, but prompts fit the budget (mean prompt {_opt(prompt)} tokens, "
+                                 f"queue p95 {_opt(queue)} ms)")  # fmt: skip
         if itl is not None and itl >= c.itl_low_water * slo.itl_p95_ms:
             return Proposal(cur, f"{why} and {evidence}, but ITL p95 {_fmt_ms(itl)} ms has no room")
         if name != "prefill" and itl is None:
@@ -424,12 +440,21 @@ class Tuner:
             return Proposal(cur, f"{why} and {evidence} with {TOKEN_BUDGET} at its maximum {_num(allowed.high)}")
         return Proposal(
             new,
-            f"{why} while prefill-bound (queue p95 {_fmt_ms(queue)} ms) and {evidence}",
+            f"{why} and {evidence}",
             f"x{c.budget_increase_factor:g}",
             protective=True,
             severity=ttft / slo.ttft_p95_ms,
             protects="ttft",
         )
+
+    def _window_and_slots_clear(self, pool: PoolInput) -> bool:
+        """The batching window is at its minimum and the batch cap is out of reach (the mean
+        batch + 3 sd under it): neither holds a waiting prompt back."""
+        cur = pool.current.knobs
+        window_low = TIMEOUT not in cur or cur[TIMEOUT] <= pool.limits.knob(TIMEOUT).low
+        running = pool.metrics.mean_batch_size
+        slots_free = MAX_BATCH not in cur or (running is not None and _cap_out_of_reach(running, cur[MAX_BATCH]))
+        return window_low and slots_free
 
     # -- replicas -------------------------------------------------------------------------------
 
@@ -818,6 +843,12 @@ class Tuner:
 
 
 # --- formatting --------------------------------------------------------------------------------
+
+
+def _cap_out_of_reach(mean_batch: float, cap: float) -> bool:
+    """The batch cap is above the mean batch + 3 sd (Poisson-like: sd = sqrt(mean)): it is
+    (almost) never what a waiting request waits for."""
+    return mean_batch + 3.0 * math.sqrt(mean_batch) < cap
 
 
 def _ms(seconds: float | None) -> float | None:
