@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .metrics_source import MetricSource, PoolMetrics, PoolRef
+from .metrics_source import MetricSource, PoolMetrics, PoolRef, snapshot_widening_latency
 from .reconcile import TunerState, effective_engine, effective_replicas
 from .spec import InferenceServiceSpec
 from .status import Condition
@@ -97,7 +97,7 @@ class Autotuner:
         metrics: dict[str, PoolMetrics] = {}
         inputs: dict[str, PoolInput] = {}
         for name in spec.active_pools:
-            metrics[name] = await self.source.snapshot(self.pools[name], window)
+            metrics[name] = await snapshot_widening_latency(self.source, self.pools[name], window)
             view = current[name]
             settings = PoolSettings(view.replicas, view.knobs)
             inputs[name] = PoolInput(metrics[name], settings, PoolLimits.from_spec(spec.pool(name)))

@@ -106,6 +106,7 @@ class PoolMetrics:
     mean_step_seconds: float | None = None
     ready_pods: int | None = None  # pods whose series are in the snapshot
     newest_sample_age_s: float | None = None
+    latency_window_s: float | None = None  # set where the latency quantiles come from a wider window
     stale: bool = False
     reason: str = ""
     missing: dict[str, str] = field(default_factory=dict)  # field -> why it is None
@@ -153,6 +154,7 @@ class PoolMetrics:
             "meanBatchSize": rounded(self.mean_batch_size),
             "meanStepMs": ms(self.mean_step_seconds),
             "readyPods": self.ready_pods,
+            **({"latencyWindowS": self.latency_window_s} if self.latency_window_s else {}),
             "stale": self.stale,
             **({"reason": self.reason} if self.reason else {}),
         }
@@ -233,3 +235,31 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
+
+
+LATENCIES = ("ttft", "itl", "queue_time")
+
+
+async def snapshot_widening_latency(
+    source: MetricSource, pool: PoolRef, window_s: float, widest: float = 4.0
+) -> PoolMetrics:
+    """``source``'s snapshot over ``window_s``; where a latency quantile rests on too few
+    observations (a pool that sees few requests, each long), the latency quantiles come from the
+    window doubled, up to ``widest`` times, instead of the tuner going without them. Rates and
+    gauges stay those of ``window_s``."""
+    m = await source.snapshot(pool, window_s)
+    wide = window_s
+    while not m.stale and _too_few(m) and wide < widest * window_s:
+        wide *= 2
+        wider = await source.snapshot(pool, wide)
+        if wider.stale:
+            break
+        took = {k: getattr(wider, k) for k in LATENCIES if not getattr(m, k).known and getattr(wider, k).known}
+        if took:
+            missing = {k: v for k, v in m.missing.items() if k not in took}
+            m = replace(m, **took, missing=missing, latency_window_s=wide)
+    return m
+
+
+def _too_few(m: PoolMetrics) -> bool:
+    return any("observations in the" in m.missing.get(k, "") for k in ("ttft", "itl"))

@@ -180,7 +180,7 @@ class Tuner:
         for name in names:
             pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits)
             proposals = self._knob_proposals(name, pool, slo)
-            capacity, measurable = self._update_capacity(name, pool, mem, lines, proposals)
+            capacity, measurable = self._update_capacity(name, pool, slo, mem, lines, proposals)
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
             per_replica = self._per_replica(name, capacity, settings[name])  # at the knobs this run leaves
@@ -326,8 +326,13 @@ class Tuner:
         return Proposal(new, why, f"+{_num(new - cur)}", protective=True, severity=ttft / target_ms, protects="ttft")
 
     def _exhausted(self, pool: PoolInput, knobs: Mapping[str, Proposal]) -> list[str]:
-        """Knobs at their limit against a violated SLO that no other knob is protecting this run."""
-        moving = {p.protects for k, p in knobs.items() if p.protective and p.target != pool.current.value(k)}
+        """Knobs that cannot restore a violated SLO (at their limit, or short of the excess) that no
+        other knob is protecting this run."""
+        moving = {
+            p.protects
+            for k, p in knobs.items()
+            if p.protective and not p.exhausted and p.target != pool.current.value(k)
+        }
         return [k for k, p in knobs.items() if p.exhausted and p.protects not in moving]
 
     def _timeout_rule(self, name: str, pool: PoolInput, slo: SLOTargets) -> Proposal:
@@ -352,8 +357,13 @@ class Tuner:
             if new >= cur:
                 return Proposal(cur, f"{why} with {TIMEOUT} at its minimum {_num(allowed.low)}",
                                 severity=ttft / target_ms, exhausted=over, protects="ttft")  # fmt: skip
+            # A window adds at most its length to a TTFT: when the excess is longer, shrinking it
+            # helps but cannot restore the SLO alone, so it does not stand in for replicas.
+            short = over and cur < ttft - target_ms
+            if short:
+                why += f", more than the whole {_num(cur)} ms window"
             return Proposal(new, why, f"x{c.timeout_shrink_factor:g}", protective=True, severity=ttft / target_ms,
-                            protects="ttft")  # fmt: skip
+                            exhausted=short, protects="ttft")  # fmt: skip
         step = c.timeout_step_ms
         if ttft + step >= c.ttft_low_water * target_ms:
             return Proposal(
@@ -492,13 +502,21 @@ class Tuner:
             waiting = (m.waiting or 0.0) / max(pods, 1)
             itl_only = all(k == MAX_BATCH for k in exhausted)
             if pods < cur:
-                why += f"; SLO violated with {', '.join(exhausted)} at its limit, but {pods} of {_num(cur)} pods ready"
+                why += (
+                    f"; SLO violated with {self._spent(pool, knobs, exhausted)}, but {pods} of {_num(cur)} pods ready"
+                )
             elif itl_only and waiting < c.queue_per_pod:
                 why += (f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
                         " more replicas would not lower it")  # fmt: skip
-            elif raw <= cur:
-                raw = int(cur) + 1
-                why += f"; SLO violated with {', '.join(exhausted)} at its limit -> one more replica"
+            else:
+                spent = self._spent(pool, knobs, exhausted)
+                needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas)
+                if needed is not None and needed > max(raw, cur):
+                    raw = needed
+                    why += f"; SLO violated with {spent} -> {needed}, where the owned latency projects within it"
+                elif raw <= cur:
+                    raw = int(cur) + 1
+                    why += f"; SLO violated with {spent} -> one more replica"
         if raw < cur:
             raw, note = self._projected_scale_down(name, m, slo, units, int(cur), raw)
             why += note
@@ -514,12 +532,10 @@ class Tuner:
         self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, target: int
     ) -> tuple[int, str]:
         """The fewest replicas, from ``target`` up to ``cur``, at which the owned latencies are
-        projected to stay within their SLOs, and a note when that is more.
-
-        Fewer pods carry more load each: utilization rho = demand / pods rises to rho' and, as in
-        an M/M/1 queue, latency scales by (1 - rho) / (1 - rho'). Capacity estimated from
-        throughput says nothing about latency (a pod can be well under its token throughput and
-        still break a TTFT SLO): this asks the latency measured now whether fewer pods would hold."""
+        projected to stay within their SLOs (``_projected_ratio``), and a note when that is more.
+        Capacity estimated from throughput says nothing about latency (a pod can be well under its
+        token throughput and still break a TTFT SLO): this asks the latency measured now whether
+        fewer pods would hold."""
         ratio = self._owned_latency_ratio(name, m, slo)
         pods = m.ready_pods or 0
         if ratio <= 0 or pods != cur or units <= 0:
@@ -528,18 +544,59 @@ class Tuner:
         limit = 1.0
         lowest = max(target, 1)  # a demand that rounds to zero replicas is judged at one
         for n in range(lowest, cur):
-            after = units / n
-            if after < 1.0 and rho < 1.0 and ratio * (1.0 - rho) / (1.0 - after) <= limit:
+            if self._projected_ratio(name, m, slo, rho, units / n) <= limit:
                 if n == lowest:
                     return target, ""
                 break
         else:
             n = cur
         target = lowest
-        projected = math.inf if units / target >= 1.0 else ratio * (1.0 - rho) / (1.0 - units / target)
+        projected = self._projected_ratio(name, m, slo, rho, units / target)
         return n, (
             f"; at {target} the owned latency is projected at {projected:.2f}x its SLO (now {ratio:.2f}x at "
             f"utilization {rho:.2f}, then {units / target:.2f}; > {limit:g}) -> {n}"
+        )
+
+    def _latency_replicas(
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int
+    ) -> int | None:
+        """The fewest replicas above ``cur`` (up to ``most``) at which the owned latencies, over
+        their SLOs now, are projected back within them; None when none is (a prefill that alone
+        takes longer than the SLO is not helped by pods) or nothing says how loaded the pods are."""
+        if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur:
+            return None
+        rho = units / cur
+        return next((n for n in range(cur + 1, most + 1) if self._projected_ratio(name, m, slo, rho, units / n) <= 1.0),
+                    None)  # fmt: skip
+
+    def _projected_ratio(self, name: str, m: PoolMetrics, slo: SLOTargets, rho: float, after: float) -> float:
+        """The owned latency over its SLO once each pod's utilization moves from ``rho`` to ``after``.
+
+        TTFT is the time a request waits (queue time) plus its prefill: the wait grows as an M/M/1
+        queue's, by rho / (1 - rho), and the prefill is held. Where the queue time is unknown the
+        whole TTFT is taken as wait. ITL, a step time, scales like an M/M/1 latency,
+        (1 - rho) / (1 - rho'): more load per pod means longer steps."""
+        if rho <= 0 or rho >= 1.0 or after >= 1.0:
+            return math.inf if after >= 1.0 or rho >= 1.0 else self._owned_latency_ratio(name, m, slo)
+        ratios = [0.0]
+        ttft = _ms(m.ttft.p95)
+        if name in ("colocated", "prefill") and ttft is not None:
+            queue = _queue_ms(m)
+            wait = ttft if queue is None else queue
+            grows = (after / (1.0 - after)) / (rho / (1.0 - rho))
+            ratios.append((ttft - wait + wait * grows) / slo.ttft_p95_ms)
+        itl = _ms(m.itl.p95)
+        if name in ("colocated", "decode") and itl is not None:
+            ratios.append(itl / slo.itl_p95_ms * (1.0 - rho) / (1.0 - after))
+        return max(ratios)
+
+    @staticmethod
+    def _spent(pool: PoolInput, knobs: Mapping[str, Proposal], exhausted: list[str]) -> str:
+        """'batchTimeoutMs at its limit' or '... short of the excess', for each knob that cannot
+        restore its SLO."""
+        return ", ".join(
+            f"{k} at its limit" if knobs[k].target == pool.current.value(k) else f"{k} short of the excess"
+            for k in exhausted
         )
 
     def _growth_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
@@ -578,7 +635,13 @@ class Tuner:
         return max(ratios)
 
     def _update_capacity(
-        self, name: str, pool: PoolInput, mem: TunerMemory, lines: list[str], knobs: Mapping[str, Proposal]
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        mem: TunerMemory,
+        lines: list[str],
+        knobs: Mapping[str, Proposal],
     ) -> tuple[Capacity, bool]:
         """Per-replica throughput: EWMA of what a saturated pool does; an unsaturated pool that
         already outruns the estimate raises it at once (its throughput is a lower bound).
@@ -635,6 +698,15 @@ class Tuner:
             if observed is None or observed <= 0:
                 return capacity, True
             factor = ((1 - weight) * old + weight * observed if saturated else max(old, observed)) / old
+        why = saturated or "throughput above the estimate"
+        ratio = self._owned_latency_ratio(name, m, slo)
+        cut = not saturated and factor <= 1.0 and bool(capacity.steps.points) and capacity.scale < 1.0
+        if cut and 0.0 < ratio < c.latency_margin:
+            # A capacity cut to the load that once broke an SLO (saturated for latency) would hold
+            # the pods it added for good; with the SLOs met by a margin it relaxes towards the step
+            # plane, and the projection in scale-down guards the way back.
+            factor = 1.0 + c.capacity_ewma * (1.0 / capacity.scale - 1.0)
+            why = f"owned latency {ratio:.2f}x its SLO (< {c.latency_margin:g}): back towards the step plane"
         self._rescale(name, capacity, factor)
         if saturated and not capacity.measured:
             capacity.measured = True
@@ -643,7 +715,8 @@ class Tuner:
         after = self._per_replica(name, capacity, pool.current)
         if (after.prompt_tps, after.generation_tps) != (before.prompt_tps, before.generation_tps):
             capacity.observations += 1
-            why = saturated or "throughput above the estimate"
+            if saturated:
+                why = saturated
             lines.append(f"{name}: per-replica capacity {self._moved(name, before, after)} ({why})")
         return capacity, True
 
@@ -754,7 +827,7 @@ class Tuner:
         after = self._per_replica(name, capacity, pool.current)
         lines.append(
             f"{name}: per-replica capacity {self._moved(name, before, after)} (saturated for latency: {ratio:.2f}x "
-            f"the SLO with {', '.join(exhausted)} at its limit)"
+            f"the SLO with {self._spent(pool, knobs, exhausted)})"
         )
 
     def _saturation(self, name: str, pool: PoolInput) -> str:

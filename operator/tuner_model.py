@@ -155,6 +155,7 @@ class TunerConfig:
     prefill_capacity_tps: float = 4000.0
     decode_capacity_tps: float = 400.0
     capacity_ewma: float = 0.3
+    latency_margin: float = 0.8  # owned latencies under this share of their SLOs: a latency-cut capacity recovers
     # priors of the step-time plane until its points spread: a step's fixed cost in decoding
     # sequences' worth, and a prompt token's cost as a share of a decoding sequence's
     step_overhead_seqs: float = 16.0

@@ -133,3 +133,23 @@ def test_a_growing_queue_counts_as_demand(growth: float, counted: bool) -> None:
     assert ("queue growing" in reasons) is counted
     if counted:
         assert "queue growing 0.50 req/s" in reasons
+
+
+@pytest.mark.parametrize(("ttft_ms", "recovers"), [(200, True), (450, False)])
+def test_a_latency_cut_capacity_recovers_once_the_slos_are_met_with_margin(ttft_ms: float, recovers: bool) -> None:
+    """A capacity cut to half the plane (saturated for latency, once) moves 30% of the way back per
+    window while every owned latency is under 0.8x its SLO; at 0.9x it stays cut."""
+    memory = TunerMemory()
+    memory.capacity["colocated"] = Capacity(
+        prompt_tps=4000.0, generation_tps=400.0, steps=model(), scale=0.5, measured=True, pods=2, pods_since=0.0
+    )
+    m = metrics(ttft_ms=ttft_ms, queue_ms=20, itl_ms=40, prompt_tps=100, gen_tps=20, pods=2, waiting=0,
+                mean_batch=4, step_tokens=8, step_ms=1000 * step_s(4, 4))  # fmt: skip
+    pools = {"colocated": pool_input(m, settings(replicas=2, timeout=0))}
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, memory, now=1000.0)
+    scale = decision.memory.capacity["colocated"].scale
+    if recovers:
+        assert scale == pytest.approx(0.65)
+        assert any("(< 0.8): back towards the step plane" in r for r in decision.reasons)
+    else:
+        assert scale == pytest.approx(0.5)

@@ -73,11 +73,21 @@ CASES = [
         says=["ITL p95 90 ms within 0.8-1x SLO 100 ms: maxBatchSize stays 32"],
     ),
     Case(
-        "TTFT over SLO shrinks the window (x0.5)",
-        colocated(ttft_ms=800, queue_ms=100, itl_ms=90),
+        "TTFT over SLO by less than the window: the window shrinks (x0.5), replicas wait",
+        colocated(ttft_ms=510, queue_ms=100, itl_ms=90),
         expect={("colocated", TIMEOUT): (20, 10)},
         unchanged=[("colocated", MAX_BATCH), ("colocated", TOKEN_BUDGET), ("colocated", REPLICAS)],
-        says=["colocated: TTFT p95 800 ms > SLO 500 ms -> batchTimeoutMs 20 -> 10 (x0.5)"],
+        says=["colocated: TTFT p95 510 ms > SLO 500 ms -> batchTimeoutMs 20 -> 10 (x0.5)"],
+    ),
+    Case(
+        "TTFT over SLO by more than the whole window: it shrinks, and a replica is added too",
+        colocated(ttft_ms=800, queue_ms=100, itl_ms=90),
+        expect={("colocated", TIMEOUT): (20, 10), ("colocated", REPLICAS): (1, 2)},
+        unchanged=[("colocated", MAX_BATCH), ("colocated", TOKEN_BUDGET)],
+        says=[
+            "TTFT p95 800 ms > SLO 500 ms, more than the whole 20 ms window -> batchTimeoutMs 20 -> 10 (x0.5)",
+            "SLO violated with batchTimeoutMs short of the excess -> one more replica",
+        ],
     ),
     Case(
         "a window under 1 ms snaps to its minimum",
@@ -89,7 +99,25 @@ CASES = [
         colocated(ttft_ms=800, queue_ms=600, current=settings(timeout=0)),
         expect={("colocated", REPLICAS): (1, 2)},
         unchanged=[("colocated", TIMEOUT)],
-        says=["batchTimeoutMs at its minimum 0", "one more replica"],
+        says=["batchTimeoutMs at its minimum 0", "at its limit -> 2, where the owned latency projects within it"],
+    ),
+    Case(
+        "TTFT far over SLO, mostly queueing, with the window at its minimum: the replicas that project within it",
+        # demand 0.75 on 1 pod; TTFT 1500 = 1300 queued + 200 prefill: at 2 pods (rho 0.375) the
+        # wait shrinks by (0.375 / 0.625) / (0.75 / 0.25) = 0.2 -> 460 ms, within the 500 ms SLO
+        colocated(ttft_ms=1500, queue_ms=1300, current=settings(timeout=0)),
+        expect={("colocated", REPLICAS): (1, 2)},
+        says=["-> 2, where the owned latency projects within it"],
+    ),
+    Case(
+        "TTFT over SLO and the pods busier: more than one replica at once",
+        # demand 2.7 on 3 pods (rho 0.9): 1800 ms queued, 100 ms prefill; 4 pods (rho 0.675)
+        # project 100 + 1800 x 2.08 / 9 = 515 ms, 5 pods (rho 0.54) 100 + 1800 x 1.17 / 9 = 335 ms
+        colocated(
+            ttft_ms=1900, queue_ms=1800, prompt_tps=5400, gen_tps=540, pods=3, current=settings(replicas=3, timeout=0)
+        ),
+        expect={("colocated", REPLICAS): (3, 5)},
+        says=["-> 5, where the owned latency projects within it"],
     ),
     Case(
         "ITL over SLO at the minimum batch with no queue: more replicas would not help",

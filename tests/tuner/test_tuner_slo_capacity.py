@@ -52,7 +52,7 @@ SLOT_CASES = [
         SLOT_BOUND | dict(mean_batch=1.0),
         current=dict(batch=8, timeout=0),
         unchanged=[MAX_BATCH],
-        says=["SLO violated with batchTimeoutMs at its limit -> one more replica"],
+        says=["SLO violated with batchTimeoutMs at its limit -> 2, where the owned latency projects within it"],
     ),
     Case(
         "no ITL to spend: the batch holds",
@@ -170,12 +170,14 @@ def _measured(prompt: float, generation: float) -> TunerMemory:
 @pytest.mark.parametrize(
     ("ttft_ms", "itl_ms", "expect", "says"),
     [
-        # demand 0.6 on 3 replicas (rho 0.2): at 1, rho 0.6 -> 0.3 x 0.8 / 0.4 = 0.6x the SLO: down to 1
+        # demand 0.6 on 3 replicas (rho 0.2). TTFT is 10 ms queued + the rest prefill; the wait
+        # grows by rho / (1 - rho): x6 at 1 pod (rho 0.6), x1.71 at 2 (rho 0.3).
+        # TTFT 150 ms: 140 + 60 = 200 ms at 1 pod: down to 1
         (150, 20, 1, ""),
-        # TTFT at 0.7x: at 1 pod 1.4x, at 2 pods 0.7 x 0.8 / 0.7 = 0.8x: down to 2 only
-        (350, 20, 2, "at 1 the owned latency is projected at 1.40x its SLO (now 0.70x at utilization 0.20"),
-        # TTFT at 0.95x: even 2 pods project over the SLO: stay at 3
-        (475, 20, 3, "-> 3"),
+        # TTFT 350 ms: 340 + 60 = 400 ms at 1 pod, within the 500 ms SLO: down to 1
+        (350, 20, 1, ""),
+        # TTFT 475 ms: 525 ms at 1 pod (1.05x), 482 ms at 2: down to 2 only
+        (475, 20, 2, "at 1 the owned latency is projected at 1.05x its SLO (now 0.95x at utilization 0.20"),
         # ITL is owned too: 0.8x now, 1.6x at 1 pod, 0.91x at 2
         (100, 80, 2, "at 1 the owned latency is projected at 1.60x"),
     ],
@@ -190,6 +192,15 @@ def test_scale_down_only_where_the_latency_projects_under_the_slo(ttft_ms, itl_m
     got = pods if change is None else change.new
     assert got == expect, decision.reasons
     assert says in "\n".join(decision.reasons)
+
+
+def test_a_ttft_without_its_queue_time_is_projected_as_all_wait() -> None:
+    """TTFT 350 ms, queue time unknown: x6 at 1 pod, x1.71 (600 ms) at 2: the three pods stay."""
+    m = metrics(ttft_ms=350, queue_ms=None, itl_ms=20, prompt_tps=600, gen_tps=0.0, pods=3, mean_batch=2, waiting=0)
+    pools = {"colocated": pool_input(m, settings(replicas=3, timeout=0))}
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, _measured(1000.0, 100.0), now=1000.0)
+    assert decision.changed("colocated", REPLICAS) is None, decision.reasons
+    assert "at 1 the owned latency is projected at 4.20x its SLO" in "\n".join(decision.reasons)
 
 
 def test_the_projection_waits_for_the_pods_it_counts() -> None:
