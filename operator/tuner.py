@@ -576,8 +576,8 @@ class Tuner:
         queue's, by rho / (1 - rho), and the prefill is held. Where the queue time is unknown the
         whole TTFT is taken as wait. ITL, a step time, scales like an M/M/1 latency,
         (1 - rho) / (1 - rho'): more load per pod means longer steps."""
-        if rho <= 0 or rho >= 1.0 or after >= 1.0:
-            return math.inf if after >= 1.0 or rho >= 1.0 else self._owned_latency_ratio(name, m, slo)
+        if rho >= 1.0 or after >= 1.0:  # callers pass rho > 0 (some demand on some pods)
+            return math.inf
         ratios = [0.0]
         ttft = _ms(m.ttft.p95)
         if name in ("colocated", "prefill") and ttft is not None:
@@ -698,7 +698,7 @@ class Tuner:
             if observed is None or observed <= 0:
                 return capacity, True
             factor = ((1 - weight) * old + weight * observed if saturated else max(old, observed)) / old
-        why = saturated or "throughput above the estimate"
+        recovered = ""
         ratio = self._owned_latency_ratio(name, m, slo)
         cut = not saturated and factor <= 1.0 and bool(capacity.steps.points) and capacity.scale < 1.0
         if cut and 0.0 < ratio < c.latency_margin:
@@ -706,7 +706,7 @@ class Tuner:
             # the pods it added for good; with the SLOs met by a margin it relaxes towards the step
             # plane, and the projection in scale-down guards the way back.
             factor = 1.0 + c.capacity_ewma * (1.0 / capacity.scale - 1.0)
-            why = f"owned latency {ratio:.2f}x its SLO (< {c.latency_margin:g}): back towards the step plane"
+            recovered = f"owned latency {ratio:.2f}x its SLO (< {c.latency_margin:g}): back towards the step plane"
         self._rescale(name, capacity, factor)
         if saturated and not capacity.measured:
             capacity.measured = True
@@ -715,8 +715,7 @@ class Tuner:
         after = self._per_replica(name, capacity, pool.current)
         if (after.prompt_tps, after.generation_tps) != (before.prompt_tps, before.generation_tps):
             capacity.observations += 1
-            if saturated:
-                why = saturated
+            why = saturated or recovered or "throughput above the estimate"
             lines.append(f"{name}: per-replica capacity {self._moved(name, before, after)} ({why})")
         return capacity, True
 

@@ -26,6 +26,11 @@ def colocated(**kw) -> dict[str, PoolInput]:
     return {"colocated": pool_input(metrics("colocated", **kw), current, lim)}
 
 
+# prompts of 60 tokens queue (400 of 600 ms TTFT) with the window at 0 and the batch far from its cap
+QUEUED_SHORT_PROMPTS = dict(
+    ttft_ms=600, queue_ms=400, itl_ms=40, rate=4, prompt_tps=240, gen_tps=80, mean_batch=2, step_tokens=20
+)
+
 CASES = [
     Case(
         "ITL over SLO lowers the batch (x0.75)",
@@ -158,34 +163,14 @@ CASES = [
     ),
     Case(
         "prompts queue behind a budget too small for two of them: the budget grows, not the replicas",
-        colocated(
-            ttft_ms=600,
-            queue_ms=400,
-            itl_ms=40,
-            rate=4,
-            prompt_tps=240,
-            gen_tps=80,
-            mean_batch=2,
-            step_tokens=20,
-            current=settings(batch=8, timeout=0, budget=108),
-        ),
+        colocated(**QUEUED_SHORT_PROMPTS, current=settings(batch=8, timeout=0, budget=108)),
         expect={("colocated", TOKEN_BUDGET): (108, 216)},
         unchanged=[("colocated", REPLICAS)],
         says=["two mean prompts and a full batch (128 tokens) overflow the budget"],
     ),
     Case(
         "prompts queue, but two of them fit the budget: it holds",
-        colocated(
-            ttft_ms=600,
-            queue_ms=400,
-            itl_ms=40,
-            rate=4,
-            prompt_tps=240,
-            gen_tps=80,
-            mean_batch=2,
-            step_tokens=20,
-            current=settings(batch=8, timeout=0, budget=256),
-        ),
+        colocated(**QUEUED_SHORT_PROMPTS, current=settings(batch=8, timeout=0, budget=256)),
         unchanged=[("colocated", TOKEN_BUDGET)],
         says=["but prompts fit the budget (mean prompt 60.0 tokens, queue p95 400.0 ms)"],
     ),
