@@ -2,23 +2,34 @@
 
 In float32, greedy output through the router equals a colocated server's, for mixed prompt
 lengths and concurrent requests, streaming or not. Each fault of the issue is made real: a
-prefill server stopped (times out) or killed, a decode server stopped or killed before its first
-byte, a decode server killed mid-stream, a prefill server of another model. No request hangs,
-and no prefill server keeps KV nobody fetches."""
+prefill server stopped (times out), a decode server stopped before its first byte, servers of
+both pools that die as a request reaches them, a prefill pool whose only server is gone
+(connections refused), a decode server killed mid-stream, a prefill server of another model.
+No request hangs, and no prefill server keeps KV nobody fetches.
+
+The servers that die mid-request are stubs that answer the router's poll and drop requests:
+with real killed processes, whether a request reaches one before the router's next poll sets it
+aside is a race."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import http.server
+import json
 import signal
+import socket
+import struct
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
-from ..support import ServerProcess
+from ..support import ServerProcess, free_port
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # six servers share two cores
 MODEL = "tiny"
@@ -43,7 +54,7 @@ def server(tmp: Path, name: str, role: str, model: str = "builtin:tiny") -> Serv
                          config=engine_config(tmp), log_path=tmp / f"{name}.log", env=ONE_THREAD)  # fmt: skip
 
 
-def router(tmp: Path, prefill: list[ServerProcess], decode: list[ServerProcess], *extra: str) -> ServerProcess:
+def router(tmp: Path, prefill: list, decode: list, *extra: str) -> ServerProcess:
     args = ["--role", "router", "--served-model-name", MODEL, "--prefill-timeout", "3", "--decode-timeout", "5"]
     for p in prefill:
         args += ["--prefill-url", p.url]
@@ -115,6 +126,47 @@ def stopped(server: ServerProcess):
         server.terminate(signal.SIGCONT)
 
 
+class _Dying(http.server.BaseHTTPRequestHandler):
+    """Answers the router's /load poll as a healthy idle server; drops every request's
+    connection without a byte, as a process that crashed the moment it read it."""
+
+    def do_GET(self):
+        body = json.dumps({"waiting": 0, "running": 0, "kv_usage": 0.0}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.server.dropped += 1
+        self.close_connection = True
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+
+    def log_message(self, *args):
+        pass
+
+
+class DyingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Dying)
+        self.url = f"http://127.0.0.1:{self.server_port}"
+        self.dropped = 0
+
+
+@contextlib.contextmanager
+def dying_server():
+    httpd = DyingServer()
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 def held_kv(*prefill: ServerProcess) -> float:
     return sum(p.metrics()["llmfleet_kv_export_held_bytes{}"] for p in prefill)
 
@@ -160,20 +212,31 @@ def test_a_decode_server_silent_before_its_first_byte_is_retried(fleet):
         assert r.metrics()["llmfleet_router_retries_total{pool=decode}"] >= 1
 
 
-def test_dead_servers_before_the_first_byte_are_retried(fleet):
+def test_servers_that_die_before_the_first_byte_are_retried(fleet):
+    """Servers that die between the router's last poll and the request: the poll found them
+    well, so the router sends them requests, and each connection drops without a byte."""
     tmp, s = fleet
     want = expected(s)
-    victims = [server(tmp, "p-victim", "prefill"), server(tmp, "d-victim", "decode")]
-    for victim in victims:
-        victim.wait_ready(180)
-    p_victim, d_victim = victims
-    with router(tmp, [p_victim, s["p2"]], [d_victim, s["d2"]], "--router-policy", "round-robin") as r:
-        for victim in victims:
-            victim.stop()  # SIGKILL: connections refused from now on
-        assert all_through(r.url, PROMPTS[1:5]) == {p: want[p] for p in PROMPTS[1:5]}
-        metrics = r.metrics()
+    with dying_server() as p_victim, dying_server() as d_victim:
+        with router(tmp, [p_victim, s["p2"]], [d_victim, s["d2"]], "--router-policy", "round-robin") as r:
+            assert all_through(r.url, PROMPTS[1:5]) == {p: want[p] for p in PROMPTS[1:5]}
+            metrics = r.metrics()
         assert metrics["llmfleet_router_retries_total{pool=prefill}"] >= 1
         assert metrics["llmfleet_router_retries_total{pool=decode}"] >= 1
+        assert p_victim.dropped and d_victim.dropped
+
+
+def test_a_dead_prefill_pool_is_tried_then_the_decode_server_prefills(fleet):
+    """A killed server refuses connections; as the only prefill server it is still tried (set
+    aside is not given up), and then the decode server computes the prompt itself."""
+    tmp, s = fleet
+    want = expected(s)
+    dead = SimpleNamespace(url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    with router(tmp, [dead], [s["d2"]]) as r:
+        assert all_through(r.url, PROMPTS[1:3]) == {p: want[p] for p in PROMPTS[1:3]}
+        metrics = r.metrics()
+    assert metrics["llmfleet_router_retries_total{pool=prefill}"] >= 1
+    assert metrics["llmfleet_router_local_prefills_total{}"] >= 2
 
 
 def test_a_decode_server_killed_mid_stream_ends_the_stream_with_an_error(fleet):
