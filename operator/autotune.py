@@ -97,7 +97,9 @@ class Autotuner:
         metrics: dict[str, PoolMetrics] = {}
         inputs: dict[str, PoolInput] = {}
         for name in spec.active_pools:
-            metrics[name] = await snapshot_widening_latency(self.source, self.pools[name], window)
+            metrics[name] = await snapshot_widening_latency(
+                self.source, self.pools[name], window, float(spec.slo.window_seconds)
+            )
             view = current[name]
             settings = PoolSettings(view.replicas, view.knobs)
             inputs[name] = PoolInput(metrics[name], settings, PoolLimits.from_spec(spec.pool(name)))

@@ -200,6 +200,12 @@ def spec_schema() -> dict[str, Any]:
         {
             "ttftP95Ms": {"type": "number", "minimum": 1, "description": "p95 time to first token, milliseconds."},
             "itlP95Ms": {"type": "number", "minimum": 1, "description": "p95 inter-token latency, milliseconds."},
+            "windowSeconds": _int(
+                "The window each p95 is judged over (as an SLO's evaluation period): the tuner adds or keeps "
+                "replicas for latency read over it, while its knobs react to its shorter metric window.",
+                minimum=10,
+                default=60,
+            ),
         },
         required=["ttftP95Ms", "itlP95Ms"],
     )

@@ -107,6 +107,11 @@ class PoolMetrics:
     ready_pods: int | None = None  # pods whose series are in the snapshot
     newest_sample_age_s: float | None = None
     latency_window_s: float | None = None  # set where the latency quantiles come from a wider window
+    # The SLO's own window (spec.slo.windowSeconds), where longer than the latencies': a p95 is
+    # judged over it, so replica decisions read these; None: the same as ttft and itl.
+    slo_window_s: float | None = None
+    slo_ttft: LatencyQuantiles | None = None
+    slo_itl: LatencyQuantiles | None = None
     stale: bool = False
     reason: str = ""
     missing: dict[str, str] = field(default_factory=dict)  # field -> why it is None
@@ -114,6 +119,15 @@ class PoolMetrics:
     @property
     def usable(self) -> bool:
         return not self.stale
+
+    @property
+    def judged_ttft(self) -> LatencyQuantiles:
+        """TTFT over the SLO's window (the p95 the SLO is judged on)."""
+        return self.slo_ttft if self.slo_ttft is not None and self.slo_ttft.known else self.ttft
+
+    @property
+    def judged_itl(self) -> LatencyQuantiles:
+        return self.slo_itl if self.slo_itl is not None and self.slo_itl.known else self.itl
 
     def why_missing(self, name: str) -> str:
         return self.missing.get(name, f"{name} not measured")
@@ -140,6 +154,10 @@ class PoolMetrics:
         def rounded(value: float | None, digits: int = 2) -> float | None:
             return None if value is None else round(value, digits)
 
+        judged = {}
+        if self.slo_window_s:
+            judged = {"sloWindowS": self.slo_window_s, "ttftP95OverSloWindowMs": ms(self.judged_ttft.p95),
+                      "itlP95OverSloWindowMs": ms(self.judged_itl.p95)}  # fmt: skip
         return {
             "ttftP95Ms": ms(self.ttft.p95),
             "itlP95Ms": ms(self.itl.p95),
@@ -155,6 +173,7 @@ class PoolMetrics:
             "meanStepMs": ms(self.mean_step_seconds),
             "readyPods": self.ready_pods,
             **({"latencyWindowS": self.latency_window_s} if self.latency_window_s else {}),
+            **judged,
             "stale": self.stale,
             **({"reason": self.reason} if self.reason else {}),
         }
@@ -241,12 +260,13 @@ LATENCIES = ("ttft", "itl", "queue_time")
 
 
 async def snapshot_widening_latency(
-    source: MetricSource, pool: PoolRef, window_s: float, widest: float = 4.0
+    source: MetricSource, pool: PoolRef, window_s: float, slo_window_s: float | None = None, widest: float = 4.0
 ) -> PoolMetrics:
     """``source``'s snapshot over ``window_s``; where a latency quantile rests on too few
     observations (a pool that sees few requests, each long), the latency quantiles come from the
     window doubled, up to ``widest`` times, instead of the tuner going without them. Rates and
-    gauges stay those of ``window_s``."""
+    gauges stay those of ``window_s``. With an SLO window longer than the latencies' (widened or
+    not), TTFT and ITL over it come along as ``slo_ttft`` and ``slo_itl``."""
     m = await source.snapshot(pool, window_s)
     wide = window_s
     while not m.stale and _too_few(m) and wide < widest * window_s:
@@ -258,6 +278,11 @@ async def snapshot_widening_latency(
         if took:
             missing = {k: v for k, v in m.missing.items() if k not in took}
             m = replace(m, **took, missing=missing, latency_window_s=wide)
+    latencies_over = m.latency_window_s or window_s
+    if not m.stale and slo_window_s is not None and slo_window_s > latencies_over:
+        judged = await source.snapshot(pool, slo_window_s)
+        if not judged.stale:
+            m = replace(m, slo_window_s=slo_window_s, slo_ttft=judged.ttft, slo_itl=judged.itl)
     return m
 
 

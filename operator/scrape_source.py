@@ -163,6 +163,7 @@ class ScrapeSource:
         self._min_fraction = min_reporting_fraction
         self._history: dict[PoolRef, dict[str, deque[PodScrape]]] = {}
         self._max_history = max_history
+        self._longest_window_s = 0.0  # history is kept for the longest window asked (the SLO's, a widened one)
 
     async def aclose(self) -> None:
         if self._own_client:
@@ -182,27 +183,34 @@ class ScrapeSource:
         urls = self.targets(pool)
         if not urls:
             return stale_snapshot(pool, now, window_s, f"{pool.pool}: no pods to scrape")
-        results = await asyncio.gather(*(self.scrape(url) for url in urls), return_exceptions=True)
         history = self._history.setdefault(pool, {})
         for gone in set(history) - set(urls):
             del history[gone]
-        current: dict[str, PodScrape] = {}
+        # A second snapshot of the same run (another window) reads the scrape just taken.
+        current = {
+            url: history[url][-1] for url in urls if history.get(url) and now - history[url][-1].at < self._min_gap_s
+        }
+        stale = [url for url in urls if url not in current]
+        results = await asyncio.gather(*(self.scrape(url) for url in stale), return_exceptions=True)
+        fresh: dict[str, PodScrape] = {}
         failed: list[str] = []
-        for url, result in zip(urls, results, strict=True):
+        for url, result in zip(stale, results, strict=True):
             if isinstance(result, httpx.HTTPError | ValueError):
                 failed.append(f"{url}: {result!r}")
             elif isinstance(result, BaseException):
                 raise result
             else:
-                current[url] = result
+                fresh[url] = result
+        current |= fresh
         baselines = {
-            url: pick_baseline(history.get(url, ()), scrape, window_s, self._min_gap_s)
+            url: pick_baseline([s for s in history.get(url, ()) if s is not scrape], scrape, window_s, self._min_gap_s)
             for url, scrape in current.items()
         }
-        for url, scrape in current.items():
+        self._longest_window_s = max(self._longest_window_s, window_s)
+        for url, scrape in fresh.items():
             pod_history = history.setdefault(url, deque(maxlen=self._max_history))
             pod_history.append(scrape)
-            while pod_history and scrape.at - pod_history[0].at > 2 * window_s + self._min_gap_s:
+            while pod_history and scrape.at - pod_history[0].at > 2 * self._longest_window_s + self._min_gap_s:
                 pod_history.popleft()
         return self._assemble(pool, now, window_s, urls, current, baselines, history, failed)
 

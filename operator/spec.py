@@ -96,6 +96,7 @@ class Pool(_Model):
 class SLO(_Model):
     ttft_p95_ms: float = Field(gt=0)
     itl_p95_ms: float = Field(gt=0)
+    window_seconds: int = Field(60, ge=10)  # each p95 is judged over this window
 
 
 class Autotune(_Model):

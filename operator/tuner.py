@@ -11,9 +11,14 @@ owns TTFT and ``decode`` owns ITL):
   quantile resting on too few requests holds only the knobs that read it.
 - **maxBatchSize, AIMD against the ITL SLO** (colocated, decode). ITL p95 > SLO: multiplicative
   decrease, x0.75 of the batch that actually ran (``min(current, observed mean batch)``, as TCP
-  decreases from the flight size). ITL p95 < 0.8 SLO and the batch is the limit (mean batch
-  >= 90% of the cap, or requests waiting): additive increase, +4. Not while the KV cache is
-  under pressure (usage >= 95% or preemptions), since a bigger batch would only preempt.
+  decreases from the flight size), unless TTFT is over its SLO too with requests waiting: a
+  smaller batch would only move the excess onto TTFT, so the batch holds and replicas come.
+  ITL p95 < 0.8 SLO and the batch is the limit (mean batch >= 90% of the cap, or requests
+  waiting): additive increase, +4; or, at a busy window's load, requests would wait for a slot
+  (latency_projection.slots_for) with the pods there are, or with one fewer where the pods' time
+  would allow it: straight to that many slots, in steps of 4, so that the scale-down can follow.
+  Not while the KV cache is under pressure (usage >= 95% or preemptions), since a bigger batch
+  would only preempt.
   **Slot-bound TTFT** (colocated): queue >= 50% of a TTFT p95 >= 0.5 SLO, ITL < 0.8 SLO, steps
   that leave the token budget unfilled and a cap the batch reaches at times (mean + 3 sd, the
   spread of an M/G/inf occupancy): prompts wait for a batch slot, so +4 at once (protective, no
@@ -28,7 +33,10 @@ owns TTFT and ``decode`` owns ITL):
 - **maxNumBatchedTokens, the step's token budget** (colocated, prefill). ITL over SLO with
   prefill-heavy steps (tokens per step >= 2x running sequences): x0.75, never below the batch
   size, instead of shrinking the batch. TTFT over SLO while prefill-bound (queue < 50% of TTFT)
-  with long prompts or full steps, and ITL to spare: x2.
+  with long prompts or full steps, and ITL to spare: x2. TTFT met but the tighter SLO (>= 0.5x,
+  and above ITL's share), ITL < 0.8 SLO, and a budget that cannot take two mean prompts beside a
+  full batch: x2 as a relaxing move, which undoes the cuts an ITL excess made once. Neither the
+  batch nor the budget shrinks for ITL while TTFT is over its SLO too with requests waiting.
 - **Replicas cover demand**: ``ceil(demand / (1 - headroom))`` replica-equivalents, where demand
   is prompt tokens/s over per-replica prefill capacity (prefill), generated tokens/s over
   per-replica decode capacity (decode), or both summed (colocated). The prefill:decode ratio
@@ -41,27 +49,32 @@ owns TTFT and ``decode`` owns ITL):
   replica whenever a pool is saturated (a queue of at least one request per pod); the first
   such measurement replaces the guess outright (a guess can be off several-fold), and only
   knobs that held through the window and will hold are measured. Either way a pool outrunning
-  its estimate raises it at once, and a pool that
-  violates an owned SLO with its protecting knob at its limit is saturated for latency: its
-  per-pod load becomes the estimate's upper bound at once (capacity at the SLO, which for short
-  chat or long RAG prompts is well below raw throughput). Per-pod rates are only measured once
+  its estimate raises it at once; without step times, a pool that violates an owned SLO with
+  its protecting knob at its limit is saturated for latency: its per-pod load becomes the
+  estimate's upper bound at once (capacity at the SLO, which for short chat or long RAG prompts
+  is well below raw throughput). Per-pod rates are only measured once
   the ready pod count has held for a whole metric window. Demand is
   served throughput, so a saturated pool (served/capacity ~ pods) still grows by the headroom;
   a queue that grows by g requests/s adds g requests/s of demand (arrivals above what is served),
   and the waiting requests' tokens count too, as demand to drain within ``backlog_drain_s`` (60).
-  One more replica when an owned SLO is violated and its knob is already at its limit (for ITL,
+  **Latency** sizes the pool too, judged over the SLO's window (``slo.windowSeconds``, the
+  knobs react to the shorter metric window): an owned SLO violated there with its knob at its
+  limit scales to the fewest pods its latency projects back within it, else one more (for ITL,
   only with a queue: otherwise more replicas would not help; not while another knob protects the
-  same SLO this run). A scale-down goes only as low as the owned latencies measured now project
-  under their SLOs: at utilization rho = demand / pods, latency scales by (1 - rho) / (1 - rho')
-  at the lower count (M/M/1), so a pool near its TTFT SLO keeps its pods even when throughput
-  says fewer would do. Then ``[minReplicas, maxReplicas]``.
+  same SLO this run). A scale-down goes only as low as the owned latencies project within their
+  SLOs at the load of a busy window (arrivals 2 sd above the mean: a count chosen at the mean
+  holds through its surges), so a pool near its TTFT SLO keeps its pods even when throughput
+  says fewer would do. The projection (latency_projection.py) takes steps to lengthen with the
+  share of a pod's time their work fills and adds the wait for a batch slot (Erlang C); without
+  step times, M/M/1 on the demand. Then ``[minReplicas, maxReplicas]``.
   A pool at zero replicas reports nothing, so it holds: keep ``minReplicas >= 1`` on tuned pools.
 - **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
   move happens only if every recommendation of its window agrees (rise: the lowest, fall: the
   highest), and a non-zero window must be covered first. Replicas rise over
   ``scaleUpStabilizationSeconds`` and fall over ``scaleDownStabilizationSeconds``; the knobs'
   SLO-protecting moves (batch down, window down, budget either way) are immediate and their
-  relaxing moves (batch up, window up) wait ``knob_relax_stabilization_s``.
+  relaxing moves (batch up, window up, budget up with TTFT met) wait
+  ``knob_relax_stabilization_s``.
 - **Cooldown and anti-flapping.** A quantity that changed does not move again the same way for
   ``cooldown_s``, so the metric window sees the new setting first. It reverses direction at most
   once per ``flap_window_s`` (the scale-down stabilization window), unless the reversal protects
@@ -76,9 +89,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from .latency_projection import Projection, StepCosts, project, slots_for, surge, trusted_queue_s
 from .metrics_source import PoolMetrics
 from .tuner_memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
 from .tuner_model import (
@@ -144,6 +158,7 @@ class PerReplica:
     prompt_tps: float
     generation_tps: float
     basis: str = ""  # the step plane at those knobs; empty for the stored estimate
+    steps: StepCosts | None = None  # for the latency projection; None without step times or a batch cap
 
     def summary(self) -> dict[str, Any]:
         return {"promptTokensPerS": round(self.prompt_tps, 1), "generationTokensPerS": round(self.generation_tps, 1),
@@ -179,7 +194,7 @@ class Tuner:
         demand: dict[str, tuple[float, str]] = {}
         for name in names:
             pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits)
-            proposals = self._knob_proposals(name, pool, slo)
+            proposals = self._knob_proposals(name, pool, slo, mem)
             capacity, measurable = self._update_capacity(name, pool, slo, mem, lines, proposals)
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
@@ -225,7 +240,7 @@ class Tuner:
 
     # -- knobs ----------------------------------------------------------------------------------
 
-    def _knob_proposals(self, name: str, pool: PoolInput, slo: SLOTargets) -> dict[str, Proposal]:
+    def _knob_proposals(self, name: str, pool: PoolInput, slo: SLOTargets, mem: TunerMemory) -> dict[str, Proposal]:
         proposals: dict[str, Proposal] = {}
         for knob in POOL_KNOBS[name]:
             if knob not in pool.current.knobs:
@@ -233,12 +248,16 @@ class Tuner:
             if knob == TOKEN_BUDGET:
                 proposals[knob] = self._budget_rule(name, pool, slo)
             elif knob == MAX_BATCH:
-                proposals[knob] = self._batch_rule(name, pool, slo, proposals.get(TOKEN_BUDGET))
+                capacity = mem.capacity.get(name)
+                steps = None if capacity is None else self._per_replica(name, capacity, pool.current).steps
+                proposals[knob] = self._batch_rule(name, pool, slo, proposals.get(TOKEN_BUDGET), steps)
             else:
                 proposals[knob] = self._timeout_rule(name, pool, slo)
         return proposals
 
-    def _batch_rule(self, name: str, pool: PoolInput, slo: SLOTargets, budget: Proposal | None) -> Proposal:
+    def _batch_rule(
+        self, name: str, pool: PoolInput, slo: SLOTargets, budget: Proposal | None, steps: StepCosts | None
+    ) -> Proposal:
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
         itl, target_ms = _ms(m.itl.p95), slo.itl_p95_ms
@@ -248,6 +267,10 @@ class Tuner:
             why = f"ITL p95 {_fmt_ms(itl)} ms > SLO {_fmt_ms(target_ms)} ms"
             if budget is not None and budget.target < pool.current.knobs[TOKEN_BUDGET]:
                 return Proposal(cur, f"{why}, but prefill chunks dominate the steps: {TOKEN_BUDGET} shrinks instead")
+            crowded = self._ttft_over_with_a_queue(name, pool, slo)
+            if crowded:
+                return Proposal(cur, f"{why}, but {crowded}: a smaller batch would move the excess onto TTFT",
+                                severity=itl / target_ms, exhausted=True, protects="itl")  # fmt: skip
             base = cur if m.mean_batch_size is None else min(cur, float(math.ceil(m.mean_batch_size)))
             new = allowed.clamp(math.floor(base * c.batch_decrease_factor))
             if new >= cur:
@@ -270,21 +293,59 @@ class Tuner:
         pods = max(m.ready_pods or 1, 1)
         full = m.mean_batch_size is not None and m.mean_batch_size >= c.batch_full_fraction * cur
         queued = m.waiting is not None and m.waiting / pods >= c.queue_per_pod
-        if not (full or queued):
+        # Slots a busy window would fill, with these pods or one fewer, cost TTFT or keep the pods
+        # (the scale-down's projection counts the wait for a slot): the cap grows first.
+        slots, pods_then = self._slots_needed(name, pool, slo, steps)
+        if not (full or queued or slots):
             return Proposal(
                 cur,
                 f"{why}, but the batch is not the limit (mean batch {_opt(m.mean_batch_size)} of {_num(cur)}, "
                 f"{_opt(None if m.waiting is None else m.waiting / pods)} waiting per pod)",
             )
-        new = allowed.clamp(cur + c.batch_increase_step)
+        step = c.batch_increase_step
+        if not (full or queued):  # straight to the slots needed, in whole steps
+            step *= max(1, math.ceil((slots - cur) / c.batch_increase_step))
+        new = allowed.clamp(cur + step)
         if new <= cur:
             return Proposal(cur, f"{why} with {MAX_BATCH} at its maximum {_num(allowed.high)}")
-        evidence = (
-            f"the batch is full (mean {m.mean_batch_size:.1f} of {_num(cur)})"
-            if full
-            else f"{m.waiting / pods:.1f} requests wait per pod"  # type: ignore[operator]
-        )
+        if full:
+            evidence = f"the batch is full (mean {m.mean_batch_size:.1f} of {_num(cur)})"
+        elif queued:
+            evidence = f"{m.waiting / pods:.1f} requests wait per pod"  # type: ignore[operator]
+        else:
+            evidence = f"at a busy window's load {pods_then} would need {slots} slots for a request to rarely wait"
         return Proposal(new, f"{why} and {evidence}", f"+{_num(new - cur)}")
+
+    def _ttft_over_with_a_queue(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
+        """Why a colocated pool's ITL excess is no reason to shrink a knob (TTFT over its SLO as
+        well, with requests waiting: the pool lacks capacity, which only replicas add), or ''."""
+        m = pool.metrics
+        ttft, pods = _ms(m.ttft.p95), max(m.ready_pods or 1, 1)
+        if name != "colocated" or ttft is None or ttft <= slo.ttft_p95_ms:
+            return ""
+        waiting = (m.waiting or 0.0) / pods
+        if waiting < self.config.queue_per_pod:
+            return ""
+        return f"TTFT p95 {_fmt_ms(ttft)} ms is over its SLO too with {waiting:.1f} requests waiting per pod"
+
+    def _slots_needed(self, name: str, pool: PoolInput, slo: SLOTargets, steps: StepCosts | None) -> tuple[int, str]:
+        """The batch slots that keep a request's wait for one rare at the load of a busy window
+        (latency_projection.slots_for), with the pods there are or, where the pods' time would
+        allow it (the latency projects within the SLOs with slots to spare), one pod fewer; when
+        that is more than the cap: (slots, for what), else (0, '')."""
+        m, cur = pool.metrics, pool.current.knobs[MAX_BATCH]
+        pods = m.ready_pods or 0
+        if steps is None or pods <= 0 or pods != pool.current.replicas:
+            return 0, ""
+        busy = self._surge(m)
+        candidates = [(busy, f"its {pods} pods")]
+        if pods > pool.limits.min_replicas:
+            fewer = pods / (pods - 1) * busy
+            unbounded = project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, 0.0, fewer, replace(steps, slots=None))
+            if unbounded.ratio <= self.config.projected_latency_limit:
+                candidates.append((fewer, f"{pods - 1} pods"))
+        needed, what = max(((slots_for(m, steps, k) or 0), what) for k, what in candidates)
+        return (needed, what) if needed > cur else (0, "")
 
     def _slot_bound_ttft(self, pool: PoolInput, slo: SLOTargets, budget: Proposal | None) -> Proposal | None:
         """TTFT spent queueing for a batch slot while ITL has room: a bigger batch protects TTFT
@@ -404,6 +465,9 @@ class Tuner:
                 f"ITL p95 {_fmt_ms(itl)} ms > SLO {_fmt_ms(slo.itl_p95_ms)} ms with prefill-heavy steps "
                 f"({steps:.0f} tokens per step for {batch:.1f} sequences)"
             )
+            crowded = self._ttft_over_with_a_queue(name, pool, slo)
+            if crowded:
+                return Proposal(cur, f"{why}, but {crowded}: a smaller budget would move the excess onto TTFT")
             floor_ = allowed.clamp(max(allowed.low, pool.current.knobs.get(MAX_BATCH, allowed.low)))
             new = max(floor_, allowed.clamp(math.floor(cur * c.budget_decrease_factor)))
             if new >= cur:
@@ -413,7 +477,8 @@ class Tuner:
         if ttft is None:
             return Proposal(cur, f"TTFT p95 unknown ({m.why_missing('ttft')})")
         if ttft <= slo.ttft_p95_ms:
-            return Proposal(cur, f"TTFT p95 {_fmt_ms(ttft)} ms <= SLO {_fmt_ms(slo.ttft_p95_ms)} ms")
+            held = Proposal(cur, f"TTFT p95 {_fmt_ms(ttft)} ms <= SLO {_fmt_ms(slo.ttft_p95_ms)} ms")
+            return self._budget_relaxation(name, pool, slo, ttft, itl) or held
         why = f"TTFT p95 {_fmt_ms(ttft)} ms > SLO {_fmt_ms(slo.ttft_p95_ms)} ms"
         queue = _queue_ms(m)
         prompt = m.mean_prompt_tokens()
@@ -456,6 +521,32 @@ class Tuner:
             severity=ttft / slo.ttft_p95_ms,
             protects="ttft",
         )
+
+    def _budget_relaxation(
+        self, name: str, pool: PoolInput, slo: SLOTargets, ttft: float, itl: float | None
+    ) -> Proposal | None:
+        """x2 (a relaxing move: it waits its stabilization window) while TTFT is met but is the
+        tighter SLO, ITL has room, and the budget cannot take two mean prompts beside a full
+        batch: a prompt that does not fit waits a whole step, which a short-prompt TTFT feels. It
+        undoes the cuts an ITL excess made once (a cold start's queue, say) when ITL no longer
+        needs them, so the pool need not buy the TTFT back with replicas. None otherwise."""
+        c, m = self.config, pool.metrics
+        cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
+        prompt = m.mean_prompt_tokens()
+        tight = ttft / slo.ttft_p95_ms
+        if prompt is None or tight < c.ttft_low_water:
+            return None
+        if name != "prefill" and (itl is None or itl >= c.itl_low_water * slo.itl_p95_ms or
+                                  itl / slo.itl_p95_ms > tight):  # fmt: skip
+            return None
+        pair = 2 * prompt + pool.current.knobs.get(MAX_BATCH, 0.0)
+        new = allowed.clamp(math.floor(cur * c.budget_increase_factor))
+        if pair <= cur or new <= cur:
+            return None
+        room = "" if itl is None else f", ITL p95 {_fmt_ms(itl)} ms has room"
+        why = (f"TTFT p95 {_fmt_ms(ttft)} ms is {tight:.0%} of its SLO{room}, and two mean prompts and a full batch "
+               f"({pair:.0f} tokens) overflow the budget")  # fmt: skip
+        return Proposal(new, why, f"x{c.budget_increase_factor:g}")
 
     def _window_and_slots_clear(self, pool: PoolInput) -> bool:
         """The batching window is at its minimum and the batch cap is out of reach (the mean
@@ -505,12 +596,15 @@ class Tuner:
                 why += (
                     f"; SLO violated with {self._spent(pool, knobs, exhausted)}, but {pods} of {_num(cur)} pods ready"
                 )
+            elif m.slo_window_s and latency <= 1.0:
+                why += (f"; SLO violated over {m.window_s:.0f} s with {self._spent(pool, knobs, exhausted)}, but met "
+                        f"over its {m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that")  # fmt: skip
             elif itl_only and waiting < c.queue_per_pod:
                 why += (f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
                         " more replicas would not lower it")  # fmt: skip
             else:
                 spent = self._spent(pool, knobs, exhausted)
-                needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas)
+                needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas, capacity)
                 if needed is not None and needed > max(raw, cur):
                     raw = needed
                     why += f"; SLO violated with {spent} -> {needed}, where the owned latency projects within it"
@@ -518,7 +612,7 @@ class Tuner:
                     raw = int(cur) + 1
                     why += f"; SLO violated with {spent} -> one more replica"
         if raw < cur:
-            raw, note = self._projected_scale_down(name, m, slo, units, int(cur), raw)
+            raw, note = self._projected_scale_down(name, m, slo, units, int(cur), raw, capacity)
             why += note
         target = pool.limits.min_replicas if raw < pool.limits.min_replicas else raw
         target = min(target, pool.limits.max_replicas)
@@ -529,66 +623,66 @@ class Tuner:
         return proposal, (units, detail)
 
     def _projected_scale_down(
-        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, target: int
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, target: int, capacity: PerReplica
     ) -> tuple[int, str]:
         """The fewest replicas, from ``target`` up to ``cur``, at which the owned latencies are
-        projected to stay within their SLOs (``_projected_ratio``), and a note when that is more.
-        Capacity estimated from throughput says nothing about latency (a pod can be well under its
-        token throughput and still break a TTFT SLO): this asks the latency measured now whether
-        fewer pods would hold."""
+        projected (latency_projection.py) within ``projected_latency_limit`` of their SLOs, and a
+        note when that is more. Capacity estimated from throughput says nothing about latency (a
+        pod can be well under its token throughput and still break a TTFT SLO): this asks the
+        latency measured now whether fewer pods would hold."""
         ratio = self._owned_latency_ratio(name, m, slo)
         pods = m.ready_pods or 0
         if ratio <= 0 or pods != cur or units <= 0:
             return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
-        rho = units / cur
-        limit = 1.0
+        limit = self.config.projected_latency_limit
         lowest = max(target, 1)  # a demand that rounds to zero replicas is judged at one
         for n in range(lowest, cur):
-            if self._projected_ratio(name, m, slo, rho, units / n) <= limit:
+            if self._project(name, m, slo, units, cur, n, capacity).ratio <= limit:
                 if n == lowest:
                     return target, ""
                 break
         else:
             n = cur
-        target = lowest
-        projected = self._projected_ratio(name, m, slo, rho, units / target)
+        projected = self._project(name, m, slo, units, cur, lowest, capacity)
         return n, (
-            f"; at {target} the owned latency is projected at {projected:.2f}x its SLO (now {ratio:.2f}x at "
-            f"utilization {rho:.2f}, then {units / target:.2f}; > {limit:g}) -> {n}"
+            f"; at {lowest} the owned latency is projected at {projected.ratio:.2f}x its SLO ({projected.how}; now "
+            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {limit:g}) -> {n}"
         )
 
     def _latency_replicas(
-        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int, capacity: PerReplica
     ) -> int | None:
         """The fewest replicas above ``cur`` (up to ``most``) at which the owned latencies, over
-        their SLOs now, are projected back within them; None when none is (a prefill that alone
-        takes longer than the SLO is not helped by pods) or nothing says how loaded the pods are."""
+        their SLOs now, are projected back within ``projected_latency_limit`` of them; None when
+        none is (a prefill that alone takes longer than the SLO is not helped by pods) or nothing
+        says how loaded the pods are."""
         if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur:
             return None
-        rho = units / cur
-        return next((n for n in range(cur + 1, most + 1) if self._projected_ratio(name, m, slo, rho, units / n) <= 1.0),
+        limit = self.config.projected_latency_limit
+        return next((n for n in range(cur + 1, most + 1)
+                     if self._project(name, m, slo, units, cur, n, capacity, busy=False).ratio <= limit),
                     None)  # fmt: skip
 
-    def _projected_ratio(self, name: str, m: PoolMetrics, slo: SLOTargets, rho: float, after: float) -> float:
-        """The owned latency over its SLO once each pod's utilization moves from ``rho`` to ``after``.
+    def _project(
+        self,
+        name: str,
+        m: PoolMetrics,
+        slo: SLOTargets,
+        units: float,
+        cur: int,
+        n: int,
+        capacity: PerReplica,
+        busy: bool = True,
+    ) -> Projection:
+        """The owned latencies at ``n`` pods. A scale-down is judged at the load of a busy window
+        (``busy``), so that a count chosen at the mean holds through its surges; a scale-up for an
+        SLO broken now is not: the window that broke it already carries its surge."""
+        k = cur / n * (self._surge(m) if busy else 1.0)
+        return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, units / cur, k, capacity.steps)
 
-        TTFT is the time a request waits (queue time) plus its prefill: the wait grows as an M/M/1
-        queue's, by rho / (1 - rho), and the prefill is held. Where the queue time is unknown the
-        whole TTFT is taken as wait. ITL, a step time, scales like an M/M/1 latency,
-        (1 - rho) / (1 - rho'): more load per pod means longer steps."""
-        if rho >= 1.0 or after >= 1.0:  # callers pass rho > 0 (some demand on some pods)
-            return math.inf
-        ratios = [0.0]
-        ttft = _ms(m.ttft.p95)
-        if name in ("colocated", "prefill") and ttft is not None:
-            queue = _queue_ms(m)
-            wait = ttft if queue is None else queue
-            grows = (after / (1.0 - after)) / (rho / (1.0 - rho))
-            ratios.append((ttft - wait + wait * grows) / slo.ttft_p95_ms)
-        itl = _ms(m.itl.p95)
-        if name in ("colocated", "decode") and itl is not None:
-            ratios.append(itl / slo.itl_p95_ms * (1.0 - rho) / (1.0 - after))
-        return max(ratios)
+    def _surge(self, m: PoolMetrics) -> float:
+        """The load factor of a busy window as long as the one the latencies are judged over."""
+        return surge(m.request_rate, m.slo_window_s or m.latency_window_s or m.window_s, self.config.surge_sd)
 
     @staticmethod
     def _spent(pool: PoolInput, knobs: Mapping[str, Proposal], exhausted: list[str]) -> str:
@@ -627,11 +721,14 @@ class Tuner:
         return units, f"backlog {m.waiting:.0f} waiting drained in {c.backlog_drain_s:.0f} s = {units:.2f}"
 
     def _owned_latency_ratio(self, name: str, m: PoolMetrics, slo: SLOTargets) -> float:
+        """The owned latencies over their SLOs, as judged over the SLO's window (replicas follow
+        these; the knobs react to the shorter metric window)."""
         ratios = [0.0]
-        if name in ("colocated", "prefill") and m.ttft.p95 is not None:
-            ratios.append(m.ttft.p95 * 1000.0 / slo.ttft_p95_ms)
-        if name in ("colocated", "decode") and m.itl.p95 is not None:
-            ratios.append(m.itl.p95 * 1000.0 / slo.itl_p95_ms)
+        ttft, itl = m.judged_ttft.p95, m.judged_itl.p95
+        if name in ("colocated", "prefill") and ttft is not None:
+            ratios.append(ttft * 1000.0 / slo.ttft_p95_ms)
+        if name in ("colocated", "decode") and itl is not None:
+            ratios.append(itl * 1000.0 / slo.itl_p95_ms)
         return max(ratios)
 
     def _update_capacity(
@@ -732,7 +829,9 @@ class Tuner:
         generation = capacity.generation_tps if batch is None else plane.decode_tokens_per_s(batch) * capacity.scale
         at = ", ".join(f"{knob} {_num(v)}" for knob, v in ((MAX_BATCH, batch), (TOKEN_BUDGET, budget)) if v is not None)
         scaled = "" if capacity.scale == 1.0 else f" x{capacity.scale:.2f} measured"
-        return PerReplica(prompt, generation, f"at {at}: {plane.describe()}{scaled}")
+        slots = None if batch is None else int(batch)
+        costs = StepCosts(plane.per_seq_s / capacity.scale, plane.per_prompt_token_s / capacity.scale, slots, budget)
+        return PerReplica(prompt, generation, f"at {at}: {plane.describe()}{scaled}", costs)
 
     def _rescale(self, name: str, capacity: Capacity, factor: float) -> None:
         """Multiply what one replica serves by ``factor``: the step plane's scale, or the estimate."""
@@ -802,6 +901,8 @@ class Tuner:
         waiting = (m.waiting or 0.0) / max(pods, 1)
         if not exhausted or pods <= 0 or self._saturation(name, pool):
             return  # nothing exhausted, or a queue already made this run's measurement
+        if capacity.steps.points:
+            return  # step times: the latency projection sizes the pool for latency, throughput stays throughput
         if all(k == MAX_BATCH for k in exhausted) and waiting < c.queue_per_pod:
             return
         prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
@@ -928,13 +1029,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _queue_ms(m: PoolMetrics) -> float | None:
-    """Queue time p95 in ms, or None when it cannot be right: every request's queue time is part
-    of its TTFT, so a queue p95 above the TTFT p95 only comes from interpolating inside coarse
-    histogram buckets (vLLM's queue-time buckets start at 300 ms) and says nothing about the share."""
-    queue, ttft = _ms(m.queue_time.p95), _ms(m.ttft.p95)
-    if queue is not None and ttft is not None and queue > ttft:
-        return None
-    return queue
+    return _ms(trusted_queue_s(m))
 
 
 def _fmt_ms(value: float) -> str:

@@ -156,6 +156,12 @@ class TunerConfig:
     decode_capacity_tps: float = 400.0
     capacity_ewma: float = 0.3
     latency_margin: float = 0.8  # owned latencies under this share of their SLOs: a latency-cut capacity recovers
+    # A replica count is chosen for latency only where its projection is this far within the SLOs:
+    # a p95 over a minute swings by about 10% around the projection's mean.
+    projected_latency_limit: float = 0.95
+    # ... at the load of a busy window: its arrivals surge_sd standard deviations above their mean
+    # (Poisson), so that a count chosen at the mean load holds through the windows the tuner reads.
+    surge_sd: float = 2.0
     # priors of the step-time plane until its points spread: a step's fixed cost in decoding
     # sequences' worth, and a prompt token's cost as a share of a decoding sequence's
     step_overhead_seqs: float = 16.0
@@ -184,8 +190,6 @@ class TunerConfig:
         """(rise, fall) stabilization windows of one quantity."""
         if knob == REPLICAS:
             return self.scale_up_stabilization_s, self.scale_down_stabilization_s
-        if knob == TOKEN_BUDGET:
-            return 0.0, 0.0  # both directions protect an SLO (TTFT up, ITL down)
         return self.knob_relax_stabilization_s, 0.0
 
     @property

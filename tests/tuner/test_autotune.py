@@ -48,7 +48,7 @@ async def test_an_itl_violation_shrinks_the_batch_and_says_why():
     source = FixedSource(metrics(itl_ms=180.0, ttft_ms=200.0))
     actuator = RecordingActuator(views_from_state(SPEC, None))
     outcome = await Autotuner(SPEC, source, {"colocated": REF}).step(actuator, now=1000.0)
-    assert source.asked == [(REF, 30.0)]
+    assert source.asked == [(REF, 30.0), (REF, 60.0)]  # the metric window, then the SLO's for replicas
     (pool, _, knobs), *_ = actuator.applied
     assert pool == "colocated" and knobs["maxBatchSize"] < 32
     assert outcome.status["tuner"]["knobs"]["colocated"]["maxBatchSize"] == knobs["maxBatchSize"]

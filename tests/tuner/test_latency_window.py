@@ -42,3 +42,30 @@ def test_the_widening_stops_at_four_windows() -> None:
     assert source.windows == [10.0, 20.0, 40.0]  # 40 s holds 13 observations: still too few
     assert m.ttft.p95 is None and "observations in the 10 s window" in m.missing["ttft"]
     assert m.latency_window_s is None
+
+
+class ByWindowSource:
+    """TTFT p95 450 ms over the last 30 s, 350 ms over 60 s: a short burst inside a calmer minute."""
+
+    def __init__(self) -> None:
+        self.windows: list[float] = []
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        self.windows.append(window_s)
+        return metrics(ttft_ms=450 if window_s <= 30 else 350, itl_ms=80, prompt_tps=window_s)
+
+
+def test_the_slo_window_comes_along_for_replica_decisions() -> None:
+    source = ByWindowSource()
+    m = asyncio.run(snapshot_widening_latency(source, POOL, 30.0, slo_window_s=60.0))
+    assert source.windows == [30.0, 60.0]
+    assert m.ttft.p95 == 0.45 and m.judged_ttft.p95 == 0.35  # knobs read the first, replicas the second
+    assert m.prompt_tokens_per_s == 30.0
+    assert m.summary()["ttftP95OverSloWindowMs"] == 350.0 and m.summary()["sloWindowS"] == 60.0
+
+
+def test_no_slo_window_query_when_the_latencies_already_span_it() -> None:
+    source = SparseSource()  # widened to 60 s for its sparse latencies
+    m = asyncio.run(snapshot_widening_latency(source, POOL, 30.0, slo_window_s=60.0))
+    assert source.windows == [30.0, 60.0]
+    assert m.slo_window_s is None and m.judged_ttft is m.ttft

@@ -173,6 +173,28 @@ async def test_baseline_is_the_scrape_closest_to_the_window() -> None:
     assert m.request_rate == pytest.approx(40 / 40)
 
 
+async def test_a_run_reads_two_windows_from_one_scrape_and_keeps_history_for_the_longer() -> None:
+    """The tuner reads the metric window (30 s) and the SLO's (60 s) each run: one scrape per pod
+    serves both, and the 30 s reads do not trim away the 60 s baseline."""
+    fleet = Fleet()
+    fleet.pods = {A: warm(Pod())}
+    scrapes: list[float] = []
+    handler = fleet.handler
+    fleet.handler = lambda request: scrapes.append(fleet.now) or handler(request)  # type: ignore[method-assign]
+    src = fleet.source()
+    for _ in range(7):  # runs at T0, +10, ..., +60
+        await src.snapshot(REF, 30)
+        await src.snapshot(REF, 60)
+        fleet.now += 10
+        pod = fleet.pods[A]
+        assert isinstance(pod, Pod)
+        pod.serve(requests=10, prompt_len=10, ttft=0.2, itl=0.02, tokens_each=1)
+    short, long = await src.snapshot(REF, 30), await src.snapshot(REF, 60)  # at +70
+    assert len(scrapes) == 8  # one per run
+    assert short.request_rate == pytest.approx(30 / 30) and short.ttft.samples == 30
+    assert long.request_rate == pytest.approx(60 / 60) and long.ttft.samples == 60
+
+
 async def test_counter_reset_counts_from_zero() -> None:
     fleet = Fleet()
     fleet.pods = {A: warm(Pod())}

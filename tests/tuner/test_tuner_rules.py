@@ -225,7 +225,9 @@ CASES = [
     ),
     Case(
         "low demand scales down, not below minReplicas",
-        colocated(prompt_tps=400, gen_tps=40, pods=4, current=settings(replicas=4), lim=limits(min_replicas=2)),
+        colocated(
+            prompt_tps=400, gen_tps=40, itl_ms=50, pods=4, current=settings(replicas=4), lim=limits(min_replicas=2)
+        ),
         expect={("colocated", REPLICAS): (4, 2)},
     ),
     Case(

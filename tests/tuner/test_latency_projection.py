@@ -1,0 +1,71 @@
+"""The latency projection behind scale-down and latency scale-up (operator/latency_projection.py):
+steps that lengthen with the load a pod carries, the wait for a batch slot (Erlang C), a busy
+window's surge, and the M/M/1 fallback where no step times are reported."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmfleet.operator.latency_projection import StepCosts, erlang_c, project, surge
+from tests.tuner.scenarios import metrics
+
+# Four pods, each busy 20% of the time with its sequences' and prompt tokens' work:
+# 20 generated tok/s x 5 ms + 100 prompt tok/s x 1 ms. One request in a batch of up to 32 slots.
+COSTS = StepCosts(per_seq_s=0.005, per_prompt_token_s=0.001, slots=32, budget=None)
+FOUR_PODS = dict(pods=4, gen_tps=80.0, prompt_tps=400.0, rate=4.0, running=4.0, mean_batch=1.0, step_tokens=3.0)
+
+
+def test_erlang_c_matches_the_textbook_values() -> None:
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: an arrival waits with probability rho
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(8, 0.0) == 0.0
+    assert erlang_c(8, 8.0) == 1.0
+
+
+def test_steps_lengthen_as_one_over_the_idle_share() -> None:
+    m = metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS)
+    # half the pods: each busy 40%, so steps take (1 - 0.2) / (1 - 0.4) = 4/3 as long
+    projected = project("colocated", m, 400.0, 100.0, rho=0.3, k=2.0, steps=COSTS)
+    assert projected.ratio == pytest.approx(300.0 * 4 / 3 / 400.0)
+    assert "pods busy 20% -> 40% of the time, steps x1.33" in projected.how
+    # the decode pool owns only ITL, the prefill pool only TTFT
+    assert project("decode", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(50.0 * 4 / 3 / 100.0)
+    assert project("prefill", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(1.0)
+
+
+def test_a_load_that_would_keep_the_pods_busy_cannot_hold() -> None:
+    m = metrics(**FOUR_PODS)
+    projected = project("colocated", m, 400.0, 100.0, rho=0.3, k=5.0, steps=COSTS)
+    assert projected.ratio == math.inf and "saturated" in projected.how
+
+
+def test_the_wait_for_a_batch_slot_is_added_where_the_batch_fills() -> None:
+    few_slots = StepCosts(0.005, 0.001, slots=4, budget=None)
+    m = metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS | dict(running=4.0))
+    plain = project("colocated", m, 400.0, 100.0, 0.3, 2.0, COSTS)
+    crowded = project("colocated", m, 400.0, 100.0, 0.3, 2.0, few_slots)
+    assert "slot wait p95" not in plain.how
+    assert "slot wait p95" in crowded.how and crowded.ratio > plain.ratio
+
+
+def test_a_batch_or_budget_full_now_falls_back_to_m_m_1() -> None:
+    full = StepCosts(0.005, 0.001, slots=1, budget=None)  # one request per pod in one slot
+    m = metrics(ttft_ms=300.0, queue_ms=100.0, itl_ms=50.0, **FOUR_PODS)
+    projected = project("colocated", m, 400.0, 100.0, rho=0.5, k=1.5, steps=full)
+    # queue 100 ms grows by (0.75 / 0.25) / (0.5 / 0.5) = 3; ITL by (1 - 0.5) / (1 - 0.75) = 2
+    assert projected.how == "M/M/1"
+    assert projected.ratio == pytest.approx(max((200.0 + 300.0) / 400.0, 100.0 / 100.0))
+
+
+def test_without_step_times_an_unknown_queue_time_counts_ttft_as_all_wait() -> None:
+    m = metrics(ttft_ms=200.0, queue_ms=None, itl_ms=10.0)
+    projected = project("colocated", m, 400.0, 100.0, rho=0.2, k=2.0, steps=None)
+    assert projected.ratio == pytest.approx(200.0 * (0.4 / 0.6) / (0.2 / 0.8) / 400.0)
+
+
+def test_a_busy_window_surges_more_at_low_rates() -> None:
+    assert surge(4.0, 60.0, 2.0) == pytest.approx(1 + 2 / math.sqrt(240))
+    assert surge(0.5, 60.0, 2.0) == pytest.approx(1 + 2 / math.sqrt(30))
+    assert surge(None, 60.0, 2.0) == 3.0  # nothing known: the sd itself

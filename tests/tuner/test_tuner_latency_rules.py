@@ -1,0 +1,130 @@
+"""Rules from the third round of the simulator's tuner evaluation (`llm-fleet bench tuner` on the
+reference profile): replicas judged over the SLO's window, a busy window's surge on scale-down,
+a batch cap grown for the pods one fewer would need, a token budget that grows back once ITL
+has room, and a batch that holds when a cut would only move an ITL excess onto TTFT."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmfleet.operator.tuner import MAX_BATCH, REPLICAS, TOKEN_BUDGET, Tuner
+from llmfleet.operator.tuner_memory import Capacity, TunerMemory
+from tests.tuner.scenarios import ONE_SHOT, SLO, latency, limits, metrics, pool_input, settings
+
+# SLO: TTFT p95 500 ms, ITL p95 100 ms.
+
+
+def _memory(pods: int, steps: bool = False) -> TunerMemory:
+    """Capacity measured at ``pods`` pods held since long ago; with ``steps``, a step plane of
+    60 ms + 5 ms per sequence + 1 ms per prompt token, from three loads."""
+    capacity = Capacity(prompt_tps=1000.0, generation_tps=100.0, measured=True, observations=1, pods=pods,
+                        pods_since=0.0)  # fmt: skip
+    if steps:
+        for at, seqs, prompt in ((700.0, 2.0, 10.0), (800.0, 8.0, 40.0), (900.0, 16.0, 5.0)):
+            capacity.steps.observe(at, seqs, seqs + prompt, 0.060 + 0.005 * seqs + 0.001 * prompt)
+    memory = TunerMemory()
+    memory.capacity["colocated"] = capacity
+    return memory
+
+
+def test_a_violation_the_slo_window_does_not_confirm_adds_no_replica() -> None:
+    """TTFT p95 600 ms over the last 30 s, 450 ms over the SLO's 60 s: the window is already at
+    zero (exhausted), but one busy half-minute is not a broken SLO."""
+    m = replace(metrics(ttft_ms=600, queue_ms=400, itl_ms=50, pods=2, rate=4.0, prompt_tps=200, gen_tps=40),
+                slo_window_s=60.0, slo_ttft=latency(450), slo_itl=latency(50))  # fmt: skip
+    pools = {"colocated": pool_input(m, settings(replicas=2, timeout=0))}
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, _memory(2), now=1000.0)
+    assert decision.changed("colocated", REPLICAS) is None, decision.reasons
+    assert any("but met over its 60 s window (0.90x): no replica for that" in r for r in decision.reasons)
+
+    confirmed = replace(m, slo_ttft=latency(550))
+    decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(confirmed, settings(replicas=2, timeout=0))}, SLO,
+                                      _memory(2), now=1000.0)  # fmt: skip
+    assert decision.changed("colocated", REPLICAS).new > 2, decision.reasons
+
+
+def test_a_pool_that_sees_few_requests_keeps_a_pod_for_its_busy_minutes() -> None:
+    """TTFT 350 ms (10 ms queued) on 3 pods at rho 0.2: at the mean load 1 pod holds (400 ms),
+    but at 0.5 requests/s a busy minute runs 2 sd (37%) above it: 522 ms, so 2 pods."""
+
+    def decide(rate: float):
+        m = metrics(ttft_ms=350, queue_ms=10, itl_ms=20, prompt_tps=600, gen_tps=0.0, pods=3, mean_batch=2,
+                    waiting=0, rate=rate)  # fmt: skip
+        pools = {"colocated": pool_input(m, settings(replicas=3, timeout=0))}
+        return Tuner(ONE_SHOT).decide(pools, SLO, _memory(3), now=1000.0).changed("colocated", REPLICAS).new
+
+    assert decide(rate=10.0) == 1  # 600 requests a minute: a busy one is only 8% busier
+    assert decide(rate=0.5) == 2
+
+
+def test_the_batch_cap_grows_to_the_slots_a_busy_window_needs() -> None:
+    """4 pods, 10 requests each in the batch, a cap of 12 and ITL to spare: with 3 pods at a busy
+    minute's load each would run about 15, so the cap goes straight to what keeps their wait for
+    a slot rare, in whole steps of 4, and the scale-down can follow."""
+    m = metrics(ttft_ms=200, itl_ms=40, rate=8.0, prompt_tps=160, gen_tps=320, running=40, mean_batch=10,
+                step_tokens=11, pods=4, waiting=0)  # fmt: skip
+    pools = {"colocated": pool_input(m, settings(replicas=4, batch=12, timeout=0))}
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, _memory(4, steps=True), now=1000.0)
+    change = decision.changed("colocated", MAX_BATCH)
+    assert change is not None and change.new >= 20 and (change.new - 12) % 4 == 0, decision.reasons
+    assert "3 pods would need" in change.reason
+
+    # pods busy enough that one fewer would break the SLOs anyway: the cap grows only to what
+    # the 4 pods need at a busy window's load
+    busy = replace(m, generation_tokens_per_s=480.0, itl=latency(70))  # pods busy 62%, 94% with one fewer
+    decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(busy, settings(replicas=4, batch=12, timeout=0))},
+                                      SLO, _memory(4, steps=True), now=1000.0)  # fmt: skip
+    change = decision.changed("colocated", MAX_BATCH)
+    assert change is not None and "its 4 pods would need" in change.reason, decision.reasons
+    quiet = replace(busy, running=16.0, mean_batch_size=4.0)  # 4 running per pod: 12 slots are plenty
+    decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(quiet, settings(replicas=4, batch=12, timeout=0))},
+                                      SLO, _memory(4, steps=True), now=1000.0)  # fmt: skip
+    assert decision.changed("colocated", MAX_BATCH) is None, decision.reasons
+
+
+def test_a_budget_an_itl_excess_cut_grows_back_while_ttft_is_the_tighter_slo() -> None:
+    """Mean prompt 100 tokens: two beside a full batch of 32 need 232 > budget 128. TTFT 400 ms
+    (0.8x) is tighter than ITL 50 ms (0.5x, under its 0.8 low water): x2, a relaxing move."""
+    base = dict(ttft_ms=400, itl_ms=50, rate=10.0, prompt_tps=1000, step_tokens=20, mean_batch=8)
+    decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(metrics(**base), settings(budget=128))}, SLO,
+                                      None, now=1000.0)  # fmt: skip
+    change = decision.changed("colocated", TOKEN_BUDGET)
+    assert change is not None and change.new == 256, decision.reasons
+    assert "two mean prompts and a full batch (232 tokens) overflow the budget" in change.reason
+
+    for why, kw, budget in (
+        ("ITL is the tighter SLO", dict(ttft_ms=300, itl_ms=70), 128),
+        ("TTFT far under its SLO", dict(ttft_ms=200), 128),
+        ("ITL without room", dict(itl_ms=85), 128),
+        ("the budget already holds two prompts and a batch", {}, 256),
+    ):
+        m = metrics(**base | kw)
+        decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(m, settings(budget=budget))}, SLO, None, now=1000.0)
+        assert decision.changed("colocated", TOKEN_BUDGET) is None, (why, decision.reasons)
+
+
+def test_a_relaxing_budget_rise_waits_its_stabilization_window() -> None:
+    m = metrics(ttft_ms=400, itl_ms=50, rate=10.0, prompt_tps=1000, step_tokens=20, mean_batch=8)
+    tuner = Tuner(replace(ONE_SHOT, knob_relax_stabilization_s=60.0))
+    pools = {"colocated": pool_input(m, settings(budget=128))}
+    first = tuner.decide(pools, SLO, None, now=1000.0)
+    assert first.changed("colocated", TOKEN_BUDGET) is None
+    later = tuner.decide(pools, SLO, first.memory, now=1070.0)
+    assert later.changed("colocated", TOKEN_BUDGET).new == 256
+
+
+def test_an_itl_excess_beside_a_ttft_excess_and_a_queue_keeps_the_batch_and_adds_replicas() -> None:
+    """ITL 150 ms and TTFT 900 ms both over, 3 requests waiting per pod: a smaller batch would only
+    queue more; the batch holds and counts as exhausted, so replicas come instead."""
+    m = metrics(ttft_ms=900, queue_ms=600, itl_ms=150, waiting=6, pods=2, rate=4.0, prompt_tps=400, gen_tps=100,
+                mean_batch=20, step_tokens=30)  # fmt: skip
+    pools = {"colocated": pool_input(m, settings(replicas=2, batch=32, timeout=0, budget=512), limits())}
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, _memory(2), now=1000.0)
+    assert decision.changed("colocated", MAX_BATCH) is None, decision.reasons
+    assert any("a smaller batch would move the excess onto TTFT" in r for r in decision.reasons)
+    assert decision.changed("colocated", REPLICAS).new > 2
+
+    alone = replace(m, ttft=latency(300), waiting=0.0)  # ITL alone over: the batch shrinks as before
+    decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(alone, settings(replicas=2, batch=32, timeout=0))},
+                                      SLO, _memory(2), now=1000.0)  # fmt: skip
+    assert decision.changed("colocated", MAX_BATCH).new < 32
