@@ -112,6 +112,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workloads", help="tuner: comma-separated subset of bursty,chat,long-prompt,creative")
     parser.add_argument("--startup-s", type=float, default=30.0, help="tuner: pod start-up delay on scale-up")
     parser.add_argument("--workers", type=int, help="tuner: processes for the fixed grid (default: one per CPU)")
+    parser.add_argument("--seed", type=int, help="tuner: another draw of each workload's trace (default: its own seed)")
 
 
 def spec_for(case: Case, engine: dict[str, Any] | None = None, replicas: int | None = None, autotune: bool = True):
@@ -145,7 +146,9 @@ def run(args) -> int:
     print(f"== tuner evaluation in the simulator: {cost.model} {cost.dtype} on {cost.device}, profile {path}")
     print(f"   cost model: {cost.describe()}")
     print(f"   initial knobs {INITIAL_ENGINE}, bounds {BOUNDS}, replicas 1..{MAX_REPLICAS}")
-    print(f"   autotune {AUTOTUNE}; pods start {args.startup_s:g} s after a scale-up")
+    seed = getattr(args, "seed", None)
+    print(f"   autotune {AUTOTUNE}; pods start {args.startup_s:g} s after a scale-up"
+          + ("" if seed is None else f"; traces drawn with seed {seed}"))  # fmt: skip
     results: dict[str, Any] = {
         "profile": str(path),
         "cost_model": cost.describe(),
@@ -154,12 +157,14 @@ def run(args) -> int:
         "bounds": BOUNDS,
         "autotune": AUTOTUNE,
         "startup_s": args.startup_s,
+        "seed": getattr(args, "seed", None),
         "targets": {"attainment": ATTAINMENT_TARGET, "vs_best_fixed": FIXED_RATIO_TARGET, "vs_hpa": HPA_RATIO_TARGET},
         "workloads": [],
     }
     for case in cases:
         started = time.perf_counter()
-        row = evaluate(case, cost, args.startup_s, quick, workers=getattr(args, "workers", None))
+        row = evaluate(case, cost, args.startup_s, quick, workers=getattr(args, "workers", None),
+                       seed=getattr(args, "seed", None))  # fmt: skip
         row["wall_s"] = time.perf_counter() - started
         results["workloads"].append(row)
         print_workload(row)
@@ -170,7 +175,9 @@ def run(args) -> int:
     return 0
 
 
-def evaluate(case: Case, cost, startup_s: float, quick: bool = False, workers: int | None = None) -> dict[str, Any]:
+def evaluate(
+    case: Case, cost, startup_s: float, quick: bool = False, workers: int | None = None, seed: int | None = None
+) -> dict[str, Any]:
     from concurrent.futures import ProcessPoolExecutor
 
     from llmfleet.sim.fleet import SimOptions
@@ -181,7 +188,7 @@ def evaluate(case: Case, cost, startup_s: float, quick: bool = False, workers: i
     if quick and duration is not None:
         duration = min(duration, 300.0)
     warmup = min(case.warmup_s, 120.0) if quick else case.warmup_s
-    workload = builtin_workload(case.workload, duration, case.rate_scale)
+    workload = builtin_workload(case.workload, duration, case.rate_scale, seed=seed)
     requests = with_warmup(workload, warmup)
     options = SimOptions(startup_s=startup_s)
 

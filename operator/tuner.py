@@ -968,7 +968,9 @@ class Tuner:
             else:
                 lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(proposal.target)} held: {held_by}")
             return current
-        gate, note = self._gate(history, now, new > old, proposal)
+        # Both budget moves protect an SLO (down: ITL, up: TTFT): one reversing the other within the
+        # window means the two trade off, which only replicas resolve, so no excess overrides it.
+        gate, note = self._gate(history, now, new > old, proposal, overridable=knob != TOKEN_BUDGET)
         if gate:
             lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(new)} held: {gate}")
             return current
@@ -980,7 +982,9 @@ class Tuner:
         lines.append(reason)
         return current.with_value(knob, new)
 
-    def _gate(self, history: KeyHistory, now: float, rising: bool, proposal: Proposal) -> tuple[str, str]:
+    def _gate(
+        self, history: KeyHistory, now: float, rising: bool, proposal: Proposal, overridable: bool = True
+    ) -> tuple[str, str]:
         """(why the move is blocked, or ''; a note when an SLO overrides anti-flapping)."""
         c = self.config
         direction = 1 if rising else -1
@@ -993,7 +997,7 @@ class Tuner:
                 f"reversing the {'rise' if history.last_direction > 0 else 'fall'} begun {now - since:.0f} s ago "
                 f"(one direction change per {c.flap_window_s:.0f} s)"
             )
-            if proposal.protective and proposal.severity >= c.override_ratio:
+            if overridable and proposal.protective and proposal.severity >= c.override_ratio:
                 return "", f"{flap} allowed: {proposal.severity:.2f}x over target (>= {c.override_ratio:g})"
             return flap, ""
         return "", ""

@@ -128,3 +128,17 @@ def test_an_itl_excess_beside_a_ttft_excess_and_a_queue_keeps_the_batch_and_adds
     decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(alone, settings(replicas=2, batch=32, timeout=0))},
                                       SLO, _memory(2), now=1000.0)  # fmt: skip
     assert decision.changed("colocated", MAX_BATCH).new < 32
+
+
+def test_a_budget_reversal_within_the_window_waits_however_far_over_the_slo() -> None:
+    """An ITL excess cut the budget 20 s ago; now TTFT is 2x over and prompts are longer than the
+    budget. Growing it back would reverse within the flap window: the two SLOs trade off there,
+    which only replicas resolve, so the budget holds (anti-flap is not overridden)."""
+    tuner = Tuner(replace(ONE_SHOT, flap_window_s=120.0))
+    cut = metrics(ttft_ms=300, itl_ms=150, rate=4.0, prompt_tps=800, step_tokens=120, mean_batch=8)
+    first = tuner.decide({"colocated": pool_input(cut, settings(budget=256))}, SLO, None, now=1000.0)
+    assert first.changed("colocated", TOKEN_BUDGET).new == 192
+    over = metrics(ttft_ms=1000, queue_ms=100, itl_ms=60, rate=4.0, prompt_tps=800, step_tokens=120, mean_batch=8)
+    later = tuner.decide({"colocated": pool_input(over, settings(budget=192))}, SLO, first.memory, now=1020.0)
+    assert later.changed("colocated", TOKEN_BUDGET) is None, later.reasons
+    assert any("maxNumBatchedTokens 192 -> 384 held: reversing the fall" in r for r in later.reasons), later.reasons
