@@ -79,7 +79,9 @@ owns TTFT and ``decode`` owns ITL):
   ``cooldown_s``, so the metric window sees the new setting first. It reverses direction at most
   once per ``flap_window_s`` (the scale-down stabilization window), unless the reversal protects
   an SLO that is at least ``override_ratio`` (1.2) times over (or, for replicas, demand 1.2x what
-  the pool can serve). Spec-bound corrections count as moves for both.
+  the pool can serve); never for the token budget, whose two directions protect the two SLOs
+  (their trading it back and forth is a lack of capacity). Spec-bound corrections count as moves
+  for both.
 
 Every change and every hold comes with a reason that cites its numbers, e.g.
 ``decode: ITL p95 142 ms > SLO 100 ms -> maxBatchSize 32 -> 24 (x0.75)``.
