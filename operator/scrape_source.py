@@ -190,11 +190,11 @@ class ScrapeSource:
         current = {
             url: history[url][-1] for url in urls if history.get(url) and now - history[url][-1].at < self._min_gap_s
         }
-        stale = [url for url in urls if url not in current]
-        results = await asyncio.gather(*(self.scrape(url) for url in stale), return_exceptions=True)
+        to_scrape = [url for url in urls if url not in current]
+        results = await asyncio.gather(*(self.scrape(url) for url in to_scrape), return_exceptions=True)
         fresh: dict[str, PodScrape] = {}
         failed: list[str] = []
-        for url, result in zip(stale, results, strict=True):
+        for url, result in zip(to_scrape, results, strict=True):
             if isinstance(result, httpx.HTTPError | ValueError):
                 failed.append(f"{url}: {result!r}")
             elif isinstance(result, BaseException):
