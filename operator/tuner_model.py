@@ -157,7 +157,7 @@ class TunerConfig:
     capacity_ewma: float = 0.3
     latency_margin: float = 0.8  # owned latencies under this share of their SLOs: a latency-cut capacity recovers
     # A replica count is chosen for latency only where its projection is this far within the SLOs:
-    # a p95 over a minute swings by about 10% around the projection's mean.
+    # a minute's p95 swings around the projection, and the projection errs by a few percent.
     projected_latency_limit: float = 0.95
     # ... at the load of a busy window: its arrivals surge_sd standard deviations above their mean
     # (Poisson), so that a count chosen at the mean load holds through the windows the tuner reads.
