@@ -143,10 +143,10 @@ def run(args) -> int:
     wanted = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
     cases = [c for c in CASES if not wanted or c.workload in wanted]
     quick = bool(getattr(args, "quick", False))
+    seed = getattr(args, "seed", None)
     print(f"== tuner evaluation in the simulator: {cost.model} {cost.dtype} on {cost.device}, profile {path}")
     print(f"   cost model: {cost.describe()}")
     print(f"   initial knobs {INITIAL_ENGINE}, bounds {BOUNDS}, replicas 1..{MAX_REPLICAS}")
-    seed = getattr(args, "seed", None)
     print(f"   autotune {AUTOTUNE}; pods start {args.startup_s:g} s after a scale-up"
           + ("" if seed is None else f"; traces drawn with seed {seed}"))  # fmt: skip
     results: dict[str, Any] = {
@@ -157,14 +157,13 @@ def run(args) -> int:
         "bounds": BOUNDS,
         "autotune": AUTOTUNE,
         "startup_s": args.startup_s,
-        "seed": getattr(args, "seed", None),
+        "seed": seed,
         "targets": {"attainment": ATTAINMENT_TARGET, "vs_best_fixed": FIXED_RATIO_TARGET, "vs_hpa": HPA_RATIO_TARGET},
         "workloads": [],
     }
     for case in cases:
         started = time.perf_counter()
-        row = evaluate(case, cost, args.startup_s, quick, workers=getattr(args, "workers", None),
-                       seed=getattr(args, "seed", None))  # fmt: skip
+        row = evaluate(case, cost, args.startup_s, quick, workers=getattr(args, "workers", None), seed=seed)
         row["wall_s"] = time.perf_counter() - started
         results["workloads"].append(row)
         print_workload(row)

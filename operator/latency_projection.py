@@ -84,9 +84,10 @@ def slots_for(m: PoolMetrics, steps: StepCosts, k: float) -> int | None:
     """The fewest batch slots at which a pod carrying its load x ``k`` rarely makes a request
     wait for one (Erlang C <= 5%); None when the step model cannot say (saturated, no data)."""
     load = _StepLoad.of(m, replace(steps, slots=None))
-    if load is None or load.work * k >= FULL:
+    ratio = None if load is None else load.step_ratio(k)
+    if ratio is None:
         return None
-    busy = load.running * k * (1.0 - load.work) / (1.0 - load.work * k)
+    busy = load.running * k * ratio
     slots = max(1, math.ceil(busy))
     while erlang_c(slots, busy) > TAIL:
         slots += 1
@@ -135,22 +136,27 @@ class _StepLoad:
             return None  # saturated now: queueing dominates, which M/M/1 on the demand describes better
         return load
 
+    def step_ratio(self, k: float) -> float | None:
+        """How much longer steps take with each pod's arrivals x ``k``; None when the pods' time
+        would fill."""
+        if self.work * k >= FULL:
+            return None
+        return (1.0 - self.work) / (1.0 - self.work * k)
+
     def spread(self, k: float) -> tuple[float, float, float, float] | None:
         """With each pod's arrivals x ``k``: (step time ratio, p95 slot wait now, then, growth of
         the wait for budget), or None when that load would saturate the pod."""
-        if self.work * k >= FULL:
-            return None
-        ratio = (1.0 - self.work) / (1.0 - self.work * k)
-        if self._slot_share(k * ratio) >= FULL or self._budget_share(k * ratio) >= FULL:
+        ratio = self.step_ratio(k)
+        if ratio is None or self._slot_share(k * ratio) >= FULL or self._budget_share(k * ratio) >= FULL:
             return None
         growth = (1.0 - self._budget_share(1.0)) / (1.0 - self._budget_share(k * ratio))
         return ratio, self._slot_wait(1.0, 1.0), self._slot_wait(k, ratio), growth
 
     def saturation(self, k: float) -> str:
         """What would run full at arrivals x ``k``: the pods' time, the batch slots or the budget."""
-        if self.work * k >= FULL:
+        ratio = self.step_ratio(k)
+        if ratio is None:
             return f"pods busy {self.work * k:.0%} of the time"
-        ratio = (1.0 - self.work) / (1.0 - self.work * k)
         if self._slot_share(k * ratio) >= FULL:
             return f"{self.running * k * ratio:.1f} of {self.slots} batch slots busy"
         return f"{self.prompt_tokens * k * ratio:.0f} of {self.budget:g} budget tokens per step"

@@ -638,14 +638,11 @@ class Tuner:
             return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
         limit = self.config.projected_latency_limit
         lowest = max(target, 1)  # a demand that rounds to zero replicas is judged at one
-        for n in range(lowest, cur):
-            if self._project(name, m, slo, units, cur, n, capacity).ratio <= limit:
-                if n == lowest:
-                    return target, ""
-                break
-        else:
-            n = cur
         projected = self._project(name, m, slo, units, cur, lowest, capacity)
+        if projected.ratio <= limit:
+            return target, ""
+        fewer = range(lowest + 1, cur)
+        n = next((n for n in fewer if self._project(name, m, slo, units, cur, n, capacity).ratio <= limit), cur)
         return n, (
             f"; at {lowest} the owned latency is projected at {projected.ratio:.2f}x its SLO ({projected.how}; now "
             f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {limit:g}) -> {n}"
