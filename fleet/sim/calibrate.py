@@ -264,11 +264,10 @@ class _Bench:
         """A serving replay: ``requests`` of anyscale-online's lengths arriving at 1 request/s
         of the engine's own time (the sum of its steps), through a serving config (batch 16,
         budget 512, chunked prefill), every step a sample. Steps in isolation, as the grid runs
-        them, come out faster than the same shapes while serving (clocks under sustained load,
+        them, can run faster than the same shapes while serving (clocks under sustained load,
         caches that the next step's shape evicts): on a 2-core CPU the grid alone left the
-        simulator 13-16% short of a real run's busy time, grid and replay 9-13%. The replay's
-        steps weigh in the fit for the shapes serving visits; its trace is not the one
-        sim-fidelity replays."""
+        simulator 13-16% short of a real run's busy time. The replay's steps weigh in the fit
+        for the shapes serving visits; its trace is not the one sim-fidelity replays."""
         from llmfleet.server.core.request import SamplingParams
         from llmfleet.workloads import anyscale_online, prompt_tokens
 

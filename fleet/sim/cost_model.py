@@ -34,7 +34,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,10 @@ class CostModel:
     def step_seconds(self, features: StepFeatures) -> float:
         c = self.coefficients
         return c.get("intercept", 0.0) + sum(c.get(name, 0.0) * getattr(features, name) for name in FEATURES[1:])
+
+    def slowed(self, factor: float) -> CostModel:
+        """This profile on a machine running ``factor`` times slower: every term scaled."""
+        return replace(self, coefficients={k: v * factor for k, v in self.coefficients.items()})
 
     def num_kv_blocks(self, kv_cache_memory_mb: int, block_size: int) -> int:
         """As the torch runner sizes its cache: memory over bytes per block."""

@@ -22,6 +22,7 @@ from ..core.batch import SampledToken, SchedulerOutput
 from ..core.kv_wire import KVLayout
 from . import attention
 from .cuda_graphs import DecodeGraphs
+from .host_memory import keep_freed_host_memory
 from .kv_cache import PagedKVCache
 from .sampler import Sampler
 from .step_inputs import build_step_inputs
@@ -65,6 +66,8 @@ class TorchModelRunner:
         attention.register()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":
+            keep_freed_host_memory()  # prompt steps would page-fault their activations in again
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=self.dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
         ).to(self.device)

@@ -159,3 +159,11 @@ def test_unreadable_profile(tmp_path) -> None:
         CostModel.load(tmp_path / "p.json")
     with pytest.raises(ValueError, match="cannot read cost profile"):
         CostModel.load(tmp_path / "missing.json")
+
+
+def test_a_slowed_profile_scales_every_step_alike() -> None:
+    model = CostModel(TRUE, model="builtin:small", threads=2)
+    slowed = model.slowed(1.25)
+    for sample in synthetic_samples(n=5):
+        assert slowed.step_seconds(sample.features) == pytest.approx(1.25 * model.step_seconds(sample.features))
+    assert slowed.model == "builtin:small" and slowed.threads == 2 and model.coefficients == TRUE
