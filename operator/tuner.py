@@ -15,10 +15,10 @@ owns TTFT and ``decode`` owns ITL):
   smaller batch would only move the excess onto TTFT, so the batch holds and replicas come.
   ITL p95 < 0.8 SLO and the batch is the limit (mean batch >= 90% of the cap, or requests
   waiting): additive increase, +4; or, at a busy window's load, requests would wait for a slot
-  (latency_projection.slots_for) with the pods there are, or with one fewer where the pods' time
-  would allow it: straight to that many slots, in steps of 4, so that the scale-down can follow.
-  Not while the KV cache is under pressure (usage >= 95% or preemptions), since a bigger batch
-  would only preempt.
+  (latency_projection.slots_for) with the pods there are, or with the fewest pods whose time
+  would allow it (and whose KV caches would hold the sequences): straight to that many slots, in
+  steps of 4, so that the scale-down can follow. Not while the KV cache is under pressure (usage
+  >= 95% or preemptions), since a bigger batch would only preempt.
   **Slot-bound TTFT** (colocated): queue >= 50% of a TTFT p95 >= 0.5 SLO, ITL < 0.8 SLO, steps
   that leave the token budget unfilled and a cap the batch reaches at times (mean + 3 sd, the
   spread of an M/G/inf occupancy): prompts wait for a batch slot, so +4 at once (protective, no
@@ -64,9 +64,13 @@ owns TTFT and ``decode`` owns ITL):
   same SLO this run). A scale-down goes only as low as the owned latencies project within their
   SLOs at the load of a busy window (arrivals 2 sd above the mean: a count chosen at the mean
   holds through its surges), so a pool near its TTFT SLO keeps its pods even when throughput
-  says fewer would do. The projection (latency_projection.py) takes steps to lengthen with the
-  share of a pod's time their work fills and adds the wait for a batch slot (Erlang C); without
-  step times, M/M/1 on the demand. Then ``[minReplicas, maxReplicas]``.
+  says fewer would do, and only as low as the busiest pod's KV usage, spread alike, stays under
+  95%. The projection (latency_projection.py) takes steps to lengthen with the share of a pod's
+  time their work fills and adds the wait for a batch slot (Erlang C); without step times, M/M/1
+  on the demand. **Pods and slots are one decision**: where the batch cap's recommendation is
+  above the cap (held by its relaxation window), the replica count is also judged at that cap,
+  and a scale-down that needs it goes with it, raising the cap in the same run. Then
+  ``[minReplicas, maxReplicas]``.
   A pool at zero replicas reports nothing, so it holds: keep ``minReplicas >= 1`` on tuned pools.
 - **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
   move happens only if every recommendation of its window agrees (rise: the lowest, fall: the
@@ -151,6 +155,7 @@ class Proposal:
     severity: float = 0.0  # p95 / SLO (or demand / capacity) of what it protects
     exhausted: bool = False  # the SLO is violated and this knob is already at its limit
     protects: str = ""  # the SLO a protective or exhausted proposal is about: "ttft" or "itl"
+    slots: int | None = None  # replicas: the batch cap a scale-down counts on, where above the current one
 
 
 @dataclass(frozen=True)
@@ -202,9 +207,13 @@ class Tuner:
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
             per_replica = self._per_replica(name, capacity, settings[name])  # at the knobs this run leaves
             replicas, units = self._replica_proposal(name, pool, slo, per_replica, proposals)
+            replicas, units = self._with_the_slots_coming(name, pool, slo, capacity, settings[name], proposals,
+                                                          mem, now, (replicas, units))  # fmt: skip
             if units is not None:
                 demand[name] = units
-            settings[name] = self._act(name, REPLICAS, settings[name], replicas, mem, now, changes, lines)
+            before = settings[name]
+            settings[name] = self._act(name, REPLICAS, before, replicas, mem, now, changes, lines)
+            settings[name] = self._slots_with_the_pods(name, before, settings[name], replicas, mem, now, changes, lines)
             if measurable:
                 self._latency_saturation(name, pool, slo, capacity, proposals, lines)
             inputs[name]["capacity"] = per_replica.summary()
@@ -295,8 +304,8 @@ class Tuner:
         pods = max(m.ready_pods or 1, 1)
         full = m.mean_batch_size is not None and m.mean_batch_size >= c.batch_full_fraction * cur
         queued = m.waiting is not None and m.waiting / pods >= c.queue_per_pod
-        # Slots a busy window would fill, with these pods or one fewer, cost TTFT or keep the pods
-        # (the scale-down's projection counts the wait for a slot): the cap grows first.
+        # Slots a busy window would fill, with these pods or the fewest their time allows, cost
+        # TTFT or keep the pods (the scale-down's projection counts the wait for a slot).
         slots, pods_then = self._slots_needed(name, pool, slo, steps)
         if not (full or queued or slots):
             return Proposal(
@@ -332,20 +341,26 @@ class Tuner:
 
     def _slots_needed(self, name: str, pool: PoolInput, slo: SLOTargets, steps: StepCosts | None) -> tuple[int, str]:
         """The batch slots that keep a request's wait for one rare at the load of a busy window
-        (latency_projection.slots_for), with the pods there are or, where the pods' time would
-        allow it (the latency projects within the SLOs with slots to spare), one pod fewer; when
-        that is more than the cap: (slots, for what), else (0, '')."""
-        m, cur = pool.metrics, pool.current.knobs[MAX_BATCH]
+        (latency_projection.slots_for), with the pods there are or with the fewest pods whose time
+        would allow it (the latency projects within the SLOs with slots to spare, and the KV cache
+        holds the sequences); when that is more than the cap: (slots, for what), else (0, '').
+        Pods and slots are one decision: a scale-down projected at today's cap would find the
+        slots short and keep pods that a bigger cap lets go, and a cap does not cost anything
+        until it binds."""
+        c, m, cur = self.config, pool.metrics, pool.current.knobs[MAX_BATCH]
         pods = m.ready_pods or 0
         if steps is None or pods <= 0 or pods != pool.current.replicas:
             return 0, ""
         busy = self._surge(m)
+        unbounded = replace(steps, slots=None)
         candidates = [(busy, f"its {pods} pods")]
-        if pods > pool.limits.min_replicas:
-            fewer = pods / (pods - 1) * busy
-            unbounded = project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, 0.0, fewer, replace(steps, slots=None))
-            if unbounded.ratio <= self.config.projected_latency_limit:
-                candidates.append((fewer, f"{pods - 1} pods"))
+        for n in range(pods - 1, max(pool.limits.min_replicas, 1) - 1, -1):
+            k = pods / n * busy
+            if (m.kv_usage_max or 0.0) * k >= c.kv_pressure:
+                break
+            if project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, 0.0, k, unbounded).ratio > c.projected_latency_limit:
+                break
+            candidates.append((k, f"{n} pods"))
         needed, what = max(((slots_for(m, steps, k) or 0), what) for k, what in candidates)
         return (needed, what) if needed > cur else (0, "")
 
@@ -624,6 +639,67 @@ class Tuner:
         proposal = Proposal(float(target), why, protective=target > cur, severity=max(latency, over))
         return proposal, (units, detail)
 
+    def _with_the_slots_coming(
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        capacity: Capacity,
+        leaves: PoolSettings,
+        knobs: Mapping[str, Proposal],
+        mem: TunerMemory,
+        now: float,
+        proposal: tuple[Proposal, tuple[float, str] | None],
+    ) -> tuple[Proposal, tuple[float, str] | None]:
+        """The replica proposal at the batch cap this run recommends, where that is more than the
+        cap it leaves and lets fewer pods go: pods and slots are one decision. The cap's own
+        relaxation window holds the cap a while, and a scale-down judged at today's cap would
+        keep pods only for want of slots (and decode throughput) that are coming. The proposal
+        then counts on them, and a scale-down that goes brings them (_slots_with_the_pods); one
+        whose window saw recommendations without them keeps the pods, since it takes the highest.
+        Never where the cap fell within the anti-flap window, and never to weaken a rise."""
+        batch, cap = knobs.get(MAX_BATCH), leaves.knobs.get(MAX_BATCH)
+        if batch is None or cap is None or batch.target <= cap:
+            return proposal
+        history = mem.key(name, MAX_BATCH)
+        since = history.direction_since
+        if history.last_direction < 0 and since is not None and now - since < self.config.flap_window_s:
+            return proposal
+        then = leaves.with_value(MAX_BATCH, batch.target)
+        alt, units = self._replica_proposal(name, pool, slo, self._per_replica(name, capacity, then), knobs)
+        if alt.target >= min(proposal[0].target, pool.current.replicas):
+            return proposal
+        return replace(alt, slots=int(batch.target)), units
+
+    def _slots_with_the_pods(
+        self,
+        name: str,
+        before: PoolSettings,
+        after: PoolSettings,
+        replicas: Proposal,
+        mem: TunerMemory,
+        now: float,
+        changes: list[Change],
+        lines: list[str],
+    ) -> PoolSettings:
+        """A scale-down that counted on a bigger batch cap raises the cap with it (no cooldown:
+        the two are one move, stabilized as the scale-down)."""
+        cap = after.knobs.get(MAX_BATCH)
+        if replicas.slots is None or cap is None or after.replicas >= before.replicas or replicas.slots <= cap:
+            return after
+        mem.key(name, MAX_BATCH).moved(now, 1)
+        earlier = next((c for c in changes if c.pool == name and c.knob == MAX_BATCH), None)
+        old = cap if earlier is None else earlier.old
+        if earlier is not None:
+            changes.remove(earlier)  # one change per knob and run
+        reason = (
+            f"{name}: replicas {_num(before.replicas)} -> {_num(after.replicas)} counted on {MAX_BATCH} "
+            f"{replicas.slots}, which comes with them -> {MAX_BATCH} {_num(old)} -> {replicas.slots}"
+        )
+        changes.append(Change(name, MAX_BATCH, old, float(replicas.slots), reason))
+        lines.append(reason)
+        return after.with_value(MAX_BATCH, float(replicas.slots))
+
     def _projected_scale_down(
         self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, target: int, capacity: PerReplica
     ) -> tuple[int, str]:
@@ -631,21 +707,34 @@ class Tuner:
         projected (latency_projection.py) within ``projected_latency_limit`` of their SLOs, and a
         note when that is more. Capacity estimated from throughput says nothing about latency (a
         pod can be well under its token throughput and still break a TTFT SLO): this asks the
-        latency measured now whether fewer pods would hold."""
+        latency measured now whether fewer pods would hold. Nor does it say whether their
+        sequences fit the fewer pods' KV caches: the busiest pod's usage, spread alike, must stay
+        under ``kv_pressure``, or the scale-down would only preempt."""
         ratio = self._owned_latency_ratio(name, m, slo)
         pods = m.ready_pods or 0
         if ratio <= 0 or pods != cur or units <= 0:
             return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
-        limit = self.config.projected_latency_limit
-        lowest = max(target, 1)  # a demand that rounds to zero replicas is judged at one
+        c = self.config
+        lowest, note = max(target, 1), ""  # a demand that rounds to zero replicas is judged at one
+        kv = (m.kv_usage_max or 0.0) * cur * self._surge(m)  # the busiest pod's KV usage, in pods' worth
+        kv_floor = math.floor(kv / c.kv_pressure) + 1
+        if lowest < kv_floor:
+            lowest = target = min(kv_floor, cur)
+            note = f"; the KV cache would run {kv / max(target - 1, 1):.0%} full with fewer than {target} -> {target}"
+        if lowest >= cur:
+            return cur, note
         projected = self._project(name, m, slo, units, cur, lowest, capacity)
-        if projected.ratio <= limit:
-            return target, ""
+        if projected.ratio <= c.projected_latency_limit:
+            return target, note
         fewer = range(lowest + 1, cur)
-        n = next((n for n in fewer if self._project(name, m, slo, units, cur, n, capacity).ratio <= limit), cur)
-        return n, (
-            f"; at {lowest} the owned latency is projected at {projected.ratio:.2f}x its SLO ({projected.how}; now "
-            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {limit:g}) -> {n}"
+        n = next((n for n in fewer if self._project(name, m, slo, units, cur, n, capacity).ratio
+                  <= c.projected_latency_limit), cur)  # fmt: skip
+        slots = None if capacity.steps is None else capacity.steps.slots
+        at = f"at {lowest}" + ("" if slots is None else f" with {MAX_BATCH} {slots}")
+        return n, note + (
+            f"; {at} the owned latency is projected at {projected.ratio:.2f}x its SLO ({projected.how}; now "
+            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {c.projected_latency_limit:g})"
+            f" -> {n}"
         )
 
     def _latency_replicas(

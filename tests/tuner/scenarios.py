@@ -37,7 +37,7 @@ def metrics(
     gen_tps: float | None = 200.0,
     waiting: float | None = 0.0,
     running: float | None = 8.0,
-    kv_max: float | None = 0.5,
+    kv_max: float | None = 0.2,
     preemptions: float | None = 0.0,
     mean_batch: float | None = 8.0,
     step_tokens: float | None = 12.0,

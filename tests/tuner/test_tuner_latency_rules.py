@@ -1,7 +1,8 @@
-"""Rules from the third round of the simulator's tuner evaluation (`llm-fleet bench tuner` on the
-reference profile): replicas judged over the SLO's window, a busy window's surge on scale-down,
-a batch cap grown for the pods one fewer would need, a token budget that grows back once ITL
-has room, and a batch that holds when a cut would only move an ITL excess onto TTFT."""
+"""Rules from the simulator's tuner evaluation (`llm-fleet bench tuner` on the reference profile):
+replicas judged over the SLO's window, a busy window's surge (and the KV cache) on scale-down, a
+batch cap grown for the fewest pods their time allows and a scale-down that brings it, a token
+budget that grows back once ITL has room, and a batch that holds when a cut would only move an
+ITL excess onto TTFT."""
 
 from __future__ import annotations
 
@@ -47,14 +48,18 @@ def test_a_pool_that_sees_few_requests_keeps_a_pod_for_its_busy_minutes() -> Non
     """TTFT 350 ms (10 ms queued) on 3 pods at rho 0.2: at the mean load 1 pod holds (400 ms),
     but at 0.5 requests/s a busy minute runs 2 sd (37%) above it: 522 ms, so 2 pods."""
 
-    def decide(rate: float):
+    def decide(rate: float, kv_max: float = 0.1):
         m = metrics(ttft_ms=350, queue_ms=10, itl_ms=20, prompt_tps=600, gen_tps=0.0, pods=3, mean_batch=2,
-                    waiting=0, rate=rate)  # fmt: skip
+                    waiting=0, rate=rate, kv_max=kv_max)  # fmt: skip
         pools = {"colocated": pool_input(m, settings(replicas=3, timeout=0))}
-        return Tuner(ONE_SHOT).decide(pools, SLO, _memory(3), now=1000.0).changed("colocated", REPLICAS).new
+        decision = Tuner(ONE_SHOT).decide(pools, SLO, _memory(3), now=1000.0)
+        return decision.changed("colocated", REPLICAS)
 
-    assert decide(rate=10.0) == 1  # 600 requests a minute: a busy one is only 8% busier
-    assert decide(rate=0.5) == 2
+    assert decide(rate=10.0).new == 1  # 600 requests a minute: a busy one is only 8% busier
+    assert decide(rate=0.5).new == 2
+    # the busiest pod's KV cache half full: one pod would hold 162% of it at a busy minute's load
+    kv_bound = decide(rate=10.0, kv_max=0.5)
+    assert kv_bound.new == 2 and "the KV cache would run 162% full with fewer than 2 -> 2" in kv_bound.reason
 
 
 def test_the_batch_cap_grows_to_the_slots_a_busy_window_needs() -> None:
@@ -80,6 +85,51 @@ def test_the_batch_cap_grows_to_the_slots_a_busy_window_needs() -> None:
     decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(quiet, settings(replicas=4, batch=12, timeout=0))},
                                       SLO, _memory(4, steps=True), now=1000.0)  # fmt: skip
     assert decision.changed("colocated", MAX_BATCH) is None, decision.reasons
+
+
+def test_the_cap_grows_for_the_fewest_pods_their_time_and_kv_caches_allow() -> None:
+    """Eight quiet pods (2.5 running each, a cap of 4): their time would allow 2 pods, which need
+    29 slots at a busy minute's load, and cap and pods go together. With the busiest pod's KV
+    cache half full, 5 pods are the fewest whose caches hold the sequences: the cap grows for
+    those, and the scale-down stops there too."""
+
+    def decide(kv_max: float):
+        m = metrics(ttft_ms=200, itl_ms=40, rate=4.0, prompt_tps=80, gen_tps=160, running=20, mean_batch=2.5,
+                    step_tokens=4, pods=8, waiting=0, kv_max=kv_max)  # fmt: skip
+        pools = {"colocated": pool_input(m, settings(replicas=8, batch=4, timeout=0))}
+        decision = Tuner(ONE_SHOT).decide(pools, SLO, _memory(8, steps=True), now=1000.0)
+        return decision.changed("colocated", MAX_BATCH), decision.changed("colocated", REPLICAS)
+
+    cap, replicas = decide(kv_max=0.2)
+    assert (cap.new, replicas.new) == (32, 2) and "2 pods would need 29 slots" in cap.reason
+    cap, replicas = decide(kv_max=0.5)
+    assert (cap.new, replicas.new) == (12, 5) and "5 pods would need 10 slots" in cap.reason
+    assert "the KV cache would run" in replicas.reason
+
+
+def test_a_scale_down_brings_the_batch_slots_it_counts_on() -> None:
+    """The cap's relaxation window (60 s) holds its growth to 32, which 3 pods need; judged at
+    today's cap of 12 the pods look slot-bound (5 replicas). Pods and slots are one decision: the
+    scale-down is judged at the cap that is coming and, when it goes, takes the cap with it."""
+    m = metrics(ttft_ms=200, itl_ms=40, rate=8.0, prompt_tps=160, gen_tps=320, running=40, mean_batch=10,
+                step_tokens=11, pods=4, waiting=0)  # fmt: skip
+    relaxing = replace(ONE_SHOT, knob_relax_stabilization_s=60.0)
+    pools = {"colocated": pool_input(m, settings(replicas=4, batch=12, timeout=0))}
+    decision = Tuner(relaxing).decide(pools, SLO, _memory(4, steps=True), now=1000.0)
+    replicas, cap = decision.changed("colocated", REPLICAS), decision.changed("colocated", MAX_BATCH)
+    assert replicas is not None and replicas.new == 3, decision.reasons
+    assert cap is not None and (cap.old, cap.new) == (12, 32), decision.reasons
+    assert "replicas 4 -> 3 counted on maxBatchSize 32, which comes with them" in cap.reason
+    assert "per replica at maxBatchSize 32" in replicas.reason
+
+    # a cap cut for ITL within the anti-flap window is not counted on: the pods stay for the slots
+    memory = _memory(4, steps=True)
+    memory.key("colocated", MAX_BATCH).moved(900.0, -1)
+    flapping = replace(relaxing, flap_window_s=300.0)
+    decision = Tuner(flapping).decide(pools, SLO, memory, now=1000.0)
+    assert decision.changed("colocated", MAX_BATCH) is None, decision.reasons
+    moved = decision.changed("colocated", REPLICAS)
+    assert moved is None or moved.new > 3, decision.reasons
 
 
 def test_a_budget_an_itl_excess_cut_grows_back_while_ttft_is_the_tighter_slo() -> None:
