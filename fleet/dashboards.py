@@ -29,6 +29,8 @@ POD_SELECTOR = SELECTOR + ',pod=~"$pod"'  # the PodMonitor copies the pod name i
 TUNER_SELECTOR = 'namespace=~"$namespace",inference_service=~"$service"'
 RATE = "$__rate_interval"
 E2E = "vllm:e2e_request_latency_seconds"
+PROMPT_LENGTH = "vllm:request_prompt_tokens"
+GENERATION_LENGTH = "vllm:request_generation_tokens"
 STEP = "llmfleet_step_duration_seconds"
 SCHEDULER = "llmfleet_scheduler_duration_seconds"
 KNOBS = "|".join(KNOB_FIELDS.values())  # the tuned knobs, as the servers name them
@@ -331,7 +333,11 @@ def pod_detail() -> dict[str, Any]:
         ),
         _panel("End-to-end latency", _quantiles(E2E, s, "pod"), "s", 0, 40),
         _panel("Queue time", _quantiles(promql.QUEUE_TIME, s, "pod"), "s", 12, 40),
-    ]
+        _panel("Prompt length", _quantiles(PROMPT_LENGTH, s, "pod"), "short", 0, 48,
+               description="Tokens per finished request's prompt: the shape the budget and the pool ratio follow."),
+        _panel("Generation length", _quantiles(GENERATION_LENGTH, s, "pod"), "short", 12, 48,
+               description="Tokens generated per finished request: long outputs call for bigger batches."),
+    ]  # fmt: skip
     return _dashboard("llm-fleet-pod", "llm-fleet / Engine per pod", panels, pod=True)
 
 

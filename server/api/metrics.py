@@ -26,6 +26,18 @@ STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 BYTES_BUCKETS = [2**k for k in range(10, 34, 2)]
 
+
+def length_buckets(max_model_len: int | None) -> list[float]:
+    """vLLM's 1-2-5 series of request sizes in tokens, up to the context length."""
+    top, scale, out = max_model_len or 1_000_000, 1, []
+    while True:
+        for step in (1, 2, 5):
+            if step * scale > top:
+                return out
+            out.append(float(step * scale))
+        scale *= 10
+
+
 NUMERIC_KNOBS = sorted(
     name
     for name, field in EngineConfig.model_fields.items()
@@ -34,7 +46,7 @@ NUMERIC_KNOBS = sorted(
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, role: str) -> None:
+    def __init__(self, model_name: str, role: str, max_model_len: int | None = None) -> None:
         self.registry = CollectorRegistry()
         self.labels = {"model_name": model_name, "role": role}
         names = list(self.labels)
@@ -51,6 +63,11 @@ class ServerMetrics:
         self.queue = hist("vllm:request_queue_time_seconds", "Time waiting before first scheduled.", REQUEST_BUCKETS)
         self.prefill = hist("vllm:request_prefill_time_seconds", "First scheduled to first token.", REQUEST_BUCKETS)
         self.decode = hist("vllm:request_decode_time_seconds", "First token to last token.", REQUEST_BUCKETS)
+        self.inference = hist("vllm:request_inference_time_seconds", "First scheduled to finished.", REQUEST_BUCKETS)
+        sizes = length_buckets(max_model_len)
+        self.prompt_len = hist("vllm:request_prompt_tokens", "Prompt tokens per finished request.", sizes)
+        self.generation_len = hist("vllm:request_generation_tokens", "Generated tokens per finished request.", sizes)
+        self.max_tokens = hist("vllm:request_params_max_tokens", "The max_tokens of finished requests.", sizes)
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", names, registry=reg)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", names, registry=reg)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage, 0..1.", names, registry=reg)
@@ -155,12 +172,17 @@ class ServerMetrics:
             return
         self._token_times.pop(ev.request_id, None)
         self.lab(self.success, finished_reason=ev.finish_reason).inc()
+        self.lab(self.prompt_len).observe(ev.num_prompt_tokens)
+        self.lab(self.generation_len).observe(ev.num_output_tokens)
+        if ev.max_tokens is not None:
+            self.lab(self.max_tokens).observe(ev.max_tokens)
         if m.finished_time is None or ev.num_output_tokens == 0:
             return
         self.lab(self.e2e).observe(m.finished_time - m.arrival_time)
         if m.first_scheduled_time is not None:
             self.lab(self.queue).observe(m.first_scheduled_time - m.arrival_time)
             self.lab(self.prefill).observe(m.first_token_time - m.first_scheduled_time)
+            self.lab(self.inference).observe(m.finished_time - m.first_scheduled_time)
         self.lab(self.decode).observe(m.last_token_time - m.first_token_time)
         if ev.num_output_tokens > 1:
             tpot = (m.last_token_time - m.first_token_time) / (ev.num_output_tokens - 1)

@@ -61,8 +61,8 @@ class ServerState:
     def for_engine(cls, engine: LLMEngine, tokenizer, model_name: str, role: str = "colocated") -> ServerState:
         """Wire a built engine for serving: metrics observe every step and config change, and the
         engine loop starts in its own thread."""
-        metrics = ServerMetrics(model_name, role)
         runner = engine.runner
+        metrics = ServerMetrics(model_name, role, runner.max_model_len)
 
         def publish_config(e: LLMEngine) -> None:
             metrics.set_config(e.config, e.config_generation, runner)

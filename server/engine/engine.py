@@ -55,6 +55,7 @@ class RequestOutput:
     logprobs: list[SampledToken] | None
     metrics: RequestMetrics
     kv_export: Any = None  # on the final event of an ``export_kv`` request: its KV (runner.export_kv)
+    max_tokens: int | None = None  # the request's max_tokens (for vllm:request_params_max_tokens)
 
 
 @dataclass
@@ -283,6 +284,7 @@ class LLMEngine:
             num_output_tokens=request.num_output_tokens,
             logprobs=logprobs,
             kv_export=request.kv_export,
+            max_tokens=request.sampling.max_tokens,
             metrics=RequestMetrics(
                 arrival_time=request.arrival_time,
                 first_scheduled_time=request.first_scheduled_time,

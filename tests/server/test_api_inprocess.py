@@ -244,7 +244,9 @@ HISTOGRAMS = [
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
     "vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-    "vllm:request_decode_time_seconds", "vllm:iteration_tokens_total", "llmfleet_batch_size",
+    "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens", "vllm:request_params_max_tokens", "vllm:iteration_tokens_total",
+    "llmfleet_batch_size",
     "llmfleet_step_duration_seconds", "llmfleet_scheduler_duration_seconds", "llmfleet_kv_transfer_bytes",
     "llmfleet_kv_transfer_seconds",
 ]  # fmt: skip
@@ -278,6 +280,17 @@ def test_metrics_names_types_and_labels(client):
     assert 'vllm:request_success_total{finished_reason="length",model_name="fake",role="colocated"} 1.0' in text
     assert 'llmfleet_config_knob{knob="max_batch_size",model_name="fake",role="colocated"} 32.0' in text
     assert 'vllm:cache_config_info{block_size="4"' in text
+    # request sizes, for vLLM's prompt and generation length heatmaps: one finished request
+    sizes = {s.name: s.value for name in ("vllm:request_generation_tokens", "vllm:request_params_max_tokens")
+             for s in families[name].samples if s.name.endswith(("_sum", "_count"))}  # fmt: skip
+    assert sizes == {
+        "vllm:request_generation_tokens_sum": 3.0,
+        "vllm:request_generation_tokens_count": 1.0,
+        "vllm:request_params_max_tokens_sum": 3.0,
+        "vllm:request_params_max_tokens_count": 1.0,
+    }
+    bounds = [float(s.labels["le"]) for s in families["vllm:request_prompt_tokens"].samples if "le" in s.labels]
+    assert bounds[:4] == [1.0, 2.0, 5.0, 10.0] and bounds[-1] == float("inf")
 
 
 async def test_in_flight_gauge_counts_streams_until_they_end(make_state):
