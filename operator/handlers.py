@@ -72,6 +72,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # Only our own events reach the API (kopf would post one per handler run otherwise).
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "llm-fleet-operator"
+    # On deletion kopf releases its finalizer once the object's daemon and timers have exited. A
+    # resync caught mid-pass is given a few seconds to finish, then checked again shortly: kopf's
+    # default would wait 60 s before looking again, and the delete would hang that long.
+    settings.background.instant_exit_timeout = 5.0
+    settings.background.cancellation_polling = 2.0
     # A watch that goes quiet is reconnected rather than trusted forever.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
