@@ -61,15 +61,19 @@ owns TTFT and ``decode`` owns ITL):
   knobs react to the shorter metric window): an owned SLO violated there with its knob at its
   limit scales to the fewest pods its latency projects back within it, else one more (for ITL,
   only with a queue: otherwise more replicas would not help; not while another knob protects the
-  same SLO this run). A scale-down goes only as low as the owned latencies project within their
-  SLOs at the load of a busy window (arrivals 2 sd above the mean: a count chosen at the mean
-  holds through its surges), so a pool near its TTFT SLO keeps its pods even when throughput
-  says fewer would do, and only as low as the busiest pod's KV usage, spread alike, stays under
-  95%. The projection (latency_projection.py) takes steps to lengthen with the share of a pod's
-  time their work fills and adds the wait for a batch slot (Erlang C); without step times, M/M/1
-  on the demand. **Pods and slots are one decision**: where the batch cap's recommendation is
-  above the cap (held by its relaxation window), the replica count is also judged at that cap,
-  and a scale-down that needs it goes with it, raising the cap in the same run. Then
+  same SLO this run). It aims at the SLO itself, not below it: the window that broke the SLO
+  reads high, as the next minute's p95 regresses toward the mean. Pods that became ready within
+  the SLO's window have not shown in it yet: until they have, an excess under 1.2x adds none
+  (in chat, 40 s after 4 -> 5, with the fifth pod ready for 10 s, the tuner went on to 7).
+  A scale-down goes only as low as the owned latencies project within their SLOs at the load of
+  a busy window (arrivals 2 sd above the mean: a count chosen at the mean holds through its
+  surges), so a pool near its TTFT SLO keeps its pods even when throughput says fewer would do,
+  and only as low as the busiest pod's KV usage, spread alike, stays under 95%. The projection
+  (latency_projection.py) takes steps to lengthen with the share of a pod's time their work
+  fills and adds the wait for a batch slot (Erlang C); without step times, M/M/1 on the demand.
+  **Pods and slots are one decision**: where the batch cap's recommendation is above the cap
+  (held by its relaxation window), the replica count is also judged at that cap, and a
+  scale-down that needs it goes with it, raising the cap in the same run. Then
   ``[minReplicas, maxReplicas]``.
   A pool at zero replicas reports nothing, so it holds: keep ``minReplicas >= 1`` on tuned pools.
 - **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
@@ -206,7 +210,7 @@ class Tuner:
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
             per_replica = self._per_replica(name, capacity, settings[name])  # at the knobs this run leaves
-            replicas, units = self._replica_proposal(name, pool, slo, per_replica, proposals)
+            replicas, units = self._replica_proposal(name, pool, slo, per_replica, proposals, capacity.pods_since)
             replicas, units = self._with_the_slots_coming(name, pool, slo, capacity, settings[name], proposals,
                                                           mem, now, (replicas, units))  # fmt: skip
             if units is not None:
@@ -577,7 +581,13 @@ class Tuner:
     # -- replicas -------------------------------------------------------------------------------
 
     def _replica_proposal(
-        self, name: str, pool: PoolInput, slo: SLOTargets, capacity: PerReplica, knobs: Mapping[str, Proposal]
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        capacity: PerReplica,
+        knobs: Mapping[str, Proposal],
+        pods_since: float | None = None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
         parts: list[tuple[float | None, float, str]] = []
@@ -604,6 +614,7 @@ class Tuner:
         why = f"demand {units:.2f} replicas ({detail}) / (1 - headroom {c.headroom:g}) = {raw}"
 
         latency = self._owned_latency_ratio(name, m, slo)
+        judged_s = m.slo_window_s or m.window_s
         exhausted = self._exhausted(pool, knobs)
         if exhausted:
             pods = m.ready_pods or 0
@@ -616,6 +627,10 @@ class Tuner:
             elif m.slo_window_s and latency <= 1.0:
                 why += (f"; SLO violated over {m.window_s:.0f} s with {self._spent(pool, knobs, exhausted)}, but met "
                         f"over its {m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that")  # fmt: skip
+            elif latency < c.override_ratio and pods_since is not None and m.at - pods_since < judged_s:
+                why += (f"; SLO violated with {self._spent(pool, knobs, exhausted)} ({latency:.2f}x), but {pods} pods "
+                        f"are ready only {m.at - pods_since:.0f} s and the {judged_s:.0f} s window still holds the "
+                        "time before: no replica for that yet")  # fmt: skip
             elif itl_only and waiting < c.queue_per_pod:
                 why += (f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
                         " more replicas would not lower it")  # fmt: skip
@@ -666,7 +681,9 @@ class Tuner:
         if history.last_direction < 0 and since is not None and now - since < self.config.flap_window_s:
             return proposal
         then = leaves.with_value(MAX_BATCH, batch.target)
-        alt, units = self._replica_proposal(name, pool, slo, self._per_replica(name, capacity, then), knobs)
+        alt, units = self._replica_proposal(
+            name, pool, slo, self._per_replica(name, capacity, then), knobs, capacity.pods_since
+        )
         if alt.target >= min(proposal[0].target, pool.current.replicas):
             return proposal
         return replace(alt, slots=int(batch.target)), units
@@ -741,12 +758,12 @@ class Tuner:
         self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int, capacity: PerReplica
     ) -> int | None:
         """The fewest replicas above ``cur`` (up to ``most``) at which the owned latencies, over
-        their SLOs now, are projected back within ``projected_latency_limit`` of them; None when
+        their SLOs now, are projected back within them (``scale_up_latency_limit``); None when
         none is (a prefill that alone takes longer than the SLO is not helped by pods) or nothing
         says how loaded the pods are."""
         if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur:
             return None
-        limit = self.config.projected_latency_limit
+        limit = self.config.scale_up_latency_limit
         return next((n for n in range(cur + 1, most + 1)
                      if self._project(name, m, slo, units, cur, n, capacity, busy=False).ratio <= limit),
                     None)  # fmt: skip

@@ -159,6 +159,10 @@ class TunerConfig:
     # A replica count is chosen for latency only where its projection is this far within the SLOs:
     # a minute's p95 swings around the projection, and the projection errs by a few percent.
     projected_latency_limit: float = 0.95
+    # A scale-up for a broken SLO is sized to project back within the SLO itself: it projects from
+    # the window that broke it, which reads high (the next minute's p95 regresses toward the mean),
+    # and a count that falls short adds one more once the window has seen the new pods.
+    scale_up_latency_limit: float = 1.0
     # ... at the load of a busy window: its arrivals surge_sd standard deviations above their mean
     # (Poisson), so that a count chosen at the mean load holds through the windows the tuner reads.
     surge_sd: float = 2.0
