@@ -62,8 +62,9 @@ owns TTFT and ``decode`` owns ITL):
   limit scales to the fewest pods its latency projects back within it, else one more (for ITL,
   only with a queue: otherwise more replicas would not help; not while another knob protects the
   same SLO this run). It aims at the SLO itself, not below it: the window that broke the SLO
-  reads high, as the next minute's p95 regresses toward the mean. Pods that became ready within
-  the SLO's window have not shown in it yet: until they have, an excess under 1.2x adds none
+  reads high, as the next minute's p95 regresses toward the mean. Pods the tuner added that
+  became ready within the SLO's window have not shown in it yet: until they have, an excess
+  under 1.2x adds none
   (in chat, 40 s after 4 -> 5, with the fifth pod ready for 10 s, the tuner went on to 7).
   A scale-down goes only as low as the owned latencies project within their SLOs at the load of
   a busy window (arrivals 2 sd above the mean: a count chosen at the mean holds through its
@@ -210,9 +211,11 @@ class Tuner:
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
             per_replica = self._per_replica(name, capacity, settings[name])  # at the knobs this run leaves
-            replicas, units = self._replica_proposal(name, pool, slo, per_replica, proposals, capacity.pods_since)
+            # pods the tuner added, ready since: the SLO window has yet to see them (fewer pods, not)
+            added_since = capacity.pods_since if mem.key(name, REPLICAS).last_direction > 0 else None
+            replicas, units = self._replica_proposal(name, pool, slo, per_replica, proposals, added_since)
             replicas, units = self._with_the_slots_coming(name, pool, slo, capacity, settings[name], proposals,
-                                                          mem, now, (replicas, units))  # fmt: skip
+                                                          mem, now, (replicas, units), added_since)  # fmt: skip
             if units is not None:
                 demand[name] = units
             before = settings[name]
@@ -587,7 +590,7 @@ class Tuner:
         slo: SLOTargets,
         capacity: PerReplica,
         knobs: Mapping[str, Proposal],
-        pods_since: float | None = None,
+        added_since: float | None = None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
         parts: list[tuple[float | None, float, str]] = []
@@ -627,9 +630,9 @@ class Tuner:
             elif m.slo_window_s and latency <= 1.0:
                 why += (f"; SLO violated over {m.window_s:.0f} s with {self._spent(pool, knobs, exhausted)}, but met "
                         f"over its {m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that")  # fmt: skip
-            elif latency < c.override_ratio and pods_since is not None and m.at - pods_since < judged_s:
+            elif latency < c.override_ratio and added_since is not None and m.at - added_since < judged_s:
                 why += (f"; SLO violated with {self._spent(pool, knobs, exhausted)} ({latency:.2f}x), but {pods} pods "
-                        f"are ready only {m.at - pods_since:.0f} s and the {judged_s:.0f} s window still holds the "
+                        f"are ready only {m.at - added_since:.0f} s and the {judged_s:.0f} s window still holds the "
                         "time before: no replica for that yet")  # fmt: skip
             elif itl_only and waiting < c.queue_per_pod:
                 why += (f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
@@ -665,6 +668,7 @@ class Tuner:
         mem: TunerMemory,
         now: float,
         proposal: tuple[Proposal, tuple[float, str] | None],
+        added_since: float | None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
         """The replica proposal at the batch cap this run recommends, where that is more than the
         cap it leaves and lets fewer pods go: pods and slots are one decision. The cap's own
@@ -681,9 +685,8 @@ class Tuner:
         if history.last_direction < 0 and since is not None and now - since < self.config.flap_window_s:
             return proposal
         then = leaves.with_value(MAX_BATCH, batch.target)
-        alt, units = self._replica_proposal(
-            name, pool, slo, self._per_replica(name, capacity, then), knobs, capacity.pods_since
-        )
+        at_then = self._per_replica(name, capacity, then)
+        alt, units = self._replica_proposal(name, pool, slo, at_then, knobs, added_since)
         if alt.target >= min(proposal[0].target, pool.current.replicas):
             return proposal
         return replace(alt, slots=int(batch.target)), units
@@ -738,8 +741,8 @@ class Tuner:
         if lowest < kv_floor:
             lowest = target = min(kv_floor, cur)
             note = f"; the KV cache would run {kv / max(target - 1, 1):.0%} full with fewer than {target} -> {target}"
-        if lowest >= cur:
-            return cur, note
+            if lowest >= cur:
+                return cur, note
         projected = self._project(name, m, slo, units, cur, lowest, capacity)
         if projected.ratio <= c.projected_latency_limit:
             return target, note

@@ -45,16 +45,17 @@ def test_a_violation_the_slo_window_does_not_confirm_adds_no_replica() -> None:
 
 
 def test_pods_that_just_came_wait_for_the_window_to_see_them() -> None:
-    """TTFT 1.1x its SLO over the minute, but the 2 pods have been ready only 20 s: most of that
-    minute ran on fewer pods, so the excess says nothing yet about 2. No replica for it; a
+    """TTFT 1.1x its SLO over the minute, but the tuner's second pod has been ready only 20 s: most
+    of that minute ran on one, so the excess says nothing yet about 2. No replica for it; a
     violation past the override ratio (1.3x) still adds one at once, and so does the same 1.1x
     once the pods have held for the whole window."""
     m = replace(metrics(ttft_ms=600, queue_ms=400, itl_ms=50, pods=2, rate=4.0, prompt_tps=200, gen_tps=40),
                 slo_window_s=60.0, slo_ttft=latency(550), slo_itl=latency(50))  # fmt: skip
 
-    def decide(metrics_now, ready_since: float):
+    def decide(metrics_now, ready_since: float, direction: int = 1):
         memory = _memory(2)
         memory.capacity["colocated"].pods_since = ready_since
+        memory.key("colocated", REPLICAS).moved(ready_since - 70.0, direction)  # then the pod started
         pools = {"colocated": pool_input(metrics_now, settings(replicas=2, timeout=0))}
         return Tuner(ONE_SHOT).decide(pools, SLO, memory, now=1000.0)
 
@@ -64,6 +65,8 @@ def test_pods_that_just_came_wait_for_the_window_to_see_them() -> None:
                for r in fresh.reasons)  # fmt: skip
     assert decide(replace(m, slo_ttft=latency(650)), ready_since=980.0).changed("colocated", REPLICAS).new > 2
     assert decide(m, ready_since=900.0).changed("colocated", REPLICAS).new > 2
+    # after a scale-down the window saw more pods than there are: the excess is real, a pod comes
+    assert decide(m, ready_since=980.0, direction=-1).changed("colocated", REPLICAS).new > 2
 
 
 def test_a_scale_up_for_a_broken_slo_aims_at_the_slo_itself() -> None:
