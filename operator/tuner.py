@@ -64,8 +64,8 @@ owns TTFT and ``decode`` owns ITL):
   same SLO this run). It aims at the SLO itself, not below it: the window that broke the SLO
   reads high, as the next minute's p95 regresses toward the mean. Pods the tuner added that
   became ready within the SLO's window have not shown in it yet: until they have, an excess
-  under 1.2x adds none
-  (in chat, 40 s after 4 -> 5, with the fifth pod ready for 10 s, the tuner went on to 7).
+  under 1.2x adds none (in chat, 40 s after 4 -> 5, with the fifth pod ready for 10 s, the tuner
+  went on to 7).
   A scale-down goes only as low as the owned latencies project within their SLOs at the load of
   a busy window (arrivals 2 sd above the mean: a count chosen at the mean holds through its
   surges), so a pool near its TTFT SLO keeps its pods even when throughput says fewer would do,
@@ -590,7 +590,7 @@ class Tuner:
         slo: SLOTargets,
         capacity: PerReplica,
         knobs: Mapping[str, Proposal],
-        added_since: float | None = None,
+        added_since: float | None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
         parts: list[tuple[float | None, float, str]] = []
@@ -680,9 +680,7 @@ class Tuner:
         batch, cap = knobs.get(MAX_BATCH), leaves.knobs.get(MAX_BATCH)
         if batch is None or cap is None or batch.target <= cap:
             return proposal
-        history = mem.key(name, MAX_BATCH)
-        since = history.direction_since
-        if history.last_direction < 0 and since is not None and now - since < self.config.flap_window_s:
+        if mem.key(name, MAX_BATCH).reverses_within(now, 1, self.config.flap_window_s):
             return proposal
         then = leaves.with_value(MAX_BATCH, batch.target)
         at_then = self._per_replica(name, capacity, then)
@@ -1099,10 +1097,10 @@ class Tuner:
         reverses = history.last_direction not in (0, direction)
         if not reverses and history.last_change_at is not None and now - history.last_change_at < c.cooldown_s:
             return f"cooldown, last changed {now - history.last_change_at:.0f} s ago (< {c.cooldown_s:.0f} s)", ""
-        since = history.direction_since
-        if reverses and since is not None and now - since < c.flap_window_s:
+        if history.reverses_within(now, direction, c.flap_window_s):
             flap = (
-                f"reversing the {'rise' if history.last_direction > 0 else 'fall'} begun {now - since:.0f} s ago "
+                f"reversing the {'rise' if history.last_direction > 0 else 'fall'} begun "
+                f"{now - history.direction_since:.0f} s ago "
                 f"(one direction change per {c.flap_window_s:.0f} s)"
             )
             if overridable and proposal.protective and proposal.severity >= c.override_ratio:

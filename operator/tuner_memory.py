@@ -39,6 +39,11 @@ class KeyHistory(BaseModel):
         self.recommendations.append((now, value))
         del self.recommendations[:-MAX_RECOMMENDATIONS]
 
+    def reverses_within(self, now: float, direction: int, window_s: float) -> bool:
+        """Would a move in ``direction`` reverse a run of moves begun less than ``window_s`` ago?"""
+        since = self.direction_since
+        return self.last_direction not in (0, direction) and since is not None and now - since < window_s
+
     def moved(self, now: float, direction: int) -> bool:
         """Note a change; True when it reversed the previous direction."""
         reversed_ = self.last_direction not in (0, direction)
