@@ -89,7 +89,7 @@ from .tuner_model import (
     TunerConfig,
 )
 from .tuner_model import num as _num
-from .tuner_proposal import Proposal, busy_surge, exhausted_knobs, owned_latency_ratio, spent
+from .tuner_proposal import Proposal, busy_kv_load, busy_surge, exhausted_knobs, owned_latency_ratio, spent
 
 __all__ = [
     "INTEGER_KNOBS",
@@ -348,7 +348,7 @@ class Tuner:
             return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
         c = self.config
         lowest, note = max(target, 1), ""  # a demand that rounds to zero replicas is judged at one
-        kv = (m.kv_usage_max or 0.0) * cur * busy_surge(m, self.config)  # the busiest pod's KV usage, in pods' worth
+        kv = busy_kv_load(m, cur, c)
         kv_floor = math.floor(kv / c.kv_pressure) + 1
         if lowest < kv_floor:
             lowest = target = min(kv_floor, cur)

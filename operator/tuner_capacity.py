@@ -95,23 +95,14 @@ class CapacityEstimator:
             if past:
                 lines.append(f"{name}: {saturated}, but not the pool's capacity: {past}")
                 saturated = ""  # still a lower bound: an estimate below the throughput rises to it
-        prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
-        generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
         before = self.per_replica(name, capacity, pool.current)  # at the knobs the window ran
+        load = _load_per_pod(name, pool, before)
+        if load is None:
+            return capacity, True
         # The first saturated measurement replaces the default guess outright: an EWMA from a
         # guess that may be off several-fold would keep the guess's error for many runs.
         weight = c.capacity_ewma if capacity.measured else 1.0
-        if name == "colocated":
-            if prompt is None or generation is None or prompt + generation <= 0:
-                return capacity, True
-            load = prompt / before.prompt_tps + generation / before.generation_tps  # replicas busy, each
-            factor = (1 - weight) + weight * load if saturated else max(load, 1.0)
-        else:
-            observed = prompt if name == "prefill" else generation
-            old = before.prompt_tps if name == "prefill" else before.generation_tps
-            if observed is None or observed <= 0:
-                return capacity, True
-            factor = ((1 - weight) * old + weight * observed if saturated else max(old, observed)) / old
+        factor = (1 - weight) + weight * load if saturated else max(load, 1.0)
         recovered = ""
         ratio = owned_latency_ratio(name, m, slo)
         cut = not saturated and factor <= 1.0 and bool(capacity.steps.points) and capacity.scale < 1.0
@@ -222,20 +213,9 @@ class CapacityEstimator:
             return  # step times: the latency projection sizes the pool for latency, throughput stays throughput
         if all(k == MAX_BATCH for k in exhausted) and waiting < c.queue_per_pod:
             return
-        prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
-        generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
         before = self.per_replica(name, capacity, pool.current)
-        if name == "colocated":
-            if prompt is None or generation is None or prompt + generation <= 0:
-                return
-            factor = prompt / before.prompt_tps + generation / before.generation_tps
-        else:
-            observed = prompt if name == "prefill" else generation
-            old = before.prompt_tps if name == "prefill" else before.generation_tps
-            if observed is None or observed <= 0:
-                return
-            factor = observed / old
-        if factor >= 1.0:
+        factor = _load_per_pod(name, pool, before)
+        if factor is None or factor >= 1.0:
             return  # the estimate already says one replica is full at this load
         self._rescale(name, capacity, factor)
         capacity.observations += 1
@@ -255,3 +235,23 @@ class CapacityEstimator:
         if m.waiting is not None and m.waiting / pods >= c.saturation_queue_per_pod:
             return f"saturated: {m.waiting / pods:.1f} waiting per pod"
         return ""
+
+
+def _load_per_pod(name: str, pool: PoolInput, estimate: PerReplica) -> float | None:
+    """What one pod served over the window, in replicas' worth of ``estimate`` (1.0: exactly the
+    estimate): prompt and generation shares summed for a colocated pool, the pool's own kind of
+    tokens otherwise. None when the pool served none of what it is measured by."""
+    m = pool.metrics
+    pods = m.ready_pods or 0
+    prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
+    generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
+    if name == "colocated":
+        if prompt is None or generation is None or prompt + generation <= 0:
+            return None
+        return prompt / estimate.prompt_tps + generation / estimate.generation_tps
+    observed, per_replica = (
+        (prompt, estimate.prompt_tps) if name == "prefill" else (generation, estimate.generation_tps)
+    )
+    if observed is None or observed <= 0:
+        return None
+    return observed / per_replica

@@ -38,7 +38,18 @@ from dataclasses import replace
 
 from .latency_projection import StepCosts, project, slots_for
 from .tuner_model import MAX_BATCH, POOL_KNOBS, TIMEOUT, TOKEN_BUDGET, PoolInput, SLOTargets, TunerConfig, num
-from .tuner_proposal import Proposal, busy_surge, cap_out_of_reach, fmt_ms, ms, opt, pct, queue_ms
+from .tuner_proposal import (
+    Proposal,
+    busy_kv_load,
+    busy_surge,
+    cap_out_of_reach,
+    fmt_ms,
+    kv_under_pressure,
+    ms,
+    opt,
+    pct,
+    queue_ms,
+)
 
 
 class KnobRules:
@@ -91,7 +102,7 @@ class KnobRules:
         if itl >= c.itl_low_water * target_ms:
             return Proposal(cur, f"ITL p95 {fmt_ms(itl)} ms within {c.itl_low_water:g}-1x SLO {fmt_ms(target_ms)} ms")
         why = f"ITL p95 {fmt_ms(itl)} ms < {c.itl_low_water:g} x SLO {fmt_ms(target_ms)} ms"
-        if (m.kv_usage_max or 0.0) >= c.kv_pressure or (m.preemptions_per_s or 0.0) > 0:
+        if kv_under_pressure(m, c):
             return Proposal(
                 cur,
                 f"{why}, but the KV cache is under pressure (max usage {pct(m.kv_usage_max)}, "
@@ -147,13 +158,13 @@ class KnobRules:
         pods = m.ready_pods or 0
         if steps is None or pods <= 0 or pods != pool.current.replicas:
             return 0, ""
-        busy = busy_surge(m, self.config)
+        busy, kv = busy_surge(m, c), busy_kv_load(m, pods, c)
         unbounded = replace(steps, slots=None)
         candidates = [(busy, f"its {pods} pods")]
         for n in range(pods - 1, max(pool.limits.min_replicas, 1) - 1, -1):
-            k = pods / n * busy
-            if (m.kv_usage_max or 0.0) * k >= c.kv_pressure:
+            if kv / n >= c.kv_pressure:
                 break
+            k = pods / n * busy
             if project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, 0.0, k, unbounded).ratio > c.projected_latency_limit:
                 break
             candidates.append((k, f"{n} pods"))
@@ -175,7 +186,7 @@ class KnobRules:
             return None
         if itl >= c.itl_low_water * slo.itl_p95_ms:
             return None  # no ITL to spend on a bigger batch
-        if (m.kv_usage_max or 0.0) >= c.kv_pressure or (m.preemptions_per_s or 0.0) > 0:
+        if kv_under_pressure(m, c):
             return None
         budget_now = pool.current.knobs.get(TOKEN_BUDGET)
         steps = m.mean_step_tokens

@@ -61,6 +61,17 @@ def busy_surge(m: PoolMetrics, config: TunerConfig) -> float:
     return surge(m.request_rate, m.slo_window_s or m.latency_window_s or m.window_s, config.surge_sd)
 
 
+def kv_under_pressure(m: PoolMetrics, config: TunerConfig) -> bool:
+    """The KV cache is (nearly) full or preempting: a bigger batch would only preempt."""
+    return (m.kv_usage_max or 0.0) >= config.kv_pressure or (m.preemptions_per_s or 0.0) > 0
+
+
+def busy_kv_load(m: PoolMetrics, pods: int, config: TunerConfig) -> float:
+    """The busiest pod's KV usage at a busy window's load, in pods' worth: spread alike over n
+    pods, each runs ``busy_kv_load / n`` full, which must stay under ``kv_pressure``."""
+    return (m.kv_usage_max or 0.0) * pods * busy_surge(m, config)
+
+
 def cap_out_of_reach(mean_batch: float, cap: float) -> bool:
     """The batch cap is above the mean batch + 3 sd (Poisson-like: sd = sqrt(mean)): it is
     (almost) never what a waiting request waits for."""
