@@ -225,7 +225,9 @@ async def test_drain_refuses_new_work_finishes_old_and_times_out(make_state):
         while state.engine.stats.num_running < 2:
             await asyncio.sleep(0.01)
         state.draining = True  # what SIGTERM does first
-        draining = asyncio.create_task(drain(state, timeout=0.5))
+        # the short one needs 5 steps (50 ms) and the long one 250 (at least 2.5 s): a 1.5 s timeout
+        # separates them with room for a slow machine
+        draining = asyncio.create_task(drain(state, timeout=1.5))
         assert_openai_error(await client.get("/ready"), 503)
         late = await client.post("/v1/completions", json={"prompt": "c", "max_tokens": 2})
         assert_openai_error(late, 503)
