@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+DESCRIPTION = "Serve, operate, simulate and benchmark LLM inference fleets (`llm-fleet COMMAND --help` for each)."
 SUBCOMMANDS: dict[str, str] = {
     "serve": "llmfleet.server.cli",
     "generate": "llmfleet.server.generate_cli",
@@ -27,7 +28,7 @@ def _load(name: str):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llm-fleet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="llm-fleet", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         if only is not None and name != only:
