@@ -77,6 +77,10 @@ def build_subrequests(
     limit_tokens = state.max_model_len
     if state.max_request_tokens is not None:
         limit_tokens = min(limit_tokens, state.max_request_tokens)
+    logit_bias = body.logit_bias_ids()
+    vocab = len(state.tokenizer)
+    if any(token >= vocab for token in logit_bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             raise APIError(400, "prompt must contain at least one token", param="prompt")
@@ -101,13 +105,25 @@ def build_subrequests(
                     stop_token_ids=list(body.stop_token_ids or []),
                     ignore_eos=body.ignore_eos,
                     logprobs=logprobs,
+                    min_p=body.min_p or 0.0,
+                    min_tokens=body.min_tokens,
+                    presence_penalty=body.presence_penalty or 0.0,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                    logit_bias=logit_bias,
                 )
             except ValueError as exc:
-                raise APIError(400, str(exc)) from exc
+                raise APIError(400, str(exc), param=_param_of(str(exc))) from exc
             index = p_index * body.n + j
             kv = imports[p_index] if imports is not None else None
             subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
     return subs
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a SamplingParams error names (its messages start with it)."""
+    name = message.split(" ", 1)[0]
+    return name if name.isidentifier() else None
 
 
 async def submit(

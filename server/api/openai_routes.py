@@ -38,6 +38,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             raise APIError(400, "echo together with logprobs is not supported", param="echo")
         prompts, prompt_texts = _completion_prompts(state, body.prompt, body.echo)
         if _remote_decode(body):
+            build_subrequests(state, prompts, body, body.max_tokens, body.logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, prompts, body.priority, arrival)
         imports = await _received_kv(state, body, prompts)
         subs = build_subrequests(state, prompts, body, body.max_tokens, body.logprobs, imports)
@@ -71,6 +72,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if _remote_decode(body):
+            build_subrequests(state, [prompt], body, max_tokens, logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, [prompt], body.priority, arrival)
         imports = await _received_kv(state, body, [prompt])
         subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports)

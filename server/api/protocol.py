@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 MAX_N = 16
 
@@ -45,6 +45,15 @@ class _Sampling(BaseModel):
     priority: int = Field(0, ge=-(10**6), le=10**6, description="As in vLLM: lower values are served first.")
     user: str | None = None
     kv_transfer_params: KVTransferParams | None = None
+    # Logits processing (OpenAI's ranges; min_p, min_tokens and repetition_penalty as in vLLM)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_tokens: int = Field(0, ge=0)
+    logit_bias: dict[str, float] | None = Field(None, description="Token id -> bias, clamped to [-100, 100].")
+    best_of: int | None = Field(None, ge=1)
+    response_format: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -52,6 +61,33 @@ class _Sampling(BaseModel):
         if isinstance(value, list) and len(value) > 16:
             raise ValueError("at most 16 stop sequences")
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, value):
+        if value is not None and not all(key.isdigit() for key in value):
+            raise ValueError("keys must be token ids (non-negative integers)")
+        return value
+
+    # Fields this server does not implement are refused, never ignored: the answer would not be
+    # what was asked for.
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value, info: ValidationInfo):
+        if value is not None and value != info.data.get("n", 1):
+            raise ValueError("best_of other than n is not supported")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value):
+        kind = (value or {}).get("type", "text")
+        if kind != "text":
+            raise ValueError(f"{kind!r} is not supported (no structured output): only 'text'")
+        return value
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(token): max(-100.0, min(100.0, bias)) for token, bias in (self.logit_bias or {}).items()}
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -64,6 +100,14 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="Prepend the prompt text to each choice's text.")
+    suffix: str | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value):
+        if value:
+            raise ValueError("suffix (insertion) is not supported")
+        return value
 
 
 class ChatMessage(BaseModel):
@@ -94,6 +138,18 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = Field(None, validate_default=True)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_calls(cls, value, info: ValidationInfo):
+        """Without a tool-call parser a tool call could not be returned as one (vLLM refuses
+        the same without --enable-auto-tool-choice); tool_choice 'none' still serves."""
+        choice = value if value is not None else ("auto" if info.data.get("tools") else "none")
+        if choice != "none":
+            raise ValueError("tool calling is not supported: send tool_choice 'none' or no tools")
+        return value
 
 
 class TokenizeRequest(BaseModel):

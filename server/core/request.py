@@ -53,6 +53,13 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token; None: off
+    # Logits processing, as vLLM and the OpenAI API define it (sampler.py applies it):
+    min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability; 0: off
+    min_tokens: int = 0  # the first min_tokens tokens never stop it (EOS, stop ids or strings)
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per time a token was generated
+    repetition_penalty: float = 1.0  # prompt and generated tokens: positive logits / it, negative x it (HF)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -63,6 +70,21 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if any(t < 0 for t in self.logit_bias):
+            raise ValueError(f"logit_bias token ids must be non-negative, got {min(self.logit_bias)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:

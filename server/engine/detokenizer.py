@@ -29,13 +29,18 @@ class IncrementalDetokenizer:
         self._read_offset = 0  # tokens whose text is already in self.text
         self.text = ""  # decoded so far (may include held-back tail)
         self._released = 0  # chars of self.text handed out
+        self._stops_from = 0  # stop strings are searched from here on (min_tokens)
 
-    def add(self, token_id: int) -> tuple[str, bool]:
+    def add(self, token_id: int, stops: bool = True) -> tuple[str, bool]:
         """Add a token; returns (newly released text, hit_stop_string). After a hit the
-        text ends just before the stop string and nothing more should be added."""
+        text ends just before the stop string and nothing more should be added.
+        ``stops=False`` (before min_tokens): no stop string counts in the text so far."""
         self._tokens.append(token_id)
         if not self._absorb(final=False):
             return "", False  # mid UTF-8 sequence: wait for the next byte
+        if not stops:
+            self._stops_from = len(self.text)
+            return self._release(len(self.text)), False
         return self._scan(final=False)
 
     def flush(self) -> str:
@@ -62,7 +67,7 @@ class IncrementalDetokenizer:
             return self._release(len(self.text)), False
         # A stop string cannot start inside released text (the held-back tail covers every
         # partial match), so only the last few released characters need searching again.
-        start = max(0, self._released - self._max_stop + 1)
+        start = max(self._stops_from, self._released - self._max_stop + 1)
         hit = min((i for i in (self.text.find(s, start) for s in self._stop) if i >= 0), default=-1)
         if hit >= 0:
             self.text = self.text[:hit]

@@ -242,12 +242,16 @@ class LLMEngine:
             request.first_token_time = now
         request.last_token_time = now
 
+        # The first min_tokens tokens never stop it: the sampler keeps stop tokens out of them,
+        # and stop strings in their text do not count (as in vLLM)
+        stopping = request.num_output_tokens > request.sampling.min_tokens
+        stop_token = stopping and token.token_id in tracked.stop_token_ids
         text, hit_stop = "", False
-        if tracked.detok is not None and token.token_id not in tracked.stop_token_ids:
-            text, hit_stop = tracked.detok.add(token.token_id)
+        if tracked.detok is not None and not stop_token:
+            text, hit_stop = tracked.detok.add(token.token_id, stops=stopping)
 
         status = None
-        if hit_stop or token.token_id in tracked.stop_token_ids:
+        if hit_stop or stop_token:
             status = RequestStatus.FINISHED_STOPPED
         elif (
             request.num_output_tokens >= request.sampling.max_tokens or request.num_tokens >= self.runner.max_model_len

@@ -5,8 +5,16 @@ together on the batch; unseeded rows then draw in one call from a shared generat
 each from their own generator (created at the request's first token, kept until ``release``),
 so a seeded request gives the same text whatever else shares its batch.
 
-Logprobs (when asked for) are those of the model's distribution before temperature and
-filtering, as vLLM returns by default: the chosen token's and the top-N.
+Before either, the logits are processed in vLLM's order, only for the rows that ask for it:
+``min_tokens`` masks the stop tokens (EOS unless ignored, and ``stop_token_ids``) while fewer
+have been generated; ``logit_bias`` adds to its tokens; then the penalties, as vLLM applies them:
+``repetition_penalty`` over prompt and generated tokens (HF's rule: positive logits divided,
+negative multiplied), ``frequency_penalty`` per generated occurrence and ``presence_penalty``
+once per generated token. ``min_p`` drops, after temperature, every token below ``min_p`` times
+the most likely one's probability. Greedy rows take the argmax of the processed logits.
+
+Logprobs (when asked for) are those of the model's distribution before any of this, as vLLM
+returns by default: the chosen token's and the top-N.
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ from ..core.request import Request
 
 
 class Sampler:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.device = device
+        self.eos_token_ids = eos_token_ids
         self._generators: dict[str, torch.Generator] = {}
         self._shared = torch.Generator(device=device)
         self._shared.seed()
@@ -30,10 +39,11 @@ class Sampler:
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         """``logits``: (N, vocab), one row per request in ``requests``."""
         logits = logits.float()
-        tokens = torch.argmax(logits, dim=-1)
+        processed = self._process(logits, requests)
+        tokens = torch.argmax(processed, dim=-1)
         random_rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
         if random_rows:
-            drawn = self._draw(logits[random_rows], [requests[i] for i in random_rows])
+            drawn = self._draw(processed[random_rows], [requests[i] for i in random_rows])
             tokens[random_rows] = drawn
         ids = tokens.tolist()
         out = [SampledToken(token) for token in ids]
@@ -42,10 +52,35 @@ class Sampler:
             self._add_logprobs(logits, logprob_rows, requests, out)
         return out
 
+    def _process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """``logits`` with each row's min_tokens mask, logit bias and penalties applied (a copy
+        when any row has one: the raw logits still give the logprobs)."""
+        rows = [i for i, r in enumerate(requests) if _processed(r)]
+        if not rows:
+            return logits
+        processed = logits.clone()
+        vocab = logits.shape[-1]
+        for i in rows:
+            request, row = requests[i], processed[i]
+            params = request.sampling
+            if request.num_output_tokens < params.min_tokens:
+                stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+                row[[t for t in stops if 0 <= t < vocab]] = float("-inf")
+            bias = {t: b for t, b in params.logit_bias.items() if t < vocab}  # the API checked the ids
+            if bias:
+                ids, values = torch.tensor(list(bias)), torch.tensor(list(bias.values()))
+                row.index_add_(0, ids.to(row.device), values.to(row.device))
+            if params.penalized:
+                _penalize(row, request)
+        return processed
+
     def _draw(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         params = [r.sampling for r in requests]
         temperature = torch.tensor([p.temperature for p in params], device=logits.device)
         probs = torch.softmax(logits / temperature[:, None], dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+            probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
         if any(0 < p.top_k < logits.shape[-1] or p.top_p < 1.0 for p in params):
             probs = _top_k_top_p(probs, params)
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
@@ -79,6 +114,29 @@ class Sampler:
             n = requests[i].sampling.logprobs
             if n > 0:
                 out[i].top_logprobs = dict(zip(ids[j][:n], values[j][:n], strict=True))
+
+
+def _processed(request: Request) -> bool:
+    params = request.sampling
+    return bool(request.num_output_tokens < params.min_tokens or params.logit_bias or params.penalized)
+
+
+def _penalize(row: torch.Tensor, request: Request) -> None:
+    """Apply one request's repetition, frequency and presence penalties to its logits ``row``."""
+    params, vocab = request.sampling, row.shape[-1]
+    output = torch.tensor(request.output_token_ids, dtype=torch.long, device=row.device)
+    counts = torch.bincount(output, minlength=vocab)[:vocab].to(row.dtype)
+    if params.repetition_penalty != 1:
+        prompt = torch.tensor(request.prompt_token_ids, dtype=torch.long, device=row.device)
+        seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+        seen[prompt[prompt < vocab]] = True
+        seen |= counts > 0
+        penalty = params.repetition_penalty
+        row.copy_(torch.where(seen, torch.where(row > 0, row / penalty, row * penalty), row))
+    if params.frequency_penalty:
+        row.sub_(params.frequency_penalty * counts)
+    if params.presence_penalty:
+        row.sub_(params.presence_penalty * (counts > 0).to(row.dtype))
 
 
 def _top_k_top_p(probs: torch.Tensor, params) -> torch.Tensor:

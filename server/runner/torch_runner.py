@@ -100,7 +100,7 @@ class TorchModelRunner:
             else None
         )
         self.eos_token_ids = frozenset(_eos_ids(self.model))
-        self.sampler = Sampler(self.device)
+        self.sampler = Sampler(self.device, self.eos_token_ids)
         self.kv_layout = KVLayout(
             fingerprint=model_fingerprint(self.model),
             dtype=_DTYPE_NAMES[self.dtype],

@@ -70,3 +70,13 @@ def test_streamed_text_is_the_full_text_cut_at_the_first_stop(tokens, stop):
         assert not hit and streamed == full
     # released text never retracted: every prefix of the stream is a prefix of the answer
     assert all("".join(pieces[: k + 1]) == streamed[: len("".join(pieces[: k + 1]))] for k in range(len(pieces)))
+
+
+def test_text_added_without_stops_is_released_whole_and_never_matched():
+    """Before min_tokens: a stop string in that text (even a partial one) does not count later."""
+    detok = IncrementalDetokenizer(LetterDecoder(), ["ab", "bc"])
+    assert detok.add(0, stops=False) == ("a", False)  # "a" could begin "ab": released anyway
+    assert detok.add(1, stops=False) == ("b", False)  # "ab" is there, and does not count
+    assert detok.add(2) == ("c", False)  # "bc" began before the stops counted: no match
+    assert detok.add(1) == ("", False)  # "b" held back: it may begin "bc"
+    assert detok.add(2) == ("", True) and detok.text == "abc"  # and it did

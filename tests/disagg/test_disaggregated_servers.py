@@ -83,13 +83,13 @@ def fleet(tmp_path_factory):
             s.stop()
 
 
-def complete(url: str, prompt: str, max_tokens: int = 12, stream: bool = False) -> str:
+def complete(url: str, prompt: str, max_tokens: int = 12, stream: bool = False, extra: dict | None = None) -> str:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    ask = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body=extra)
     if stream:
-        chunks = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                           stream=True)  # fmt: skip
+        chunks = client.completions.create(**ask, stream=True)
         return "".join(c.choices[0].text for c in chunks if c.choices)
-    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0).choices[0].text
+    return client.completions.create(**ask).choices[0].text
 
 
 def chat(url: str, content: str, stream: bool) -> str:
@@ -174,11 +174,16 @@ def held_kv(*prefill: ServerProcess) -> float:
 def test_greedy_through_the_router_is_the_colocated_output(fleet):
     tmp, s = fleet
     want = expected(s)
-    with router(tmp, [s["p1"], s["p2"]], [s["d1"], s["d2"]]) as r:
+    # No timeout may trip here: a retry or a local prefill would break the counts asserted below,
+    # and a loaded CI host can stall a one-thread server for seconds (later flags win).
+    patient = ("--prefill-timeout", "60", "--decode-timeout", "60")
+    with router(tmp, [s["p1"], s["p2"]], [s["d1"], s["d2"]], *patient) as r:
         assert all_through(r.url, PROMPTS) == want  # concurrent, mixed lengths (one too short to transfer)
         assert all_through(r.url, PROMPTS, stream=True) == want
         for stream in (False, True):
             assert chat(r.url, "hello there", stream) == chat(s["colocated"].url, "hello there", stream)
+        processed = {"repetition_penalty": 1.4, "presence_penalty": 0.5, "logit_bias": {"40": 3.0}, "min_tokens": 4}
+        assert complete(r.url, PROMPTS[2], extra=processed) == complete(s["colocated"].url, PROMPTS[2], extra=processed)
         client = openai.OpenAI(base_url=f"{r.url}/v1", api_key="unused")
         card = client.models.list().data[0]
         assert card.id == MODEL and card.max_model_len == 2048

@@ -134,3 +134,47 @@ def test_bfloat16_mostly_agrees_with_float32():
         for full, half in zip(outputs["float32"], outputs["bfloat16"], strict=True)
     ]
     assert sum(agreeing) >= 0.5 * 16 * len(prompts), agreeing
+
+
+PROCESSING_CASES = {k: CASES[k] for k in ("continuous-chunked-3", "preemption-merged-priority")}
+
+
+@pytest.fixture(scope="module")
+def processing_reference():
+    """Requests with logits processing, each with its HF ``generate`` output alone: the
+    repetition penalty is HF's own, a logit bias is HF's single-token ``sequence_bias``, and
+    min_tokens with a stop token is ``min_new_tokens`` with that token as EOS."""
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny"), dtype=torch.float32).to(DEVICE)
+    prompts, _, _ = workload(seed=11)
+
+    def hf(prompt: list[int], **kwargs) -> list[int]:
+        ids = torch.tensor([prompt], device=DEVICE)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, **kwargs)
+        return out[0, len(prompt) :].tolist()
+
+    stop = hf(prompts[2], max_new_tokens=2)[1]  # greedy's second token: it would stop at once
+    bias = {hf(prompts[1], max_new_tokens=1)[0] + 1: 4.0}
+    sequence_bias = {(t,): b for t, b in bias.items()}
+    cases = [
+        (SamplingParams(max_tokens=14, temperature=0, repetition_penalty=1.3), dict(repetition_penalty=1.3)),
+        (SamplingParams(max_tokens=10, temperature=0, logit_bias=bias), dict(sequence_bias=sequence_bias)),
+        (SamplingParams(max_tokens=12, temperature=0, min_tokens=6, stop_token_ids=[stop], ignore_eos=True),
+         dict(min_new_tokens=6, eos_token_id=stop)),
+        (SamplingParams(max_tokens=9, temperature=0), {}),
+        (SamplingParams(max_tokens=16, temperature=0, repetition_penalty=0.8, logit_bias=bias),
+         dict(repetition_penalty=0.8, sequence_bias=sequence_bias)),
+    ]  # fmt: skip
+    expected = [hf(prompts[i], max_new_tokens=s.max_tokens, **kw) for i, (s, kw) in enumerate(cases)]
+    return prompts, [s for s, _ in cases], expected
+
+
+@pytest.mark.parametrize("case", list(PROCESSING_CASES))
+def test_logits_processing_matches_hf_generate(processing_reference, case):
+    prompts, samplings, expected = processing_reference
+    config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4, **CASES[case])
+    engine, _ = build_engine("builtin:tiny", config, device=DEVICE)
+    outputs = engine.generate(prompts[: len(samplings)], samplings)
+    assert outputs == expected
+    assert len(expected[2]) >= 6  # without min_tokens it stops at its second token
+    if case.startswith("preemption"):
+        assert engine.stats().preemptions_total > 0  # recomputed requests keep their penalties' history

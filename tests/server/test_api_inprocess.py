@@ -81,6 +81,17 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": []}, "prompt"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo"),
+        ({"prompt": "hi", "logit_bias": {"five": 1}}, "logit_bias"),
+        ({"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias"),
+        ({"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+        ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+        ({"prompt": "hi", "frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+        ({"prompt": "hi", "min_p": 1.5}, "min_p"),
+        # not implemented: refused, since ignoring them would answer another question
+        ({"prompt": "hi", "best_of": 3}, "best_of"),
+        ({"prompt": "hi", "suffix": "end"}, "suffix"),
+        ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_bad_completion_values_are_openai_400s(client, body, param):
@@ -105,6 +116,16 @@ def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
     assert_openai_error(client.post("/v1/chat/completions", json={"messages": robot}), 400)
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     assert_openai_error(client.post("/v1/chat/completions", json={"messages": image}), 400, "messages")
+
+
+def test_tool_calls_are_refused_unless_tool_choice_is_none(client):
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    error = assert_openai_error(client.post("/v1/chat/completions", json=ask | {"tools": tools}), 400, "tool_choice")
+    assert "tool calling is not supported" in error["message"]
+    assert_openai_error(client.post("/v1/chat/completions", json=ask | {"tool_choice": "required"}), 400, "tool_choice")
+    none = client.post("/v1/chat/completions", json=ask | {"tools": tools, "tool_choice": "none"})
+    assert none.status_code == 200, none.text
 
 
 def test_chat_template_rejection_is_a_400(client):
@@ -194,6 +215,10 @@ def test_stop_strings_and_stop_token_ids(client):
     stop_id = ord(text[3]) - 32  # CharTokenizer: token t is chr(32 + t)
     by_id = client.post("/v1/completions", json={"prompt": "q", "max_tokens": 12, "stop_token_ids": [stop_id]})
     assert by_id.json()["choices"][0]["finish_reason"] == "stop"
+    # the first min_tokens tokens never stop a request: neither stop strings nor stop tokens in them
+    late = {"prompt": "q", "max_tokens": 12, "min_tokens": 7, "stop": text[4:6], "stop_token_ids": [stop_id]}
+    out = client.post("/v1/completions", json=late).json()
+    assert out["usage"]["completion_tokens"] >= 8 and out["choices"][0]["text"].startswith(text[:7])
 
 
 # --- admission control and drain -------------------------------------------------------------------
