@@ -102,6 +102,7 @@ def build_subrequests(
                     top_k=max(0, body.top_k or 0),
                     seed=None if body.seed is None else body.seed + j,  # n choices differ, reproducibly
                     stop=body.stop_list(),
+                    include_stop_str_in_output=body.include_stop_str_in_output,
                     stop_token_ids=list(body.stop_token_ids or []),
                     ignore_eos=body.ignore_eos,
                     logprobs=logprobs,

@@ -54,6 +54,14 @@ class _Sampling(BaseModel):
     logit_bias: dict[str, float] | None = Field(None, description="Token id -> bias, clamped to [-100, 100].")
     best_of: int | None = Field(None, ge=1)
     response_format: dict[str, Any] | None = None
+    include_stop_str_in_output: bool = Field(False, description="As in vLLM: keep the stop string that ended the text.")
+    # vLLM's structured output and prompt logprobs: not implemented (refused below)
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    prompt_logprobs: int | None = None
 
     @field_validator("stop")
     @classmethod
@@ -76,6 +84,20 @@ class _Sampling(BaseModel):
     def _best_of_is_n(cls, value, info: ValidationInfo):
         if value is not None and value != info.data.get("n", 1):
             raise ValueError("best_of other than n is not supported")
+        return value
+
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+    @classmethod
+    def _no_structured_output(cls, value):
+        if value is not None:
+            raise ValueError("structured output (guided decoding) is not supported")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs(cls, value):
+        if value is not None:
+            raise ValueError("prompt_logprobs is not supported")
         return value
 
     @field_validator("response_format")

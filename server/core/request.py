@@ -50,6 +50,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token; None: off

@@ -20,9 +20,10 @@ _CONTEXT_TOKENS = 6
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decoder: Decoder, stop: list[str]) -> None:
+    def __init__(self, decoder: Decoder, stop: list[str], include_stop: bool = False) -> None:
         self._decoder = decoder
         self._stop = [s for s in stop if s]
+        self._include_stop = include_stop  # the text ends after the stop string, not before
         self._max_stop = max((len(s) for s in self._stop), default=0)
         self._tokens: list[int] = []
         self._prefix_offset = 0  # start of the context window
@@ -33,7 +34,8 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int, stops: bool = True) -> tuple[str, bool]:
         """Add a token; returns (newly released text, hit_stop_string). After a hit the
-        text ends just before the stop string and nothing more should be added.
+        text ends just before the stop string (after it with ``include_stop``) and nothing more
+        should be added.
         ``stops=False`` (before min_tokens): no stop string counts in the text so far."""
         self._tokens.append(token_id)
         if not self._absorb(final=False):
@@ -68,9 +70,10 @@ class IncrementalDetokenizer:
         # A stop string cannot start inside released text (the held-back tail covers every
         # partial match), so only the last few released characters need searching again.
         start = max(self._stops_from, self._released - self._max_stop + 1)
-        hit = min((i for i in (self.text.find(s, start) for s in self._stop) if i >= 0), default=-1)
-        if hit >= 0:
-            self.text = self.text[:hit]
+        hits = [(i, -len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stop) if i >= 0]
+        if hits:
+            at, minus_length = min(hits)  # the first stop string; of two there, the longer
+            self.text = self.text[: at - minus_length if self._include_stop else at]
             return self._release(len(self.text)), True
         hold = 0 if final else self._partial_stop_suffix()
         return self._release(len(self.text) - hold), False

@@ -139,7 +139,7 @@ class LLMEngine:
             request.kv_import = kv_import
         detok = None
         if self._decoder is not None:
-            detok = IncrementalDetokenizer(self._decoder, sampling.stop)
+            detok = IncrementalDetokenizer(self._decoder, sampling.stop, sampling.include_stop_str_in_output)
         stop_ids = frozenset(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             stop_ids |= self.runner.eos_token_ids

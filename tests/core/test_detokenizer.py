@@ -80,3 +80,10 @@ def test_text_added_without_stops_is_released_whole_and_never_matched():
     assert detok.add(2) == ("c", False)  # "bc" began before the stops counted: no match
     assert detok.add(1) == ("", False)  # "b" held back: it may begin "bc"
     assert detok.add(2) == ("", True) and detok.text == "abc"  # and it did
+
+
+def test_include_stop_keeps_the_stop_string_that_ended_the_text():
+    detok = IncrementalDetokenizer(LetterDecoder(), ["cd", "cde"], include_stop=True)
+    pieces = [detok.add(t) for t in (0, 1, 2, 3)]  # a b c d
+    assert pieces[-1][1] and detok.text == "abcd"
+    assert "".join(p for p, _ in pieces) == "abcd"

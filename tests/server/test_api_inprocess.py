@@ -92,6 +92,9 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": "hi", "best_of": 3}, "best_of"),
         ({"prompt": "hi", "suffix": "end"}, "suffix"),
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "hi", "guided_json": {"type": "object"}}, "guided_json"),
+        ({"prompt": "hi", "guided_choice": ["yes", "no"]}, "guided_choice"),
+        ({"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
     ],
 )
 def test_bad_completion_values_are_openai_400s(client, body, param):
@@ -215,6 +218,8 @@ def test_stop_strings_and_stop_token_ids(client):
     stop_id = ord(text[3]) - 32  # CharTokenizer: token t is chr(32 + t)
     by_id = client.post("/v1/completions", json={"prompt": "q", "max_tokens": 12, "stop_token_ids": [stop_id]})
     assert by_id.json()["choices"][0]["finish_reason"] == "stop"
+    kept = {"prompt": "q", "max_tokens": 12, "stop": text[4:6], "include_stop_str_in_output": True}
+    assert client.post("/v1/completions", json=kept).json()["choices"][0]["text"] == text[: text.index(text[4:6]) + 2]
     # the first min_tokens tokens never stop a request: neither stop strings nor stop tokens in them
     late = {"prompt": "q", "max_tokens": 12, "min_tokens": 7, "stop": text[4:6], "stop_token_ids": [stop_id]}
     out = client.post("/v1/completions", json=late).json()
