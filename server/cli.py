@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .engine_flags import add_engine_flags
+
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
 
 
@@ -15,6 +17,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--log-level", default="info")
+    add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(
         "--kv-export-ttl",

@@ -8,6 +8,7 @@ every other field applies live at the engine's next step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -141,12 +142,14 @@ class EngineConfig(BaseModel):
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
 
-def load_engine_config(path: str | Path | None, **overrides: Any) -> EngineConfig:
-    """Read an engine config file (YAML or JSON, snake_case or camelCase keys).
+def load_engine_config(path: str | Path | None, defaults: Mapping[str, Any] | None = None) -> EngineConfig:
+    """Read an engine config file (YAML or JSON, snake_case or camelCase keys) over ``defaults``
+    (the command line's engine flags): a key the file sets wins, so a live knob the file does
+    not set keeps the flag's value through every reload.
 
     Raises ``ValueError`` with a readable message on a missing, malformed or invalid file.
     """
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if v is not None}
     if path is not None:
         try:
             text = Path(path).read_text()
@@ -160,8 +163,9 @@ def load_engine_config(path: str | Path | None, **overrides: Any) -> EngineConfi
             loaded = {}
         if not isinstance(loaded, dict):
             raise ValueError(f"engine config {path} must be a mapping, got {type(loaded).__name__}")
+        # the file's key wins, whichever its spelling (snake_case or camelCase)
+        data = {k: v for k, v in data.items() if k not in loaded and to_camel(k) not in loaded}
         data.update(loaded)
-    data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return EngineConfig.model_validate(data)
     except ValidationError as exc:

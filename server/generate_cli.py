@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from .engine_flags import add_engine_flags, engine_flags
+
 HELP = "generate text for prompts with the engine (no server); a quick demo of the built-in model"
 
 
@@ -15,6 +17,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    add_engine_flags(parser)
 
 
 def run(args) -> int:
@@ -22,7 +25,10 @@ def run(args) -> int:
     from .core.request import SamplingParams
     from .engine.build import build_engine
 
-    config = load_engine_config(args.config)
+    try:
+        config = load_engine_config(args.config, engine_flags(args))
+    except ValueError as exc:
+        raise SystemExit(f"llm-fleet generate: {exc}") from exc
     engine, tokenizer = build_engine(args.model, config, device=args.device)
     if args.model.startswith("builtin:"):
         print(f"note: {args.model} has random weights; its text is gibberish by design.\n")

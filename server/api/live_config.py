@@ -14,9 +14,9 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import EngineConfig, load_engine_config
 
@@ -37,8 +37,10 @@ class ConfigWatcher:
         apply: Apply,
         on_error: Callable[[str], None],
         interval_s: float = 0.5,
+        defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
+        self.defaults = defaults  # the command line's engine flags, under the file's keys
         self.apply = apply
         self.on_error = on_error
         self.interval_s = interval_s
@@ -51,10 +53,16 @@ class ConfigWatcher:
 
     @classmethod
     def for_engine(
-        cls, path: str | Path, engine: AsyncEngine, metrics: ServerMetrics, initial: EngineConfig | None = None
+        cls,
+        path: str | Path,
+        engine: AsyncEngine,
+        metrics: ServerMetrics,
+        initial: EngineConfig | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> ConfigWatcher:
         """Apply to ``engine`` at its next step; count rejections in ``metrics``."""
-        watcher = cls(path, engine.update_config_threadsafe, lambda _: metrics.lab(metrics.config_errors).inc())
+        on_error = lambda _: metrics.lab(metrics.config_errors).inc()  # noqa: E731  (one line, one use)
+        watcher = cls(path, engine.update_config_threadsafe, on_error, defaults=defaults)
         watcher.last_good = initial
         return watcher
 
@@ -104,7 +112,7 @@ class ConfigWatcher:
             return "unchanged"
         self._digest = digest
         try:
-            config = load_engine_config(self.path)
+            config = load_engine_config(self.path, self.defaults)
         except ValueError as exc:
             self._reject(str(exc))
             return "invalid"

@@ -11,6 +11,7 @@ import logging
 
 from ..config import load_engine_config
 from ..engine.build import build_engine
+from ..engine_flags import engine_flags
 from .drain import run_app
 from .kv_transfer import KVExportStore
 from .live_config import ConfigWatcher
@@ -19,8 +20,9 @@ from .state import ServerState
 
 def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     """Load the model, start the engine thread and, with ``--config``, the live-config watcher."""
+    flags = engine_flags(args)
     try:
-        config = load_engine_config(args.config)
+        config = load_engine_config(args.config, flags)
     except ValueError as exc:  # a bad file at start-up has no last good config to fall back on
         raise SystemExit(f"llm-fleet serve: {exc}") from exc
     engine, tokenizer = build_engine(args.model, config, device=args.device)
@@ -29,7 +31,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=args.kv_export_limit_mb << 20)
     watcher = None
     if args.config:
-        watcher = ConfigWatcher.for_engine(args.config, state.engine, state.metrics, initial=config)
+        watcher = ConfigWatcher.for_engine(args.config, state.engine, state.metrics, initial=config, defaults=flags)
         watcher.start()
     return state, watcher
 

@@ -3,6 +3,7 @@ invalid, partial or missing files keep the last good config, and invalid ones ar
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import logging
 import os
@@ -130,3 +131,32 @@ def test_the_watcher_thread_polls(served):
     write(path, "max_batch_size: 3\n")
     assert wait_until(lambda: state.engine.engine.config.max_batch_size == 3)
     assert wait_until(lambda: metric(state, "config_generation") == 2)
+
+
+def test_command_line_engine_flags_are_start_values_under_the_file(tmp_path):
+    """`serve --max-num-seqs 12 --max-num-batched-tokens 96 --config f`: the file's keys win, in
+    either spelling, and a knob the file leaves out keeps the flag's value through reloads."""
+    from llmfleet.server.cli import add_arguments
+    from llmfleet.server.config import load_engine_config
+    from llmfleet.server.engine_flags import engine_flags
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--max-num-seqs", "12", "--max-num-batched-tokens", "96", "--scheduling-policy", "priority"]
+    )
+    flags = engine_flags(args)
+    assert flags == {"max_batch_size": 12, "max_num_batched_tokens": 96, "scheduling": "priority"}
+    assert load_engine_config(None, flags).max_batch_size == 12
+    path = tmp_path / "engine.yaml"
+    write(path, "maxBatchSize: 4\n")
+    start = load_engine_config(path, flags)
+    assert (start.max_batch_size, start.max_num_batched_tokens, start.scheduling) == (4, 96, "priority")
+    applied = []
+    watcher = ConfigWatcher(path, applied.append, lambda _: None, defaults=flags)
+    write(path, "max_batch_size: 6\npolicy: dynamic\n")
+    assert watcher.check() == "applied"
+    (config,) = applied
+    assert (config.max_batch_size, config.max_num_batched_tokens, config.policy) == (6, 96, "dynamic")
+    with pytest.raises(ValueError, match="dtype"):
+        load_engine_config(None, engine_flags(parser.parse_args(["--dtype", "float64"])))

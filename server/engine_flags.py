@@ -1,0 +1,40 @@
+"""Engine settings as command-line flags, under vLLM's names where vLLM has one, so that
+`llm-fleet serve --max-num-seqs 64 --max-model-len 4096` reads as `vllm serve` would.
+
+They are start values: a ``--config`` file's keys win over them, at start and on every live
+reload (the file is what the operator and the tuner write), and a live knob the file does not set
+keeps the flag's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+# flag -> (EngineConfig field, type, help)
+FLAGS: dict[str, tuple[str, Any, str]] = {
+    "--max-num-seqs": ("max_batch_size", int, "most sequences in one step (maxBatchSize)"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step"),
+    "--max-model-len": ("max_model_len", int, "context limit (default: the model's)"),
+    "--dtype": ("dtype", str, "auto, float32, bfloat16 or float16"),
+    "--block-size": ("kv_block_size", int, "tokens per KV cache block"),
+    "--kv-cache-memory-mb": ("kv_cache_memory_mb", int, "KV cache size"),
+    "--scheduling-policy": ("scheduling", str, "fcfs or priority (waiting order and preemption victims)"),
+    "--policy": ("policy", str, "static, dynamic or continuous batching"),
+    "--prefill-mode": ("prefill_mode", str, "chunked, merged or prefill_first"),
+    "--batch-timeout-ms": ("batch_timeout_ms", float, "batching window"),
+    "--max-queue-len": ("max_queue_len", int, "waiting requests beyond this get 429"),
+}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine (start values; a --config file's keys win, live)")
+    for flag, (field, kind, text) in FLAGS.items():
+        metavar = flag.removeprefix("--").upper().replace("-", "_")
+        group.add_argument(flag, dest=f"engine_{field}", metavar=metavar, type=kind, help=text)
+
+
+def engine_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine fields set on the command line, by EngineConfig field name."""
+    given = {field: getattr(args, f"engine_{field}", None) for field, _, _ in FLAGS.values()}
+    return {field: value for field, value in given.items() if value is not None}
