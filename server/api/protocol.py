@@ -86,18 +86,13 @@ class _Sampling(BaseModel):
             raise ValueError("best_of other than n is not supported")
         return value
 
-    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                     "prompt_logprobs")  # fmt: skip
     @classmethod
-    def _no_structured_output(cls, value):
+    def _not_implemented(cls, value, info: ValidationInfo):
         if value is not None:
-            raise ValueError("structured output (guided decoding) is not supported")
-        return value
-
-    @field_validator("prompt_logprobs")
-    @classmethod
-    def _no_prompt_logprobs(cls, value):
-        if value is not None:
-            raise ValueError("prompt_logprobs is not supported")
+            what = "prompt_logprobs" if info.field_name == "prompt_logprobs" else "structured output (guided decoding)"
+            raise ValueError(f"{what} is not supported")
         return value
 
     @field_validator("response_format")
