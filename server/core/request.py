@@ -83,6 +83,10 @@ class SamplingParams:
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
+    def stop_ids(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
+        """The tokens that end the request: ``stop_token_ids``, and the model's EOS unless ignored."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else eos_token_ids)
+
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1

@@ -140,9 +140,7 @@ class LLMEngine:
         detok = None
         if self._decoder is not None:
             detok = IncrementalDetokenizer(self._decoder, sampling.stop, sampling.include_stop_str_in_output)
-        stop_ids = frozenset(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            stop_ids |= self.runner.eos_token_ids
+        stop_ids = sampling.stop_ids(self.runner.eos_token_ids)
         self._requests[request_id] = _Tracked(request, detok, stop_ids, export_kv)
         self.scheduler.add(request)
         return request

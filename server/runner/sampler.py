@@ -64,8 +64,7 @@ class Sampler:
             request, row = requests[i], processed[i]
             params = request.sampling
             if request.num_output_tokens < params.min_tokens:
-                stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
-                row[[t for t in stops if 0 <= t < vocab]] = float("-inf")
+                row[[t for t in params.stop_ids(self.eos_token_ids) if 0 <= t < vocab]] = float("-inf")
             bias = {t: b for t, b in params.logit_bias.items() if t < vocab}  # the API checked the ids
             if bias:
                 ids, values = torch.tensor(list(bias)), torch.tensor(list(bias.values()))
