@@ -68,7 +68,7 @@ def install(app: FastAPI, state: ServerState) -> None:
     async def chat(body: ChatCompletionRequest, raw: Request):
         arrival = state.engine.now()
         check_serving(state, body.model)
-        prompt = chat_prompt(state, body.messages)
+        prompt = chat_prompt(state, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if _remote_decode(body):
@@ -79,14 +79,14 @@ def install(app: FastAPI, state: ServerState) -> None:
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs)
         if body.stream:
-            return EventStreamResponse(reply.stream_chat(_include_usage(body)))
+            return EventStreamResponse(reply.stream_chat(_include_usage(body), body.echoed()))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
         choices = [
             {
                 "index": sub.index,
-                "message": {"role": "assistant", "content": results[sub.index].text},
+                "message": {"role": "assistant", "content": body.echoed() + results[sub.index].text},
                 "logprobs": chat_logprobs(state, results[sub.index]) if body.logprobs else None,
                 "finish_reason": results[sub.index].finish_reason,
             }
@@ -101,7 +101,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         if body.prompt is not None:
             ids = state.tokenizer.encode(body.prompt, add_special_tokens=False)
         else:
-            ids = chat_prompt(state, body.messages, body.add_generation_prompt)
+            ids = chat_prompt(state, body)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
 
@@ -155,12 +155,10 @@ def _completion_prompts(state: ServerState, prompt, echo: bool) -> tuple[list[li
     return ids_list, texts
 
 
-def chat_prompt(state: ServerState, messages, add_generation_prompt: bool = True) -> list[int]:
-    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
+    conversation = [m.for_template() for m in body.messages or []]
     try:
-        text = state.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        text = state.tokenizer.apply_chat_template(conversation, tokenize=False, **body.template_arguments())
     except Exception as exc:  # a template that rejects the conversation is the client's error
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
     return state.tokenizer.encode(text, add_special_tokens=False)
@@ -210,10 +208,10 @@ class _Reply:
         if include_usage:
             yield self.envelope("text_completion", [], usage=self.usage(completion=completion))
 
-    async def stream_chat(self, include_usage: bool) -> AsyncIterator[dict]:
+    async def stream_chat(self, include_usage: bool, echo: str = "") -> AsyncIterator[dict]:
         state, completion = self.state, 0
         for sub in self.submission.subs:
-            yield self._chat_chunk(sub, {"role": "assistant", "content": ""}, None, None)
+            yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
         events = iter_events(state, self.submission)
         try:
             async for owner, event in events:

@@ -29,7 +29,7 @@ class KVTransferParams(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # NaN or Infinity: a 400, not a clamp
 
     model: str | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -131,6 +131,10 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    # A conversation's earlier tool calls and results, passed to the chat template as given
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @field_validator("content")
     @classmethod
@@ -148,14 +152,73 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.get("text", "") for part in self.content)
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template reads it: role, text content and the tool fields given."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        for key in ("name", "tool_call_id", "tool_calls"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
 
-class ChatCompletionRequest(_Sampling):
+
+# apply_chat_template's own parameters: chat_template_kwargs holds the template's variables only
+_TEMPLATE_PARAMETERS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
+
+
+class ChatTemplating(BaseModel):
+    """How messages become a prompt, as vLLM takes it: the server's chat template, rendered with
+    the request's tools and ``chat_template_kwargs`` (``enable_thinking``, say)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = Field(False, description="Go on with the last (assistant) message, left open.")
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_ending(cls, value, info: ValidationInfo):
+        if value and info.data.get("add_generation_prompt", True):
+            raise ValueError("cannot set both continue_final_message and add_generation_prompt to true")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value):
+        clashes = sorted(set(value or {}) & _TEMPLATE_PARAMETERS)
+        if clashes:
+            raise ValueError(f"{', '.join(clashes)} cannot be set here (use the request's own fields)")
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _server_template(cls, value):
+        if value is not None:  # vLLM refuses it too unless started with --trust-request-chat-template
+            raise ValueError("a chat template in the request is not accepted: the server's own template applies")
+        return value
+
+    def template_arguments(self) -> dict[str, Any]:
+        """Keyword arguments for ``tokenizer.apply_chat_template`` besides the conversation."""
+        return {
+            **(self.chat_template_kwargs or {}),
+            "tools": self.tools,
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+        }
+
+
+class ChatCompletionRequest(_Sampling, ChatTemplating):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
+    echo: bool = Field(False, description="As in vLLM: the reply starts with the last message if the assistant's.")
     tool_choice: str | dict[str, Any] | None = Field(None, validate_default=True)
 
     @field_validator("tool_choice")
@@ -168,13 +231,16 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("tool calling is not supported: send tool_choice 'none' or no tools")
         return value
 
+    def echoed(self) -> str:
+        """The text ``echo`` puts before the reply: the last message's, if the assistant wrote it."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+
+class TokenizeRequest(ChatTemplating):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
 
 
 class ErrorDetail(BaseModel):

@@ -20,13 +20,14 @@ from typing import Any
 
 BUILTIN_PREFIX = "builtin:"
 # Bump when _build changes what it writes: cached copies made by an older build are remade.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 STAMP_FILE = "llmfleet-builtin.json"
 # Special tokens' output rows are shrunk by this factor so that greedy decoding (almost) never
 # picks EOS: tests and benchmarks want long generations from random weights.
 SPECIAL_TOKEN_LOGIT_SCALE = 0.1
 
-CHAT_TEMPLATE = (
+CHAT_TEMPLATE = (  # tools, where a request gives them, go first as real models' templates put them
+    "{% if tools %}<|tools|>\n{{ tools | tojson }}<|end|>\n{% endif %}"
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
     "{% endfor %}"

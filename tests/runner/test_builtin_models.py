@@ -57,6 +57,12 @@ def test_tokenizer_has_special_tokens_and_a_chat_template():
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
     assert chat == "<|user|>\nhi<|end|>\n<|assistant|>\n"
+    tools = [{"type": "function", "function": {"name": "lookup"}}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
+    chat = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, continue_final_message=True)
+    assert chat == '<|tools|>\n[{"type": "function", "function": {"name": "lookup"}}]<|end|>\n' + (
+        "<|user|>\nhi<|end|>\n<|assistant|>\nOnce"  # the last message left open, to go on with
+    )
     config = AutoConfig.from_pretrained(resolve_model("builtin:tiny"))
     assert tokenizer.convert_tokens_to_ids("<|end|>") in config.eos_token_id
     assert len(tokenizer) == config.vocab_size

@@ -28,11 +28,21 @@ class CharTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(32 + t) for t in ids)
 
-    def apply_chat_template(self, messages, tokenize: bool = False, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages,
+        tokenize: bool = False,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools=None,
+        **variables,
+    ) -> str:
         if any(m["role"] == "tool" for m in messages):
             raise ValueError("this template has no tool role")
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
+        text = "".join(f"<tool {t['function']['name']}>" for t in tools or [])
+        text += "".join(f"<{name}={value}>" for name, value in sorted(variables.items()))
+        text += "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")  # the last message is left open
 
 
 class PacedRunner(FakeRunner):

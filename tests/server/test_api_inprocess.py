@@ -136,6 +136,63 @@ def test_chat_template_rejection_is_a_400(client):
     assert_openai_error(client.post("/v1/chat/completions", json=body), 400, "messages")
 
 
+def rendered(client, **body) -> str:
+    """The prompt text a chat request becomes (the fake tokenizer's ids map back to characters)."""
+    response = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]} | body)
+    assert response.status_code == 200, response.text
+    return "".join(chr(32 + t) for t in response.json()["tokens"])
+
+
+def test_chat_template_takes_tools_and_template_variables_as_vllm_does(client):
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    assert rendered(client) == "<user>hi<assistant>"
+    assert rendered(client, tools=tools, chat_template_kwargs={"enable_thinking": False}) == (
+        "<tool lookup><enable_thinking=False><user>hi<assistant>"
+    )
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": tools, "tool_choice": "none"}
+    plain = client.post("/v1/chat/completions", json=ask | {"tools": None}).json()
+    with_tools = client.post("/v1/chat/completions", json=ask).json()
+    assert with_tools["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + len("<tool lookup>")
+
+
+def test_continue_final_message_and_echo_complete_the_assistants_message(client):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
+    assert rendered(client, messages=messages, add_generation_prompt=False, continue_final_message=True) == (
+        "<user>hi<assistant>Once"
+    )
+    ask = {"messages": messages, "max_tokens": 3, "add_generation_prompt": False, "continue_final_message": True}
+    plain = client.post("/v1/chat/completions", json=ask).json()["choices"][0]["message"]["content"]
+    echoed = client.post("/v1/chat/completions", json=ask | {"echo": True}).json()["choices"][0]["message"]
+    assert echoed == {"role": "assistant", "content": "Once" + plain}
+    chunks = sse_chunks(client.post("/v1/chat/completions", json=ask | {"echo": True, "stream": True}))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "Once"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "Once" + plain
+    user_last = {"messages": messages[:1], "max_tokens": 3}  # echo repeats only the assistant's message
+    replies = [client.post("/v1/chat/completions", json=user_last | {"echo": echo}).json() for echo in (False, True)]
+    assert replies[0]["choices"][0]["message"] == replies[1]["choices"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
+        ({"chat_template": "{{ messages }}"}, "chat_template", "server's own template"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs", "tokenize"),
+    ],
+)
+def test_chat_templating_refusals_name_the_field(client, extra, param, words):
+    body = {"messages": [{"role": "user", "content": "hi"}]} | extra
+    for path in ("/v1/chat/completions", "/tokenize"):
+        assert words in assert_openai_error(client.post(path, json=body), 400, param)["message"]
+
+
+@pytest.mark.parametrize("raw", ['"temperature": NaN', '"logit_bias": {"5": NaN}', '"repetition_penalty": Infinity'])
+def test_nan_and_infinity_are_refused(client, raw):
+    body = '{"prompt": "hi", "max_tokens": 2, ' + raw + "}"
+    response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert_openai_error(response, 400, raw.split('"')[1])
+
+
 def test_unknown_model_is_404_and_unknown_route_is_json_404(client):
     error = assert_openai_error(client.post("/v1/completions", json={"prompt": "hi", "model": "gpt-9"}), 404, "model")
     assert "gpt-9" in error["message"]

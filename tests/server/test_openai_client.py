@@ -94,6 +94,20 @@ def test_echo(client):
     assert out.choices[0].text == "Echo me" + plain.choices[0].text
 
 
+def test_chat_continues_an_assistant_message_through_the_template(client):
+    """vLLM's chat extras: the builtin template renders the conversation left open, so the chat
+    reply is the completion of that text, and echo puts the open message in front of it."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+    extra = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
+    chat = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, temperature=0, extra_body=extra
+    )
+    text = "<|user|>\nhi<|end|>\n<|assistant|>\nOnce upon"
+    plain = client.completions.create(model="tiny", prompt=text, max_tokens=6, temperature=0)
+    assert chat.choices[0].message.content == "Once upon" + plain.choices[0].text
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
 def test_n_choices_and_token_prompts(client):
     out = client.completions.create(model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=4, n=3, temperature=1.0)
     assert sorted(c.index for c in out.choices) == list(range(6))
