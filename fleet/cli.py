@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from . import __version__
+
 DESCRIPTION = "Serve, operate, simulate and benchmark LLM inference fleets (`llm-fleet COMMAND --help` for each)."
 SUBCOMMANDS: dict[str, str] = {
     "serve": "llmfleet.server.cli",
@@ -29,6 +31,7 @@ def _load(name: str):
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-fleet", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"llm-fleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         if only is not None and name != only:

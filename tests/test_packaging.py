@@ -47,3 +47,14 @@ def test_python_dash_m_from_repo_root_keeps_stdlib_operator():
     code = "import collections, operator; assert operator.__file__.endswith('operator.py')"
     subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, check=True)
     subprocess.run([sys.executable, "-m", "json.tool", "--help"], cwd=REPO, check=True, capture_output=True)
+
+
+def test_version_is_the_projects():
+    import tomllib
+
+    import llmfleet
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert llmfleet.__version__ == project["version"]
+    out = subprocess.run([sys.executable, "-m", "llmfleet.cli", "--version"], cwd=REPO, capture_output=True, text=True)
+    assert out.stdout.strip() == f"llm-fleet {project['version']}"

@@ -1,4 +1,4 @@
-"""The HTTP app: the endpoints every role serves (health, readiness, metrics, models, load) plus
+"""The HTTP app: the endpoints every role serves (health, readiness, version, metrics, models, load) plus
 the role's own routes, OpenAI-style errors and an in-flight request gauge.
 
 Roles plug in through :func:`register_role`: a route installer ``(app, state) -> None``, installed
@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ... import __version__
 from . import kv_transfer, openai_routes
 from .errors import APIError, error_body, error_response, install_error_handlers
 from .state import ServerState
@@ -48,7 +49,7 @@ def create_app(state: ServerState) -> FastAPI:
     install_role = _ROLE_ROUTES.get(state.role)
     if install_role is None:
         raise ValueError(f"role {state.role!r} has no routes in this build; known: {sorted(_ROLE_ROUTES)}")
-    app = FastAPI(title="llm-fleet", version="0.1.0", description=f"OpenAI-compatible LLM serving ({state.role})")
+    app = FastAPI(title="llm-fleet", version=__version__, description=f"OpenAI-compatible LLM serving ({state.role})")
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(InFlightMiddleware, state=state)
@@ -73,6 +74,10 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
         if reason is not None:
             return JSONResponse(error_body(reason, "unavailable", 503), 503)
         return {"status": "ready", "role": state.role}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def metrics():

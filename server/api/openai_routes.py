@@ -1,5 +1,5 @@
 """The OpenAI endpoints served from a local engine (roles colocated, and the base of prefill and
-decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE) and ``/tokenize``."""
+decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE), ``/tokenize`` and ``/detokenize``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from .generation import (
     iter_events,
     submit,
 )
-from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .sse import EventStreamResponse
 from .state import ServerState
 
@@ -103,6 +103,13 @@ def install(app: FastAPI, state: ServerState) -> None:
         else:
             ids = chat_prompt(state, body)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+
+    @app.post("/detokenize", responses=ERROR_RESPONSES)
+    async def detokenize(body: DetokenizeRequest):
+        vocab = len(state.tokenizer)
+        if any(t < 0 or t >= vocab for t in body.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
 async def collect_unless_gone(raw: Request, state: ServerState, submission: Submission) -> dict[int, Result] | None:

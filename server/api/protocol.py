@@ -243,6 +243,12 @@ class TokenizeRequest(ChatTemplating):
     messages: list[ChatMessage] | None = None
 
 
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str

@@ -1,6 +1,6 @@
 """The router's HTTP endpoints: the OpenAI generation endpoints (relayed through a prefill and a
-decode server), ``/v1/models`` as the decode servers describe the model, and ``/load`` with the
-router's view of every server."""
+decode server), ``/tokenize`` and ``/detokenize`` as a decode server answers them, ``/v1/models``
+as the decode servers describe the model, and ``/load`` with the router's view of every server."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from ..api.errors import APIError
 from ..api.protocol import ERROR_RESPONSES
@@ -30,7 +31,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
 
     app.router.lifespan_context = lifespan
 
-    async def relay(path: str, raw: Request):
+    async def json_body(raw: Request) -> dict:
         reason = state.unavailable_reason()
         if reason is not None:
             raise APIError(503, reason, "unavailable")
@@ -43,7 +44,22 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         if body.get("model") not in (None, state.model_name):
             raise APIError(404, f"The model `{body['model']}` does not exist. Served: `{state.model_name}`.",
                            "NotFoundError", "model")  # fmt: skip
-        return await proxy.serve(path, body, raw)
+        return body
+
+    async def relay(path: str, raw: Request):
+        return await proxy.serve(path, await json_body(raw), raw)
+
+    async def ask_a_decode_server(path: str, raw: Request) -> JSONResponse:
+        """One plain call answered by any decode server (they all hold the model's tokenizer)."""
+        body = await json_body(raw)
+        server = balancer.pick("decode")
+        if server is None:
+            raise APIError(503, "no decode server is ready", "unavailable")
+        try:
+            response = await proxy.client.post(f"{server.url}{path}", json=body, timeout=10.0)
+            return JSONResponse(response.json(), response.status_code)
+        except (httpx.HTTPError, ValueError) as exc:
+            raise APIError(502, f"decode server {server.url} failed: {exc}", "bad_gateway") from exc
 
     @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(raw: Request):
@@ -53,6 +69,14 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
     @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat(raw: Request):
         return await relay("/v1/chat/completions", raw)
+
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
+    async def tokenize(raw: Request):
+        return await ask_a_decode_server("/tokenize", raw)
+
+    @app.post("/detokenize", responses=ERROR_RESPONSES)
+    async def detokenize(raw: Request):
+        return await ask_a_decode_server("/detokenize", raw)
 
     @app.get("/v1/models")
     async def models():

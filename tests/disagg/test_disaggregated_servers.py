@@ -92,18 +92,14 @@ def complete(url: str, prompt: str, max_tokens: int = 12, stream: bool = False, 
     return client.completions.create(**ask).choices[0].text
 
 
-def chat(url: str, content: str, stream: bool) -> str:
+def chat(url: str, content: str | list[dict], stream: bool, extra: dict | None = None) -> str:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-    messages = [{"role": "user", "content": content}]
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else content
+    ask = dict(model=MODEL, messages=messages, max_tokens=10, temperature=0, extra_body=extra)
     if stream:
-        chunks = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
-                                                stream=True)  # fmt: skip
+        chunks = client.chat.completions.create(**ask, stream=True)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    return (
-        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
-        .choices[0]
-        .message.content
-    )
+    return client.chat.completions.create(**ask).choices[0].message.content
 
 
 def expected(fleet_servers, prompts=PROMPTS) -> dict[str, str]:
@@ -182,6 +178,12 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
         assert all_through(r.url, PROMPTS, stream=True) == want
         for stream in (False, True):
             assert chat(r.url, "hello there", stream) == chat(s["colocated"].url, "hello there", stream)
+        opened = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+        going_on = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
+        assert chat(r.url, opened, True, going_on) == chat(s["colocated"].url, opened, True, going_on)
+        for path, body in (("/tokenize", {"messages": opened}), ("/detokenize", {"tokens": [40, 41, 42]})):
+            answers = [httpx.post(f"{url}{path}", json=body).json() for url in (r.url, s["d1"].url)]
+            assert answers[0] == answers[1], answers
         processed = {"repetition_penalty": 1.4, "presence_penalty": 0.5, "logit_bias": {"40": 3.0}, "min_tokens": 4}
         assert complete(r.url, PROMPTS[2], extra=processed) == complete(s["colocated"].url, PROMPTS[2], extra=processed)
         client = openai.OpenAI(base_url=f"{r.url}/v1", api_key="unused")

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+import llmfleet
 from llmfleet.server.api.app import create_app
 from llmfleet.server.api.drain import drain
 from llmfleet.server.config import EngineConfig
@@ -170,6 +171,13 @@ def test_continue_final_message_and_echo_complete_the_assistants_message(client)
     user_last = {"messages": messages[:1], "max_tokens": 3}  # echo repeats only the assistant's message
     replies = [client.post("/v1/chat/completions", json=user_last | {"echo": echo}).json() for echo in (False, True)]
     assert replies[0]["choices"][0]["message"] == replies[1]["choices"][0]["message"]
+
+
+def test_detokenize_inverts_tokenize_and_version_answers(client):
+    tokens = client.post("/tokenize", json={"prompt": "round trip"}).json()["tokens"]
+    assert client.post("/detokenize", json={"tokens": tokens}).json() == {"prompt": "round trip"}
+    assert_openai_error(client.post("/detokenize", json={"tokens": [10**6]}), 400, "tokens")
+    assert client.get("/version").json() == {"version": llmfleet.__version__}
 
 
 @pytest.mark.parametrize(
