@@ -56,6 +56,10 @@ def check_serving(state: ServerState, model: str | None) -> None:
     reason = state.unavailable_reason()
     if reason is not None:
         raise APIError(503, reason, "unavailable")
+    check_model(state, model)
+
+
+def check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model != state.model_name:
         raise APIError(
             404, f"The model `{model}` does not exist. Served: `{state.model_name}`.", "NotFoundError", "model"

@@ -19,6 +19,7 @@ from .generation import (
     SubRequest,
     api_finish_reason,
     build_subrequests,
+    check_model,
     check_serving,
     collect,
     iter_events,
@@ -96,6 +97,7 @@ def install(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(body: TokenizeRequest):
+        check_model(state, body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
@@ -106,6 +108,7 @@ def install(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(body: DetokenizeRequest):
+        check_model(state, body.model)
         vocab = len(state.tokenizer)
         if any(t < 0 or t >= vocab for t in body.tokens):
             raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")

@@ -177,6 +177,8 @@ def test_detokenize_inverts_tokenize_and_version_answers(client):
     tokens = client.post("/tokenize", json={"prompt": "round trip"}).json()["tokens"]
     assert client.post("/detokenize", json={"tokens": tokens}).json() == {"prompt": "round trip"}
     assert_openai_error(client.post("/detokenize", json={"tokens": [10**6]}), 400, "tokens")
+    for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]})):
+        assert_openai_error(client.post(path, json=body | {"model": "gpt-9"}), 404, "model")
     assert client.get("/version").json() == {"version": llmfleet.__version__}
 
 
