@@ -44,10 +44,10 @@ def install(app: FastAPI, state: ServerState) -> None:
         imports = await _received_kv(state, body, prompts)
         subs = build_subrequests(state, prompts, body, body.max_tokens, body.logprobs, imports)
         submission = await submit(state, subs, body.priority, arrival)
-        reply = _Reply(state, submission, "cmpl", want_logprobs=body.logprobs is not None)
+        reply = _Reply(state, submission, "cmpl", want_logprobs=body.logprobs is not None, body=body)
         echo = {s.index: prompt_texts[s.index // body.n] for s in subs} if body.echo else {}
         if body.stream:
-            return EventStreamResponse(reply.stream_completion(echo, _include_usage(body)))
+            return EventStreamResponse(reply.stream_completion(echo))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
@@ -78,9 +78,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         imports = await _received_kv(state, body, [prompt])
         subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports)
         submission = await submit(state, subs, body.priority, arrival)
-        reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs)
+        reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
         if body.stream:
-            return EventStreamResponse(reply.stream_chat(_include_usage(body), body.echoed()))
+            return EventStreamResponse(reply.stream_chat(body.echoed()))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
@@ -142,10 +142,6 @@ async def _received_kv(state: ServerState, body, prompts: list[list[int]]):
     return await kv_transfer.receive(state, params, prompts)
 
 
-def _include_usage(body) -> bool:
-    return bool(body.stream_options and body.stream_options.include_usage)
-
-
 # --- prompts -------------------------------------------------------------------------------------
 def _completion_prompts(state: ServerState, prompt, echo: bool) -> tuple[list[list[int]], list[str]]:
     """Token ids per prompt (and the prompt texts, for echo)."""
@@ -178,16 +174,27 @@ def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeReques
 class _Reply:
     """Formats one call's choices, chunks and usage."""
 
-    def __init__(self, state: ServerState, submission: Submission, prefix: str, want_logprobs: bool) -> None:
+    def __init__(self, state: ServerState, submission: Submission, prefix: str, want_logprobs: bool, body) -> None:
         self.state = state
         self.submission = submission
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.want_logprobs = want_logprobs
+        options = body.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        self.continuous_usage = self.include_usage and options.continuous_usage_stats
 
     def envelope(self, obj: str, choices: list[dict], **extra) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name,
                 "choices": choices, **extra}  # fmt: skip
+
+    def chunk(self, obj: str, choice: dict, sub: SubRequest, completion: int = 0) -> dict:
+        """One choice's chunk; with continuous usage stats, the usage of that choice so far (vLLM's)."""
+        if not self.continuous_usage:
+            return self.envelope(obj, [choice])
+        usage = {"prompt_tokens": len(sub.prompt), "completion_tokens": completion,
+                 "total_tokens": len(sub.prompt) + completion}  # fmt: skip
+        return self.envelope(obj, [choice], usage=usage)
 
     def usage(self, results: dict[int, Result] | None = None, completion: int | None = None) -> dict:
         prompt = self.submission.prompt_tokens
@@ -195,10 +202,11 @@ class _Reply:
             completion = sum(r.num_output_tokens for r in results.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def stream_completion(self, echo: dict[int, str], include_usage: bool) -> AsyncIterator[dict]:
+    async def stream_completion(self, echo: dict[int, str]) -> AsyncIterator[dict]:
         state, completion = self.state, 0
-        for index, text in sorted(echo.items()):
-            yield self.envelope("text_completion", [_text_choice(index, text, None, None)])
+        for sub in self.submission.subs:
+            if sub.index in echo:
+                yield self.chunk("text_completion", _text_choice(sub.index, echo[sub.index], None, None), sub)
         offsets = {s.index: len(echo.get(s.index, "")) for s in self.submission.subs}
         events = iter_events(state, self.submission)
         try:
@@ -212,13 +220,14 @@ class _Reply:
                     logprobs = completion_logprobs(state, event.new_token_ids, event.logprobs, offsets[owner.index])
                 offsets[owner.index] += len(event.new_text)
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
-                yield self.envelope("text_completion", [_text_choice(owner.index, event.new_text, logprobs, finish)])
+                choice = _text_choice(owner.index, event.new_text, logprobs, finish)
+                yield self.chunk("text_completion", choice, owner, event.num_output_tokens)
         finally:
             await events.aclose()
-        if include_usage:
+        if self.include_usage:
             yield self.envelope("text_completion", [], usage=self.usage(completion=completion))
 
-    async def stream_chat(self, include_usage: bool, echo: str = "") -> AsyncIterator[dict]:
+    async def stream_chat(self, echo: str = "") -> AsyncIterator[dict]:
         state, completion = self.state, 0
         for sub in self.submission.subs:
             yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
@@ -234,19 +243,21 @@ class _Reply:
                 if self.want_logprobs and event.logprobs:
                     logprobs = {"content": _chat_token_logprobs(state, event.new_token_ids, event.logprobs)}
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
-                yield self._chat_chunk(owner, delta, logprobs, finish)
+                yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens)
         finally:
             await events.aclose()
-        if include_usage:
+        if self.include_usage:
             yield self.envelope("chat.completion.chunk", [], usage=self.usage(completion=completion))
 
     def _worth_a_chunk(self, event) -> bool:
         # text held back (a partial UTF-8 sequence, a possible stop string) waits for the next token
         return bool(event.new_text or event.finished or (self.want_logprobs and event.logprobs))
 
-    def _chat_chunk(self, sub: SubRequest, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
+    def _chat_chunk(
+        self, sub: SubRequest, delta: dict, logprobs: dict | None, finish: str | None, completion: int = 0
+    ) -> dict:
         choice = {"index": sub.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return self.envelope("chat.completion.chunk", [choice])
+        return self.chunk("chat.completion.chunk", choice, sub, completion)
 
 
 def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:

@@ -13,6 +13,7 @@ MAX_N = 16
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="As in vLLM: with include_usage, usage in every chunk too.")
 
 
 class KVTransferParams(BaseModel):

@@ -266,6 +266,24 @@ def test_chat_stream_framing(client):
     assert all("usage" not in c for c in chunks)  # include_usage not asked
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_count_each_choice_so_far(client, path):
+    ask = {"prompt": "abc"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "abc"}]}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = ask | {"max_tokens": 5, "n": 2, "stream": True, "stream_options": options}
+    chunks = sse_chunks(client.post(path, json=body))
+    *per_choice, total = chunks
+    prompt = total["usage"]["prompt_tokens"]
+    so_far = {0: [], 1: []}
+    for chunk in per_choice:
+        usage = chunk["usage"]
+        assert usage["prompt_tokens"] == prompt and usage["total_tokens"] == prompt + usage["completion_tokens"]
+        so_far[chunk["choices"][0]["index"]].append(usage["completion_tokens"])
+    for counts in so_far.values():
+        assert counts == sorted(counts) and counts[-1] == 5
+    assert total["choices"] == [] and total["usage"]["completion_tokens"] == 10
+
+
 def test_chat_without_max_tokens_fits_the_kv_cache(make_state):
     # 16 blocks of 4 tokens: a request can hold 64 tokens, fewer than the 256-token context
     state = make_state(EngineConfig(), num_kv_blocks=16, kv_block_size=4)
