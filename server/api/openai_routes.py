@@ -37,7 +37,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         check_serving(state, body.model)
         if body.echo and body.logprobs is not None:
             raise APIError(400, "echo together with logprobs is not supported", param="echo")
-        prompts, prompt_texts = _completion_prompts(state, body.prompt, body.echo)
+        prompts, prompt_texts = _completion_prompts(state, body)
         if _remote_decode(body):
             build_subrequests(state, prompts, body, body.max_tokens, body.logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, prompts, body.priority, arrival)
@@ -101,7 +101,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
-            ids = state.tokenizer.encode(body.prompt, add_special_tokens=False)
+            ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.special_tokens())
         else:
             ids = chat_prompt(state, body)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
@@ -143,8 +143,9 @@ async def _received_kv(state: ServerState, body, prompts: list[list[int]]):
 
 
 # --- prompts -------------------------------------------------------------------------------------
-def _completion_prompts(state: ServerState, prompt, echo: bool) -> tuple[list[list[int]], list[str]]:
+def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
     """Token ids per prompt (and the prompt texts, for echo)."""
+    prompt = body.prompt
     if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
         prompt = [prompt]
     if not prompt:
@@ -152,11 +153,14 @@ def _completion_prompts(state: ServerState, prompt, echo: bool) -> tuple[list[li
     vocab = len(state.tokenizer)
     ids_list, texts = [], []
     for item in prompt:
-        ids = state.tokenizer.encode(item, add_special_tokens=False) if isinstance(item, str) else list(item)
+        if isinstance(item, str):
+            ids = state.tokenizer.encode(item, add_special_tokens=body.add_special_tokens)
+        else:
+            ids = list(item)
         if any(t < 0 or t >= vocab for t in ids):
             raise APIError(400, f"token ids must be in [0, {vocab})", param="prompt")
         ids_list.append(ids)
-        if echo:
+        if body.echo:
             texts.append(item if isinstance(item, str) else state.tokenizer.decode(ids))
     return ids_list, texts
 
@@ -167,7 +171,7 @@ def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeReques
         text = state.tokenizer.apply_chat_template(conversation, tokenize=False, **body.template_arguments())
     except Exception as exc:  # a template that rejects the conversation is the client's error
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-    return state.tokenizer.encode(text, add_special_tokens=False)
+    return state.tokenizer.encode(text, add_special_tokens=body.special_tokens())
 
 
 # --- responses -----------------------------------------------------------------------------------

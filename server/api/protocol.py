@@ -118,6 +118,9 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="Prepend the prompt text to each choice's text.")
+    add_special_tokens: bool = Field(
+        True, description="As in vLLM: the tokenizer's BOS (if it adds one) on text prompts."
+    )
     suffix: str | None = None
 
     @field_validator("suffix")
@@ -180,6 +183,7 @@ class ChatTemplating(BaseModel):
     continue_final_message: bool = Field(False, description="Go on with the last (assistant) message, left open.")
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
+    add_special_tokens: bool = Field(False, description="As in vLLM: off, the chat template writes BOS itself.")
 
     @field_validator("continue_final_message")
     @classmethod
@@ -202,6 +206,10 @@ class ChatTemplating(BaseModel):
         if value is not None:  # vLLM refuses it too unless started with --trust-request-chat-template
             raise ValueError("a chat template in the request is not accepted: the server's own template applies")
         return value
+
+    def special_tokens(self) -> bool:
+        """Whether the rendered prompt's encoding adds the tokenizer's special tokens."""
+        return bool(self.add_special_tokens)
 
     def template_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``tokenizer.apply_chat_template`` besides the conversation."""
@@ -242,6 +250,10 @@ class TokenizeRequest(ChatTemplating):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = Field(None, description="Default: on for a prompt, off for messages (vLLM's).")
+
+    def special_tokens(self) -> bool:
+        return self.add_special_tokens if self.add_special_tokens is not None else self.messages is None
 
 
 class DetokenizeRequest(BaseModel):

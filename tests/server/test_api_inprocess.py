@@ -15,7 +15,7 @@ import llmfleet
 from llmfleet.server.api.app import create_app
 from llmfleet.server.api.drain import drain
 from llmfleet.server.config import EngineConfig
-from tests.server.fakes import fake_state
+from tests.server.fakes import CharTokenizer, fake_state
 
 
 @pytest.fixture
@@ -171,6 +171,32 @@ def test_continue_final_message_and_echo_complete_the_assistants_message(client)
     user_last = {"messages": messages[:1], "max_tokens": 3}  # echo repeats only the assistant's message
     replies = [client.post("/v1/chat/completions", json=user_last | {"echo": echo}).json() for echo in (False, True)]
     assert replies[0]["choices"][0]["message"] == replies[1]["choices"][0]["message"]
+
+
+class BosTokenizer(CharTokenizer):
+    """Adds a BOS (id 0) when asked for special tokens, as Llama's tokenizers do."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [0] * add_special_tokens + super().encode(text)
+
+
+def test_special_tokens_are_added_where_vllm_adds_them(make_state):
+    state = make_state()
+    state.tokenizer = BosTokenizer()
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(create_app(state)) as c:
+        assert c.post("/tokenize", json={"prompt": "hi"}).json()["tokens"][0] == 0  # a prompt: on
+        assert c.post("/tokenize", json=chat).json()["tokens"][0] != 0  # messages: the template's own
+        assert c.post("/tokenize", json={"prompt": "hi", "add_special_tokens": False}).json()["count"] == 2
+
+        def prompt_tokens(path, body):
+            return c.post(path, json=body | {"max_tokens": 1}).json()["usage"]["prompt_tokens"]
+
+        assert prompt_tokens("/v1/completions", {"prompt": "hi"}) == 3
+        assert prompt_tokens("/v1/completions", {"prompt": "hi", "add_special_tokens": False}) == 2
+        assert prompt_tokens("/v1/completions", {"prompt": [5, 6]}) == 2  # token ids are taken as given
+        plain = prompt_tokens("/v1/chat/completions", chat)
+        assert prompt_tokens("/v1/chat/completions", chat | {"add_special_tokens": True}) == plain + 1
 
 
 def test_detokenize_inverts_tokenize_and_version_answers(client):
