@@ -44,13 +44,16 @@ class RouterMetrics(ServerMetrics):
 
 
 class StreamMeter:
-    """Reads the SSE bytes the router relays: when content arrives (TTFT, ITL, observed as they
-    happen), the finish reason, and whether the stream has started (a byte of content or a final
-    event went out: from then on a failure can no longer be retried)."""
+    """Reads the SSE bytes the router relays: when generated content arrives (TTFT, ITL, observed
+    as they happen), the finish reason, and whether the stream has started (a generated token or a
+    final event went out: from then on a failure can no longer be retried). Text the server echoes
+    back (a chat's opening chunk, a completion's echoed prompt) is no token: it counts for neither."""
 
-    def __init__(self, metrics: RouterMetrics, started: float) -> None:
+    def __init__(self, metrics: RouterMetrics, started: float, echo: bool = False) -> None:
         self.metrics = metrics
         self.started = started
+        self.echo = echo
+        self._echoed: set[int] = set()  # completion choices whose echoed prompt went by
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.finish_reason: str | None = None
@@ -78,7 +81,8 @@ class StreamMeter:
         except ValueError:
             return
         choices = chunk.get("choices") or []
-        if any(_has_content(c) for c in choices):
+        generated = [c for c in choices if not self._echoes(c) and _has_content(c)]  # every choice is looked at
+        if generated:
             now = time.monotonic()
             if self.first_at is None:
                 self.first_at = now
@@ -89,6 +93,15 @@ class StreamMeter:
         for choice in choices:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+    def _echoes(self, choice: dict) -> bool:
+        if "delta" in choice:
+            return "role" in choice["delta"]  # a chat's opening chunk (with echo, the echoed message)
+        index = choice.get("index", 0)
+        if not self.echo or index in self._echoed:
+            return False
+        self._echoed.add(index)  # a completion's first chunk per choice is its echoed prompt
+        return True
 
 
 def _has_content(choice: dict) -> bool:

@@ -164,7 +164,7 @@ class Proxy:
                 raise _refusal(server, response.status_code, await response.aread())
             if not stream:
                 return _Opened(server, response, [await response.aread()], None, None)
-            meter = StreamMeter(self.metrics, started)
+            meter = StreamMeter(self.metrics, started, echo=bool(body.get("echo")))
             rest = response.aiter_raw()
             head = []
             async for chunk in rest:  # hold the bytes until content comes: until then a retry is free

@@ -150,3 +150,20 @@ def test_the_stream_meter_sees_content_across_split_chunks():
     assert meter.started_content and meter.first_at is not None
     meter.feed(sse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}) + sse("[DONE]"))
     assert meter.finish_reason == "length" and meter.done
+
+
+def test_echoed_text_is_no_first_token():
+    metrics = RouterMetrics("m")
+    chat = StreamMeter(metrics, started=0.0, echo=True)
+    chat.feed(sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Once"}}]}))
+    assert not chat.started_content  # the echoed message: held, and a retry is still free
+    chat.feed(sse({"choices": [{"index": 0, "delta": {"content": " upon"}}]}))
+    assert chat.started_content
+    completion = StreamMeter(metrics, started=0.0, echo=True)
+    for index in (0, 1):  # n=2: each choice opens with the echoed prompt
+        completion.feed(sse({"choices": [{"index": index, "text": "Tell me", "finish_reason": None}]}))
+    assert not completion.started_content
+    completion.feed(sse({"choices": [{"index": 1, "text": " a", "finish_reason": None}]}))
+    assert completion.started_content
+    labels = {"model_name": "m", "role": "router"}
+    assert metrics.registry.get_sample_value("vllm:time_to_first_token_seconds_count", labels) == 2
