@@ -35,6 +35,7 @@ class Result:
     token_ids: list[int]
     logprobs: list[SampledToken]
     num_output_tokens: int
+    prompt_logprobs: list[SampledToken] | None = None  # where asked: prompt tokens 1.. (see Request)
 
 
 @dataclass
@@ -73,6 +74,7 @@ def build_subrequests(
     max_tokens: int | None,
     logprobs: int | None,
     imports: list[KVImport | None] | None = None,
+    prompt_logprobs: int | None = None,
 ) -> list[SubRequest]:
     """One engine request per (prompt, choice); ``imports``: per prompt, KV received for it
     (the n choices of a prompt each write their own copy into their own blocks)."""
@@ -110,6 +112,7 @@ def build_subrequests(
                     stop_token_ids=list(body.stop_token_ids or []),
                     ignore_eos=body.ignore_eos,
                     logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
                     min_p=body.min_p or 0.0,
                     min_tokens=body.min_tokens,
                     presence_penalty=body.presence_penalty or 0.0,
@@ -208,6 +211,7 @@ def merge_events(events: list[RequestOutput]) -> list[RequestOutput]:
             new_token_ids=into.new_token_ids + event.new_token_ids,
             new_text=into.new_text + event.new_text,
             logprobs=logprobs,
+            prompt_logprobs=into.prompt_logprobs if into.prompt_logprobs is not None else event.prompt_logprobs,
         )
     return list(merged.values())
 
@@ -217,6 +221,7 @@ async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
     text: dict[int, list[str]] = {s.index: [] for s in sub.subs}
     tokens: dict[int, list[int]] = {s.index: [] for s in sub.subs}
     lps: dict[int, list] = {s.index: [] for s in sub.subs}
+    prompt_lps: dict[int, list[SampledToken]] = {}
     done: dict[int, tuple[str | None, int]] = {}
     events = iter_events(state, sub)
     try:
@@ -224,11 +229,13 @@ async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
             text[owner.index].append(event.new_text)
             tokens[owner.index].extend(event.new_token_ids)
             lps[owner.index].extend(event.logprobs or [])
+            if event.prompt_logprobs is not None:
+                prompt_lps[owner.index] = event.prompt_logprobs
             if event.finished:
                 done[owner.index] = (api_finish_reason(event.finish_reason), event.num_output_tokens)
     finally:
         await events.aclose()
-    return {i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1]) for i in text}
+    return {i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1], prompt_lps.get(i)) for i in text}
 
 
 def api_finish_reason(reason: str | None) -> str | None:

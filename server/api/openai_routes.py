@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import FastAPI, Request, Response
 
@@ -35,33 +36,40 @@ def install(app: FastAPI, state: ServerState) -> None:
     async def completions(body: CompletionRequest, raw: Request):
         arrival = state.engine.now()
         check_serving(state, body.model)
-        if body.echo and body.logprobs is not None:
-            raise APIError(400, "echo together with logprobs is not supported", param="echo")
+        if body.max_tokens == 0 and not body.echo:
+            raise APIError(400, "max_tokens 0 returns the prompt alone: it needs echo", param="max_tokens")
         prompts, prompt_texts = _completion_prompts(state, body)
+        # As vLLM (and lm-evaluation-harness's loglikelihood): echo with logprobs scores the prompt too
+        scored = body.logprobs if body.echo else None
+        generate = None if body.max_tokens is None else max(body.max_tokens, 1)  # 0: one token, not shown
         if _remote_decode(body):
-            build_subrequests(state, prompts, body, body.max_tokens, body.logprobs)  # refuse what decode would
+            build_subrequests(state, prompts, body, generate, body.logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, prompts, body.priority, arrival)
-        imports = await _received_kv(state, body, prompts)
-        subs = build_subrequests(state, prompts, body, body.max_tokens, body.logprobs, imports)
+        imports = None if scored is not None else await _received_kv(state, body, prompts)  # scored here
+        subs = build_subrequests(state, prompts, body, generate, body.logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "cmpl", want_logprobs=body.logprobs is not None, body=body)
         echo = {s.index: prompt_texts[s.index // body.n] for s in subs} if body.echo else {}
+        echo_only = body.max_tokens == 0
         if body.stream:
-            return EventStreamResponse(reply.stream_completion(echo))
+            return EventStreamResponse(reply.stream_completion(echo, scored is not None, echo_only))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
+        if echo_only:
+            results = {i: replace(r, text="", finish_reason="length", token_ids=[], logprobs=[], num_output_tokens=0)
+                       for i, r in results.items()}  # fmt: skip
         choices = []
         for sub in subs:
             result = results[sub.index]
-            choice = {
-                "index": sub.index,
-                "text": echo.get(sub.index, "") + result.text,
-                "logprobs": None,
-                "finish_reason": result.finish_reason,
-            }
+            text = echo.get(sub.index, "")
+            choice = {"index": sub.index, "text": text + result.text, "logprobs": None,
+                      "finish_reason": result.finish_reason}  # fmt: skip
             if body.logprobs is not None:
-                choice["logprobs"] = completion_logprobs(state, result.token_ids, result.logprobs)
+                generated = completion_logprobs(state, result.token_ids, result.logprobs, len(text))
+                if scored is not None:
+                    generated = _joined(prompt_logprobs_of(state, sub, result.prompt_logprobs or []), generated)
+                choice["logprobs"] = generated
             choices.append(choice)
         return reply.envelope("text_completion", choices, usage=reply.usage(results))
 
@@ -206,15 +214,27 @@ class _Reply:
             completion = sum(r.num_output_tokens for r in results.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def stream_completion(self, echo: dict[int, str]) -> AsyncIterator[dict]:
+    async def stream_completion(self, echo: dict[int, str], scored: bool, echo_only: bool) -> AsyncIterator[dict]:
+        """``scored``: the echoed prompt carries its logprobs, so it goes out with the first
+        token (when they are known) rather than at once; ``echo_only`` (max_tokens 0): the
+        generated token is not shown."""
         state, completion = self.state, 0
         for sub in self.submission.subs:
-            if sub.index in echo:
+            if sub.index in echo and not scored:
                 yield self.chunk("text_completion", _text_choice(sub.index, echo[sub.index], None, None), sub)
         offsets = {s.index: len(echo.get(s.index, "")) for s in self.submission.subs}
         events = iter_events(state, self.submission)
         try:
             async for owner, event in events:
+                if scored and event.prompt_logprobs is not None:
+                    logprobs = prompt_logprobs_of(state, owner, event.prompt_logprobs)
+                    yield self.chunk(
+                        "text_completion", _text_choice(owner.index, echo[owner.index], logprobs, None), owner
+                    )
+                if echo_only:
+                    if event.finished:
+                        yield self.chunk("text_completion", _text_choice(owner.index, "", None, "length"), owner)
+                    continue
                 if event.finished:
                     completion += event.num_output_tokens
                 if not self._worth_a_chunk(event):
@@ -268,7 +288,8 @@ def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | Non
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
-def completion_logprobs(state: ServerState, tokens: list[int], lps: list[SampledToken], start: int = 0) -> dict:
+def completion_logprobs(state: ServerState, tokens: list[int], lps: list[SampledToken | None], start: int = 0) -> dict:
+    """OpenAI's legacy logprobs of ``tokens``; a None entry (a prompt's first token) has none."""
     decode = state.tokenizer.decode
     pieces = [decode([t]) for t in tokens]
     offsets, pos = [], start
@@ -277,10 +298,21 @@ def completion_logprobs(state: ServerState, tokens: list[int], lps: list[Sampled
         pos += len(piece)
     return {
         "tokens": pieces,
-        "token_logprobs": [lp.logprob for lp in lps],
-        "top_logprobs": [{decode([t]): v for t, v in (lp.top_logprobs or {}).items()} for lp in lps],
+        "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
+        "top_logprobs": [
+            None if lp is None else {decode([t]): v for t, v in (lp.top_logprobs or {}).items()} for lp in lps
+        ],
         "text_offset": offsets,
     }
+
+
+def prompt_logprobs_of(state: ServerState, sub: SubRequest, scores: list[SampledToken]) -> dict:
+    """The echoed prompt's logprobs: its first token has none (nothing comes before it)."""
+    return completion_logprobs(state, sub.prompt, [None, *scores])
+
+
+def _joined(first: dict, then: dict) -> dict:
+    return {key: first[key] + then[key] for key in first}
 
 
 def chat_logprobs(state: ServerState, result: Result) -> dict:

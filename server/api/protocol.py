@@ -115,7 +115,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0, description="0 (with echo): the prompt alone, scored with logprobs.")
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="Prepend the prompt text to each choice's text.")
     add_special_tokens: bool = Field(

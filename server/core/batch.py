@@ -20,6 +20,9 @@ class ScheduledRequest:
 
     request: Request
     num_tokens: int
+    # Filled by the runner where request.sampling.prompt_logprobs asks: for each position p of
+    # this chunk whose next token is a prompt token, that token's logprob (from p's logits)
+    prompt_logprobs: list[SampledToken] | None = None
 
     @property
     def start(self) -> int:

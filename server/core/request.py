@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .kv_wire import KVImport
+
+if TYPE_CHECKING:
+    from .batch import SampledToken
 
 
 class RequestStatus(StrEnum):
@@ -54,6 +57,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token; None: off
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (the model's raw logprobs)
     # Logits processing, as vLLM and the OpenAI API define it (sampler.py applies it):
     min_p: float = 0.0  # drop tokens below min_p x the most likely one's probability; 0: off
     min_tokens: int = 0  # the first min_tokens tokens never stop it (EOS, stop ids or strings)
@@ -82,6 +86,9 @@ class SamplingParams:
             raise ValueError(f"logit_bias token ids must be non-negative, got {min(self.logit_bias)}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def stop_ids(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
         """The tokens that end the request: ``stop_token_ids``, and the model's EOS unless ignored."""
@@ -119,6 +126,8 @@ class Request:
     # copied out when it finishes (an opaque buffer from the runner).
     kv_import: KVImport | None = None
     kv_export: Any = None
+    # With sampling.prompt_logprobs: entry k is prompt token k + 1's (the first token has none)
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -56,6 +56,7 @@ class RequestOutput:
     metrics: RequestMetrics
     kv_export: Any = None  # on the final event of an ``export_kv`` request: its KV (runner.export_kv)
     max_tokens: int | None = None  # the request's max_tokens (for vllm:request_params_max_tokens)
+    prompt_logprobs: list[SampledToken] | None = None  # with the first token, where asked (see Request)
 
 
 @dataclass
@@ -221,6 +222,8 @@ class LLMEngine:
         self._steps += 1
         for item, token in zip(out.scheduled, sampled, strict=True):
             request = item.request
+            if item.prompt_logprobs:
+                _record_prompt_logprobs(request, item.start, item.prompt_logprobs)
             request.num_computed_tokens += item.num_tokens
             request.kv_import = None  # the runner wrote it into the request's blocks
             if token is not None:
@@ -260,7 +263,10 @@ class LLMEngine:
                 text += tracked.detok.flush()
             self._finish(request, status)
         logprobs = [token] if request.sampling.logprobs is not None else None
-        return self._event(request, [token.token_id], text, logprobs)
+        event = self._event(request, [token.token_id], text, logprobs)
+        if request.sampling.prompt_logprobs is not None and request.num_output_tokens == 1:
+            event.prompt_logprobs = list(request.prompt_logprobs)
+        return event
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         tracked = self._requests.get(request.request_id)
@@ -345,3 +351,11 @@ class LLMEngine:
                     if ev.finished:
                         pending.discard(ev.request_id)
         return [outputs[rid] for rid in ids]
+
+
+def _record_prompt_logprobs(request: Request, start: int, logprobs: list[SampledToken]) -> None:
+    """Keep the chunk's prompt logprobs (positions ``start..``) that are new: a request preempted
+    and recomputed goes over positions it has already recorded."""
+    for position, logprob in enumerate(logprobs, start):
+        if position == len(request.prompt_logprobs):
+            request.prompt_logprobs.append(logprob)

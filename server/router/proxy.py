@@ -127,7 +127,9 @@ class Proxy:
 
     async def _prefill(self, path: str, body: dict, tried: set[str]) -> dict | None:
         """The KV transfer parameters for the decode server, or None when it must compute the
-        prompt itself (no prefill server can take the request)."""
+        prompt itself (no prefill server can take the request, or the prompt is scored)."""
+        if body.get("echo") and body.get("logprobs") is not None:
+            return None  # the prompt's logprobs come from the server that computes it: the decode server
         server = self.balancer.pick("prefill", tried)
         if server is None:
             self.metrics.lab(self.metrics.fallbacks).inc()

@@ -115,6 +115,19 @@ class Sampler:
                 out[i].top_logprobs = dict(zip(ids[j][:n], values[j][:n], strict=True))
 
 
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], top_n: int) -> list[SampledToken]:
+    """Each row's logprob of its target token (the prompt's next token) and the row's top-N: the
+    model's raw distribution, as vLLM's prompt logprobs are."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].tolist()
+    out = [SampledToken(t, lp) for t, lp in zip(targets, chosen, strict=True)]
+    if top_n > 0:
+        values, ids = logprobs.topk(top_n, dim=-1)
+        for entry, row_ids, row_values in zip(out, ids.tolist(), values.tolist(), strict=True):
+            entry.top_logprobs = dict(zip(row_ids, row_values, strict=True))
+    return out
+
+
 def _processed(request: Request) -> bool:
     params = request.sampling
     return bool(request.num_output_tokens < params.min_tokens or params.logit_bias or params.penalized)

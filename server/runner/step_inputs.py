@@ -27,8 +27,11 @@ class StepInputs:
     input_ids: torch.Tensor  # (1, T)
     positions: torch.Tensor  # (1, T)
     meta: StepMetadata
-    sample_rows: torch.Tensor  # rows whose logits are sampled (logits_to_keep)
+    logit_rows: torch.Tensor  # rows whose logits are kept (logits_to_keep): the sampled, then the prompt rows
     sample_index: list[int]  # for each sampled row, its index in output.scheduled
+    # Requests that asked for prompt logprobs: (index in output.scheduled, number of rows), their
+    # rows following the sampled ones in this order; row p of a chunk predicts prompt token p + 1
+    prompt_spans: list[tuple[int, int]]
 
 
 def build_step_inputs(output: SchedulerOutput, cache: PagedKVCache, device: torch.device) -> StepInputs:
@@ -40,6 +43,8 @@ def build_step_inputs(output: SchedulerOutput, cache: PagedKVCache, device: torc
     prefills: list[tuple[int, int, int, list[int] | None]] = []  # row, tokens, context, blocks or None
     sample_rows: list[int] = []
     sample_index: list[int] = []
+    prompt_rows: list[int] = []
+    prompt_spans: list[tuple[int, int]] = []
     for i, item in enumerate(output.scheduled):
         request, start, n = item.request, item.start, item.num_tokens
         end = start + n
@@ -58,6 +63,12 @@ def build_step_inputs(output: SchedulerOutput, cache: PagedKVCache, device: torc
         if item.sample:
             sample_rows.append(row + n - 1)
             sample_index.append(i)
+        if request.sampling.prompt_logprobs is not None:
+            # the chunk's positions whose next token is a prompt token
+            scored = max(0, min(end, request.num_prompt_tokens - 1) - start)
+            if scored:
+                prompt_rows.extend(range(row, row + scored))
+                prompt_spans.append((i, scored))
 
     meta = StepMetadata(
         cache=cache,
@@ -77,8 +88,9 @@ def build_step_inputs(output: SchedulerOutput, cache: PagedKVCache, device: torc
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         positions=torch.tensor([positions], dtype=torch.long, device=device),
         meta=meta,
-        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        logit_rows=torch.tensor(sample_rows + prompt_rows, dtype=torch.long, device=device),
         sample_index=sample_index,
+        prompt_spans=prompt_spans,
     )
 
 

@@ -24,7 +24,7 @@ from . import attention
 from .cuda_graphs import DecodeGraphs
 from .host_memory import keep_freed_host_memory
 from .kv_cache import PagedKVCache
-from .sampler import Sampler
+from .sampler import Sampler, prompt_logprobs
 from .step_inputs import build_step_inputs
 
 log = logging.getLogger(__name__)
@@ -166,13 +166,22 @@ class TorchModelRunner:
             input_ids=step.input_ids,
             position_ids=step.positions,
             use_cache=False,
-            logits_to_keep=step.sample_rows,
+            logits_to_keep=step.logit_rows,
             llmfleet_meta=step.meta,
         ).logits[0]
-        if step.sample_index:
+        sampled = len(step.sample_index)
+        if sampled:
             requests = [output.scheduled[i].request for i in step.sample_index]
-            for i, token in zip(step.sample_index, self.sampler.sample(logits, requests), strict=True):
+            for i, token in zip(step.sample_index, self.sampler.sample(logits[:sampled], requests), strict=True):
                 result[i] = token
+        row = sampled
+        for i, count in step.prompt_spans:
+            item = output.scheduled[i]
+            targets = item.request.prompt_token_ids[item.start + 1 : item.start + 1 + count]
+            item.prompt_logprobs = prompt_logprobs(
+                logits[row : row + count], targets, item.request.sampling.prompt_logprobs
+            )
+            row += count
         return result
 
 

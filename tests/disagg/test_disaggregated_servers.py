@@ -181,6 +181,13 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
         opened = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
         going_on = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
         assert chat(r.url, opened, True, going_on) == chat(s["colocated"].url, opened, True, going_on)
+        scored = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 2, "temperature": 0, "echo": True, "logprobs": 1}
+        answers = [httpx.post(f"{url}/v1/completions", json=scored, timeout=60).json()["choices"][0]
+                   for url in (r.url, s["colocated"].url)]  # fmt: skip
+        assert answers[0]["text"] == answers[1]["text"]  # the decode server computes a scored prompt itself
+        assert answers[0]["logprobs"]["token_logprobs"][1:] == pytest.approx(
+            answers[1]["logprobs"]["token_logprobs"][1:], abs=1e-4
+        )
         for path, body in (("/tokenize", {"messages": opened}), ("/detokenize", {"tokens": [40, 41, 42]})):
             answers = [httpx.post(f"{url}{path}", json=body).json() for url in (r.url, s["d1"].url)]
             assert answers[0] == answers[1], answers

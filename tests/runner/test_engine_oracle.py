@@ -178,3 +178,58 @@ def test_logits_processing_matches_hf_generate(processing_reference, case):
     assert len(expected[2]) >= 6  # without min_tokens it stops at its second token
     if case.startswith("preemption"):
         assert engine.stats().preemptions_total > 0  # recomputed requests keep their penalties' history
+
+
+@pytest.fixture(scope="module")
+def prompt_scores():
+    """The workload's prompts, each one's log-softmax at every position from one HF forward pass
+    over the prompt alone, and its greedy continuation."""
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny"), dtype=torch.float32).to(DEVICE)
+    prompts, _, _ = workload(seed=13)
+    scores, greedy = [], []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=DEVICE)
+        with torch.no_grad():
+            scores.append(torch.log_softmax(model(ids).logits[0].float(), dim=-1).cpu())
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
+        greedy.append(out[0, len(prompt) :].tolist())
+    return prompts, scores, greedy
+
+
+@pytest.mark.parametrize("case", ["continuous-chunked-3", "continuous-merged", "preemption-merged-priority"])
+def test_prompt_logprobs_are_hf_forward_log_softmax(prompt_scores, case):
+    """vLLM's prompt logprobs: for prompt tokens 1.., the model's raw logprob of each from the
+    position before it, and the top-N there; the same under chunking and preemption (recomputed
+    positions are not recorded twice), beside requests that do not ask."""
+    prompts, scores, greedy = prompt_scores
+    config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4, **CASES[case])
+    engine, _ = build_engine("builtin:tiny", config, device=DEVICE)
+    asks = [2 if i % 3 != 2 else None for i in range(len(prompts))]  # 0, 2 and None mixed
+    asks[0] = 0
+    for i, (prompt, n) in enumerate(zip(prompts, asks, strict=True)):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=6, temperature=0, prompt_logprobs=n))
+    tokens: dict[str, list[int]] = {}
+    got: dict[str, list] = {}
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            tokens.setdefault(event.request_id, []).extend(event.new_token_ids)
+            if event.prompt_logprobs is not None:
+                assert event.request_id not in got, "prompt logprobs come once, with the first token"
+                got[event.request_id] = event.prompt_logprobs
+    assert [tokens[str(i)] for i in range(len(prompts))] == greedy
+    assert set(got) == {str(i) for i, n in enumerate(asks) if n is not None}
+    for key, entries in got.items():
+        i = int(key)
+        prompt, lp = prompts[i], scores[i]
+        assert [e.token_id for e in entries] == prompt[1:]
+        want = [lp[k, prompt[k + 1]].item() for k in range(len(prompt) - 1)]
+        assert [e.logprob for e in entries] == pytest.approx(want, abs=1e-4)
+        for k, entry in enumerate(entries):
+            if asks[i] == 0:
+                assert entry.top_logprobs is None
+            else:
+                top = lp[k].topk(asks[i])
+                assert list(entry.top_logprobs) == top.indices.tolist()
+                assert list(entry.top_logprobs.values()) == pytest.approx(top.values.tolist(), abs=1e-4)
+    if case.startswith("preemption"):
+        assert engine.stats().preemptions_total > 0

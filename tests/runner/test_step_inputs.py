@@ -38,13 +38,32 @@ def test_a_mixed_step_is_flattened_in_order():
     assert step.input_ids.tolist() == [[901, 104, 105, 106, 107, 108, 100, 101]]
     assert step.positions.tolist() == [[6, 4, 5, 6, 7, 8, 0, 1]]
     assert step.meta.slot_mapping.tolist() == [3 * BS + 2, 1 * BS + 0, 5, 6, 7, 8 * BS, 20, 21]
-    assert step.sample_index == [0, 2] and step.sample_rows.tolist() == [0, 7]
+    assert step.sample_index == [0, 2] and step.logit_rows.tolist() == [0, 7]
+    assert step.prompt_spans == []
     (group,) = step.meta.decode_groups
     assert group.rows.tolist() == [0] and group.blocks.tolist() == [7, 3] and group.lengths.tolist() == [7]
     span_chunk, span_fresh = step.meta.prefills
     assert (span_chunk.row, span_chunk.num_tokens, span_chunk.context) == (1, 5, 9)
     assert span_chunk.blocks.tolist() == [9, 1, 8] and not span_chunk.fresh
     assert span_fresh.fresh and span_fresh.mask(None, torch.device("cpu")) is None
+
+
+def test_prompt_logprob_rows_follow_the_sampled_rows():
+    """A request scoring its prompt keeps the logits of each chunk position whose next token is a
+    prompt token: not the last prompt position (it predicts the first generated token)."""
+    chunk = request("c", 10, 0, 4, [9, 1, 8])  # positions 4..8: each predicts prompt token 5..9
+    whole = request("w", 3, 0, 0, [5])  # positions 0..2: 0 and 1 predict prompt tokens, 2 samples
+    decode = request("d", 5, 2, 6, [7, 3])  # asks too, but has no prompt position left
+    for r in (chunk, whole, decode):
+        r.sampling.prompt_logprobs = 1
+    step = build_step_inputs(
+        SchedulerOutput([ScheduledRequest(chunk, 5), ScheduledRequest(whole, 3), ScheduledRequest(decode, 1)]),
+        cache(),
+        torch.device("cpu"),
+    )
+    assert step.sample_index == [1, 2]
+    assert step.logit_rows.tolist() == [7, 8, 0, 1, 2, 3, 4, 5, 6]  # sampled rows, then the prompt rows
+    assert step.prompt_spans == [(0, 5), (1, 2)]
 
 
 @given(st.integers(0, 40), st.integers(1, 40), st.lists(st.integers(0, 99), min_size=20, max_size=20, unique=True))

@@ -81,7 +81,6 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": [5, 10_000]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": ""}, "prompt"),
-        ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo"),
         ({"prompt": "hi", "logit_bias": {"five": 1}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias"),
         ({"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),

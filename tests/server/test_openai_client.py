@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -106,6 +107,32 @@ def test_chat_continues_an_assistant_message_through_the_template(client):
     plain = client.completions.create(model="tiny", prompt=text, max_tokens=6, temperature=0)
     assert chat.choices[0].message.content == "Once upon" + plain.choices[0].text
     assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_echo_with_logprobs_scores_the_prompt(client, server):
+    """vLLM's (and lm-evaluation-harness's) prompt scoring: echo with logprobs gives the prompt's
+    tokens their logprobs too, the first none; max_tokens 0 returns the prompt alone."""
+    prompt = "Once upon a time"
+    n_prompt = httpx.post(f"{server.url}/tokenize", json={"prompt": prompt}).json()["count"]
+    plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=1)
+    scored = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    choice = scored.choices[0]
+    assert choice.text == prompt + plain.choices[0].text
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == n_prompt + 3
+    assert "".join(lp.tokens) == choice.text and lp.text_offset == sorted(lp.text_offset)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert all(1 <= len(t) <= 2 for t in lp.top_logprobs[1:])  # keyed by text: two ids may read the same
+    assert lp.token_logprobs[n_prompt:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-5)
+    alone = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    assert alone.choices[0].text == prompt and alone.choices[0].finish_reason == "length"
+    assert alone.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:n_prompt], abs=1e-5)
+    assert alone.usage.completion_tokens == 0
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=2,
+                                            echo=True, stream=True))  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert chunks[0].choices[0].text == prompt and len(chunks[0].choices[0].logprobs.tokens) == n_prompt
 
 
 def test_n_choices_and_token_prompts(client):
