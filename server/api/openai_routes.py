@@ -40,7 +40,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             raise APIError(400, "max_tokens 0 returns the prompt alone: it needs echo", param="max_tokens")
         prompts, prompt_texts = _completion_prompts(state, body)
         # As vLLM (and lm-evaluation-harness's loglikelihood): echo with logprobs scores the prompt too
-        scored = body.logprobs if body.echo else None
+        scored = _most(body.prompt_logprobs, body.logprobs if body.echo else None)
         generate = None if body.max_tokens is None else max(body.max_tokens, 1)  # 0: one token, not shown
         if _remote_decode(body):
             build_subrequests(state, prompts, body, generate, body.logprobs)  # refuse what decode would
@@ -67,9 +67,11 @@ def install(app: FastAPI, state: ServerState) -> None:
                       "finish_reason": result.finish_reason}  # fmt: skip
             if body.logprobs is not None:
                 generated = completion_logprobs(state, result.token_ids, result.logprobs, len(text))
-                if scored is not None:
+                if body.echo:
                     generated = _joined(prompt_logprobs_of(state, sub, result.prompt_logprobs or []), generated)
                 choice["logprobs"] = generated
+            if body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(state, result.prompt_logprobs or [])
             choices.append(choice)
         return reply.envelope("text_completion", choices, usage=reply.usage(results))
 
@@ -83,8 +85,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         if _remote_decode(body):
             build_subrequests(state, [prompt], body, max_tokens, logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, [prompt], body.priority, arrival)
-        imports = await _received_kv(state, body, [prompt])
-        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports)
+        scored = body.prompt_logprobs
+        imports = None if scored is not None else await _received_kv(state, body, [prompt])  # scored here
+        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
         if body.stream:
@@ -101,7 +104,10 @@ def install(app: FastAPI, state: ServerState) -> None:
             }
             for sub in subs
         ]
-        return reply.envelope("chat.completion", choices, usage=reply.usage(results))
+        extra = {}
+        if scored is not None:  # vLLM puts them beside the choices: the n choices share one prompt
+            extra["prompt_logprobs"] = vllm_prompt_logprobs(state, results[subs[0].index].prompt_logprobs or [])
+        return reply.envelope("chat.completion", choices, usage=reply.usage(results), **extra)
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(body: TokenizeRequest):
@@ -309,6 +315,26 @@ def completion_logprobs(state: ServerState, tokens: list[int], lps: list[Sampled
 def prompt_logprobs_of(state: ServerState, sub: SubRequest, scores: list[SampledToken]) -> dict:
     """The echoed prompt's logprobs: its first token has none (nothing comes before it)."""
     return completion_logprobs(state, sub.prompt, [None, *scores])
+
+
+def vllm_prompt_logprobs(state: ServerState, scores: list[SampledToken]) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (the first has none), its own entry and the
+    top-N's, each token id -> logprob, rank and decoded text."""
+    decode = state.tokenizer.decode
+    out: list[dict | None] = [None]
+    for score in scores:
+        entry = {
+            score.token_id: {"logprob": score.logprob, "rank": score.rank, "decoded_token": decode([score.token_id])}
+        }
+        for rank, (token, logprob) in enumerate((score.top_logprobs or {}).items(), 1):
+            entry.setdefault(token, {"logprob": logprob, "rank": rank, "decoded_token": decode([token])})
+        out.append(entry)
+    return out
+
+
+def _most(*counts: int | None) -> int | None:
+    known = [c for c in counts if c is not None]
+    return max(known) if known else None
 
 
 def _joined(first: dict, then: dict) -> dict:

@@ -56,13 +56,15 @@ class _Sampling(BaseModel):
     best_of: int | None = Field(None, ge=1)
     response_format: dict[str, Any] | None = None
     include_stop_str_in_output: bool = Field(False, description="As in vLLM: keep the stop string that ended the text.")
-    # vLLM's structured output and prompt logprobs: not implemented (refused below)
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=20, description="As in vLLM: each prompt token's logprob, rank and the top-N there."
+    )
+    # vLLM's structured output: not implemented (refused below)
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
-    prompt_logprobs: int | None = None
 
     @field_validator("stop")
     @classmethod
@@ -87,13 +89,18 @@ class _Sampling(BaseModel):
             raise ValueError("best_of other than n is not supported")
         return value
 
-    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                     "prompt_logprobs")  # fmt: skip
+    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
     @classmethod
-    def _not_implemented(cls, value, info: ValidationInfo):
+    def _not_implemented(cls, value):
         if value is not None:
-            what = "prompt_logprobs" if info.field_name == "prompt_logprobs" else "structured output (guided decoding)"
-            raise ValueError(f"{what} is not supported")
+            raise ValueError("structured output (guided decoding) is not supported")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _not_streamed(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("stream"):
+            raise ValueError("prompt_logprobs are not available with stream (as in vLLM)")
         return value
 
     @field_validator("response_format")

@@ -53,6 +53,7 @@ class SampledToken:
     token_id: int
     logprob: float | None = None
     top_logprobs: dict[int, float] | None = None
+    rank: int | None = None  # the token's place in its distribution (1: the most likely), where computed
 
 
 class ModelRunner(Protocol):

@@ -128,7 +128,7 @@ class Proxy:
     async def _prefill(self, path: str, body: dict, tried: set[str]) -> dict | None:
         """The KV transfer parameters for the decode server, or None when it must compute the
         prompt itself (no prefill server can take the request, or the prompt is scored)."""
-        if body.get("echo") and body.get("logprobs") is not None:
+        if _scores_the_prompt(path, body):
             return None  # the prompt's logprobs come from the server that computes it: the decode server
         server = self.balancer.pick("prefill", tried)
         if server is None:
@@ -261,3 +261,9 @@ def _error_message(content: bytes) -> str | None:
     except (ValueError, KeyError, TypeError):
         text = content.decode(errors="replace").strip()
         return text[:300] or None
+
+
+def _scores_the_prompt(path: str, body: dict) -> bool:
+    """vLLM's prompt_logprobs, or a completion's echo with logprobs."""
+    echoed = path == "/v1/completions" and body.get("echo") and body.get("logprobs") is not None
+    return body.get("prompt_logprobs") is not None or bool(echoed)

@@ -119,8 +119,9 @@ def prompt_logprobs(logits: torch.Tensor, targets: list[int], top_n: int) -> lis
     """Each row's logprob of its target token (the prompt's next token) and the row's top-N: the
     model's raw distribution, as vLLM's prompt logprobs are."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0].tolist()
-    out = [SampledToken(t, lp) for t, lp in zip(targets, chosen, strict=True)]
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])
+    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    out = [SampledToken(t, lp, rank=r) for t, lp, r in zip(targets, chosen[:, 0].tolist(), ranks, strict=True)]
     if top_n > 0:
         values, ids = logprobs.topk(top_n, dim=-1)
         for entry, row_ids, row_values in zip(out, ids.tolist(), values.tolist(), strict=True):

@@ -167,3 +167,12 @@ def test_echoed_text_is_no_first_token():
     assert completion.started_content
     labels = {"model_name": "m", "role": "router"}
     assert metrics.registry.get_sample_value("vllm:time_to_first_token_seconds_count", labels) == 2
+
+
+def test_a_scored_prompt_skips_the_prefill_pool():
+    from llmfleet.server.router.proxy import _scores_the_prompt
+
+    assert _scores_the_prompt("/v1/completions", {"echo": True, "logprobs": 0})
+    assert _scores_the_prompt("/v1/chat/completions", {"prompt_logprobs": 1})
+    assert not _scores_the_prompt("/v1/completions", {"echo": True})
+    assert not _scores_the_prompt("/v1/chat/completions", {"echo": True, "logprobs": False})  # chat's echo is text

@@ -225,6 +225,7 @@ def test_prompt_logprobs_are_hf_forward_log_softmax(prompt_scores, case):
         want = [lp[k, prompt[k + 1]].item() for k in range(len(prompt) - 1)]
         assert [e.logprob for e in entries] == pytest.approx(want, abs=1e-4)
         for k, entry in enumerate(entries):
+            assert entry.rank == int((lp[k] > lp[k, prompt[k + 1]]).sum()) + 1
             if asks[i] == 0:
                 assert entry.top_logprobs is None
             else:

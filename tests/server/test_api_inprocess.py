@@ -94,7 +94,8 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
         ({"prompt": "hi", "guided_json": {"type": "object"}}, "guided_json"),
         ({"prompt": "hi", "guided_choice": ["yes", "no"]}, "guided_choice"),
-        ({"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt": "hi", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ({"prompt": "hi", "prompt_logprobs": 21}, "prompt_logprobs"),
     ],
 )
 def test_bad_completion_values_are_openai_400s(client, body, param):

@@ -135,6 +135,24 @@ def test_echo_with_logprobs_scores_the_prompt(client, server):
     assert chunks[0].choices[0].text == prompt and len(chunks[0].choices[0].logprobs.tokens) == n_prompt
 
 
+def test_vllm_prompt_logprobs_give_each_prompt_token_its_logprob_and_rank(client):
+    prompt = "Once upon a time"
+    extra = {"prompt_logprobs": 2}
+    out = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body=extra)
+    echoed = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    want = echoed.choices[0].logprobs.token_logprobs
+    scores = out.choices[0].prompt_logprobs
+    assert scores[0] is None and len(scores) == len(want)
+    for entry, logprob in zip(scores[1:], want[1:], strict=True):
+        assert 2 <= len(entry) <= 3  # the prompt token's own, and the top 2 (which may include it)
+        own = next(e for e in entry.values() if e["logprob"] == pytest.approx(logprob, abs=1e-5))
+        assert own["rank"] >= 1 and own["decoded_token"]
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, extra_body=extra
+    )
+    assert chat.prompt_logprobs[0] is None and len(chat.prompt_logprobs) == chat.usage.prompt_tokens
+
+
 def test_n_choices_and_token_prompts(client):
     out = client.completions.create(model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=4, n=3, temperature=1.0)
     assert sorted(c.index for c in out.choices) == list(range(6))
