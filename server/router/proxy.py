@@ -108,7 +108,11 @@ class Proxy:
             if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
                 break
             try:
-                params = await self._prefill(path, body, tried["prefill"])
+                decode.assigned += 1  # held from the pick: a burst spreads before its prefills return
+                try:
+                    params = await self._prefill(path, body, tried["prefill"])
+                finally:
+                    decode.assigned -= 1  # _decode takes it over, with no await in between
                 return await self._decode(decode, path, body, params, stream, started)
             except ServerFailed as failure:
                 pool = failure.server.pool
