@@ -180,11 +180,11 @@ def test_logits_processing_matches_hf_generate(processing_reference, case):
         assert engine.stats().preemptions_total > 0  # recomputed requests keep their penalties' history
 
 
-@pytest.fixture(scope="module")
-def prompt_scores():
+@pytest.fixture(scope="module", params=MODELS)
+def prompt_scores(request):
     """The workload's prompts, each one's log-softmax at every position from one HF forward pass
     over the prompt alone, and its greedy continuation."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny"), dtype=torch.float32).to(DEVICE)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(request.param), dtype=torch.float32).to(DEVICE)
     prompts, _, _ = workload(seed=13)
     scores, greedy = [], []
     for prompt in prompts:
@@ -193,7 +193,7 @@ def prompt_scores():
             scores.append(torch.log_softmax(model(ids).logits[0].float(), dim=-1).cpu())
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6)
         greedy.append(out[0, len(prompt) :].tolist())
-    return prompts, scores, greedy
+    return request.param, prompts, scores, greedy
 
 
 @pytest.mark.parametrize("case", ["continuous-chunked-3", "continuous-merged", "preemption-merged-priority"])
@@ -201,9 +201,9 @@ def test_prompt_logprobs_are_hf_forward_log_softmax(prompt_scores, case):
     """vLLM's prompt logprobs: for prompt tokens 1.., the model's raw logprob of each from the
     position before it, and the top-N there; the same under chunking and preemption (recomputed
     positions are not recorded twice), beside requests that do not ask."""
-    prompts, scores, greedy = prompt_scores
+    name, prompts, scores, greedy = prompt_scores
     config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4, **CASES[case])
-    engine, _ = build_engine("builtin:tiny", config, device=DEVICE)
+    engine, _ = build_engine(name, config, device=DEVICE)
     asks = [2 if i % 3 != 2 else None for i in range(len(prompts))]  # 0, 2 and None mixed
     asks[0] = 0
     for i, (prompt, n) in enumerate(zip(prompts, asks, strict=True)):
