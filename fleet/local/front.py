@@ -15,6 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from llmfleet.server.api.keepalive import pooled
+
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
@@ -24,7 +26,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def build_front(backends: Callable[[], list[str]]) -> Starlette:
     """``backends()`` returns the ready servers' base URLs at the time of each request."""
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0), limits=pooled())
     in_flight: dict[str, int] = {}
     tie_break = itertools.count()
 

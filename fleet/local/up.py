@@ -97,6 +97,7 @@ async def _serve(fleet, args, tui: bool) -> int:
     from llmfleet.operator.prometheus_source import PrometheusSource
     from llmfleet.operator.reconcile import DRAIN_SECONDS
     from llmfleet.operator.scrape_source import ScrapeSource
+    from llmfleet.server.api.keepalive import SERVER_KEEP_ALIVE_S
 
     from .front import build_front
     from .processes import StartFailed
@@ -118,7 +119,8 @@ async def _serve(fleet, args, tui: bool) -> int:
     front = front_task = None
     if fleet.router is None:
         app = build_front(fleet.ready_backends)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off",
+                                timeout_keep_alive=SERVER_KEEP_ALIVE_S)  # fmt: skip
         front = uvicorn.Server(config)
         front.capture_signals = contextlib.nullcontext  # ours handle Ctrl-C: the fleet drains first
         front_task = asyncio.create_task(front._serve())

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import uvicorn
 
 from .app import create_app
+from .keepalive import SERVER_KEEP_ALIVE_S
 from .state import ServerState
 
 log = logging.getLogger("llmfleet.drain")
@@ -98,6 +99,7 @@ def run_app(state: ServerState, args, on_exit: Callable[[], None] | None = None)
             log_level=args.log_level.lower(),
             access_log=False,
             timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
+            timeout_keep_alive=SERVER_KEEP_ALIVE_S,  # longer than our clients pool connections
         ),
         state,
         args.drain_timeout,

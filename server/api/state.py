@@ -13,6 +13,7 @@ import httpx
 from ..core.kv_wire import KVLayout
 from ..engine.engine import LLMEngine
 from .async_engine import AsyncEngine
+from .keepalive import pooled
 from .metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class ServerState:
     def http_client(self) -> httpx.AsyncClient:
         """One pooled client per server for its calls to other servers (KV fetches)."""
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT)
+            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled())
         return self._http
 
     def unavailable_reason(self) -> str | None:

@@ -9,6 +9,7 @@ import httpx
 
 from ..api.app import register_role
 from ..api.drain import run_app
+from ..api.keepalive import pooled
 from ..api.state import ServerState
 from .balancer import Balancer
 from .endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints
@@ -40,7 +41,7 @@ def serve(args) -> int:
     metrics = RouterMetrics(model_name)
     state = ServerState(None, None, model_name, 0, metrics, role="router")
     # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256))
+    client = httpx.AsyncClient(limits=pooled(max_connections=2048, max_keepalive_connections=256))
     balancer = Balancer(source, args.router_policy, client)
     settings = ProxySettings(prefill_timeout_s=args.prefill_timeout, decode_timeout_s=args.decode_timeout)
     proxy = Proxy(balancer, client, metrics, settings)

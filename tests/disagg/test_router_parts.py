@@ -176,3 +176,11 @@ def test_a_scored_prompt_skips_the_prefill_pool():
     assert _scores_the_prompt("/v1/chat/completions", {"prompt_logprobs": 1})
     assert not _scores_the_prompt("/v1/completions", {"echo": True})
     assert not _scores_the_prompt("/v1/chat/completions", {"echo": True, "logprobs": False})  # chat's echo is text
+
+
+def test_our_clients_let_idle_connections_go_before_our_servers_do():
+    """Else a pooled connection reused in the instant the server closes it fails before a byte."""
+    from llmfleet.server.api.keepalive import CLIENT_KEEPALIVE_EXPIRY_S, SERVER_KEEP_ALIVE_S, pooled
+
+    assert CLIENT_KEEPALIVE_EXPIRY_S < SERVER_KEEP_ALIVE_S
+    assert pooled(max_connections=4).keepalive_expiry == CLIENT_KEEPALIVE_EXPIRY_S
