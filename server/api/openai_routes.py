@@ -45,7 +45,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         if _remote_decode(body):
             build_subrequests(state, prompts, body, generate, body.logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, prompts, body.priority, arrival)
-        imports = None if scored is not None else await _received_kv(state, body, prompts)  # scored here
+        imports = await _received_kv(state, body, prompts, scored)
         subs = build_subrequests(state, prompts, body, generate, body.logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "cmpl", want_logprobs=body.logprobs is not None, body=body)
@@ -86,7 +86,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             build_subrequests(state, [prompt], body, max_tokens, logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, [prompt], body.priority, arrival)
         scored = body.prompt_logprobs
-        imports = None if scored is not None else await _received_kv(state, body, [prompt])  # scored here
+        imports = await _received_kv(state, body, [prompt], scored)
         subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
@@ -123,9 +123,7 @@ def install(app: FastAPI, state: ServerState) -> None:
     @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(body: DetokenizeRequest):
         check_model(state, body.model)
-        vocab = len(state.tokenizer)
-        if any(t < 0 or t >= vocab for t in body.tokens):
-            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        _check_in_vocab(state, body.tokens, "tokens")
         return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
@@ -149,10 +147,12 @@ def _remote_decode(body) -> bool:
     return params is not None and params.do_remote_decode
 
 
-async def _received_kv(state: ServerState, body, prompts: list[list[int]]):
+async def _received_kv(state: ServerState, body, prompts: list[list[int]], scored: int | None):
+    """KV a prefill server computed for the prompts, or None: computed here, as on a colocated
+    server, whatever the role; always so for a scored prompt, whose logprobs come from its logits."""
     params = body.kv_transfer_params
-    if params is None or not params.do_remote_prefill:
-        return None  # served as on a colocated server, whatever the role
+    if params is None or not params.do_remote_prefill or scored is not None:
+        return None
     return await kv_transfer.receive(state, params, prompts)
 
 
@@ -164,19 +164,23 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "prompt must not be empty", param="prompt")
-    vocab = len(state.tokenizer)
     ids_list, texts = [], []
     for item in prompt:
         if isinstance(item, str):
             ids = state.tokenizer.encode(item, add_special_tokens=body.add_special_tokens)
         else:
             ids = list(item)
-        if any(t < 0 or t >= vocab for t in ids):
-            raise APIError(400, f"token ids must be in [0, {vocab})", param="prompt")
+        _check_in_vocab(state, ids, "prompt")
         ids_list.append(ids)
         if body.echo:
             texts.append(item if isinstance(item, str) else state.tokenizer.decode(ids))
     return ids_list, texts
+
+
+def _check_in_vocab(state: ServerState, ids: list[int], param: str) -> None:
+    vocab = len(state.tokenizer)
+    if any(t < 0 or t >= vocab for t in ids):
+        raise APIError(400, f"token ids must be in [0, {vocab})", param=param)
 
 
 def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
@@ -210,15 +214,12 @@ class _Reply:
         """One choice's chunk; with continuous usage stats, the usage of that choice so far (vLLM's)."""
         if not self.continuous_usage:
             return self.envelope(obj, [choice])
-        usage = {"prompt_tokens": len(sub.prompt), "completion_tokens": completion,
-                 "total_tokens": len(sub.prompt) + completion}  # fmt: skip
-        return self.envelope(obj, [choice], usage=usage)
+        return self.envelope(obj, [choice], usage=_usage(len(sub.prompt), completion))
 
     def usage(self, results: dict[int, Result] | None = None, completion: int | None = None) -> dict:
-        prompt = self.submission.prompt_tokens
         if completion is None:
             completion = sum(r.num_output_tokens for r in results.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return _usage(self.submission.prompt_tokens, completion)
 
     async def stream_completion(self, echo: dict[int, str], scored: bool, echo_only: bool) -> AsyncIterator[dict]:
         """``scored``: the echoed prompt carries its logprobs, so it goes out with the first
@@ -288,6 +289,10 @@ class _Reply:
     ) -> dict:
         choice = {"index": sub.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return self.chunk("chat.completion.chunk", choice, sub, completion)
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:

@@ -19,6 +19,8 @@ returns by default: the chosen token's and the top-N.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ..core.batch import SampledToken
@@ -101,27 +103,25 @@ class Sampler:
 
     @staticmethod
     def _add_logprobs(logits: torch.Tensor, rows: list[int], requests: list[Request], out: list[SampledToken]) -> None:
-        logprobs = torch.log_softmax(logits[rows], dim=-1)
-        chosen = torch.tensor([out[i].token_id for i in rows], device=logits.device)
-        chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
         top_n = max(requests[i].sampling.logprobs for i in rows)
-        top_values, top_ids = logprobs.topk(top_n, dim=-1) if top_n > 0 else (None, None)
-        values = top_values.tolist() if top_values is not None else None
-        ids = top_ids.tolist() if top_ids is not None else None
-        for j, i in enumerate(rows):
-            out[i].logprob = chosen_lp[j]
+        scored = token_logprobs(logits[rows], [out[i].token_id for i in rows], top_n)
+        for i, score in zip(rows, scored, strict=True):
+            out[i].logprob = score.logprob
             n = requests[i].sampling.logprobs
-            if n > 0:
-                out[i].top_logprobs = dict(zip(ids[j][:n], values[j][:n], strict=True))
+            if n > 0:  # the top-N come most likely first: each request keeps its own N
+                out[i].top_logprobs = dict(itertools.islice(score.top_logprobs.items(), n))
 
 
-def prompt_logprobs(logits: torch.Tensor, targets: list[int], top_n: int) -> list[SampledToken]:
-    """Each row's logprob of its target token (the prompt's next token) and the row's top-N: the
-    model's raw distribution, as vLLM's prompt logprobs are."""
+def token_logprobs(logits: torch.Tensor, targets: list[int], top_n: int, ranks: bool = False) -> list[SampledToken]:
+    """Each row's logprob of its target token (the token sampled there, or the prompt's next one)
+    and the row's top-N, from the model's raw distribution (as vLLM reports them); with ``ranks``,
+    the target's place in it too (vLLM's prompt logprobs carry it)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])
-    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
-    out = [SampledToken(t, lp, rank=r) for t, lp, r in zip(targets, chosen[:, 0].tolist(), ranks, strict=True)]
+    out = [SampledToken(t, lp) for t, lp in zip(targets, chosen[:, 0].tolist(), strict=True)]
+    if ranks:
+        for entry, rank in zip(out, ((logprobs > chosen).sum(dim=-1) + 1).tolist(), strict=True):
+            entry.rank = rank
     if top_n > 0:
         values, ids = logprobs.topk(top_n, dim=-1)
         for entry, row_ids, row_values in zip(out, ids.tolist(), values.tolist(), strict=True):

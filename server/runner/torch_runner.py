@@ -24,7 +24,7 @@ from . import attention
 from .cuda_graphs import DecodeGraphs
 from .host_memory import keep_freed_host_memory
 from .kv_cache import PagedKVCache
-from .sampler import Sampler, prompt_logprobs
+from .sampler import Sampler, token_logprobs
 from .step_inputs import build_step_inputs
 
 log = logging.getLogger(__name__)
@@ -178,9 +178,8 @@ class TorchModelRunner:
         for i, count in step.prompt_spans:
             item = output.scheduled[i]
             targets = item.request.prompt_token_ids[item.start + 1 : item.start + 1 + count]
-            item.prompt_logprobs = prompt_logprobs(
-                logits[row : row + count], targets, item.request.sampling.prompt_logprobs
-            )
+            n = item.request.sampling.prompt_logprobs
+            item.prompt_logprobs = token_logprobs(logits[row : row + count], targets, n, ranks=True)
             row += count
         return result
 
