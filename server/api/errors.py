@@ -42,6 +42,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         if err.get("type") == "json_invalid":
             field = "body"
         msg = _clean(str(err.get("msg", "invalid value")))
+        if err.get("type") == "extra_forbidden":  # a strict object (structured_outputs): name the key
+            msg = f"unknown key {loc[-1]!r}"
         if msg not in by_field.setdefault(field, []):
             by_field[field].append(msg)
     parts = [f"{field}: {'; or '.join(msgs[:3])}" for field, msgs in by_field.items()]

@@ -8,13 +8,15 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
+from ..core import grammar
 from ..core.batch import SampledToken
 from ..core.kv_wire import KVImport
-from ..core.request import SamplingParams
+from ..core.request import SamplingParams, StructuredOutput
 from ..engine.engine import InvalidRequestError, QueueFullError, RequestOutput
 from .errors import APIError
 from .protocol import _Sampling
 from .state import ServerState
+from .structured import StructuredOutputError
 
 
 @dataclass
@@ -87,6 +89,7 @@ def build_subrequests(
     vocab = len(state.tokenizer)
     if any(token >= vocab for token in logit_bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+    structured = _structured_output(body)
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             raise APIError(400, "prompt must contain at least one token", param="prompt")
@@ -119,6 +122,7 @@ def build_subrequests(
                     frequency_penalty=body.frequency_penalty or 0.0,
                     repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                     logit_bias=logit_bias,
+                    structured=structured,
                 )
             except ValueError as exc:
                 raise APIError(400, str(exc), param=_param_of(str(exc))) from exc
@@ -126,6 +130,21 @@ def build_subrequests(
             kv = imports[p_index] if imports is not None else None
             subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
     return subs
+
+
+def _structured_output(body: _Sampling) -> StructuredOutput | None:
+    """The request's structured output, its grammar checked here so that a 400 names the field."""
+    try:
+        asked = body.structured_output()
+    except StructuredOutputError as exc:
+        raise APIError(400, str(exc), param=exc.param) from exc
+    if asked is None:
+        return None
+    structured, field = asked
+    error = grammar.check(structured)
+    if error is not None:
+        raise APIError(400, f"{field}: invalid {structured.kind} for structured output: {error}", param=field)
+    return structured
 
 
 def _param_of(message: str) -> str | None:

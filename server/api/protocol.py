@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from .structured import StructuredOutputFields
+
 MAX_N = 16
 
 
@@ -29,7 +31,7 @@ class KVTransferParams(BaseModel):
     remote_kv_ids: list[str | None] | None = None
 
 
-class _Sampling(BaseModel):
+class _Sampling(StructuredOutputFields):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # NaN or Infinity: a 400, not a clamp
 
     model: str | None = None
@@ -54,17 +56,10 @@ class _Sampling(BaseModel):
     min_tokens: int = Field(0, ge=0)
     logit_bias: dict[str, float] | None = Field(None, description="Token id -> bias, clamped to [-100, 100].")
     best_of: int | None = Field(None, ge=1)
-    response_format: dict[str, Any] | None = None
     include_stop_str_in_output: bool = Field(False, description="As in vLLM: keep the stop string that ended the text.")
     prompt_logprobs: int | None = Field(
         None, ge=0, le=20, description="As in vLLM: each prompt token's logprob, rank and the top-N there."
     )
-    # vLLM's structured output: not implemented (refused below)
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
 
     @field_validator("stop")
     @classmethod
@@ -89,26 +84,11 @@ class _Sampling(BaseModel):
             raise ValueError("best_of other than n is not supported")
         return value
 
-    @field_validator("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
-    @classmethod
-    def _not_implemented(cls, value):
-        if value is not None:
-            raise ValueError("structured output (guided decoding) is not supported")
-        return value
-
     @field_validator("prompt_logprobs")
     @classmethod
     def _not_streamed(cls, value, info: ValidationInfo):
         if value is not None and info.data.get("stream"):
             raise ValueError("prompt_logprobs are not available with stream (as in vLLM)")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value):
-        kind = (value or {}).get("type", "text")
-        if kind != "text":
-            raise ValueError(f"{kind!r} is not supported (no structured output): only 'text'")
         return value
 
     def logit_bias_ids(self) -> dict[int, float]:

@@ -67,6 +67,7 @@ class ModelRunner(Protocol):
     num_kv_blocks: int
     kv_block_size: int
     eos_token_ids: frozenset[int]
+    structured_output: bool  # whether it can hold sampling to a request's grammar
 
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
         """Before computing, a scheduled request that still holds ``kv_import`` (KV received from

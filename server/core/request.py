@@ -42,6 +42,24 @@ FINISH_REASON = {
 
 _GREEDY_EPS = 1e-5
 
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text, as vLLM's structured outputs name them: ``json`` (a JSON
+    schema, serialized), ``json_object`` (any JSON object), ``regex``, ``choice`` (a JSON list of
+    strings) or ``grammar`` (Lark or GBNF). ``whitespace_pattern`` (a regex) replaces the
+    whitespace JSON may hold between its tokens. The runner compiles it (runner/grammar.py)."""
+
+    kind: str
+    spec: str = ""
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, got {self.kind!r}")
+
 
 @dataclass
 class SamplingParams:
@@ -65,6 +83,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per time a token was generated
     repetition_penalty: float = 1.0  # prompt and generated tokens: positive logits / it, negative x it (HF)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    structured: StructuredOutput | None = None  # only tokens its grammar allows are sampled
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -15,5 +15,5 @@ def build_engine(model: str, config: EngineConfig, device: str | None = None):
 
     path = resolve_model(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    runner = TorchModelRunner(path, config, device=device)
+    runner = TorchModelRunner(path, config, device=device, tokenizer=tokenizer)
     return LLMEngine(config, runner, detokenizer=tokenizer), tokenizer

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import EngineConfig
+from ..core import grammar
 from ..core.batch import ModelRunner, SampledToken
 from ..core.block_manager import BlockManager
 from ..core.kv_wire import KVImport
@@ -162,6 +163,12 @@ class LLMEngine:
                 f"{len(prompt) + sampling.max_tokens} tokens ({len(prompt)} in the prompt, "
                 f"{sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens."
             )
+        if sampling.structured is not None:
+            if not self.runner.structured_output:
+                raise InvalidRequestError("structured output is not available on this server's runner")
+            error = grammar.check(sampling.structured)
+            if error is not None:
+                raise InvalidRequestError(f"invalid {sampling.structured.kind} for structured output: {error}")
         blocks = self.block_manager.blocks_for(len(prompt) + sampling.max_tokens)
         if blocks > self.block_manager.num_blocks:
             raise InvalidRequestError(

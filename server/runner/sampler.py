@@ -12,6 +12,8 @@ have been generated; ``logit_bias`` adds to its tokens; then the penalties, as v
 negative multiplied), ``frequency_penalty`` per generated occurrence and ``presence_penalty``
 once per generated token. ``min_p`` drops, after temperature, every token below ``min_p`` times
 the most likely one's probability. Greedy rows take the argmax of the processed logits.
+Last, a structured-output request's grammar (grammar_masks.py) forbids every token it does not allow
+next, and advances by the token drawn.
 
 Logprobs (when asked for) are those of the model's distribution before any of this, as vLLM
 returns by default: the chosen token's and the top-N.
@@ -25,29 +27,39 @@ import torch
 
 from ..core.batch import SampledToken
 from ..core.request import Request
+from .grammar_masks import GrammarMasks
 
 
 class Sampler:
-    def __init__(self, device: torch.device, eos_token_ids: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, device: torch.device, eos_token_ids: frozenset[int] = frozenset(), grammars: GrammarMasks | None = None
+    ) -> None:
         self.device = device
         self.eos_token_ids = eos_token_ids
+        self.grammars = grammars  # None: no request may ask for structured output
         self._generators: dict[str, torch.Generator] = {}
         self._shared = torch.Generator(device=device)
         self._shared.seed()
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.release(request_id)
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         """``logits``: (N, vocab), one row per request in ``requests``."""
         logits = logits.float()
         processed = self._process(logits, requests)
+        if self.grammars is not None:
+            processed = self.grammars.constrain(processed, logits, requests)
         tokens = torch.argmax(processed, dim=-1)
         random_rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
         if random_rows:
             drawn = self._draw(processed[random_rows], [requests[i] for i in random_rows])
             tokens[random_rows] = drawn
         ids = tokens.tolist()
+        if self.grammars is not None:
+            self.grammars.accept(requests, ids)
         out = [SampledToken(token) for token in ids]
         logprob_rows = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
         if logprob_rows:

@@ -22,6 +22,7 @@ from ..core.batch import SampledToken, SchedulerOutput
 from ..core.kv_wire import KVLayout
 from . import attention
 from .cuda_graphs import DecodeGraphs
+from .grammar_masks import GrammarMasks
 from .host_memory import keep_freed_host_memory
 from .kv_cache import PagedKVCache
 from .sampler import Sampler, token_logprobs
@@ -62,7 +63,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 class TorchModelRunner:
-    def __init__(self, model_dir: str | Path, config: EngineConfig, device: str | None = None) -> None:
+    def __init__(self, model_dir: str | Path, config: EngineConfig, device: str | None = None, tokenizer=None) -> None:
+        """``tokenizer``: the model's HF tokenizer, for structured output (without it, none)."""
         attention.register()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -100,7 +102,9 @@ class TorchModelRunner:
             else None
         )
         self.eos_token_ids = frozenset(_eos_ids(self.model))
-        self.sampler = Sampler(self.device, self.eos_token_ids)
+        vocab = self.model.get_output_embeddings().weight.shape[0]  # the logits' width
+        grammars = None if tokenizer is None else GrammarMasks(tokenizer, vocab, self.eos_token_ids)
+        self.sampler = Sampler(self.device, self.eos_token_ids, grammars)
         self.kv_layout = KVLayout(
             fingerprint=model_fingerprint(self.model),
             dtype=_DTYPE_NAMES[self.dtype],
@@ -118,6 +122,10 @@ class TorchModelRunner:
             self.kv_block_size,
             self.num_kv_blocks * self.kv_bytes_per_block / (1 << 20),
         )
+
+    @property
+    def structured_output(self) -> bool:
+        return self.sampler.grammars is not None
 
     @property
     def kv_bytes_per_block(self) -> int:

@@ -50,6 +50,7 @@ class FakeRunner:
         self.max_model_len = max_model_len
         self.vocab = vocab
         self.eos_token_ids = frozenset(eos)
+        self.structured_output = False
         self.batches: list[list[tuple[str, int, int]]] = []
         self.preempted: list[list[str]] = []
         self.released: list[str] = []

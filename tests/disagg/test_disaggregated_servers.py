@@ -193,6 +193,9 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
             assert answers[0] == answers[1], answers
         processed = {"repetition_penalty": 1.4, "presence_penalty": 0.5, "logit_bias": {"40": 3.0}, "min_tokens": 4}
         assert complete(r.url, PROMPTS[2], extra=processed) == complete(s["colocated"].url, PROMPTS[2], extra=processed)
+        constrained = {"guided_regex": "[a-f]{2,6}-[0-9]{2}"}  # the decode server samples under the grammar
+        colocated = complete(s["colocated"].url, PROMPTS[2], extra=constrained)
+        assert complete(r.url, PROMPTS[2], extra=constrained) == colocated
         client = openai.OpenAI(base_url=f"{r.url}/v1", api_key="unused")
         card = client.models.list().data[0]
         assert card.id == MODEL and card.max_model_len == 2048

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import httpx
 import openai
 import pytest
@@ -230,3 +233,47 @@ def test_logprobs(client):
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == 3 and len(content[0].top_logprobs) == 2
+
+
+PET = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+    "required": ["name", "legs"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_as_vllm_takes_it(client):
+    """response_format json_schema (OpenAI's way), structured_outputs and the guided_* fields
+    (vLLM's): the text obeys the constraint, streamed or not, for every choice."""
+    messages = [{"role": "user", "content": "a pet, as JSON"}]
+    pet = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": PET}},
+        extra_body={"guided_whitespace_pattern": "[ ]?"},
+    )
+    assert pet.choices[0].finish_reason == "stop"
+    document = json.loads(pet.choices[0].message.content)
+    assert set(document) == {"name", "legs"} and len(document["name"]) <= 8 and 0 <= document["legs"] <= 8
+
+    choices = ["red", "green", "blue"]
+    asked = {"model": "tiny", "prompt": "a colour:", "max_tokens": 8, "temperature": 1.0, "seed": 5, "n": 4}
+    picked = client.completions.create(**asked, extra_body={"structured_outputs": {"choice": choices}})
+    assert {c.text for c in picked.choices} <= set(choices) and len(picked.choices) == 4
+    streamed = client.completions.create(**asked, stream=True, extra_body={"guided_choice": choices})
+    texts = {}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert [texts[i] for i in range(4)] == [c.text for c in sorted(picked.choices, key=lambda c: c.index)]
+
+    coded = client.completions.create(model="tiny", prompt="code:", max_tokens=16, temperature=0,
+                                      extra_body={"guided_regex": "[A-Z]{3}-[0-9]{3}"})  # fmt: skip
+    assert re.fullmatch("[A-Z]{3}-[0-9]{3}", coded.choices[0].text)
+
+    with pytest.raises(openai.BadRequestError, match="guided_regex") as refused:
+        client.completions.create(model="tiny", prompt="x", extra_body={"guided_regex": "(["})
+    assert refused.value.body["param"] == "guided_regex"

@@ -1,0 +1,88 @@
+"""Structured output at sampling: each constrained request's grammar matcher and the token mask
+it gives the sampler, with llguidance (one of vLLM's structured-output backends).
+
+A request's matcher is made at its first sampled token, its grammar (core/grammar.py) compiled against
+the model's vocabulary, and it advances by every token sampled for the request. Its mask keeps the
+tokens the grammar allows next; once the text is complete, only EOS. Recompute after a preemption
+keeps the request's output tokens, so its matcher stays where it was; a request that arrives with
+output already (none does today) is replayed into its new matcher.
+
+The engine refuses a request whose grammar does not compile (``core.grammar.check``). A matcher that
+still errs (a resource limit) allows EOS only: the request ends at its next token, and it is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import llguidance
+import llguidance.hf
+import numpy as np
+import torch
+
+from ..core.grammar import compile_grammar
+from ..core.request import Request
+
+log = logging.getLogger(__name__)
+
+
+class GrammarMasks:
+    """The matchers of the constrained requests in flight, keyed by request id."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+        self._hf_tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._eos = sorted(eos_token_ids) or None
+        self._tokenizer: llguidance.LLTokenizer | None = None  # built at the first constrained request
+        self._matchers: dict[str, llguidance.LLMatcher] = {}
+
+    def constrain(self, logits: torch.Tensor, fallback: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """``logits`` (a row per request) with every token its request's grammar forbids at -inf.
+        Where nothing else would be left (``min_tokens`` forbids the EOS that completes the
+        text), the grammar wins: its tokens take their ``fallback`` (raw) logits."""
+        rows = [i for i, request in enumerate(requests) if request.sampling.structured is not None]
+        if not rows:
+            return logits
+        words = np.stack([np.frombuffer(self._matcher(requests[i]).compute_bitmask(), np.uint8) for i in rows])
+        bits = np.unpackbits(words, axis=1, bitorder="little")[:, : logits.shape[-1]]
+        forbidden = torch.from_numpy(bits == 0).to(logits.device)
+        index = torch.tensor(rows, device=logits.device)
+        masked = logits[index].masked_fill(forbidden, float("-inf"))
+        empty = torch.isneginf(masked).all(dim=-1)
+        if empty.any():
+            masked[empty] = fallback[index][empty].masked_fill(forbidden[empty], float("-inf"))
+        out = logits.clone()
+        out[index] = masked
+        return out
+
+    def accept(self, requests: list[Request], token_ids: list[int]) -> None:
+        """Advance each constrained request's matcher by the token sampled for it."""
+        for request, token in zip(requests, token_ids, strict=True):
+            if request.sampling.structured is None:
+                continue
+            matcher = self._matchers[request.request_id]
+            if not matcher.is_stopped() and not matcher.consume_token(token):
+                log.warning("request %s: token %d left its grammar: %s", request.request_id, token, matcher.get_error())
+
+    def release(self, request_id: str) -> None:
+        self._matchers.pop(request_id, None)
+
+    def _matcher(self, request: Request) -> llguidance.LLMatcher:
+        matcher = self._matchers.get(request.request_id)
+        if matcher is None:
+            structured = request.sampling.structured
+            assert structured is not None
+            matcher = llguidance.LLMatcher(self._ll_tokenizer(), compile_grammar(structured), log_level=0)
+            if request.output_token_ids:
+                matcher.consume_tokens(request.output_token_ids)
+            if matcher.is_error():
+                log.warning("request %s: its grammar failed: %s", request.request_id, matcher.get_error())
+            self._matchers[request.request_id] = matcher
+        return matcher
+
+    def _ll_tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            vocab = max(self._vocab_size, len(self._hf_tokenizer))
+            self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=vocab, eos_token=self._eos)
+        return self._tokenizer
