@@ -29,6 +29,7 @@ from .generation import (
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .sse import EventStreamResponse
 from .state import ServerState
+from .tool_calls import ForcedToolCalls
 
 
 def install(app: FastAPI, state: ServerState) -> None:
@@ -90,20 +91,20 @@ def install(app: FastAPI, state: ServerState) -> None:
         subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
+        forced = body.forced_tool_calls()
         if body.stream:
-            return EventStreamResponse(reply.stream_chat(body.echoed()))
+            return EventStreamResponse(reply.stream_chat(body.echoed(), forced))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
-        choices = [
-            {
-                "index": sub.index,
-                "message": {"role": "assistant", "content": body.echoed() + results[sub.index].text},
-                "logprobs": chat_logprobs(state, results[sub.index]) if body.logprobs else None,
-                "finish_reason": results[sub.index].finish_reason,
-            }
-            for sub in subs
-        ]
+        choices = []
+        for sub in subs:
+            result = results[sub.index]
+            message, finish = {"role": "assistant", "content": body.echoed() + result.text}, result.finish_reason
+            if forced is not None:
+                message, finish = forced.message(result.text, finish)
+            logprobs = chat_logprobs(state, result) if body.logprobs else None
+            choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         extra = {}
         if scored is not None:  # vLLM puts them beside the choices: the n choices share one prompt
             extra["prompt_logprobs"] = vllm_prompt_logprobs(state, results[subs[0].index].prompt_logprobs or [])
@@ -258,8 +259,10 @@ class _Reply:
         if self.include_usage:
             yield self.envelope("text_completion", [], usage=self.usage(completion=completion))
 
-    async def stream_chat(self, echo: str = "") -> AsyncIterator[dict]:
+    async def stream_chat(self, echo: str = "", forced: ForcedToolCalls | None = None) -> AsyncIterator[dict]:
+        """``forced``: the text of every choice becomes tool-call deltas (tool_calls.py)."""
         state, completion = self.state, 0
+        calls = {sub.index: forced.stream() for sub in self.submission.subs} if forced is not None else {}
         for sub in self.submission.subs:
             yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
         events = iter_events(state, self.submission)
@@ -274,6 +277,10 @@ class _Reply:
                 if self.want_logprobs and event.logprobs:
                     logprobs = {"content": _chat_token_logprobs(state, event.new_token_ids, event.logprobs)}
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
+                if calls:
+                    delta, finish = calls[owner.index].delta(event.new_text, finish)
+                    if not (delta or finish or logprobs):
+                        continue  # "required": its calls wait for the whole array
                 yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens)
         finally:
             await events.aclose()

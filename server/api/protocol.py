@@ -3,11 +3,13 @@ guidellm send. Unknown fields are ignored; bad values become 400 errors with a m
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from .structured import StructuredOutputFields
+from .tool_calls import ForcedToolCalls
 
 MAX_N = 16
 
@@ -172,6 +174,19 @@ class ChatTemplating(BaseModel):
     chat_template: str | None = None
     add_special_tokens: bool = Field(False, description="As in vLLM: off, the chat template writes BOS itself.")
 
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, value):
+        for tool in value or []:
+            function = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(function, dict):
+                raise ValueError("each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
+            if not isinstance(function.get("name"), str):
+                raise ValueError("each tool's function needs a name")
+            if not isinstance(function.get("parameters", {}), dict):
+                raise ValueError(f"function {function['name']!r}: parameters must be a JSON schema (an object)")
+        return value
+
     @field_validator("continue_final_message")
     @classmethod
     def _one_ending(cls, value, info: ValidationInfo):
@@ -215,17 +230,19 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="As in vLLM: the reply starts with the last message if the assistant's.")
-    tool_choice: str | dict[str, Any] | None = Field(None, validate_default=True)
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="'none', 'required' or a named function (tool_calls.py); 'auto' is refused."
+    )
+    parallel_tool_calls: bool | None = None
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_calls(cls, value, info: ValidationInfo):
-        """Without a tool-call parser a tool call could not be returned as one (vLLM refuses
-        the same without --enable-auto-tool-choice); tool_choice 'none' still serves."""
-        choice = value if value is not None else ("auto" if info.data.get("tools") else "none")
-        if choice != "none":
-            raise ValueError("tool calling is not supported: send tool_choice 'none' or no tools")
-        return value
+    def forced_tool_calls(self) -> ForcedToolCalls | None:
+        return ForcedToolCalls.of(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def _asked(self) -> list[tuple[str, str, str]]:
+        """Structured output, where a forced tool call is one more constraint."""
+        forced = self.forced_tool_calls()
+        tool_calls = [("tool_choice", "json", json.dumps(forced.schema))] if forced is not None else []
+        return super()._asked() + tool_calls
 
     def echoed(self) -> str:
         """The text ``echo`` puts before the reply: the last message's, if the assistant wrote it."""

@@ -108,4 +108,4 @@ def _has_content(choice: dict) -> bool:
     if choice.get("text"):
         return True
     delta = choice.get("delta") or {}
-    return bool(delta.get("content"))
+    return bool(delta.get("content") or delta.get("tool_calls"))

@@ -150,6 +150,11 @@ def test_the_stream_meter_sees_content_across_split_chunks():
     assert meter.started_content and meter.first_at is not None
     meter.feed(sse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}) + sse("[DONE]"))
     assert meter.finish_reason == "length" and meter.done
+    called = StreamMeter(metrics, started=0.0)  # a forced tool call's arguments are its content
+    called.feed(
+        sse({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]})
+    )
+    assert called.started_content
 
 
 def test_echoed_text_is_no_first_token():

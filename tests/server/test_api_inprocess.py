@@ -131,12 +131,22 @@ def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
     assert_openai_error(client.post("/v1/chat/completions", json={"messages": image}), 400, "messages")
 
 
-def test_tool_calls_are_refused_unless_tool_choice_is_none(client):
+def test_tool_choice_auto_is_refused_and_forced_calls_need_their_tools(client):
     ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
-    error = assert_openai_error(client.post("/v1/chat/completions", json=ask | {"tools": tools}), 400, "tool_choice")
-    assert "tool calling is not supported" in error["message"]
-    assert_openai_error(client.post("/v1/chat/completions", json=ask | {"tool_choice": "required"}), 400, "tool_choice")
+
+    def refused(extra: dict, param: str, words: str) -> None:
+        error = assert_openai_error(client.post("/v1/chat/completions", json=ask | extra), 400, param)
+        assert words in error["message"], error
+
+    refused({"tools": tools}, "tool_choice", "needs a tool-call parser")  # tools alone mean 'auto'
+    refused({"tools": tools, "tool_choice": "auto"}, "tool_choice", "needs a tool-call parser")
+    refused({"tool_choice": "required"}, "tools", "has no tools")
+    refused({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice",
+            "'other', which is not in tools")  # fmt: skip
+    refused({"tools": tools, "tool_choice": "sometimes"}, "tool_choice", "must be 'none'")
+    refused({"tools": [{"type": "function"}], "tool_choice": "none"}, "tools", "each tool must be")
+    refused({"tools": tools, "tool_choice": "required", "guided_regex": "a+"}, "tool_choice", "only one kind")
     none = client.post("/v1/chat/completions", json=ask | {"tools": tools, "tool_choice": "none"})
     assert none.status_code == 200, none.text
 

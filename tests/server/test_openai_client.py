@@ -277,3 +277,45 @@ def test_structured_output_as_vllm_takes_it(client):
     with pytest.raises(openai.BadRequestError, match="guided_regex") as refused:
         client.completions.create(model="tiny", prompt="x", extra_body={"guided_regex": "(["})
     assert refused.value.body["param"] == "guided_regex"
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Oslo", "Lima"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "time"}}  # no parameters: an empty object
+
+
+def test_forced_tool_calls_as_vllm_serves_them(client):
+    """A named function and 'required' hold the reply to the tools' schemas and come back as
+    tool_calls, streamed (deltas joined) the same as not."""
+    messages = [{"role": "user", "content": "weather in Oslo?"}]
+    asked = {"model": "tiny", "messages": messages, "max_tokens": 48, "temperature": 0, "tools": [WEATHER, TIME],
+             "extra_body": {"guided_whitespace_pattern": ""}}  # fmt: skip
+    named = {"type": "function", "function": {"name": "weather"}}
+    for tool_choice, parallel, finish in ((named, None, "stop"), ("required", False, "tool_calls")):
+        reply = client.chat.completions.create(**asked, tool_choice=tool_choice, parallel_tool_calls=parallel)
+        choice = reply.choices[0]
+        assert choice.finish_reason == finish and not choice.message.content
+        (call,) = choice.message.tool_calls  # parallel_tool_calls false: one call
+        assert call.type == "function" and call.id.startswith("call_")
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "weather":
+            assert arguments["city"] in ("Oslo", "Lima") and 1 <= arguments["days"] <= 7
+        else:
+            assert call.function.name == "time" and arguments == {}
+
+        chunks = list(client.chat.completions.create(**asked, tool_choice=tool_choice, parallel_tool_calls=parallel,
+                                                     stream=True))  # fmt: skip
+        deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+        assert deltas[0].id and deltas[0].function.name == call.function.name
+        assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+        assert chunks[-1].choices[0].finish_reason == finish

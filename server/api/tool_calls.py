@@ -1,0 +1,134 @@
+"""Tool calls that ``tool_choice`` forces, as vLLM serves them without a model-specific parser.
+
+A named function holds the reply to that function's parameter schema; ``"required"`` holds it to
+a JSON array of one or more ``{"name", "parameters"}`` objects, one of the tools each (at most one
+with ``parallel_tool_calls: false``). Both go through structured output (structured.py), and the
+text becomes the message's ``tool_calls``: as vLLM does, a named call finishes with ``stop`` and
+``"required"`` with ``tool_calls``. ``"auto"`` would need a parser for each model's own tool-call
+format, which this server does not have: it is refused, as vLLM refuses it without
+``--enable-auto-tool-choice``.
+
+Streamed, a named call's arguments go out as they are generated; the calls of ``"required"`` go
+out once their array is complete (each call whole, in one chunk).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .structured import StructuredOutputError as ToolChoiceError
+
+
+@dataclass(frozen=True)
+class ForcedToolCalls:
+    """What ``tool_choice`` forces: one named function, or (``name`` None) any of the tools."""
+
+    name: str | None
+    schema: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None, parallel: bool | None
+    ) -> ForcedToolCalls | None:
+        """None where nothing is forced (no tools, or ``"none"``). Raises ToolChoiceError."""
+        choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+        if choice == "none":
+            return None
+        if choice == "auto":
+            raise ToolChoiceError(
+                "tool_choice 'auto' needs a tool-call parser for the model, which this server does not have: "
+                "send 'required', a named function or 'none'",
+                "tool_choice",
+            )
+        functions = _functions(tools)
+        if choice == "required":
+            calls = [{"type": "object", "properties": {"name": {"enum": [name]}, "parameters": parameters},
+                      "required": ["name", "parameters"], "additionalProperties": False}
+                     for name, parameters in functions.items()]  # fmt: skip
+            array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            return cls(None, array | ({"maxItems": 1} if parallel is False else {}))
+        name = _named(choice)
+        if name not in functions:
+            raise ToolChoiceError(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
+        return cls(name, functions[name])
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The assistant message for the generated ``text``, and the choice's finish reason. A
+        text cut short (``length``) that does not parse is returned as content."""
+        if self.name is not None:
+            return _with_calls([_call(self.name, text)]), finish_reason
+        calls = self._parsed(text)
+        if calls is None:
+            return {"role": "assistant", "content": text}, finish_reason
+        return _with_calls(calls), "tool_calls" if finish_reason == "stop" else finish_reason
+
+    def stream(self) -> ToolCallStream:
+        return ToolCallStream(self)
+
+    @staticmethod
+    def _parsed(text: str) -> list[dict[str, Any]] | None:
+        try:
+            return [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in json.loads(text)]
+        except (ValueError, KeyError, TypeError):  # cut short: not a whole array
+            return None
+
+
+class ToolCallStream:
+    """One streamed choice's deltas: its text becomes tool-call deltas."""
+
+    def __init__(self, forced: ForcedToolCalls) -> None:
+        self.forced = forced
+        self._text = ""  # "required": the array so far
+        self._opened = False
+
+    def delta(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The delta for newly generated ``text`` (with the choice's finish reason once it ends)."""
+        if self.forced.name is not None:
+            if not text:
+                return {}, finish_reason
+            if self._opened:
+                return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason
+            self._opened = True
+            call = _call(self.forced.name, text)
+            return {"tool_calls": [{"index": 0, **call}]}, finish_reason
+        self._text += text
+        if finish_reason is None:
+            return {}, None
+        message, finish = self.forced.message(self._text, finish_reason)
+        if "tool_calls" not in message:
+            return {"content": message["content"]}, finish
+        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}, finish
+
+
+def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Each tool's function name and parameter schema (no parameters: an empty object). The
+    request model has checked their shape."""
+    if not tools:
+        raise ToolChoiceError("tool_choice forces a tool call but the request has no tools", "tools")
+    empty = {"type": "object", "properties": {}, "additionalProperties": False}
+    return {tool["function"]["name"]: tool["function"].get("parameters") or empty for tool in tools}
+
+
+def _named(choice: str | dict[str, Any]) -> str:
+    function = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ToolChoiceError(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
+    return function["name"]
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _with_calls(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": calls}
