@@ -6,7 +6,8 @@ with its ``schema``); vLLM's ``structured_outputs`` (``json``, ``regex``, ``choi
 its older ``guided_json``, ``guided_regex``, ``guided_choice`` and ``guided_grammar``, with
 ``guided_whitespace_pattern``. A request names one constraint at most. ``guided_decoding_backend``
 and ``disable_fallback`` are accepted and change nothing: this server has one backend
-(llguidance, one of vLLM's). The grammar itself is checked by the engine when the request arrives.
+(llguidance, one of vLLM's). The grammar itself is compiled as the request arrives
+(core/grammar.py), so that one that does not compile is a 400 naming its field.
 """
 
 from __future__ import annotations

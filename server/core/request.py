@@ -50,7 +50,8 @@ class StructuredOutput:
     """A constraint on the generated text, as vLLM's structured outputs name them: ``json`` (a JSON
     schema, serialized), ``json_object`` (any JSON object), ``regex``, ``choice`` (a JSON list of
     strings) or ``grammar`` (Lark or GBNF). ``whitespace_pattern`` (a regex) replaces the
-    whitespace JSON may hold between its tokens. The runner compiles it (runner/grammar.py)."""
+    whitespace JSON may hold between its tokens. core/grammar.py makes it a grammar, which the
+    runner's sampler holds the request to (runner/grammar_masks.py)."""
 
     kind: str
     spec: str = ""
