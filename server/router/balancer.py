@@ -113,6 +113,16 @@ class Balancer:
             return self.policies[pool](healthy)
         return min(open_, key=lambda s: (s.failures, s.url)) if open_ else None
 
+    async def pick_or_rediscover(self, pool: str, exclude: set[str] = frozenset()) -> Server | None:
+        """``pick``, and where it finds no server, once more after re-reading the endpoint source:
+        a pool's last known server can be draining while its replacement, ready since the last
+        discovery, is not in the table yet (a scale-down right after a scale-up)."""
+        server = self.pick(pool, exclude)
+        if server is None:
+            await self.refresh()
+            server = self.pick(pool, exclude)
+        return server
+
     def failed(self, server: Server, why: str) -> None:
         server.failures += 1
         if server.healthy:

@@ -104,7 +104,7 @@ class Proxy:
         tried = {"prefill": set(), "decode": set()}
         last: ServerFailed | None = None
         for attempt in range(self.settings.attempts):
-            decode = self.balancer.pick("decode", tried["decode"])
+            decode = await self.balancer.pick_or_rediscover("decode", tried["decode"])
             if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
                 break
             try:

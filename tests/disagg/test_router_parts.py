@@ -91,6 +91,19 @@ def test_pick_prefers_healthy_falls_back_to_set_aside_and_never_draining():
     assert "no decode server" in b.not_ready()
 
 
+async def test_a_pool_with_no_server_left_is_rediscovered_before_giving_up():
+    """The table knows one decode server, which drains; its replacement is in the source already
+    (ready since the last discovery): the pick re-reads the source instead of answering 503."""
+    source = StaticEndpoints([], ["http://old:8000"])
+    b = Balancer(source, "load", httpx.AsyncClient())
+    await b.refresh()
+    b.servers["decode"]["http://old:8000"].draining = True
+    source.endpoints["decode"] = ["http://new:8000"]
+    assert b.pick("decode") is None
+    assert (await b.pick_or_rediscover("decode")).url == "http://new:8000"
+    assert await b.pick_or_rediscover("decode", exclude={"http://new:8000"}) is None
+
+
 def test_round_robin_takes_turns():
     b = balancer("round-robin")
     b.servers["decode"] = servers(("a", {}), ("b", {"waiting": 9}))
