@@ -4,8 +4,10 @@
    vs transformers' continuous batching (``generate_batch``). Useful tokens only: the HF
    contenders run every sequence to the longest output, only the requested tokens count.
 2. decode ceiling: pure decode at batch 32 vs the matmul ceiling measured in the same run.
-3. scheduler: ``schedule()`` time with 256 running requests.
-4. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
+3. structured output: the offline workload again, plain vs every request held to a JSON object
+   grammar (the sampler's mask per step), same engine.
+4. scheduler: ``schedule()`` time with 256 running requests.
+5. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.core.request import SamplingParams
+from llmfleet.server.core.request import SamplingParams, StructuredOutput
 from llmfleet.workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
 
 from .report import latency_summary, print_table, save_plot
@@ -56,6 +58,20 @@ def offline_ours(model: str, prompts, outputs, dtype: str, device: str | None = 
     start = time.perf_counter()
     engine.generate(prompts, params)
     return time.perf_counter() - start, engine
+
+
+def grammar_overhead(engine, prompts, outputs, rounds: int = 2) -> dict[str, float]:
+    """Best seconds of the offline workload, plain and with every request held to a JSON object
+    grammar, alternated on one engine (a mask per step per request; the lengths stay fixed)."""
+    best = {"plain": float("inf"), "json_object": float("inf")}
+    for _ in range(rounds):
+        for name, structured in (("plain", None), ("json_object", StructuredOutput("json_object"))):
+            params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, structured=structured)
+                      for n in outputs]  # fmt: skip
+            start = time.perf_counter()
+            engine.generate(prompts, params)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def offline_hf_generate(model_dir, prompts, outputs, torch_dtype, device="cpu") -> float:
@@ -243,6 +259,13 @@ def run(args) -> int:
             [r["contender"], f"{r['seconds']:.1f}", f"{r['useful_tok_s']:.1f}", f"{r['ours_vs_this']:.2f}x"]
             for r in offline
         ],
+    )
+
+    grammar = grammar_overhead(engine, prompts, outputs)
+    results["structured_output"] = {**grammar, "plain_vs_json_object": grammar["json_object"] / grammar["plain"]}
+    print(
+        f"== structured output, {workload.name} held to a JSON object: {useful / grammar['json_object']:.1f} tok/s "
+        f"vs {useful / grammar['plain']:.1f} plain -> {grammar['plain'] / grammar['json_object']:.2f}x"
     )
 
     gflops = matmul_gflops(torch_dtype, device=device)
