@@ -257,6 +257,16 @@ def spec_schema() -> dict[str, Any]:
             ),
             "autotune": {**autotune, "default": {}},
             "router": {**router, "default": {}},
+            "apiKeySecret": _obj(
+                "A Secret key holding an API key, as vLLM's --api-key: clients send it as "
+                "'Authorization: Bearer <key>' on /v1 paths, and the pods' own calls to each other carry "
+                "it. Probes and Prometheus scrapes need none.",
+                {
+                    "name": _str("The Secret, in the InferenceService's namespace."),
+                    "key": _str("The key within it.", default="api-key"),
+                },
+                required=["name"],
+            ),
         },
         required=["model", "slo"],
     )

@@ -206,9 +206,19 @@ def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], re
             {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *_api_key_env(spec),
         ],
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
+
+
+def _api_key_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """VLLM_API_KEY from the spec's Secret: every role reads it as its --api-key."""
+    secret = spec.api_key_secret
+    if secret is None:
+        return []
+    ref = {"secretKeyRef": {"name": secret.name, "key": secret.key}}
+    return [{"name": "VLLM_API_KEY", "valueFrom": ref}]
 
 
 def _pod_template(owner: Owner, pool: str, container: dict, volumes: list[dict], pool_spec: Pool | None) -> dict:

@@ -115,6 +115,13 @@ class Router(_Model):
     resources: dict[str, Any] = Field(default_factory=dict)
 
 
+class SecretKey(_Model):
+    """One key of a Secret in the InferenceService's namespace."""
+
+    name: str = Field(min_length=1)
+    key: str = Field("api-key", min_length=1)
+
+
 class InferenceServiceSpec(_Model):
     model: ModelSource
     image: str = "ghcr.io/llm-fleet/llm-fleet:0.1.0"
@@ -124,6 +131,7 @@ class InferenceServiceSpec(_Model):
     pools: dict[str, Pool] = Field(default_factory=dict)
     autotune: Autotune = Field(default_factory=Autotune)
     router: Router = Field(default_factory=Router)
+    api_key_secret: SecretKey | None = None  # vLLM's --api-key for every pod, from this Secret
 
     @model_validator(mode="after")
     def _pools_for_mode(self) -> InferenceServiceSpec:

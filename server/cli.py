@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+from .api.auth import API_KEY_ENV
 from .engine_flags import add_engine_flags
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
@@ -17,6 +20,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"as vLLM's: /v1 paths need 'Authorization: Bearer <key>' (default: ${API_KEY_ENV})",
+    )
     add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(

@@ -58,6 +58,7 @@ class Summary:
 async def generate_load(args) -> Summary:
     import asyncio
     import json
+    import os
     import random
     import time
 
@@ -70,7 +71,10 @@ async def generate_load(args) -> Summary:
     start_rate = args.rate or shape.rate_per_s or 1.0
     peak = args.peak_rate or start_rate
     total, window = Summary(), Summary()
-    async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(300.0, connect=5.0)) as client:
+    from llmfleet.server.api.auth import API_KEY_ENV, bearer
+
+    key = bearer(os.environ.get(API_KEY_ENV))  # a fleet that requires a key (vLLM's --api-key)
+    async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(300.0, connect=5.0), headers=key) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
 
         async def one(prompt_words: int, max_tokens: int) -> None:

@@ -38,11 +38,13 @@ def load_service(path: str | None) -> tuple[str, object]:
 def run(args) -> int:
     import asyncio
     import logging
+    import os
     import sys
     import tempfile
     from pathlib import Path
 
     from llmfleet.operator.spec import SpecError
+    from llmfleet.server.api.auth import API_KEY_ENV
 
     from .fleet import LocalFleet
 
@@ -53,6 +55,11 @@ def run(args) -> int:
         return 2
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    secret = spec.api_key_secret
+    if secret is not None and not os.environ.get(API_KEY_ENV):
+        print(f"error: {args.file}: spec.apiKeySecret names Secret {secret.name} (key {secret.key}), which a local "
+              f"fleet cannot read: export {API_KEY_ENV}=<the key> to require it here", file=sys.stderr)  # fmt: skip
         return 2
     busy = _port_in_use(args.host, args.port)
     if busy:

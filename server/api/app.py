@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ... import __version__
 from . import kv_transfer, openai_routes
+from .auth import APIKeyMiddleware
 from .errors import APIError, error_body, error_response, install_error_handlers
 from .state import ServerState
 
@@ -53,6 +54,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(InFlightMiddleware, state=state)
+    if state.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=state.api_key)  # outermost: before anything counts it
     install_role(app, state)
     _install_common_routes(app, state)
     _document_400_not_422(app)

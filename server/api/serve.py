@@ -27,6 +27,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         raise SystemExit(f"llm-fleet serve: {exc}") from exc
     engine, tokenizer = build_engine(args.model, config, device=args.device)
     state = ServerState.for_engine(engine, tokenizer, args.served_model_name or args.model, args.role)
+    state.api_key = args.api_key
     if args.role == "prefill":
         state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=args.kv_export_limit_mb << 20)
     watcher = None

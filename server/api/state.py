@@ -13,6 +13,7 @@ import httpx
 from ..core.kv_wire import KVLayout
 from ..engine.engine import LLMEngine
 from .async_engine import AsyncEngine
+from .auth import bearer
 from .keepalive import pooled
 from .metrics import ServerMetrics
 
@@ -42,12 +43,13 @@ class ServerState:
     in_flight: int = 0  # API calls being answered (a drain waits for them)
     # A role's own readiness condition: why it cannot serve yet (the router: no decode server)
     not_ready: Callable[[], str | None] | None = None
+    api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
     _http: Any = None
 
     def http_client(self) -> httpx.AsyncClient:
         """One pooled client per server for its calls to other servers (KV fetches)."""
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled())
+            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled(), headers=bearer(self.api_key))
         return self._http
 
     def unavailable_reason(self) -> str | None:

@@ -8,6 +8,7 @@ from functools import partial
 import httpx
 
 from ..api.app import register_role
+from ..api.auth import bearer
 from ..api.drain import run_app
 from ..api.keepalive import pooled
 from ..api.state import ServerState
@@ -39,9 +40,10 @@ def serve(args) -> int:
     source = endpoint_source(args)
     model_name = args.served_model_name or args.model
     metrics = RouterMetrics(model_name)
-    state = ServerState(None, None, model_name, 0, metrics, role="router")
+    state = ServerState(None, None, model_name, 0, metrics, role="router", api_key=args.api_key)
     # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
-    client = httpx.AsyncClient(limits=pooled(max_connections=2048, max_keepalive_connections=256))
+    limits = pooled(max_connections=2048, max_keepalive_connections=256)
+    client = httpx.AsyncClient(limits=limits, headers=bearer(args.api_key))  # the servers share the key
     balancer = Balancer(source, args.router_policy, client)
     settings = ProxySettings(prefill_timeout_s=args.prefill_timeout, decode_timeout_s=args.decode_timeout)
     proxy = Proxy(balancer, client, metrics, settings)

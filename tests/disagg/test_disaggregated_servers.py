@@ -353,3 +353,31 @@ def test_the_router_follows_the_pools_endpoint_slices(fleet):
             assert "no decode server" in httpx.get(f"{r.url}/ready", timeout=5).json()["error"]["message"]
     finally:
         running.stop()
+
+
+def test_an_api_key_guards_v1_and_rides_every_hop(tmp_path):
+    """vLLM's --api-key, here from VLLM_API_KEY for every role: clients need it on /v1 paths, and
+    the router's requests and the decode server's KV fetch carry it; probes and scrapes do not."""
+    keyed = ONE_THREAD | {"VLLM_API_KEY": "sesame"}
+    common = ("--served-model-name", MODEL, "--config", str(engine_config(tmp_path)))
+    prefill = ServerProcess("--role", "prefill", *common, log_path=tmp_path / "p.log", env=keyed)
+    decode = ServerProcess("--role", "decode", *common, log_path=tmp_path / "d.log", env=keyed)
+    with prefill, decode:
+        urls = ("--prefill-url", prefill.url, "--decode-url", decode.url)
+        routing = ServerProcess(
+            "--role", "router", "--served-model-name", MODEL, *urls, log_path=tmp_path / "r.log", env=keyed
+        )
+        with routing as r:
+            body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 4, "temperature": 0}
+            for url in (r.url, decode.url, prefill.url):
+                refused = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+                assert refused.status_code == 401, refused.text
+                assert refused.json()["error"]["type"] == "authentication_error"
+                wrong = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer x"})
+                assert wrong.status_code == 401
+                for path in ("/health", "/ready", "/metrics", "/load", "/version"):
+                    assert httpx.get(f"{url}{path}").status_code == 200, path
+            client = openai.OpenAI(base_url=f"{r.url}/v1", api_key="sesame", max_retries=0)
+            assert client.completions.create(**body).usage.completion_tokens == 4
+            assert decode.metrics()["llmfleet_kv_transfer_bytes_count{}"] == 1  # fetched with the key
+            assert r.metrics().get("llmfleet_router_local_prefills_total{}", 0) == 0

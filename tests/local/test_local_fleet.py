@@ -195,6 +195,18 @@ def test_a_bad_file_is_refused_with_its_reason(tmp_path):
     assert result.returncode == 2 and "Invalid" in result.stderr
 
 
+def test_up_needs_the_key_of_an_api_key_secret(tmp_path, repo_root):
+    """A Secret is a cluster's: locally the key comes from VLLM_API_KEY (every process inherits it)."""
+    doc = yaml.safe_load((repo_root / "examples" / "local.yaml").read_text())
+    doc["spec"]["apiKeySecret"] = {"name": "tiny-key"}
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text(yaml.safe_dump(doc))
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    result = subprocess.run([sys.executable, "-m", "llmfleet.cli", "up", "-f", str(keyed), "--no-tui"],
+                            capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert result.returncode == 2 and "export VLLM_API_KEY" in result.stderr and "tiny-key" in result.stderr
+
+
 def test_the_view_renders_before_any_metrics(tmp_path):
     name, spec = load_service(None)
     fleet = LocalFleet(name, spec, tmp_path, 8000)
@@ -205,12 +217,14 @@ def test_the_view_renders_before_any_metrics(tmp_path):
 
 
 def test_load_reports_what_its_clients_see(tmp_path):
-    with ServerProcess("--model", "builtin:tiny", "--served-model-name", "tiny", log_path=tmp_path / "s.log") as server:
+    keyed = {**os.environ, "VLLM_API_KEY": "sesame"}  # a server that requires a key: load sends it
+    args = ("--model", "builtin:tiny", "--served-model-name", "tiny")
+    with ServerProcess(*args, log_path=tmp_path / "s.log", env=keyed) as server:
         port = server.url.rsplit(":", 1)[1]
         result = subprocess.run(
             [sys.executable, "-m", "llmfleet.cli", "load", "--port", port, "--rate", "4", "--duration", "4",
              "--report-every", "2"],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=120, env=keyed,
         )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()

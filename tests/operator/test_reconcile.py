@@ -140,6 +140,20 @@ def test_pods_follow_the_conventions(repo_root):
         assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "qwen2-7b-instruct"
 
 
+def test_an_api_key_secret_reaches_every_pod_as_vllm_api_key(repo_root):
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    keyed = parse_spec({**spec.model_dump(by_alias=True, exclude_none=True), "apiKeySecret": {"name": "rag-key"}})
+    deployments = by_kind(desired_objects(owner, keyed), "Deployment")
+    assert set(deployments) == {"rag-prefill", "rag-decode", "rag-router"}
+    for deployment in deployments.values():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["VLLM_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "rag-key", "key": "api-key"}}
+        assert "/health" in str(container["livenessProbe"])  # probes stay on open paths
+    plain = by_kind(desired_objects(owner, spec), "Deployment")["rag-router"]
+    assert "VLLM_API_KEY" not in str(plain)
+
+
 def test_engine_config_map_is_what_the_server_reads(repo_root):
     owner, spec = load(repo_root, "colocated-chat")
     config = EngineConfig.model_validate(engine_yaml(desired_objects(owner, spec), "chat-colocated-engine"))

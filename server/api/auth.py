@@ -1,0 +1,44 @@
+"""vLLM's ``--api-key``: with a key set, every ``/v1`` path needs ``Authorization: Bearer <key>``.
+
+As in vLLM, the other paths stay open: probes, scrapers and routers carry no key for ``/health``,
+``/ready``, ``/metrics``, ``/load`` and ``/version``. The key comes from ``--api-key`` or the
+``VLLM_API_KEY`` environment variable (the operator sets it from a Secret). Our own hops to ``/v1``
+paths carry it: the router's requests to the servers, and a decode server's KV fetch from a
+prefill server (so one key serves a whole InferenceService).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """Headers for a request to a server that may require ``api_key`` (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class APIKeyMiddleware:
+    """Answers 401 to a ``/v1`` request without the key, before it reaches a route."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and not self._authorized(scope):
+            body = json.dumps({"error": {"message": "invalid or missing API key (Authorization: Bearer <key>)",
+                                         "type": "authentication_error", "param": None, "code": 401}})  # fmt: skip
+            headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        return hmac.compare_digest(given, self.expected)
