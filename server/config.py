@@ -92,6 +92,9 @@ class EngineConfig(BaseModel):
         20, ge=1, le=100_000, description="Force admission after this many steps below the ratio."
     )
     max_queue_len: int = Field(1024, ge=1, le=1 << 20, description="Waiting requests beyond this get 429.")
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse the KV blocks of a prompt prefix computed before (vLLM's automatic prefix caching)."
+    )
     priority_age_weight: float = Field(1.0, ge=0.0, description="Priority scheduling: score added per second waited.")
     priority_work_weight: float = Field(
         0.0, ge=0.0, description="Priority scheduling: score removed per 1000 tokens of remaining work."

@@ -26,15 +26,23 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-queue-len": ("max_queue_len", int, "waiting requests beyond this get 429"),
 }
 
+# flag (and its --no- form) -> (EngineConfig field, help)
+SWITCHES: dict[str, tuple[str, str]] = {
+    "--enable-prefix-caching": ("enable_prefix_caching", "reuse KV of prompt prefixes seen before (default on)"),
+}
+
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine (start values; a --config file's keys win, live)")
     for flag, (field, kind, text) in FLAGS.items():
         metavar = flag.removeprefix("--").upper().replace("-", "_")
         group.add_argument(flag, dest=f"engine_{field}", metavar=metavar, type=kind, help=text)
+    for flag, (field, text) in SWITCHES.items():  # each with its --no- form, as vLLM's
+        group.add_argument(flag, dest=f"engine_{field}", action=argparse.BooleanOptionalAction, help=text)
 
 
 def engine_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The engine fields set on the command line, by EngineConfig field name."""
-    given = {field: getattr(args, f"engine_{field}", None) for field, _, _ in FLAGS.values()}
+    fields = [field for field, *_ in [*FLAGS.values(), *SWITCHES.values()]]
+    given = {field: getattr(args, f"engine_{field}", None) for field in fields}
     return {field: value for field, value in given.items() if value is not None}

@@ -94,7 +94,7 @@ class SimPod:
         clock = SimClock(now)
         blocks = config.num_kv_blocks or cost.num_kv_blocks(config.kv_cache_memory_mb, config.kv_block_size)
         runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size)
-        engine = LLMEngine(config, runner, clock=clock)
+        engine = LLMEngine(_uncached(config), runner, clock=clock)
         state = PodState.READY if startup_s <= 0 else PodState.STARTING
         return cls(name, pool, engine, clock, created_at=now, ready_at=now + max(0.0, startup_s), state=state)
 
@@ -175,4 +175,10 @@ class SimPod:
         return ids
 
     def update_config(self, config: EngineConfig) -> None:
-        self.engine.update_config(config)
+        self.engine.update_config(_uncached(config))
+
+
+def _uncached(config: EngineConfig) -> EngineConfig:
+    """A trace gives prompt lengths, not tokens: its filler prompts would all read as one cached
+    prefix, so a simulated pod caches none."""
+    return config.model_copy(update={"enable_prefix_caching": False})

@@ -75,6 +75,11 @@ class ServerMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", names, registry=reg)
         self.success = Counter("vllm:request_success", "Finished requests.", [*names, "finished_reason"], registry=reg)
         self.preemptions = Counter("vllm:num_preemptions", "Preemptions.", names, registry=reg)
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", names, registry=reg
+        )
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", names,
+                                   registry=reg)  # fmt: skip
         self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.", BATCH_BUCKETS)
         self.cache_info = Info("vllm:cache_config", "KV cache configuration.", names, registry=reg)
 
@@ -98,11 +103,12 @@ class ServerMetrics:
         # Export every series from the start: one that appears only on its first event breaks rate()
         # and makes dashboards show "no data" instead of 0.
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.config_errors,
-                       self.running, self.waiting, self.kv_usage, self.in_flight):  # fmt: skip
+                       self.running, self.waiting, self.kv_usage, self.in_flight, self.prefix_queries,
+                       self.prefix_hits):  # fmt: skip
             metric.labels(**self.labels)
         for reason in ("stop", "length", "abort"):
             self.success.labels(**self.labels, finished_reason=reason)
-        self._preemptions_seen = 0
+        self._totals_seen: dict[str, int] = {}
         self._token_times: dict[str, float] = {}
 
     def lab(self, metric, **extra):
@@ -145,9 +151,9 @@ class ServerMetrics:
         """Engine-thread observer: called after each step with its events."""
         stats = engine.stats()
         self.set_load(stats)
-        if stats.preemptions_total > self._preemptions_seen:
-            self.lab(self.preemptions).inc(stats.preemptions_total - self._preemptions_seen)
-            self._preemptions_seen = stats.preemptions_total
+        self._advance(self.preemptions, "preemptions", stats.preemptions_total)
+        self._advance(self.prefix_queries, "prefix_queries", stats.prefix_cache_queries)
+        self._advance(self.prefix_hits, "prefix_hits", stats.prefix_cache_hits)
         if stats.last_batch_size:
             self.lab(self.batch_size).observe(stats.last_batch_size)
             self.lab(self.iteration_tokens).observe(stats.last_num_tokens)
@@ -155,6 +161,13 @@ class ServerMetrics:
             self.lab(self.schedule_seconds).observe(stats.last_schedule_seconds)
         for ev in events:
             self._observe(ev)
+
+    def _advance(self, counter: Counter, name: str, total: int) -> None:
+        """Move ``counter`` up to the engine's running ``total``."""
+        seen = self._totals_seen.get(name, 0)
+        if total > seen:
+            self.lab(counter).inc(total - seen)
+            self._totals_seen[name] = total
 
     def _observe(self, ev: RequestOutput) -> None:
         m = ev.metrics

@@ -1,24 +1,39 @@
 """Paged KV cache bookkeeping: fixed-size blocks, a free list and per-request block tables.
 
-Only bookkeeping lives here; the runner owns the tensors. Blocks are reference counted so a
-later prefix cache can share them between requests.
+Only bookkeeping lives here; the runner owns the tensors. Blocks are reference counted, so that
+requests can share them.
+
+Prefix caching (vLLM's automatic prefix caching): a full block whose KV is computed is cached
+under the hash of its tokens chained with every token before it, so one hash names one prefix.
+A new request shares the cached blocks of its longest cached prefix and computes from there. A
+cached block nobody holds stays on the free list, behind the blocks that hold nothing anyone
+wants, and is evicted (its hash forgotten) only when the list reaches it: least recently freed
+first. The block holding a request's last token is never shared, so no request writes into a
+block another one reads. Hashes are Python's 64-bit tuple hashes, as vLLM's default.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 from .request import Request
 
+_ROOT_HASH = hash("llmfleet-prefix-cache")
+
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # taken from the front
         self._ref_counts = [0] * num_blocks
+        self.prefix_caching = prefix_caching
+        self._cached: dict[int, int] = {}  # prefix hash -> block
+        self._hash_of: dict[int, int] = {}  # block -> its prefix hash, while cached
+        self.prefix_queries = 0  # tokens looked up, and found (vllm:prefix_cache_queries / _hits)
+        self.prefix_hits = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -45,8 +60,9 @@ class BlockManager:
         if needed > len(self._free):
             return False
         for _ in range(needed):
-            block = self._free.popleft()
+            block, _ = self._free.popitem(last=False)
             assert self._ref_counts[block] == 0, f"block {block} on the free list is still referenced"
+            self._evict(block)
             self._ref_counts[block] = 1
             request.block_table.append(block)
         return True
@@ -62,8 +78,66 @@ class BlockManager:
             assert count > 0, f"double free of block {block} by {request.request_id}"
             self._ref_counts[block] = count - 1
             if count == 1:
-                self._free.append(block)
+                self._free[block] = None
+                if block not in self._hash_of:  # nothing anyone could reuse: taken first
+                    self._free.move_to_end(block, last=False)
         request.block_table = []
+        request.num_cached_blocks = 0
+
+    # --- prefix caching ---------------------------------------------------------------------------
+    def match_prefix(self, request: Request) -> int:
+        """Share the cached blocks of ``request``'s longest cached prefix (a request that holds no
+        blocks yet); returns the tokens they cover, which it need not compute."""
+        if not self.prefix_caching or request.block_table:
+            return 0
+        full = (request.num_tokens - 1) // self.block_size  # the last token's block is computed here
+        hashes = self._hashes(request, full)
+        for h in hashes:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            if self._ref_counts[block] == 0:
+                del self._free[block]
+            self._ref_counts[block] += 1
+            request.block_table.append(block)
+        request.num_cached_blocks = len(request.block_table)
+        return len(request.block_table) * self.block_size
+
+    def count_lookup(self, queried: int, hit: int) -> None:
+        self.prefix_queries += queried
+        self.prefix_hits += hit
+
+    def cache_computed(self, request: Request) -> None:
+        """Cache ``request``'s full blocks whose KV is now computed. A prefix cached already (by
+        another request that computed it too) keeps its first block."""
+        if not self.prefix_caching:
+            return
+        full = min(request.num_computed_tokens // self.block_size, len(request.block_table))
+        if full <= request.num_cached_blocks:
+            return
+        hashes = self._hashes(request, full)
+        for index in range(request.num_cached_blocks, full):
+            block, h = request.block_table[index], hashes[index]
+            if h not in self._cached and block not in self._hash_of:
+                self._cached[h] = block
+                self._hash_of[block] = h
+        request.num_cached_blocks = full
+
+    def _hashes(self, request: Request, count: int) -> list[int]:
+        """The prefix hashes of ``request``'s first ``count`` full blocks (computed once each)."""
+        hashes, size = request.block_hashes, self.block_size
+        if len(hashes) < count:
+            tokens = request.all_token_ids
+            parent = hashes[-1] if hashes else _ROOT_HASH
+            for index in range(len(hashes), count):
+                parent = hash((parent, tuple(tokens[index * size : (index + 1) * size])))
+                hashes.append(parent)
+        return hashes[:count]
+
+    def _evict(self, block: int) -> None:
+        h = self._hash_of.pop(block, None)
+        if h is not None:
+            del self._cached[h]
 
     def fork(self, source: Request, target: Request) -> None:
         """Share ``source``'s blocks with ``target`` (prefix sharing)."""

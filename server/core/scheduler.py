@@ -235,6 +235,18 @@ class Scheduler:
             assert victim is not None
             self._preempt(victim)
 
+    def _reuse_prefix(self, request: Request) -> int | None:
+        """Start ``request`` after its longest cached prefix; the tokens that covers, or None
+        where it is not looked up: it has KV already (imported), or it asks for its prompt's
+        logprobs, which only computing the prompt gives."""
+        if request.num_computed_tokens or request.sampling.prompt_logprobs is not None:
+            return None
+        if not self.block_manager.prefix_caching:
+            return None
+        hit = self.block_manager.match_prefix(request)
+        request.num_computed_tokens = hit
+        return hit
+
     def _admit(self, out: SchedulerOutput, budget: int | None, limit: int, chunked: bool = False) -> int | None:
         """Move waiting requests (in queue order) into the running set while budgets and KV
         blocks allow. Never preempts to admit; stops at the first request that does not fit,
@@ -244,14 +256,21 @@ class Scheduler:
             if budget is not None and budget <= 0:
                 break
             request = self.waiting[0]
+            hit = self._reuse_prefix(request)
             n = request.num_uncomputed_tokens
+            fits = True
             if budget is not None and n > budget:
                 if chunked:
                     n = budget
                 elif out.scheduled:
-                    break  # whole prompts only; a lone over-budget prompt runs whole
-            if not self.block_manager.allocate(request, request.num_computed_tokens + n):
+                    fits = False  # whole prompts only; a lone over-budget prompt runs whole
+            if not (fits and self.block_manager.allocate(request, request.num_computed_tokens + n)):
+                if hit:  # it waits holding nothing: the shared blocks go back
+                    self.block_manager.free(request)
+                    request.num_computed_tokens = 0
                 break
+            if hit is not None:
+                self.block_manager.count_lookup(request.num_tokens, hit)
             self.waiting.popleft()
             if request.status == RequestStatus.PREEMPTED:
                 self._num_preempted_waiting -= 1

@@ -68,6 +68,8 @@ class EngineStats:
     num_kv_blocks: int
     steps: int
     preemptions_total: int
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, and found there
+    prefix_cache_hits: int
     last_batch_size: int
     last_num_tokens: int
     last_step_seconds: float
@@ -96,7 +98,7 @@ class LLMEngine:
         self.runner = runner
         self.clock = clock
         self._decoder = detokenizer
-        self.block_manager = BlockManager(runner.num_kv_blocks, runner.kv_block_size)
+        self.block_manager = BlockManager(runner.num_kv_blocks, runner.kv_block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, clock)
         self._requests: dict[str, _Tracked] = {}
         self._aborted: list[Request] = []
@@ -198,6 +200,7 @@ class LLMEngine:
         applied, ignored = self.config.with_live_changes_from(config)
         self.config = applied
         self.scheduler.update_config(applied)
+        self.block_manager.prefix_caching = applied.enable_prefix_caching
         self._config_generation += 1
         return ignored
 
@@ -233,6 +236,7 @@ class LLMEngine:
                 _record_prompt_logprobs(request, item.start, item.prompt_logprobs)
             request.num_computed_tokens += item.num_tokens
             request.kv_import = None  # the runner wrote it into the request's blocks
+            self.block_manager.cache_computed(request)
             if token is not None:
                 events.append(self._append_token(request, token, now))
         self._last = (
@@ -320,6 +324,8 @@ class LLMEngine:
             num_kv_blocks=self.block_manager.num_blocks,
             steps=self._steps,
             preemptions_total=self.scheduler.num_preemptions,
+            prefix_cache_queries=self.block_manager.prefix_queries,
+            prefix_cache_hits=self.block_manager.prefix_hits,
             last_batch_size=batch,
             last_num_tokens=tokens,
             last_step_seconds=step_s,

@@ -234,3 +234,48 @@ def test_prompt_logprobs_are_hf_forward_log_softmax(prompt_scores, case):
                 assert list(entry.top_logprobs.values()) == pytest.approx(top.values.tolist(), abs=1e-4)
     if case.startswith("preemption"):
         assert engine.stats().preemptions_total > 0
+
+
+PREFIX_CASES = {
+    "chunked-5": dict(max_num_batched_tokens=5),
+    "merged": dict(prefill_mode="merged", max_num_batched_tokens=64),
+    "preemption": dict(max_num_batched_tokens=16, num_kv_blocks=14),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFIX_CASES))
+def test_prefix_cache_hits_give_hf_generates_output(reference_model, case):
+    """Requests sharing a long prefix (a system prompt; a conversation that goes on; the same
+    prompt again) reuse its cached KV blocks, and each output is still HF generate's alone."""
+    name, model = reference_model
+    rng = random.Random(11)
+    system = [rng.randrange(5, 500) for _ in range(21)]
+    first = system + [rng.randrange(5, 500) for _ in range(6)]
+    prompts = [first, [*system, 7, 8, 9], [*first, *range(40, 49)], list(first), system[:13]]
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device=DEVICE)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10)
+        expected.append(out[0, len(prompt) :].tolist())
+    config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4,
+                          **PREFIX_CASES[case])  # fmt: skip
+    engine, _ = build_engine(name, config, device=DEVICE)
+    sampling = SamplingParams(max_tokens=10, temperature=0)
+    # the first request alone, then the rest while it is cached (and, with preemption, evicted in part)
+    outputs = engine.generate(prompts[:1], sampling) + engine.generate(prompts[1:], sampling)
+    assert outputs == expected, f"prefix-cached output diverged under {case} on {name}"
+    stats = engine.stats()
+    if case == "preemption":  # a preempted request finds its own blocks again, where not evicted
+        assert stats.preemptions_total > 0 and stats.prefix_cache_hits > 0, stats
+    else:  # the whole blocks before each later request's last token: 5, 6, 6 and 3 blocks of 4
+        assert stats.prefix_cache_hits == 4 * (5 + 6 + 6 + 3), stats
+    assert engine.block_manager.usage == 0
+    off = EngineConfig(**{**config.model_dump(), "enable_prefix_caching": False})
+    engine, _ = build_engine(name, off, device=DEVICE)
+    assert engine.generate(prompts, sampling) == expected and engine.stats().prefix_cache_hits == 0
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def reference_model(request):
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(request.param), dtype=torch.float32).to(DEVICE)
+    return request.param, model

@@ -1,0 +1,57 @@
+"""The block manager's prefix cache on its own: what is shared, what is evicted, and when."""
+
+from __future__ import annotations
+
+from llmfleet.server.core.block_manager import BlockManager
+from llmfleet.server.core.request import Request
+
+
+def computed(manager: BlockManager, request_id: str, tokens: list[int]) -> Request:
+    """A request whose tokens' KV is all computed, its full blocks cached."""
+    request = Request(request_id, list(tokens))
+    assert manager.allocate(request, len(tokens))
+    request.num_computed_tokens = len(tokens)
+    manager.cache_computed(request)
+    return request
+
+
+def test_a_shared_prefix_is_found_up_to_the_last_tokens_block():
+    manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
+    first = computed(manager, "a", list(range(12)))  # three full blocks cached
+    same = Request("b", list(range(12)))
+    assert manager.match_prefix(same) == 8  # not the block of its last token: it computes that one
+    assert same.block_table == first.block_table[:2]
+    longer = Request("c", [*range(12), 99])
+    assert manager.match_prefix(longer) == 12 and longer.block_table == first.block_table
+    other = Request("d", [0, 1, 2, 9, 4, 5, 6, 7, 8])  # differs inside the first block: nothing
+    assert manager.match_prefix(other) == 0 and not other.block_table
+    for request in (first, same, longer):
+        manager.free(request)
+    manager.check_consistency([])
+
+
+def test_cached_blocks_nobody_holds_are_evicted_last_and_least_recent_first():
+    manager = BlockManager(num_blocks=6, block_size=2, prefix_caching=True)
+    old = computed(manager, "old", [1, 2, 3, 4])
+    new = computed(manager, "new", [5, 6, 7, 8])
+    scratch = Request("scratch", [0])
+    assert manager.allocate(scratch, 1)
+    manager.free(old)
+    manager.free(new)
+    manager.free(scratch)
+    taker = Request("taker", [0] * 6)
+    # three blocks: the two never cached, then the least recently freed cached one, the older
+    # request's tail (a prefix's head is the most shared: it goes last)
+    assert manager.allocate(taker, 6)
+    again_old = Request("again-old", [1, 2, 3, 4, 0])
+    assert manager.match_prefix(again_old) == 2
+    again_new = Request("again-new", [5, 6, 7, 8, 0])
+    assert manager.match_prefix(again_new) == 4  # still cached: taken off the free list
+    assert manager.num_free_blocks == 0
+    manager.check_consistency([taker, again_old, again_new])
+
+
+def test_off_nothing_is_cached_or_found():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    computed(manager, "a", [1, 2, 3, 4])
+    assert manager.match_prefix(Request("b", [1, 2, 3, 4, 5])) == 0
