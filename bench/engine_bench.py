@@ -6,13 +6,15 @@
 2. decode ceiling: pure decode at batch 32 vs the matmul ceiling measured in the same run.
 3. structured output: the offline workload again, plain vs every request held to a JSON object
    grammar (the sampler's mask per step), same engine.
-4. scheduler: ``schedule()`` time with 256 running requests.
-5. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
+4. prefix caching: 16 requests sharing a 384-token system prompt, caching on vs off.
+5. scheduler: ``schedule()`` time with 256 running requests.
+6. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,29 @@ def grammar_overhead(engine, prompts, outputs, rounds: int = 2) -> dict[str, flo
         for name, structured in (("plain", None), ("json_object", StructuredOutput("json_object"))):
             params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, structured=structured)
                       for n in outputs]  # fmt: skip
+            start = time.perf_counter()
+            engine.generate(prompts, params)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def shared_prefix(model: str, dtype: str, device: str | None, vocab: int, rounds: int = 2) -> dict[str, float]:
+    """Best seconds of 16 requests that share a 384-token system prompt (32 tokens of their own,
+    16 out), once the system prompt has been seen: prefix caching on vs off, alternated."""
+    from llmfleet.server.engine.build import build_engine
+
+    rng = random.Random(0)
+    system = [rng.randrange(10, vocab) for _ in range(384)]
+    prompts = [system + [rng.randrange(10, vocab) for _ in range(32)] for _ in range(16)]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    engines = {
+        name: build_engine(model, EngineConfig(dtype=dtype, max_batch_size=16, enable_prefix_caching=on), device)[0]
+        for name, on in (("cached", True), ("uncached", False))
+    }
+    best = dict.fromkeys(engines, float("inf"))
+    for _ in range(rounds):
+        for name, engine in engines.items():
+            engine.generate([[*system, 1]], SamplingParams(max_tokens=1, temperature=0))
             start = time.perf_counter()
             engine.generate(prompts, params)
             best[name] = min(best[name], time.perf_counter() - start)
@@ -266,6 +291,13 @@ def run(args) -> int:
     print(
         f"== structured output, {workload.name} held to a JSON object: {useful / grammar['json_object']:.1f} tok/s "
         f"vs {useful / grammar['plain']:.1f} plain -> {grammar['plain'] / grammar['json_object']:.2f}x"
+    )
+
+    prefix = shared_prefix(args.model, dtype_name, str(device), vocab)
+    results["prefix_caching"] = {**prefix, "speed_up": prefix["uncached"] / prefix["cached"]}
+    print(
+        f"== prefix caching, 16 requests sharing a 384-token system prompt: {prefix['cached']:.2f} s cached vs "
+        f"{prefix['uncached']:.2f} s uncached -> {prefix['uncached'] / prefix['cached']:.2f}x"
     )
 
     gflops = matmul_gflops(torch_dtype, device=device)
