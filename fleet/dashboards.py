@@ -337,6 +337,11 @@ def pod_detail() -> dict[str, Any]:
                description="Tokens per finished request's prompt: the shape the budget and the pool ratio follow."),
         _panel("Generation length", _quantiles(GENERATION_LENGTH, s, "pod"), "short", 12, 48,
                description="Tokens generated per finished request: long outputs call for bigger batches."),
+        _panel("Prefix cache hit rate",
+               [(f"sum by (pod) (rate(vllm:prefix_cache_hits_total{{{s}}}[{RATE}])) / "
+                 f"sum by (pod) (rate(vllm:prefix_cache_queries_total{{{s}}}[{RATE}]))", "{{pod}}")],
+               "percentunit", 0, 56,
+               description="Prompt tokens found in the prefix cache, of those looked up: their KV is not computed."),
     ]  # fmt: skip
     return _dashboard("llm-fleet-pod", "llm-fleet / Engine per pod", panels, pod=True)
 
