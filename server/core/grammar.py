@@ -5,6 +5,7 @@ the runner's grammar_masks.py compiles it against the vocabulary and masks the l
 
 from __future__ import annotations
 
+import functools
 import json
 
 import llguidance
@@ -12,6 +13,9 @@ import llguidance
 from .request import StructuredOutput
 
 
+# Clients send the same schema request after request, and each request is checked twice at
+# admission (the API, to name the field; the engine, its guard) and compiled once more at sampling.
+@functools.lru_cache(maxsize=256)
 def compile_grammar(structured: StructuredOutput) -> str:
     """The llguidance grammar of ``structured``. Raises ValueError where its text is not even
     the right shape (a schema that is not JSON, a choice that is not a list of strings)."""
@@ -29,6 +33,7 @@ def compile_grammar(structured: StructuredOutput) -> str:
     return llguidance.grammar_from("regex" if kind == "regex" else "grammar", spec)
 
 
+@functools.lru_cache(maxsize=256)
 def check(structured: StructuredOutput) -> str | None:
     """Why ``structured`` cannot be compiled, or None where it can."""
     try:

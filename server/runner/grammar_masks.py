@@ -36,33 +36,29 @@ class GrammarMasks:
         self._eos = sorted(eos_token_ids) or None
         self._tokenizer: llguidance.LLTokenizer | None = None  # built at the first constrained request
         self._matchers: dict[str, llguidance.LLMatcher] = {}
-        self._shift: torch.Tensor | None = None
 
     def constrain(self, logits: torch.Tensor, fallback: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """``logits`` (a row per request) with every token its request's grammar forbids at -inf.
-        Where nothing else would be left (``min_tokens`` forbids the EOS that completes the
-        text), the grammar wins: its tokens take their ``fallback`` (raw) logits."""
+        """``logits`` (a row per request) with every token its request's grammar forbids at -inf:
+        written into ``logits`` where it is the sampler's processed copy, into a copy where it is
+        the raw ``fallback`` itself (kept for the logprobs). Where nothing else would be left
+        (``min_tokens`` forbids the EOS that completes the text), the grammar wins: its tokens
+        take their ``fallback`` (raw) logits."""
         rows = [i for i, request in enumerate(requests) if request.sampling.structured is not None]
         if not rows:
             return logits
         words = np.stack([np.frombuffer(self._matcher(requests[i]).compute_bitmask(), np.uint8) for i in rows])
         # the packed bits travel (a GPU gets 1/8 of the bytes), then unpack there: bit b of byte k is token 8k + b
         packed = torch.from_numpy(words).to(logits.device)
-        bits = (packed.unsqueeze(-1) >> self._shifts(logits.device)) & 1
+        bits = (packed.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=logits.device)) & 1
         forbidden = (bits.reshape(len(rows), -1) == 0)[:, : logits.shape[-1]]
         index = torch.tensor(rows, device=logits.device)
         masked = logits[index].masked_fill(forbidden, float("-inf"))
         empty = torch.isneginf(masked).all(dim=-1)
         if empty.any():
             masked[empty] = fallback[index][empty].masked_fill(forbidden[empty], float("-inf"))
-        out = logits.clone()
+        out = logits.clone() if logits is fallback else logits  # a copy already where any row was processed
         out[index] = masked
         return out
-
-    def _shifts(self, device: torch.device) -> torch.Tensor:
-        if self._shift is None or self._shift.device != device:
-            self._shift = torch.arange(8, dtype=torch.uint8, device=device)
-        return self._shift
 
     def accept(self, requests: list[Request], token_ids: list[int]) -> None:
         """Advance each constrained request's matcher by the token sampled for it."""
