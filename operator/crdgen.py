@@ -17,7 +17,7 @@ import yaml
 
 from llmfleet.server.config import EngineConfig
 
-from .spec import TUNABLE_KNOBS
+from .spec import TOOL_CALL_PARSERS, TUNABLE_KNOBS
 
 GROUP = "llmfleet.io"
 VERSION = "v1alpha1"
@@ -184,6 +184,12 @@ def spec_schema() -> dict[str, Any]:
             "volume": _preserve(
                 "A Kubernetes volume source holding the model, mounted read-only at /models, e.g. "
                 "{persistentVolumeClaim: {claimName: llama}}, {hostPath: {path: /data/models}} or {emptyDir: {}}."
+            ),
+            "toolCallParser": _str(
+                "The model's tool-call format, as vLLM's --tool-call-parser: with it, tool_choice 'auto' (the "
+                "default when a request gives tools) returns the calls the model writes as tool_calls. hermes: "
+                "Hermes 2 Pro, Qwen 2.5 and 3; llama3_json: Llama 3.1 and later. Unset, 'auto' is refused.",
+                enum=list(TOOL_CALL_PARSERS),
             ),
         },
     )

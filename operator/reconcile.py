@@ -270,8 +270,7 @@ def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict) -
 def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: EngineConfig, replicas: int) -> dict:
     pool_spec = spec.pool(pool)
     args = [
-        "--model",
-        spec.model.server_arg,
+        *spec.model.server_args,
         "--served-model-name",
         spec.model.name or owner.name,
         "--config",

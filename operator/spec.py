@@ -6,7 +6,7 @@ through but the operator cannot serve. Its message becomes a Degraded condition'
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -15,6 +15,8 @@ from llmfleet.server.config import EngineConfig
 
 POOL_NAMES = ("colocated", "prefill", "decode")
 MODELS_DIR = "/models"  # where model.volume is mounted
+ToolCallParserName = Literal["hermes", "llama3_json"]  # the server's --tool-call-parser choices
+TOOL_CALL_PARSERS = get_args(ToolCallParserName)
 TUNABLE_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
                  "maxNumBatchedTokens": "max_num_batched_tokens"}  # fmt: skip
 
@@ -36,6 +38,7 @@ class ModelSource(_Model):
     builtin: Literal["tiny", "small"] | None = None
     path: str | None = None
     volume: dict[str, Any] | None = None
+    tool_call_parser: ToolCallParserName | None = None  # tool_choice 'auto', as vLLM's flag
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
@@ -49,7 +52,16 @@ class ModelSource(_Model):
 
     @property
     def server_arg(self) -> str:
+        """The server's --model."""
         return f"builtin:{self.builtin}" if self.builtin else str(self.path)
+
+    @property
+    def server_args(self) -> list[str]:
+        """What a model server is started with to serve this model."""
+        args = ["--model", self.server_arg]
+        if self.tool_call_parser:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        return args
 
 
 class Bound(_Model):

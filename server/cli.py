@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .api.auth import API_KEY_ENV
+from .api.tool_parsers import TOOL_CALL_PARSERS
 from .engine_flags import add_engine_flags
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
@@ -24,6 +25,16 @@ def add_arguments(parser) -> None:
         "--api-key",
         default=os.environ.get(API_KEY_ENV),
         help=f"as vLLM's: /v1 paths need 'Authorization: Bearer <key>' (default: ${API_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="as vLLM's: serve tool_choice 'auto' (the default with tools), reading calls with --tool-call-parser",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_CALL_PARSERS),
+        help="the model's tool-call format: hermes (Hermes, Qwen 2.5/3) or llama3_json (Llama 3.1+)",
     )
     add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")

@@ -56,8 +56,7 @@ class LocalPool:
         return [
             "--role",
             self.role,
-            "--model",
-            self.spec.model.server_arg,
+            *self.spec.model.server_args,
             "--served-model-name",
             self.spec.model.name or self.service,
             "--config",

@@ -29,7 +29,8 @@ from .generation import (
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .sse import EventStreamResponse
 from .state import ServerState
-from .tool_calls import ForcedToolCalls
+from .structured import StructuredOutputError
+from .tool_calls import AutoToolCalls, ForcedToolCalls
 
 
 def install(app: FastAPI, state: ServerState) -> None:
@@ -80,6 +81,7 @@ def install(app: FastAPI, state: ServerState) -> None:
     async def chat(body: ChatCompletionRequest, raw: Request):
         arrival = state.engine.now()
         check_serving(state, body.model)
+        tool_calls = _tool_call_replies(state, body)
         prompt = chat_prompt(state, body)
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -91,18 +93,19 @@ def install(app: FastAPI, state: ServerState) -> None:
         subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
-        forced = body.forced_tool_calls()
         if body.stream:
-            return EventStreamResponse(reply.stream_chat(body.echoed(), forced))
+            return EventStreamResponse(reply.stream_chat(body.echoed(), tool_calls))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
         choices = []
         for sub in subs:
             result = results[sub.index]
-            message, finish = {"role": "assistant", "content": body.echoed() + result.text}, result.finish_reason
-            if forced is not None:
-                message, finish = forced.message(result.text, finish)
+            message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
+            if tool_calls is not None:
+                message, finish = tool_calls.message(result.text, finish)
+            if body.echoed():  # streamed, the echo is the first chunk's content whatever follows
+                message["content"] = body.echoed() + (message["content"] or "")
             logprobs = chat_logprobs(state, result) if body.logprobs else None
             choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         extra = {}
@@ -139,6 +142,13 @@ async def _prefill_unless_gone(raw: Request, state: ServerState, prompts, priori
     held for it: the prefill is aborted."""
     reply = await unless_client_gone(raw, kv_transfer.prefill_for_remote_decode(state, prompts, priority, arrival))
     return Response(status_code=CLIENT_GONE) if reply is None else reply
+
+
+def _tool_call_replies(state: ServerState, body: ChatCompletionRequest) -> ForcedToolCalls | AutoToolCalls | None:
+    try:
+        return body.tool_call_replies(state.tool_call_parser)
+    except StructuredOutputError as exc:
+        raise APIError(400, str(exc), param=exc.param) from exc
 
 
 def _remote_decode(body) -> bool:
@@ -259,10 +269,12 @@ class _Reply:
         if self.include_usage:
             yield self.envelope("text_completion", [], usage=self.usage(completion=completion))
 
-    async def stream_chat(self, echo: str = "", forced: ForcedToolCalls | None = None) -> AsyncIterator[dict]:
-        """``forced``: the text of every choice becomes tool-call deltas (tool_calls.py)."""
+    async def stream_chat(
+        self, echo: str = "", tool_calls: ForcedToolCalls | AutoToolCalls | None = None
+    ) -> AsyncIterator[dict]:
+        """``tool_calls``: the text of every choice becomes content and tool-call deltas (tool_calls.py)."""
         state, completion = self.state, 0
-        calls = {sub.index: forced.stream() for sub in self.submission.subs} if forced is not None else {}
+        calls = {sub.index: tool_calls.stream() for sub in self.submission.subs} if tool_calls is not None else {}
         for sub in self.submission.subs:
             yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
         events = iter_events(state, self.submission)
@@ -280,7 +292,7 @@ class _Reply:
                 if calls:
                     delta, finish = calls[owner.index].delta(event.new_text, finish)
                     if not (delta or finish or logprobs):
-                        continue  # "required": its calls wait for the whole array
+                        continue  # held: a call not yet read whole
                 yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens)
         finally:
             await events.aclose()

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from .structured import StructuredOutputFields
-from .tool_calls import ForcedToolCalls
+from .tool_calls import AutoToolCalls, ForcedToolCalls, tool_call_replies
 
 MAX_N = 16
 
@@ -231,12 +231,16 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="As in vLLM: the reply starts with the last message if the assistant's.")
     tool_choice: str | dict[str, Any] | None = Field(
-        None, description="'none', 'required' or a named function (tool_calls.py); 'auto' is refused."
+        None, description="'none', 'auto' (needs a tool-call parser), 'required' or a named function (tool_calls.py)."
     )
     parallel_tool_calls: bool | None = None
 
     def forced_tool_calls(self) -> ForcedToolCalls | None:
         return ForcedToolCalls.of(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def tool_call_replies(self, parser: str | None) -> ForcedToolCalls | AutoToolCalls | None:
+        """How the reply's text becomes tool calls, with the server's ``parser`` for 'auto'."""
+        return tool_call_replies(self.tools, self.tool_choice, self.parallel_tool_calls, parser)
 
     def _asked(self) -> list[tuple[str, str, str]]:
         """Structured output, where a forced tool call is one more constraint."""

@@ -20,6 +20,8 @@ from .state import ServerState
 
 def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     """Load the model, start the engine thread and, with ``--config``, the live-config watcher."""
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("llm-fleet serve: --enable-auto-tool-choice needs --tool-call-parser")
     flags = engine_flags(args)
     try:
         config = load_engine_config(args.config, flags)
@@ -28,6 +30,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     engine, tokenizer = build_engine(args.model, config, device=args.device)
     state = ServerState.for_engine(engine, tokenizer, args.served_model_name or args.model, args.role)
     state.api_key = args.api_key
+    state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     if args.role == "prefill":
         state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=args.kv_export_limit_mb << 20)
     watcher = None

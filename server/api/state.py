@@ -44,6 +44,7 @@ class ServerState:
     # A role's own readiness condition: why it cannot serve yet (the router: no decode server)
     not_ready: Callable[[], str | None] | None = None
     api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
+    tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: 'auto' is served
     _http: Any = None
 
     def http_client(self) -> httpx.AsyncClient:

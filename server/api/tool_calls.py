@@ -1,15 +1,17 @@
-"""Tool calls that ``tool_choice`` forces, as vLLM serves them without a model-specific parser.
+"""Tool calls as vLLM serves them: forced by ``tool_choice``, or, with ``"auto"``, read back out
+of the model's own text by the server's tool-call parser (tool_parsers.py).
 
 A named function holds the reply to that function's parameter schema; ``"required"`` holds it to
 a JSON array of one or more ``{"name", "parameters"}`` objects, one of the tools each (at most one
 with ``parallel_tool_calls: false``). Both go through structured output (structured.py), and the
 text becomes the message's ``tool_calls``: as vLLM does, a named call finishes with ``stop`` and
-``"required"`` with ``tool_calls``. ``"auto"`` would need a parser for each model's own tool-call
-format, which this server does not have: it is refused, as vLLM refuses it without
-``--enable-auto-tool-choice``.
+``"required"`` with ``tool_calls``. ``"auto"`` constrains nothing: the model writes words, calls in
+its own format, or both, and a reply with calls finishes with ``tool_calls``. Without a parser
+(``--enable-auto-tool-choice --tool-call-parser``) it is refused, as vLLM refuses it.
 
 Streamed, a named call's arguments go out as they are generated; the calls of ``"required"`` go
-out once their array is complete (each call whole, in one chunk).
+out once their array is complete, and those of ``"auto"`` as each is read whole (each call in
+one chunk).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .structured import StructuredOutputError as ToolChoiceError
+from .tool_parsers import TOOL_CALL_PARSERS, ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -33,16 +36,10 @@ class ForcedToolCalls:
     def of(
         cls, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None, parallel: bool | None
     ) -> ForcedToolCalls | None:
-        """None where nothing is forced (no tools, or ``"none"``). Raises ToolChoiceError."""
-        choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
-        if choice == "none":
+        """None where nothing is forced (no tools, ``"none"`` or ``"auto"``). Raises ToolChoiceError."""
+        choice = _choice(tools, tool_choice)
+        if choice in ("none", "auto"):
             return None
-        if choice == "auto":
-            raise ToolChoiceError(
-                "tool_choice 'auto' needs a tool-call parser for the model, which this server does not have: "
-                "send 'required', a named function or 'none'",
-                "tool_choice",
-            )
         functions = _functions(tools)
         if choice == "required":
             calls = [{"type": "object", "properties": {"name": {"enum": [name]}, "parameters": parameters},
@@ -76,6 +73,64 @@ class ForcedToolCalls:
             return None
 
 
+@dataclass(frozen=True)
+class AutoToolCalls:
+    """``"auto"``: the calls the model writes in its own format, read by a parser."""
+
+    parser: type[ToolCallParser]
+    parallel: bool = True  # False: the first call only
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        delta, finish = self.stream().delta(text, finish_reason or "stop")
+        message = {"role": "assistant", "content": delta.get("content") or None}
+        if "tool_calls" in delta:
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in delta["tool_calls"]]
+        return message, finish
+
+    def stream(self) -> AutoToolCallStream:
+        return AutoToolCallStream(self)
+
+
+def tool_call_replies(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    parallel: bool | None,
+    parser: str | None,
+) -> ForcedToolCalls | AutoToolCalls | None:
+    """How a chat reply's text becomes tool calls: forced, parsed (``"auto"``, with the server's
+    ``parser``) or not at all (None). Raises ToolChoiceError."""
+    if _choice(tools, tool_choice) != "auto":
+        return ForcedToolCalls.of(tools, tool_choice, parallel)
+    if not tools:
+        raise ToolChoiceError("tool_choice 'auto' needs tools", "tools")
+    if parser is None:
+        raise ToolChoiceError(
+            "tool_choice 'auto' needs a tool-call parser for the model: start the server with "
+            "--enable-auto-tool-choice and --tool-call-parser, or send 'required', a named function or 'none'",
+            "tool_choice",
+        )
+    return AutoToolCalls(TOOL_CALL_PARSERS[parser], parallel is not False)
+
+
+class AutoToolCallStream:
+    """One streamed choice's deltas under ``"auto"``: words as content, each call once read whole."""
+
+    def __init__(self, auto: AutoToolCalls) -> None:
+        self._parser = auto.parser()
+        self._limit = None if auto.parallel else 1
+        self._calls = 0
+
+    def delta(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        content, calls = self._parser.feed(text, final=finish_reason is not None)
+        if self._limit is not None:
+            calls = calls[: max(0, self._limit - self._calls)]
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            first, self._calls = self._calls, self._calls + len(calls)
+            delta["tool_calls"] = [{"index": first + i, **_call(c.name, c.arguments)} for i, c in enumerate(calls)]
+        return delta, "tool_calls" if finish_reason == "stop" and self._calls else finish_reason
+
+
 class ToolCallStream:
     """One streamed choice's deltas: its text becomes tool-call deltas."""
 
@@ -101,6 +156,11 @@ class ToolCallStream:
         if "tool_calls" not in message:
             return {"content": message["content"]}, finish
         return {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}, finish
+
+
+def _choice(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> str | dict[str, Any]:
+    """The request's tool_choice, or OpenAI's default: 'auto' where tools are given."""
+    return tool_choice if tool_choice is not None else ("auto" if tools else "none")
 
 
 def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:

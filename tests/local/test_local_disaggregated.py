@@ -74,7 +74,8 @@ def test_a_disaggregated_spec_serves_the_openai_client_through_the_router(tmp_pa
     log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed below
     command = [sys.executable, "-m", "llmfleet.cli", "up", "--no-tui", "--port", str(port), "--run-dir", str(run_dir)]
     up = subprocess.Popen([*command, "-f", str(EXAMPLE)], stdout=log, stderr=subprocess.STDOUT)
-    colocated = ServerProcess("--model", "builtin:tiny", log_path=tmp_path / "colocated.log")
+    auto_tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")  # as the example's toolCallParser
+    colocated = ServerProcess("--model", "builtin:tiny", *auto_tools, log_path=tmp_path / "colocated.log")
 
     def output() -> str:
         log.flush()
@@ -104,6 +105,17 @@ def test_a_disaggregated_spec_serves_the_openai_client_through_the_router(tmp_pa
         chunks = list(stream)
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+        # tool_choice 'auto' (tools alone): the decode server reads the call (a regex makes the model write one)
+        regex = r'Sure[.] <tool_call>\{"name": "time", "arguments": \{"tz": "[A-Z]{3}"\}\}</tool_call>'
+        asked = {"messages": [{"role": "user", "content": "time?"}], "max_tokens": 120, "temperature": 0,
+                 "tools": [{"type": "function", "function": {"name": "time"}}],
+                 "extra_body": {"structured_outputs": {"regex": regex}}}  # fmt: skip
+        routed = client.chat.completions.create(model="tiny-pd", **asked).choices[0]
+        direct = local.chat.completions.create(model="builtin:tiny", **asked).choices[0]
+        assert routed.finish_reason == "tool_calls" and routed.message.content == "Sure. "
+        (call,) = routed.message.tool_calls
+        assert call.function.name == "time" and call.function == direct.message.tool_calls[0].function
         pids = _fleet_pids(run_dir)
         assert len(pids) == 3, pids  # router, prefill, decode
     finally:

@@ -20,7 +20,8 @@ from llmfleet.operator.reconcile import (
     effective_engine,
     effective_replicas,
 )
-from llmfleet.operator.spec import parse_spec
+from llmfleet.operator.spec import TOOL_CALL_PARSERS, parse_spec
+from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS as SERVER_PARSERS
 from llmfleet.server.config import EngineConfig
 
 EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt", "local-disaggregated"]
@@ -152,6 +153,20 @@ def test_an_api_key_secret_reaches_every_pod_as_vllm_api_key(repo_root):
         assert "/health" in str(container["livenessProbe"])  # probes stay on open paths
     plain = by_kind(desired_objects(owner, spec), "Deployment")["rag-router"]
     assert "VLLM_API_KEY" not in str(plain)
+
+
+def test_a_tool_call_parser_serves_auto_tool_choice_on_every_model_server(repo_root):
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    raw = spec.model_dump(by_alias=True, exclude_none=True)
+    parsed = parse_spec(raw | {"model": raw["model"] | {"toolCallParser": "hermes"}})
+    deployments = by_kind(desired_objects(owner, parsed), "Deployment")
+    for name in ("rag-prefill", "rag-decode"):  # prefill refuses what decode would: both read it
+        (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        args = container["args"]
+        assert args[args.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in args
+    assert "--tool-call-parser" not in str(deployments["rag-router"])
+    assert "--tool-call-parser" not in str(desired_objects(owner, spec))
+    assert tuple(sorted(SERVER_PARSERS)) == TOOL_CALL_PARSERS  # the CRD's enum is the server's choice
 
 
 def test_engine_config_map_is_what_the_server_reads(repo_root):

@@ -131,7 +131,7 @@ def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
     assert_openai_error(client.post("/v1/chat/completions", json={"messages": image}), 400, "messages")
 
 
-def test_tool_choice_auto_is_refused_and_forced_calls_need_their_tools(client):
+def test_tool_choice_auto_needs_a_parser_and_forced_calls_need_their_tools(client, state):
     ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 
@@ -149,6 +149,11 @@ def test_tool_choice_auto_is_refused_and_forced_calls_need_their_tools(client):
     refused({"tools": tools, "tool_choice": "required", "guided_regex": "a+"}, "tool_choice", "only one kind")
     none = client.post("/v1/chat/completions", json=ask | {"tools": tools, "tool_choice": "none"})
     assert none.status_code == 200, none.text
+    state.tool_call_parser = "hermes"  # --enable-auto-tool-choice --tool-call-parser hermes
+    for auto in ({"tools": tools}, {"tools": tools, "tool_choice": "auto"}):
+        reply = client.post("/v1/chat/completions", json=ask | auto)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"], reply.text
+    refused({"tool_choice": "auto"}, "tools", "needs tools")
 
 
 def test_chat_template_rejection_is_a_400(client):

@@ -15,7 +15,8 @@ from tests.support import ServerProcess
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ServerProcess("--model", "builtin:tiny", "--served-model-name", "tiny", log_path=log) as proc:
+    auto_tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    with ServerProcess("--model", "builtin:tiny", "--served-model-name", "tiny", *auto_tools, log_path=log) as proc:
         yield proc
 
 
@@ -319,3 +320,27 @@ def test_forced_tool_calls_as_vllm_serves_them(client):
         assert deltas[0].id and deltas[0].function.name == call.function.name
         assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
         assert chunks[-1].choices[0].finish_reason == finish
+
+
+def test_auto_tool_choice_reads_the_calls_the_model_writes(client):
+    """'auto' with the hermes parser: words, then a call in Hermes's format, come back as content
+    and tool_calls, streamed the same as not. (A random model would not write a call by itself:
+    a regex holds it to one.)"""
+    call = r'<tool_call>\n\{"name": "weather", "arguments": \{"city": "(Oslo|Lima)", "days": [1-7]\}\}\n</tool_call>'
+    asked = {"model": "tiny", "messages": [{"role": "user", "content": "weather in Oslo?"}], "max_tokens": 200,
+             "temperature": 0, "tools": [WEATHER, TIME]}  # fmt: skip
+    held = asked | {"extra_body": {"structured_outputs": {"regex": "Checking[.]\n" + call}}}
+    choice = client.chat.completions.create(**held).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking.\n"
+    (made,) = choice.message.tool_calls
+    assert made.function.name == "weather" and made.id.startswith("call_")
+    assert json.loads(made.function.arguments)["city"] in ("Oslo", "Lima")
+
+    chunks = list(client.chat.completions.create(**held, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Checking.\n"
+    (delta,) = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert (delta.index, delta.function.name, delta.function.arguments) == (0, "weather", made.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    words = client.chat.completions.create(**asked | {"max_tokens": 8}).choices[0]  # tools alone mean 'auto'
+    assert words.finish_reason == "length" and words.message.content and not words.message.tool_calls

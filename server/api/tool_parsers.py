@@ -1,0 +1,171 @@
+"""Tool calls read back out of a model's own text, for ``tool_choice: "auto"`` (vLLM's
+``--enable-auto-tool-choice --tool-call-parser NAME``).
+
+A parser is fed the generated text as it comes and hands back the content that is the model's
+words and the calls it has read whole; a non-streamed reply is the same parser fed once, so a
+streamed reply joins up to exactly the same message. Two formats, vLLM's names:
+
+- ``hermes`` (Hermes 2 Pro, Qwen 2.5 and 3): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
+  one block per call, words allowed before them; a block left open when generation ends is read too.
+- ``llama3_json`` (Llama 3.1-3.3 with their JSON tool template): the whole reply is one or more
+  ``{"name": ..., "parameters": {...}}`` objects separated by ``;``, optionally after ``<|python_tag|>``.
+
+A block that does not read as a call (not JSON, no name) is returned as content, as written:
+nothing the model generated is dropped but the whitespace between calls.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # a JSON text, as the OpenAI API carries it
+
+
+class ToolCallParser(Protocol):
+    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+        """Take newly generated ``text`` (``final``: generation has ended) and return the content
+        and the calls that can be told apart now; text that may still become a call is held."""
+        ...
+
+
+class HermesParser:
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        self._held = ""  # text not yet told apart: a possible tag's start, or an open block's body
+        self._in_block = False
+        self._between = ""  # whitespace after a call: content only if words follow it
+        self._called = False
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+        self._held += text
+        content: list[str] = []
+        calls: list[ParsedCall] = []
+        while True:
+            if self._in_block:
+                end = self._held.find(self.CLOSE)
+                if end < 0 and not final:
+                    break
+                body, closed = (self._held[:end], True) if end >= 0 else (self._held, False)
+                self._held = self._held[end + len(self.CLOSE) :] if closed else ""
+                self._in_block = False
+                call = _hermes_call(body)
+                if call is None:
+                    content.append(self.OPEN + body + (self.CLOSE if closed else ""))
+                else:
+                    calls.append(call)
+                    self._called = True
+                continue
+            start = self._held.find(self.OPEN)
+            if start >= 0:
+                content.append(self._outside(self._held[:start], boundary=True))
+                self._held = self._held[start + len(self.OPEN) :]
+                self._in_block = True
+                continue
+            keep = 0 if final else _partial_suffix(self._held, self.OPEN)
+            cut = len(self._held) - keep
+            content.append(self._outside(self._held[:cut], boundary=final))
+            self._held = self._held[cut:]
+            break
+        return "".join(content), calls
+
+    def _outside(self, text: str, boundary: bool) -> str:
+        """Text outside the blocks. Before the first call it is content as it comes; after one,
+        whitespace waits to see whether words follow it (then it is content) or a block or the
+        end does (then it was only the gap between calls)."""
+        if not self._called:
+            return text
+        self._between += text
+        if self._between.strip():
+            out, self._between = self._between, ""
+            return out
+        if boundary:
+            self._between = ""
+        return ""
+
+
+class Llama3JsonParser:
+    TAG = "<|python_tag|>"
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._calls: bool | None = None  # unknown until the first word
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+        self._text += text
+        if self._calls is None:
+            head = self._text.lstrip()
+            if not final and self.TAG.startswith(head):  # nothing yet, or maybe the tag's start
+                return "", []
+            self._calls = head.startswith(("{", self.TAG))
+        if not self._calls:
+            out, self._text = self._text, ""
+            return out, []
+        if not final:
+            return "", []  # the calls are read once the reply is whole
+        calls = _llama3_calls(self._text)
+        out, self._text = ("", "") if calls else (self._text, "")
+        return out, calls or []
+
+
+TOOL_CALL_PARSERS: dict[str, type[HermesParser] | type[Llama3JsonParser]] = {
+    "hermes": HermesParser,
+    "llama3_json": Llama3JsonParser,
+}
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of ``text`` that could be the start of ``tag``."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def _hermes_call(body: str) -> ParsedCall | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return _call_of(obj, "arguments")
+
+
+def _llama3_calls(text: str) -> list[ParsedCall] | None:
+    """The calls of a whole reply, or None if any part of it is not one."""
+    rest = text.strip().removeprefix(Llama3JsonParser.TAG)
+    decoder = json.JSONDecoder()
+    calls: list[ParsedCall] = []
+    while True:
+        rest = rest.lstrip()
+        try:
+            obj, end = decoder.raw_decode(rest)
+        except ValueError:
+            return None
+        call = _call_of(obj, "parameters", "arguments")
+        if call is None:
+            return None
+        calls.append(call)
+        rest = rest[end:].lstrip()
+        if not rest:
+            return calls
+        if not rest.startswith(";"):
+            return None
+        rest = rest[1:]
+
+
+def _call_of(obj: Any, *argument_keys: str) -> ParsedCall | None:
+    """A call from a decoded object: a string name, and arguments as an object or a JSON text."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = next((obj[k] for k in argument_keys if k in obj), {})
+    if isinstance(arguments, str):
+        return ParsedCall(obj["name"], arguments)
+    if not isinstance(arguments, dict):
+        return None
+    return ParsedCall(obj["name"], json.dumps(arguments, ensure_ascii=False))

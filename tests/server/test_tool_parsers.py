@@ -1,0 +1,124 @@
+"""tool_choice 'auto': the parsers read calls out of a model's text, and a streamed reply, however
+its text is cut, joins up to the message the whole text gives."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmfleet.server import cli as server_cli
+from llmfleet.server.api.serve import local_engine_state
+from llmfleet.server.api.tool_calls import AutoToolCalls
+from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS
+
+WEATHER = '{"name": "weather", "arguments": {"city": "Oslo", "days": 3}}'
+TIME = '{"name": "time", "arguments": {}}'
+
+HERMES = [  # (text, content, [(name, arguments)])
+    ("It is sunny.", "It is sunny.", []),
+    (f"<tool_call>\n{WEATHER}\n</tool_call>", None, [("weather", {"city": "Oslo", "days": 3})]),
+    (f"Let me look.\n<tool_call>{WEATHER}</tool_call>", "Let me look.\n", [("weather", {"city": "Oslo", "days": 3})]),
+    (
+        f"<tool_call>{WEATHER}</tool_call>\n<tool_call>{TIME}</tool_call>\n",
+        None,
+        [("weather", {"city": "Oslo", "days": 3}), ("time", {})],
+    ),
+    (f"<tool_call>{TIME}</tool_call>\nDone.", "\nDone.", [("time", {})]),
+    (f"<tool_call>\n{WEATHER}", None, [("weather", {"city": "Oslo", "days": 3})]),  # left open at the end
+    ('<tool_call>{"name": "time", "arguments": "{\\"tz\\": \\"UTC\\"}"}</tool_call>', None, [("time", {"tz": "UTC"})]),
+    ("<tool_call>not json</tool_call> after", "<tool_call>not json</tool_call> after", []),
+    ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+    ("a < b and <tool", "a < b and <tool", []),  # a tag's start that never became one
+    ("Température ☀", "Température ☀", []),
+]
+
+LLAMA3 = [
+    ("It is sunny.", "It is sunny.", []),
+    ('{"name": "weather", "parameters": {"city": "Oslo"}}', None, [("weather", {"city": "Oslo"})]),
+    (
+        '<|python_tag|>{"name": "time", "parameters": {}}; {"name": "weather", "parameters": {"city": "Lima"}}',
+        None,
+        [("time", {}), ("weather", {"city": "Lima"})],
+    ),
+    ('  {"name": "time", "arguments": {}}', None, [("time", {})]),
+    ('{"name": "time", "parameters": {}} and then words', '{"name": "time", "parameters": {}} and then words', []),
+    ('{"name": "weather", "parameters": {"city": "Os', '{"name": "weather", "parameters": {"city": "Os', []),
+]
+
+
+def replied(parser: str, text: str, finish: str = "stop") -> tuple[dict, str]:
+    return AutoToolCalls(TOOL_CALL_PARSERS[parser]).message(text, finish)
+
+
+CASES = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for case in LLAMA3]
+
+
+@pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)
+def test_a_whole_reply_becomes_content_and_calls(parser, text, content, calls):
+    message, finish = replied(parser, text)
+    assert message["role"] == "assistant" and message["content"] == content
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
+    assert got == calls
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in message.get("tool_calls", []))
+    assert finish == ("tool_calls" if calls else "stop")
+
+
+def test_a_reply_cut_short_keeps_its_finish_reason_and_parallel_false_keeps_the_first_call():
+    text = f"<tool_call>{WEATHER}</tool_call><tool_call>{TIME}</tool_call>"
+    assert replied("hermes", text, "length")[1] == "length"
+    message, finish = AutoToolCalls(TOOL_CALL_PARSERS["hermes"], parallel=False).message(text, "stop")
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["weather"] and finish == "tool_calls"
+
+
+def streamed(parser: str, pieces: list[str], parallel: bool = True) -> tuple[dict, str]:
+    """The deltas of a stream fed ``pieces``, joined as a client joins them."""
+    stream = AutoToolCalls(TOOL_CALL_PARSERS[parser], parallel).stream()
+    content, calls, finish = "", [], None
+    for i, piece in enumerate(pieces):
+        delta, finish = stream.delta(piece, "stop" if i == len(pieces) - 1 else None)
+        assert finish is None or i == len(pieces) - 1
+        content += delta.get("content", "")
+        for call in delta.get("tool_calls", []):
+            assert call.pop("index") == len(calls)
+            calls.append(call)
+    message = {"role": "assistant", "content": content or None} | ({"tool_calls": calls} if calls else {})
+    return message, finish
+
+
+def without_ids(message: dict) -> dict:
+    return message | {"tool_calls": [c | {"id": None} for c in message.get("tool_calls", [])]}
+
+
+@given(case=st.sampled_from(CASES), cuts=st.lists(st.integers(0, 200), max_size=12), parallel=st.booleans())
+def test_a_stream_cut_anywhere_joins_up_to_the_whole_reply(case, cuts, parallel):
+    parser, text = case[:2]
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)] or [""]
+    pieces.append("")  # the finishing event may bring no text, as a stop token's does
+    message, finish = AutoToolCalls(TOOL_CALL_PARSERS[parser], parallel).message(text, "stop")
+    joined, joined_finish = streamed(parser, pieces, parallel)
+    assert without_ids(joined) == without_ids(message) and joined_finish == finish
+
+
+def test_words_go_out_as_they_come_and_a_call_once_it_is_whole():
+    stream = AutoToolCalls(TOOL_CALL_PARSERS["hermes"]).stream()
+    assert stream.delta("Let me ", None) == ({"content": "Let me "}, None)
+    assert stream.delta("look.<tool", None) == ({"content": "look."}, None)  # '<tool' may open a block
+    assert stream.delta('_call>{"name": "time", ', None) == ({}, None)
+    delta, _ = stream.delta('"arguments": {}}</tool_call>', None)
+    assert [c["function"] for c in delta["tool_calls"]] == [{"name": "time", "arguments": "{}"}]
+    assert stream.delta("", "stop") == ({}, "tool_calls")
+
+
+def test_auto_tool_choice_without_a_parser_stops_the_server_before_it_loads_the_model():
+    parser = argparse.ArgumentParser()
+    server_cli.add_arguments(parser)
+    with pytest.raises(SystemExit, match="--enable-auto-tool-choice needs --tool-call-parser"):
+        local_engine_state(parser.parse_args(["--enable-auto-tool-choice"]))
+    with pytest.raises(SystemExit):  # argparse: an unknown format
+        parser.parse_args(["--tool-call-parser", "mistral"])
