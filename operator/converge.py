@@ -14,7 +14,8 @@ from typing import Any
 
 from . import status as st
 from .apply import ApplyResult, OwnershipConflict, apply_all
-from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
+from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
+from .pod_trouble import PodTrouble, pod_trouble
 from .reconcile import Owner, TunerState, desired_objects, effective_engine, pool_object_name, selector
 from .spec import InferenceServiceSpec, SpecError, parse_spec
 
@@ -70,7 +71,8 @@ async def converge(
         return await _degrade(client, owner, body, "ApplyFailed", f"{err.reason}: {err.message}")
 
     pools = _pool_states(owner, spec, applied)
-    serving = st.serving_conditions(pools, applied.summary() if applied.changed else None)
+    trouble = await _pods_trouble(client, owner, pools)
+    serving = st.serving_conditions(pools, applied.summary() if applied.changed else None, trouble)
     serving.append(st.Condition(st.DEGRADED, "False", "AsExpected", ""))
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
@@ -149,6 +151,23 @@ def _pool_states(owner: Owner, spec: InferenceServiceSpec, applied: ApplyResult)
         replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
         states.append(st.PoolState.of(pool, replicas, deployment))
     return states
+
+
+async def _pods_trouble(client: KubeClient, owner: Owner, pools: list[st.PoolState]) -> PodTrouble | None:
+    """Why the first pool short of ready pods is stuck, read from its pods (None: only starting)."""
+    for pool in pools:
+        if pool.ready >= pool.replicas:
+            continue
+        try:
+            pods = await client.list(POD, owner.namespace, selector(owner, pool.name))
+        except ApiError as err:
+            if err.retryable:
+                raise
+            return None  # the counts alone still say it is not ready
+        trouble = pod_trouble(pool.name, pods)
+        if trouble is not None:
+            return trouble
+    return None
 
 
 def _pool_status(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .apply import is_subset
+from .pod_trouble import PodTrouble
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -98,14 +99,19 @@ class PoolState:
         )
 
 
-def serving_conditions(pools: list[PoolState], applied: str | None) -> list[Condition]:
-    """Ready and Progressing from the Deployments; `applied` names what this pass just wrote."""
+def serving_conditions(
+    pools: list[PoolState], applied: str | None, trouble: PodTrouble | None = None
+) -> list[Condition]:
+    """Ready and Progressing from the Deployments; `applied` names what this pass just wrote, and
+    `trouble` why pods are stuck (its reason becomes Ready's)."""
     waiting = [p for p in pools if p.ready < p.replicas or p.replicas == 0]
     if not waiting:
         ready = Condition(READY, "True", "AllPoolsReady", _counts(pools))
     elif any(p.replicas == 0 for p in pools):
         zero = ", ".join(p.name for p in pools if p.replicas == 0)
         ready = Condition(READY, "False", "ScaledToZero", f"no replicas in {zero}")
+    elif trouble is not None:
+        ready = Condition(READY, "False", trouble.reason, f"{_counts(pools)}; {trouble.message}")
     else:
         ready = Condition(READY, "False", "PoolsNotReady", _counts(pools))
     if applied:

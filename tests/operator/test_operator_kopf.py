@@ -293,6 +293,28 @@ def test_tuner_state_is_applied_within_the_spec_bounds(kube, operator):
     assert conditions(obj)["TunerActive"]["reason"] == "Disabled"
 
 
+def test_a_pod_stuck_on_a_missing_secret_names_it_in_ready_until_it_runs(kube, operator):
+    kube.create(inference_service("tiny", TINY | {"apiKeySecret": {"name": "tiny-key"}}))
+    eventually(lambda: children(kube) == COLOCATED)
+    assert settle(kube, "tiny", 1) and kube.condition("tiny", "Ready")["reason"] == "PoolsNotReady"
+    # play the kubelet: the pod cannot start without the Secret its env names
+    labels = {"llmfleet.io/inference-service": "tiny", "llmfleet.io/pool": "colocated"}
+    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-colocated-abc", "namespace": NAMESPACE,
+                 "labels": labels}, "spec": {"containers": [{"name": "server", "image": "x"}]}})  # fmt: skip
+    waiting = {"reason": "CreateContainerConfigError", "message": 'secret "tiny-key" not found'}
+    stuck = {"containerStatuses": [{"name": "server", "ready": False, "state": {"waiting": waiting}}]}
+    kube.patch("Pod", "tiny-colocated-abc", {"status": stuck}, subresource="status")
+    eventually(lambda: kube.condition("tiny", "Ready")["reason"] == waiting["reason"])  # the next resync pass
+    ready = kube.condition("tiny", "Ready")
+    assert ready["status"] == "False"
+    assert ready["message"] == 'colocated 0/1 ready; colocated pod tiny-colocated-abc: secret "tiny-key" not found'
+
+    running = {"containerStatuses": [{"name": "server", "ready": True, "state": {"running": {}}}]}
+    kube.patch("Pod", "tiny-colocated-abc", {"status": running}, subresource="status")
+    mark_ready(kube, "tiny-colocated")
+    eventually(lambda: kube.condition("tiny", "Ready")["status"] == "True")
+
+
 def test_a_deleted_deployment_comes_back(kube, operator):
     kube.create(inference_service("tiny", TINY))
     eventually(lambda: children(kube) == COLOCATED)

@@ -4,6 +4,7 @@ alone, readiness and rollout come from the Deployments, and an unchanged status 
 from __future__ import annotations
 
 from llmfleet.operator import status as st
+from llmfleet.operator.pod_trouble import pod_trouble
 
 
 def deployment(replicas=2, ready=2, updated=2, current=2, generation=3, observed=3):
@@ -68,6 +69,30 @@ def test_serving_conditions():
     assert (applied[1].reason, applied[1].message) == ("Applied", "updated ConfigMap/x-decode-engine")
     zero = st.serving_conditions([st.PoolState.of("decode", 0, deployment(0, 0, 0, 0))], None)
     assert (zero[0].status, zero[0].reason) == ("False", "ScaledToZero")
+
+
+def pod(name, waiting=None, scheduled=None, deleting=False):
+    status = {"containerStatuses": [{"name": "server", "state": {"waiting": waiting} if waiting else {"running": {}}}]}
+    if scheduled:
+        status = {"conditions": [{"type": "PodScheduled", "status": "False", **scheduled}]}
+    meta = {"name": name} | ({"deletionTimestamp": "2026-11-24T00:00:00Z"} if deleting else {})
+    return {"metadata": meta, "status": status}
+
+
+def test_a_stuck_pod_says_why_a_pool_is_not_ready():
+    secret = {"reason": "CreateContainerConfigError", "message": 'secret "rag-key" not found'}
+    assert pod_trouble("decode", [pod("d-1"), pod("d-2", {"reason": "ContainerCreating"})]) is None  # on its way
+    trouble = pod_trouble("decode", [pod("d-2", secret), pod("d-1", {"reason": "ImagePullBackOff"})])
+    assert (trouble.reason, trouble.message) == ("ImagePullBackOff", "decode pod d-1: ImagePullBackOff")
+    assert pod_trouble("decode", [pod("d-1", secret, deleting=True)]) is None
+    gpu = {"reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+    trouble = pod_trouble("prefill", [pod("p-1", scheduled=gpu)])
+    assert trouble.reason == "Unschedulable" and "Insufficient nvidia.com/gpu" in trouble.message
+
+    starting = [st.PoolState.of("decode", 2, deployment(ready=1))]
+    ready, _ = st.serving_conditions(starting, None, pod_trouble("decode", [pod("d-2", secret)]))
+    assert (ready.status, ready.reason) == ("False", "CreateContainerConfigError")
+    assert ready.message == 'decode 1/2 ready; decode pod d-2: secret "rag-key" not found'
 
 
 def test_status_patch_is_none_when_nothing_changed():

@@ -1,0 +1,47 @@
+"""Why a pool's pods are not ready, read from the pods: the Deployment only counts them.
+
+A pod that cannot start for a reason that will not pass by waiting (a missing Secret or key, an
+image that cannot be pulled, a container that keeps crashing, no node with room for it) puts
+that reason and the kubelet's or scheduler's own words into the Ready condition, so that
+``kubectl get llmis`` says what `kubectl describe pod` would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Waiting reasons the kubelet reports for a container that is stuck, not merely starting
+STUCK = (
+    "CreateContainerConfigError",  # a missing Secret, ConfigMap or key
+    "CreateContainerError",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "RunContainerError",
+)
+
+
+@dataclass(frozen=True)
+class PodTrouble:
+    reason: str  # the kubelet's waiting reason, or Unschedulable
+    message: str
+
+
+def pod_trouble(pool: str, pods: list[dict[str, Any]]) -> PodTrouble | None:
+    """The first stuck pod of ``pool`` (by name), or None while its pods are only on their way."""
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        if pod["metadata"].get("deletionTimestamp"):
+            continue  # draining: its trouble is over
+        name, status = pod["metadata"]["name"], pod.get("status") or {}
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                return PodTrouble("Unschedulable", f"{pool} pod {name}: {condition.get('message') or 'unschedulable'}")
+        containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+        for container in containers:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK:
+                words = waiting.get("message") or waiting["reason"]
+                return PodTrouble(waiting["reason"], f"{pool} pod {name}: {words}")
+    return None
