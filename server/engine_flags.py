@@ -24,6 +24,7 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "--prefill-mode": ("prefill_mode", str, "chunked, merged or prefill_first"),
     "--batch-timeout-ms": ("batch_timeout_ms", float, "batching window"),
     "--max-queue-len": ("max_queue_len", int, "waiting requests beyond this get 429"),
+    "--prefix-caching-hash-algo": ("prefix_caching_hash_algo", str, "builtin or sha256 (names cached prefixes)"),
 }
 
 # flag (and its --no- form) -> (EngineConfig field, help)

@@ -9,20 +9,39 @@ A new request shares the cached blocks of its longest cached prefix and computes
 cached block nobody holds stays on the free list, behind the blocks that hold nothing anyone
 wants, and is evicted (its hash forgotten) only when the list reaches it: least recently freed
 first. The block holding a request's last token is never shared, so no request writes into a
-block another one reads. Hashes are Python's 64-bit tuple hashes, as vLLM's default.
+block another one reads. Hashes are Python's 64-bit tuple hashes by default, as vLLM's; with
+``sha256`` (vLLM's ``--prefix-caching-hash-algo sha256``) two prefixes sharing KV would take a
+SHA-256 collision, for fleets whose tenants must never read each other's prefixes.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 
 from .request import Request
 
-_ROOT_HASH = hash("llmfleet-prefix-cache")
+_ROOT = "llmfleet-prefix-cache"
+
+
+def _builtin_hash(parent: int | bytes | None, tokens: list[int]) -> int:
+    return hash((hash(_ROOT) if parent is None else parent, tuple(tokens)))
+
+
+def _sha256_hash(parent: int | bytes | None, tokens: list[int]) -> bytes:
+    digest = hashlib.sha256(_ROOT.encode() if parent is None else parent)
+    digest.update(array("q", tokens).tobytes())
+    return digest.digest()
+
+
+BLOCK_HASHES = {"builtin": _builtin_hash, "sha256": _sha256_hash}
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, prefix_caching: bool = False, hash_algo: str = "builtin"
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -30,8 +49,9 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # taken from the front
         self._ref_counts = [0] * num_blocks
         self.prefix_caching = prefix_caching
-        self._cached: dict[int, int] = {}  # prefix hash -> block
-        self._hash_of: dict[int, int] = {}  # block -> its prefix hash, while cached
+        self._block_hash = BLOCK_HASHES[hash_algo]
+        self._cached: dict[int | bytes, int] = {}  # prefix hash -> block
+        self._hash_of: dict[int, int | bytes] = {}  # block -> its prefix hash, while cached
         self.prefix_queries = 0  # tokens looked up, and found (vllm:prefix_cache_queries / _hits)
         self.prefix_hits = 0
 
@@ -123,14 +143,14 @@ class BlockManager:
                 self._hash_of[block] = h
         request.num_cached_blocks = full
 
-    def _hashes(self, request: Request, count: int) -> list[int]:
+    def _hashes(self, request: Request, count: int) -> list[int | bytes]:
         """The prefix hashes of ``request``'s first ``count`` full blocks (computed once each)."""
         hashes, size = request.block_hashes, self.block_size
         if len(hashes) < count:
             tokens = request.all_token_ids
-            parent = hashes[-1] if hashes else _ROOT_HASH
+            parent = hashes[-1] if hashes else None
             for index in range(len(hashes), count):
-                parent = hash((parent, tuple(tokens[index * size : (index + 1) * size])))
+                parent = self._block_hash(parent, tokens[index * size : (index + 1) * size])
                 hashes.append(parent)
         return hashes[:count]
 

@@ -148,7 +148,7 @@ class Request:
     kv_export: Any = None
     # Prefix caching: the content hash of each full block of its tokens so far (a chain: each
     # covers every token before it), and how many of its blocks the cache has been offered
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[int | bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
     # With sampling.prompt_logprobs: entry k is prompt token k + 1's (the first token has none)
     prompt_logprobs: list[SampledToken] = field(default_factory=list)

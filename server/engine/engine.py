@@ -98,7 +98,9 @@ class LLMEngine:
         self.runner = runner
         self.clock = clock
         self._decoder = detokenizer
-        self.block_manager = BlockManager(runner.num_kv_blocks, runner.kv_block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            runner.num_kv_blocks, runner.kv_block_size, config.enable_prefix_caching, config.prefix_caching_hash_algo
+        )
         self.scheduler = Scheduler(config, self.block_manager, clock)
         self._requests: dict[str, _Tracked] = {}
         self._aborted: list[Request] = []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from llmfleet.server.core.block_manager import BlockManager
+import pytest
+
+from llmfleet.server.core.block_manager import BLOCK_HASHES, BlockManager
 from llmfleet.server.core.request import Request
 
 
@@ -15,8 +17,9 @@ def computed(manager: BlockManager, request_id: str, tokens: list[int]) -> Reque
     return request
 
 
-def test_a_shared_prefix_is_found_up_to_the_last_tokens_block():
-    manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
+@pytest.mark.parametrize("hash_algo", list(BLOCK_HASHES))
+def test_a_shared_prefix_is_found_up_to_the_last_tokens_block(hash_algo):
+    manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True, hash_algo=hash_algo)
     first = computed(manager, "a", list(range(12)))  # three full blocks cached
     same = Request("b", list(range(12)))
     assert manager.match_prefix(same) == 8  # not the block of its last token: it computes that one
@@ -30,8 +33,9 @@ def test_a_shared_prefix_is_found_up_to_the_last_tokens_block():
     manager.check_consistency([])
 
 
-def test_cached_blocks_nobody_holds_are_evicted_last_and_least_recent_first():
-    manager = BlockManager(num_blocks=6, block_size=2, prefix_caching=True)
+@pytest.mark.parametrize("hash_algo", list(BLOCK_HASHES))
+def test_cached_blocks_nobody_holds_are_evicted_last_and_least_recent_first(hash_algo):
+    manager = BlockManager(num_blocks=6, block_size=2, prefix_caching=True, hash_algo=hash_algo)
     old = computed(manager, "old", [1, 2, 3, 4])
     new = computed(manager, "new", [5, 6, 7, 8])
     scratch = Request("scratch", [0])

@@ -240,6 +240,7 @@ PREFIX_CASES = {
     "chunked-5": dict(max_num_batched_tokens=5),
     "merged": dict(prefill_mode="merged", max_num_batched_tokens=64),
     "preemption": dict(max_num_batched_tokens=16, num_kv_blocks=14),
+    "sha256": dict(max_num_batched_tokens=16, prefix_caching_hash_algo="sha256"),
 }
 
 
