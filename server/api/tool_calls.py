@@ -106,7 +106,8 @@ def tool_call_replies(
     if parser is None:
         raise ToolChoiceError(
             "tool_choice 'auto' needs a tool-call parser for the model: start the server with "
-            "--enable-auto-tool-choice and --tool-call-parser, or send 'required', a named function or 'none'",
+            "--enable-auto-tool-choice and --tool-call-parser (spec.model.toolCallParser in an InferenceService), "
+            "or send 'required', a named function or 'none'",
             "tool_choice",
         )
     return AutoToolCalls(TOOL_CALL_PARSERS[parser], parallel is not False)
