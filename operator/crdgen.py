@@ -368,6 +368,7 @@ def crd() -> dict[str, Any]:
     columns = [
         ("Mode", "string", ".spec.mode", "colocated or disaggregated"),
         ("Ready", "string", ".status.ready", "ready / desired replicas"),
+        ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason', "why Ready is what it is"),
         ("Prefill", "integer", ".status.pools.prefill.replicas", "prefill replicas"),
         ("Decode", "integer", ".status.pools.decode.replicas", "decode replicas"),
         ("Batch", "integer", ".status.batch", "decode (or colocated) maxBatchSize"),

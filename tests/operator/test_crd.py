@@ -5,6 +5,7 @@ what the schema lets through but the operator cannot serve is a SpecError with a
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -61,14 +62,16 @@ def test_crd_shape(crd):
     assert crd["spec"]["scope"] == "Namespaced"
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Mode", "Ready", "Prefill", "Decode", "Batch", "TTFT-p95", "ITL-p95", "Age"]
+    assert list(columns) == ["Mode", "Ready", "Reason", "Prefill", "Decode", "Batch", "TTFT-p95", "ITL-p95", "Age"]
     schema = crdcheck.version_schema(crd)
     for name, path in columns.items():  # every column points at a field the schema declares
         if path.startswith(".metadata."):
             continue
         node = schema
-        for key in path.strip(".").split("."):
-            node = (node.get("properties") or {}).get(key) or node.get("additionalProperties") or {}
+        for key in re.sub(r"\[\?\(.*?\)\]", "[]", path).strip(".").split("."):
+            node = (node.get("properties") or {}).get(key.removesuffix("[]")) or node.get("additionalProperties") or {}
+            if key.endswith("[]"):  # a list filtered to one item: its items' schema
+                node = node.get("items") or {}
             assert node, f"column {name}: {path} is not in the schema"
     pools = schema["properties"]["spec"]["properties"]["pools"]["properties"]
     assert set(pools) == {"colocated", "prefill", "decode"}
