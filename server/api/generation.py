@@ -16,7 +16,6 @@ from ..engine.engine import InvalidRequestError, QueueFullError, RequestOutput
 from .errors import APIError
 from .protocol import _Sampling
 from .state import ServerState
-from .structured import StructuredOutputError
 
 
 @dataclass
@@ -134,10 +133,7 @@ def build_subrequests(
 
 def _structured_output(body: _Sampling) -> StructuredOutput | None:
     """The request's structured output, its grammar checked here so that a 400 names the field."""
-    try:
-        asked = body.structured_output()
-    except StructuredOutputError as exc:
-        raise APIError(400, str(exc), param=exc.param) from exc
+    asked = body.structured_output()  # a StructuredOutputError is that 400 already
     if asked is None:
         return None
     structured, field = asked

@@ -18,14 +18,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.request import StructuredOutput
+from .errors import APIError
 
 
-class StructuredOutputError(ValueError):
-    """A request's structured output cannot be served as asked; ``param`` is the field."""
+class StructuredOutputError(APIError):
+    """A request's structured output (or tool choice) cannot be served as asked: a 400 naming
+    ``param``, the field, wherever a route meets it."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(400, message, param=param)
 
 
 class JsonSchemaFormat(BaseModel):
