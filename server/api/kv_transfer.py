@@ -9,6 +9,11 @@ decode server fetches each body (``GET /v1/kv/{id}``, one-shot), checks it again
 layout and tokenization (server/core/kv_wire.py), and queues the request with the KV imported:
 it computes only the last prompt token, then decodes. Its greedy output is the colocated one.
 
+A decode server fetches only the blocks it lacks (``?first_block=N``): the leading full blocks
+already in its prefix cache, such as a system prompt every request shares, or the earlier turns of
+a conversation it served, stay out of the transfer, as vLLM's decode side looks up its own
+prefix cache before it pulls the rest.
+
 Why pull, not push or relay: the KV goes prefill -> decode directly, never through the router,
 and the prefill server holds it in host memory only until the decode server took it, or a TTL
 ran out, so an abandoned transfer never pins memory.
@@ -24,10 +29,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi.responses import StreamingResponse
 
-from ..core.kv_wire import KVCorruptError, KVImport, KVMismatchError, decode, encode_header
+from ..core.kv_wire import KVCorruptError, KVImport, KVMismatchError, decode, encode_header, leave_out_blocks
 from ..core.request import SamplingParams
 from .errors import APIError
 from .generation import SubRequest, iter_events, submit
@@ -41,13 +46,13 @@ _PARAM = "kv_transfer_params"
 
 @dataclass
 class _Held:
-    header: bytes
-    payload: memoryview
+    token_ids: list[int]  # the prompt tokens the KV covers
+    payload: memoryview  # all of their blocks
     expires: float
 
     @property
     def nbytes(self) -> int:
-        return len(self.header) + self.payload.nbytes
+        return self.payload.nbytes
 
 
 class KVExportStore:
@@ -68,13 +73,17 @@ class KVExportStore:
     def __len__(self) -> int:
         return len(self._held)
 
-    def put(self, header: bytes, payload: memoryview) -> str:
+    def put(self, token_ids: list[int], payload: memoryview) -> str:
         kv_id = uuid.uuid4().hex
-        entry = _Held(header, payload, self.clock() + self.ttl_s)
+        entry = _Held(token_ids, payload, self.clock() + self.ttl_s)
         self._held[kv_id] = entry
         self.held_bytes += entry.nbytes
         self.expire()
         return kv_id
+
+    def get(self, kv_id: str) -> _Held | None:
+        self.expire()
+        return self._held.get(kv_id)
 
     def take(self, kv_id: str) -> _Held | None:
         self.expire()
@@ -116,7 +125,7 @@ async def prefill_for_remote_decode(
                 if event.finished:
                     if event.kv_export is None:  # aborted (a drain timeout): no KV to hand over
                         raise APIError(503, "the prefill was aborted; retry on another server", "unavailable")
-                    ids[owner.index] = await _hold(state, owner.prompt, event.kv_export)
+                    ids[owner.index] = state.kv_store.put(owner.prompt, event.kv_export)
         finally:
             await events.aclose()
     state.metrics.set_kv_held(state.kv_store.held_bytes)
@@ -130,32 +139,39 @@ async def prefill_for_remote_decode(
     }
 
 
-async def _hold(state: ServerState, token_ids: list[int], payload: memoryview) -> str:
-    # the payload checksum reads every byte (zlib lets go of the GIL): off the event loop
-    header = await asyncio.to_thread(encode_header, state.model_name, state.kv_layout, token_ids, payload)
-    return state.kv_store.put(header, payload)
-
-
 def install_prefill_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/kv/{kv_id}")
-    async def fetch_kv(kv_id: str):
-        """The KV body of one prefilled prompt, once: the decode server's fetch."""
-        entry = state.kv_store.take(kv_id)
-        state.metrics.set_kv_held(state.kv_store.held_bytes)
+    async def fetch_kv(kv_id: str, first_block: int = Query(0, ge=0)):
+        """The KV body of one prefilled prompt, once: the decode server's fetch, from block
+        ``first_block`` on (the ones before it are in the decode server's prefix cache)."""
+        entry = state.kv_store.get(kv_id)
         if entry is None:
             raise APIError(404, f"no KV {kv_id} here: expired, evicted or already taken", "not_found_error")
+        full_blocks = len(entry.token_ids) // state.kv_layout.block_size
+        if first_block > full_blocks:
+            message = f"first_block {first_block} is past the KV's {full_blocks} full blocks"
+            raise APIError(400, message, param="first_block")
+        state.kv_store.take(kv_id)
+        state.metrics.set_kv_held(state.kv_store.held_bytes)
+        # the copy and the checksum read every byte (zlib lets go of the GIL): off the event loop
+        header, payload = await asyncio.to_thread(_body, state, entry, first_block)
         return StreamingResponse(
-            _send(state, entry), media_type=KV_MEDIA_TYPE, headers={"Content-Length": str(entry.nbytes)}
-        )
+            _send(state, header, payload), media_type=KV_MEDIA_TYPE,
+            headers={"Content-Length": str(len(header) + payload.nbytes)},
+        )  # fmt: skip
 
 
-async def _send(state: ServerState, entry: _Held) -> AsyncIterator[bytes]:
+def _body(state: ServerState, entry: _Held, first_block: int) -> tuple[bytes, memoryview]:
+    payload = leave_out_blocks(entry.payload, state.kv_layout, len(entry.token_ids), first_block)
+    return encode_header(state.model_name, state.kv_layout, entry.token_ids, payload, first_block), payload
+
+
+async def _send(state: ServerState, header: bytes, payload: memoryview) -> AsyncIterator[bytes]:
     started = time.perf_counter()
-    yield entry.header
-    payload = entry.payload
+    yield header
     for start in range(0, payload.nbytes, _SEND_CHUNK):
         yield bytes(payload[start : start + _SEND_CHUNK])
-    state.metrics.observe_kv_transfer(entry.nbytes, time.perf_counter() - started)
+    state.metrics.observe_kv_transfer(len(header) + payload.nbytes, time.perf_counter() - started)
 
 
 # --- the decode side -------------------------------------------------------------------------------
@@ -177,8 +193,10 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
         if kv_id is None:
             return None
         started = time.perf_counter()
+        cached = state.engine.cached_prefix_blocks(prompt[:-1])
+        query = f"?first_block={cached}" if cached else ""
         try:
-            response = await client.get(f"{base}/v1/kv/{kv_id}")
+            response = await client.get(f"{base}/v1/kv/{kv_id}{query}")
         except httpx.HTTPError as exc:
             raise _transfer_failed(f"cannot fetch the KV from the prefill server at {base}: {exc!r}") from exc
         if response.status_code != 200:
@@ -187,14 +205,15 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
             )
         body = response.content
         try:
-            payload = await asyncio.to_thread(decode, body, state.model_name, state.kv_layout, prompt[:-1])
+            payload = await asyncio.to_thread(decode, body, state.model_name, state.kv_layout, prompt[:-1], cached)
         except KVMismatchError as exc:
             state.metrics.count_kv_failure("mismatch")
             raise APIError(409, f"KV from {base} does not fit this server: {exc}", "kv_transfer_mismatch") from exc
         except KVCorruptError as exc:
             raise _transfer_failed(f"KV from {base} is unusable: {exc}") from exc
         state.metrics.observe_kv_transfer(len(body), time.perf_counter() - started)
-        return KVImport(len(prompt) - 1, payload)
+        state.metrics.count_kv_cached_tokens(cached * state.kv_layout.block_size)
+        return KVImport(len(prompt) - 1, payload, cached)
 
     def _transfer_failed(message: str) -> APIError:
         state.metrics.count_kv_failure("fetch")

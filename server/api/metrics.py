@@ -96,6 +96,16 @@ class ServerMetrics:
         self.role_info = Gauge("llmfleet_role_info", "Server role.", names, registry=reg)
         self.in_flight = Gauge("llmfleet_requests_in_flight", "HTTP requests in flight.", names, registry=reg)
         self.kv_held = Gauge("llmfleet_kv_export_held_bytes", "Exported KV waiting to be fetched.", names, registry=reg)
+        self.kv_cached_tokens = Counter(
+            "llmfleet_kv_transfer_cached_tokens",
+            "Prompt tokens whose KV a decode server had in its prefix cache, so it did not fetch it.",
+            names, registry=reg,
+        )  # fmt: skip
+        self.kv_recomputed = Counter(
+            "llmfleet_kv_import_recomputed",
+            "Imports whose left-out cached blocks were evicted before admission: the prompt was computed here.",
+            names, registry=reg,
+        )  # fmt: skip
         self.kv_failures = Counter(
             "llmfleet_kv_transfer_failures", "KV transfers that failed.", [*names, "reason"], registry=reg
         )
@@ -138,6 +148,9 @@ class ServerMetrics:
     def set_kv_held(self, nbytes: int) -> None:
         self.lab(self.kv_held).set(nbytes)
 
+    def count_kv_cached_tokens(self, tokens: int) -> None:
+        self.lab(self.kv_cached_tokens).inc(tokens)
+
     def count_kv_failure(self, reason: str) -> None:
         self.lab(self.kv_failures, reason=reason).inc()
 
@@ -154,6 +167,7 @@ class ServerMetrics:
         self._advance(self.preemptions, "preemptions", stats.preemptions_total)
         self._advance(self.prefix_queries, "prefix_queries", stats.prefix_cache_queries)
         self._advance(self.prefix_hits, "prefix_hits", stats.prefix_cache_hits)
+        self._advance(self.kv_recomputed, "kv_recomputed", stats.kv_imports_recomputed)
         if stats.last_batch_size:
             self.lab(self.batch_size).observe(stats.last_batch_size)
             self.lab(self.iteration_tokens).observe(stats.last_num_tokens)

@@ -105,13 +105,13 @@ class BlockManager:
         request.num_cached_blocks = 0
 
     # --- prefix caching ---------------------------------------------------------------------------
-    def match_prefix(self, request: Request) -> int:
-        """Share the cached blocks of ``request``'s longest cached prefix (a request that holds no
-        blocks yet); returns the tokens they cover, which it need not compute."""
+    def match_prefix(self, request: Request, max_blocks: int | None = None) -> int:
+        """Share the cached blocks of ``request``'s longest cached prefix, up to ``max_blocks`` (a
+        request that holds no blocks yet); returns the tokens they cover, which it need not compute."""
         if not self.prefix_caching or request.block_table:
             return 0
         full = (request.num_tokens - 1) // self.block_size  # the last token's block is computed here
-        hashes = self._hashes(request, full)
+        hashes = self._hashes(request, full if max_blocks is None else min(full, max_blocks))
         for h in hashes:
             block = self._cached.get(h)
             if block is None:
@@ -122,6 +122,22 @@ class BlockManager:
             request.block_table.append(block)
         request.num_cached_blocks = len(request.block_table)
         return len(request.block_table) * self.block_size
+
+    def cached_prefix_blocks(self, token_ids: list[int]) -> int:
+        """How many of ``token_ids``' leading full blocks are cached now, touching nothing.
+
+        A decode server asks this before it fetches a prompt's KV, from its server thread while
+        the engine runs, so the answer is a hint: a block may be evicted before the request is
+        admitted, and the scheduler checks again (each dict lookup is atomic under the GIL)."""
+        if not self.prefix_caching:
+            return 0
+        size, parent, found = self.block_size, None, 0
+        for index in range(len(token_ids) // size):
+            parent = self._block_hash(parent, token_ids[index * size : (index + 1) * size])
+            if parent not in self._cached:
+                break
+            found += 1
+        return found
 
     def count_lookup(self, queried: int, hit: int) -> None:
         self.prefix_queries += queried

@@ -7,11 +7,14 @@ One body per request (per prompt)::
 The header names everything the receiver must agree with before it writes a single byte into its
 cache: the model (served name and a fingerprint of its weights), dtype, layers, KV heads, head
 dim and block size, plus how many prompt tokens the KV covers, a checksum of those token ids (the
-receiver tokenized the prompt itself: a tokenizer mismatch must not pass) and of the payload.
+receiver tokenized the prompt itself: a tokenizer mismatch must not pass), the first block sent
+and a checksum of the payload.
 
-The payload is the request's KV blocks, block-major as the paged cache holds them:
-``(num_layers, 2 [keys, values], num_kv_heads, num_blocks, block_size * head_dim)`` in ``dtype``.
-The last block is only partly filled; the receiver overwrites the rest as it decodes.
+The payload is the request's KV blocks from ``first_block`` on, block-major as the paged cache
+holds them: ``(num_layers, 2 [keys, values], num_kv_heads, num_blocks - first_block, block_size *
+head_dim)`` in ``dtype``. The blocks before ``first_block`` are left out because the receiver
+holds them already, in its prefix cache: a shared system prompt, or an earlier turn of the same
+conversation. The last block is only partly filled; the receiver overwrites the rest as it decodes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from array import array
 from dataclasses import asdict, dataclass
 
 MAGIC = b"LLMFKV"
-VERSION = 1
+VERSION = 2  # 2: first_block (a body may leave out the blocks the receiver has cached)
 _PREFIX = struct.Struct("<6sHI")  # magic, version, header length
 MAX_HEADER_BYTES = 64 * 1024
 PAYLOAD_ALIGN = 64  # the payload starts at a multiple of this offset, so it can be viewed as floats
@@ -67,6 +70,7 @@ class KVHeader:
     tokens_crc32: int
     payload_bytes: int
     payload_crc32: int
+    first_block: int = 0  # the payload's first block: the ones before it stayed with the receiver
 
     def to_json(self) -> bytes:
         fields = asdict(self)
@@ -91,19 +95,45 @@ def tokens_crc32(token_ids: list[int]) -> int:
     return zlib.crc32(array("I", token_ids).tobytes())
 
 
-def encode_header(model: str, layout: KVLayout, token_ids: list[int], payload: memoryview) -> bytes:
-    """The prefix and header for ``payload`` (the KV of ``token_ids``); the payload follows it."""
-    expected = layout.num_blocks(len(token_ids)) * layout.block_bytes
+def payload_bytes(layout: KVLayout, num_tokens: int, first_block: int = 0) -> int:
+    """Bytes of the KV of ``num_tokens`` tokens, from block ``first_block`` on."""
+    return (layout.num_blocks(num_tokens) - first_block) * layout.block_bytes
+
+
+def leave_out_blocks(payload: memoryview, layout: KVLayout, num_tokens: int, first_block: int) -> memoryview:
+    """``payload`` (the KV of ``num_tokens`` tokens) without its first ``first_block`` blocks. The
+    blocks are the layout's second-innermost axis, so this copies what is kept."""
+    if first_block == 0:
+        return payload
+    rows = 2 * layout.num_layers * layout.num_kv_heads  # keys and values of each layer and head
+    block = layout.block_bytes // rows
+    row, skip = layout.num_blocks(num_tokens) * block, first_block * block
+    flat = payload.cast("B")
+    return memoryview(b"".join(flat[r * row + skip : (r + 1) * row] for r in range(rows)))
+
+
+def encode_header(
+    model: str, layout: KVLayout, token_ids: list[int], payload: memoryview, first_block: int = 0
+) -> bytes:
+    """The prefix and header for ``payload`` (the KV of ``token_ids`` from block ``first_block``
+    on); the payload follows it."""
+    if not 0 <= first_block <= len(token_ids) // layout.block_size:
+        raise ValueError(f"first block {first_block} is not one of the {len(token_ids)} tokens' full blocks")
+    expected = payload_bytes(layout, len(token_ids), first_block)
     if payload.nbytes != expected:
         raise ValueError(f"payload has {payload.nbytes} bytes, the layout needs {expected}")
-    header = KVHeader(model, layout, len(token_ids), tokens_crc32(token_ids), payload.nbytes, zlib.crc32(payload))
+    crc = zlib.crc32(payload)
+    header = KVHeader(model, layout, len(token_ids), tokens_crc32(token_ids), payload.nbytes, crc, first_block)
     raw = header.to_json()
     raw += b" " * (-(_PREFIX.size + len(raw)) % PAYLOAD_ALIGN)  # JSON ignores trailing blanks
     return _PREFIX.pack(MAGIC, VERSION, len(raw)) + raw
 
 
-def decode(body: bytes | bytearray | memoryview, model: str, layout: KVLayout, token_ids: list[int]) -> memoryview:
-    """Check a received body against this server and the prompt it will serve; return the payload.
+def decode(
+    body: bytes | bytearray | memoryview, model: str, layout: KVLayout, token_ids: list[int], first_block: int = 0
+) -> memoryview:
+    """Check a received body against this server, the prompt it will serve and the first block it
+    asked for; return the payload.
 
     Raises KVCorruptError (malformed, truncated, checksum) or KVMismatchError (another model,
     layout or prompt), each with a message that says what differs."""
@@ -120,6 +150,8 @@ def decode(body: bytes | bytearray | memoryview, model: str, layout: KVLayout, t
     header = KVHeader.from_json(bytes(view[_PREFIX.size : _PREFIX.size + header_len]))
     payload = view[_PREFIX.size + header_len :]
     check_header(header, model, layout, token_ids)
+    if header.first_block != first_block:
+        raise KVCorruptError(f"KV starts at block {header.first_block}; block {first_block} was asked for")
     if payload.nbytes != header.payload_bytes:
         raise KVCorruptError(f"KV payload has {payload.nbytes} bytes, the header says {header.payload_bytes}")
     if zlib.crc32(payload) != header.payload_crc32:
@@ -142,16 +174,23 @@ def check_header(header: KVHeader, model: str, layout: KVLayout, token_ids: list
             f"KV covers {header.num_tokens} prompt tokens that differ from the {len(token_ids)} this server "
             "tokenized (a different tokenizer or chat template?)"
         )
-    expected = layout.num_blocks(header.num_tokens) * layout.block_bytes
+    if not 0 <= header.first_block <= header.num_tokens // layout.block_size:
+        raise KVCorruptError(f"KV first block {header.first_block} is not a full block of {header.num_tokens} tokens")
+    expected = payload_bytes(layout, header.num_tokens, header.first_block)
     if header.payload_bytes != expected:
-        raise KVCorruptError(f"KV payload of {header.payload_bytes} bytes; {header.num_tokens} tokens need {expected}")
+        raise KVCorruptError(
+            f"KV payload of {header.payload_bytes} bytes; {header.num_tokens} tokens from block "
+            f"{header.first_block} need {expected}"
+        )
 
 
 @dataclass
 class KVImport:
-    """KV a request starts with: the first ``num_tokens`` prompt tokens' blocks, as ``payload``
-    (the wire layout above). The engine marks those tokens computed; the runner writes the
-    payload into the request's first blocks in the step that first schedules it."""
+    """KV a request starts with: its first ``num_tokens`` prompt tokens' blocks, the ones before
+    ``first_block`` from this server's prefix cache and the rest as ``payload`` (the wire layout
+    above). The engine marks those tokens computed; the runner writes the payload into the
+    request's blocks in the step that first schedules it."""
 
     num_tokens: int
     payload: memoryview
+    first_block: int = 0

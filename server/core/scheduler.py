@@ -31,6 +31,7 @@ from collections.abc import Callable
 from ..config import EngineConfig, Policy, PrefillMode
 from .batch import ScheduledRequest, SchedulerOutput
 from .block_manager import BlockManager
+from .kv_wire import KVImport
 from .policies import AdmissionGate, Ordering, make_ordering, oldest_arrival, window_expired
 from .request import Request, RequestStatus
 
@@ -48,6 +49,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.step_index = 0
         self.num_preemptions = 0
+        self.num_imports_recomputed = 0  # imports dropped: the cached blocks they left out were evicted
         self._num_preempted_waiting = 0  # waiting requests with status PREEMPTED
         self._flushing = False
         self._preempted: list[Request] = []
@@ -237,15 +239,30 @@ class Scheduler:
 
     def _reuse_prefix(self, request: Request) -> int | None:
         """Start ``request`` after its longest cached prefix; the tokens that covers, or None
-        where it is not looked up: it has KV already (imported), or it asks for its prompt's
-        logprobs, which only computing the prompt gives."""
-        if request.num_computed_tokens or request.sampling.prompt_logprobs is not None:
-            return None
+        where it is not looked up: it has KV already, or it asks for its prompt's logprobs,
+        which only computing the prompt gives."""
+        if request.kv_import is not None:
+            return self._reuse_for_import(request, request.kv_import)
         if not self.block_manager.prefix_caching:
+            return None
+        if request.num_computed_tokens or request.sampling.prompt_logprobs is not None:
             return None
         hit = self.block_manager.match_prefix(request)
         request.num_computed_tokens = hit
         return hit
+
+    def _reuse_for_import(self, request: Request, kv: KVImport) -> int | None:
+        """Share the cached blocks an import left out (the decode server had them when it fetched
+        the rest). Where some were evicted since (or prefix caching was turned off), the import is
+        dropped and the request computes its prompt from what is still cached: slower, the same
+        tokens."""
+        blocks = self.block_manager
+        hit = blocks.match_prefix(request, max_blocks=kv.first_block) if kv.first_block else 0
+        if hit < kv.first_block * blocks.block_size:
+            request.kv_import = None
+            request.num_computed_tokens = hit
+            self.num_imports_recomputed += 1
+        return hit if blocks.prefix_caching else None
 
     def _admit(self, out: SchedulerOutput, budget: int | None, limit: int, chunked: bool = False) -> int | None:
         """Move waiting requests (in queue order) into the running set while budgets and KV
@@ -267,7 +284,7 @@ class Scheduler:
             if not (fits and self.block_manager.allocate(request, request.num_computed_tokens + n)):
                 if hit:  # it waits holding nothing: the shared blocks go back
                     self.block_manager.free(request)
-                    request.num_computed_tokens = 0
+                    request.num_computed_tokens = request.kv_import.num_tokens if request.kv_import else 0
                 break
             if hit is not None:
                 self.block_manager.count_lookup(request.num_tokens, hit)

@@ -70,6 +70,7 @@ class EngineStats:
     preemptions_total: int
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, and found there
     prefix_cache_hits: int
+    kv_imports_recomputed: int  # imports dropped: cached blocks they left out were evicted before admission
     last_batch_size: int
     last_num_tokens: int
     last_step_seconds: float
@@ -126,11 +127,8 @@ class LLMEngine:
         would. ``export_kv``: when it finishes, its final event carries the KV of every token it
         computed (``RequestOutput.kv_export``), copied out before its blocks are freed."""
         self._validate(request_id, prompt_token_ids, sampling)
-        if kv_import is not None and not 0 < kv_import.num_tokens < len(prompt_token_ids):
-            raise InvalidRequestError(
-                f"imported KV covers {kv_import.num_tokens} tokens; it must cover fewer than the "
-                f"{len(prompt_token_ids)} prompt tokens (the last one is computed here)"
-            )
+        if kv_import is not None:
+            self._validate_import(kv_import, len(prompt_token_ids))
         if self.scheduler.num_waiting >= self.config.max_queue_len:
             raise QueueFullError(f"waiting queue is full ({self.config.max_queue_len} requests); retry later")
         request = Request(
@@ -150,6 +148,15 @@ class LLMEngine:
         self._requests[request_id] = _Tracked(request, detok, stop_ids, export_kv)
         self.scheduler.add(request)
         return request
+
+    def _validate_import(self, kv: KVImport, num_prompt_tokens: int) -> None:
+        if not 0 < kv.num_tokens < num_prompt_tokens:
+            raise InvalidRequestError(
+                f"imported KV covers {kv.num_tokens} tokens; it must cover fewer than the "
+                f"{num_prompt_tokens} prompt tokens (the last one is computed here)"
+            )
+        if not 0 <= kv.first_block <= kv.num_tokens // self.block_manager.block_size:
+            raise InvalidRequestError(f"imported KV's first block {kv.first_block} is not one of its full blocks")
 
     def _validate(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> None:
         if request_id in self._requests:
@@ -328,6 +335,7 @@ class LLMEngine:
             preemptions_total=self.scheduler.num_preemptions,
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,
+            kv_imports_recomputed=self.scheduler.num_imports_recomputed,
             last_batch_size=batch,
             last_num_tokens=tokens,
             last_step_seconds=step_s,

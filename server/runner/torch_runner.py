@@ -146,18 +146,21 @@ class TorchModelRunner:
 
     def _import_kv(self, output: SchedulerOutput) -> None:
         """Write KV received from a prefill server into the blocks of requests scheduled for the
-        first time (the engine drops ``kv_import`` after this step)."""
+        first time (the engine drops ``kv_import`` after this step). The blocks before its
+        ``first_block`` are shared ones from the prefix cache, already holding their KV."""
         layout = self.kv_layout
         for item in output.scheduled:
             kv = item.request.kv_import
             if kv is None:
                 continue
-            n = layout.num_blocks(kv.num_tokens)
-            shape = (layout.num_layers, 2, layout.num_kv_heads, n, layout.block_size * layout.head_dim)
+            blocks = item.request.block_table[kv.first_block : layout.num_blocks(kv.num_tokens)]
+            if not blocks:  # every block was cached here
+                continue
+            shape = (layout.num_layers, 2, layout.num_kv_heads, len(blocks), layout.block_size * layout.head_dim)
             with warnings.catch_warnings():  # a read-only buffer: read once, copied into the cache
                 warnings.simplefilter("ignore", UserWarning)
                 data = torch.frombuffer(kv.payload, dtype=torch.uint8)
-            self.cache.import_blocks(item.request.block_table[:n], data.view(self.dtype).view(shape))
+            self.cache.import_blocks(blocks, data.view(self.dtype).view(shape))
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:

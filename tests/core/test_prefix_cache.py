@@ -59,3 +59,22 @@ def test_off_nothing_is_cached_or_found():
     manager = BlockManager(num_blocks=4, block_size=2)
     computed(manager, "a", [1, 2, 3, 4])
     assert manager.match_prefix(Request("b", [1, 2, 3, 4, 5])) == 0
+
+
+@pytest.mark.parametrize("hash_algo", list(BLOCK_HASHES))
+def test_a_decode_servers_hint_counts_cached_full_blocks_and_takes_none(hash_algo):
+    """What a decode server asks before it fetches a prompt's KV; the scheduler then shares
+    exactly those blocks (``max_blocks``), never more."""
+    manager = BlockManager(num_blocks=8, block_size=4, prefix_caching=True, hash_algo=hash_algo)
+    manager.free(computed(manager, "a", list(range(12))))
+    assert manager.cached_prefix_blocks(list(range(12))) == 3  # KV tokens: no last token to leave out
+    assert manager.cached_prefix_blocks([*range(8), 9, 9, 9, 9]) == 2
+    assert manager.cached_prefix_blocks(list(range(7))) == 1  # a partial block never counts
+    assert manager.num_free_blocks == 8  # nothing taken
+    limited = Request("b", [*range(12), 5])
+    assert manager.match_prefix(limited, max_blocks=2) == 8 and len(limited.block_table) == 2
+    manager.free(limited)
+    manager.check_consistency([])
+    off = BlockManager(num_blocks=8, block_size=4)
+    computed(off, "a", list(range(12)))
+    assert off.cached_prefix_blocks(list(range(12))) == 0

@@ -211,6 +211,30 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
     assert held_kv(s["p1"], s["p2"]) == 0  # everything computed was fetched
 
 
+def test_a_decode_server_fetches_only_the_blocks_it_has_not_cached(fleet):
+    """A conversation going on, on one decode server: its earlier turns are in that server's prefix
+    cache, so the next turn's transfer leaves their blocks out, and the answer is unchanged."""
+    tmp, s = fleet
+    opening = "A conversation that goes on, turn after turn. " * 8  # no other test sends it
+    turns = [opening, opening + "And then the dog woke up", opening + "And then the dog woke up and ran"]
+    want = expected(s, turns)
+    patient = ("--prefill-timeout", "60", "--decode-timeout", "60")
+    with router(tmp, [s["p1"]], [s["d1"]], *patient) as r:
+        cached, sent = [], []
+        for turn in turns:
+            before = s["d1"].metrics()
+            assert complete(r.url, turn) == want[turn]
+            after = s["d1"].metrics()
+            for name, seen in (("llmfleet_kv_transfer_cached_tokens_total{}", cached),
+                               ("llmfleet_kv_transfer_bytes_sum{}", sent)):  # fmt: skip
+                seen.append(after[name] - before.get(name, 0))
+        assert r.metrics()["llmfleet_router_local_prefills_total{}"] == 0
+    shared = httpx.post(f"{s['d1'].url}/tokenize", json={"model": MODEL, "prompt": opening}).json()["count"]
+    assert cached[0] == 0 and cached[1] >= shared // 8 * 8 - 8 and cached[2] > cached[1]  # whole 8-token blocks
+    assert sent[1] < sent[0] / 4 and sent[2] < sent[0] / 4, sent
+    assert held_kv(s["p1"]) == 0
+
+
 def test_a_prefill_server_that_times_out_is_retried_on_another(fleet):
     tmp, s = fleet
     want = expected(s)
@@ -304,7 +328,9 @@ def test_roles_refuse_transfers_that_are_not_theirs_and_kv_is_taken_once(fleet):
     held = httpx.post(f"{s['p1'].url}/v1/completions", json=ask, timeout=30).json()
     (kv_id,) = held["kv_transfer_params"]["remote_kv_ids"]
     assert held_kv(s["p1"]) > before
-    fetched = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30)
+    past = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}?first_block=9", timeout=30)  # "hello there": one partial block
+    assert past.status_code == 400 and past.json()["error"]["param"] == "first_block"
+    fetched = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30)  # a refused fetch took nothing
     assert fetched.status_code == 200 and fetched.content.startswith(b"LLMFKV")
     assert httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30).status_code == 404  # taken once
     assert held_kv(s["p1"]) <= before

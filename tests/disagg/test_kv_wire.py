@@ -10,11 +10,13 @@ import pytest
 from llmfleet.server.api.kv_transfer import KVExportStore
 from llmfleet.server.core.kv_wire import (
     PAYLOAD_ALIGN,
+    VERSION,
     KVCorruptError,
     KVLayout,
     KVMismatchError,
     decode,
     encode_header,
+    leave_out_blocks,
 )
 
 LAYOUT = KVLayout(fingerprint="abc123", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=4, block_size=4)
@@ -71,11 +73,29 @@ def test_corruption_is_refused():
     with pytest.raises(KVCorruptError, match="too short"):
         decode(b"LL", "m", LAYOUT, TOKENS)
     with pytest.raises(KVCorruptError, match="header"):
-        decode(b"LLMFKV" + struct.pack("<HI", 1, 50) + b"{not json" + b" " * 41, "m", LAYOUT, TOKENS)
+        decode(b"LLMFKV" + struct.pack("<HI", VERSION, 50) + b"{not json" + b" " * 41, "m", LAYOUT, TOKENS)
     future = bytearray(body())
-    future[6:8] = struct.pack("<H", 2)
-    with pytest.raises(KVMismatchError, match="version 2"):
+    future[6:8] = struct.pack("<H", VERSION + 1)
+    with pytest.raises(KVMismatchError, match=f"version {VERSION + 1}"):
         decode(future, "m", LAYOUT, TOKENS)
+
+
+def test_a_body_may_leave_out_the_blocks_the_receiver_has_cached():
+    tokens = [*TOKENS, 11, 12, 13]  # three blocks, two of them full
+    # every (layer, keys or values, head) row holds its three blocks side by side: 0, 1, 2
+    row = b"".join(bytes([b]) * (LAYOUT.block_bytes // 8) for b in range(3))
+    tail = leave_out_blocks(memoryview(row * 8), LAYOUT, len(tokens), first_block=1)
+    assert bytes(tail) == row[len(row) // 3 :] * 8  # blocks 1 and 2 of every row
+    raw = encode_header("m", LAYOUT, tokens, tail, first_block=1) + bytes(tail)
+    assert bytes(decode(raw, "m", LAYOUT, tokens, first_block=1)) == bytes(tail)
+    with pytest.raises(KVCorruptError, match="starts at block 1; block 0 was asked for"):
+        decode(raw, "m", LAYOUT, tokens)
+    with pytest.raises(KVMismatchError, match="tokenizer"):  # the whole prompt is still checked
+        decode(raw, "m", LAYOUT, [99, *tokens[1:]], first_block=1)
+    empty = encode_header("m", LAYOUT, TOKENS[:4] * 2, memoryview(b""), first_block=2)  # all cached
+    assert decode(empty, "m", LAYOUT, TOKENS[:4] * 2, first_block=2).nbytes == 0
+    with pytest.raises(ValueError, match="first block 3"):  # the partial block always travels
+        encode_header("m", LAYOUT, tokens, memoryview(b""), first_block=3)
 
 
 def test_encoding_refuses_a_payload_of_the_wrong_size():
@@ -93,18 +113,19 @@ class Clock:
 def test_the_export_store_hands_each_kv_out_once_and_frees_what_nobody_takes():
     clock = Clock()
     store = KVExportStore(ttl_s=10, limit_bytes=1000, clock=clock)
-    first = store.put(b"h" * 10, memoryview(b"p" * 90))
+    first = store.put(TOKENS, memoryview(b"p" * 100))
     assert store.held_bytes == 100
+    assert store.get(first).nbytes == 100 and store.held_bytes == 100  # a look takes nothing
     assert store.take(first).nbytes == 100
     assert store.take(first) is None and store.held_bytes == 0  # one-shot
 
-    expiring = store.put(b"h", memoryview(b"p" * 99))
+    expiring = store.put(TOKENS, memoryview(b"p" * 100))
     clock.now = 11
     store.expire()
     assert store.take(expiring) is None and store.held_bytes == 0 and store.dropped == 1
 
-    oldest = store.put(b"h", memoryview(b"p" * 599))
-    newest = store.put(b"h", memoryview(b"p" * 599))  # over the limit: the oldest goes
+    oldest = store.put(TOKENS, memoryview(b"p" * 600))
+    newest = store.put(TOKENS, memoryview(b"p" * 600))  # over the limit: the oldest goes
     assert store.take(oldest) is None
     assert store.take(newest) is not None
     assert store.held_bytes == 0 and len(store) == 0
