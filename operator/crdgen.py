@@ -17,7 +17,7 @@ import yaml
 
 from llmfleet.server.config import EngineConfig
 
-from .spec import TOOL_CALL_PARSERS, TUNABLE_KNOBS
+from .spec import ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
 
 GROUP = "llmfleet.io"
 VERSION = "v1alpha1"
@@ -237,7 +237,13 @@ def spec_schema() -> dict[str, Any]:
         "The router in front of the prefill and decode pools (disaggregated mode only).",
         {
             "replicas": _int("Router replicas.", minimum=1, default=1),
-            "policy": _str("How the router picks pods.", enum=["load", "round-robin"], default="load"),
+            "policy": _str(
+                "How the router picks pods: load (the least loaded), round-robin, or prefix (the pod that took the "
+                "longest prefix of the prompt, while its load stays within two queued requests of the least loaded: "
+                "its prefix cache hits).",
+                enum=list(ROUTER_POLICIES),
+                default="load",
+            ),
             "resources": _resources("each router container"),
         },
     )

@@ -17,6 +17,8 @@ POOL_NAMES = ("colocated", "prefill", "decode")
 MODELS_DIR = "/models"  # where model.volume is mounted
 ToolCallParserName = Literal["hermes", "llama3_json"]  # the server's --tool-call-parser choices
 TOOL_CALL_PARSERS = get_args(ToolCallParserName)
+RouterPolicy = Literal["load", "round-robin", "prefix"]  # the router's --router-policy choices
+ROUTER_POLICIES = get_args(RouterPolicy)
 TUNABLE_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
                  "maxNumBatchedTokens": "max_num_batched_tokens"}  # fmt: skip
 
@@ -123,7 +125,7 @@ class Autotune(_Model):
 
 class Router(_Model):
     replicas: int = Field(1, ge=1)
-    policy: Literal["load", "round-robin"] = "load"
+    policy: RouterPolicy = "load"
     resources: dict[str, Any] = Field(default_factory=dict)
 
 

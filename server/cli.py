@@ -7,6 +7,7 @@ import os
 from .api.auth import API_KEY_ENV
 from .api.tool_parsers import TOOL_CALL_PARSERS
 from .engine_flags import add_engine_flags
+from .router.policies import POLICIES as ROUTER_POLICIES
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
 
@@ -57,7 +58,11 @@ def add_arguments(parser) -> None:
     router.add_argument("--prefill-service", help="Kubernetes Service of the prefill pods (EndpointSlices)")
     router.add_argument("--decode-service", help="Kubernetes Service of the decode pods (EndpointSlices)")
     router.add_argument("--kube-api", help="Kubernetes API URL without credentials (default: in-cluster)")
-    router.add_argument("--router-policy", default="load", choices=["load", "round-robin"])
+    router.add_argument(
+        "--router-policy", default="load", choices=sorted(ROUTER_POLICIES),
+        help="load: least loaded; prefix: the server that took the longest prefix of the prompt, while "
+        "its load is within 2 queued requests of the least loaded (its prefix cache hits)",
+    )  # fmt: skip
     router.add_argument(
         "--prefill-timeout",
         type=float,

@@ -8,22 +8,22 @@ burst spreads instead of landing on the server that looked idlest half a second 
 A server that refuses a connection or fails a request (a timeout, a 5xx) is set aside until a
 poll finds it well again; a busy server whose ``/load`` is merely slow is set aside only after
 several slow polls in a row. Set-aside servers are still tried when a pool has nothing else (one
-slow answer must not turn into a 503 for everyone), draining ones never. Policies are pluggable
-(``POLICIES``): ``load`` (least loaded) and ``round-robin`` (the baseline).
+slow answer must not turn into a 503 for everyone), draining ones never. The policy that picks
+among them is pluggable (policies.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 
 from .endpoints import POOLS, EndpointSource
+from .policies import POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -67,25 +67,6 @@ class Server:
         }
 
 
-Policy = Callable[[list[Server]], Server]
-
-
-def least_loaded(candidates: list[Server]) -> Server:
-    return min(candidates, key=lambda s: (s.score, s.assigned, s.url))
-
-
-class RoundRobin:
-    def __init__(self) -> None:
-        self._turn = itertools.count()
-
-    def __call__(self, candidates: list[Server]) -> Server:
-        ordered = sorted(candidates, key=lambda s: s.url)
-        return ordered[next(self._turn) % len(ordered)]
-
-
-POLICIES: dict[str, Callable[[], Policy]] = {"load": lambda: least_loaded, "round-robin": RoundRobin}
-
-
 class Balancer:
     def __init__(self, source: EndpointSource, policy: str, client: httpx.AsyncClient) -> None:
         if policy not in POLICIES:
@@ -104,23 +85,26 @@ class Balancer:
             return None
         return f"no decode server is ready yet (servers from {self.source.description})"
 
-    def pick(self, pool: str, exclude: set[str] = frozenset()) -> Server | None:
-        """The policy's choice among the healthy servers of ``pool`` not in ``exclude``, else the
-        set-aside one that failed least; None if every server is excluded or draining."""
+    def pick(self, pool: str, exclude: set[str] = frozenset(), prefixes: Sequence[int] = ()) -> Server | None:
+        """The policy's choice among the healthy servers of ``pool`` not in ``exclude`` (for a
+        prompt with these prefix hashes), else the set-aside one that failed least; None if
+        every server is excluded or draining."""
         open_ = [s for s in self.servers[pool].values() if not s.draining and s.url not in exclude]
         healthy = [s for s in open_ if s.healthy]
         if healthy:
-            return self.policies[pool](healthy)
+            return self.policies[pool](healthy, prefixes)
         return min(open_, key=lambda s: (s.failures, s.url)) if open_ else None
 
-    async def pick_or_rediscover(self, pool: str, exclude: set[str] = frozenset()) -> Server | None:
+    async def pick_or_rediscover(
+        self, pool: str, exclude: set[str] = frozenset(), prefixes: Sequence[int] = ()
+    ) -> Server | None:
         """``pick``, and where it finds no server, once more after re-reading the endpoint source:
         a pool's last known server can be draining while its replacement, ready since the last
         discovery, is not in the table yet (a scale-down right after a scale-up)."""
-        server = self.pick(pool, exclude)
+        server = self.pick(pool, exclude, prefixes)
         if server is None:
             await self.refresh()
-            server = self.pick(pool, exclude)
+            server = self.pick(pool, exclude, prefixes)
         return server
 
     def failed(self, server: Server, why: str) -> None:

@@ -39,6 +39,7 @@ from ..api.errors import error_body, error_response
 from ..api.sse import SSE_HEADERS, ClosingStreamingResponse, encode_event
 from .balancer import Balancer, Server
 from .metrics import RouterMetrics, StreamMeter
+from .policies import prefix_hashes
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +104,15 @@ class Proxy:
     async def _open(self, path: str, body: dict, stream: bool, started: float) -> _Opened | Response:
         tried = {"prefill": set(), "decode": set()}
         last: ServerFailed | None = None
+        prefixes = prefix_hashes(body)
         for attempt in range(self.settings.attempts):
-            decode = await self.balancer.pick_or_rediscover("decode", tried["decode"])
+            decode = await self.balancer.pick_or_rediscover("decode", tried["decode"], prefixes)
             if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
                 break
             try:
                 decode.assigned += 1  # held from the pick: a burst spreads before its prefills return
                 try:
-                    params = await self._prefill(path, body, tried["prefill"])
+                    params = await self._prefill(path, body, tried["prefill"], prefixes)
                 finally:
                     decode.assigned -= 1  # _decode takes it over, with no await in between
                 return await self._decode(decode, path, body, params, stream, started)
@@ -129,12 +131,12 @@ class Proxy:
         message = f"no server could take the request after {attempt + 1} attempts; last: {last.message}"
         return error_response(status, message, "unavailable" if status != 502 else "bad_gateway")
 
-    async def _prefill(self, path: str, body: dict, tried: set[str]) -> dict | None:
+    async def _prefill(self, path: str, body: dict, tried: set[str], prefixes: list[int]) -> dict | None:
         """The KV transfer parameters for the decode server, or None when it must compute the
         prompt itself (no prefill server can take the request, or the prompt is scored)."""
         if _scores_the_prompt(path, body):
             return None  # the prompt's logprobs come from the server that computes it: the decode server
-        server = self.balancer.pick("prefill", tried)
+        server = self.balancer.pick("prefill", tried, prefixes)
         if server is None:
             self.metrics.lab(self.metrics.fallbacks).inc()
             return None

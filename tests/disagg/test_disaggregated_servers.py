@@ -211,28 +211,39 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
     assert held_kv(s["p1"], s["p2"]) == 0  # everything computed was fetched
 
 
-def test_a_decode_server_fetches_only_the_blocks_it_has_not_cached(fleet):
-    """A conversation going on, on one decode server: its earlier turns are in that server's prefix
+def grown(before: list[dict], after: list[dict], name: str) -> list[float]:
+    """Per server, how much a metric grew."""
+    return [a.get(name, 0) - b.get(name, 0) for b, a in zip(before, after, strict=True)]
+
+
+def test_a_conversation_stays_on_its_servers_and_moves_only_new_kv(fleet):
+    """A conversation going on, routed by prefix affinity: each turn goes to the prefill and
+    decode servers that took the one before, the earlier turns are in the decode server's prefix
     cache, so the next turn's transfer leaves their blocks out, and the answer is unchanged."""
     tmp, s = fleet
     opening = "A conversation that goes on, turn after turn. " * 8  # no other test sends it
     turns = [opening, opening + "And then the dog woke up", opening + "And then the dog woke up and ran"]
     want = expected(s, turns)
-    patient = ("--prefill-timeout", "60", "--decode-timeout", "60")
-    with router(tmp, [s["p1"]], [s["d1"]], *patient) as r:
-        cached, sent = [], []
+    patient = ("--prefill-timeout", "60", "--decode-timeout", "60", "--router-policy", "prefix")
+    decoders, prefillers = (s["d1"], s["d2"]), (s["p1"], s["p2"])
+    with router(tmp, list(prefillers), list(decoders), *patient) as r:
+        cached, sent, fetched, prefill_hits = [], [], [], []
         for turn in turns:
-            before = s["d1"].metrics()
+            before = [server.metrics() for server in (*decoders, *prefillers)]
             assert complete(r.url, turn) == want[turn]
-            after = s["d1"].metrics()
-            for name, seen in (("llmfleet_kv_transfer_cached_tokens_total{}", cached),
-                               ("llmfleet_kv_transfer_bytes_sum{}", sent)):  # fmt: skip
-                seen.append(after[name] - before.get(name, 0))
+            after = [server.metrics() for server in (*decoders, *prefillers)]
+            prefill_hits.append(grown(before[2:], after[2:], "vllm:prefix_cache_hits_total{}"))
+            before, after = before[:2], after[:2]
+            fetched.append(grown(before, after, "llmfleet_kv_transfer_bytes_count{}"))
+            cached.append(sum(grown(before, after, "llmfleet_kv_transfer_cached_tokens_total{}")))
+            sent.append(sum(grown(before, after, "llmfleet_kv_transfer_bytes_sum{}")))
         assert r.metrics()["llmfleet_router_local_prefills_total{}"] == 0
+    assert fetched[0] in ([1, 0], [0, 1]) and fetched[1] == fetched[2] == fetched[0]  # one decode server
+    assert prefill_hits[0] == [0, 0] and all(sum(h) > 0 and 0 in h for h in prefill_hits[1:])  # one prefill server
     shared = httpx.post(f"{s['d1'].url}/tokenize", json={"model": MODEL, "prompt": opening}).json()["count"]
     assert cached[0] == 0 and cached[1] >= shared // 8 * 8 - 8 and cached[2] > cached[1]  # whole 8-token blocks
     assert sent[1] < sent[0] / 4 and sent[2] < sent[0] / 4, sent
-    assert held_kv(s["p1"]) == 0
+    assert held_kv(s["p1"], s["p2"]) == 0
 
 
 def test_a_prefill_server_that_times_out_is_retried_on_another(fleet):

@@ -4,14 +4,16 @@ the stream meter that decides when a retry is no longer possible."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import httpx
 import pytest
 
-from llmfleet.server.router.balancer import SLOW_POLLS, Balancer, Server, least_loaded
+from llmfleet.server.router.balancer import SLOW_POLLS, Balancer, Server
 from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, StaticEndpoints, ready_urls
 from llmfleet.server.router.metrics import RouterMetrics, StreamMeter
+from llmfleet.server.router.policies import CHUNK_CHARS, SLACK, PrefixAffinity, least_loaded, prefix_hashes, prompt_text
 
 
 def test_ready_urls_follow_the_endpoint_conditions():
@@ -110,6 +112,50 @@ def test_round_robin_takes_turns():
     assert [b.pick("decode").url for _ in range(4)] == ["a", "b", "a", "b"]
     with pytest.raises(ValueError, match="unknown router policy"):
         balancer("random")
+
+
+def conversation(*turns: str) -> dict:
+    roles = itertools.cycle(["user", "assistant"])
+    return {"messages": [{"role": next(roles), "content": t} for t in turns]}
+
+
+def test_a_longer_conversation_shares_its_earlier_turns_prefix_hashes():
+    system = "You are a terse assistant. " * 20
+    first = prefix_hashes(conversation(system, "What is a KV cache?"))
+    later = prefix_hashes(conversation(system, "What is a KV cache?", "Keys and values.", "And paging?"))
+    assert len(first) >= len(system) // CHUNK_CHARS and later[: len(first) - 1] == first[:-1]
+    other = prefix_hashes(conversation("Another system prompt entirely. " * 20, "What is a KV cache?"))
+    assert not set(other) & set(first)
+    assert prefix_hashes({"prompt": "x" * (CHUNK_CHARS - 1)}) == []  # no whole chunk: nothing to match
+    assert prompt_text({"prompt": ["first", "second"]}) == "first"  # a batch: its first prompt
+    assert prompt_text({"prompt": [1, 2, 3]}) == "[1, 2, 3]"  # token ids
+
+
+def test_prefix_affinity_follows_the_prefix_while_load_allows():
+    policy = PrefixAffinity()
+    a, b = Server("a", "decode"), Server("b", "decode", running=1)
+    system = "A long shared system prompt. " * 30
+    turn = prefix_hashes({"prompt": system + "first question"})
+    assert policy([a, b], turn) is a  # nothing known: the least loaded
+    a.waiting = 1  # now b is the least loaded, a within the slack
+    assert policy([a, b], prefix_hashes({"prompt": system + "second question"})) is a
+    assert policy([a, b], prefix_hashes({"prompt": "unrelated " * 40})) is b
+    a.waiting = int(SLACK) + 2  # a's queue is past the slack: load wins, and b takes the prefix
+    assert policy([a, b], prefix_hashes({"prompt": system + "third"})) is b
+    a.waiting = 0
+    assert policy([a, b], prefix_hashes({"prompt": system + "fourth"})) is b
+    assert policy([a], turn) is a  # a prefix's server gone from the candidates: another one
+
+
+@pytest.mark.parametrize(("max_prefixes", "remembered"), [(100, True), (3, False)])
+def test_prefix_affinity_forgets_the_least_recent_prefixes_first(max_prefixes, remembered):
+    policy = PrefixAffinity(max_prefixes=max_prefixes)
+    a, b = Server("a", "decode"), Server("b", "decode", running=1)
+    old = prefix_hashes({"prompt": "o" * (3 * CHUNK_CHARS)})  # three prefixes
+    assert policy([a, b], old) is a
+    a.running = 2  # b is the least loaded now, a within the slack
+    assert policy([a, b], prefix_hashes({"prompt": "n" * (3 * CHUNK_CHARS)})) is b  # three more
+    assert policy([a, b], old) is (a if remembered else b)
 
 
 def test_polls_set_servers_aside_and_back():

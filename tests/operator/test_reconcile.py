@@ -20,9 +20,10 @@ from llmfleet.operator.reconcile import (
     effective_engine,
     effective_replicas,
 )
-from llmfleet.operator.spec import TOOL_CALL_PARSERS, parse_spec
+from llmfleet.operator.spec import ROUTER_POLICIES, TOOL_CALL_PARSERS, parse_spec
 from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS as SERVER_PARSERS
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.router.policies import POLICIES as SERVER_POLICIES
 
 EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt", "local-disaggregated"]
 # The oldest Kubernetes the pods run on (preStop `sleep` is on by default from 1.30) and a recent one.
@@ -167,6 +168,17 @@ def test_a_tool_call_parser_serves_auto_tool_choice_on_every_model_server(repo_r
     assert "--tool-call-parser" not in str(deployments["rag-router"])
     assert "--tool-call-parser" not in str(desired_objects(owner, spec))
     assert tuple(sorted(SERVER_PARSERS)) == TOOL_CALL_PARSERS  # the CRD's enum is the server's choice
+
+
+def test_the_router_policy_reaches_the_router(repo_root):
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    raw = spec.model_dump(by_alias=True, exclude_none=True)
+    parsed = parse_spec(raw | {"router": raw["router"] | {"policy": "prefix"}})
+    (container,) = by_kind(desired_objects(owner, parsed), "Deployment")["rag-router"]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["args"][container["args"].index("--router-policy") + 1] == "prefix"
+    assert set(SERVER_POLICIES) == set(ROUTER_POLICIES)  # the CRD's enum is the router's choice
 
 
 def test_engine_config_map_is_what_the_server_reads(repo_root):

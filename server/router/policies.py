@@ -1,0 +1,102 @@
+"""How the router picks a server of a pool (``--router-policy``).
+
+- ``load``: the least loaded (waiting and running requests, KV usage, and the requests the
+  router itself has sent there and not yet seen answered).
+- ``round-robin``: the baseline.
+- ``prefix``: prefix affinity. A request goes to the server that last took a request with the
+  same prompt prefix, as long as that server is not much busier than the least loaded one. A
+  server's prefix cache holds the prompts it served recently, so a conversation's next turn, or
+  another request behind the same long system prompt, skips most of its prefill there (and, on a
+  decode server, most of its KV transfer). The router does not tokenize: it cuts the prompt's
+  text into chunks of ``CHUNK_CHARS`` characters and chains their hashes, the way servers chain
+  their KV blocks' hashes, so one hash names one prefix, and remembers in a bounded LRU table
+  which server each prefix went to last. Among the servers whose load score is within ``SLACK``
+  of the least loaded one it picks the one that took the longest matching prefix; with no match,
+  the least loaded. Past the slack load wins: a hot prefix spreads once its server queues.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .balancer import Server
+
+Policy = Callable[["list[Server]", Sequence[int]], "Server"]  # candidates, the prompt's prefix hashes
+
+CHUNK_CHARS = 128  # about 30-60 tokens: a few KV blocks
+SLACK = 2.0  # load score units: about two queued requests
+MAX_PREFIXES = 100_000  # remembered prefix hashes (a few MB)
+
+
+def least_loaded(candidates: list[Server], prefixes: Sequence[int] = ()) -> Server:
+    return min(candidates, key=lambda s: (s.score, s.assigned, s.url))
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def __call__(self, candidates: list[Server], prefixes: Sequence[int] = ()) -> Server:
+        ordered = sorted(candidates, key=lambda s: s.url)
+        return ordered[next(self._turn) % len(ordered)]
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text a server's prompt starts from: tools and messages in order for chat, the prompt
+    for completions (the first one of a batch). Serialized JSON keeps a longer conversation's text
+    an extension of a shorter one's up to the last message."""
+    if "messages" in body:
+        return json.dumps([body.get("tools"), *(body.get("messages") or [])], sort_keys=True)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch: its first prompt decides
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def prefix_hashes(body: dict[str, Any]) -> list[int]:
+    """The chained hashes of the prompt's whole chunks: the i-th names its first i + 1 chunks."""
+    text = prompt_text(body)
+    hashes, parent = [], 0
+    for start in range(0, len(text) - CHUNK_CHARS + 1, CHUNK_CHARS):
+        parent = hash((parent, text[start : start + CHUNK_CHARS]))
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixAffinity:
+    """The policy: the server that took the longest prefix of this prompt, within the slack."""
+
+    def __init__(self, slack: float = SLACK, max_prefixes: int = MAX_PREFIXES) -> None:
+        self.slack = slack
+        self.max_prefixes = max_prefixes
+        self._server_of: OrderedDict[int, str] = OrderedDict()  # prefix hash -> url, least recent first
+
+    def __call__(self, candidates: list[Server], prefixes: Sequence[int] = ()) -> Server:
+        chosen = least_loaded(candidates)
+        within = {s.url: s for s in candidates if s.score <= chosen.score + self.slack}
+        for prefix in reversed(prefixes):  # the longest prefix first
+            url = self._server_of.get(prefix)
+            if url in within:
+                chosen = within[url]
+                break
+        self._remember(prefixes, chosen.url)
+        return chosen
+
+    def _remember(self, prefixes: Sequence[int], url: str) -> None:
+        for prefix in prefixes:
+            self._server_of[prefix] = url
+            self._server_of.move_to_end(prefix)
+        while len(self._server_of) > self.max_prefixes:
+            self._server_of.popitem(last=False)
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "load": lambda: least_loaded,
+    "round-robin": RoundRobin,
+    "prefix": PrefixAffinity,
+}
