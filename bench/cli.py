@@ -4,19 +4,20 @@ from __future__ import annotations
 
 HELP = (
     "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "
-    "disagg (colocated vs prefill/decode), sim-fidelity (real engine vs simulator) "
+    "disagg (colocated vs prefill/decode), router (load vs prefix routing on conversations), "
+    "sim-fidelity (real engine vs simulator) "
     "or tuner (closed loop vs fixed configs vs HPA, simulated)"
 )
 
 
 def add_arguments(parser) -> None:
-    from . import disagg_bench, sim_fidelity, tuner_eval
+    from . import disagg_bench, router_bench, sim_fidelity, tuner_eval
 
     parser.add_argument(
         "which",
         nargs="?",
         default="engine",
-        choices=["engine", "server", "disagg", "sim-fidelity", "tuner"],
+        choices=["engine", "server", "disagg", "router", "sim-fidelity", "tuner"],
         help="benchmark",
     )
     parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
@@ -33,6 +34,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", type=int, default=0, help="server bench: port for the server (0: a free one)")
     parser.add_argument("--rounds", type=int, default=2, help="server bench: alternating rounds per contender")
     disagg_bench.add_arguments(parser)
+    router_bench.add_arguments(parser)
     sim_fidelity.add_arguments(parser)
     tuner_eval.add_arguments(parser)
 
@@ -46,6 +48,10 @@ def run(args) -> int:
         from .disagg_bench import run as run_disagg
 
         return run_disagg(args)
+    if args.which == "router":
+        from .router_bench import run as run_router
+
+        return run_router(args)
     if args.which == "sim-fidelity":
         from .sim_fidelity import run as run_fidelity
 
