@@ -17,7 +17,7 @@ import yaml
 
 from llmfleet.server.config import EngineConfig
 
-from .spec import ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
+from .spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
 
 GROUP = "llmfleet.io"
 VERSION = "v1alpha1"
@@ -190,6 +190,12 @@ def spec_schema() -> dict[str, Any]:
                 "default when a request gives tools) returns the calls the model writes as tool_calls. hermes: "
                 "Hermes 2 Pro, Qwen 2.5 and 3; llama3_json: Llama 3.1 and later. Unset, 'auto' is refused.",
                 enum=list(TOOL_CALL_PARSERS),
+            ),
+            "reasoningParser": _str(
+                "The model's thinking format, as vLLM's --reasoning-parser: with it, chat replies carry the "
+                "<think> text as reasoning_content, apart from the content. deepseek_r1: DeepSeek R1, its distills, "
+                "QwQ; qwen3: Qwen3.",
+                enum=list(REASONING_PARSERS),
             ),
         },
     )

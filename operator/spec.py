@@ -17,6 +17,8 @@ POOL_NAMES = ("colocated", "prefill", "decode")
 MODELS_DIR = "/models"  # where model.volume is mounted
 ToolCallParserName = Literal["hermes", "llama3_json"]  # the server's --tool-call-parser choices
 TOOL_CALL_PARSERS = get_args(ToolCallParserName)
+ReasoningParserName = Literal["deepseek_r1", "qwen3"]  # the server's --reasoning-parser choices
+REASONING_PARSERS = get_args(ReasoningParserName)
 RouterPolicy = Literal["load", "round-robin", "prefix"]  # the router's --router-policy choices
 ROUTER_POLICIES = get_args(RouterPolicy)
 TUNABLE_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
@@ -41,6 +43,7 @@ class ModelSource(_Model):
     path: str | None = None
     volume: dict[str, Any] | None = None
     tool_call_parser: ToolCallParserName | None = None  # tool_choice 'auto', as vLLM's flag
+    reasoning_parser: ReasoningParserName | None = None  # thinking apart in chat replies, as vLLM's flag
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
@@ -63,6 +66,8 @@ class ModelSource(_Model):
         args = ["--model", self.server_arg]
         if self.tool_call_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        if self.reasoning_parser:
+            args += ["--reasoning-parser", self.reasoning_parser]
         return args
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .api.auth import API_KEY_ENV
+from .api.reasoning import REASONING_PARSERS
 from .api.tool_parsers import TOOL_CALL_PARSERS
 from .engine_flags import add_engine_flags
 from .router.policies import POLICIES as ROUTER_POLICIES
@@ -36,6 +37,12 @@ def add_arguments(parser) -> None:
         "--tool-call-parser",
         choices=sorted(TOOL_CALL_PARSERS),
         help="the model's tool-call format: hermes (Hermes, Qwen 2.5/3) or llama3_json (Llama 3.1+)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="as vLLM's: chat replies carry the model's <think> text as reasoning_content: deepseek_r1 "
+        "(R1, its distills, QwQ) or qwen3",
     )
     add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")

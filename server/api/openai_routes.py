@@ -27,6 +27,7 @@ from .generation import (
     submit,
 )
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .reasoning import Reasoning
 from .sse import EventStreamResponse
 from .state import ServerState
 from .tool_calls import AutoToolCalls, ForcedToolCalls
@@ -81,7 +82,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         arrival = state.engine.now()
         check_serving(state, body.model)
         tool_calls = body.tool_call_replies(state.tool_call_parser)  # refused: a 400 naming the field
-        prompt = chat_prompt(state, body)
+        prompt_text = chat_prompt_text(state, body)
+        prompt = state.tokenizer.encode(prompt_text, add_special_tokens=body.special_tokens())
+        reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.constrained(), body.include_reasoning)
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if _remote_decode(body):
@@ -93,16 +96,19 @@ def install(app: FastAPI, state: ServerState) -> None:
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
         if body.stream:
-            return EventStreamResponse(reply.stream_chat(body.echoed(), tool_calls))
+            return EventStreamResponse(reply.stream_chat(body.echoed(), tool_calls, reasoning))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
         choices = []
         for sub in subs:
             result = results[sub.index]
-            message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
+            thinking, answer = reasoning.split(result.text) if reasoning else (None, result.text)
+            message, finish = {"role": "assistant", "content": answer}, result.finish_reason
             if tool_calls is not None:
-                message, finish = tool_calls.message(result.text, finish)
+                message, finish = tool_calls.message(answer or "", finish)
+            if reasoning:
+                message |= reasoning.fields(thinking)
             if body.echoed():  # streamed, the echo is the first chunk's content whatever follows
                 message["content"] = body.echoed() + (message["content"] or "")
             logprobs = chat_logprobs(state, result) if body.logprobs else None
@@ -187,12 +193,15 @@ def _check_in_vocab(state: ServerState, ids: list[int], param: str) -> None:
 
 
 def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
+    return state.tokenizer.encode(chat_prompt_text(state, body), add_special_tokens=body.special_tokens())
+
+
+def chat_prompt_text(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> str:
     conversation = [m.for_template() for m in body.messages or []]
     try:
-        text = state.tokenizer.apply_chat_template(conversation, tokenize=False, **body.template_arguments())
+        return state.tokenizer.apply_chat_template(conversation, tokenize=False, **body.template_arguments())
     except Exception as exc:  # a template that rejects the conversation is the client's error
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-    return state.tokenizer.encode(text, add_special_tokens=body.special_tokens())
 
 
 # --- responses -----------------------------------------------------------------------------------
@@ -262,11 +271,17 @@ class _Reply:
             yield self.envelope("text_completion", [], usage=self.usage(completion=completion))
 
     async def stream_chat(
-        self, echo: str = "", tool_calls: ForcedToolCalls | AutoToolCalls | None = None
+        self,
+        echo: str = "",
+        tool_calls: ForcedToolCalls | AutoToolCalls | None = None,
+        reasoning: Reasoning | None = None,
     ) -> AsyncIterator[dict]:
-        """``tool_calls``: the text of every choice becomes content and tool-call deltas (tool_calls.py)."""
+        """``reasoning``: each choice's thinking goes apart (reasoning.py); ``tool_calls``: the rest
+        of its text becomes content and tool-call deltas (tool_calls.py)."""
         state, completion = self.state, 0
-        calls = {sub.index: tool_calls.stream() for sub in self.submission.subs} if tool_calls is not None else {}
+        subs = self.submission.subs
+        calls = {sub.index: tool_calls.stream() for sub in subs} if tool_calls is not None else {}
+        splitters = {sub.index: reasoning.splitter() for sub in subs} if reasoning is not None else {}
         for sub in self.submission.subs:
             yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
         events = iter_events(state, self.submission)
@@ -276,15 +291,22 @@ class _Reply:
                     completion += event.num_output_tokens
                 if not self._worth_a_chunk(event):
                     continue
-                delta = {"content": event.new_text} if event.new_text else {}
+                text, delta = event.new_text, {}
                 logprobs = None
                 if self.want_logprobs and event.logprobs:
                     logprobs = {"content": _chat_token_logprobs(state, event.new_token_ids, event.logprobs)}
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
+                if splitters:
+                    thinking, text = splitters[owner.index].feed(text, final=event.finished)
+                    if thinking:
+                        delta |= reasoning.fields(thinking)
                 if calls:
-                    delta, finish = calls[owner.index].delta(event.new_text, finish)
-                    if not (delta or finish or logprobs):
-                        continue  # held: a call not yet read whole
+                    answer, finish = calls[owner.index].delta(text, finish)
+                    delta |= answer
+                elif text:
+                    delta["content"] = text
+                if (calls or splitters) and not (delta or finish or logprobs):
+                    continue  # held: a tag or a call not yet told apart
                 yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens)
         finally:
             await events.aclose()

@@ -234,6 +234,11 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
         None, description="'none', 'auto' (needs a tool-call parser), 'required' or a named function (tool_calls.py)."
     )
     parallel_tool_calls: bool | None = None
+    include_reasoning: bool = Field(True, description="As in vLLM: with a reasoning parser, return the thinking.")
+
+    def constrained(self) -> bool:
+        """Whether a grammar holds the reply from its first token (structured output, a forced call)."""
+        return bool(self._asked())
 
     def forced_tool_calls(self) -> ForcedToolCalls | None:
         return ForcedToolCalls.of(self.tools, self.tool_choice, self.parallel_tool_calls)

@@ -45,6 +45,7 @@ class ServerState:
     not_ready: Callable[[], str | None] | None = None
     api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
     tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: 'auto' is served
+    reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
     _http: Any = None
 
     def http_client(self) -> httpx.AsyncClient:

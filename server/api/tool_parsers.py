@@ -68,7 +68,7 @@ class HermesParser:
                 self._held = self._held[start + len(self.OPEN) :]
                 self._in_block = True
                 continue
-            keep = 0 if final else _partial_suffix(self._held, self.OPEN)
+            keep = 0 if final else partial_suffix(self._held, self.OPEN)
             cut = len(self._held) - keep
             content.append(self._outside(self._held[:cut], boundary=final))
             self._held = self._held[cut:]
@@ -120,7 +120,7 @@ TOOL_CALL_PARSERS: dict[str, type[HermesParser] | type[Llama3JsonParser]] = {
 }
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of ``text`` that could be the start of ``tag``."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:k]):

@@ -20,7 +20,8 @@ from llmfleet.operator.reconcile import (
     effective_engine,
     effective_replicas,
 )
-from llmfleet.operator.spec import ROUTER_POLICIES, TOOL_CALL_PARSERS, parse_spec
+from llmfleet.operator.spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, parse_spec
+from llmfleet.server.api.reasoning import REASONING_PARSERS as SERVER_REASONING
 from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS as SERVER_PARSERS
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.router.policies import POLICIES as SERVER_POLICIES
@@ -156,18 +157,21 @@ def test_an_api_key_secret_reaches_every_pod_as_vllm_api_key(repo_root):
     assert "VLLM_API_KEY" not in str(plain)
 
 
-def test_a_tool_call_parser_serves_auto_tool_choice_on_every_model_server(repo_root):
+def test_the_models_parsers_reach_every_model_server(repo_root):
     owner, spec = load(repo_root, "disaggregated-long-prompt")
     raw = spec.model_dump(by_alias=True, exclude_none=True)
-    parsed = parse_spec(raw | {"model": raw["model"] | {"toolCallParser": "hermes"}})
+    parsed = parse_spec(raw | {"model": raw["model"] | {"toolCallParser": "hermes", "reasoningParser": "qwen3"}})
     deployments = by_kind(desired_objects(owner, parsed), "Deployment")
-    for name in ("rag-prefill", "rag-decode"):  # prefill refuses what decode would: both read it
+    for name in ("rag-prefill", "rag-decode"):  # prefill refuses what decode would: both read them
         (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
         args = container["args"]
         assert args[args.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in args
-    assert "--tool-call-parser" not in str(deployments["rag-router"])
-    assert "--tool-call-parser" not in str(desired_objects(owner, spec))
-    assert tuple(sorted(SERVER_PARSERS)) == TOOL_CALL_PARSERS  # the CRD's enum is the server's choice
+        assert args[args.index("--reasoning-parser") + 1] == "qwen3"
+    for flag in ("--tool-call-parser", "--reasoning-parser"):
+        assert flag not in str(deployments["rag-router"])
+        assert flag not in str(desired_objects(owner, spec))
+    assert tuple(sorted(SERVER_PARSERS)) == TOOL_CALL_PARSERS  # the CRD's enums are the server's choices
+    assert tuple(sorted(SERVER_REASONING)) == REASONING_PARSERS
 
 
 def test_the_router_policy_reaches_the_router(repo_root):

@@ -15,8 +15,8 @@ from tests.support import ServerProcess
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    auto_tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    with ServerProcess("--model", "builtin:tiny", "--served-model-name", "tiny", *auto_tools, log_path=log) as proc:
+    parsers = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+    with ServerProcess("--model", "builtin:tiny", "--served-model-name", "tiny", *parsers, log_path=log) as proc:
         yield proc
 
 
@@ -344,3 +344,36 @@ def test_auto_tool_choice_reads_the_calls_the_model_writes(client):
 
     words = client.chat.completions.create(**asked | {"max_tokens": 8}).choices[0]  # tools alone mean 'auto'
     assert words.finish_reason == "length" and words.message.content and not words.message.tool_calls
+
+
+def test_a_reasoning_parser_returns_the_thinking_apart(client):
+    """qwen3: the <think> block the reply opens with is reasoning_content (and reasoning), the
+    rest the content; tool calls are read from the content alone; streamed, the same text. (A
+    regex holds the random model to a think block.)"""
+    asked = {"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 60, "temperature": 0}
+    held = asked | {"extra_body": {"structured_outputs": {"regex": "<think>[a-z ]{4,16}</think>[A-Z][a-z]{2,8}[.]"}}}
+    message = client.chat.completions.create(**held).choices[0].message
+    thinking = message.reasoning_content
+    assert 4 <= len(thinking) <= 16 and message.reasoning == thinking
+    assert message.content[0].isupper() and "think>" not in message.content
+    chunks = list(client.chat.completions.create(**held, stream=True))
+    assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks) == thinking
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == message.content
+
+    hidden = client.chat.completions.create(**held | {"extra_body": held["extra_body"] | {"include_reasoning": False}})
+    assert hidden.choices[0].message.content == message.content
+    assert getattr(hidden.choices[0].message, "reasoning_content", None) is None
+
+    call = r'<tool_call>\n\{"name": "time", "arguments": \{\}\}\n</tool_call>'
+    regex = "<think>[a-z]{4,8}</think>Checking[.]\n" + call
+    tooled = asked | {
+        "tools": [WEATHER, TIME],
+        "max_tokens": 120,
+        "extra_body": {"structured_outputs": {"regex": regex}},
+    }
+    choice = client.chat.completions.create(**tooled).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking.\n"
+    assert choice.message.reasoning_content.isalpha() and choice.message.tool_calls[0].function.name == "time"
+
+    plain = client.chat.completions.create(**asked | {"max_tokens": 8}).choices[0].message  # no think block: content
+    assert plain.content and plain.reasoning_content is None
