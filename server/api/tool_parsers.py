@@ -3,12 +3,14 @@
 
 A parser is fed the generated text as it comes and hands back the content that is the model's
 words and the calls it has read whole; a non-streamed reply is the same parser fed once, so a
-streamed reply joins up to exactly the same message. Two formats, vLLM's names:
+streamed reply joins up to exactly the same message. Three formats, vLLM's names:
 
 - ``hermes`` (Hermes 2 Pro, Qwen 2.5 and 3): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
   one block per call, words allowed before them; a block left open when generation ends is read too.
 - ``llama3_json`` (Llama 3.1-3.3 with their JSON tool template): the whole reply is one or more
   ``{"name": ..., "parameters": {...}}`` objects separated by ``;``, optionally after ``<|python_tag|>``.
+- ``pythonic`` (Llama 3.2 and 4 with their pythonic template): the whole reply is a Python list
+  of calls with literal keyword arguments, ``[get_weather(city="Oslo", days=3), now()]``.
 
 A block that does not read as a call (not JSON, no name) is returned as content, as written:
 nothing the model generated is dropped but the whitespace between calls.
@@ -16,6 +18,7 @@ nothing the model generated is dropped but the whitespace between calls.
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,8 +93,9 @@ class HermesParser:
         return ""
 
 
-class Llama3JsonParser:
-    TAG = "<|python_tag|>"
+class _WholeReplyParser:
+    """A format whose calls are the whole reply: its first words say whether it is one (then it
+    is held and read once generation ends), or plain content (streamed as it comes)."""
 
     def __init__(self) -> None:
         self._text = ""
@@ -101,22 +105,54 @@ class Llama3JsonParser:
         self._text += text
         if self._calls is None:
             head = self._text.lstrip()
-            if not final and self.TAG.startswith(head):  # nothing yet, or maybe the tag's start
+            opens = self.opens(head)
+            if opens is None and not final:  # nothing yet, or maybe an opening's start
                 return "", []
-            self._calls = head.startswith(("{", self.TAG))
+            self._calls = bool(opens)
         if not self._calls:
             out, self._text = self._text, ""
             return out, []
         if not final:
             return "", []  # the calls are read once the reply is whole
-        calls = _llama3_calls(self._text)
+        calls = self.parse(self._text)
         out, self._text = ("", "") if calls else (self._text, "")
         return out, calls or []
 
+    def opens(self, head: str) -> bool | None:
+        """Whether a reply starting with ``head`` is calls (None: cannot tell yet)."""
+        raise NotImplementedError
 
-TOOL_CALL_PARSERS: dict[str, type[HermesParser] | type[Llama3JsonParser]] = {
+    def parse(self, text: str) -> list[ParsedCall] | None:
+        """The calls of a whole reply, or None if any part of it is not one."""
+        raise NotImplementedError
+
+
+class Llama3JsonParser(_WholeReplyParser):
+    TAG = "<|python_tag|>"
+
+    def opens(self, head: str) -> bool | None:
+        if self.TAG.startswith(head):
+            return None
+        return head.startswith(("{", self.TAG))
+
+    def parse(self, text: str) -> list[ParsedCall] | None:
+        return _llama3_calls(text)
+
+
+class PythonicParser(_WholeReplyParser):
+    """Llama 3.2 and 4's pythonic format: ``[get_weather(city="Oslo", days=3), now()]``."""
+
+    def opens(self, head: str) -> bool | None:
+        return None if not head else head.startswith("[")
+
+    def parse(self, text: str) -> list[ParsedCall] | None:
+        return _pythonic_calls(text)
+
+
+TOOL_CALL_PARSERS: dict[str, type[HermesParser] | type[_WholeReplyParser]] = {
     "hermes": HermesParser,
     "llama3_json": Llama3JsonParser,
+    "pythonic": PythonicParser,
 }
 
 
@@ -157,6 +193,28 @@ def _llama3_calls(text: str) -> list[ParsedCall] | None:
         if not rest.startswith(";"):
             return None
         rest = rest[1:]
+
+
+def _pythonic_calls(text: str) -> list[ParsedCall] | None:
+    """The calls of a reply that is a Python list of calls with literal keyword arguments."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or node.args:
+            return None
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+            if len(arguments) != len(node.keywords):
+                return None  # **kwargs
+            calls.append(ParsedCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+        except (ValueError, TypeError, SyntaxError):  # not a literal, or not JSON (a set, bytes)
+            return None
+    return calls
 
 
 def _call_of(obj: Any, *argument_keys: str) -> ParsedCall | None:

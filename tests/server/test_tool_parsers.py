@@ -51,11 +51,30 @@ LLAMA3 = [
 ]
 
 
+PYTHONIC = [
+    ("It is sunny.", "It is sunny.", []),
+    ('[weather(city="Oslo", days=3)]', None, [("weather", {"city": "Oslo", "days": 3})]),
+    ("  [time(), weather(city='Lima', hourly=True, at=None, days=[1, 2])]\n", None,
+     [("time", {}), ("weather", {"city": "Lima", "hourly": True, "at": None, "days": [1, 2]})]),
+    ('[weather(city="Tōkyō", opts={"unit": "C"})]', None, [("weather", {"city": "Tōkyō", "opts": {"unit": "C"}})]),
+    ("[weather(city=oslo)]", "[weather(city=oslo)]", []),  # not a literal
+    ('[weather("Oslo")]', '[weather("Oslo")]', []),  # positional
+    ("[1] First, the weather.", "[1] First, the weather.", []),
+    ("[]", "[]", []),
+    ('[weather(city="Os', '[weather(city="Os', []),  # cut short
+    ("[" * 400, "[" * 400, []),
+]  # fmt: skip
+
+
 def replied(parser: str, text: str, finish: str = "stop") -> tuple[dict, str]:
     return AutoToolCalls(TOOL_CALL_PARSERS[parser]).message(text, finish)
 
 
-CASES = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for case in LLAMA3]
+CASES = (
+    [("hermes", *case) for case in HERMES]
+    + [("llama3_json", *case) for case in LLAMA3]
+    + [("pythonic", *case) for case in PYTHONIC]
+)
 
 
 @pytest.mark.parametrize(("parser", "text", "content", "calls"), CASES)
