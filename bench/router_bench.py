@@ -18,7 +18,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .disagg_bench import Servers
@@ -121,7 +121,7 @@ def run(args) -> int:
           f"{workload.opening_tokens}-token openings, +{workload.turn_tokens} tokens a turn, "
           f"{workload.output_tokens} out; {PREFILL_SERVERS} prefill + {DECODE_SERVERS} decode servers "
           f"(1 thread each), {args.model}, {config.dtype}")  # fmt: skip
-    results: dict = {"model": args.model, "workload": workload.__dict__, "engine": config.model_dump(mode="json")}
+    results: dict = {"model": args.model, "workload": asdict(workload), "engine": config.model_dump(mode="json")}
     for policy in POLICIES:
         with Servers(out) as servers:
             prefill = [servers.start(f"prefill{i}", 1, "--role", "prefill", *engine_args) for i in range(2)]
