@@ -103,7 +103,8 @@ class ServerMetrics:
         )  # fmt: skip
         self.kv_recomputed = Counter(
             "llmfleet_kv_import_recomputed",
-            "Imports whose left-out cached blocks were evicted before admission: the prompt was computed here.",
+            "Imports whose left-out cached blocks were gone at admission (evicted, or prefix caching off): "
+            "the prompt was computed here.",
             names, registry=reg,
         )  # fmt: skip
         self.kv_failures = Counter(

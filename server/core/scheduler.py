@@ -49,7 +49,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.step_index = 0
         self.num_preemptions = 0
-        self.num_imports_recomputed = 0  # imports dropped: the cached blocks they left out were evicted
+        self.num_imports_recomputed = 0  # imports dropped: the cached blocks they left out were gone
         self._num_preempted_waiting = 0  # waiting requests with status PREEMPTED
         self._flushing = False
         self._preempted: list[Request] = []

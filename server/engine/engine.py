@@ -70,7 +70,7 @@ class EngineStats:
     preemptions_total: int
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, and found there
     prefix_cache_hits: int
-    kv_imports_recomputed: int  # imports dropped: cached blocks they left out were evicted before admission
+    kv_imports_recomputed: int  # imports dropped: cached blocks they left out were gone at admission
     last_batch_size: int
     last_num_tokens: int
     last_step_seconds: float
