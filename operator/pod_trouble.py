@@ -30,18 +30,29 @@ class PodTrouble:
 
 
 def pod_trouble(pool: str, pods: list[dict[str, Any]]) -> PodTrouble | None:
-    """The first stuck pod of ``pool`` (by name), or None while its pods are only on their way."""
-    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-        if pod["metadata"].get("deletionTimestamp"):
-            continue  # draining: its trouble is over
-        name, status = pod["metadata"]["name"], pod.get("status") or {}
-        for condition in status.get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                return PodTrouble("Unschedulable", f"{pool} pod {name}: {condition.get('message') or 'unschedulable'}")
-        containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
-        for container in containers:
-            waiting = (container.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in STUCK:
-                words = waiting.get("message") or waiting["reason"]
-                return PodTrouble(waiting["reason"], f"{pool} pod {name}: {words}")
+    """Why ``pool``'s pods are stuck: the first stuck pod's reason (by name), and how many more
+    are stuck; None while its pods are only on their way."""
+    by_name = sorted(pods, key=lambda p: p["metadata"]["name"])
+    stuck = [trouble for trouble in (_stuck(pool, pod) for pod in by_name) if trouble is not None]
+    if not stuck:
+        return None
+    first = stuck[0]
+    more = len(stuck) - 1
+    if more:
+        first = PodTrouble(first.reason, f"{first.message} (and {more} more {pool} pod{'s' if more > 1 else ''} stuck)")
+    return first
+
+
+def _stuck(pool: str, pod: dict[str, Any]) -> PodTrouble | None:
+    if pod["metadata"].get("deletionTimestamp"):
+        return None  # draining: its trouble is over
+    name, status = pod["metadata"]["name"], pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return PodTrouble("Unschedulable", f"{pool} pod {name}: {condition.get('message') or 'unschedulable'}")
+    containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+    for container in containers:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK:
+            return PodTrouble(waiting["reason"], f"{pool} pod {name}: {waiting.get('message') or waiting['reason']}")
     return None

@@ -83,7 +83,12 @@ def test_a_stuck_pod_says_why_a_pool_is_not_ready():
     secret = {"reason": "CreateContainerConfigError", "message": 'secret "rag-key" not found'}
     assert pod_trouble("decode", [pod("d-1"), pod("d-2", {"reason": "ContainerCreating"})]) is None  # on its way
     trouble = pod_trouble("decode", [pod("d-2", secret), pod("d-1", {"reason": "ImagePullBackOff"})])
-    assert (trouble.reason, trouble.message) == ("ImagePullBackOff", "decode pod d-1: ImagePullBackOff")
+    assert (trouble.reason, trouble.message) == (
+        "ImagePullBackOff",
+        "decode pod d-1: ImagePullBackOff (and 1 more decode pod stuck)",
+    )
+    three = pod_trouble("decode", [pod(f"d-{i}", secret) for i in range(3)] + [pod("d-3")])
+    assert three.message == 'decode pod d-0: secret "rag-key" not found (and 2 more decode pods stuck)'
     assert pod_trouble("decode", [pod("d-1", secret, deleting=True)]) is None
     gpu = {"reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
     trouble = pod_trouble("prefill", [pod("p-1", scheduled=gpu)])
