@@ -17,8 +17,10 @@ SHA-256 collision, for fleets whose tenants must never read each other's prefixe
 from __future__ import annotations
 
 import hashlib
+import itertools
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from .request import Request
 
@@ -131,10 +133,9 @@ class BlockManager:
         admitted, and the scheduler checks again (each dict lookup is atomic under the GIL)."""
         if not self.prefix_caching:
             return 0
-        size, parent, found = self.block_size, None, 0
-        for index in range(len(token_ids) // size):
-            parent = self._block_hash(parent, token_ids[index * size : (index + 1) * size])
-            if parent not in self._cached:
+        found = 0
+        for h in self._chain(token_ids, 0, None):
+            if h not in self._cached:
                 break
             found += 1
         return found
@@ -161,14 +162,19 @@ class BlockManager:
 
     def _hashes(self, request: Request, count: int) -> list[int | bytes]:
         """The prefix hashes of ``request``'s first ``count`` full blocks (computed once each)."""
-        hashes, size = request.block_hashes, self.block_size
+        hashes = request.block_hashes
         if len(hashes) < count:
-            tokens = request.all_token_ids
-            parent = hashes[-1] if hashes else None
-            for index in range(len(hashes), count):
-                parent = self._block_hash(parent, tokens[index * size : (index + 1) * size])
-                hashes.append(parent)
+            more = self._chain(request.all_token_ids, len(hashes), hashes[-1] if hashes else None)
+            hashes.extend(itertools.islice(more, count - len(hashes)))
         return hashes[:count]
+
+    def _chain(self, tokens: list[int], start: int, parent: int | bytes | None) -> Iterator[int | bytes]:
+        """The prefix hashes of ``tokens``' full blocks from block ``start`` on, as they are needed
+        (``parent``: block ``start - 1``'s hash, None for the first block)."""
+        size = self.block_size
+        for index in range(start, len(tokens) // size):
+            parent = self._block_hash(parent, tokens[index * size : (index + 1) * size])
+            yield parent
 
     def _evict(self, block: int) -> None:
         h = self._hash_of.pop(block, None)
