@@ -240,8 +240,9 @@ class Tuner:
             waiting = (m.waiting or 0.0) / max(pods, 1)
             itl_only = all(k == MAX_BATCH for k in exhausted)
             used = spent(pool, knobs, exhausted)
-            if pods < cur:
-                why += f"; SLO violated with {used}, but {pods} of {_num(cur)} pods ready"
+            if pods < cur:  # none fewer either: the pods still starting are what the SLO waits for
+                raw = max(raw, int(cur))
+                why += f"; SLO violated with {used}, but {pods} of {_num(cur)} pods ready: waiting for them"
             elif m.slo_window_s and latency <= 1.0:
                 why += (f"; SLO violated over {m.window_s:.0f} s with {used}, but met over its "
                         f"{m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that")  # fmt: skip
@@ -267,7 +268,7 @@ class Tuner:
         target = min(target, pool.limits.max_replicas)
         if target != raw:
             why += f", within [{pool.limits.min_replicas}, {pool.limits.max_replicas}] -> {target}"
-        over = units / cur if cur > 0 else math.inf
+        over = units / cur if cur > 0 else (math.inf if units > 0 else 0.0)
         proposal = Proposal(float(target), why, protective=target > cur, severity=max(latency, over))
         return proposal, (units, detail)
 

@@ -213,3 +213,14 @@ def test_the_projection_waits_for_the_pods_it_counts() -> None:
     decision = Tuner(ONE_SHOT).decide(pools, SLO, _measured(1000.0, 100.0), now=1000.0)
     assert decision.changed("colocated", REPLICAS).new == 1
     assert not any("projected" in r for r in decision.reasons)
+
+
+def test_an_slo_broken_while_pods_start_holds_the_count() -> None:
+    """ITL over its SLO with the batch and the budget at their minimums, a queue, 2 of 5 pods ready
+    and little throughput: the pods starting are what the SLO waits for, so the count neither
+    grows nor falls to the demand (a fall would be reversed as soon as they showed)."""
+    m = metrics(ttft_ms=300, itl_ms=300, prompt_tps=50, gen_tps=20, waiting=6, pods=2, mean_batch=1)
+    pools = {"colocated": pool_input(m, settings(replicas=5, batch=1, timeout=0, budget=64))}
+    decision = Tuner(ONE_SHOT).decide(pools, SLO, TunerMemory(), now=1000.0)
+    assert decision.changed("colocated", REPLICAS) is None, decision.reasons
+    assert "but 2 of 5 pods ready: waiting for them" in "\n".join(decision.reasons)
