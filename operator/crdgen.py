@@ -194,8 +194,8 @@ def spec_schema() -> dict[str, Any]:
             ),
             "reasoningParser": _str(
                 "The model's thinking format, as vLLM's --reasoning-parser: with it, chat replies carry the "
-                "<think> text as reasoning_content, apart from the content. deepseek_r1: DeepSeek R1, its distills, "
-                "QwQ; qwen3: Qwen3.",
+                "<think> text as reasoning_content, apart from the content, and a structured-output grammar holds "
+                "the answer after the thinking. deepseek_r1: DeepSeek R1, its distills, QwQ; qwen3: Qwen3.",
                 enum=list(REASONING_PARSERS),
             ),
         },

@@ -45,6 +45,17 @@ def add_arguments(parser) -> None:
         help="as vLLM's: chat replies carry the model's <think> text as reasoning_content: deepseek_r1 "
         "(R1, its distills, QwQ) or qwen3",
     )
+    parser.add_argument(
+        "--structured-outputs-config.enable_in_reasoning",
+        dest="structured_outputs_in_reasoning",
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="true|false",
+        help="as vLLM's: with --reasoning-parser, a structured-output grammar (or a forced tool call) holds "
+        "the thinking too; by default it holds the answer after </think>",
+    )
     add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(
@@ -89,3 +100,11 @@ def run(args) -> int:
     from .api.serve import serve
 
     return serve(args)
+
+
+def boolean(text: str) -> bool:
+    """A boolean flag's value as vLLM's dotted config flags take it (``=True``, ``=false``)."""
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ValueError(text)  # argparse reports it as an invalid value
+    return value in ("true", "1")

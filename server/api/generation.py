@@ -76,9 +76,11 @@ def build_subrequests(
     logprobs: int | None,
     imports: list[KVImport | None] | None = None,
     prompt_logprobs: int | None = None,
+    thinking: str | None = None,
 ) -> list[SubRequest]:
     """One engine request per (prompt, choice); ``imports``: per prompt, KV received for it
-    (the n choices of a prompt each write their own copy into their own blocks)."""
+    (the n choices of a prompt each write their own copy into their own blocks); ``thinking``:
+    where a reasoning model's thinking runs free of the request's structured output (core/request.py)."""
     subs = []
     base = uuid.uuid4().hex
     limit_tokens = state.max_model_len
@@ -88,7 +90,7 @@ def build_subrequests(
     vocab = len(state.tokenizer)
     if any(token >= vocab for token in logit_bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
-    structured = _structured_output(body)
+    structured = _structured_output(body, thinking)
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             raise APIError(400, "prompt must contain at least one token", param="prompt")
@@ -131,12 +133,13 @@ def build_subrequests(
     return subs
 
 
-def _structured_output(body: _Sampling) -> StructuredOutput | None:
+def _structured_output(body: _Sampling, thinking: str | None) -> StructuredOutput | None:
     """The request's structured output, its grammar checked here so that a 400 names the field."""
     asked = body.structured_output()  # a StructuredOutputError is that 400 already
     if asked is None:
         return None
     structured, field = asked
+    structured = replace(structured, thinking=thinking)
     error = grammar.check(structured)
     if error is not None:
         raise APIError(400, f"{field}: invalid {structured.kind} for structured output: {error}", param=field)

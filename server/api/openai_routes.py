@@ -84,15 +84,18 @@ def install(app: FastAPI, state: ServerState) -> None:
         tool_calls = body.tool_call_replies(state.tool_call_parser)  # refused: a 400 naming the field
         prompt_text = chat_prompt_text(state, body)
         prompt = state.tokenizer.encode(prompt_text, add_special_tokens=body.special_tokens())
-        reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.constrained(), body.include_reasoning)
+        reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.include_reasoning)
+        # vLLM's default: a grammar holds the answer, after the thinking
+        thinking = reasoning.thinking_mode if reasoning and not state.structured_outputs_in_reasoning else None
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if _remote_decode(body):
-            build_subrequests(state, [prompt], body, max_tokens, logprobs)  # refuse what decode would
+            # refuse what the decode server would
+            build_subrequests(state, [prompt], body, max_tokens, logprobs, thinking=thinking)
             return await _prefill_unless_gone(raw, state, [prompt], body.priority, arrival)
         scored = body.prompt_logprobs
         imports = await _received_kv(state, body, [prompt], scored)
-        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, prompt_logprobs=scored)
+        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, scored, thinking)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
         if body.stream:

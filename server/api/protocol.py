@@ -236,10 +236,6 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     parallel_tool_calls: bool | None = None
     include_reasoning: bool = Field(True, description="As in vLLM: with a reasoning parser, return the thinking.")
 
-    def constrained(self) -> bool:
-        """Whether a grammar holds the reply from its first token (structured output, a forced call)."""
-        return bool(self._asked())
-
     def forced_tool_calls(self) -> ForcedToolCalls | None:
         return ForcedToolCalls.of(self.tools, self.tool_choice, self.parallel_tool_calls)
 

@@ -11,12 +11,15 @@ same message. Where thinking starts:
 - inside a think block the prompt left open (the chat template's generation prompt ends with
   ``<think>``, as those of R1-0528 and Qwen3-Thinking-2507 do);
 - ``deepseek_r1``: at the reply's first token in any case, as vLLM's parser assumes (R1 starts
-  thinking without writing the tag), unless the request holds the reply to a structured-output
-  grammar, which rules from that first token;
+  thinking without writing the tag);
 - otherwise where the reply opens with ``<think>`` (``qwen3``, whose thinking can be turned off
   with ``chat_template_kwargs: {"enable_thinking": false}``).
 
 Thinking ends at ``</think>``; a reply cut short before it is all thinking.
+
+A structured-output grammar (or a forced tool call's) holds the answer alone, as vLLM's does by
+default: the thinking runs free up to its ``</think>`` (``thinking_mode``, core/grammar.py).
+``--structured-outputs-config.enable_in_reasoning`` (vLLM's flag) makes it hold the whole reply.
 """
 
 from __future__ import annotations
@@ -40,12 +43,18 @@ class Reasoning:
     include: bool = True
 
     @classmethod
-    def of(cls, parser: str | None, prompt_text: str, constrained: bool, include: bool) -> Reasoning | None:
+    def of(cls, parser: str | None, prompt_text: str, include: bool) -> Reasoning | None:
         """None without a parser: the reply is all content."""
         if parser is None:
             return None
         opened = prompt_text.rstrip().endswith(START)  # the template's generation prompt began the thinking
-        return cls(opened or (REASONING_PARSERS[parser] and not constrained), include)
+        return cls(opened or REASONING_PARSERS[parser], include)
+
+    @property
+    def thinking_mode(self) -> str:
+        """Where a grammar that holds the answer alone lets the thinking run (core/request.py's
+        THINKING_MODES): the reply starts inside it, or may open with it."""
+        return "open" if self.starts_inside else "leading"
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole reply's thinking and answer (None where there is none)."""

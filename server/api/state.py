@@ -46,6 +46,8 @@ class ServerState:
     api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
     tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: 'auto' is served
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
+    # --structured-outputs-config.enable_in_reasoning: a grammar holds the thinking too (vLLM's flag)
+    structured_outputs_in_reasoning: bool = False
     _http: Any = None
 
     def http_client(self) -> httpx.AsyncClient:

@@ -54,7 +54,10 @@ class ForcedToolCalls:
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The assistant message for the generated ``text``, and the choice's finish reason. A
-        text cut short (``length``) that does not parse is returned as content."""
+        text cut short (``length``) that does not parse is returned as content; none at all (a
+        reasoning model cut short in its thinking) makes no call."""
+        if not text:
+            return {"role": "assistant", "content": None}, finish_reason
         if self.name is not None:
             return _with_calls([_call(self.name, text)]), finish_reason
         calls = self._parsed(text)
@@ -155,7 +158,7 @@ class ToolCallStream:
             return {}, None
         message, finish = self.forced.message(self._text, finish_reason)
         if "tool_calls" not in message:
-            return {"content": message["content"]}, finish
+            return ({"content": message["content"]} if message["content"] else {}), finish
         return {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}, finish
 
 

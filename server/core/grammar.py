@@ -1,6 +1,12 @@
 """Structured output's grammars: a request's constraint (``StructuredOutput``) as an llguidance
 grammar, and whether it compiles. The engine and the API check a request with it as it arrives;
 the runner's grammar_masks.py compiles it against the vocabulary and masks the logits.
+
+A constraint with ``thinking`` holds only a reasoning model's answer: the grammar is the
+constraint's, named ``answer``, behind a lazy lexeme that takes any text up to the first
+``</think>`` (lazy: it ends there, so thinking cannot run past its close). The tags are matched as
+text, so one token or several alike, as long as the tokenizer does not mark them special (R1's
+and Qwen3's do not). Thinking may be any text but cannot end the reply: the answer must follow.
 """
 
 from __future__ import annotations
@@ -12,6 +18,11 @@ import llguidance
 
 from .request import StructuredOutput
 
+_THINKING = {  # THINKING_MODES -> the top grammar in front of the answer's
+    "open": "start: think @answer\nthink[lazy]: /(?s:.*)<\\/think>/",
+    "leading": "start: @answer | think @answer\nthink[lazy]: /[ \\t\\r\\n]*<think>(?s:.*)<\\/think>/",
+}
+
 
 # Clients send the same schema request after request, and each request is checked twice at
 # admission (the API, to name the field; the engine, its guard) and compiled once more at sampling.
@@ -19,6 +30,26 @@ from .request import StructuredOutput
 def compile_grammar(structured: StructuredOutput) -> str:
     """The llguidance grammar of ``structured``. Raises ValueError where its text is not even
     the right shape (a schema that is not JSON, a choice that is not a list of strings)."""
+    answer = _answer_grammar(structured)
+    if structured.thinking is None:
+        return answer
+    grammars = [{"lark_grammar": _THINKING[structured.thinking]}, _subgrammar(answer) | {"name": "answer"}]
+    return json.dumps({"grammars": grammars})
+
+
+def _subgrammar(grammar: str) -> dict:
+    """One entry of llguidance's grammar list: a JSON schema's or a regex's comes as a list of one,
+    a Lark (or converted GBNF) grammar as its text."""
+    try:
+        listed = json.loads(grammar)
+    except ValueError:
+        listed = None
+    if isinstance(listed, dict) and len(listed.get("grammars") or []) == 1:
+        return listed["grammars"][0]
+    return {"lark_grammar": grammar}
+
+
+def _answer_grammar(structured: StructuredOutput) -> str:
     kind, spec = structured.kind, structured.spec
     if kind in ("json", "json_object"):
         schema = spec if kind == "json" else '{"type": "object"}'

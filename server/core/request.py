@@ -43,6 +43,11 @@ FINISH_REASON = {
 _GREEDY_EPS = 1e-5
 
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# Where a reasoning model's thinking runs free before the constraint holds (vLLM's default: the
+# grammar applies after the reasoning): "open", the reply starts inside a think block and the
+# constraint holds what follows its first "</think>"; "leading", the reply may open with a
+# "<think>...</think>" block, and the constraint holds the rest.
+THINKING_MODES = ("open", "leading")
 
 
 @dataclass(frozen=True)
@@ -50,16 +55,20 @@ class StructuredOutput:
     """A constraint on the generated text, as vLLM's structured outputs name them: ``json`` (a JSON
     schema, serialized), ``json_object`` (any JSON object), ``regex``, ``choice`` (a JSON list of
     strings) or ``grammar`` (Lark or GBNF). ``whitespace_pattern`` (a regex) replaces the
-    whitespace JSON may hold between its tokens. core/grammar.py makes it a grammar, which the
-    runner's sampler holds the request to (runner/grammar_masks.py)."""
+    whitespace JSON may hold between its tokens. ``thinking`` (one of ``THINKING_MODES``) leaves
+    a reasoning model's thinking free and holds only the answer after it. core/grammar.py makes it
+    a grammar, which the runner's sampler holds the request to (runner/grammar_masks.py)."""
 
     kind: str
     spec: str = ""
     whitespace_pattern: str | None = None
+    thinking: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
             raise ValueError(f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, got {self.kind!r}")
+        if self.thinking is not None and self.thinking not in THINKING_MODES:
+            raise ValueError(f"thinking must be one of {', '.join(THINKING_MODES)}, got {self.thinking!r}")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import replace
 
 import llguidance
 import llguidance.hf
@@ -17,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, L
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.grammar import compile_grammar
-from llmfleet.server.core.request import SamplingParams, StructuredOutput
+from llmfleet.server.core.request import THINKING_MODES, SamplingParams, StructuredOutput
 from llmfleet.server.engine.build import build_engine
 from llmfleet.server.engine.engine import InvalidRequestError
 from llmfleet.server.runner.builtin_models import resolve_model
@@ -44,6 +45,14 @@ CONSTRAINTS = [
     StructuredOutput("json_object", whitespace_pattern=""),
     None,
 ]
+# then three on a reasoning model's answer alone: the thinking before it runs free (the random
+# model never closes it, so the oracle checks the free thinking and the answer's first token)
+THINKING = [
+    StructuredOutput("json", json.dumps(SCHEMA), whitespace_pattern=r"[ ]?", thinking="open"),
+    StructuredOutput("regex", REGEX, thinking="leading"),
+    StructuredOutput("choice", json.dumps(CHOICES), thinking="leading"),
+]
+ANSWERS = ['{"id": 7, "kind": "cat"}', "abc-12", "negative", "(1+2*3)", '{"a":[]}']  # one per bounded constraint
 MAX_TOKENS = 48
 
 CASES = {
@@ -72,9 +81,9 @@ class GrammarProcessor(LogitsProcessor):
         return scores.masked_fill(~allowed[None], float("-inf"))
 
 
-def prompts(seed: int = 3) -> list[list[int]]:
+def prompts(seed: int = 3, n: int = len(CONSTRAINTS)) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(5, 500) for _ in range(rng.randint(1, 30))] for _ in CONSTRAINTS]
+    return [[rng.randrange(5, 500) for _ in range(rng.randint(1, 30))] for _ in range(n)]
 
 
 @pytest.fixture(scope="module", params=["builtin:tiny", "builtin:tiny-qwen2"])
@@ -87,7 +96,7 @@ def reference(request):
     vocab = max(model.config.vocab_size, len(hf_tokenizer))  # the qwen2 builtin's tokenizer has one more
     tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab, eos_token=eos)
     expected = []
-    for prompt, structured in zip(prompts(), CONSTRAINTS, strict=True):
+    for prompt, structured in zip(prompts(n=len(CONSTRAINTS + THINKING)), CONSTRAINTS + THINKING, strict=True):
         ids = torch.tensor([prompt], device=DEVICE)
         processors = LogitsProcessorList([GrammarProcessor(tokenizer, structured, len(prompt))] if structured else [])
         out = model.generate(
@@ -106,8 +115,9 @@ def test_constrained_greedy_matches_hf_generate_with_the_grammar(reference, case
     name, expected = reference
     config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4, **CASES[case])
     engine, tokenizer = build_engine(name, config, device=DEVICE)
-    sampling = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, structured=s) for s in CONSTRAINTS]
-    outputs = engine.generate(prompts(), sampling)
+    constraints = CONSTRAINTS + THINKING
+    sampling = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, structured=s) for s in constraints]
+    outputs = engine.generate(prompts(n=len(constraints)), sampling)
     for i, (got, want) in enumerate(zip(outputs, expected, strict=True)):
         assert got == want[: len(got)] and len(got) == len(want), f"request {i} diverged under {case} on {name}"
     if case == "preemption":
@@ -134,6 +144,42 @@ def test_sampled_text_obeys_its_constraint_too():
         ]
         outputs = engine.generate(prompts(seed), sampling)
         obeyed([tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs])
+
+
+@pytest.fixture(scope="module")
+def tiny_ll_tokenizer():
+    hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model("builtin:tiny"))
+    return hf_tokenizer, llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=512, eos_token=[hf_tokenizer.eos_token_id])
+
+
+@pytest.mark.parametrize("thinking", THINKING_MODES)
+@pytest.mark.parametrize(("answer", "text"), list(zip(CONSTRAINTS[:5], ANSWERS, strict=True)))
+def test_a_thinking_grammar_holds_the_answer_alone(tiny_ll_tokenizer, answer, text, thinking):
+    """Until the first </think> anything goes but the reply's end (JSON braces, a quoted <think>,
+    half a tag); from it, exactly what the answer's own grammar allows at its start; then the
+    answer completes the text. "leading": answering at once is allowed too."""
+    hf_tokenizer, tokenizer = tiny_ll_tokenizer
+    eos = hf_tokenizer.eos_token_id
+
+    def mask(matcher: llguidance.LLMatcher) -> bytes:
+        return bytes(matcher.compute_logit_bias())
+
+    def feed(matcher: llguidance.LLMatcher, words: str) -> None:
+        for token in hf_tokenizer.encode(words, add_special_tokens=False):
+            assert matcher.consume_token(token), (words, matcher.get_error())
+
+    at_start = mask(llguidance.LLMatcher(tokenizer, compile_grammar(answer)))
+    matcher = llguidance.LLMatcher(tokenizer, compile_grammar(replace(answer, thinking=thinking)))
+    if thinking == "leading":
+        assert all(a <= b for a, b in zip(at_start, mask(matcher), strict=True))
+        feed(matcher, " \n<think>")
+    feed(matcher, 'Hm, {"id": "x"} <think> is quoted </th')
+    thinking_mask = mask(matcher)
+    assert not thinking_mask[eos] and sum(map(bool, thinking_mask)) > 400  # of 512
+    feed(matcher, "ink>")
+    assert mask(matcher) == at_start
+    feed(matcher, text)
+    assert matcher.is_accepting() and mask(matcher)[eos]
 
 
 def test_the_grammar_wins_over_min_tokens():
