@@ -189,7 +189,7 @@ def spec_schema() -> dict[str, Any]:
                 "The model's tool-call format, as vLLM's --tool-call-parser: with it, tool_choice 'auto' (the "
                 "default when a request gives tools) returns the calls the model writes as tool_calls. hermes: "
                 "Hermes 2 Pro, Qwen 2.5 and 3; llama3_json: Llama 3.1 and later; pythonic: Llama 3.2 and 4 with their "
-                "pythonic template. Unset, 'auto' is refused.",
+                "pythonic template; mistral: Mistral 7B v0.3, Nemo, Small. Unset, 'auto' is refused.",
                 enum=list(TOOL_CALL_PARSERS),
             ),
             "reasoningParser": _str(

@@ -15,7 +15,7 @@ from llmfleet.server.config import EngineConfig
 
 POOL_NAMES = ("colocated", "prefill", "decode")
 MODELS_DIR = "/models"  # where model.volume is mounted
-ToolCallParserName = Literal["hermes", "llama3_json", "pythonic"]  # the server's --tool-call-parser choices
+ToolCallParserName = Literal["hermes", "llama3_json", "mistral", "pythonic"]  # the server's --tool-call-parser choices
 TOOL_CALL_PARSERS = get_args(ToolCallParserName)
 ReasoningParserName = Literal["deepseek_r1", "qwen3"]  # the server's --reasoning-parser choices
 REASONING_PARSERS = get_args(ReasoningParserName)

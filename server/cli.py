@@ -36,8 +36,8 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--tool-call-parser",
         choices=sorted(TOOL_CALL_PARSERS),
-        help="the model's tool-call format: hermes (Hermes, Qwen 2.5/3), llama3_json (Llama 3.1+) or pythonic "
-        "(Llama 3.2/4)",
+        help="the model's tool-call format: hermes (Hermes, Qwen 2.5/3), llama3_json (Llama 3.1+), pythonic "
+        "(Llama 3.2/4) or mistral (Mistral 7B v0.3, Nemo, Small)",
     )
     parser.add_argument(
         "--reasoning-parser",

@@ -113,6 +113,7 @@ def build_subrequests(
                     seed=None if body.seed is None else body.seed + j,  # n choices differ, reproducibly
                     stop=body.stop_list(),
                     include_stop_str_in_output=body.include_stop_str_in_output,
+                    skip_special_tokens=body.skip_special_tokens,
                     stop_token_ids=list(body.stop_token_ids or []),
                     ignore_eos=body.ignore_eos,
                     logprobs=logprobs,

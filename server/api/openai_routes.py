@@ -82,6 +82,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         arrival = state.engine.now()
         check_serving(state, body.model)
         tool_calls = body.tool_call_replies(state.tool_call_parser)  # refused: a 400 naming the field
+        if isinstance(tool_calls, AutoToolCalls) and tool_calls.parser.keeps_special_tokens:
+            body = body.model_copy(update={"skip_special_tokens": False})  # its tags are special tokens
         prompt_text = chat_prompt_text(state, body)
         prompt = state.tokenizer.encode(prompt_text, add_special_tokens=body.special_tokens())
         reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.include_reasoning)

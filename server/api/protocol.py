@@ -59,6 +59,7 @@ class _Sampling(StructuredOutputFields):
     logit_bias: dict[str, float] | None = Field(None, description="Token id -> bias, clamped to [-100, 100].")
     best_of: int | None = Field(None, ge=1)
     include_stop_str_in_output: bool = Field(False, description="As in vLLM: keep the stop string that ended the text.")
+    skip_special_tokens: bool = Field(True, description="As in vLLM: false keeps special tokens in the text.")
     prompt_logprobs: int | None = Field(
         None, ge=0, le=20, description="As in vLLM: each prompt token's logprob, rank and the top-N there."
     )

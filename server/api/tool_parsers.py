@@ -3,7 +3,7 @@
 
 A parser is fed the generated text as it comes and hands back the content that is the model's
 words and the calls it has read whole; a non-streamed reply is the same parser fed once, so a
-streamed reply joins up to exactly the same message. Three formats, vLLM's names:
+streamed reply joins up to exactly the same message. Four formats, vLLM's names:
 
 - ``hermes`` (Hermes 2 Pro, Qwen 2.5 and 3): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
   one block per call, words allowed before them; a block left open when generation ends is read too.
@@ -11,6 +11,10 @@ streamed reply joins up to exactly the same message. Three formats, vLLM's names
   ``{"name": ..., "parameters": {...}}`` objects separated by ``;``, optionally after ``<|python_tag|>``.
 - ``pythonic`` (Llama 3.2 and 4 with their pythonic template): the whole reply is a Python list
   of calls with literal keyword arguments, ``[get_weather(city="Oslo", days=3), now()]``.
+- ``mistral`` (Mistral 7B v0.3, Nemo, Small): words, then ``[TOOL_CALLS]`` and the calls to the
+  reply's end, a JSON list of ``{"name": ..., "arguments": {...}}`` (v3 tokenizers) or one
+  ``name[ARGS]{...}`` after each ``[TOOL_CALLS]`` (v11: Small 3.2, Magistral). ``[TOOL_CALLS]``
+  is a special token, so its replies keep special tokens in their text (``keeps_special_tokens``).
 
 A block that does not read as a call (not JSON, no name) is returned as content, as written:
 nothing the model generated is dropped but the whitespace between calls.
@@ -20,8 +24,9 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,8 @@ class ParsedCall:
 
 
 class ToolCallParser(Protocol):
+    keeps_special_tokens: ClassVar[bool]  # its tags are special tokens, which the reply's text must keep
+
     def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
         """Take newly generated ``text`` (``final``: generation has ended) and return the content
         and the calls that can be told apart now; text that may still become a call is held."""
@@ -39,6 +46,7 @@ class ToolCallParser(Protocol):
 
 class HermesParser:
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    keeps_special_tokens = False
 
     def __init__(self) -> None:
         self._held = ""  # text not yet told apart: a possible tag's start, or an open block's body
@@ -97,6 +105,8 @@ class _WholeReplyParser:
     """A format whose calls are the whole reply: its first words say whether it is one (then it
     is held and read once generation ends), or plain content (streamed as it comes)."""
 
+    keeps_special_tokens = False
+
     def __init__(self) -> None:
         self._text = ""
         self._calls: bool | None = None  # unknown until the first word
@@ -149,10 +159,41 @@ class PythonicParser(_WholeReplyParser):
         return _pythonic_calls(text)
 
 
-TOOL_CALL_PARSERS: dict[str, type[HermesParser] | type[_WholeReplyParser]] = {
+class MistralParser:
+    """Words as they come until ``[TOOL_CALLS]``; from it to the end, the calls, read once the
+    reply is whole (as written, as content, where they do not read as calls)."""
+
+    TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    keeps_special_tokens = True
+
+    def __init__(self) -> None:
+        self._held = ""
+        self._in_calls = False
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+        self._held += text
+        content = ""
+        if not self._in_calls:
+            start = self._held.find(self.TAG)
+            if start < 0:
+                cut = len(self._held) - (0 if final else partial_suffix(self._held, self.TAG))
+                content, self._held = self._held[:cut], self._held[cut:]
+                return content, []
+            content, self._held, self._in_calls = self._held[:start], self._held[start:], True
+        if not final:
+            return content, []
+        calls = _mistral_calls(self._held)
+        if calls is None:
+            content += self._held
+        self._held = ""
+        return content, calls or []
+
+
+TOOL_CALL_PARSERS: dict[str, type[ToolCallParser]] = {
     "hermes": HermesParser,
     "llama3_json": Llama3JsonParser,
     "pythonic": PythonicParser,
+    "mistral": MistralParser,
 }
 
 
@@ -215,6 +256,32 @@ def _pythonic_calls(text: str) -> list[ParsedCall] | None:
         except (ValueError, TypeError, SyntaxError):  # not a literal, or not JSON (a set, bytes)
             return None
     return calls
+
+
+def _mistral_calls(text: str) -> list[ParsedCall] | None:
+    """The calls after the first ``[TOOL_CALLS]``: one JSON list of them, or ``name[ARGS]{...}``
+    after each tag; None if any part is not a call."""
+    segments = text.split(MistralParser.TAG)[1:]
+    if len(segments) == 1 and segments[0].lstrip().startswith("["):
+        try:
+            listed = json.loads(segments[0])
+        except ValueError:
+            return None
+        read = [_call_of(obj, "arguments") for obj in listed] if isinstance(listed, list) else []
+        return [c for c in read if c is not None] if read and None not in read else None
+    calls = []
+    for segment in segments:
+        name, tag, arguments = segment.partition(MistralParser.ARGS)
+        if not tag or not re.fullmatch(r"[\w.-]+", name.strip()):
+            return None
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return None
+        if not isinstance(parsed, dict):
+            return None
+        calls.append(ParsedCall(name.strip(), json.dumps(parsed, ensure_ascii=False)))
+    return calls or None
 
 
 def _call_of(obj: Any, *argument_keys: str) -> ParsedCall | None:

@@ -82,6 +82,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # the text leaves out special tokens (BOS, <|end|>...)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token; None: off

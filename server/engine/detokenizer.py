@@ -20,8 +20,11 @@ _CONTEXT_TOKENS = 6
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decoder: Decoder, stop: list[str], include_stop: bool = False) -> None:
+    def __init__(
+        self, decoder: Decoder, stop: list[str], include_stop: bool = False, skip_special_tokens: bool = True
+    ) -> None:
         self._decoder = decoder
+        self._skip_special = skip_special_tokens
         self._stop = [s for s in stop if s]
         self._include_stop = include_stop  # the text ends after the stop string, not before
         self._max_stop = max((len(s) for s in self._stop), default=0)
@@ -98,4 +101,4 @@ class IncrementalDetokenizer:
     def _decode(self, tokens: list[int]) -> str:
         if not tokens:
             return ""
-        return self._decoder.decode(tokens, skip_special_tokens=True)
+        return self._decoder.decode(tokens, skip_special_tokens=self._skip_special)

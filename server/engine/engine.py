@@ -143,7 +143,9 @@ class LLMEngine:
             request.kv_import = kv_import
         detok = None
         if self._decoder is not None:
-            detok = IncrementalDetokenizer(self._decoder, sampling.stop, sampling.include_stop_str_in_output)
+            detok = IncrementalDetokenizer(
+                self._decoder, sampling.stop, sampling.include_stop_str_in_output, sampling.skip_special_tokens
+            )
         stop_ids = sampling.stop_ids(self.runner.eos_token_ids)
         self._requests[request_id] = _Tracked(request, detok, stop_ids, export_kv)
         self.scheduler.add(request)

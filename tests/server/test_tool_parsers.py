@@ -8,13 +8,17 @@ import itertools
 import json
 
 import pytest
+from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmfleet.server import cli as server_cli
+from llmfleet.server.api.app import create_app
 from llmfleet.server.api.serve import local_engine_state
 from llmfleet.server.api.tool_calls import AutoToolCalls
 from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS
+from llmfleet.server.config import EngineConfig
+from tests.server.fakes import real_tiny_state
 
 WEATHER = '{"name": "weather", "arguments": {"city": "Oslo", "days": 3}}'
 TIME = '{"name": "time", "arguments": {}}'
@@ -66,6 +70,19 @@ PYTHONIC = [
 ]  # fmt: skip
 
 
+MISTRAL = [
+    ("It is sunny.", "It is sunny.", []),
+    (f"[TOOL_CALLS] [{WEATHER}, {TIME}]", None, [("weather", {"city": "Oslo", "days": 3}), ("time", {})]),
+    (f"Let me look. [TOOL_CALLS][{TIME}]\n", "Let me look. ", [("time", {})]),
+    ('[TOOL_CALLS]weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get-time[ARGS]{}', None,
+     [("weather", {"city": "Oslo"}), ("get-time", {})]),  # v11
+    ('[TOOL_CALLS]weather[ARGS]{"city": "Os', '[TOOL_CALLS]weather[ARGS]{"city": "Os', []),  # cut short
+    ("[TOOL_CALLS] not a call", "[TOOL_CALLS] not a call", []),
+    ("[TOOL_CALLS] []", "[TOOL_CALLS] []", []),
+    ("a [TOOL", "a [TOOL", []),  # a tag's start that never became one
+]  # fmt: skip
+
+
 def replied(parser: str, text: str, finish: str = "stop") -> tuple[dict, str]:
     return AutoToolCalls(TOOL_CALL_PARSERS[parser]).message(text, finish)
 
@@ -74,6 +91,7 @@ CASES = (
     [("hermes", *case) for case in HERMES]
     + [("llama3_json", *case) for case in LLAMA3]
     + [("pythonic", *case) for case in PYTHONIC]
+    + [("mistral", *case) for case in MISTRAL]
 )
 
 
@@ -140,4 +158,31 @@ def test_auto_tool_choice_without_a_parser_stops_the_server_before_it_loads_the_
     with pytest.raises(SystemExit, match="--enable-auto-tool-choice needs --tool-call-parser"):
         local_engine_state(parser.parse_args(["--enable-auto-tool-choice"]))
     with pytest.raises(SystemExit):  # argparse: an unknown format
-        parser.parse_args(["--tool-call-parser", "mistral"])
+        parser.parse_args(["--tool-call-parser", "granite"])
+
+
+def test_special_tokens_stay_in_the_text_when_asked_and_under_the_mistral_parser():
+    """vLLM's skip_special_tokens (default true), and its mistral parser's adjustment: [TOOL_CALLS]
+    is a special token, so a reply read by it keeps special tokens in its text. A bias makes the
+    tiny model write <|pad|>, a special token that does not stop it."""
+    state = real_tiny_state(EngineConfig(dtype="float32", kv_cache_memory_mb=8))
+    pad = state.tokenizer.convert_tokens_to_ids("<|pad|>")
+    ask = {"max_tokens": 4, "temperature": 0, "logit_bias": {str(pad): 100}}
+    tools = [{"type": "function", "function": {"name": "time"}}]
+    chat = ask | {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": "none"}
+    try:
+        with TestClient(create_app(state)) as client:
+
+            def text(path: str, body: dict) -> str:
+                reply = client.post(path, json=body)
+                assert reply.status_code == 200, reply.text
+                choice = reply.json()["choices"][0]
+                return choice["text"] if "text" in choice else choice["message"]["content"] or ""
+
+            assert text("/v1/completions", ask | {"prompt": "hi"}) == ""
+            assert text("/v1/completions", ask | {"prompt": "hi", "skip_special_tokens": False}) == "<|pad|>" * 4
+            assert text("/v1/chat/completions", chat) == ""
+            state.tool_call_parser = "mistral"  # 'auto' reads the reply with it
+            assert text("/v1/chat/completions", chat | {"tool_choice": "auto"}) == "<|pad|>" * 4
+    finally:
+        state.engine.shutdown()
