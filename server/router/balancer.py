@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import httpx
 
 from .endpoints import POOLS, EndpointSource
-from .policies import POLICIES
+from .policies import POLICIES, PrefixAffinity
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Balancer:
             raise ValueError(f"unknown router policy {policy!r}; known: {sorted(POLICIES)}")
         self.source = source
         self.policies = {pool: POLICIES[policy]() for pool in POOLS}
+        self.reads_prefixes = any(isinstance(p, PrefixAffinity) for p in self.policies.values())
         self.client = client
         self.servers: dict[str, dict[str, Server]] = {pool: {} for pool in POOLS}
         self._tasks: list[asyncio.Task] = []

@@ -104,7 +104,7 @@ class Proxy:
     async def _open(self, path: str, body: dict, stream: bool, started: float) -> _Opened | Response:
         tried = {"prefill": set(), "decode": set()}
         last: ServerFailed | None = None
-        prefixes = prefix_hashes(body)
+        prefixes = prefix_hashes(body) if self.balancer.reads_prefixes else []  # only a prefix policy reads them
         for attempt in range(self.settings.attempts):
             decode = await self.balancer.pick_or_rediscover("decode", tried["decode"], prefixes)
             if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
