@@ -147,7 +147,7 @@ def install_prefill_routes(app: FastAPI, state: ServerState) -> None:
         entry = state.kv_store.get(kv_id)
         if entry is None:
             raise APIError(404, f"no KV {kv_id} here: expired, evicted or already taken", "not_found_error")
-        full_blocks = len(entry.token_ids) // state.kv_layout.block_size
+        full_blocks = state.kv_layout.full_blocks(len(entry.token_ids))
         if first_block > full_blocks:
             message = f"first_block {first_block} is past the KV's {full_blocks} full blocks"
             raise APIError(400, message, param="first_block")

@@ -61,6 +61,10 @@ class KVLayout:
     def num_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def full_blocks(self, num_tokens: int) -> int:
+        """The blocks ``num_tokens`` fill: the ones a receiver can hold cached and a body leave out."""
+        return num_tokens // self.block_size
+
 
 @dataclass(frozen=True)
 class KVHeader:
@@ -117,7 +121,7 @@ def encode_header(
 ) -> bytes:
     """The prefix and header for ``payload`` (the KV of ``token_ids`` from block ``first_block``
     on); the payload follows it."""
-    if not 0 <= first_block <= len(token_ids) // layout.block_size:
+    if not 0 <= first_block <= layout.full_blocks(len(token_ids)):
         raise ValueError(f"first block {first_block} is not one of the {len(token_ids)} tokens' full blocks")
     expected = payload_bytes(layout, len(token_ids), first_block)
     if payload.nbytes != expected:
@@ -174,7 +178,7 @@ def check_header(header: KVHeader, model: str, layout: KVLayout, token_ids: list
             f"KV covers {header.num_tokens} prompt tokens that differ from the {len(token_ids)} this server "
             "tokenized (a different tokenizer or chat template?)"
         )
-    if not 0 <= header.first_block <= header.num_tokens // layout.block_size:
+    if not 0 <= header.first_block <= layout.full_blocks(header.num_tokens):
         raise KVCorruptError(f"KV first block {header.first_block} is not a full block of {header.num_tokens} tokens")
     expected = payload_bytes(layout, header.num_tokens, header.first_block)
     if header.payload_bytes != expected:
