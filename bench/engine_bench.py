@@ -9,12 +9,15 @@
 4. prefix caching: 16 requests sharing a 384-token system prompt, caching on vs off.
 5. scheduler: ``schedule()`` time with 256 running requests.
 6. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
+7. on a GPU, piecewise CUDA graphs: the steps that carry prompt tokens, eager vs through the
+   graph pieces, alternated on one engine.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +172,38 @@ def decode_at_batch(engine, batch: int = 32, context: int = 192, steps: int = 24
     return batch * steps / elapsed
 
 
+def piecewise_graphs(engine, prompts, outputs, rounds: int = 2) -> dict[str, float]:
+    """Best median milliseconds of the steps that carry prompt tokens, run eagerly and through the
+    piecewise CUDA graphs, alternated on one engine (pure decode steps take their decode graphs
+    in both)."""
+    runner = engine.runner
+    pieces, execute = runner.piecewise, runner.execute
+    times: list[float] = []
+
+    def timed(output):
+        _sync("cuda")
+        start = time.perf_counter()
+        sampled = execute(output)
+        _sync("cuda")
+        if any(item.num_tokens > 1 or item.start == 0 for item in output.scheduled):
+            times.append(time.perf_counter() - start)
+        return sampled
+
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
+    best = {"eager": float("inf"), "piecewise": float("inf")}
+    runner.execute = timed
+    try:
+        for _ in range(rounds):
+            for name, graphs in (("eager", None), ("piecewise", pieces)):
+                runner.piecewise = graphs
+                times.clear()
+                engine.generate(prompts, params)
+                best[name] = min(best[name], statistics.median(times) * 1e3)
+    finally:
+        runner.piecewise, runner.execute = pieces, execute
+    return best
+
+
 def scheduler_time_256() -> float:
     """Mean seconds of one ``schedule()`` call with 256 running decode requests."""
     from llmfleet.server.core.block_manager import BlockManager
@@ -314,6 +349,17 @@ def run(args) -> int:
         f"== pure decode, batch 32: {decode:.0f} tok/s; matmul ceiling {ceiling:.0f} tok/s "
         f"({gflops:.0f} GFLOP/s x {params / 1e6:.0f}M params) -> {decode / ceiling:.0%} of ceiling"
     )
+
+    if engine.runner.piecewise is not None:
+        mixed = anyscale_online(args.rate, 64).requests()
+        ms = piecewise_graphs(engine, [prompt_tokens(s, i, vocab) for i, s in enumerate(mixed)],
+                              [s.output_len for s in mixed])  # fmt: skip
+        results["piecewise_graphs_ms"] = ms
+        print(
+            f"== steps with prompt tokens (anyscale-online's 64 requests at once, 2048-token budget): "
+            f"{ms['eager']:.1f} ms eager vs {ms['piecewise']:.1f} ms through piecewise CUDA graphs "
+            f"-> {ms['eager'] / ms['piecewise']:.2f}x"
+        )
 
     sched = scheduler_time_256()
     results["scheduler_ms_256_running"] = sched * 1e3

@@ -25,6 +25,7 @@ does), so Mistral and Qwen2 with a window shorter than the context stay exact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import AttentionInterface
@@ -115,26 +116,50 @@ def paged_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    llmfleet_meta: StepMetadata | None = None,
+    llmfleet_meta: StepMetadata | AttentionSplit | None = None,
     sliding_window: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     meta = llmfleet_meta
     if meta is None:
         raise RuntimeError("llmfleet attention called without step metadata (use the llm-fleet runner)")
-    layer = module.layer_idx
-    cache = meta.cache
-    cache.write(layer, meta.slot_mapping, key[0], value[0])
-
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if not isinstance(meta, StepMetadata):
+        return meta.split(module.layer_idx, query, key, value, scale, sliding_window), None
     q = query[0].transpose(0, 1)  # (T, heads, D)
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    scale = scaling if scaling is not None else head_dim**-0.5
-    out = torch.empty((q.shape[0], num_heads, head_dim), dtype=q.dtype, device=q.device)  # token-major
-    for group in meta.decode_groups:
-        _decode(q, out, cache, layer, group, scale, sliding_window)
-    for span in meta.prefills:
-        _prefill(q, key, value, out, cache, layer, span, scale, sliding_window)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # token-major
+    attend(meta, module.layer_idx, q, key[0], value[0], out, scale, sliding_window)
     return out.unsqueeze(0), None
+
+
+class AttentionSplit(Protocol):
+    """Stands in for the step metadata while a forward is captured in pieces between its
+    attention calls (piecewise_graphs.py): it takes each layer's q/k/v and returns the tensor the
+    rest of the layer reads as the attention output."""
+
+    def split(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, window: int | None
+    ) -> torch.Tensor: ...
+
+
+def attend(
+    meta: StepMetadata,
+    layer: int,
+    q: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    window: int | None,
+) -> None:
+    """One layer's paged attention for a step: store ``key``/``value`` (kv_heads, T, D) in the
+    cache, attend ``q`` (T, heads, D) and write the result into ``out`` (T, heads, D)."""
+    cache = meta.cache
+    cache.write(layer, meta.slot_mapping, key, value)
+    for group in meta.decode_groups:
+        _decode(q, out, cache, layer, group, scale, window)
+    for span in meta.prefills:
+        _prefill(q, key, value, out, cache, layer, span, scale, window)
 
 
 def _decode(
@@ -183,7 +208,7 @@ def _prefill(
     rows = slice(span.row, span.row + span.num_tokens)
     queries = q[rows].transpose(0, 1).unsqueeze(0)  # (1, heads, n, D)
     if span.fresh:
-        keys, values = key[:, :, rows], value[:, :, rows]  # this step's own, no cache read needed
+        keys, values = key[None, :, rows], value[None, :, rows]  # this step's own, no cache read needed
     else:
         keys, values = cache.gather(layer, span.blocks)
         keys = keys[:, : span.context].unsqueeze(0)
@@ -199,6 +224,19 @@ def _prefill(
         enable_gqa=keys.shape[1] != queries.shape[1],
     )
     out[rows] = attended[0].transpose(0, 1)
+
+
+def model_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    logit_rows: torch.Tensor,
+    meta: StepMetadata | AttentionSplit,
+) -> torch.Tensor:
+    """One forward of a flattened step (1, T) through this attention: the logits of ``logit_rows``."""
+    return model(
+        input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=logit_rows, llmfleet_meta=meta
+    ).logits[0]
 
 
 def register() -> None:

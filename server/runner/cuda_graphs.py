@@ -7,11 +7,12 @@ A graph is captured per (batch bucket, context bucket): the batch is padded to t
 graph serves every step of that shape. Padding rows decode a dummy token into a reserved block
 that the block manager never hands out (the cache has one block more than the runner reports),
 and attend only to it; padding blocks of real rows are masked by their length, as an eager padded
-decode group is. Graphs are captured lazily, on the first step of each shape, and share one
-memory pool (they never run concurrently, and each graph's logits are read before the next
-replay).
+decode group is. Graphs are captured at start-up (or, with ``LLMFLEET_CUDA_GRAPHS=lazy``, on the
+first step of each shape) and share one memory pool with the piecewise graphs: no two of them
+run concurrently, and each graph's logits are read before the next replay.
 
-Only pure decode steps use graphs; any step with a prompt chunk runs eagerly.
+Only pure decode steps use these graphs; a step with a prompt chunk replays piecewise graphs with
+attention run eagerly between them (piecewise_graphs.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import torch
 
 from ..core.batch import SchedulerOutput
-from .attention import DecodeGroup, StepMetadata
+from .attention import DecodeGroup, StepMetadata, model_logits
 from .kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
@@ -53,13 +54,7 @@ class _Graph:
         self.logits: torch.Tensor | None = None
 
     def forward(self, model) -> torch.Tensor:
-        return model(
-            input_ids=self.input_ids,
-            position_ids=self.positions,
-            use_cache=False,
-            logits_to_keep=self.rows,
-            llmfleet_meta=self.meta,
-        ).logits[0]
+        return model_logits(model, self.input_ids, self.positions, self.rows, self.meta)
 
     def fill(self, packed: torch.Tensor) -> None:
         """Copy one step's inputs, packed on the host as [ids | positions | slots | lengths | blocks]."""
@@ -84,18 +79,31 @@ class DecodeGraphs:
         )
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.replays = 0
 
     def shape_for(self, output: SchedulerOutput) -> tuple[int, int] | None:
         return decode_shape(output, self.cache.block_size, self.context_buckets)
 
+    def captured(self, shape: tuple[int, int]) -> _Graph:
+        """The graph of ``shape``, captured now if it was not yet."""
+        if shape not in self.graphs:
+            self.graphs[shape] = self._capture(*shape)
+        return self.graphs[shape]
+
+    def capture_all(self) -> int:
+        """Capture every (batch, context) shape, largest first; returns how many there are."""
+        shapes = [(b, c) for b in reversed(BATCH_BUCKETS) for c in reversed(self.context_buckets)]
+        for shape in shapes:
+            self.captured(shape)
+        return len(shapes)
+
     def run(self, output: SchedulerOutput, shape: tuple[int, int]) -> torch.Tensor:
         """Logits (len(output.scheduled), vocab) of a pure decode step, through its graph."""
-        graph = self.graphs.get(shape)
-        if graph is None:
-            graph = self.graphs[shape] = self._capture(*shape)
+        graph = self.captured(shape)
         packed = pack_decode_inputs(output, *shape, self.cache.block_size, self.dummy_block)
         graph.fill(torch.tensor(packed, dtype=torch.long).pin_memory())
         graph.graph.replay()
+        self.replays += 1
         return graph.logits[: len(output.scheduled)]
 
     def _capture(self, batch: int, blocks_per_request: int) -> _Graph:
@@ -116,7 +124,7 @@ class DecodeGraphs:
         finally:
             self.cache.take_scratch()
             self.cache.restore_scratch(eager_scratch)
-        log.info("captured a CUDA graph for decode batch %d, %d context blocks", batch, blocks_per_request)
+        log.debug("captured a CUDA graph for decode batch %d, %d context blocks", batch, blocks_per_request)
         return graph
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from .cuda_graphs import DecodeGraphs
 from .grammar_masks import GrammarMasks
 from .host_memory import keep_freed_host_memory
 from .kv_cache import PagedKVCache
+from .piecewise_graphs import TOKEN_BUCKETS, PiecewiseGraphs, token_bucket
 from .sampler import Sampler, token_logprobs
 from .step_inputs import build_step_inputs
 
@@ -67,6 +69,11 @@ class TorchModelRunner:
         """``tokenizer``: the model's HF tokenizer, for structured output (without it, none)."""
         attention.register()
         self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            # cuDNN attention (SDPA's first choice for bf16 on Hopper) builds a plan for each new
+            # shape, and nearly every prompt chunk is one: on an H100 mixed steps took 102 ms
+            # instead of 21 until every shape had been seen. Flash and memory-efficient need none.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
@@ -86,7 +93,9 @@ class TorchModelRunner:
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, config.kv_cache_memory_mb * (1 << 20) // self.kv_bytes_per_block
         )
-        use_graphs = self.device.type == "cuda" and os.environ.get("LLMFLEET_CUDA_GRAPHS", "1") != "0"
+        # CUDA graphs: "1" (default) captured at start-up, "lazy" on each shape's first step, "0" none
+        graphs_mode = os.environ.get("LLMFLEET_CUDA_GRAPHS", "1") if self.device.type == "cuda" else "0"
+        use_graphs = graphs_mode != "0"
         self.cache = PagedKVCache(
             self.num_layers,
             self.num_kv_blocks + (1 if use_graphs else 0),  # CUDA graphs: one dummy block for padding rows
@@ -101,6 +110,9 @@ class TorchModelRunner:
             if use_graphs
             else None
         )
+        self.piecewise = PiecewiseGraphs(self.model, self.cache, self.graphs.pool) if use_graphs else None
+        if use_graphs and graphs_mode != "lazy":
+            self._capture_graphs()
         self.eos_token_ids = frozenset(_eos_ids(self.model))
         vocab = self.model.get_output_embeddings().weight.shape[0]  # the logits' width
         grammars = None if tokenizer is None else GrammarMasks(tokenizer, vocab, self.eos_token_ids)
@@ -121,6 +133,21 @@ class TorchModelRunner:
             self.num_kv_blocks,
             self.kv_block_size,
             self.num_kv_blocks * self.kv_bytes_per_block / (1 << 20),
+        )
+
+    @torch.inference_mode()
+    def _capture_graphs(self) -> None:
+        """Capture every graph shape now, as vLLM does: a capture while serving would stall its step
+        and, in CUDA's global capture mode, fail any other thread's CUDA call (a KV export)."""
+        started = time.perf_counter()
+        count = self.graphs.capture_all()
+        for bucket in TOKEN_BUCKETS:
+            self.piecewise.captured(bucket)
+        log.info(
+            "captured CUDA graphs for %d decode shapes and %d token buckets in %.1f s",
+            count,
+            len(TOKEN_BUCKETS),
+            time.perf_counter() - started,
         )
 
     @property
@@ -173,13 +200,11 @@ class TorchModelRunner:
             logits = self.graphs.run(output, shape)
             return list(self.sampler.sample(logits, [item.request for item in output.scheduled]))
         step = build_step_inputs(output, self.cache, self.device)
-        logits = self.model(
-            input_ids=step.input_ids,
-            position_ids=step.positions,
-            use_cache=False,
-            logits_to_keep=step.logit_rows,
-            llmfleet_meta=step.meta,
-        ).logits[0]
+        bucket = None if self.piecewise is None else token_bucket(step.input_ids.shape[1], step.logit_rows.shape[0])
+        if bucket is not None:
+            logits = self.piecewise.run(step, bucket)
+        else:
+            logits = attention.model_logits(self.model, step.input_ids, step.positions, step.logit_rows, step.meta)
         sampled = len(step.sample_index)
         if sampled:
             requests = [output.scheduled[i].request for i in step.sample_index]

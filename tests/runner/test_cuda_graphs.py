@@ -10,6 +10,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.runner.cuda_graphs import decode_shape, pack_decode_inputs
+from llmfleet.server.runner.piecewise_graphs import MAX_LOGIT_ROWS, TOKEN_BUCKETS, token_bucket
 
 BS = 4
 BUCKETS = (8, 16, 32)
@@ -60,5 +61,36 @@ def test_graphs_change_no_token(monkeypatch):
         assert (engine.runner.graphs is not None) == (graphs == "1")
         outputs[graphs] = engine.generate(prompts, sampling)
         if graphs == "1":
-            assert engine.runner.graphs.graphs, "no decode step went through a graph"
+            assert engine.runner.graphs.replays, "no decode step went through a graph"
     assert outputs["1"] == outputs["0"]
+
+
+def test_a_step_pads_to_the_smallest_token_bucket_that_holds_its_logit_rows():
+    assert token_bucket(1, 1) == TOKEN_BUCKETS[0]
+    assert token_bucket(17, 3) == 32
+    assert token_bucket(TOKEN_BUCKETS[-1], 1) == TOKEN_BUCKETS[-1]
+    assert token_bucket(TOKEN_BUCKETS[-1] + 1, 1) is None  # a larger step runs eagerly
+    assert token_bucket(20, 20) == 32
+    assert token_bucket(1000, MAX_LOGIT_ROWS + 1) is None  # too many rows kept (prompt logprobs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("mode", ["1", "lazy"])
+def test_piecewise_graphs_change_no_token_of_mixed_steps(monkeypatch, mode):
+    """Prompts chunked under a 24-token budget and mixed into decodes, with prompt logprobs kept
+    (more logit rows than sampled ones): the steps with a prompt chunk go through the pieces, and
+    every token equals an eager engine's (the oracle tests compare the logprobs with HF's)."""
+    from llmfleet.server.engine.build import build_engine
+
+    prompts = [[(5 * i + 3 * j) % 400 + 5 for j in range(4 + 29 * i)] for i in range(6)]
+    config = EngineConfig(dtype="float32", kv_block_size=4, kv_cache_memory_mb=16, max_num_batched_tokens=24)
+    sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    outputs = {}
+    for graphs in (mode, "0"):
+        monkeypatch.setenv("LLMFLEET_CUDA_GRAPHS", graphs)
+        engine, _ = build_engine("builtin:tiny", config, device="cuda")
+        outputs[graphs] = engine.generate(prompts, sampling)
+        if graphs != "0":
+            assert engine.runner.piecewise.replays, "no mixed step went through the pieces"
+            assert engine.runner.graphs.replays, "no decode step went through a graph"
+    assert outputs[mode] == outputs["0"]
