@@ -112,6 +112,9 @@ class EngineConfig(BaseModel):
     max_model_len: int | None = Field(
         None, ge=1, **_restart("Context limit; None uses the model's max_position_embeddings.")
     )
+    enforce_eager: bool = Field(
+        False, **_restart("Run every step eagerly, without CUDA graphs (vLLM's --enforce-eager); no effect on a CPU.")
+    )
     prefix_caching_hash_algo: Literal["builtin", "sha256"] = Field(
         "builtin",
         **_restart("What names a cached prefix: builtin (64-bit, fast) or sha256 (no collision in practice)."),

@@ -30,6 +30,7 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
 # flag (and its --no- form) -> (EngineConfig field, help)
 SWITCHES: dict[str, tuple[str, str]] = {
     "--enable-prefix-caching": ("enable_prefix_caching", "reuse KV of prompt prefixes seen before (default on)"),
+    "--enforce-eager": ("enforce_eager", "run every step eagerly, without CUDA graphs (default off)"),
 }
 
 

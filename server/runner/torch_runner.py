@@ -93,8 +93,11 @@ class TorchModelRunner:
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, config.kv_cache_memory_mb * (1 << 20) // self.kv_bytes_per_block
         )
-        # CUDA graphs: "1" (default) captured at start-up, "lazy" on each shape's first step, "0" none
-        graphs_mode = os.environ.get("LLMFLEET_CUDA_GRAPHS", "1") if self.device.type == "cuda" else "0"
+        # CUDA graphs unless --enforce-eager; LLMFLEET_CUDA_GRAPHS: "1" (default) captured at
+        # start-up, "lazy" on each shape's first step (the GPU tests), "0" none
+        graphs_mode = os.environ.get("LLMFLEET_CUDA_GRAPHS", "1")
+        if self.device.type != "cuda" or config.enforce_eager:
+            graphs_mode = "0"
         use_graphs = graphs_mode != "0"
         self.cache = PagedKVCache(
             self.num_layers,
