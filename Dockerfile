@@ -19,6 +19,9 @@ COPY bench /src/bench
 RUN pip install /src
 
 FROM python:3.11-slim
+# A C compiler: on a CPU the server builds its decode-attention kernel for the node's own CPU at
+# first start (server/runner/cpu_kernels.py); without one it runs the slower torch path.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/llm-fleet /opt/llm-fleet
 ENV PATH=/opt/llm-fleet/bin:$PATH \
     HOME=/tmp \

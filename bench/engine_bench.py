@@ -11,6 +11,8 @@
 6. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
 7. on a GPU, piecewise CUDA graphs: the steps that carry prompt tokens, eager vs through the
    graph pieces, alternated on one engine.
+8. on a CPU, decode attention: the C kernel (read in place) vs the torch path (gather, then
+   matmuls), pure decode at batch 32 (192-token contexts) and 16 (768), alternated.
 """
 
 from __future__ import annotations
@@ -172,6 +174,26 @@ def decode_at_batch(engine, batch: int = 32, context: int = 192, steps: int = 24
     return batch * steps / elapsed
 
 
+def decode_kernel(engine, batch: int, context: int, rounds: int = 3) -> dict[str, float]:
+    """Best decode tok/s at ``batch`` through the C decode-attention kernel and through the torch
+    path, alternated on one engine (``LLMFLEET_CPU_KERNELS`` is read at every call)."""
+    import os
+
+    best = {"kernel": 0.0, "torch": 0.0}
+    before = os.environ.get("LLMFLEET_CPU_KERNELS")
+    try:
+        for _ in range(rounds):
+            for name, flag in (("kernel", "1"), ("torch", "0")):
+                os.environ["LLMFLEET_CPU_KERNELS"] = flag
+                best[name] = max(best[name], decode_at_batch(engine, batch, context, steps=12))
+    finally:
+        if before is None:
+            os.environ.pop("LLMFLEET_CPU_KERNELS", None)
+        else:
+            os.environ["LLMFLEET_CPU_KERNELS"] = before
+    return best
+
+
 def piecewise_graphs(engine, prompts, outputs, rounds: int = 2) -> dict[str, float]:
     """Best median milliseconds of the steps that carry prompt tokens, run eagerly and through the
     piecewise CUDA graphs, alternated on one engine (pure decode steps take their decode graphs
@@ -268,6 +290,7 @@ def online(model: str, workload: Workload, config: EngineConfig, device: str | N
 def run(args) -> int:
     import torch
 
+    from llmfleet.server.runner import cpu_kernels
     from llmfleet.server.runner.builtin_models import resolve_model
     from llmfleet.server.runner.torch_runner import resolve_device, resolve_dtype
 
@@ -349,6 +372,16 @@ def run(args) -> int:
         f"== pure decode, batch 32: {decode:.0f} tok/s; matmul ceiling {ceiling:.0f} tok/s "
         f"({gflops:.0f} GFLOP/s x {params / 1e6:.0f}M params) -> {decode / ceiling:.0%} of ceiling"
     )
+
+    if device.type == "cpu" and cpu_kernels.enabled() and cpu_kernels.built() and not args.quick:
+        results["decode_kernel"] = {}
+        for batch, context in ((32, 192), (16, 768)):  # 16 x 768 still fits an fp32 cache of 1 GiB
+            tok_s = decode_kernel(engine, batch, context)
+            results["decode_kernel"][f"{batch}x{context}"] = tok_s
+            print(
+                f"== decode attention at batch {batch}, {context}-token contexts: {tok_s['kernel']:.0f} tok/s with "
+                f"the C kernel vs {tok_s['torch']:.0f} with the torch gather -> {tok_s['kernel'] / tok_s['torch']:.2f}x"
+            )
 
     if engine.runner.piecewise is not None:
         mixed = anyscale_online(args.rate, 64).requests()

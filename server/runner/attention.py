@@ -30,6 +30,7 @@ from typing import Protocol
 import torch
 from transformers import AttentionInterface
 
+from . import cpu_kernels
 from .kv_cache import PagedKVCache
 
 ATTN_IMPLEMENTATION = "llmfleet"
@@ -171,6 +172,9 @@ def _decode(
     scale: float,
     window: int | None,
 ) -> None:
+    kv = (cache.keys[layer], cache.values[layer], cache.block_size)
+    if cpu_kernels.paged_decode(q, out, *kv, group.rows, group.blocks, group.lengths, scale, window):
+        return  # read in place by the C kernel (cpu_kernels.py)
     n = group.rows.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = cache.num_kv_heads

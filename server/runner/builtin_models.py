@@ -60,9 +60,13 @@ BUILTINS: dict[str, BuiltinSpec] = {
 }
 
 
+def cache_root() -> Path:
+    """``$LLMFLEET_CACHE``, default ``~/.cache/llm-fleet``: built-in models, compiled kernels."""
+    return Path(os.environ.get("LLMFLEET_CACHE") or Path.home() / ".cache" / "llm-fleet")
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("LLMFLEET_CACHE") or Path.home() / ".cache" / "llm-fleet"
-    return Path(root) / "models"
+    return cache_root() / "models"
 
 
 def is_builtin(model: str) -> bool:
