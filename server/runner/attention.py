@@ -11,8 +11,9 @@ the layer in ``module.layer_idx`` and, for Qwen2/Mistral, the layer's ``sliding_
 The function writes this step's keys and values into the paged cache at the slot mapping, then
 attends each request's queries to that request's cached keys, causally, with GQA:
 
-- one-query requests (decodes) are batched per group of similar context length: their blocks
-  are gathered into a padded (kv_heads, n, ctx, head_dim) tensor and attended with two batched
+- one-query requests (decodes) are batched per group of similar context length. On a CPU a C
+  kernel attends them reading the cache in place (cpu_kernels.py); otherwise their blocks are
+  gathered into a padded (kv_heads, n, ctx, head_dim) tensor and attended with two batched
   matmuls and a length mask (CPU SDPA is several times slower for one-token queries);
 - prompt chunks run SDPA one request at a time: a chunk that starts at position 0 attends to
   its own fresh keys (causal, no gather); a later chunk gathers its request's blocks and uses a

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from ..config import EngineConfig
 from ..core.batch import SampledToken, SchedulerOutput
 from ..core.kv_wire import KVLayout
-from . import attention
+from . import attention, cpu_kernels
 from .cuda_graphs import DecodeGraphs
 from .grammar_masks import GrammarMasks
 from .host_memory import keep_freed_host_memory
@@ -77,6 +77,8 @@ class TorchModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
+            if cpu_kernels.enabled():
+                cpu_kernels.built()  # compile the decode-attention kernel now, not in a first decode step
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=self.dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
         ).to(self.device)
