@@ -122,7 +122,7 @@ def run(args) -> int:
         tries = []
         for attempt in range(max(1, args.tries)):
             wait_quiet(args.max_pressure)
-            real = real_run(engine, specs, f"r{index}.{attempt}-")
+            real = real_run(engine, specs, f"r{index}.{attempt}-", seed=1 + 1000 * index + attempt)
             tries.append(real)
             seconds, share = real["summary"]["seconds"], describe(real["pressure"])
             print(f"   real run {attempt + 1}: {seconds:.1f} s, CPU pressure {share}")
@@ -171,8 +171,11 @@ def _build(model: str, config: EngineConfig, cost: CostModel):
     return engine
 
 
-def real_run(engine, specs: list[RequestSpec], prefix: str) -> dict[str, Any]:
-    """The trace in real time through the real engine; every step's features and seconds kept."""
+def real_run(engine, specs: list[RequestSpec], prefix: str, seed: int) -> dict[str, Any]:
+    """The trace in real time through the real engine; every step's features and seconds kept.
+
+    ``seed`` draws the prompts' tokens: each run needs its own, or the engine's prefix cache
+    would serve a repeated trace's prompts from the run before (the simulator models no hits)."""
     vocab = engine.runner.model.config.vocab_size
     traces: dict[str, Trace] = {}
     steps: list[tuple[StepFeatures, float]] = []
@@ -187,7 +190,8 @@ def real_run(engine, specs: list[RequestSpec], prefix: str) -> dict[str, Any]:
                 i, spec = pending.pop(0)
                 rid = f"{prefix}{i}"
                 sampling = SamplingParams(max_tokens=spec.output_len, temperature=0, ignore_eos=True)
-                engine.add_request(rid, prompt_tokens(spec, i, vocab), sampling, arrival_time=start + spec.arrival_s)
+                prompt = prompt_tokens(spec, i, vocab, seed)
+                engine.add_request(rid, prompt, sampling, arrival_time=start + spec.arrival_s)
                 traces[rid] = Trace(spec.arrival_s, spec.prompt_len)
             before = len(engine.recorded)
             began = time.perf_counter()

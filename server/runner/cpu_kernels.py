@@ -182,9 +182,9 @@ def _library() -> ctypes.CDLL | None:
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # another process may build it too
                 source = Path(tmp) / "paged_decode.c"
                 source.write_text(_SOURCE)
-                built = Path(tmp) / path.name
-                subprocess.run([*command, "-o", str(built), str(source), "-lm"], check=True, capture_output=True)
-                built.replace(path)
+                output = Path(tmp) / path.name
+                subprocess.run([*command, "-o", str(output), str(source), "-lm"], check=True, capture_output=True)
+                output.replace(path)
         library = ctypes.CDLL(str(path))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = exc.stderr.decode(errors="replace")[-500:] if isinstance(exc, subprocess.CalledProcessError) else exc
