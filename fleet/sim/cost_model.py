@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.server.core.batch import SchedulerOutput
+from llmfleet.server.runner.builtin_models import cache_root
 
 FEATURES = ("intercept", "tokens", "seqs", "decode_groups", "kv_read", "prefill_attn", "prefills", "new_shape")
 PROFILE_VERSION = 2
@@ -222,9 +222,8 @@ class CostModel:
 
 def default_profile_path(model: str) -> Path:
     """``$LLMFLEET_CACHE/calibration/<model>.json`` (``builtin:small`` -> ``builtin-small.json``)."""
-    root = os.environ.get("LLMFLEET_CACHE") or Path.home() / ".cache" / "llm-fleet"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", model.strip("/")).strip("-") or "model"
-    return Path(root) / "calibration" / f"{name}.json"
+    return cache_root() / "calibration" / f"{name}.json"
 
 
 # --- fitting -----------------------------------------------------------------------------------
