@@ -7,6 +7,16 @@ instead, reading each key and value once: per (request, KV head) it scores the q
 head's group, takes a float32 softmax over the context (the sliding window honoured), and sums the
 values, all in float32 whatever the cache's dtype (float32 or bfloat16).
 
+It is bound by memory: between layers the matmuls evict the cache, so keys and values come from
+DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So each block's
+successor is prefetched, and the arithmetic is kept under the reads: keys are scored sixteen at a
+time (sixteen vector partial sums, then their lane sums, not a horizontal sum per key), and the
+softmax takes its exponentials sixteen at a time. Against the per-key loop before it, in bfloat16
+on this machine's 2 cores (DRAM reads about 30 GB/s): a call 1.2x faster with a fresh engine's
+block tables and 1.4-1.5x with scattered ones, 1.07-1.18x within builtin:small's decode steps,
+and decode 1.03x faster at batch 32 of 192-token contexts, 1.08x at 768-1024 tokens. Float32,
+already near the DRAM ceiling, gains up to 1.1x with scattered blocks.
+
 It is compiled on first use with the system's C compiler (``$CC``, default ``cc``) for this CPU
 (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command and the
 CPU's flags, and runs in torch's own OpenMP threads (the same ``libgomp`` is already loaded).
@@ -15,6 +25,7 @@ Without a compiler the torch path runs; ``LLMFLEET_CPU_KERNELS=0`` chooses it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -22,6 +33,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -34,6 +46,7 @@ _SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline float bf16_to_float(uint16_t h) {
     union { uint32_t u; float f; } c;
@@ -47,7 +60,63 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)((c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16); /* round to nearest even */
 }
 
-/* q . k over one head's row, k in the cache's dtype */
+/* 16 floats: one AVX-512 register, two AVX2 ones, four NEON ones; the compiler splits them. */
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+#define LANES 16 /* also the keys scored at once */
+
+static inline f32x16 load16(const void *p, int bf16) {
+    f32x16 v;
+    if (bf16) {
+        u16x16 h;
+        memcpy(&h, p, sizeof h);
+        const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+        memcpy(&v, &w, sizeof v);
+    } else {
+        memcpy(&v, p, sizeof v);
+    }
+    return v;
+}
+
+/* Lane t of the result is the sum of p[t]'s lanes. (Written as a shuffle tree, a transpose, it
+   was no faster: the loads of the keys dominate.) */
+static inline f32x16 reduce16(const f32x16 *p) {
+    f32x16 sums;
+    for (int t = 0; t < LANES; t++) {
+        float s = 0.0f;
+        for (int l = 0; l < LANES; l++) s += p[t][l];
+        sums[t] = s;
+    }
+    return sums;
+}
+
+/* exp(x) for x <= 0 (scores less their max), within 2 ulp of expf, 0 below -87 (and for -inf):
+   2^n * e^r with n = round(x / ln 2) and a degree-7 polynomial for e^r (Cephes' expf). */
+static inline f32x16 exp16(f32x16 x) {
+    const i32x16 underflow = x < -87.0f;
+    const f32x16 low = (f32x16){0} - 87.0f;
+    i32x16 xi, lowi;
+    memcpy(&xi, &x, sizeof xi);
+    memcpy(&lowi, &low, sizeof lowi);
+    xi = (xi & ~underflow) | (lowi & underflow);  /* finite from here on */
+    memcpy(&x, &xi, sizeof x);
+    const f32x16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    const f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln 2, in two parts */
+    f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const i32x16 bits = ((__builtin_convertvector(n, i32x16) + 127) << 23) & ~underflow;
+    f32x16 two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+/* q . k for one key in the cache's dtype: head sizes that are not a multiple of 16 */
 static inline float dot(const float *q, const void *k, int64_t dim, int bf16) {
     float s = 0.0f;
     if (bf16) {
@@ -62,7 +131,7 @@ static inline float dot(const float *q, const void *k, int64_t dim, int bf16) {
     return s;
 }
 
-/* acc += p * v */
+/* acc += p * v for one value: head sizes that are not a multiple of 16 */
 static inline void axpy(float *acc, float p, const void *v, int64_t dim, int bf16) {
     if (bf16) {
         const uint16_t *vh = v;
@@ -75,6 +144,45 @@ static inline void axpy(float *acc, float p, const void *v, int64_t dim, int bf1
     }
 }
 
+/* scores[t] = q . k_t for count (<= 16) keys lying one after another */
+static inline void score_keys(const float *q, const char *k, int64_t count, int64_t dim, int64_t item_size,
+                              int bf16, float *scores) {
+    if (dim % LANES) {
+        for (int64_t t = 0; t < count; t++) scores[t] = dot(q, k + t * dim * item_size, dim, bf16);
+        return;
+    }
+    f32x16 partial[LANES];
+    for (int t = 0; t < LANES; t++) partial[t] = (f32x16){0};
+    for (int64_t d = 0; d < dim; d += LANES) {
+        f32x16 qd;
+        memcpy(&qd, q + d, sizeof qd);
+        for (int64_t t = 0; t < count; t++) partial[t] += qd * load16(k + (t * dim + d) * item_size, bf16);
+    }
+    const f32x16 s = reduce16(partial);
+    memcpy(scores, &s, sizeof(float) * count);
+}
+
+/* acc += p[t] v_t over count (<= 16) values lying one after another */
+static inline void add_values(float *acc, const float *p, const char *v, int64_t count, int64_t dim,
+                              int64_t item_size, int bf16) {
+    if (dim % LANES) {
+        for (int64_t t = 0; t < count; t++) axpy(acc, p[t], v + t * dim * item_size, dim, bf16);
+        return;
+    }
+    for (int64_t d = 0; d < dim; d += LANES) {
+        f32x16 a;
+        memcpy(&a, acc + d, sizeof a);
+        for (int64_t t = 0; t < count; t++) a += p[t] * load16(v + (t * dim + d) * item_size, bf16);
+        memcpy(acc + d, &a, sizeof a);
+    }
+}
+
+/* Blocks lie anywhere in the cache, where the hardware prefetcher does not look: ask for each one
+   a block ahead (further ahead was slower on a Zen 4). */
+static inline void prefetch(const char *p, int64_t bytes) {
+    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(p + at, 0, 3);
+}
+
 void llmfleet_paged_decode(
     const void *q, int64_t q_token_stride, int64_t q_head_stride,
     const void *k_cache, const void *v_cache, int64_t num_slots,
@@ -82,14 +190,14 @@ void llmfleet_paged_decode(
     void *out, int64_t out_token_stride, int64_t out_head_stride,
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
     float scale, int64_t window, int bf16, int num_threads) {
-    const int64_t group = heads / kv_heads, item_size = bf16 ? 2 : 4;
+    const int64_t group = heads / kv_heads, item_size = bf16 ? 2 : 4, block_bytes = block_size * dim * item_size;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic)
     for (int64_t item = 0; item < n * kv_heads; item++) {
         const int64_t i = item / kv_heads, kvh = item % kv_heads;
         const int64_t length = lengths[i];
         const int64_t first = (window > 0 && length > window) ? length - window : 0;
-        const int64_t ctx = length - first;
-        float *scores = malloc(sizeof(float) * group * ctx);
+        const int64_t ctx = length - first, padded = (ctx + LANES - 1) / LANES * LANES;
+        float *scores = malloc(sizeof(float) * group * padded);
         float *queries = malloc(sizeof(float) * group * dim);
         float *acc = calloc(group * dim, sizeof(float));
         float *sums = malloc(sizeof(float) * group);
@@ -103,29 +211,45 @@ void llmfleet_paged_decode(
                 queries[g * dim + d] = scale * value;
             }
         }
-        /* positions first .. length - 1, block by block: no division per token */
+        /* positions first .. length - 1, block by block, in runs of up to 16 keys */
+        prefetch(keys + table[first / block_size] * block_bytes, block_bytes);
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
             const int64_t slot = table[b] * block_size - b * block_size;  /* slot of pos: slot + pos */
-            for (; pos < stop; pos++) {
-                const void *k = keys + (slot + pos) * dim * item_size;
+            if (stop < length) prefetch(keys + table[b + 1] * block_bytes, block_bytes);
+            for (int64_t count; pos < stop; pos += count) {
+                count = stop - pos < LANES ? stop - pos : LANES;
+                const char *k = keys + (slot + pos) * dim * item_size;
                 for (int64_t g = 0; g < group; g++)
-                    scores[g * ctx + pos - first] = dot(queries + g * dim, k, dim, bf16);
+                    score_keys(queries + g * dim, k, count, dim, item_size, bf16, scores + g * padded + pos - first);
             }
         }
+        prefetch(values + table[first / block_size] * block_bytes, block_bytes);  /* read during the softmax */
         for (int64_t g = 0; g < group; g++) {
-            float *sg = scores + g * ctx;
+            float *sg = scores + g * padded;
             float top = -INFINITY, sum = 0.0f;
             for (int64_t t = 0; t < ctx; t++) top = sg[t] > top ? sg[t] : top;
-            for (int64_t t = 0; t < ctx; t++) { sg[t] = expf(sg[t] - top); sum += sg[t]; }
+            for (int64_t t = ctx; t < padded; t++) sg[t] = -INFINITY;
+            f32x16 total = {0};
+            for (int64_t t = 0; t < padded; t += LANES) {
+                f32x16 x;
+                memcpy(&x, sg + t, sizeof x);
+                x = exp16(x - top);
+                memcpy(sg + t, &x, sizeof x);
+                total += x;
+            }
+            for (int l = 0; l < LANES; l++) sum += total[l];
             sums[g] = sum;
         }
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
             const int64_t slot = table[b] * block_size - b * block_size;
-            for (; pos < stop; pos++) {
-                const void *v = values + (slot + pos) * dim * item_size;
-                for (int64_t g = 0; g < group; g++) axpy(acc + g * dim, scores[g * ctx + pos - first], v, dim, bf16);
+            if (stop < length) prefetch(values + table[b + 1] * block_bytes, block_bytes);
+            for (int64_t count; pos < stop; pos += count) {
+                count = stop - pos < LANES ? stop - pos : LANES;
+                const char *v = values + (slot + pos) * dim * item_size;
+                for (int64_t g = 0; g < group; g++)
+                    add_values(acc + g * dim, scores + g * padded + pos - first, v, count, dim, item_size, bf16);
             }
         }
         for (int64_t g = 0; g < group; g++) {
@@ -185,6 +309,9 @@ def _library() -> ctypes.CDLL | None:
                 output = Path(tmp) / path.name
                 subprocess.run([*command, "-o", str(output), str(source), "-lm"], check=True, capture_output=True)
                 output.replace(path)
+            _prune(path)
+        with contextlib.suppress(OSError):  # a read-only cache
+            os.utime(path)  # in use: kept by _prune
         library = ctypes.CDLL(str(path))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = exc.stderr.decode(errors="replace")[-500:] if isinstance(exc, subprocess.CalledProcessError) else exc
@@ -193,6 +320,19 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_paged_decode.argtypes = _ARGTYPES
     library.llmfleet_paged_decode.restype = None
     return library
+
+
+def _prune(built: Path, unused_days: float = 30.0) -> None:
+    """Remove other builds of the kernel not loaded for ``unused_days`` (other versions of
+    llm-fleet, other CPUs sharing the cache). One still mapped by a process keeps working, and a
+    later start of its version builds it again."""
+    cutoff = time.time() - unused_days * 86400
+    for other in built.parent.glob("paged_decode-*.so"):
+        try:
+            if other != built and other.stat().st_mtime < cutoff:
+                other.unlink()
+        except OSError:
+            pass  # pruned by another process
 
 
 def paged_decode(

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import time
 
 import pytest
 import torch
@@ -12,7 +14,15 @@ from llmfleet.server.runner import attention, cpu_kernels
 from llmfleet.server.runner.attention import DecodeGroup
 from llmfleet.server.runner.kv_cache import PagedKVCache
 
-BS, HEADS, KV_HEADS, DIM, BLOCKS = 4, 6, 2, 16, 40
+HEADS, KV_HEADS, BLOCKS = 6, 2, 40
+# (block size, head size, context lengths, a sliding window): small blocks and heads; sixteen-key
+# blocks and a 64-wide head, as builtin models have (contexts over many blocks, a window starting
+# inside a block); a head that is not a multiple of 16 wide (the per-key path)
+LAYOUTS = {
+    "small": (4, 16, [1, 7, 12, 3], 5),
+    "16-key blocks": (16, 64, [1, 40, 17, 100], 37),
+    "odd head": (8, 24, [5, 30, 9, 64], 11),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -24,26 +34,28 @@ def kernel_built():
 def attend(monkeypatch, use_kernel: bool, q, cache, group, window):
     monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1" if use_kernel else "0")
     out = torch.zeros(q.shape, dtype=q.dtype)
-    attention._decode(q, out, cache, 1, group, DIM**-0.5, window)
+    attention._decode(q, out, cache, 1, group, q.shape[-1] ** -0.5, window)
     return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("window", [None, 5])
-def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, window):
+@pytest.mark.parametrize("windowed", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, windowed, layout):
+    block_size, dim, lengths, window = LAYOUTS[layout]
+    window = window if windowed else None
     rng = random.Random(3)
     torch.manual_seed(3)
-    cache = PagedKVCache(2, BLOCKS, BS, KV_HEADS, DIM, dtype, torch.device("cpu"))
+    cache = PagedKVCache(2, BLOCKS, block_size, KV_HEADS, dim, dtype, torch.device("cpu"))
     for layer in range(2):
         cache.keys[layer].normal_()
         cache.values[layer].normal_()
     tokens = 9
-    q = torch.randn(HEADS, tokens, DIM).to(dtype).transpose(0, 1)  # (T, heads, D), strided as in a step
+    q = torch.randn(HEADS, tokens, dim).to(dtype).transpose(0, 1)  # (T, heads, D), strided as in a step
     rows = [0, 3, 4, 8]  # the decoding rows of a step whose other rows are prompt tokens
-    lengths = [1, 7, 12, 3]
-    per_request = -(-max(lengths) // BS)
+    per_request = -(-max(lengths) // block_size)
     free = rng.sample(range(BLOCKS), len(rows) * per_request)
-    tables = [free[i * per_request : i * per_request + -(-n // BS)] for i, n in enumerate(lengths)]
+    tables = [free[i * per_request : i * per_request + -(-n // block_size)] for i, n in enumerate(lengths)]
     blocks = [b for table in tables for b in table + [0] * (per_request - len(table))]
     group = DecodeGroup(torch.tensor(rows), torch.tensor(blocks), torch.tensor(lengths), per_request, padded=True)
     expected = attend(monkeypatch, False, q, cache, group, window)
@@ -51,3 +63,14 @@ def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, window):
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got[rows].float(), expected[rows].float(), atol=tolerance, rtol=tolerance)
     assert not got[[1, 2, 5, 6, 7]].any(), "rows outside the group were written"
+
+
+def test_builds_unused_for_a_month_are_pruned(tmp_path):
+    built, recent, stale = (tmp_path / f"paged_decode-{name}.so" for name in ("this", "recent", "stale"))
+    for path in (built, recent, stale):
+        path.write_bytes(b"")
+    month_ago = time.time() - 31 * 86400
+    os.utime(stale, (month_ago, month_ago))
+    os.utime(built, (month_ago, month_ago))  # the one just built is never pruned
+    cpu_kernels._prune(built)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["paged_decode-recent.so", "paged_decode-this.so"]
