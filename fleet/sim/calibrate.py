@@ -143,7 +143,7 @@ class _Bench:
         execute = runner.execute
 
         def recording_execute(output):
-            self._features = StepFeatures.of(output, runner.kv_block_size, group_cost, self._seen)
+            self._features = StepFeatures.of(output, runner.kv_block_size, group_cost, self._seen, runner.pad_steps)
             return execute(output)
 
         runner.execute = recording_execute

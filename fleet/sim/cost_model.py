@@ -15,10 +15,12 @@ runner receives), with non-negative coefficients fitted by ``llm-fleet calibrate
 - ``kv_read``: the KV slots decode attention reads, padded to the group's longest context;
 - ``prefill_attn``: the query-key pairs of prompt chunks (causal, with their earlier context);
 - ``prefills``: per prompt chunk (one SDPA call per layer, the cache gather of a later chunk);
-- ``new_shape``: 1 when the engine process has not run a step of this many tokens before. oneDNN
+- ``new_shape``: 1 when the engine process has not run a step of this size before. oneDNN
   compiles a kernel per matmul shape on first use (bfloat16 on CPU: about 4 ms per new shape for
-  builtin:tiny, 2-30 ms for builtin:small, none in float32), so a fresh pod pays it for every
-  new step size until it has seen most of them. Each simulated pod keeps its own set.
+  builtin:tiny, 2-40 ms for builtin:small, none in float32), so a fresh pod pays it for every
+  new step size until it has seen them all; a bfloat16 CPU runner pads its steps to a few
+  dozen sizes (server/runner/step_shapes.py), the size counted here. Each simulated pod keeps
+  its own set.
 
 The fit is a non-negative least squares on relative error, so every term keeps its physical sign
 and short decode steps count as much as long prefills; samples the fit cannot explain at all (a
@@ -39,6 +41,7 @@ from typing import Any
 
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.runner.builtin_models import cache_root
+from llmfleet.server.runner.step_shapes import padded_step_tokens, pads_steps
 
 FEATURES = ("intercept", "tokens", "seqs", "decode_groups", "kv_read", "prefill_attn", "prefills", "new_shape")
 PROFILE_VERSION = 2
@@ -86,9 +89,11 @@ class StepFeatures:
         block_size: int = 16,
         group_cost: int | None = CPU_GROUP_COST_BLOCKS,
         seen: set[int] | None = None,
+        padded: bool = False,
     ) -> StepFeatures:
         """The features of a step; ``seen``: the step sizes this engine process has run before
-        (updated), for ``new_shape``."""
+        (updated), for ``new_shape``; ``padded``: the runner pads step sizes (step_shapes.py), so
+        a size is new when its padded size is."""
         tokens = attn = prefills = 0
         contexts: list[int] = []
         for item in output.scheduled:
@@ -103,8 +108,9 @@ class StepFeatures:
         groups = decode_group_sizes(contexts, block_size, group_cost)
         kv = sum(members * padded for members, padded in groups)
         new = 0
-        if seen is not None and tokens not in seen:
-            seen.add(tokens)
+        size = padded_step_tokens(tokens) if padded else tokens
+        if seen is not None and size not in seen:
+            seen.add(size)
             new = 1
         return cls(tokens, len(output.scheduled), len(groups), kv, attn, prefills, new)
 
@@ -147,7 +153,8 @@ class CostModel:
     def features(
         self, output: SchedulerOutput, block_size: int | None = None, seen: set[int] | None = None
     ) -> StepFeatures:
-        return StepFeatures.of(output, block_size or self.kv_block_size, self.group_cost, seen)
+        padded = pads_steps(self.device, self.dtype)
+        return StepFeatures.of(output, block_size or self.kv_block_size, self.group_cost, seen, padded)
 
     def step_seconds(self, features: StepFeatures) -> float:
         c = self.coefficients

@@ -130,6 +130,9 @@ def paged_attention(
         return meta.split(module.layer_idx, query, key, value, scale, sliding_window), None
     q = query[0].transpose(0, 1)  # (T, heads, D)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # token-major
+    real = meta.slot_mapping.shape[0]
+    if real < q.shape[0]:
+        out[real:].zero_()  # padding rows (step_shapes.py): attended by nothing
     attend(meta, module.layer_idx, q, key[0], value[0], out, scale, sliding_window)
     return out.unsqueeze(0), None
 
@@ -155,9 +158,11 @@ def attend(
     window: int | None,
 ) -> None:
     """One layer's paged attention for a step: store ``key``/``value`` (kv_heads, T, D) in the
-    cache, attend ``q`` (T, heads, D) and write the result into ``out`` (T, heads, D)."""
+    cache, attend ``q`` (T, heads, D) and write the result into ``out`` (T, heads, D). Rows past
+    the step's slot mapping are padding: neither stored nor attended."""
     cache = meta.cache
-    cache.write(layer, meta.slot_mapping, key, value)
+    real = meta.slot_mapping.shape[0]
+    cache.write(layer, meta.slot_mapping, key[:, :real], value[:, :real])
     for group in meta.decode_groups:
         _decode(q, out, cache, layer, group, scale, window)
     for span in meta.prefills:

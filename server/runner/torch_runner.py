@@ -28,7 +28,8 @@ from .host_memory import keep_freed_host_memory
 from .kv_cache import PagedKVCache
 from .piecewise_graphs import TOKEN_BUCKETS, PiecewiseGraphs, token_bucket
 from .sampler import Sampler, token_logprobs
-from .step_inputs import build_step_inputs
+from .step_inputs import StepInputs, build_step_inputs
+from .step_shapes import padded_step_tokens, pads_steps
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class TorchModelRunner:
             # instead of 21 until every shape had been seen. Flash and memory-efficient need none.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.pad_steps = pads_steps(self.device.type, _DTYPE_NAMES[self.dtype])  # oneDNN's per-shape kernels
         if self.device.type == "cpu":
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
             if cpu_kernels.enabled():
@@ -209,7 +211,8 @@ class TorchModelRunner:
         if bucket is not None:
             logits = self.piecewise.run(step, bucket)
         else:
-            logits = attention.model_logits(self.model, step.input_ids, step.positions, step.logit_rows, step.meta)
+            ids, positions = _padded(step) if self.pad_steps else (step.input_ids, step.positions)
+            logits = attention.model_logits(self.model, ids, positions, step.logit_rows, step.meta)
         sampled = len(step.sample_index)
         if sampled:
             requests = [output.scheduled[i].request for i in step.sample_index]
@@ -223,6 +226,17 @@ class TorchModelRunner:
             item.prompt_logprobs = token_logprobs(logits[row : row + count], targets, n, ranks=True)
             row += count
         return result
+
+
+def _padded(step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's ids and positions padded to its size in step_shapes.py (rows of token 0 at
+    position 0: attention skips them and their logits are never kept)."""
+    tokens = step.input_ids.shape[1]
+    extra = padded_step_tokens(tokens) - tokens
+    if not extra:
+        return step.input_ids, step.positions
+    pad = torch.nn.functional.pad
+    return pad(step.input_ids, (0, extra)), pad(step.positions, (0, extra))
 
 
 def model_fingerprint(model) -> str:

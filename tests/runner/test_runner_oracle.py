@@ -15,6 +15,7 @@ import pytest
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir, resolve_model
+from llmfleet.server.runner.step_shapes import padded_step_tokens
 from llmfleet.server.runner.torch_runner import TorchModelRunner
 
 from .device import DEVICE
@@ -23,9 +24,11 @@ from .hand_scheduler import HandScheduler, hf_greedy
 MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 
 
-def make_runner(model_dir, num_kv_blocks: int = 64, block_size: int = 4) -> TorchModelRunner:
+def make_runner(model_dir, num_kv_blocks: int = 64, block_size: int = 4, pad_steps: bool = False) -> TorchModelRunner:
     config = EngineConfig(dtype="float32", kv_block_size=block_size, num_kv_blocks=num_kv_blocks)
-    return TorchModelRunner(model_dir, config, device=DEVICE)
+    runner = TorchModelRunner(model_dir, config, device=DEVICE)
+    runner.pad_steps = pad_steps  # as a bfloat16 CPU runner does (step_shapes.py), here in float32
+    return runner
 
 
 def prompts_for(seed: int, count: int, longest: int = 40) -> list[list[int]]:
@@ -38,7 +41,8 @@ def model_dir(request):
     return resolve_model(request.param)
 
 
-def test_mixed_batches_and_chunked_prompts(model_dir):
+@pytest.mark.parametrize("pad_steps", [False, True], ids=["exact", "padded steps"])
+def test_mixed_batches_and_chunked_prompts(model_dir, pad_steps):
     prompts = prompts_for(1, 6)
     prompts[0] = prompts[0][:1]  # a one-token prompt
     max_tokens = [12, 16, 9, 20, 14, 11]
@@ -46,18 +50,21 @@ def test_mixed_batches_and_chunked_prompts(model_dir):
     arrivals = [0, 0, 1, 2, 4, 7]  # later ones prefill while earlier ones decode
     expected = hf_greedy(model_dir, prompts, max_tokens)
 
-    hand = HandScheduler(make_runner(model_dir))
+    hand = HandScheduler(make_runner(model_dir, pad_steps=pad_steps))
     step = 0
+    sizes = set()
     while step == 0 or hand.plans or step <= max(arrivals):
         for i, arrival in enumerate(arrivals):
             if arrival == step:
                 hand.add(str(i), prompts[i], max_tokens[i], chunk=chunks[i])
         if hand.plans:
             output = hand.step()
+            sizes.add(sum(s.num_tokens for s in output.scheduled))
             if step == 7:  # the batch mixes decodes with prompt chunks
                 assert any(s.num_tokens > 1 for s in output.scheduled)
                 assert any(s.num_tokens == 1 and s.start > 0 for s in output.scheduled)
         step += 1
+    assert any(padded_step_tokens(n) > n for n in sizes)  # some steps ran with padding rows
     for i in range(len(prompts)):
         assert hand.outputs[str(i)] == expected[i], f"request {i} (chunk {chunks[i]}) diverged"
 

@@ -49,6 +49,21 @@ def test_features_of_a_mixed_step() -> None:
     assert StepFeatures.of(out, block_size=16, seen=seen).new_shape == 0
 
 
+def test_a_padding_runner_sees_a_new_size_only_when_its_padded_size_is_new() -> None:
+    def step(tokens: int) -> SchedulerOutput:
+        return SchedulerOutput([ScheduledRequest(request(tokens, 0), tokens)])
+
+    seen: set[int] = set()
+    firsts = [StepFeatures.of(step(n), 16, seen=seen, padded=True).new_shape for n in (100, 103, 112, 113)]
+    assert firsts == [1, 0, 0, 1] and seen == {112, 128}  # 100..112 run as 112 tokens
+    bf16 = CostModel(dict(TRUE), device="cpu", dtype="bfloat16")
+    fp32 = CostModel(dict(TRUE), device="cpu", dtype="float32")
+    seen_bf16: set[int] = {112}
+    seen_fp32: set[int] = {112}
+    assert bf16.features(step(101), seen=seen_bf16).new_shape == 0
+    assert fp32.features(step(101), seen=seen_fp32).new_shape == 1
+
+
 def test_decode_groups_match_the_torch_runner() -> None:
     pytest.importorskip("torch")
     from llmfleet.server.runner import step_inputs

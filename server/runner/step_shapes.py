@@ -1,0 +1,34 @@
+"""The step sizes a CPU runner pads to (no torch here: the simulator's cost model reads it too).
+
+On a CPU, bfloat16 and float16 matmuls go through oneDNN, which builds a kernel for every new
+matrix shape on first use: 5-40 ms for a first step of a new token count of builtin:small, on
+steps of 30-150 ms. With prompts of every length nearly every prompt step is a new count, and
+oneDNN's cache (1024 kernels by default, about six per count) cannot hold them all, so a
+long-running server would keep paying it. Padded to multiples of 16 tokens, and above 256 to 16
+sizes per octave, a step runs at one of 47 sizes up to 512 tokens (111 up to 8192) and wastes at
+most 15 rows or 1/16 of its tokens on padding (no attention reads or writes those rows, and the
+rest of the model treats rows independently, so they change no real row); a bfloat16 matmul of
+32 rows costs about what one of 17 does. Steps of up to 16 tokens (decodes) run at their size:
+there are few such sizes, and they are the steps that run most.
+
+float32 matmuls (MKL) build no per-shape kernel, so float32 steps run unpadded.
+"""
+
+from __future__ import annotations
+
+EXACT_UP_TO = 16  # steps of at most this many tokens run at their size
+SIZES_PER_OCTAVE = 16
+
+
+def pads_steps(device: str, dtype: str) -> bool:
+    """Whether a runner on ``device`` ("cpu", "cuda") in ``dtype`` pads its steps."""
+    return device == "cpu" and dtype in ("bfloat16", "float16")
+
+
+def padded_step_tokens(num_tokens: int) -> int:
+    """The token count a step of ``num_tokens`` runs at when padded."""
+    if num_tokens <= EXACT_UP_TO:
+        return num_tokens
+    octave = 1 << (num_tokens.bit_length() - 1)  # the largest power of two <= num_tokens
+    granule = max(EXACT_UP_TO, octave // SIZES_PER_OCTAVE)
+    return -(-num_tokens // granule) * granule

@@ -1,0 +1,29 @@
+"""The step sizes a bfloat16 CPU runner pads to: few, never smaller, little waste."""
+
+from __future__ import annotations
+
+from llmfleet.server.runner.step_shapes import EXACT_UP_TO, padded_step_tokens, pads_steps
+
+
+def test_decode_sized_steps_run_at_their_size() -> None:
+    assert [padded_step_tokens(n) for n in range(1, EXACT_UP_TO + 1)] == list(range(1, EXACT_UP_TO + 1))
+
+
+def test_padding_wastes_at_most_15_rows_or_a_sixteenth() -> None:
+    for n in range(1, 20_000):
+        padded = padded_step_tokens(n)
+        assert padded >= n
+        assert padded - n <= max(15, n // 16)
+        assert padded_step_tokens(padded) == padded  # a padded size pads to itself
+
+
+def test_sizes_stay_within_onednns_kernel_cache() -> None:
+    # about six matmul shapes per step size; oneDNN caches 1024 kernels by default
+    assert len({padded_step_tokens(n) for n in range(1, 513)}) == 47
+    assert len({padded_step_tokens(n) for n in range(1, 8193)}) * 6 < 1024
+
+
+def test_only_bfloat16_and_float16_on_a_cpu_pad() -> None:
+    assert pads_steps("cpu", "bfloat16") and pads_steps("cpu", "float16")
+    assert not pads_steps("cpu", "float32")
+    assert not pads_steps("cuda", "bfloat16")  # CUDA graphs pad to their own buckets
