@@ -43,6 +43,7 @@ class CostModelRunner:
         self.kv_block_size = kv_block_size
         self.max_model_len = cost.max_model_len
         self.eos_token_ids: frozenset[int] = frozenset()
+        self.vocab_size = None  # simulated prompts embed nothing
         self.structured_output = False
         self.last_features: StepFeatures | None = None
         self.seen_sizes: set[int] = set()  # step sizes this pod has run (new_shape: first-use kernel compiles)

@@ -67,6 +67,7 @@ class ModelRunner(Protocol):
     num_kv_blocks: int
     kv_block_size: int
     eos_token_ids: frozenset[int]
+    vocab_size: int | None  # token ids it embeds are below this; None: any id (a runner with no model)
     structured_output: bool  # whether it can hold sampling to a request's grammar
 
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:

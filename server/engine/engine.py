@@ -167,6 +167,14 @@ class LLMEngine:
             raise InvalidRequestError("prompt must contain at least one token")
         if min(prompt) < 0:
             raise InvalidRequestError(f"prompt token ids must be non-negative, got {min(prompt)}")
+        vocab = self.runner.vocab_size
+        if vocab is not None:
+            if max(prompt) >= vocab:
+                raise InvalidRequestError(
+                    f"prompt token ids must be below the vocabulary size {vocab}, got {max(prompt)}"
+                )
+            if any(token >= vocab for token in sampling.logit_bias):
+                raise InvalidRequestError(f"logit_bias token ids must be below the vocabulary size {vocab}")
         if sampling.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
         limit = self.runner.max_model_len

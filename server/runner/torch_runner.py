@@ -121,6 +121,7 @@ class TorchModelRunner:
         if use_graphs and graphs_mode != "lazy":
             self._capture_graphs()
         self.eos_token_ids = frozenset(_eos_ids(self.model))
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
         vocab = self.model.get_output_embeddings().weight.shape[0]  # the logits' width
         grammars = None if tokenizer is None else GrammarMasks(tokenizer, vocab, self.eos_token_ids)
         self.sampler = Sampler(self.device, self.eos_token_ids, grammars)

@@ -49,6 +49,7 @@ class FakeRunner:
         self.kv_block_size = kv_block_size
         self.max_model_len = max_model_len
         self.vocab = vocab
+        self.vocab_size = vocab
         self.eos_token_ids = frozenset(eos)
         self.structured_output = False
         self.batches: list[list[tuple[str, int, int]]] = []

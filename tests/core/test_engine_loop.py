@@ -262,10 +262,17 @@ def test_a_failing_step_aborts_its_requests_and_the_engine_goes_on():
     assert {(e.request_id, e.finish_reason) for e in events if e.finished} == {("a", "abort"), ("b", "length")}
 
 
-def test_negative_token_ids_are_rejected():
-    engine, _, _ = make()
+def test_token_ids_outside_the_vocabulary_are_rejected():
+    engine, runner, clock = make()
     with pytest.raises(InvalidRequestError, match="non-negative"):
         engine.add_request("a", [1, -2], greedy(1))
+    with pytest.raises(InvalidRequestError, match=f"below the vocabulary size {runner.vocab_size}, got 1000"):
+        engine.add_request("b", [1, runner.vocab_size], greedy(1))
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        engine.add_request("c", [1], SamplingParams(max_tokens=1, logit_bias={runner.vocab_size: 1.0}))
+    assert not engine.has_unfinished_requests()  # nothing half-added
+    engine.add_request("d", [runner.vocab_size - 1], greedy(1))
+    assert [e.finish_reason for e in run_all(engine, clock)] == ["length"]
 
 
 # --- events, stats, offline helper ---------------------------------------------------------------

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.build import build_engine
+from llmfleet.server.engine.engine import InvalidRequestError
 from llmfleet.server.runner.builtin_models import resolve_model
 
 from .device import DEVICE
@@ -101,6 +102,14 @@ def test_seed_gives_the_same_text_whatever_the_batch():
     assert crowd[1] == alone
     other = engine.generate([[10, 11, 12]], SamplingParams(max_tokens=16, temperature=1.0, seed=43))[0]
     assert other != alone
+
+
+def test_token_ids_the_model_does_not_embed_are_rejected_before_a_step():
+    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4), device=DEVICE)
+    vocab = engine.runner.model.get_input_embeddings().num_embeddings
+    with pytest.raises(InvalidRequestError, match=f"vocabulary size {vocab}"):
+        engine.add_request("oov", [3, vocab], SamplingParams(max_tokens=2, temperature=0))
+    assert engine.generate([[3, vocab - 1]], SamplingParams(max_tokens=2, temperature=0))[0]
 
 
 def test_top_k_one_is_greedy_and_logprobs_are_returned():
