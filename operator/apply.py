@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from .kube import ApiError, KubeClient, ResourceKind, kind_of
@@ -57,7 +57,7 @@ def quantity(value: Any) -> Decimal | None:
         return None
     try:
         return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-    except InvalidOperation:
+    except ArithmeticError:  # InvalidOperation, or Overflow: a hex hash such as "4711e90210987654"
         return None
 
 
