@@ -158,7 +158,7 @@ def _build(model: str, config: EngineConfig, cost: CostModel):
     engine, _ = build_engine(model, config, device=cost.device)
     runner = engine.runner
     engine.recorded = []  # type: ignore[attr-defined]
-    engine.seen_sizes = set()  # type: ignore[attr-defined]  # step sizes this process has run
+    engine.seen_sizes = set(runner.warm_sizes)  # type: ignore[attr-defined]  # step sizes this process has run
     execute = runner.execute
 
     def recording_execute(output):

@@ -131,7 +131,11 @@ class _Bench:
         need_tokens = max(grid.max_decode_tokens * 3 // 2, longest) + 4096
         config = EngineConfig(dtype=dtype, max_batch_size=max(grid.batches) + 1, max_num_batched_tokens=4096,
                               num_kv_blocks=need_tokens // 16 + 1, kv_block_size=16, max_queue_len=4096)  # fmt: skip
-        self.engine, _ = build_engine(model, config, device=device)
+        # started as a server starts, warmed up to the default budget (server/runner/warm_up.py):
+        # the grid's larger steps are its first runs of a size (new_shape), as after the tuner
+        # grows a server's budget
+        serving_start = config.model_copy(update={"max_num_batched_tokens": EngineConfig().max_num_batched_tokens})
+        self.engine, _ = build_engine(model, serving_start, device=device)
         runner = self.engine.runner
         self.dtype = str(runner.dtype).removeprefix("torch.")
         self.kv_bytes_per_token = runner.kv_bytes_per_block // runner.kv_block_size
@@ -139,7 +143,7 @@ class _Bench:
         self.config = config
         group_cost = None if runner.device.type == "cuda" else CPU_GROUP_COST_BLOCKS
         self._features: StepFeatures | None = None
-        self._seen: set[int] = set()  # step sizes run so far, for new_shape
+        self._seen = set(runner.warm_sizes)  # step sizes run so far, for new_shape
         execute = runner.execute
 
         def recording_execute(output):

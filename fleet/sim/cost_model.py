@@ -16,11 +16,11 @@ runner receives), with non-negative coefficients fitted by ``llm-fleet calibrate
 - ``prefill_attn``: the query-key pairs of prompt chunks (causal, with their earlier context);
 - ``prefills``: per prompt chunk (one SDPA call per layer, the cache gather of a later chunk);
 - ``new_shape``: 1 when the engine process has not run a step of this size before. oneDNN
-  compiles a kernel per matmul shape on first use (bfloat16 on CPU: about 4 ms per new shape for
-  builtin:tiny, 2-40 ms for builtin:small, none in float32), so a fresh pod pays it for every
-  new step size until it has seen them all; a bfloat16 CPU runner pads its steps to a few
-  dozen sizes (server/runner/step_shapes.py), the size counted here. Each simulated pod keeps
-  its own set.
+  builds kernels per matmul shape on first use (bfloat16 on CPU: 7-50 ms per new step size for
+  builtin:small, none in float32). A bfloat16 CPU runner pads its steps to a few dozen sizes
+  (server/runner/step_shapes.py), the size counted here, and runs each size up to its first
+  budget and batch cap before it serves (warm_up.py), so only steps beyond those (a budget or
+  cap the tuner grew) pay it. Each simulated pod keeps its own set, warmed up as the real one.
 
 The fit is a non-negative least squares on relative error, so every term keeps its physical sign
 and short decode steps count as much as long prefills; samples the fit cannot explain at all (a
@@ -147,14 +147,18 @@ class CostModel:
     samples: list[dict[str, Any]] = field(default_factory=list)  # the measurements, for refits
 
     @property
+    def pads_steps(self) -> bool:
+        """Whether the profiled runner pads its step sizes (and so warms them up at start-up)."""
+        return pads_steps(self.device, self.dtype)
+
+    @property
     def group_cost(self) -> int | None:
         return None if self.device.startswith("cuda") else CPU_GROUP_COST_BLOCKS
 
     def features(
         self, output: SchedulerOutput, block_size: int | None = None, seen: set[int] | None = None
     ) -> StepFeatures:
-        padded = pads_steps(self.device, self.dtype)
-        return StepFeatures.of(output, block_size or self.kv_block_size, self.group_cost, seen, padded)
+        return StepFeatures.of(output, block_size or self.kv_block_size, self.group_cost, seen, self.pads_steps)
 
     def step_seconds(self, features: StepFeatures) -> float:
         c = self.coefficients

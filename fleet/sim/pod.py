@@ -16,6 +16,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SampledToken, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.engine.engine import LLMEngine, RequestOutput
+from llmfleet.server.runner.step_shapes import warm_up_limits, warmed_step_sizes
 
 from .cost_model import CostModel, StepFeatures
 
@@ -36,7 +37,16 @@ class SimClock:
 class CostModelRunner:
     """``ModelRunner`` with no model: each step takes ``cost.step_seconds`` of simulated time."""
 
-    def __init__(self, cost: CostModel, clock: SimClock, *, num_kv_blocks: int, kv_block_size: int) -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        clock: SimClock,
+        *,
+        num_kv_blocks: int,
+        kv_block_size: int,
+        warmed: frozenset[int] = frozenset(),
+    ) -> None:
+        """``warmed``: the step sizes its start-up warm-up ran (server/runner/warm_up.py)."""
         self.cost = cost
         self.clock = clock
         self.num_kv_blocks = num_kv_blocks
@@ -46,7 +56,7 @@ class CostModelRunner:
         self.vocab_size = None  # simulated prompts embed nothing
         self.structured_output = False
         self.last_features: StepFeatures | None = None
-        self.seen_sizes: set[int] = set()  # step sizes this pod has run (new_shape: first-use kernel compiles)
+        self.seen_sizes = set(warmed)  # step sizes this pod has run (new_shape: first-use kernel compiles)
 
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
         self.last_features = self.cost.features(output, self.kv_block_size, self.seen_sizes)
@@ -94,7 +104,13 @@ class SimPod:
     ) -> SimPod:
         clock = SimClock(now)
         blocks = config.num_kv_blocks or cost.num_kv_blocks(config.kv_cache_memory_mb, config.kv_block_size)
-        runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size)
+        warmed = frozenset()
+        if cost.pads_steps:  # as the real runner, warmed up to its first config (its budget may grow later)
+            limits = warm_up_limits(
+                config.max_num_batched_tokens, config.max_batch_size, blocks, config.kv_block_size, cost.max_model_len
+            )
+            warmed = warmed_step_sizes(*limits)
+        runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size, warmed=warmed)
         engine = LLMEngine(_uncached(config), runner, clock=clock)
         state = PodState.READY if startup_s <= 0 else PodState.STARTING
         return cls(name, pool, engine, clock, created_at=now, ready_at=now + max(0.0, startup_s), state=state)

@@ -32,3 +32,23 @@ def padded_step_tokens(num_tokens: int) -> int:
     octave = 1 << (num_tokens.bit_length() - 1)  # the largest power of two <= num_tokens
     granule = max(EXACT_UP_TO, octave // SIZES_PER_OCTAVE)
     return -(-num_tokens // granule) * granule
+
+
+def prompt_warm_up_sizes(max_tokens: int) -> list[int]:
+    """Every size a padded step of 1 to ``max_tokens`` tokens runs at: the prompt steps a runner
+    warms up at start-up (warm_up.py)."""
+    return sorted({padded_step_tokens(n) for n in range(1, max_tokens + 1)})
+
+
+def warmed_step_sizes(max_tokens: int, max_seqs: int) -> frozenset[int]:
+    """The step sizes a padded runner has run once warm_up.py has warmed it up to a step budget of
+    ``max_tokens`` and a batch cap of ``max_seqs`` (a decode step of each batch size)."""
+    return frozenset(prompt_warm_up_sizes(max_tokens)) | {padded_step_tokens(n) for n in range(1, max_seqs + 1)}
+
+
+def warm_up_limits(
+    max_tokens: int, max_seqs: int, num_kv_blocks: int, kv_block_size: int, max_model_len: int
+) -> tuple[int, int]:
+    """The step budget and batch cap a runner warms up to: its config's, within its KV cache (a
+    warm-up decode takes a block of its own) and its context limit."""
+    return min(max_tokens, num_kv_blocks * kv_block_size, max_model_len), min(max_seqs, num_kv_blocks)

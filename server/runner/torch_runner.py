@@ -30,6 +30,7 @@ from .piecewise_graphs import TOKEN_BUCKETS, PiecewiseGraphs, token_bucket
 from .sampler import Sampler, token_logprobs
 from .step_inputs import StepInputs, build_step_inputs
 from .step_shapes import padded_step_tokens, pads_steps
+from .warm_up import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,10 @@ class TorchModelRunner:
             self.kv_block_size,
             self.num_kv_blocks * self.kv_bytes_per_block / (1 << 20),
         )
+        # the step sizes run before serving: a padded CPU runner builds their kernels now (warm_up.py)
+        self.warm_sizes: frozenset[int] = frozenset()
+        if self.pad_steps:
+            self.warm_sizes = warm_up(self, config.max_num_batched_tokens, config.max_batch_size)
 
     @torch.inference_mode()
     def _capture_graphs(self) -> None:

@@ -17,6 +17,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir, resolve_model
 from llmfleet.server.runner.step_shapes import padded_step_tokens
 from llmfleet.server.runner.torch_runner import TorchModelRunner
+from llmfleet.server.runner.warm_up import warm_up
 
 from .device import DEVICE
 from .hand_scheduler import HandScheduler, hf_greedy
@@ -27,7 +28,9 @@ MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 def make_runner(model_dir, num_kv_blocks: int = 64, block_size: int = 4, pad_steps: bool = False) -> TorchModelRunner:
     config = EngineConfig(dtype="float32", kv_block_size=block_size, num_kv_blocks=num_kv_blocks)
     runner = TorchModelRunner(model_dir, config, device=DEVICE)
-    runner.pad_steps = pad_steps  # as a bfloat16 CPU runner does (step_shapes.py), here in float32
+    if pad_steps:  # as a bfloat16 CPU runner does (step_shapes.py), here in float32
+        runner.pad_steps = True
+        warm_up(runner, max_tokens=64, max_seqs=8)  # its dummy KV left in blocks requests will reuse
     return runner
 
 
