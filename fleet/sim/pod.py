@@ -16,7 +16,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SampledToken, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.engine.engine import LLMEngine, RequestOutput
-from llmfleet.server.runner.step_shapes import warm_up_limits, warmed_step_sizes
+from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
 
 from .cost_model import CostModel, StepFeatures
 
@@ -106,10 +106,8 @@ class SimPod:
         blocks = config.num_kv_blocks or cost.num_kv_blocks(config.kv_cache_memory_mb, config.kv_block_size)
         warmed = frozenset()
         if cost.pads_steps:  # as the real runner, warmed up to its first config (its budget may grow later)
-            limits = warm_up_limits(
-                config.max_num_batched_tokens, config.max_batch_size, blocks, config.kv_block_size, cost.max_model_len
-            )
-            warmed = warmed_step_sizes(*limits)
+            tokens = warm_up_tokens(config.max_num_batched_tokens, blocks, config.kv_block_size, cost.max_model_len)
+            warmed = frozenset(warm_up_sizes(tokens))
         runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size, warmed=warmed)
         engine = LLMEngine(_uncached(config), runner, clock=clock)
         state = PodState.READY if startup_s <= 0 else PodState.STARTING

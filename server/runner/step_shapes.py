@@ -34,21 +34,13 @@ def padded_step_tokens(num_tokens: int) -> int:
     return -(-num_tokens // granule) * granule
 
 
-def prompt_warm_up_sizes(max_tokens: int) -> list[int]:
-    """Every size a padded step of 1 to ``max_tokens`` tokens runs at: the prompt steps a runner
-    warms up at start-up (warm_up.py)."""
+def warm_up_sizes(max_tokens: int) -> list[int]:
+    """Every size a padded step of 1 to ``max_tokens`` tokens runs at: what a runner warms up at
+    start-up (warm_up.py), prompt and decode steps alike."""
     return sorted({padded_step_tokens(n) for n in range(1, max_tokens + 1)})
 
 
-def warmed_step_sizes(max_tokens: int, max_seqs: int) -> frozenset[int]:
-    """The step sizes a padded runner has run once warm_up.py has warmed it up to a step budget of
-    ``max_tokens`` and a batch cap of ``max_seqs`` (a decode step of each batch size)."""
-    return frozenset(prompt_warm_up_sizes(max_tokens)) | {padded_step_tokens(n) for n in range(1, max_seqs + 1)}
-
-
-def warm_up_limits(
-    max_tokens: int, max_seqs: int, num_kv_blocks: int, kv_block_size: int, max_model_len: int
-) -> tuple[int, int]:
-    """The step budget and batch cap a runner warms up to: its config's, within its KV cache (a
-    warm-up decode takes a block of its own) and its context limit."""
-    return min(max_tokens, num_kv_blocks * kv_block_size, max_model_len), min(max_seqs, num_kv_blocks)
+def warm_up_tokens(max_tokens: int, num_kv_blocks: int, kv_block_size: int, max_model_len: int) -> int:
+    """The largest step a runner warms up: its budget's, within its KV cache and context limit
+    (a warm-up step is one prompt)."""
+    return min(max_tokens, num_kv_blocks * kv_block_size, max_model_len)

@@ -146,7 +146,7 @@ class TorchModelRunner:
         # the step sizes run before serving: a padded CPU runner builds their kernels now (warm_up.py)
         self.warm_sizes: frozenset[int] = frozenset()
         if self.pad_steps:
-            self.warm_sizes = warm_up(self, config.max_num_batched_tokens, config.max_batch_size)
+            self.warm_sizes = warm_up(self, self.model, config.max_num_batched_tokens, config.max_batch_size)
 
     @torch.inference_mode()
     def _capture_graphs(self) -> None:

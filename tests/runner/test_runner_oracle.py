@@ -30,7 +30,7 @@ def make_runner(model_dir, num_kv_blocks: int = 64, block_size: int = 4, pad_ste
     runner = TorchModelRunner(model_dir, config, device=DEVICE)
     if pad_steps:  # as a bfloat16 CPU runner does (step_shapes.py), here in float32
         runner.pad_steps = True
-        warm_up(runner, max_tokens=64, max_seqs=8)  # its dummy KV left in blocks requests will reuse
+        warm_up(runner, runner.model, max_tokens=64, max_seqs=8)  # its dummy KV left in blocks requests will reuse
     return runner
 
 

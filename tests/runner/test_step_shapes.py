@@ -6,9 +6,8 @@ from llmfleet.server.runner.step_shapes import (
     EXACT_UP_TO,
     padded_step_tokens,
     pads_steps,
-    prompt_warm_up_sizes,
-    warm_up_limits,
-    warmed_step_sizes,
+    warm_up_sizes,
+    warm_up_tokens,
 )
 
 
@@ -36,14 +35,13 @@ def test_only_bfloat16_and_float16_on_a_cpu_pad() -> None:
     assert not pads_steps("cuda", "bfloat16")  # CUDA graphs pad to their own buckets
 
 
-def test_warm_up_covers_every_size_within_the_budget_and_batch_cap() -> None:
-    sizes = prompt_warm_up_sizes(512)
+def test_warm_up_covers_every_size_within_the_budget() -> None:
+    sizes = warm_up_sizes(512)
     assert len(sizes) == 47 and sizes[-1] == 512
     assert {padded_step_tokens(n) for n in range(1, 513)} == set(sizes)
-    assert prompt_warm_up_sizes(500)[-1] == 512  # a 500-token step runs as 512
-    assert warmed_step_sizes(8, 40) == frozenset(range(1, 9)) | set(range(9, 17)) | {32, 48}
+    assert warm_up_sizes(500)[-1] == 512  # a 500-token step runs as 512
 
 
 def test_warm_up_stays_within_the_kv_cache_and_context() -> None:
-    assert warm_up_limits(512, 32, num_kv_blocks=10, kv_block_size=16, max_model_len=2048) == (160, 10)
-    assert warm_up_limits(512, 32, num_kv_blocks=1000, kv_block_size=16, max_model_len=128) == (128, 32)
+    assert warm_up_tokens(512, num_kv_blocks=10, kv_block_size=16, max_model_len=2048) == 160
+    assert warm_up_tokens(512, num_kv_blocks=1000, kv_block_size=16, max_model_len=128) == 128

@@ -68,11 +68,11 @@ def test_a_simulated_pod_starts_warmed_up_as_the_real_runner() -> None:
     from llmfleet.server.config import EngineConfig
     from llmfleet.sim.pod import SimPod
 
-    config = EngineConfig(max_num_batched_tokens=256, max_batch_size=24, num_kv_blocks=64, kv_block_size=16)
+    config = EngineConfig(max_num_batched_tokens=256, num_kv_blocks=64, kv_block_size=16)
     bf16 = SimPod.create("p", "colocated", config, CostModel(dict(TRUE), dtype="bfloat16"), now=0, startup_s=0)
     fp32 = SimPod.create("p", "colocated", config, CostModel(dict(TRUE), dtype="float32"), now=0, startup_s=0)
     warmed = bf16.engine.runner.seen_sizes
-    assert set(range(1, 17)) <= warmed and 32 in warmed and 256 in warmed  # decodes up to 24 run as 32 rows
+    assert set(range(1, 17)) <= warmed and 32 in warmed and 256 in warmed and len(warmed) == 31
     assert 272 not in warmed and not fp32.engine.runner.seen_sizes  # beyond the budget; float32 builds none
 
 
