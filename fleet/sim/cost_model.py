@@ -19,8 +19,8 @@ runner receives), with non-negative coefficients fitted by ``llm-fleet calibrate
   builds kernels per matmul shape on first use (bfloat16 on CPU: 7-50 ms per new step size for
   builtin:small, none in float32). A bfloat16 CPU runner pads its steps to a few dozen sizes
   (server/runner/step_shapes.py), the size counted here, and runs each size up to its first
-  budget and batch cap before it serves (warm_up.py), so only steps beyond those (a budget or
-  cap the tuner grew) pay it. Each simulated pod keeps its own set, warmed up as the real one.
+  budget before it serves (warm_up.py), so only steps beyond it (a budget the tuner grew) pay
+  it. Each simulated pod keeps its own set, warmed up as the real one.
 
 The fit is a non-negative least squares on relative error, so every term keeps its physical sign
 and short decode steps count as much as long prefills; samples the fit cannot explain at all (a

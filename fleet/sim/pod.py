@@ -105,7 +105,7 @@ class SimPod:
         clock = SimClock(now)
         blocks = config.num_kv_blocks or cost.num_kv_blocks(config.kv_cache_memory_mb, config.kv_block_size)
         warmed = frozenset()
-        if cost.pads_steps:  # as the real runner, warmed up to its first config (its budget may grow later)
+        if cost.pads_steps:  # as the real runner, warmed up to its first budget (which may grow later)
             tokens = warm_up_tokens(config.max_num_batched_tokens, blocks, config.kv_block_size, cost.max_model_len)
             warmed = frozenset(warm_up_sizes(tokens))
         runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size, warmed=warmed)

@@ -6,7 +6,8 @@ steps, just when a scale-up needs it. vLLM warms its sizes before reporting read
 reason (on a GPU this runner captures CUDA graphs instead). Two kinds of shapes matter:
 
 - the step's token count (every layer's weight matmuls): a prompt step of each padded size up to
-  the step budget, which covers decode steps too (a step of any kind is at most the budget);
+  the step budget, which covers decode steps too (a step of any kind is at most the budget),
+  through one decoder layer of each kind (below);
 - the rows the LM head computes, one per sampled request: 1 up to the batch cap. The head alone
   is called for these (a decode step of each batch size would cost a whole forward each).
 
