@@ -226,6 +226,31 @@ def piecewise_graphs(engine, prompts, outputs, rounds: int = 2) -> dict[str, flo
     return best
 
 
+def warm_up_effect(model: str, dtype: str, rounds: int = 2) -> dict[str, float]:
+    """Fresh processes (bench/warm_up_probe.py), with and without the start-up warm-up,
+    alternated ``rounds`` times: the mean of each one's build and first and second passes over
+    every padded step size (a prompt each)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    runs: dict[str, list[dict[str, float]]] = {"warmed": [], "cold": []}
+    for _ in range(rounds):
+        for name, switch in (("cold", "0"), ("warmed", "1")):
+            env = {**os.environ, "LLMFLEET_WARM_UP": switch}
+            out = subprocess.run(
+                [sys.executable, "-m", "llmfleet.bench.warm_up_probe", model, dtype],
+                env=env, capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    return {
+        f"{name}_{key}": sum(r[key] for r in done) / len(done)
+        for name, done in runs.items()
+        for key in ("build_s", "first_pass_s", "second_pass_s")
+    }
+
+
 def scheduler_time_256() -> float:
     """Mean seconds of one ``schedule()`` call with 256 running decode requests."""
     from llmfleet.server.core.block_manager import BlockManager
@@ -392,6 +417,17 @@ def run(args) -> int:
             f"== steps with prompt tokens (anyscale-online's 64 requests at once, 2048-token budget): "
             f"{ms['eager']:.1f} ms eager vs {ms['piecewise']:.1f} ms through piecewise CUDA graphs "
             f"-> {ms['eager'] / ms['piecewise']:.2f}x"
+        )
+
+    if engine.runner.pad_steps and not args.quick:
+        warm = warm_up_effect(args.model, dtype_name)
+        results["warm_up"] = warm
+        print(
+            f"== start-up warm-up (fresh processes, a prompt of each padded step size up to 512 tokens, twice): "
+            f"first pass {warm['warmed_first_pass_s']:.2f} s warmed vs {warm['cold_first_pass_s']:.2f} s cold "
+            f"-> {warm['cold_first_pass_s'] / warm['warmed_first_pass_s']:.2f}x (second pass "
+            f"{warm['warmed_second_pass_s']:.2f} vs {warm['cold_second_pass_s']:.2f} s); start-up "
+            f"{warm['warmed_build_s']:.1f} s vs {warm['cold_build_s']:.1f} s"
         )
 
     sched = scheduler_time_256()

@@ -143,9 +143,10 @@ class TorchModelRunner:
             self.kv_block_size,
             self.num_kv_blocks * self.kv_bytes_per_block / (1 << 20),
         )
-        # the step sizes run before serving: a padded CPU runner builds their kernels now (warm_up.py)
+        # the step sizes run before serving: a padded CPU runner builds their kernels now
+        # (warm_up.py); LLMFLEET_WARM_UP=0 skips it (start-up time over first requests' latency)
         self.warm_sizes: frozenset[int] = frozenset()
-        if self.pad_steps:
+        if self.pad_steps and os.environ.get("LLMFLEET_WARM_UP", "1") != "0":
             self.warm_sizes = warm_up(self, self.model, config.max_num_batched_tokens, config.max_batch_size)
 
     @torch.inference_mode()
