@@ -229,8 +229,8 @@ class LLMEngine:
 
     # --- the loop -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        events = [self._event(r, [], "", None) for r in self._aborted]
-        self._aborted.clear()
+        aborted, self._aborted = self._aborted, []
+        events = [self._event(r, [], "", None) for r in aborted]
 
         started = time.perf_counter()
         out = self.scheduler.schedule()
@@ -243,6 +243,8 @@ class LLMEngine:
             sampled = self.runner.execute(out)
         except Exception as exc:
             # One bad step must not take the server down: its requests end, the rest go on.
+            # The final events of earlier aborts go out with the next step, not nowhere.
+            self._aborted[:0] = aborted
             for item in out.scheduled:
                 if not item.request.status.is_finished:
                     self.abort_request(item.request.request_id)

@@ -262,6 +262,24 @@ def test_a_failing_step_aborts_its_requests_and_the_engine_goes_on():
     assert {(e.request_id, e.finish_reason) for e in events if e.finished} == {("a", "abort"), ("b", "length")}
 
 
+def test_two_failing_steps_in_a_row_lose_no_final_event():
+    # The first failure's aborts are reported with the next step; if that one fails too, their
+    # events must still go out, or their clients wait forever.
+    engine, runner, clock = make()
+    engine.add_request("a", [1, 2], greedy(4))
+    engine.add_request("b", [3, 4], greedy(4))
+    real = runner.execute
+    runner.execute = lambda out: (_ for _ in ()).throw(RuntimeError("boom"))
+    with pytest.raises(StepFailedError):
+        engine.step()
+    engine.add_request("c", [5], greedy(4))
+    with pytest.raises(StepFailedError):
+        engine.step()
+    runner.execute = real
+    events = run_all(engine, clock)
+    assert sorted(e.request_id for e in events if e.finished) == ["a", "b", "c"]
+
+
 def test_token_ids_outside_the_vocabulary_are_rejected():
     engine, runner, clock = make()
     with pytest.raises(InvalidRequestError, match="non-negative"):
