@@ -128,8 +128,10 @@ class Scheduler:
     def _schedule_batch(self, out: SchedulerOutput, now: float) -> None:
         cfg = self.config
         if not self.running and self.waiting:
-            # A preempted request never waits for a new batch to form.
-            ready = len(self.waiting) >= cfg.max_batch_size or self._flushing or self._num_preempted_waiting > 0
+            # A preempted request never waits for a new batch to form. The waiting queue never
+            # grows past max_queue_len, so that many make a full batch when it is the smaller.
+            full = min(cfg.max_batch_size, cfg.max_queue_len)
+            ready = len(self.waiting) >= full or self._flushing or self._num_preempted_waiting > 0
             if not ready and cfg.policy == Policy.DYNAMIC:
                 ready = window_expired(oldest_arrival(self.waiting), now, cfg.batch_timeout_ms)
             if ready:

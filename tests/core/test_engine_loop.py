@@ -143,6 +143,18 @@ def test_static_waits_for_a_full_batch_then_runs_it_to_completion():
     assert ["d"] in admitted_per_step(runner)
 
 
+def test_static_batch_fills_at_the_queue_cap_when_that_is_smaller():
+    # A waiting queue capped below max_batch_size could never form a full batch.
+    engine, runner, clock = make(policy="static", max_batch_size=8, max_queue_len=2)
+    engine.add_request("a", [1, 2], greedy(2))
+    engine.add_request("b", [3], greedy(2))
+    with pytest.raises(QueueFullError):
+        engine.add_request("c", [4], greedy(2))
+    events = run_all(engine, clock)
+    assert admitted_per_step(runner)[0] == ["a", "b"]
+    assert sorted(e.request_id for e in events if e.finished) == ["a", "b"]
+
+
 def test_dynamic_launches_a_partial_batch_after_the_window():
     engine, runner, clock = make(policy="dynamic", max_batch_size=4, batch_timeout_ms=10)
     engine.add_request("a", [1], greedy(1))
