@@ -189,8 +189,12 @@ class Scheduler:
                     continue
                 if budget <= 0:
                     break
-            if len(request.block_table) * block_size < computed + n and not self._reserve(request, computed + n, out):
-                continue
+            if len(request.block_table) * block_size < computed + n:
+                reserved, returned = self._reserve(request, computed + n, out)
+                if budget is not None:
+                    budget += returned
+                if not reserved:
+                    continue
             scheduled.append(ScheduledRequest(request, n))
             if budget is not None:
                 budget -= n
@@ -201,25 +205,39 @@ class Scheduler:
                 continue
             computed = request.num_computed_tokens
             n = min(request.num_uncomputed_tokens, budget)
-            if self._reserve(request, computed + n, out):
+            reserved, returned = self._reserve(request, computed + n, out)
+            budget += returned
+            if reserved:
                 scheduled.append(ScheduledRequest(request, n))
                 budget -= n
         return budget
 
-    def _reserve(self, request: Request, num_slots: int, out: SchedulerOutput) -> bool:
+    def _reserve(self, request: Request, num_slots: int, out: SchedulerOutput) -> tuple[bool, int]:
         """Grow ``request``'s block table to ``num_slots`` slots, preempting while blocks are
-        short. The victim is picked by the ordering among the running requests not yet
-        scheduled this step, ``request`` included (vLLM's rule); when ``request`` itself is
-        the victim it goes back to wait and this returns False."""
+        short. The victim is picked by the ordering among all running requests, ``request``
+        included (vLLM v1's rule): decodes are scheduled before prompt chunks, so a victim may
+        already be in this step, and then it is taken out again. Returns whether ``request``
+        got its slots (False: it was the victim and went back to wait) and the tokens the
+        victims taken out of the step had."""
+        returned = 0
         while not self.block_manager.allocate(request, num_slots):
-            scheduled = {id(s.request) for s in out.scheduled}  # only when blocks ran out: rare
-            candidates = [r for r in self.running if id(r) not in scheduled]
-            victim = self._ordering.pick_victim(candidates, self.clock())
+            victim = self._ordering.pick_victim(self.running, self.clock())
             assert victim is not None
+            if victim is not request:
+                returned += self._unschedule(victim, out)
             self._preempt(victim)
             if victim is request:
-                return False
-        return True
+                return False, returned
+        return True, returned
+
+    @staticmethod
+    def _unschedule(request: Request, out: SchedulerOutput) -> int:
+        """Take ``request`` out of this step's batch; the tokens it had there (0: not in it)."""
+        for i, item in enumerate(out.scheduled):  # only when blocks ran out: rare
+            if item.request is request:
+                del out.scheduled[i]
+                return item.num_tokens
+        return 0
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -400,6 +400,22 @@ def test_priority_preempts_the_lowest_priority():
     assert runner.preempted[-1] == ["b"]
 
 
+def test_a_prompt_chunk_short_of_blocks_preempts_a_lower_priority_decode_already_in_the_step():
+    # Decodes are scheduled before prompt chunks; the victim is still the lowest priority of all
+    # running requests, taken out of the step again, not the urgent prompt itself.
+    engine, runner, clock = make(num_blocks=4, max_num_batched_tokens=4, scheduling="priority",
+                                 priority_age_weight=0, enable_prefix_caching=False)  # fmt: skip
+    engine.add_request("low", [1, 2], greedy(10), priority=0)
+    events = engine.step()
+    engine.add_request("high", list(range(12)), greedy(1), priority=10)
+    events += run_all(engine, clock)
+    preempted = [rid for step in runner.preempted for rid in step]
+    assert preempted == ["low"]
+    finished = [e.request_id for e in events if e.finished]
+    assert finished == ["high", "low"]
+    assert [t for e in events if e.request_id == "low" for t in e.new_token_ids] == reference_output([1, 2], 10)
+
+
 def test_static_relaunches_a_preempted_request_without_waiting_for_a_full_batch():
     engine, _, clock = make(policy="static", max_batch_size=3, num_blocks=3, scheduling="priority")
     engine.add_request("a", [1, 2, 3], greedy(8), priority=0)
