@@ -363,8 +363,8 @@ def test_stop_strings_and_stop_token_ids(client):
 
 # --- admission control and drain -------------------------------------------------------------------
 async def test_full_queue_is_429_with_retry_after_and_accepted_requests_finish(make_state):
-    # static batching never launches a batch of 8 from 2 waiting requests: they stay queued
-    state = make_state(EngineConfig(policy="static", max_batch_size=8, max_queue_len=2))
+    # a minute's coalescing window holds 2 new prompts while 6 batch slots are free: they stay queued
+    state = make_state(EngineConfig(max_batch_size=8, batch_timeout_ms=60_000, max_queue_len=2))
     transport = httpx.ASGITransport(app=create_app(state))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         body = {"prompt": "abc", "max_tokens": 3}
