@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..core import grammar
@@ -188,29 +188,44 @@ def _abort(state: ServerState, subs: list[SubRequest]) -> None:
         state.engine.abort(sub.request_id)
 
 
-async def iter_events(state: ServerState, sub: Submission) -> AsyncIterator[tuple[SubRequest, RequestOutput]]:
-    """Events of all sub-requests as produced. Closing this early (the client left) aborts the
-    unfinished ones, which frees their KV blocks before the engine's next step.
+class EventStream:
+    """Events of all sub-requests as produced: ``async for owner, event in stream``. Closing it
+    (``aclose``) aborts the unfinished ones, which frees their KV blocks before the engine's
+    next step; a plain class rather than a generator, so that a stream closed before its first
+    event (the client left during the opening chunks) aborts them too.
 
     A consumer that falls behind the engine (a slow client, a busy event loop) gets the events
     that piled up merged into one per request, as vLLM does: fewer, larger chunks instead of a
     backlog that grows with the engine's speed."""
-    unfinished = dict(sub.by_id)
-    queue = sub.events
-    try:
-        while unfinished:
-            pending = [await queue.get()]
-            while not queue.empty():
-                pending.append(queue.get_nowait())
+
+    def __init__(self, state: ServerState, sub: Submission) -> None:
+        self._state = state
+        self._queue = sub.events
+        self._unfinished = dict(sub.by_id)
+        self._ready: deque[tuple[SubRequest, RequestOutput]] = deque()
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> tuple[SubRequest, RequestOutput]:
+        while not self._ready:
+            if not self._unfinished:
+                raise StopAsyncIteration
+            pending = [await self._queue.get()]
+            while not self._queue.empty():
+                pending.append(self._queue.get_nowait())
             for event in merge_events(pending):
-                owner = unfinished.get(event.request_id)
+                owner = self._unfinished.get(event.request_id)
                 if owner is None:
                     continue
                 if event.finished:
-                    del unfinished[event.request_id]
-                yield owner, event
-    finally:
-        _abort(state, list(unfinished.values()))
+                    del self._unfinished[event.request_id]
+                self._ready.append((owner, event))
+        return self._ready.popleft()
+
+    async def aclose(self) -> None:
+        _abort(self._state, list(self._unfinished.values()))
+        self._unfinished.clear()
 
 
 def merge_events(events: list[RequestOutput]) -> list[RequestOutput]:
@@ -242,7 +257,7 @@ async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
     lps: dict[int, list] = {s.index: [] for s in sub.subs}
     prompt_lps: dict[int, list[SampledToken]] = {}
     done: dict[int, tuple[str | None, int]] = {}
-    events = iter_events(state, sub)
+    events = EventStream(state, sub)
     try:
         async for owner, event in events:
             text[owner.index].append(event.new_text)

@@ -35,7 +35,7 @@ from fastapi.responses import StreamingResponse
 from ..core.kv_wire import KVCorruptError, KVImport, KVMismatchError, decode, encode_header, leave_out_blocks
 from ..core.request import SamplingParams
 from .errors import APIError
-from .generation import SubRequest, iter_events, submit
+from .generation import EventStream, SubRequest, submit
 from .protocol import KVTransferParams
 from .state import ServerState
 
@@ -119,7 +119,7 @@ async def prefill_for_remote_decode(
     ids: list[str | None] = [None] * len(prompts)
     if subs:
         submission = await submit(state, subs, priority, arrival, export_kv=True)
-        events = iter_events(state, submission)
+        events = EventStream(state, submission)
         try:
             async for owner, event in events:
                 if event.finished:

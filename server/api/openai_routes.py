@@ -15,6 +15,7 @@ from . import kv_transfer
 from .client_gone import CLIENT_GONE, unless_client_gone
 from .errors import APIError
 from .generation import (
+    EventStream,
     Result,
     Submission,
     SubRequest,
@@ -23,7 +24,6 @@ from .generation import (
     check_model,
     check_serving,
     collect,
-    iter_events,
     submit,
 )
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -243,12 +243,12 @@ class _Reply:
         token (when they are known) rather than at once; ``echo_only`` (max_tokens 0): the
         generated token is not shown."""
         state, completion = self.state, 0
-        for sub in self.submission.subs:
-            if sub.index in echo and not scored:
-                yield self.chunk("text_completion", _text_choice(sub.index, echo[sub.index], None, None), sub)
         offsets = {s.index: len(echo.get(s.index, "")) for s in self.submission.subs}
-        events = iter_events(state, self.submission)
-        try:
+        events = EventStream(state, self.submission)
+        try:  # from the first chunk on: a client that leaves at any point aborts the requests
+            for sub in self.submission.subs:
+                if sub.index in echo and not scored:
+                    yield self.chunk("text_completion", _text_choice(sub.index, echo[sub.index], None, None), sub)
             async for owner, event in events:
                 if scored and event.prompt_logprobs is not None:
                     logprobs = prompt_logprobs_of(state, owner, event.prompt_logprobs)
@@ -287,10 +287,10 @@ class _Reply:
         subs = self.submission.subs
         calls = {sub.index: tool_calls.stream() for sub in subs} if tool_calls is not None else {}
         splitters = {sub.index: reasoning.splitter() for sub in subs} if reasoning is not None else {}
-        for sub in self.submission.subs:
-            yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
-        events = iter_events(state, self.submission)
-        try:
+        events = EventStream(state, self.submission)
+        try:  # from the first chunk on: a client that leaves at any point aborts the requests
+            for sub in self.submission.subs:
+                yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
             async for owner, event in events:
                 if event.finished:
                     completion += event.num_output_tokens

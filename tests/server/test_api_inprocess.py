@@ -517,3 +517,43 @@ async def test_a_caller_that_gives_up_mid_handover_never_stops_the_engine(make_s
     while not (await asyncio.wait_for(events.get(), 10)).finished:
         pass
     assert engine.alive
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi", "echo": True}),
+    ],
+    ids=["chat-role-chunk", "completion-echo-chunk"],
+)
+async def test_a_client_gone_while_the_opening_chunk_is_sent_aborts_the_requests(make_state, path, body):
+    """Chat's role chunk and an echoed prompt go out before any token; a client that leaves while
+    one is being written (a slow socket) must still abort its requests."""
+    state = make_state(step_seconds=0.01)
+    app = create_app(state)
+    payload = json.dumps(body | {"max_tokens": 200, "stream": True}).encode()
+    received = 0
+
+    async def receive():
+        nonlocal received
+        received += 1
+        if received == 1:
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await asyncio.sleep(0.02)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(0.1)  # the write outlasts the client
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+    await app(scope, receive, send)
+    for _ in range(100):
+        if state.engine.num_unfinished == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert state.engine.num_unfinished == 0
