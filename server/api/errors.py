@@ -25,6 +25,9 @@ class APIError(Exception):
 
 
 def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:
+    # A message quoting the request (a model name, say) may hold a lone surrogate, which JSON
+    # cannot be rendered from as UTF-8: it goes out escaped.
+    message = message.encode("utf-8", "backslashreplace").decode()
     return {"error": {"message": message, "type": type_, "param": param, "code": status}}
 
 

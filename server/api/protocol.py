@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .structured import StructuredOutputFields
 from .tool_calls import AutoToolCalls, ForcedToolCalls, tool_call_replies
@@ -33,7 +33,37 @@ class KVTransferParams(BaseModel):
     remote_kv_ids: list[str | None] | None = None
 
 
-class _Sampling(StructuredOutputFields):
+def _unencodable(value: Any) -> str | None:
+    """The first string in ``value`` (keys included) that is not valid Unicode, or None. JSON's
+    ``\\ud800`` escapes decode to lone UTF-16 surrogates, which no tokenizer can encode."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return value
+        return None
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list):
+        return next((bad for item in value if (bad := _unencodable(item)) is not None), None)
+    return None
+
+
+class _TextRequest(BaseModel):
+    """A request whose text must be valid Unicode: a 400, not a tokenizer's crash."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if _unencodable([key, value]) is not None:
+                    raise ValueError(f"{key!r} holds text that is not valid Unicode (a lone UTF-16 surrogate)")
+        return data
+
+
+class _Sampling(StructuredOutputFields, _TextRequest):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # NaN or Infinity: a 400, not a clamp
 
     model: str | None = None
@@ -74,7 +104,8 @@ class _Sampling(StructuredOutputFields):
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, value):
-        if value is not None and not all(key.isdigit() for key in value):
+        # isdigit alone takes "²" and other digits int() refuses
+        if value is not None and not all(key.isascii() and key.isdigit() for key in value):
             raise ValueError("keys must be token ids (non-negative integers)")
         return value
 
@@ -163,7 +194,7 @@ _TEMPLATE_PARAMETERS = frozenset({
 })  # fmt: skip
 
 
-class ChatTemplating(BaseModel):
+class ChatTemplating(_TextRequest):
     """How messages become a prompt, as vLLM takes it: the server's chat template, rendered with
     the request's tools and ``chat_template_kwargs`` (``enable_thinking``, say)."""
 

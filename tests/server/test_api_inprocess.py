@@ -83,6 +83,7 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": ""}, "prompt"),
         ({"prompt": "hi", "logit_bias": {"five": 1}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias"),
+        ({"prompt": "hi", "logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit to isdigit, not to int
         ({"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
         ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
         ({"prompt": "hi", "frequency_penalty": -2.5}, "frequency_penalty"),
@@ -251,6 +252,29 @@ def test_nan_and_infinity_are_refused(client, raw):
     body = '{"prompt": "hi", "max_tokens": 2, ' + raw + "}"
     response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
     assert_openai_error(response, 400, raw.split('"')[1])
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", '{"prompt": "a\\ud800b"}'),
+        ("/v1/completions", '{"prompt": "ab", "stop": ["\\udfff"]}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\ud800b"}]}'),
+        ("/tokenize", '{"prompt": "a\\ud800"}'),
+        ("/v1/completions", '{"prompt": "a", "model": "m\\ud800"}'),
+    ],
+)
+def test_text_that_is_not_valid_unicode_is_a_400(client, path, body):
+    # JSON lets a lone UTF-16 surrogate through (\ud800), which no tokenizer can encode
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert "not valid Unicode" in assert_openai_error(response, 400)["message"]
+
+
+def test_an_error_quoting_a_lone_surrogate_still_renders():
+    from llmfleet.server.api.errors import error_response
+
+    body = error_response(404, "model 'm\ud800' is not served", "not_found_error").body
+    assert json.loads(body)["error"]["message"] == "model 'm\\ud800' is not served"  # escaped
 
 
 def test_unknown_model_is_404_and_unknown_route_is_json_404(client):
