@@ -108,4 +108,6 @@ def _has_content(choice: dict) -> bool:
     if choice.get("text"):
         return True
     delta = choice.get("delta") or {}
-    return bool(delta.get("content") or delta.get("tool_calls"))
+    # a reasoning model's thinking is output too (vLLM counts it for TTFT): no buffering through it
+    return bool(delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
+                or delta.get("reasoning"))  # fmt: skip

@@ -214,6 +214,9 @@ def test_the_stream_meter_sees_content_across_split_chunks():
         sse({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]})
     )
     assert called.started_content
+    thinking = StreamMeter(metrics, started=0.0)  # a reasoning model's thinking streams at once
+    thinking.feed(sse({"choices": [{"index": 0, "delta": {"reasoning_content": "Hmm"}, "finish_reason": None}]}))
+    assert thinking.started_content
 
 
 def test_echoed_text_is_no_first_token():
