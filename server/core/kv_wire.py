@@ -85,6 +85,8 @@ class KVHeader:
     def from_json(cls, raw: bytes) -> KVHeader:
         try:
             fields = json.loads(raw)
+            if not isinstance(fields, dict):
+                raise TypeError(f"a JSON object expected, got {type(fields).__name__}")
             layout = KVLayout(**{name: fields.pop(name) for name in KVLayout.__dataclass_fields__})
             fields.pop("version", None)
             header = cls(layout=layout, **fields)

@@ -74,6 +74,9 @@ def test_corruption_is_refused():
         decode(b"LL", "m", LAYOUT, TOKENS)
     with pytest.raises(KVCorruptError, match="header"):
         decode(b"LLMFKV" + struct.pack("<HI", VERSION, 50) + b"{not json" + b" " * 41, "m", LAYOUT, TOKENS)
+    for not_an_object in (b'"x"', b"null", b"42"):
+        with pytest.raises(KVCorruptError, match="header"):
+            decode(b"LLMFKV" + struct.pack("<HI", VERSION, len(not_an_object)) + not_an_object, "m", LAYOUT, TOKENS)
     future = bytearray(body())
     future[6:8] = struct.pack("<H", VERSION + 1)
     with pytest.raises(KVMismatchError, match=f"version {VERSION + 1}"):
