@@ -73,7 +73,12 @@ class KVExportStore:
     def __len__(self) -> int:
         return len(self._held)
 
-    def put(self, token_ids: list[int], payload: memoryview) -> str:
+    def put(self, token_ids: list[int], payload: memoryview) -> str | None:
+        """Hold ``payload``; its id, or None for KV larger than the whole store, which the decode
+        server then computes itself (an id for KV already evicted would fail the request)."""
+        if payload.nbytes > self.limit_bytes:
+            self.dropped += 1
+            return None
         kv_id = uuid.uuid4().hex
         entry = _Held(token_ids, payload, self.clock() + self.ttl_s)
         self._held[kv_id] = entry

@@ -132,3 +132,7 @@ def test_the_export_store_hands_each_kv_out_once_and_frees_what_nobody_takes():
     assert store.take(oldest) is None
     assert store.take(newest) is not None
     assert store.held_bytes == 0 and len(store) == 0
+
+    kept = store.put(TOKENS, memoryview(b"p" * 100))
+    assert store.put(TOKENS, memoryview(b"p" * 1001)) is None  # no id for KV nobody could fetch
+    assert store.take(kept) is not None  # and nothing else was pushed out for it
