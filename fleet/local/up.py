@@ -22,17 +22,10 @@ def load_service(path: str | None) -> tuple[str, object]:
     from importlib import resources
     from pathlib import Path
 
-    import yaml
-
-    from llmfleet.operator.spec import parse_spec
+    from llmfleet.operator.service_file import read_service
 
     source = Path(path) if path else resources.files("llmfleet.local").joinpath(DEFAULT_SPEC)
-    text = source.read_text()
-    for doc in yaml.safe_load_all(text):
-        if isinstance(doc, dict) and doc.get("kind") == "InferenceService":
-            name = (doc.get("metadata") or {}).get("name") or "local"
-            return name, parse_spec(doc.get("spec") or {})
-    raise ValueError(f"no InferenceService in {path or DEFAULT_SPEC}")
+    return read_service(source, "local")
 
 
 def run(args) -> int:

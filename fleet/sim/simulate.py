@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from llmfleet.operator import service_file
 from llmfleet.operator.spec import InferenceServiceSpec, parse_spec
 from llmfleet.operator.tuner import TunerConfig
 from llmfleet.workloads import RequestSpec
@@ -48,13 +49,7 @@ def simulate(
 
 def read_service(path: str | Path) -> tuple[str, InferenceServiceSpec]:
     """(name, spec) of the first InferenceService in a YAML file."""
-    import yaml
-
-    text = Path(path).read_text()
-    for doc in yaml.safe_load_all(text):
-        if isinstance(doc, dict) and doc.get("kind") == "InferenceService":
-            return (doc.get("metadata") or {}).get("name") or "sim", parse_spec(doc.get("spec") or {})
-    raise ValueError(f"no InferenceService in {path}")
+    return service_file.read_service(Path(path), "sim")
 
 
 def with_fixed(spec: InferenceServiceSpec, pool: str, replicas: int, knobs: dict[str, Any]) -> InferenceServiceSpec:

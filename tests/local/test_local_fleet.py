@@ -195,6 +195,25 @@ def test_a_bad_file_is_refused_with_its_reason(tmp_path):
     assert result.returncode == 2 and "Invalid" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("kind: InferenceService\nspec: {model: [builtin: tiny\n", "not valid YAML"),
+        ("kind: InferenceService\nmetadata: name-only\nspec: {}\n", "metadata must be a mapping"),
+        ("kind: Deployment\n", "no InferenceService"),
+    ],
+)
+def test_a_file_that_is_no_inference_service_is_a_clear_error(tmp_path, text, words):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=words):
+        load_service(str(bad))
+    result = subprocess.run(
+        [sys.executable, "-m", "llmfleet.cli", "up", "-f", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
+
+
 def test_up_needs_the_key_of_an_api_key_secret(tmp_path, repo_root):
     """A Secret is a cluster's: locally the key comes from VLLM_API_KEY (every process inherits it)."""
     doc = yaml.safe_load((repo_root / "examples" / "local.yaml").read_text())
