@@ -86,15 +86,19 @@ class Balancer:
             return None
         return f"no decode server is ready yet (servers from {self.source.description})"
 
-    def pick(self, pool: str, exclude: set[str] = frozenset(), prefixes: Sequence[int] = ()) -> Server | None:
+    def pick(
+        self, pool: str, exclude: set[str] = frozenset(), prefixes: Sequence[int] = (), healthy_only: bool = False
+    ) -> Server | None:
         """The policy's choice among the healthy servers of ``pool`` not in ``exclude`` (for a
-        prompt with these prefix hashes), else the set-aside one that failed least; None if
-        every server is excluded or draining."""
+        prompt with these prefix hashes), else (unless ``healthy_only``) the set-aside one that
+        failed least; None if every server is excluded or draining."""
         open_ = [s for s in self.servers[pool].values() if not s.draining and s.url not in exclude]
         healthy = [s for s in open_ if s.healthy]
         if healthy:
             return self.policies[pool](healthy, prefixes)
-        return min(open_, key=lambda s: (s.failures, s.url)) if open_ else None
+        if healthy_only or not open_:
+            return None
+        return min(open_, key=lambda s: (s.failures, s.url))
 
     async def pick_or_rediscover(
         self, pool: str, exclude: set[str] = frozenset(), prefixes: Sequence[int] = ()

@@ -9,10 +9,12 @@
 Faults, and what the client sees:
 
 - a prefill server that refuses the connection, times out, is busy (429) or draining (503), or
-  fails (5xx): the request goes to another one; with none left, the decode server computes the
-  prompt itself (``llmfleet_router_local_prefills``);
-- a decode server that fails the same ways before the first byte of content left the router,
-  or cannot fetch the KV: the request starts over on other servers (the KV is taken once);
+  fails (5xx): the request goes to another one; with no healthy one left, the decode server
+  computes the prompt itself (``llmfleet_router_local_prefills``). These cost no decode attempt;
+- a decode server that fails the same ways before the first byte of content left the router:
+  the request starts over on other servers (the KV is taken once);
+- a decode server that cannot fetch the KV: the prefill server that held it is set aside, and
+  the request starts over with another prefill (the decode server is kept);
 - a decode server that fails after content went out: the stream ends with an OpenAI-style error
   event and ``[DONE]``, never a hang (every read has a timeout);
 - a 4xx from either server (a bad prompt, an unknown model) is the client's: relayed as is; a
@@ -53,11 +55,12 @@ class ProxySettings:
 
 
 class ServerFailed(Exception):
-    """The server could not serve this request now; another one may."""
+    """The server could not serve this request now; another one may. ``kv_lost``: a decode
+    server that could not fetch the KV, which is the prefill server's failure, not its own."""
 
-    def __init__(self, server: Server, message: str, status: int = 502) -> None:
+    def __init__(self, server: Server, message: str, status: int = 502, kv_lost: bool = False) -> None:
         super().__init__(message)
-        self.server, self.message, self.status = server, message, status
+        self.server, self.message, self.status, self.kv_lost = server, message, status, kv_lost
 
 
 class Answered(Exception):
@@ -109,19 +112,19 @@ class Proxy:
             decode = await self.balancer.pick_or_rediscover("decode", tried["decode"], prefixes)
             if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
                 break
+            prefill = None
             try:
                 decode.assigned += 1  # held from the pick: a burst spreads before its prefills return
                 try:
-                    params = await self._prefill(path, body, tried["prefill"], prefixes)
+                    prefill = await self._prefill(path, body, tried, prefixes)
                 finally:
                     decode.assigned -= 1  # _decode takes it over, with no await in between
+                params = None if prefill is None else prefill[0]
                 return await self._decode(decode, path, body, params, stream, started)
             except ServerFailed as failure:
-                pool = failure.server.pool
-                tried[pool].add(failure.server.url)
-                self.balancer.failed(failure.server, failure.message)
-                self.metrics.lab(self.metrics.retries, pool=pool).inc()
-                log.warning("attempt %d: %s", attempt + 1, failure.message)
+                if failure.kv_lost and prefill is not None:  # the decode server is fine: keep it
+                    failure = ServerFailed(prefill[1], failure.message, failure.status)
+                self._set_aside(failure, tried, attempt)
                 last = failure
             except Answered as answer:
                 return answer.response
@@ -131,15 +134,34 @@ class Proxy:
         message = f"no server could take the request after {attempt + 1} attempts; last: {last.message}"
         return error_response(status, message, "unavailable" if status != 502 else "bad_gateway")
 
-    async def _prefill(self, path: str, body: dict, tried: set[str], prefixes: list[int]) -> dict | None:
-        """The KV transfer parameters for the decode server, or None when it must compute the
-        prompt itself (no prefill server can take the request, or the prompt is scored)."""
+    def _set_aside(self, failure: ServerFailed, tried: dict[str, set[str]], attempt: int) -> None:
+        pool = failure.server.pool
+        tried[pool].add(failure.server.url)
+        self.balancer.failed(failure.server, failure.message)
+        self.metrics.lab(self.metrics.retries, pool=pool).inc()
+        log.warning("attempt %d: %s", attempt + 1, failure.message)
+
+    async def _prefill(
+        self, path: str, body: dict, tried: dict[str, set[str]], prefixes: list[int]
+    ) -> tuple[dict, Server] | None:
+        """The KV transfer parameters for the decode server and the prefill server that holds
+        the KV, or None when the decode server must compute the prompt itself: the prompt is
+        scored, or no healthy prefill server is left to try (one set aside is worth less than
+        the decode server's own prefill). Prefill failures cost no decode attempt."""
         if _scores_the_prompt(path, body):
             return None  # the prompt's logprobs come from the server that computes it: the decode server
-        server = self.balancer.pick("prefill", tried, prefixes)
-        if server is None:
-            self.metrics.lab(self.metrics.fallbacks).inc()
-            return None
+        for attempt in range(self.settings.attempts):
+            server = self.balancer.pick("prefill", tried["prefill"], prefixes, healthy_only=True)
+            if server is None:
+                break
+            try:
+                return await self._prefill_on(server, path, body), server
+            except ServerFailed as failure:
+                self._set_aside(failure, tried, attempt)
+        self.metrics.lab(self.metrics.fallbacks).inc()
+        return None
+
+    async def _prefill_on(self, server: Server, path: str, body: dict) -> dict:
         ask = {**body, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
         ask.pop("stream_options", None)
         timeout = httpx.Timeout(self.settings.prefill_timeout_s, connect=self.settings.connect_timeout_s)
@@ -252,21 +274,25 @@ class _Relay:
 
 def _refusal(server: Server, status: int, content: bytes) -> ServerFailed | Answered:
     """What a server's non-200 answer means for the request: try elsewhere, or answer the client."""
-    message = _error_message(content) or f"status {status}"
+    message, kind = _error_fields(content)
+    message = message or f"status {status}"
     where = f"{server.pool} server {server.url}"
     if status in (429, 503) or status >= 500:
-        return ServerFailed(server, f"{where} answered {status}: {message}", status)
+        kv_lost = server.pool == "decode" and kind == "kv_transfer_failed"
+        return ServerFailed(server, f"{where} answered {status}: {message}", status, kv_lost=kv_lost)
     if status == 409 and server.pool == "decode":
         return Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
     return Answered(Response(content, status, media_type="application/json"))
 
 
-def _error_message(content: bytes) -> str | None:
+def _error_fields(content: bytes) -> tuple[str | None, str | None]:
+    """An OpenAI-style error's message and type; or the start of the body, and no type."""
     try:
-        return str(json.loads(content)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
+        error = json.loads(content)["error"]
+        return str(error["message"]), error.get("type")
+    except (ValueError, KeyError, TypeError, AttributeError):
         text = content.decode(errors="replace").strip()
-        return text[:300] or None
+        return text[:300] or None, None
 
 
 def _scores_the_prompt(path: str, body: dict) -> bool:

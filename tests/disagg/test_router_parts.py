@@ -251,3 +251,67 @@ def test_our_clients_let_idle_connections_go_before_our_servers_do():
 
     assert CLIENT_KEEPALIVE_EXPIRY_S < SERVER_KEEP_ALIVE_S
     assert pooled(max_connections=4).keepalive_expiry == CLIENT_KEEPALIVE_EXPIRY_S
+
+
+async def _proxy(handle, prefill: list[str], decode: list[str]):
+    """A Proxy over ``handle`` (request -> response) for every server, without polls."""
+    from llmfleet.server.router.proxy import Proxy, ProxySettings
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    b = Balancer(StaticEndpoints(prefill, decode), "load", client)
+    await b.refresh()
+    metrics = RouterMetrics("m")
+    return Proxy(b, client, metrics, ProxySettings()), b, metrics
+
+
+def _kv_ids(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json={"kv_transfer_params": {"remote_kv_ids": ["k"]}})
+
+
+def _answer() -> httpx.Response:
+    return httpx.Response(200, json={"choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]})
+
+
+async def test_a_kv_fetch_failure_sets_the_prefill_server_aside_not_the_decode_server():
+    fetched_from = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host.startswith("p"):
+            return _kv_ids(request)
+        remote = json.loads(request.content)["kv_transfer_params"]["remote_url"]
+        fetched_from.append(remote)
+        if remote == "http://p1:8000":  # it answered ids, then lost the KV (died, evicted)
+            error = {"message": "cannot fetch the KV from the prefill server", "type": "kv_transfer_failed"}
+            return httpx.Response(502, json={"error": error})
+        return _answer()
+
+    proxy, b, _ = await _proxy(handle, ["http://p1:8000", "http://p2:8000"], ["http://d1:8000"])
+    opened = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)
+    assert json.loads(opened.head[0])["choices"][0]["text"] == "ok"
+    assert fetched_from == ["http://p1:8000", "http://p2:8000"]  # the one decode server, kept
+    assert b.servers["decode"]["http://d1:8000"].healthy
+    assert not b.servers["prefill"]["http://p1:8000"].healthy
+
+
+async def test_a_failing_prefill_pool_falls_back_to_the_decode_servers_prefill():
+    """Three prefill servers fail: they cost no decode attempt, and the decode server computes the
+    prompt itself rather than the client getting a 502."""
+    prefilled_elsewhere = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host.startswith("p"):
+            raise httpx.ConnectError("connection refused", request=request)
+        prefilled_elsewhere.append(json.loads(request.content).get("kv_transfer_params"))
+        return _answer()
+
+    prefill = ["http://p1:8000", "http://p2:8000", "http://p3:8000"]
+    proxy, b, metrics = await _proxy(handle, prefill, ["http://d1:8000"])
+    opened = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)
+    assert json.loads(opened.head[0])["choices"][0]["text"] == "ok"
+    assert prefilled_elsewhere == [None]
+    assert not any(s.healthy for s in b.servers["prefill"].values())
+    labels = {"model_name": "m", "role": "router"}
+    assert metrics.registry.get_sample_value("llmfleet_router_local_prefills_total", labels) == 1
+    opened = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)  # set aside: not tried again
+    assert prefilled_elsewhere == [None, None]
+    assert metrics.registry.get_sample_value("llmfleet_router_retries_total", labels | {"pool": "prefill"}) == 3
