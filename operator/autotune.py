@@ -46,6 +46,21 @@ class AutotuneOutcome:
     metrics: dict[str, PoolMetrics] = field(default_factory=dict)
 
 
+class InvalidLimits(ValueError):
+    """A pool's spec leaves the tuner no value to choose for a knob. Spec validation rejects such
+    bounds, so this is a safety net: the run stops and says why instead of failing the same way forever."""
+
+
+def pool_limits(spec: InferenceServiceSpec) -> dict[str, PoolLimits]:
+    limits = {}
+    for name in spec.active_pools:
+        try:
+            limits[name] = PoolLimits.from_spec(spec.pool(name))
+        except ValueError as exc:
+            raise InvalidLimits(f"pools.{name}: {exc}") from exc
+    return limits
+
+
 def tuner_config(spec: InferenceServiceSpec) -> TunerConfig:
     """The tuner's timing from spec.autotune, as HPA ``behavior``: knob relaxations wait one cooldown."""
     a = spec.autotune
@@ -92,6 +107,7 @@ class Autotuner:
 
     async def step(self, actuator: Actuator, now: float) -> AutotuneOutcome:
         spec = self.spec
+        limits = pool_limits(spec)
         current = actuator.observe()
         window = metric_window_s(spec)
         metrics: dict[str, PoolMetrics] = {}
@@ -102,7 +118,7 @@ class Autotuner:
             )
             view = current[name]
             settings = PoolSettings(view.replicas, view.knobs)
-            inputs[name] = PoolInput(metrics[name], settings, PoolLimits.from_spec(spec.pool(name)))
+            inputs[name] = PoolInput(metrics[name], settings, limits[name])
         decision = self.tuner.decide(inputs, SLOTargets.from_spec(spec.slo), self.memory, now)
         self.memory = decision.memory
         for name, settings in decision.settings.items():

@@ -29,6 +29,7 @@ from typing import Any
 import kopf
 
 from . import tuner_metrics
+from .autotune import InvalidLimits
 from .converge import Outcome, converge
 from .kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
 from .kube import login as kube_login
@@ -183,6 +184,9 @@ async def tune_now(raw: dict[str, Any], spec: Any, memo: kopf.Memo, logger: logg
             outcome, raw = await autotune_once(state.client, state.tuner_sessions, fresh, spec, state.prometheus_url)
         except ApiError as exc:
             logger.warning(f"tuner run skipped, API server: {exc}")
+            return
+        except InvalidLimits as exc:  # in status as TunerActive=False; retrying now would fail the same way
+            logger.warning(f"tuner run skipped: {exc}")
             return
     tuner_metrics.record(meta["namespace"], meta["name"], outcome, spec.slo)
     for type_, reason, message in new_events(outcome, fresh.get("status") or {}):

@@ -6,6 +6,7 @@ through but the operator cannot serve. Its message becomes a Degraded condition'
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -23,6 +24,18 @@ RouterPolicy = Literal["load", "round-robin", "prefix"]  # the router's --router
 ROUTER_POLICIES = get_args(RouterPolicy)
 TUNABLE_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
                  "maxNumBatchedTokens": "max_num_batched_tokens"}  # fmt: skip
+
+
+def knob_range(knob: str, low: float, high: float) -> tuple[float, float]:
+    """[low, high] cut to what EngineConfig accepts for the knob, to whole numbers for an integer
+    knob. May come out empty (low > high): no value the engine takes lies in it."""
+    field = EngineConfig.model_fields[TUNABLE_KNOBS[knob]]
+    for item in field.metadata:
+        low = max(low, float(getattr(item, "ge", low)))
+        high = min(high, float(getattr(item, "le", high)))
+    if _is_integer(knob):
+        low, high = float(math.ceil(low)), float(math.floor(high))
+    return low, high
 
 
 class SpecError(ValueError):
@@ -75,12 +88,20 @@ class Bound(_Model):
     min: float | None = None
     max: float | None = None
 
+    def limits(self) -> tuple[float, float]:
+        """(min, max), a missing side unbounded."""
+        return (-math.inf if self.min is None else self.min, math.inf if self.max is None else self.max)
+
     def clamp(self, value: float) -> float:
         if self.min is not None:
             value = max(value, self.min)
         if self.max is not None:
             value = min(value, self.max)
         return value
+
+
+def _is_integer(knob: str) -> bool:
+    return EngineConfig.model_fields[TUNABLE_KNOBS[knob]].annotation is int
 
 
 class Pool(_Model):
@@ -102,6 +123,13 @@ class Pool(_Model):
                 raise ValueError(f"bounds.{knob}: not a tunable knob (one of {sorted(TUNABLE_KNOBS)})")
             if bound.min is not None and bound.max is not None and bound.min > bound.max:
                 raise ValueError(f"bounds.{knob}: min {bound.min} > max {bound.max}")
+            low, high = knob_range(knob, *bound.limits())
+            if low > high:  # e.g. {min: 10.2, max: 10.8} on an integer knob, or {min: 5000} on maxBatchSize
+                engine_low, engine_high = knob_range(knob, -math.inf, math.inf)
+                raise ValueError(
+                    f"bounds.{knob}: no value the engine accepts lies within it "
+                    f"({'whole numbers ' if _is_integer(knob) else ''}from {engine_low:g} to {engine_high:g})"
+                )
         return self
 
     def engine_config(self) -> EngineConfig:

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from llmfleet.server.config import EngineConfig
-
 from .metrics_source import PoolMetrics
+from .spec import knob_range
 from .tuner_memory import TunerMemory
 
 MAX_BATCH, TIMEOUT, TOKEN_BUDGET, REPLICAS = "maxBatchSize", "batchTimeoutMs", "maxNumBatchedTokens", "replicas"
@@ -77,20 +76,19 @@ class PoolLimits:
     @classmethod
     def from_spec(cls, pool: Any, engine: Any | None = None) -> PoolLimits:
         """From a spec ``Pool``: its ``bounds`` where given, else a default range widened to take
-        in the pool's initial engine value; always within what EngineConfig accepts."""
+        in the pool's initial engine value and a one-sided bound's given side (``{min: 300}`` on
+        maxBatchSize: [300, 300], not the empty [300, 256]); always within what EngineConfig accepts."""
         engine = engine if engine is not None else pool.engine_config()
         ranges: dict[str, Range] = {}
         for knob, field_name in KNOB_FIELDS.items():
             bound = pool.bounds.get(knob)
+            given_low, given_high = bound.limits() if bound is not None else (-math.inf, math.inf)
             initial = float(getattr(engine, field_name))
-            low, high = DEFAULT_RANGES[knob]
-            low = min(low, initial) if bound is None or bound.min is None else float(bound.min)
-            high = max(high, initial) if bound is None or bound.max is None else float(bound.max)
-            engine_low, engine_high = _engine_field_range(field_name)
-            low, high = max(low, engine_low), min(high, engine_high)
-            if knob in INTEGER_KNOBS:
-                low, high = float(math.ceil(low)), float(math.floor(high))
-            if low > high:
+            default_low, default_high = DEFAULT_RANGES[knob]
+            low = given_low if math.isfinite(given_low) else min(default_low, initial, given_high)
+            high = given_high if math.isfinite(given_high) else max(default_high, initial, given_low)
+            low, high = knob_range(knob, low, high)
+            if low > high:  # spec validation rejects such bounds; the tuner reports it if one gets here
                 raise ValueError(f"bounds.{knob}: no valid value in [{num(low)}, {num(high)}]")
             ranges[knob] = Range(low, high)
         return cls(min_replicas=pool.min_replicas, max_replicas=pool.max_replicas, knobs=ranges)
@@ -277,12 +275,3 @@ def num(value: float) -> str:
 def plain(value: float) -> int | float:
     """A JSON number: integral values as ints."""
     return int(value) if math.isfinite(value) and value == int(value) else value
-
-
-def _engine_field_range(field_name: str) -> tuple[float, float]:
-    """The ge/le limits EngineConfig puts on a knob, so the tuner never writes an invalid config."""
-    low, high = -math.inf, math.inf
-    for item in EngineConfig.model_fields[field_name].metadata:
-        low = float(getattr(item, "ge", low))
-        high = float(getattr(item, "le", high))
-    return low, high

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from . import status as st
-from .autotune import AutotuneOutcome, Autotuner, PoolView, views_from_state
+from .autotune import AutotuneOutcome, Autotuner, InvalidLimits, PoolView, views_from_state
 from .converge import owner_of, tuner_state
 from .kube import INFERENCE_SERVICE, POD, KubeClient
 from .metrics_source import MetricSource, PoolRef
@@ -107,7 +107,9 @@ async def autotune_once(
     default_prometheus_url: str | None,
     now: float | None = None,
 ) -> tuple[AutotuneOutcome, dict[str, Any]]:
-    """Run the tuner once and write its status. Returns the outcome and the body with that status."""
+    """Run the tuner once and write its status. Returns the outcome and the body with that status.
+    Raises InvalidLimits, after setting TunerActive=False (InvalidBounds), when the spec leaves a
+    knob no valid value."""
     owner = owner_of(body)
     current = body.get("status") or {}
     session = _session(sessions, (owner.namespace, owner.name), spec, default_prometheus_url)
@@ -117,8 +119,14 @@ async def autotune_once(
     memory = TunerMemory.model_validate(memory_raw) if memory_raw else None
     refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in spec.active_pools}
     actuator = _StatusActuator(spec, tuner_state(spec, current) or TunerState())
-    outcome = await Autotuner(spec, session.source, refs, memory=memory).step(actuator, now or time.time())
     generation = body["metadata"].get("generation")
+    try:
+        outcome = await Autotuner(spec, session.source, refs, memory=memory).step(actuator, now or time.time())
+    except InvalidLimits as exc:  # hold, and say why where users look
+        condition = st.Condition(st.TUNER_ACTIVE, "False", "InvalidBounds", str(exc))
+        conditions = st.merge_conditions(current.get("conditions") or [], [condition], generation, st.now())
+        await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, {"conditions": conditions})
+        raise
     patch = {
         **outcome.status,
         "conditions": st.merge_conditions(current.get("conditions") or [], [outcome.condition], generation, st.now()),

@@ -193,6 +193,16 @@ OPERATOR_REJECTS = {
         "InvalidSpec",
         "min 64.0 > max 8.0",
     ),
+    "bounds with no whole number in them": (
+        with_("pools.colocated.bounds", {"maxBatchSize": {"min": 10.2, "max": 10.8}}),
+        "InvalidSpec",
+        "bounds.maxBatchSize: no value the engine accepts lies within it (whole numbers from 1 to 4096)",
+    ),
+    "a bound beyond what the engine accepts": (
+        with_("pools.colocated.bounds", {"batchTimeoutMs": {"min": 70000}}),
+        "InvalidSpec",
+        "bounds.batchTimeoutMs: no value the engine accepts lies within it (from 0 to 60000)",
+    ),
     "unknown engine knob": (
         with_("pools.colocated.engine", {"maxBatchSize": 8, "turbo": True}),
         "InvalidEngineConfig",

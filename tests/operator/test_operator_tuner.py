@@ -8,7 +8,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from llmfleet.operator import tuning
+from llmfleet.operator import autotune, tuning
 from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, PoolRef
 from llmfleet.operator.tuner_metrics import REGISTRY
 
@@ -107,3 +107,30 @@ def test_a_manual_edit_is_overwritten_by_the_tuners_value(kube, operator, script
     edited = dict(engine_of(kube), max_batch_size=60)
     kube.patch("ConfigMap", "tiny-colocated-engine", {"data": {"engine.yaml": yaml.safe_dump(edited)}})
     eventually(lambda: engine_of(kube)["max_batch_size"] == tuned, timeout=10)
+
+
+def test_a_one_sided_bound_outside_the_default_range_is_tuned(kube, operator, scripted):
+    """{min: 300} on maxBatchSize: above the tuner's default range (up to 256), yet a valid range."""
+    spec = {**SPEC, "pools": {"colocated": {**SPEC["pools"]["colocated"], "bounds": {"maxBatchSize": {"min": 300}}}}}
+    kube.create(inference_service("tiny", spec))
+    settle(kube, "tiny", 1)
+    eventually(lambda: kube.get("InferenceService", "tiny")["status"].get("lastDecision"), timeout=20)
+    assert kube.condition("tiny", "TunerActive")["status"] == "True"
+    assert engine_of(kube)["max_batch_size"] == 300
+
+
+def test_limits_the_tuner_cannot_work_within_hold_it_with_a_reason(kube, operator, scripted, monkeypatch):
+    """The safety net behind spec validation: a failure to derive the limits is a condition, not a crash loop."""
+
+    class Unusable:
+        @staticmethod
+        def from_spec(pool):
+            raise ValueError("bounds.maxBatchSize: no valid value in [300, 256]")
+
+    monkeypatch.setattr(autotune, "PoolLimits", Unusable)
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    eventually(lambda: (kube.condition("tiny", "TunerActive") or {}).get("reason") == "InvalidBounds", timeout=20)
+    condition = kube.condition("tiny", "TunerActive")
+    assert condition["status"] == "False"
+    assert condition["message"] == "pools.colocated: bounds.maxBatchSize: no valid value in [300, 256]"

@@ -373,3 +373,20 @@ def test_limits_from_spec_pool() -> None:
     assert lim.knob(TIMEOUT) == Range(0, 40)
     assert lim.knob(TOKEN_BUDGET).low >= 1
     assert (lim.min_replicas, lim.max_replicas) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("knob", "bound", "expected"),
+    [
+        (MAX_BATCH, {"min": 300}, (300, 300)),  # above the default range's top (256): widened to it
+        (TOKEN_BUDGET, {"min": 32768}, (32768, 32768)),
+        (TIMEOUT, {"min": 150}, (150, 150)),
+        (TOKEN_BUDGET, {"max": 32}, (32, 32)),  # below the default range's bottom (64)
+        (MAX_BATCH, {"min": 10.2}, (11, 256)),  # whole numbers for an integer knob
+    ],
+)
+def test_a_one_sided_bound_outside_the_default_range_still_leaves_a_range(knob, bound, expected) -> None:
+    from llmfleet.operator.spec import Pool
+    from llmfleet.operator.tuner import PoolLimits, Range
+
+    assert PoolLimits.from_spec(Pool(bounds={knob: bound})).knob(knob) == Range(*expected)
