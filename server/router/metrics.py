@@ -64,13 +64,19 @@ class StreamMeter:
     def started_content(self) -> bool:
         return self.first_at is not None or self.finish_reason is not None or self.done
 
-    def feed(self, raw: bytes) -> None:
+    def feed(self, raw: bytes) -> bytes:
+        """Read ``raw``; returns the whole events it completes, the bytes to relay: a server that
+        breaks off mid-event leaves no half event in the client's stream."""
         self._buffer += raw
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
+        end = self._buffer.rfind(b"\n\n") + 2
+        if end < 2:
+            return b""
+        whole, self._buffer = self._buffer[:end], self._buffer[end:]
+        for event in whole[:-2].split(b"\n\n"):
             for line in event.split(b"\n"):
                 if line.startswith(b"data:"):
                     self._on_data(line[5:].strip())
+        return whole
 
     def _on_data(self, data: bytes) -> None:
         if data == b"[DONE]":

@@ -198,8 +198,8 @@ class Proxy:
             rest = response.aiter_raw()
             head = []
             async for chunk in rest:  # hold the bytes until content comes: until then a retry is free
-                head.append(chunk)
-                meter.feed(chunk)
+                if whole := meter.feed(chunk):
+                    head.append(whole)
                 if meter.started_content:
                     break
             return _Opened(server, response, head, rest, meter)
@@ -250,8 +250,9 @@ class _Relay:
             for chunk in opened.head:
                 yield chunk
             async for chunk in opened.rest:
-                meter.feed(chunk)
-                yield chunk
+                whole = meter.feed(chunk)
+                if whole:
+                    yield whole
             if not meter.done:  # the decode server closed the stream early
                 raise httpx.RemoteProtocolError("the stream ended without [DONE]")
         except httpx.HTTPError as exc:

@@ -315,3 +315,27 @@ async def test_a_failing_prefill_pool_falls_back_to_the_decode_servers_prefill()
     opened = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)  # set aside: not tried again
     assert prefilled_elsewhere == [None, None]
     assert metrics.registry.get_sample_value("llmfleet_router_retries_total", labels | {"pool": "prefill"}) == 3
+
+
+async def test_a_decode_server_that_breaks_off_mid_event_leaves_no_half_event_in_the_stream():
+    from llmfleet.server.router.proxy import _Relay
+
+    token = sse({"choices": [{"index": 0, "text": "Hello", "finish_reason": None}]})
+
+    class BreaksOff(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield token + token[:25]
+            raise httpx.RemoteProtocolError("peer closed connection")
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=BreaksOff(), headers={"content-type": "text/event-stream"})
+
+    proxy, _, metrics = await _proxy(handle, [], ["http://d1:8000"])
+    opened = await proxy._open("/v1/completions", {"prompt": "hi", "stream": True}, True, 0.0)
+    relay = _Relay(opened, metrics, 0.0)
+    relayed = b"".join([chunk async for chunk in relay])
+    await relay.aclose()
+    events = [e for e in relayed.split(b"\n\n") if e]
+    assert events[0] + b"\n\n" == token
+    assert json.loads(events[1].removeprefix(b"data: "))["error"]["code"] == 502  # whole, parseable
+    assert events[2] == b"data: [DONE]" and len(events) == 3
