@@ -16,7 +16,15 @@ from . import status as st
 from .apply import ApplyResult, OwnershipConflict, apply_all
 from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
 from .pod_trouble import PodTrouble, pod_trouble
-from .reconcile import Owner, TunerState, desired_objects, effective_engine, pool_object_name, selector
+from .reconcile import (
+    Owner,
+    TunerState,
+    desired_objects,
+    effective_engine,
+    name_problem,
+    pool_object_name,
+    selector,
+)
 from .spec import InferenceServiceSpec, SpecError, parse_spec
 
 STATUS_ATTEMPTS = 3
@@ -53,6 +61,9 @@ async def converge(
     owner = owner_of(body)
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
+    problem = name_problem(owner.name)
+    if problem is not None:  # the CRD's rule rejects it where the API server runs CEL (1.25+)
+        return await _degrade(client, owner, body, "InvalidName", problem)
     try:
         spec = parse_spec(body.get("spec") or {})
     except SpecError as err:

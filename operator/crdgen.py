@@ -17,6 +17,7 @@ import yaml
 
 from llmfleet.server.config import EngineConfig
 
+from .reconcile import MAX_NAME_LENGTH, NAME_PATTERN
 from .spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
 
 GROUP = "llmfleet.io"
@@ -421,17 +422,31 @@ def crd() -> dict[str, Any]:
                             {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": _metadata(),
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },
                             required=["spec"],
+                            **{"x-kubernetes-validations": [_NAME_RULE]},
                         )
                     },
                 }
             ],
         },
     }
+
+
+# The operator names Services after the InferenceService (reconcile.py): it must be a DNS-1035
+# label, short enough for the longest suffix. maxLength also bounds the rule's CEL cost.
+_NAME_RULE = {
+    "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{NAME_PATTERN}')",
+    "message": f"the name must be at most {MAX_NAME_LENGTH} characters of lower-case letters, digits and '-', "
+    "starting with a letter, with no dots: the operator names Services after it",
+}
+
+
+def _metadata() -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"type": "string", "maxLength": MAX_NAME_LENGTH}}}
 
 
 def render() -> str:

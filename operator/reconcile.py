@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ import yaml
 
 from llmfleet.server.config import EngineConfig, ValidationError
 
-from .spec import MODELS_DIR, TUNABLE_KNOBS, InferenceServiceSpec, Pool
+from .spec import MODELS_DIR, POOL_NAMES, TUNABLE_KNOBS, InferenceServiceSpec, Pool
 
 SERVER_PORT = 8000
 CONFIG_DIR = "/etc/llm-fleet"
@@ -40,6 +41,11 @@ POOL_LABEL = "llmfleet.io/pool"
 MANAGED_BY = "llm-fleet-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 RESTART_CHECKSUM = "llmfleet.io/restart-checksum"
+
+# Children are named "<name>" and "<name>-<pool>"; Services among them, whose names must be
+# DNS-1035 labels (a letter first, no dots, at most 63 characters). KServe asks the same of its names.
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = 63 - max(len(f"-{pool}") for pool in (*POOL_NAMES, "router"))
 
 
 @dataclass
@@ -95,6 +101,16 @@ def labels(owner: Owner, pool: str) -> dict[str, str]:
 def selector(owner: Owner, pool: str | None = None) -> dict[str, str]:
     """Pod selector of one pool, or (pool=None) the label query for all of the owner's children."""
     return {OWNER_LABEL: owner.name} if pool is None else {OWNER_LABEL: owner.name, POOL_LABEL: pool}
+
+
+def name_problem(name: str) -> str | None:
+    """Why an InferenceService cannot have this name (its Services would be rejected), or None."""
+    if re.fullmatch(NAME_PATTERN, name) and len(name) <= MAX_NAME_LENGTH:
+        return None
+    return (
+        f"name {name!r} cannot name this fleet's Services: use at most {MAX_NAME_LENGTH} characters "
+        "(lower-case letters, digits and '-', a letter first, no dots)"
+    )
 
 
 def pool_object_name(owner: Owner, pool: str) -> str:

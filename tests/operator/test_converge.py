@@ -81,6 +81,21 @@ async def test_the_same_degradation_is_reported_once(running, client):
     assert second.events == [] and second.status_patch is None
 
 
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "7b-chat", "a" * 54])
+async def test_a_name_its_services_could_not_take_degrades_and_creates_nothing(running, client, name):
+    """The API server takes these names for the InferenceService (one without CEL, at least), but
+    not for its Services: half a fleet would run."""
+    body = await create(client, name=name)
+    before = running.call(running.cluster.writes)
+    outcome = await converge(client, body, pod_monitor=False)
+    assert outcome.degraded is not None and outcome.degraded.reason == "InvalidName"
+    assert f"name {name!r} cannot name this fleet's Services: use at most 53 characters" in outcome.degraded.message
+    assert [(e.type, e.reason) for e in outcome.events] == [("Warning", "InvalidName")]
+    writes = running.call(running.cluster.writes)[len(before) :]
+    assert writes and all(w.endswith(f"/{name}/status") for w in writes), writes
+    assert condition(await fetch(client, name), "Degraded")["reason"] == "InvalidName"
+
+
 async def test_pod_monitor_only_when_served(running, client):
     body = await create(client)
     without = await converge(client, body, pod_monitor=False)

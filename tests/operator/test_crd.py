@@ -155,6 +155,23 @@ def test_schema_rejects(crd, case):
     assert any(fragment in e for e in errors), errors
 
 
+@pytest.mark.parametrize(
+    ("name", "accepted"),
+    [
+        ("chat", True),
+        ("llama-3-8b", True),
+        ("a" * 53, True),  # "-colocated" makes its longest Service name 63 characters
+        ("a" * 54, False),
+        ("qwen2.5-7b", False),  # a dot: fine for a Deployment, not for a Service
+        ("7b-chat", False),  # a digit first
+    ],
+)
+def test_the_name_must_fit_every_service_the_operator_names_after_it(crd, name, accepted):
+    pytest.importorskip("celpy")
+    errors = crdcheck.validate({**document(BASE), "metadata": {"name": name}}, crd)
+    assert (errors == []) == accepted, errors
+
+
 def test_schema_applies_defaults(crd):
     doc = crdcheck.apply_defaults(document(with_("pools.decode", {})), crdcheck.version_schema(crd))
     spec = doc["spec"]
