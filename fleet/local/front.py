@@ -2,7 +2,8 @@
 servers, like the pool's Service in a cluster. Each request goes to the server holding the fewest
 of this front's in-flight requests; a server that refuses the connection (starting, gone) or
 answers 503 (draining) is skipped and the request tried on the next. Responses stream through
-unchanged, so SSE reaches the client token by token."""
+unchanged, so SSE reaches the client token by token; a client that leaves before its answer
+comes closes the server's connection, as it would through a Service, and the server aborts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
 from llmfleet.server.api.keepalive import pooled
 
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
@@ -50,16 +52,22 @@ def build_front(backends: Callable[[], list[str]]) -> Starlette:
             upstream = client.build_request(
                 request.method, url + request.url.path, params=request.query_params, headers=headers, content=body
             )
+            # counted from the send: a non-streaming answer's headers come only once it is done
+            in_flight[url] = in_flight.get(url, 0) + 1
             try:
-                response = await client.send(upstream, stream=True)
+                response = await unless_client_gone(request, client.send(upstream, stream=True))
             except httpx.TransportError as exc:
+                in_flight[url] -= 1
                 tried.append(f"{url}: {type(exc).__name__}")
                 continue
+            if response is None:  # the client left: the cancelled send closed the connection, the server aborts
+                in_flight[url] -= 1
+                return Response(status_code=CLIENT_GONE)
             if response.status_code == 503 and len(tried) + 1 < len(backends()):
+                in_flight[url] -= 1
                 await response.aclose()
                 tried.append(f"{url}: 503")
                 continue
-            in_flight[url] = in_flight.get(url, 0) + 1
 
             async def relay(response=response, url=url):
                 try:

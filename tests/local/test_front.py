@@ -1,0 +1,63 @@
+"""The colocated pool's front (the local stand-in for a Service), over real sockets in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from llmfleet.local.front import build_front
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def serving(app):
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server.install_signal_handlers = lambda: None
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_a_client_that_leaves_before_a_non_streaming_answer_reaches_the_server():
+    """A non-streaming answer's headers come only when it is done; a client gone before then must
+    close the server's connection (the server aborts the work), as it would through a Service."""
+    seen: list[str] = []
+
+    async def complete(request: Request) -> Response:
+        for _ in range(300):  # a 3 s generation that stops when the client goes
+            if await request.is_disconnected():
+                seen.append("disconnected")
+                return Response(status_code=499)
+            await asyncio.sleep(0.01)
+        seen.append("ran to the end")
+        return JSONResponse({"choices": []})
+
+    backend = Starlette(routes=[Route("/v1/completions", complete, methods=["POST"])])
+    async with serving(backend) as server_url, serving(build_front(lambda: [server_url])) as front_url:
+        async with httpx.AsyncClient() as client:
+            with contextlib.suppress(httpx.TimeoutException):
+                await client.post(f"{front_url}/v1/completions", json={"prompt": "hi"}, timeout=0.3)
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+    assert seen == ["disconnected"]
