@@ -177,13 +177,44 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.get("text", "") for part in self.content)
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _arguments_are_json(cls, value):
+        for call in value or []:
+            arguments = _arguments(call)
+            if isinstance(arguments, str) and arguments.strip():
+                try:
+                    json.loads(arguments)
+                except ValueError:
+                    raise ValueError("a tool call's function.arguments must be a JSON string") from None
+        return value
+
     def for_template(self) -> dict[str, Any]:
-        """The message as a chat template reads it: role, text content and the tool fields given."""
+        """The message as a chat template reads it: role, text content and the tool fields given.
+        An assistant's earlier tool calls carry their arguments as a mapping, as vLLM and
+        transformers pass them (templates write them with ``tojson`` or walk their items); an
+        empty list of calls is left out."""
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
-        for key in ("name", "tool_call_id", "tool_calls"):
+        for key in ("name", "tool_call_id"):
             if getattr(self, key) is not None:
                 message[key] = getattr(self, key)
+        if self.tool_calls:
+            parse = self.role == "assistant"
+            message["tool_calls"] = [_with_parsed_arguments(call) if parse else call for call in self.tool_calls]
         return message
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    function = call.get("function")
+    return function.get("arguments") if isinstance(function, dict) else None
+
+
+def _with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    arguments = _arguments(call)
+    if not isinstance(arguments, str):
+        return call
+    parsed = json.loads(arguments) if arguments.strip() else {}
+    return {**call, "function": {**call["function"], "arguments": parsed}}
 
 
 # apply_chat_template's own parameters: chat_template_kwargs holds the template's variables only

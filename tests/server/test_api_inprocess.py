@@ -181,6 +181,25 @@ def test_chat_template_takes_tools_and_template_variables_as_vllm_does(client):
     assert with_tools["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + len("<tool lookup>")
 
 
+def test_earlier_tool_calls_reach_the_template_with_their_arguments_as_a_mapping(client):
+    """The API carries a call's arguments as a JSON string; chat templates read a mapping (as
+    vLLM and transformers pass it), and an empty list of calls is left out."""
+    from llmfleet.server.api.protocol import ChatMessage
+
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    called = ChatMessage(role="assistant", content=None, tool_calls=[call, call | {"function": {"name": "now"}}])
+    assert called.for_template()["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert called.for_template()["tool_calls"][1] == call | {"function": {"name": "now"}}  # no arguments: as given
+    empty = call | {"function": {"name": "now", "arguments": ""}}
+    assert ChatMessage(role="assistant", tool_calls=[empty]).for_template()["tool_calls"][0]["function"] == {
+        "name": "now", "arguments": {}
+    }  # fmt: skip
+    assert "tool_calls" not in ChatMessage(role="assistant", content="hi", tool_calls=[]).for_template()
+    broken = {"role": "assistant", "tool_calls": [call | {"function": {"name": "x", "arguments": "{oops"}}]}
+    body = {"messages": [{"role": "user", "content": "hi"}, broken]}
+    assert "JSON" in assert_openai_error(client.post("/v1/chat/completions", json=body), 400, "messages")["message"]
+
+
 def test_continue_final_message_and_echo_complete_the_assistants_message(client):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
     assert rendered(client, messages=messages, add_generation_prompt=False, continue_final_message=True) == (
