@@ -21,6 +21,9 @@ log = logging.getLogger("llmfleet.drain")
 # uvicorn's own wait for connections after the drain: streams are already done by then
 _SHUTDOWN_GRACE_S = 5.0
 
+# After a drain timeout: the longest wait for the aborted requests' final events
+_ABORT_GRACE_S = 5.0
+
 # After the engine work is done: time for the last SSE bytes to leave the socket
 _FLUSH_S = 0.2
 
@@ -75,7 +78,10 @@ async def drain(state: ServerState, timeout: float) -> int:
         return 0
     aborted = engine.abort_all()
     log.warning("drain timeout after %.0fs: aborted %d unfinished requests", timeout, aborted)
-    while engine.num_unfinished and engine.alive:
+    # their final events come with the engine's next step; a bounded wait, so that no stream
+    # that never ends could keep the process from exiting
+    grace = time.monotonic() + _ABORT_GRACE_S
+    while engine.num_unfinished and engine.alive and time.monotonic() < grace:
         await asyncio.sleep(0.05)
     return aborted
 

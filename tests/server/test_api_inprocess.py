@@ -600,3 +600,14 @@ async def test_a_client_gone_while_the_opening_chunk_is_sent_aborts_the_requests
             break
         await asyncio.sleep(0.01)
     assert state.engine.num_unfinished == 0
+
+
+async def test_a_drain_ends_even_if_an_aborted_request_never_reports(monkeypatch):
+    from types import SimpleNamespace
+
+    from llmfleet.server.api import drain as draining
+
+    monkeypatch.setattr(draining, "_ABORT_GRACE_S", 0.2)
+    stuck = SimpleNamespace(num_unfinished=1, alive=True, flush=lambda: None, abort_all=lambda: 1)
+    state = SimpleNamespace(engine=stuck, kv_store=None)
+    assert await asyncio.wait_for(drain(state, timeout=0.1), 5) == 1
