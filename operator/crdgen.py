@@ -154,7 +154,12 @@ def pool_schema(role: str) -> dict[str, Any]:
     schema = _obj(
         f"The {role} pool: one Deployment of `llm-fleet serve --role {role}`.",
         {
-            "minReplicas": _int("Fewest replicas the tuner may run.", minimum=0, default=1),
+            "minReplicas": _int(
+                "Fewest replicas the tuner may run; it never runs fewer than 1 (a pool of none reports no "
+                "metrics to bring it back): 0 scales to zero only with autotune disabled.",
+                minimum=0,
+                default=1,
+            ),
             "maxReplicas": _int("Most replicas the tuner may run.", minimum=1, default=4),
             "replicas": _int("Initial replicas (default: minReplicas); the tuner moves it within min/max.", 0),
             "resources": _resources("each server container"),

@@ -39,7 +39,8 @@ owns TTFT and ``decode`` owns ITL):
   (held by its relaxation window), the replica count is also judged at that cap, and a
   scale-down that needs it goes with it, raising the cap in the same run. Then
   ``[minReplicas, maxReplicas]``.
-  A pool at zero replicas reports nothing, so it holds: keep ``minReplicas >= 1`` on tuned pools.
+  The floor is 1 even with ``minReplicas: 0`` (PoolLimits.from_spec): a pool at zero replicas
+  reports nothing, so the tuner would hold it there for good.
 - **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
   move happens only if every recommendation of its window agrees (rise: the lowest, fall: the
   highest), and a non-zero window must be covered first. Replicas rise over
@@ -180,7 +181,7 @@ class Tuner:
     ) -> PoolSettings:
         current, limits = pool.current, pool.limits
         replicas = Range(limits.min_replicas, limits.max_replicas)
-        checks = [(REPLICAS, replicas, "minReplicas/maxReplicas")]
+        checks = [(REPLICAS, replicas, "minReplicas/maxReplicas (at least 1 while tuned)")]
         checks += [(knob, limits.knob(knob), f"bounds.{knob}") for knob in KNOB_FIELDS if knob in current.knobs]
         for knob, allowed, source in checks:
             old = current.value(knob)

@@ -60,7 +60,7 @@ class SLOTargets:
 
 @dataclass(frozen=True)
 class PoolLimits:
-    """What the spec allows one pool: replicas and a range per knob (camelCase names)."""
+    """What the spec allows one pool: replicas (never fewer than 1) and a range per knob (camelCase names)."""
 
     min_replicas: int
     max_replicas: int
@@ -91,7 +91,9 @@ class PoolLimits:
             if low > high:  # spec validation rejects such bounds; the tuner reports it if one gets here
                 raise ValueError(f"bounds.{knob}: no valid value in [{num(low)}, {num(high)}]")
             ranges[knob] = Range(low, high)
-        return cls(min_replicas=pool.min_replicas, max_replicas=pool.max_replicas, knobs=ranges)
+        # At least one pod: a pool of none reports no metrics, so the tuner could never bring it back.
+        # Scale to zero stays a choice for pools it does not tune.
+        return cls(min_replicas=max(1, pool.min_replicas), max_replicas=pool.max_replicas, knobs=ranges)
 
 
 @dataclass(frozen=True)

@@ -390,3 +390,22 @@ def test_a_one_sided_bound_outside_the_default_range_still_leaves_a_range(knob, 
     from llmfleet.operator.tuner import PoolLimits, Range
 
     assert PoolLimits.from_spec(Pool(bounds={knob: bound})).knob(knob) == Range(*expected)
+
+
+def test_a_tuned_pool_never_goes_below_one_replica() -> None:
+    """minReplicas 0 with autotune on: a pool of no pods reports nothing, so it could never come back."""
+    from llmfleet.operator.spec import Pool
+    from llmfleet.operator.tuner import PoolLimits
+
+    lim = PoolLimits.from_spec(Pool(minReplicas=0, maxReplicas=4))
+    idle = metrics(ttft_ms=None, itl_ms=None, queue_ms=None, rate=0.0, prompt_tps=0.0, gen_tps=0.0, running=0.0,
+                   kv_max=0.0, mean_batch=None, step_tokens=None)  # fmt: skip
+    decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(idle, settings(replicas=1), lim)}, SLO, None, now=1000.0)
+    assert decision.settings["colocated"].replicas == 1, decision.reasons
+    # a pool already at zero holds (nothing reports), but is brought back to one
+    empty = metrics(pods=0, stale=True, reason="colocated: 0 pods reporting")
+    decision = Tuner(ONE_SHOT).decide(
+        {"colocated": pool_input(empty, settings(replicas=0), lim)}, SLO, None, now=1000.0
+    )
+    assert decision.hold and decision.settings["colocated"].replicas == 1
+    assert "minReplicas/maxReplicas (at least 1 while tuned) [1, 4] -> 1" in decision.reasons[0]
