@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ..config import EngineConfig, SchedulingOrder
-from .request import Request
+from .request import Request, RequestStatus
 
 
 class Ordering:
@@ -23,6 +23,14 @@ class Ordering:
 
     def pick_victim(self, candidates: Sequence[Request], now: float) -> Request | None:
         return max(candidates, key=lambda r: r.arrival_time, default=None)
+
+    def adopt(self, waiting: deque[Request], running: list[Request]) -> None:
+        """Put queues another ordering left (a live switch from priority) back in this one's
+        order, which it keeps by appending rather than by sorting each step."""
+        ordered = sorted(waiting, key=lambda r: (r.status is not RequestStatus.PREEMPTED, r.arrival_time))
+        waiting.clear()
+        waiting.extend(ordered)
+        running.sort(key=lambda r: r.arrival_time)
 
 
 class PriorityOrdering(Ordering):
@@ -64,6 +72,9 @@ class PriorityOrdering(Ordering):
 
     def pick_victim(self, candidates: Sequence[Request], now: float) -> Request | None:
         return min(candidates, key=lambda r: (self.score(r, now), -r.arrival_time), default=None)
+
+    def adopt(self, waiting: deque[Request], running: list[Request]) -> None:
+        pass  # both are sorted before each use
 
 
 def make_ordering(config: EngineConfig) -> Ordering:

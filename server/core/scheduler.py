@@ -86,8 +86,11 @@ class Scheduler:
     # --- config ---------------------------------------------------------------------------------
     def update_config(self, config: EngineConfig) -> None:
         """Applies at the next ``schedule()``; requests in flight keep their state."""
+        ordering = make_ordering(config)
+        if type(ordering) is not type(self._ordering):
+            ordering.adopt(self.waiting, self.running)
         self.config = config
-        self._ordering = make_ordering(config)
+        self._ordering = ordering
 
     def flush(self) -> None:
         """Drain: launch whatever waits now, as a partial static/dynamic batch and past the

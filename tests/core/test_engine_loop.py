@@ -444,3 +444,16 @@ def test_static_and_dynamic_prefill_whole_prompts_over_the_token_budget():
     engine.step()
     assert runner.batches[-1] == [("a", 0, 10), ("b", 0, 7)]
     run_all(engine, clock)
+
+
+def test_switching_priority_back_to_fcfs_restores_arrival_order():
+    engine, runner, clock = make(max_batch_size=2, scheduling="priority", priority_age_weight=0)
+    engine.add_request("first", [1], greedy(6))
+    engine.step()
+    for name, priority in (("a", 0), ("b", 5), ("c", 9)):
+        engine.add_request(name, [2], greedy(6), priority=priority)
+        clock.advance(0.001)
+    engine.step()  # sorted c, b, a: c takes the free slot, b and a wait in priority order
+    engine.update_config(EngineConfig(max_batch_size=2, scheduling="fcfs"))
+    run_all(engine, clock)
+    assert [rid for step in admitted_per_step(runner) for rid in step] == ["first", "c", "a", "b"]
