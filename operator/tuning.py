@@ -115,8 +115,7 @@ async def autotune_once(
     session = _session(sessions, (owner.namespace, owner.name), spec, default_prometheus_url)
     if session.targets is not None:
         await _refresh_targets(client, session.targets, body, spec)
-    memory_raw = (current.get("tuner") or {}).get("memory")
-    memory = TunerMemory.model_validate(memory_raw) if memory_raw else None
+    memory = TunerMemory.load((current.get("tuner") or {}).get("memory"))  # unreadable: start afresh
     refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in spec.active_pools}
     actuator = _StatusActuator(spec, tuner_state(spec, current) or TunerState())
     generation = body["metadata"].get("generation")

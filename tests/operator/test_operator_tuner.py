@@ -9,7 +9,9 @@ import yaml
 from prometheus_client import generate_latest
 
 from llmfleet.operator import autotune, tuning
+from llmfleet.operator.kube import INFERENCE_SERVICE
 from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.spec import parse_spec
 from llmfleet.operator.tuner_metrics import REGISTRY
 
 from .conftest import eventually, inference_service, settle
@@ -134,3 +136,16 @@ def test_limits_the_tuner_cannot_work_within_hold_it_with_a_reason(kube, operato
     condition = kube.condition("tiny", "TunerActive")
     assert condition["status"] == "False"
     assert condition["message"] == "pools.colocated: bounds.maxBatchSize: no valid value in [300, 256]"
+
+
+async def test_a_stored_memory_it_cannot_read_starts_afresh(running, client, scripted):
+    """An old or hand-edited status.tuner.memory: the run goes on with a fresh memory."""
+    await client.request("POST", INFERENCE_SERVICE.path("ml"), body=inference_service("tiny", SPEC))
+    unreadable = {"version": 0, "keys": {"colocated/replicas": {"recommendations": "many"}}}
+    await client.patch_status(INFERENCE_SERVICE, "ml", "tiny", {"tuner": {"memory": unreadable}})
+    body = await client.get(INFERENCE_SERVICE, "ml", "tiny")
+
+    outcome, _ = await tuning.autotune_once(client, {}, body, parse_spec(SPEC), None, now=1000.0)
+    assert outcome.condition.reason == "Adjusted"
+    memory = (await client.get(INFERENCE_SERVICE, "ml", "tiny"))["status"]["tuner"]["memory"]
+    assert memory["version"] == 1 and memory["keys"]
