@@ -23,6 +23,9 @@ RBAC_RULES: list[dict[str, Any]] = [
     # The operator: get (when a child Deployment changes, read its owner) and status writes.
     _rule("llmfleet.io", ["inferenceservices"], ["get", "list", "watch", "patch"]),
     _rule("llmfleet.io", ["inferenceservices/status"], ["patch"]),
+    # Children's ownerReferences set blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement
+    # admission plugin (on by default in OpenShift) allows only to who may update the owner's finalizers.
+    _rule("llmfleet.io", ["inferenceservices/finalizers"], ["update"]),
     # The children (apply.py): one labelled list per kind, get for a desired name missing from
     # the list, server-side apply (patch; create when the object is new), delete when no longer
     # desired. kopf also watches Deployments: readiness and deletions re-run the owner's pass.

@@ -105,6 +105,17 @@ def test_operator_rules_allow_kopf_peering(chart_sync) -> None:
         assert {"list", "watch", "patch"} <= verbs, f"RBAC_RULES lacks {resource} for kopf peering: {verbs}"
 
 
+@pytest.mark.parametrize("variant", RBAC_VARIANTS)
+def test_the_operator_may_block_its_owners_deletion(render, variant: str) -> None:
+    """Children carry ownerReferences with blockOwnerDeletion: true; with the
+    OwnerReferencesPermissionEnforcement admission plugin (OpenShift's default) that takes update
+    on the owner's finalizers, in every namespace the operator serves."""
+    docs = render(VARIANTS[variant])
+    roles = by_kind(docs, "Role") or by_kind(docs, "ClusterRole")
+    for role in roles:
+        assert Grant("llmfleet.io", "inferenceservices/finalizers", "update", ()) in grants_of_rules(role["rules"])
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_no_wildcards_or_escalation(render, variant: str) -> None:
     for obj in rbac_objects(render(VARIANTS[variant])):

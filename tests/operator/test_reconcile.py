@@ -11,6 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmfleet.operator.rbac import allows
 from llmfleet.operator.reconcile import (
     GRACE_SECONDS,
     Owner,
@@ -105,6 +106,15 @@ def test_object_set_per_mode(repo_root):
         assert services[f"rag-{pool}"]["spec"]["ports"] == [
             {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
         ]
+
+
+def test_children_block_their_owners_deletion_as_rbac_allows(repo_root):
+    """blockOwnerDeletion: true needs update on inferenceservices/finalizers where the
+    OwnerReferencesPermissionEnforcement admission plugin runs (OpenShift's default)."""
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    refs = [ref for o in desired_objects(owner, spec, pod_monitor=True) for ref in o["metadata"]["ownerReferences"]]
+    assert refs and all(ref["blockOwnerDeletion"] for ref in refs)
+    assert allows("llmfleet.io", "inferenceservices/finalizers", "update")
 
 
 def test_pods_follow_the_conventions(repo_root):
