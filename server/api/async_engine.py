@@ -197,6 +197,7 @@ class AsyncEngine:
             self.error = exc
             log.exception("engine loop crashed")
             self._fail_all(exc)
+            self._fail_commands()
 
     def _observe(self, events: list[RequestOutput]) -> None:
         for observer in self.observers:
@@ -273,6 +274,16 @@ class AsyncEngine:
         for rid, (loop, stream) in streams.items():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(stream.put_nowait, _error_event(rid))
+
+    def _fail_commands(self) -> None:
+        """Commands sent before the crash would otherwise wait forever (an ``add`` is a client's)."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command.done is not None and command.done.set_running_or_notify_cancel():
+                command.done.set_exception(RuntimeError("engine is not running"))
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

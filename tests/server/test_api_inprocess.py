@@ -611,3 +611,28 @@ async def test_a_drain_ends_even_if_an_aborted_request_never_reports(monkeypatch
     stuck = SimpleNamespace(num_unfinished=1, alive=True, flush=lambda: None, abort_all=lambda: 1)
     state = SimpleNamespace(engine=stuck, kv_store=None)
     assert await asyncio.wait_for(drain(state, timeout=0.1), 5) == 1
+
+
+async def test_a_request_handed_over_as_the_engine_loop_crashes_is_refused_not_left_waiting(make_state):
+    import threading
+    import time as clock
+
+    from llmfleet.server.core.request import SamplingParams
+
+    state = make_state(step_seconds=0.01)
+    engine = state.engine
+    stream = await engine.add("busy", [1, 2, 3], SamplingParams(max_tokens=40))
+    await stream.get()  # the engine thread is stepping
+
+    stepping = threading.Event()
+
+    def crashing_step():
+        stepping.set()
+        clock.sleep(0.2)  # the next request's hand-over queues up meanwhile
+        raise KeyError("a bug outside the runner")
+
+    engine.engine.step = crashing_step
+    await asyncio.to_thread(stepping.wait, 5)
+    with pytest.raises(RuntimeError, match="not running"):
+        await asyncio.wait_for(engine.add("late", [4, 5], SamplingParams(max_tokens=2)), 5)
+    assert not engine.alive
