@@ -3,9 +3,9 @@ they hold, so the ReplicaSet controller removes the idlest ones first.
 
 Kubernetes deletes the pods with the lowest ``controller.kubernetes.io/pod-deletion-cost`` first
 (beta since 1.22, on by default). Each pod's cost becomes its in-flight requests
-(``llmfleet_requests_in_flight``); pods without a number keep the default cost 0 and go first (no
-metrics usually means not serving). The pods that do go drain on SIGTERM (preStop, then
-``--drain-timeout``), so no stream is cut either way.
+(``llmfleet_requests_in_flight``); pods without a number get cost 0 (the default, or "0" over an
+earlier scale-down's cost) and go first (no metrics usually means not serving). The pods that do
+go drain on SIGTERM (preStop, then ``--drain-timeout``), so no stream is cut either way.
 """
 
 from __future__ import annotations
@@ -25,10 +25,16 @@ async def rank_pods_for_scale_down(
     changed = []
     for pod in await client.list(POD, owner.namespace, selector(owner, pool)):
         name = pod["metadata"]["name"]
-        if name not in in_flight or pod["metadata"].get("deletionTimestamp"):
+        annotations = pod["metadata"].get("annotations") or {}
+        if pod["metadata"].get("deletionTimestamp"):
             continue
-        cost = str(max(0, round(in_flight[name])))
-        if (pod["metadata"].get("annotations") or {}).get(DELETION_COST) != cost:
+        if name in in_flight:
+            cost = str(max(0, round(in_flight[name])))
+        elif DELETION_COST in annotations:
+            cost = "0"  # no number now: an earlier scale-down's cost must not keep it over idle pods
+        else:
+            continue  # no annotation is cost 0 already
+        if annotations.get(DELETION_COST) != cost:
             await client.patch_merge(POD, owner.namespace, name, {"metadata": {"annotations": {DELETION_COST: cost}}})
             changed.append(name)
     return changed

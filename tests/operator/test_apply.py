@@ -203,6 +203,18 @@ async def test_scale_down_ranks_pods_by_in_flight_work(running, client):
     assert len(writes(running)) == before
 
 
+async def test_a_pod_that_cannot_report_loses_an_earlier_deletion_cost(running, client):
+    """Scale-down 1 marked "a" busy; now it cannot say (its /load hangs): it goes first, not the idle "b"."""
+    owner = await create_owner(client)
+    for name in ("a", "b"):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": selector(owner, "decode")}}
+        await client.request("POST", POD.path("ml"), body=pod)
+    await rank_pods_for_scale_down(client, owner, "decode", {"a": 40, "b": 3})
+    assert await rank_pods_for_scale_down(client, owner, "decode", {"b": 0}) == ["a", "b"]
+    costs = {n: (await client.get(POD, "ml", n))["metadata"]["annotations"][DELETION_COST] for n in "ab"}
+    assert costs == {"a": "0", "b": "0"}
+
+
 async def test_an_expired_token_logs_in_again(running, client, tmp_path, monkeypatch):
     config = tmp_path / "kubeconfig"
     config.write_text(kubeconfig(running.url))
