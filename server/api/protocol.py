@@ -33,21 +33,22 @@ class KVTransferParams(BaseModel):
     remote_kv_ids: list[str | None] | None = None
 
 
-def _unencodable(value: Any) -> str | None:
-    """The first string in ``value`` (keys included) that is not valid Unicode, or None. JSON's
-    ``\\ud800`` escapes decode to lone UTF-16 surrogates, which no tokenizer can encode."""
+def _not_unicode(value: Any) -> bool:
+    """Whether a string in ``value`` (keys included) is not valid Unicode: JSON's ``\\ud800``
+    escapes decode to lone UTF-16 surrogates, which no tokenizer can encode."""
     if isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                return value
-        return None
+        if value.isascii():
+            return False
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
     if isinstance(value, dict):
-        value = [*value.keys(), *value.values()]
+        return any(_not_unicode(key) or _not_unicode(item) for key, item in value.items())
     if isinstance(value, list):
-        return next((bad for item in value if (bad := _unencodable(item)) is not None), None)
-    return None
+        return any(_not_unicode(item) for item in value)
+    return False
 
 
 class _TextRequest(BaseModel):
@@ -58,7 +59,7 @@ class _TextRequest(BaseModel):
     def _valid_unicode(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for key, value in data.items():
-                if _unencodable([key, value]) is not None:
+                if _not_unicode(key) or _not_unicode(value):
                     raise ValueError(f"{key!r} holds text that is not valid Unicode (a lone UTF-16 surrogate)")
         return data
 
