@@ -63,9 +63,13 @@ def quantity(value: Any) -> Decimal | None:
 
 def is_subset(want: Any, have: Any) -> bool:
     """Every field in `want` has the same value in `have` (which may hold more: server defaults).
-    Lists must match item by item; quantities compare by value ("1" == 1, "0.5" == "500m")."""
+    Lists must match item by item; quantities compare by value ("1" == 1, "0.5" == "500m"). A zero
+    value (false, "", {}, []) also matches an absent field: the API server does not store those
+    (Go's omitempty), e.g. ``readOnly: false`` or a toleration's ``value: ""``."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
+        return isinstance(have, dict) and all(
+            is_subset(v, have[k]) if k in have else _is_zero(v) for k, v in want.items()
+        )
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
     if want == have and type(want) is type(have):
@@ -74,6 +78,10 @@ def is_subset(want: Any, have: Any) -> bool:
         return want == have
     a, b = quantity(want), quantity(have)
     return a is not None and a == b
+
+
+def _is_zero(value: Any) -> bool:
+    return value is False or value in ("", {}, [])
 
 
 def content_hash(obj: dict[str, Any]) -> str:
