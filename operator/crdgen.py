@@ -95,8 +95,9 @@ def _structural(field: dict, defs: dict) -> dict:
 def _bounds() -> dict[str, Any]:
     def bound(knob: str) -> dict[str, Any]:
         return _obj(
-            f"Range of {knob} (inclusive). A side left out is the tuner's default range, widened to take in "
-            "the initial value and the given side; the range must hold a value the engine accepts.",
+            f"Range of {knob} (inclusive). A side left out is the tuner's default (widened to take in the "
+            "initial value), or the engine's own limit where the given side lies beyond that default; the "
+            "range must hold a value the engine accepts.",
             {"min": {"type": "number", "minimum": 0}, "max": {"type": "number", "minimum": 0}},
             **{"x-kubernetes-validations": [{"rule": MIN_LE_MAX, "message": "min must be <= max"}]},
         )

@@ -76,8 +76,9 @@ class PoolLimits:
     @classmethod
     def from_spec(cls, pool: Any, engine: Any | None = None) -> PoolLimits:
         """From a spec ``Pool``: its ``bounds`` where given, else a default range widened to take
-        in the pool's initial engine value and a one-sided bound's given side (``{min: 300}`` on
-        maxBatchSize: [300, 300], not the empty [300, 256]); always within what EngineConfig accepts."""
+        in the pool's initial engine value. The side a one-sided bound leaves out is the default's,
+        or the engine's own limit where the given side lies beyond the default (``{min: 300}`` on
+        maxBatchSize: [300, 4096], not the empty [300, 256]); always within what EngineConfig accepts."""
         engine = engine if engine is not None else pool.engine_config()
         ranges: dict[str, Range] = {}
         for knob, field_name in KNOB_FIELDS.items():
@@ -85,8 +86,11 @@ class PoolLimits:
             given_low, given_high = bound.limits() if bound is not None else (-math.inf, math.inf)
             initial = float(getattr(engine, field_name))
             default_low, default_high = DEFAULT_RANGES[knob]
-            low = given_low if math.isfinite(given_low) else min(default_low, initial, given_high)
-            high = given_high if math.isfinite(given_high) else max(default_high, initial, given_low)
+            low, high = given_low, given_high  # an infinite side: the engine's limit, by knob_range
+            if not math.isfinite(low) and given_high >= default_low:
+                low = min(default_low, initial)
+            if not math.isfinite(high) and given_low <= default_high:
+                high = max(default_high, initial)
             low, high = knob_range(knob, low, high)
             if low > high:  # spec validation rejects such bounds; the tuner reports it if one gets here
                 raise ValueError(f"bounds.{knob}: no valid value in [{num(low)}, {num(high)}]")

@@ -378,10 +378,10 @@ def test_limits_from_spec_pool() -> None:
 @pytest.mark.parametrize(
     ("knob", "bound", "expected"),
     [
-        (MAX_BATCH, {"min": 300}, (300, 300)),  # above the default range's top (256): widened to it
-        (TOKEN_BUDGET, {"min": 32768}, (32768, 32768)),
-        (TIMEOUT, {"min": 150}, (150, 150)),
-        (TOKEN_BUDGET, {"max": 32}, (32, 32)),  # below the default range's bottom (64)
+        (MAX_BATCH, {"min": 300}, (300, 4096)),  # above the default range's top (256): up to the engine's
+        (TOKEN_BUDGET, {"min": 32768}, (32768, 1 << 20)),
+        (TIMEOUT, {"min": 150}, (150, 60_000)),
+        (TOKEN_BUDGET, {"max": 32}, (1, 32)),  # below the default range's bottom (64): down to the engine's
         (MAX_BATCH, {"min": 10.2}, (11, 256)),  # whole numbers for an integer knob
     ],
 )
