@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from llmfleet.server.config import EngineConfig
@@ -154,6 +155,20 @@ class Autotune(_Model):
     cooldown_seconds: int = Field(60, ge=0)
     headroom: float = Field(0.2, ge=0, le=0.9)
     prometheus_url: str | None = None
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        # a URL no request can be sent to would fail every tuner run; a spec error says so once
+        if value is None:
+            return value
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"prometheusUrl {value!r} is not a URL: {exc}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"prometheusUrl {value!r} is not an http(s) URL like http://prometheus.monitoring:9090")
+        return value
 
 
 class Router(_Model):

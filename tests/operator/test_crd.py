@@ -220,6 +220,16 @@ OPERATOR_REJECTS = {
         "InvalidSpec",
         "bounds.batchTimeoutMs: no value the engine accepts lies within it (from 0 to 60000)",
     ),
+    "a Prometheus URL no request can go to": (
+        with_("autotune", {"prometheusUrl": "http://[::1"}),
+        "InvalidSpec",
+        "prometheusUrl 'http://[::1' is not a URL",
+    ),
+    "a Prometheus address without its scheme": (
+        with_("autotune", {"prometheusUrl": "prometheus:9090"}),
+        "InvalidSpec",
+        "is not an http(s) URL",
+    ),
     "unknown engine knob": (
         with_("pools.colocated.engine", {"maxBatchSize": 8, "turbo": True}),
         "InvalidEngineConfig",
