@@ -67,7 +67,7 @@ class PrometheusSource:
                 response = await self._client.post(
                     f"{self.base_url}/api/v1/query", data={"query": expr, "time": f"{at:.3f}"}
                 )
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:  # a bad --prometheus-url: stale, not a crash
                 raise PrometheusError(f"prometheus at {self.base_url} unreachable: {exc!r}") from exc
         try:
             body: dict[str, Any] = response.json()

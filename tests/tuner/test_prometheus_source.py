@@ -132,6 +132,10 @@ async def test_unreachable_prometheus_makes_it_stale() -> None:
     client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
     m = await PrometheusSource("http://prometheus:9090", client=client, clock=lambda: NOW).snapshot(REF, 60)
     assert m.stale and "unreachable" in m.reason and m.ttft.p95 is None
+    malformed = PrometheusSource("http://[::1", clock=lambda: NOW)  # an operator flag's typo: stale, no crash
+    m = await malformed.snapshot(REF, 60)
+    await malformed.aclose()
+    assert m.stale and "InvalidURL" in m.reason
 
 
 async def test_policy_is_configurable() -> None:
