@@ -24,6 +24,7 @@ REQUEST_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.8, 1.0, 1
                    10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
 STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # vLLM's: steps reach the budget
 BYTES_BUCKETS = [2**k for k in range(10, 34, 2)]
 
 
@@ -58,7 +59,9 @@ class ServerMetrics:
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS)
         self.tpot = hist("vllm:request_time_per_output_token_seconds", "Mean time per output token.", ITL_BUCKETS)
-        self.tpot_alias = hist("vllm:time_per_output_token_seconds", "Deprecated alias of TPOT.", ITL_BUCKETS)
+        # vLLM's older name for the time between output tokens: one observation per token interval
+        self.itl_alias = hist("vllm:time_per_output_token_seconds", "Deprecated: inter_token_latency_seconds.",
+                              ITL_BUCKETS)  # fmt: skip
         self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_BUCKETS)
         self.queue = hist("vllm:request_queue_time_seconds", "Time waiting before first scheduled.", REQUEST_BUCKETS)
         self.prefill = hist("vllm:request_prefill_time_seconds", "First scheduled to first token.", REQUEST_BUCKETS)
@@ -80,7 +83,7 @@ class ServerMetrics:
         )
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", names,
                                    registry=reg)  # fmt: skip
-        self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.", BATCH_BUCKETS)
+        self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.", ITERATION_BUCKETS)
         self.cache_info = Info("vllm:cache_config", "KV cache configuration.", names, registry=reg)
 
         self.batch_size = hist("llmfleet_batch_size", "Requests per engine step.", BATCH_BUCKETS)
@@ -195,6 +198,7 @@ class ServerMetrics:
                 self.lab(self.ttft).observe(m.first_token_time - m.arrival_time)
             elif now is not None:
                 self.lab(self.itl).observe(now - previous)
+                self.lab(self.itl_alias).observe(now - previous)
             self._token_times[ev.request_id] = now
         if not ev.finished:
             return
@@ -215,4 +219,3 @@ class ServerMetrics:
         if ev.num_output_tokens > 1:
             tpot = (m.last_token_time - m.first_token_time) / (ev.num_output_tokens - 1)
             self.lab(self.tpot).observe(tpot)
-            self.lab(self.tpot_alias).observe(tpot)

@@ -482,6 +482,8 @@ def test_metrics_names_types_and_labels(client):
     for name in GAUGES:
         assert families[name].type in ("gauge", "info"), name
     assert len(families["vllm:time_to_first_token_seconds"].samples) > 20  # vLLM-like buckets
+    steps = {s.labels["le"] for s in families["vllm:iteration_tokens_total"].samples if s.name.endswith("_bucket")}
+    assert {"1024.0", "16384.0"} <= steps  # vLLM's: a step's tokens reach the budget, often past 512
     for family in families.values():
         for sample in family.samples:
             assert sample.labels.get("model_name") == "fake", sample

@@ -156,27 +156,28 @@ async def test_histograms_observe_what_requests_did(server):
         "vllm:request_prefill_time_seconds",
         "vllm:request_decode_time_seconds",
         "vllm:request_time_per_output_token_seconds",
-        "vllm:time_per_output_token_seconds",
     ]
     for name in per_request:
         assert delta(f"{name}_count{{}}") == n_requests, name
         assert delta(f"{name}_bucket{{le=+Inf}}") == n_requests, name
-    assert delta("vllm:inter_token_latency_seconds_count{}") == n_requests * (n_tokens - 1)
+    # vLLM observes its older name per token interval too
+    per_token = ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"]
+    for name in per_token:
+        assert delta(f"{name}_count{{}}") == n_requests * (n_tokens - 1), name
     assert delta("vllm:generation_tokens_total{}") == n_requests * n_tokens
     assert delta("vllm:prompt_tokens_total{}") == n_requests * prompt_len
     assert delta("vllm:request_success_total{finished_reason=length}") == n_requests
     # the timings add up: queue + prefill = TTFT; the ITLs of a request sum to its decode time,
     # which is (tokens - 1) x its TPOT; TTFT + decode <= e2e
-    sums = {name: delta(f"{name}_sum{{}}") for name in [*per_request, "vllm:inter_token_latency_seconds"]}
+    sums = {name: delta(f"{name}_sum{{}}") for name in [*per_request, *per_token]}
     assert sums["vllm:time_to_first_token_seconds"] > 0
     assert math.isclose(
         sums["vllm:request_queue_time_seconds"] + sums["vllm:request_prefill_time_seconds"],
         sums["vllm:time_to_first_token_seconds"],
         rel_tol=1e-6,
     )
-    assert math.isclose(
-        sums["vllm:inter_token_latency_seconds"], sums["vllm:request_decode_time_seconds"], rel_tol=1e-6
-    )
+    for name in per_token:
+        assert math.isclose(sums[name], sums["vllm:request_decode_time_seconds"], rel_tol=1e-6), name
     assert math.isclose(
         sums["vllm:request_time_per_output_token_seconds"] * (n_tokens - 1),
         sums["vllm:request_decode_time_seconds"],
