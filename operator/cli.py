@@ -6,7 +6,9 @@ kopf, aiohttp and the handlers are imported in run(), so `llm-fleet --help` stay
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import socket
 
 HELP = "run the Kubernetes operator for InferenceService resources"
 
@@ -28,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     peering.add_argument(
         "--peering", metavar="NAME", help="coordinate with other replicas through this kopf peering object"
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        help="peering: the replica with the highest priority serves, the others stand by (default: one "
+        "drawn from the host name, so replicas of one Deployment differ; kopf pauses all replicas that tie)",
     )
     parser.add_argument(
         "--liveness",
@@ -75,7 +83,15 @@ def run(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         standalone=args.peering is None,
         peering_name=args.peering,
+        priority=args.priority if args.priority is not None else default_priority(),
         liveness_endpoint=args.liveness,
         memo=kopf.Memo(prometheus_url=args.prometheus_url, metrics_port=args.metrics_port, pod_monitor_labels=labels),
     )
     return 0
+
+
+def default_priority(host: str | None = None) -> int:
+    """A peering priority of this replica's own: a hash of its pod (host) name, stable across the
+    pod's restarts and, with 31 bits, all but never the same as another replica's."""
+    name = host if host is not None else socket.gethostname()
+    return 1 + int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % (2**31 - 1)

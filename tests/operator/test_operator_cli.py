@@ -52,6 +52,21 @@ def test_namespaces_peering_liveness_and_prometheus(kopf_run, monkeypatch):
     assert second["memo"].pod_monitor_labels == {}
 
 
+def test_replicas_of_one_deployment_get_peering_priorities_of_their_own(kopf_run):
+    """kopf pauses every operator that sees a peer of the same priority: replicas started with
+    the same arguments must still differ, or none of them serves."""
+    from llmfleet.operator.cli import default_priority
+
+    pods = [f"llm-fleet-operator-7d9f8c6b5-{suffix}" for suffix in ("x2k4p", "q8w7n", "m3v9z")]
+    priorities = [default_priority(pod) for pod in pods]
+    assert len(set(priorities)) == 3 and all(0 < p < 2**31 for p in priorities)
+    assert default_priority(pods[0]) == priorities[0]  # stable across the pod's restarts
+    assert main(["operator", "--peering", "llm-fleet"]) == 0
+    assert main(["operator", "--peering", "llm-fleet", "--priority", "100"]) == 0
+    drawn, given = kopf_run
+    assert drawn["priority"] == default_priority() and given["priority"] == 100
+
+
 def test_pod_monitor_labels(kopf_run):
     assert main(["operator", "--pod-monitor-label", "release=kps", "--pod-monitor-label", "team=ml"]) == 0
     assert kopf_run[0]["memo"].pod_monitor_labels == {"release": "kps", "team": "ml"}
