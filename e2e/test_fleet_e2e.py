@@ -158,28 +158,43 @@ def _cluster_or_skip() -> tuple[str, str]:
     return kubectl, helm
 
 
+def image_parts(image: str) -> tuple[str, str]:
+    """(repository, tag) of an image reference; a colon inside the registry's host:port is no tag."""
+    repository, colon, tag = image.rpartition(":")
+    if not colon or "/" in tag:
+        return image, "latest"
+    return repository, tag
+
+
+def test_image_references_split_as_the_chart_takes_them():
+    assert image_parts("registry.local:5000/llm-fleet:0.2") == ("registry.local:5000/llm-fleet", "0.2")
+    assert image_parts("registry.local:5000/llm-fleet") == ("registry.local:5000/llm-fleet", "latest")
+    assert image_parts("llm-fleet:dev") == ("llm-fleet", "dev")
+
+
+@pytest.mark.timeout(1800)  # an image's first pull, the rollout, the tuner's interval, the cleanup
 def test_on_a_real_cluster(tmp_path):
     kubectl, helm = _cluster_or_skip()
     namespace = os.environ.get("LLMFLEET_E2E_NAMESPACE", "llm-fleet-e2e")
     image = os.environ.get("LLMFLEET_E2E_IMAGE")  # the operator and server image your cluster can pull
+    if not image:
+        pytest.skip("set LLMFLEET_E2E_IMAGE to an llm-fleet image your cluster can pull (none is published yet)")
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        # longer than any --timeout given to kubectl or helm, so their own message is what fails
+        result = subprocess.run(args, capture_output=True, text=True, timeout=900)
         assert not check or result.returncode == 0, f"{' '.join(args)}:\n{result.stdout}\n{result.stderr}"
         return result
 
+    repository, tag = image_parts(image)
     install = [helm, "upgrade", "--install", "llm-fleet-e2e", str(REPO / "charts" / "llm-fleet"),
                "-n", f"{namespace}-system", "--create-namespace", "--wait", "--timeout", "5m",
-               "--set", f"watchNamespaces={{{namespace}}}"]  # fmt: skip
-    if image:
-        repository, _, tag = image.rpartition(":")
-        install += ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]
+               "--set", f"watchNamespaces={{{namespace}}}",
+               "--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]  # fmt: skip
     run(kubectl, "apply", "--server-side", "-f", str(REPO / "crds"))
     run(kubectl, "create", "namespace", namespace, check=False)  # before the chart's Role lands in it
     run(*install)
-    resource = {**EXAMPLE, "metadata": {"name": "tiny", "namespace": namespace}, "spec": SPEC}
-    if image:
-        resource["spec"] = {**SPEC, "image": image}
+    resource = {**EXAMPLE, "metadata": {"name": "tiny", "namespace": namespace}, "spec": {**SPEC, "image": image}}
     manifest = tmp_path / "tiny.yaml"
     manifest.write_text(yaml.safe_dump(resource))
     forward = None
@@ -203,10 +218,18 @@ def test_on_a_real_cluster(tmp_path):
         if forward is not None:
             forward.terminate()
         run(kubectl, "delete", "-f", str(manifest), "--wait=true", "--timeout=300s", check=False)
-        left = run(kubectl, "get", "all,configmaps,pdb,serviceaccounts,roles,rolebindings", "-n", namespace, "-l",
-                   "llmfleet.io/inference-service=tiny", "-o", "name", check=False)  # fmt: skip
+
+        def leftovers() -> str:
+            # the garbage collector removes the children after their owner, pods after their grace period
+            kinds = "all,configmaps,pdb,serviceaccounts,roles,rolebindings"
+            labelled = "llmfleet.io/inference-service=tiny"
+            return run(kubectl, "get", kinds, "-n", namespace, "-l", labelled, "-o", "name", check=False).stdout.strip()
+
+        deadline = time.monotonic() + 180
+        while (left := leftovers()) and time.monotonic() < deadline:
+            time.sleep(5)
         run(helm, "uninstall", "llm-fleet-e2e", "-n", f"{namespace}-system", check=False)
-    assert left.stdout.strip() == "", f"left behind: {left.stdout}"
+    assert left == "", f"left behind: {left}"
 
 
 if __name__ == "__main__":
