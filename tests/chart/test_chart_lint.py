@@ -29,6 +29,7 @@ def test_helm_lint_strict(helm, tmp_path: Path, variant: str) -> None:
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "pullPolicy"),
         ({"liveness": {"port": 80}}, "minimum"),  # non-root cannot bind below 1024
         ({"replicaCount": 2}, "needs peering.enabled=true"),  # standalone operators do not coordinate
+        ({"test": {"image": {"repository": "curlimages/curl", "tag": ""}}}, "test.image.tag must name a tag"),
     ],
 )
 def test_bad_values_are_rejected(helm, tmp_path: Path, values: dict, message: str) -> None:

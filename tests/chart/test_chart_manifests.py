@@ -5,6 +5,7 @@ security context, the `helm test` hook, Grafana dashboard ConfigMaps and NOTES.t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,32 @@ def test_manifests_are_valid_kubernetes(render, variant: str) -> None:
             jsonschema.validate(doc, schemas[key])
         else:
             kubernetes_validate.validate(doc, VALIDATE_VERSION, strict=True)
+
+
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@pytest.mark.parametrize(
+    "tag", ["main-20240101-0123456789abcdef0123456789abcdef01234567-linux-amd64", "0.1.0@sha256:0123abcd"]
+)
+def test_any_image_tag_makes_valid_labels(render, tag: str) -> None:
+    """An image tag may hold 128 characters, a digest's "@" and ":"; a label value 63 of a narrower set
+    (the API server checks that, not kubernetes-validate)."""
+    docs = render({"image": {"tag": tag}})
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"].endswith(f":{tag}")
+    for doc in docs:
+        for value in (doc["metadata"].get("labels") or {}).values():
+            assert len(value) <= 63 and LABEL_VALUE.match(value), (doc["kind"], value)
+
+
+def test_dashboard_configmaps_keep_distinct_names_under_a_long_release_name(helm, tmp_path: Path) -> None:
+    release = "ml-platform-inference-operator-prod-euw1-a"  # 42 characters: helm allows 53
+    out = helm("template", release, str(CHART), "--set", "grafana.dashboards.enabled=true",
+               "--set", "grafana.dashboards.labelValue=1").stdout  # fmt: skip
+    maps = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap"]
+    names = [d["metadata"]["name"] for d in maps]
+    assert len(names) == len(set(names)) == 2 and all(len(n) <= 63 for n in names), names
+    assert all(d["metadata"]["labels"]["grafana_dashboard"] == "1" for d in maps)  # a number, quoted
 
 
 def test_strict_validation_catches_unknown_fields(render) -> None:

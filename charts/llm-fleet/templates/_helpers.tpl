@@ -26,8 +26,15 @@
 {{- define "llm-fleet.labels" -}}
 helm.sh/chart: {{ include "llm-fleet.chart" . }}
 {{ include "llm-fleet.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "llm-fleet.versionLabel" . | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The image tag as a label value: a tag may hold up to 128 characters (and a digest "@" and
+     ":"), a label value 63 of letters, digits, "-", "_" and ".", starting and ending alphanumeric. */}}
+{{- define "llm-fleet.versionLabel" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion | toString }}
+{{- regexReplaceAll "[^A-Za-z0-9._-]" $tag "_" | trunc 63 | trimAll "-_." }}
 {{- end }}
 
 {{- define "llm-fleet.selectorLabels" -}}
