@@ -30,6 +30,30 @@ log = logging.getLogger(__name__)
 Apply = Callable[[EngineConfig], "concurrent.futures.Future | None"]
 
 
+FileVersion = tuple[tuple | None, str | None]  # (stat, content hash); None where the file is missing
+
+
+def version_of(path: str | Path) -> FileVersion:
+    """The file's version as the watcher compares them."""
+    data = _read(Path(path))
+    return _stat(Path(path)), None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def _stat(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path)  # follows the ConfigMap's ..data symlink
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 class ConfigWatcher:
     def __init__(
         self,
@@ -38,15 +62,19 @@ class ConfigWatcher:
         on_error: Callable[[str], None],
         interval_s: float = 0.5,
         defaults: Mapping[str, Any] | None = None,
+        baseline: FileVersion | None = None,
     ) -> None:
+        """``baseline``: the version of the file the running config was loaded from (``version_of``
+        taken before loading it), else the file as it is now: a change made while the model
+        loaded would otherwise pass for the version already running."""
         self.path = Path(path)
         self.defaults = defaults  # the command line's engine flags, under the file's keys
         self.apply = apply
         self.on_error = on_error
         self.interval_s = interval_s
         self.last_good: EngineConfig | None = None
-        self._stat = self._read_stat()
-        self._digest = self._read_digest()
+        self._stat, self._digest = baseline if baseline is not None else version_of(self.path)
+        self._empty_stat: tuple | None = None  # an empty file seen once: a writer mid-way, or meant
         self._missing_logged = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmfleet-config-watch", daemon=True)
@@ -59,10 +87,11 @@ class ConfigWatcher:
         metrics: ServerMetrics,
         initial: EngineConfig | None = None,
         defaults: Mapping[str, Any] | None = None,
+        baseline: FileVersion | None = None,
     ) -> ConfigWatcher:
         """Apply to ``engine`` at its next step; count rejections in ``metrics``."""
         on_error = lambda _: metrics.lab(metrics.config_errors).inc()  # noqa: E731  (one line, one use)
-        watcher = cls(path, engine.update_config_threadsafe, on_error, defaults=defaults)
+        watcher = cls(path, engine.update_config_threadsafe, on_error, defaults=defaults, baseline=baseline)
         watcher.last_good = initial
         return watcher
 
@@ -75,21 +104,10 @@ class ConfigWatcher:
             self._thread.join(timeout=5)
 
     def _read_stat(self) -> tuple | None:
-        try:
-            st = os.stat(self.path)  # follows the ConfigMap's ..data symlink
-        except OSError:
-            return None
-        return st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev
+        return _stat(self.path)
 
     def _read(self) -> bytes | None:
-        try:
-            return self.path.read_bytes()
-        except OSError:
-            return None
-
-    def _read_digest(self) -> str | None:
-        data = self._read()
-        return None if data is None else hashlib.sha256(data).hexdigest()
+        return _read(self.path)
 
     def check(self) -> str:
         """One poll. Returns what happened: unchanged | missing | partial | invalid | applied."""
@@ -103,8 +121,10 @@ class ConfigWatcher:
         if stat == self._stat:
             return "unchanged"
         data = self._read()
-        if data is None or self._read_stat() != stat or not data.strip():
-            # a writer is mid-way (truncated, or changing under us): look again at the next poll
+        if data is None or self._read_stat() != stat or (not data.strip() and stat != self._empty_stat):
+            # a writer is mid-way (truncated, or changing under us): look again at the next poll. An
+            # empty file still there then is meant (every field back to its default), as at start-up.
+            self._empty_stat = stat if data is not None and not data.strip() else None
             return "partial"
         self._stat = stat
         digest = hashlib.sha256(data).hexdigest()

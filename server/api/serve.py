@@ -14,7 +14,7 @@ from ..engine.build import build_engine
 from ..engine_flags import engine_flags
 from .drain import run_app
 from .kv_transfer import KVExportStore
-from .live_config import ConfigWatcher
+from .live_config import ConfigWatcher, version_of
 from .state import ServerState
 
 
@@ -23,6 +23,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("llm-fleet serve: --enable-auto-tool-choice needs --tool-call-parser")
     flags = engine_flags(args)
+    loaded = version_of(args.config) if args.config else None  # before reading it: see ConfigWatcher
     try:
         config = load_engine_config(args.config, flags)
     except ValueError as exc:  # a bad file at start-up has no last good config to fall back on
@@ -37,7 +38,8 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=args.kv_export_limit_mb << 20)
     watcher = None
     if args.config:
-        watcher = ConfigWatcher.for_engine(args.config, state.engine, state.metrics, initial=config, defaults=flags)
+        watcher = ConfigWatcher.for_engine(args.config, state.engine, state.metrics, initial=config, defaults=flags,
+                                           baseline=loaded)  # fmt: skip
         watcher.start()
     return state, watcher
 

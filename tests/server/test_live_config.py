@@ -97,6 +97,34 @@ def test_partial_missing_and_rewritten_identical_files_change_nothing(served):
     assert engine.config_generation == 1 and metric(state, "config_errors") == 0
 
 
+def test_a_file_emptied_for_good_resets_the_knobs_as_at_start_up(served):
+    path, state, watcher = served
+    engine = state.engine.engine
+    path.write_text("")
+    assert watcher.check() == "partial"  # maybe a writer mid-way: one more look
+    assert watcher.check() == "applied"  # still empty: meant, every field back to its default
+    assert wait_until(lambda: engine.config.max_batch_size == EngineConfig().max_batch_size)
+
+
+def test_a_change_made_while_the_model_loads_is_applied(tmp_path):
+    """The server reads its config, then loads the model (minutes, for a real one) and only then
+    starts watching: a change in between must not pass for the version already running."""
+    from llmfleet.server.api.live_config import version_of
+
+    path = tmp_path / "engine.yaml"
+    write(path, "max_batch_size: 4\n")
+    loaded = version_of(path)  # taken as the config is read
+    state = fake_state(EngineConfig(max_batch_size=4))
+    write(path, "max_batch_size: 12\n")  # the tuner's ConfigMap update lands during the load
+    watcher = ConfigWatcher.for_engine(path, state.engine, state.metrics, initial=EngineConfig(max_batch_size=4),
+                                       baseline=loaded)  # fmt: skip
+    try:
+        assert watcher.check() == "applied"
+        assert wait_until(lambda: state.engine.engine.config.max_batch_size == 12)
+    finally:
+        state.engine.shutdown()
+
+
 def test_restart_only_fields_are_ignored_live_and_logged(served, caplog):
     path, state, watcher = served
     engine = state.engine.engine
