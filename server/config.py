@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -54,6 +54,10 @@ class Role(StrEnum):
 
 def _restart(description: str) -> dict[str, Any]:
     return {"description": description, "json_schema_extra": {"restart": True}}
+
+
+# vLLM's --dtype spellings beside the torch names
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 
 class EngineConfig(BaseModel):
@@ -119,6 +123,11 @@ class EngineConfig(BaseModel):
         "builtin",
         **_restart("What names a cached prefix: builtin (64-bit, fast) or sha256 (no collision in practice)."),
     )
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_alias(cls, value: Any) -> Any:
+        return DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @classmethod
     def restart_fields(cls) -> frozenset[str]:

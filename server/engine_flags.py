@@ -16,7 +16,7 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-num-seqs": ("max_batch_size", int, "most sequences in one step (maxBatchSize)"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step"),
     "--max-model-len": ("max_model_len", int, "context limit (default: the model's)"),
-    "--dtype": ("dtype", str, "auto, float32, bfloat16 or float16"),
+    "--dtype": ("dtype", str, "auto, float32 (float), bfloat16 or float16 (half)"),
     "--block-size": ("kv_block_size", int, "tokens per KV cache block"),
     "--kv-cache-memory-mb": ("kv_cache_memory_mb", int, "KV cache size"),
     "--scheduling-policy": ("scheduling", str, "fcfs or priority (waiting order and preemption victims)"),

@@ -67,6 +67,15 @@ def test_unknown_policy_or_knob_value_is_rejected(tmp_path):
         load_engine_config(bad)
 
 
+def test_vllms_dtype_spellings_are_taken(tmp_path):
+    assert (EngineConfig(dtype="half").dtype, EngineConfig(dtype="float").dtype) == ("float16", "float32")
+    config = tmp_path / "engine.yaml"
+    config.write_text("dtype: half\n")
+    assert load_engine_config(config).dtype == "float16"
+    with pytest.raises(ValueError, match="dtype"):
+        EngineConfig(dtype="fp8")
+
+
 def test_queue_full():
     engine, _, _ = make(max_queue_len=2)
     engine.add_request("a", [1], greedy(1))
