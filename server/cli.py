@@ -11,6 +11,7 @@ from .engine_flags import add_engine_flags
 from .router.policies import POLICIES as ROUTER_POLICIES
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, as vLLM's --uvicorn-log-level
 
 
 def add_arguments(parser) -> None:
@@ -22,7 +23,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--served-model-name", help="model id in the API (default: the --model value)")
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     parser.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV),

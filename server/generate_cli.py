@@ -23,19 +23,26 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from .config import load_engine_config
     from .core.request import SamplingParams
-    from .engine.build import build_engine
+    from .engine.build import LOAD_ERRORS, build_engine
+    from .engine.engine import InvalidRequestError
 
     try:
         config = load_engine_config(args.config, engine_flags(args))
+        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     except ValueError as exc:
         raise SystemExit(f"llm-fleet generate: {exc}") from exc
-    engine, tokenizer = build_engine(args.model, config, device=args.device)
+    try:
+        engine, tokenizer = build_engine(args.model, config, device=args.device)
+    except LOAD_ERRORS as exc:
+        raise SystemExit(f"llm-fleet generate: cannot load {args.model}: {exc}") from exc
     if args.model.startswith("builtin:"):
         print(f"note: {args.model} has random weights; its text is gibberish by design.\n")
     prompts = [tokenizer.encode(p) for p in args.prompts]
-    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     start = time.perf_counter()
-    outputs = engine.generate(prompts, sampling)
+    try:
+        outputs = engine.generate(prompts, sampling)
+    except InvalidRequestError as exc:
+        raise SystemExit(f"llm-fleet generate: {exc}") from exc
     elapsed = time.perf_counter() - start
     for text, out in zip(args.prompts, outputs, strict=True):
         print(f"> {text}\n{tokenizer.decode(out, skip_special_tokens=True)!r}\n")

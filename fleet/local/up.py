@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-HELP = "run an InferenceService file as a local fleet of server processes, with the tuner"
+from llmfleet.server.cli import LOG_LEVELS
 
+HELP = "run an InferenceService file as a local fleet of server processes, with the tuner"
 DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as examples/local.yaml
 
 
@@ -14,7 +15,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prometheus-url", help="read metrics from this Prometheus instead of scraping the servers")
     parser.add_argument("--run-dir", help="engine configs and server logs (default: a new temporary directory)")
     parser.add_argument("--no-tui", action="store_true", help="plain log lines instead of the live view")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
 
 
 def load_service(path: str | None) -> tuple[str, object]:

@@ -78,7 +78,12 @@ def run(args) -> int:
     model = args.model or ("builtin:tiny" if args.quick else "builtin:small")
     grid = GRIDS["quick" if args.quick else "full"]
     print(f"== calibrating {model} on {args.device} ({'quick' if args.quick else 'full'} grid): timing engine steps")
-    profile = calibrate(model, grid, threads=args.threads, dtype=args.dtype, device=args.device, seed=args.seed)
+    from llmfleet.server.engine.build import LOAD_ERRORS
+
+    try:
+        profile = calibrate(model, grid, threads=args.threads, dtype=args.dtype, device=args.device, seed=args.seed)
+    except LOAD_ERRORS as exc:
+        raise SystemExit(f"llm-fleet calibrate: cannot measure {model}: {exc}") from exc
     path = profile.save(args.out or default_profile_path(model))
     print_report(profile)
     print(f"wrote {path}")

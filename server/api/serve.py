@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..config import load_engine_config
-from ..engine.build import build_engine
+from ..engine.build import LOAD_ERRORS, build_engine
 from ..engine_flags import engine_flags
 from .drain import run_app
 from .kv_transfer import KVExportStore
@@ -28,7 +28,10 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         config = load_engine_config(args.config, flags)
     except ValueError as exc:  # a bad file at start-up has no last good config to fall back on
         raise SystemExit(f"llm-fleet serve: {exc}") from exc
-    engine, tokenizer = build_engine(args.model, config, device=args.device)
+    try:
+        engine, tokenizer = build_engine(args.model, config, device=args.device)
+    except LOAD_ERRORS as exc:
+        raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
     state = ServerState.for_engine(engine, tokenizer, args.served_model_name or args.model, args.role)
     state.api_key = args.api_key
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None

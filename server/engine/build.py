@@ -6,6 +6,11 @@ from ..config import EngineConfig
 from ..runner.builtin_models import resolve_model
 from .engine import LLMEngine
 
+# What loading a model fails with for the user's input, to report in one line: a path that is no
+# model (OSError), limits beyond the model's or an unknown device (ValueError, RuntimeError), a
+# device this torch was not built for (AssertionError: "Torch not compiled with CUDA enabled").
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, AssertionError)
+
 
 def build_engine(model: str, config: EngineConfig, device: str | None = None):
     """Returns ``(engine, tokenizer)``; the torch runner loads the weights with from_pretrained."""
