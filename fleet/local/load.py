@@ -3,6 +3,8 @@ and print what the clients see every few seconds, so the tuner's reactions show.
 
 from __future__ import annotations
 
+from llmfleet.arguments import positive
+
 HELP = "send a chat / long-prompt / creative workload at an OpenAI endpoint and report client latencies"
 
 WORDS = ("fleet", "token", "batch", "queue", "prefill", "decode", "latency", "cache", "router", "replica", "window")
@@ -12,10 +14,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="base URL of the OpenAI endpoint")
     parser.add_argument("--port", type=int, help="shorthand for --url http://127.0.0.1:PORT (as `up --port`)")
     parser.add_argument("--shape", default="chat", choices=["chat", "long-prompt", "creative"])
-    parser.add_argument("--rate", type=float, default=None, help="requests/s (default: the shape's)")
-    parser.add_argument("--peak-rate", type=float, help="ramp the rate linearly up to this by the end")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
-    parser.add_argument("--report-every", type=float, default=5.0)
+    parser.add_argument("--rate", type=positive, default=None, help="requests/s (default: the shape's)")
+    parser.add_argument("--peak-rate", type=positive, help="ramp the rate linearly up to this by the end")
+    parser.add_argument("--duration", type=positive, default=60.0, help="seconds of arrivals")
+    parser.add_argument("--report-every", type=positive, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
 
 

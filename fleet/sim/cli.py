@@ -8,6 +8,8 @@ decisions; writes JSON and a PNG plot.
 
 from __future__ import annotations
 
+from llmfleet.arguments import non_negative, positive
+
 HELP = "simulate an InferenceService on a workload trace: real scheduler and tuner, cost-model pods"
 
 
@@ -17,11 +19,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("-f", "--file", required=True, help="InferenceService YAML (e.g. examples/local.yaml)")
     parser.add_argument("--workload", default="bursty", choices=TRACE_NAMES, help="built-in workload (default bursty)")
     parser.add_argument("--trace", help="JSONL trace (arrival_s, prompt_tokens, output_tokens per line)")
-    parser.add_argument("--duration", type=float, help="seconds of built-in workload (default: its own length)")
-    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the built-in workload's rates")
+    parser.add_argument("--duration", type=positive, help="seconds of built-in workload (default: its own length)")
+    parser.add_argument("--rate-scale", type=positive, default=1.0, help="multiply the built-in workload's rates")
     parser.add_argument("--seed", type=int, help="workload seed (default: the workload's)")
     parser.add_argument(
-        "--warmup", type=float, default=0.0, help="serve the workload's opening rate this long first, unreported"
+        "--warmup", type=non_negative, default=0.0, help="serve the workload's opening rate this long first, unreported"
     )
     parser.add_argument("--save-trace", help="write the trace used as JSONL")
     parser.add_argument("--profile", help="cost profile (default $LLMFLEET_CACHE/calibration/<model>.json)")
@@ -30,10 +32,10 @@ def add_arguments(parser) -> None:
         choices=["tuner", "hpa", "fixed"],
         help="tuner (default when spec.autotune.enabled), hpa (queue-length baseline) or fixed",
     )
-    parser.add_argument("--hpa-target", type=float, default=2.0, help="HPA: target waiting requests per pod")
-    parser.add_argument("--startup-s", type=float, default=30.0, help="pod start-up delay on scale-up")
-    parser.add_argument("--tail-s", type=float, default=600.0, help="after the last arrival, time left to finish")
-    parser.add_argument("--kv-transfer-gbps", type=float, default=10.0, help="disaggregated: prefill->decode Gbit/s")
+    parser.add_argument("--hpa-target", type=positive, default=2.0, help="HPA: target waiting requests per pod")
+    parser.add_argument("--startup-s", type=non_negative, default=30.0, help="pod start-up delay on scale-up")
+    parser.add_argument("--tail-s", type=non_negative, default=600.0, help="time to finish after the last arrival")
+    parser.add_argument("--kv-transfer-gbps", type=positive, default=10.0, help="disaggregated: prefill->decode Gbit/s")
     parser.add_argument("--out", default="sim-results", help="directory for the JSON and PNG")
     parser.add_argument("--decisions", type=int, default=20, help="how many decisions to print")
 

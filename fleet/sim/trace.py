@@ -19,15 +19,21 @@ from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Work
 TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
 
 
+_TIMESTAMPS_FROM_S = 86_400.0  # a first arrival this late is a timestamp, not an offset
+
+
 class TraceError(ValueError):
     """A trace file that cannot be read; the message names the line."""
 
 
 def read_trace(path: str | Path) -> list[RequestSpec]:
+    """The requests of a JSONL trace, by arrival (seconds from the trace's start). A trace whose
+    first arrival is a day or more in holds timestamps (a log's Unix seconds): its arrivals count
+    from the first one, so it replays as it happened, not after decades of idling."""
     requests = []
     try:
         lines = Path(path).read_text().splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -54,8 +60,13 @@ def read_trace(path: str | Path) -> list[RequestSpec]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
         requests.append(RequestSpec(float(arrival), prompt, output))
+    if not requests:
+        raise TraceError(f"trace {path} holds no requests")
     requests.sort(key=lambda r: r.arrival_s)  # stable: ties keep file order
-    return requests
+    first = requests[0].arrival_s
+    if first < _TIMESTAMPS_FROM_S:
+        return requests
+    return [RequestSpec(r.arrival_s - first, r.prompt_len, r.output_len) for r in requests]
 
 
 def write_trace(path: str | Path, requests: list[RequestSpec]) -> Path:

@@ -32,8 +32,19 @@ def test_a_prompt_over_the_context_is_one_line(capsys):
     assert "maximum context length is 4 tokens" in str(stop.value.code)
 
 
-@pytest.mark.parametrize("command", ["serve", "up"])
-def test_an_unknown_log_level_is_an_argument_error(command, capsys):
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["serve", "--log-level", "verbose"], "invalid choice: 'verbose'"),
+        (["up", "--log-level", "verbose"], "invalid choice: 'verbose'"),
+        (["load", "--rate", "-1"], "--rate: must be > 0"),  # a negative rate never ended
+        (["sim", "-f", "x.yaml", "--rate-scale", "0"], "--rate-scale: must be > 0"),
+        (["sim", "-f", "x.yaml", "--hpa-target", "0"], "--hpa-target: must be > 0"),  # a divisor
+        (["sim", "-f", "x.yaml", "--warmup", "-5"], "--warmup: must be >= 0"),
+        (["sim", "-f", "x.yaml", "--duration", "inf"], "--duration: must be finite"),
+    ],
+)
+def test_a_flag_out_of_its_range_is_an_argument_error(argv, words, capsys):
     with pytest.raises(SystemExit) as stop:
-        main([command, "--log-level", "verbose"])
-    assert stop.value.code == 2 and "invalid choice: 'verbose'" in capsys.readouterr().err
+        main(argv)
+    assert stop.value.code == 2 and words in capsys.readouterr().err

@@ -29,6 +29,22 @@ def test_sorted_by_arrival_blank_lines_and_extra_keys(tmp_path) -> None:
     assert read_trace(path) == [RequestSpec(1.0, 7, 2), RequestSpec(2.0, 5, 1), RequestSpec(2.0, 9, 3)]
 
 
+def test_arrivals_count_from_the_first_so_log_timestamps_replay_as_they_happened(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    epoch = 1_764_000_000.5  # Unix seconds, as a log has them
+    path.write_text("".join(json.dumps({"arrival_s": epoch + i / 4, "prompt_tokens": 3, "output_tokens": 1}) + "\n"
+                            for i in range(3)))  # fmt: skip
+    assert [r.arrival_s for r in read_trace(path)] == [0.0, 0.25, 0.5]
+
+
+@pytest.mark.parametrize(("content", "message"), [("\n\n", "holds no requests"), (b"\xff\xfe", "cannot read trace")])
+def test_an_empty_or_binary_trace_is_an_error(tmp_path, content, message) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
