@@ -98,6 +98,11 @@ def run(args) -> int:
     from llmfleet.server.config import EngineConfig
     from llmfleet.server.runner.builtin_models import resolve_model
 
+    shapes = args.disagg_workloads.split(",")
+    unknown = sorted(set(shapes) - set(SHAPES))
+    if unknown:
+        print(f"unknown workload(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = Path(resolve_model(args.model))  # built once here, not by four servers at once
@@ -112,7 +117,7 @@ def run(args) -> int:
           f"+ decode {decode_threads} threads), {args.model}, {config.dtype}")  # fmt: skip
     results: dict = {"model": args.model, "threads": threads, "engine": config.model_dump(mode="json")}
     rows = []
-    for shape in args.disagg_workloads.split(","):
+    for shape in shapes:
         workload, requests = _trace(shape, model_dir, args.disagg_rate_scale, args.disagg_requests)
         print(f"-- {shape}: {workload.num_requests} requests, Poisson {workload.rate_per_s:g}/s, prompts "
               f"{workload.prompt_len[0]}..{workload.prompt_len[1]}, outputs {workload.output_len[0]}.."

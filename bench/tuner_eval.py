@@ -141,6 +141,10 @@ def run(args) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     wanted = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
+    unknown = sorted(set(wanted) - {c.workload for c in CASES})
+    if unknown:
+        print(f"unknown workload(s) {', '.join(unknown)}: choose from {', '.join(c.workload for c in CASES)}")
+        return 2
     cases = [c for c in CASES if not wanted or c.workload in wanted]
     quick = bool(getattr(args, "quick", False))
     seed = getattr(args, "seed", None)
