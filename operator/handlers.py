@@ -162,7 +162,10 @@ async def autotune(
                 spec = None  # converge reports it as Degraded; nothing to tune
             interval = spec.autotune.interval_seconds if spec is not None else RESYNC_SECONDS
             await stopped.wait(interval)
-            if stopped or spec is None or not spec.autotune.enabled:
+            if stopped:
+                continue
+            if spec is None or not spec.autotune.enabled:
+                tuner_metrics.forget(*key)  # a tuner that is off has no last decision to plot or alert on
                 continue
             await tune_now(copy.deepcopy(dict(body)), spec, memo, logger)
     finally:

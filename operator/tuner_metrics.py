@@ -71,7 +71,7 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -
 
 
 def forget(namespace: str, name: str) -> None:
-    """Drop a deleted InferenceService's series."""
+    """Drop an InferenceService's series: deleted, or its tuner turned off."""
     for metric in (DECISIONS, KNOB_VALUE, REPLICAS, HOLD, RUNS, SLO):
         for labels in list(metric._metrics):
             if labels[:2] == (namespace, name):

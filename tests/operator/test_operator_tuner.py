@@ -87,6 +87,16 @@ def test_a_run_shrinks_the_batch_scales_out_and_explains_itself(kube, operator, 
     assert 'llmfleet_tuner_knob_value{inference_service="tiny",knob="maxBatchSize"' in exposed
 
 
+def test_turning_the_tuner_off_drops_its_exported_series(kube, operator, scripted):
+    """A tuner that is off has no last decision: its hold, replicas and knob series would freeze
+    in the dashboards and keep alerts like LLMFleetTunerStuck firing."""
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    eventually(lambda: 'inference_service="tiny"' in generate_latest(REGISTRY).decode(), timeout=20)
+    kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"enabled": False}}})
+    eventually(lambda: 'inference_service="tiny"' not in generate_latest(REGISTRY).decode(), timeout=20)
+
+
 def test_stale_metrics_hold_with_a_reason_and_touch_nothing(kube, operator, scripted):
     scripted.stale = True
     kube.create(inference_service("tiny", SPEC))
