@@ -178,12 +178,17 @@ class LocalFleet:
         _replace_if_changed(self.endpoints_file, yaml.safe_dump(endpoints))
 
     def _write_targets(self) -> None:
+        """One target group per ready server, labelled as the PodMonitor labels a pod (``pod``
+        too: the dashboards split the engine panels by it), the router as pool ``router``."""
+        servers = [(name, s) for name, pool in self.pools.items() for s in pool.servers if s.ready and s.alive]
+        if self.router is not None and self.router.ready and self.router.alive:
+            servers.append(("router", self.router))
         groups = [
             {
-                "targets": [url.removeprefix("http://") for url in pool.ready_urls()],
-                "labels": {"namespace": NAMESPACE, "inference_service": self.name, "pool": name},
+                "targets": [server.url.removeprefix("http://")],
+                "labels": {"namespace": NAMESPACE, "inference_service": self.name, "pool": pool, "pod": server.name},
             }
-            for name, pool in self.pools.items()
+            for pool, server in servers
         ]
         _replace_if_changed(self.targets_file, json.dumps(groups, indent=1))
 

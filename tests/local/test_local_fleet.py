@@ -282,7 +282,9 @@ def test_prometheus_url_reads_the_fleet_through_its_targets_file(tmp_path):
             time.sleep(0.2)
         fleet.supervise()
         (group,) = json.loads(fleet.targets_file.read_text())
-        assert group["labels"] == {"namespace": "local", "inference_service": "tiny", "pool": "colocated"}
+        server = fleet.pools["colocated"].servers[0]  # one group per server, named as a pod is
+        assert group["labels"] == {"namespace": "local", "inference_service": "tiny", "pool": "colocated",
+                                   "pod": server.name}  # fmt: skip
         with PrometheusProcess([], file_sd=[fleet.targets_file]) as prometheus, _traffic(fleet.ready_backends()[0]):
             deadline = time.monotonic() + 60
             while not prometheus.query('vllm:time_to_first_token_seconds_count{pool="colocated"} > 0'):
