@@ -37,10 +37,16 @@ class RouterMetrics(ServerMetrics):
             self.lab(self.retries, pool=pool)
         self.lab(self.fallbacks)
         self.lab(self.broken_streams)
+        # No engine here: its gauges would read 0 beside the servers' under the same model_name
+        # and pull a dashboard's or an autoscaler's average down.
+        for gauge in (self.running, self.waiting, self.kv_usage):
+            gauge.remove(*self.labels.values())
 
     def finished(self, started: float, reason: str | None) -> None:
         self.lab(self.e2e).observe(time.monotonic() - started)
-        self.lab(self.success, finished_reason=reason or "abort").inc()
+        # the engine's reasons, as vLLM counts them: a reply that ends in tool calls stopped
+        reason = "stop" if reason == "tool_calls" else reason or "abort"
+        self.lab(self.success, finished_reason=reason).inc()
 
 
 class StreamMeter:

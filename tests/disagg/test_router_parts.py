@@ -339,3 +339,14 @@ async def test_a_decode_server_that_breaks_off_mid_event_leaves_no_half_event_in
     assert events[0] + b"\n\n" == token
     assert json.loads(events[1].removeprefix(b"data: "))["error"]["code"] == 502  # whole, parseable
     assert events[2] == b"data: [DONE]" and len(events) == 3
+
+
+def test_the_router_exports_no_engine_gauges_and_the_engines_finish_reasons():
+    metrics = RouterMetrics("m")
+    metrics.finished(0.0, "tool_calls")
+    text = metrics.registry.get_sample_value
+    labels = {"model_name": "m", "role": "router"}
+    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert text(gauge, labels) is None, gauge  # a 0 here would pull the servers' averages down
+    assert text("vllm:request_success_total", labels | {"finished_reason": "stop"}) == 1
+    assert text("vllm:request_success_total", labels | {"finished_reason": "tool_calls"}) is None
