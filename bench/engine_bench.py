@@ -323,7 +323,7 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(args.model)
     device = resolve_device(getattr(args, "device", None) or "cpu")
-    torch_dtype = resolve_dtype(args.dtype, device)
+    torch_dtype = resolve_dtype(EngineConfig(dtype=args.dtype).dtype, device)  # the config's names and vLLM's
     dtype_name = str(torch_dtype).removeprefix("torch.")
     results: dict = {
         "model": args.model,

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..config import DTYPE_ALIASES, EngineConfig
+from ..config import EngineConfig
 from ..core.batch import SampledToken, SchedulerOutput
 from ..core.kv_wire import KVLayout
 from . import attention, cpu_kernels
@@ -49,10 +49,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
     Without native bf16 (e.g. AVX2-only CPUs) bf16 matmuls are emulated and several times slower
     than float32 (measured on an AVX2 EPYC: 19 vs 140 GFLOP/s)."""
-    name = DTYPE_ALIASES.get(name, name)
     if name != "auto":
-        if name not in _DTYPES:
-            raise ValueError(f"unknown dtype {name!r}: auto, {', '.join(_DTYPES)}, or vLLM's half and float")
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16
