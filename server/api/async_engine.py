@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from ..config import EngineConfig
@@ -206,16 +206,20 @@ class AsyncEngine:
             except Exception:  # metrics must never stop the engine
                 log.exception("step observer failed")
 
-    def _drain_commands(self) -> None:
+    def _queued(self) -> Iterator[_Command]:
+        """The commands waiting, in order. One whose caller gave up (a client gone while its
+        request was handed over) has a cancelled future: it is skipped (its abort follows), and
+        no result may be set on it."""
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            # A caller that gave up (a client gone while its request was handed over) cancelled
-            # the future: skip the command (its abort follows), never set a result on it.
-            if command.done is not None and not command.done.set_running_or_notify_cancel():
-                continue
+            if command.done is None or command.done.set_running_or_notify_cancel():
+                yield command
+
+    def _drain_commands(self) -> None:
+        for command in self._queued():
             try:
                 result = self._apply(command)
             except Exception as exc:
@@ -277,12 +281,8 @@ class AsyncEngine:
 
     def _fail_commands(self) -> None:
         """Commands sent before the crash would otherwise wait forever (an ``add`` is a client's)."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if command.done is not None and command.done.set_running_or_notify_cancel():
+        for command in self._queued():
+            if command.done is not None:
                 command.done.set_exception(RuntimeError("engine is not running"))
 
 
