@@ -103,15 +103,9 @@ class ConfigWatcher:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
-    def _read_stat(self) -> tuple | None:
-        return _stat(self.path)
-
-    def _read(self) -> bytes | None:
-        return _read(self.path)
-
     def check(self) -> str:
         """One poll. Returns what happened: unchanged | missing | partial | invalid | applied."""
-        stat = self._read_stat()
+        stat = _stat(self.path)
         if stat is None:
             if not self._missing_logged:
                 log.warning("engine config %s is missing; keeping the current config", self.path)
@@ -120,8 +114,8 @@ class ConfigWatcher:
         self._missing_logged = False
         if stat == self._stat:
             return "unchanged"
-        data = self._read()
-        if data is None or self._read_stat() != stat or (not data.strip() and stat != self._empty_stat):
+        data = _read(self.path)
+        if data is None or _stat(self.path) != stat or (not data.strip() and stat != self._empty_stat):
             # a writer is mid-way (truncated, or changing under us): look again at the next poll. An
             # empty file still there then is meant (every field back to its default), as at start-up.
             self._empty_stat = stat if data is not None and not data.strip() else None
