@@ -7,6 +7,7 @@ tests and the simulator drive it directly.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from ..core.kv_wire import KVImport
 from ..core.request import Request, RequestStatus, SamplingParams
 from ..core.scheduler import Scheduler
 from .detokenizer import Decoder, IncrementalDetokenizer
+
+log = logging.getLogger(__name__)
 
 
 class InvalidRequestError(ValueError):
@@ -259,7 +262,12 @@ class LLMEngine:
             request.kv_import = None  # the runner wrote it into the request's blocks
             self.block_manager.cache_computed(request)
             if token is not None:
-                events.append(self._append_token(request, token, now))
+                try:
+                    events.append(self._append_token(request, token, now))
+                except Exception:
+                    # Detokenizing or exporting its KV failed: that request ends, the step's others go on
+                    log.exception("request %s failed after its step; it was aborted", request.request_id)
+                    events.append(self._abort_now(request))
         self._last = (
             len(out.scheduled),
             out.num_tokens,
@@ -299,6 +307,11 @@ class LLMEngine:
         if request.sampling.prompt_logprobs is not None and request.num_output_tokens == 1:
             event.prompt_logprobs = list(request.prompt_logprobs)
         return event
+
+    def _abort_now(self, request: Request) -> RequestOutput:
+        if not request.status.is_finished:
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+        return self._event(request, [], "", None)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         tracked = self._requests.get(request.request_id)

@@ -301,6 +301,41 @@ def test_two_failing_steps_in_a_row_lose_no_final_event():
     assert sorted(e.request_id for e in events if e.finished) == ["a", "b", "c"]
 
 
+class FailingDecoder(LetterDecoder):
+    """Fails on any text holding ``bad``: a tokenizer that cannot decode one token."""
+
+    def __init__(self, bad):
+        self.bad = bad
+
+    def decode(self, ids, skip_special_tokens=True):
+        if self.bad in ids:
+            raise KeyError(self.bad)
+        return super().decode(ids, skip_special_tokens)
+
+
+def test_a_request_that_fails_past_the_runner_ends_alone():
+    # Its detokenizer fails on its first token; the other request in the step goes on.
+    bad_prompt, good_prompt = [5, 6, 7], [8, 9]
+    engine, runner, clock = make(decoder=FailingDecoder(reference_output(bad_prompt, 1)[0]))
+    engine.add_request("bad", bad_prompt, greedy(4))
+    engine.add_request("good", good_prompt, greedy(4))
+    events = run_all(engine, clock)
+    finished = {e.request_id: e.finish_reason for e in events if e.finished}
+    assert finished == {"bad": "abort", "good": "length"}
+    assert [t for e in events if e.request_id == "good" for t in e.new_token_ids] == reference_output(good_prompt, 4)
+    assert engine.block_manager.usage == 0 and "bad" in runner.released
+
+
+def test_a_failing_kv_export_aborts_its_request_only():
+    engine, runner, clock = make()
+    runner.export_kv = lambda table, n: (_ for _ in ()).throw(MemoryError("no room to copy"))
+    engine.add_request("export", [1, 2], greedy(2), export_kv=True)
+    engine.add_request("plain", [3, 4], greedy(2))
+    events = run_all(engine, clock)
+    assert {e.request_id: e.finish_reason for e in events if e.finished} == {"export": "abort", "plain": "length"}
+    assert engine.block_manager.usage == 0 and not engine.has_unfinished_requests()
+
+
 def test_token_ids_outside_the_vocabulary_are_rejected():
     engine, runner, clock = make()
     with pytest.raises(InvalidRequestError, match="non-negative"):
