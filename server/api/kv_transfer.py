@@ -22,6 +22,7 @@ ran out, so an abandoned transfer never pins memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import OrderedDict
@@ -32,7 +33,15 @@ import httpx
 from fastapi import FastAPI, Query
 from fastapi.responses import StreamingResponse
 
-from ..core.kv_wire import KVCorruptError, KVImport, KVMismatchError, decode, encode_header, leave_out_blocks
+from ..core.kv_wire import (
+    KVCorruptError,
+    KVImport,
+    KVMismatchError,
+    decode,
+    encode_header,
+    leave_out_blocks,
+    max_body_bytes,
+)
 from ..core.request import SamplingParams
 from .errors import APIError
 from .generation import EventStream, SubRequest, submit
@@ -200,16 +209,22 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
         started = time.perf_counter()
         cached = state.engine.cached_prefix_blocks(prompt[:-1])
         query = f"?first_block={cached}" if cached else ""
+        limit = max_body_bytes(state.kv_layout, len(prompt) - 1, cached)
         try:
-            response = await client.get(f"{base}/v1/kv/{kv_id}{query}")
+            async with client.stream("GET", f"{base}/v1/kv/{kv_id}{query}") as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise _transfer_failed(
+                        f"the prefill server at {base} answered {response.status_code}: {response.text[:200]}"
+                    )
+                body = await _read_at_most(response, limit)
         except httpx.HTTPError as exc:
             raise _transfer_failed(f"cannot fetch the KV from the prefill server at {base}: {exc!r}") from exc
-        if response.status_code != 200:
-            raise _transfer_failed(
-                f"the prefill server at {base} answered {response.status_code}: {response.text[:200]}"
-            )
-        body = response.content
         try:
+            if len(body) > limit:
+                with contextlib.suppress(KVCorruptError):  # its header still shows another layout's (a 409)
+                    decode(memoryview(body)[:limit], state.model_name, state.kv_layout, prompt[:-1], cached)
+                raise KVCorruptError(f"KV body is over the {limit} bytes a body for this prompt can have")
             payload = await asyncio.to_thread(decode, body, state.model_name, state.kv_layout, prompt[:-1], cached)
         except KVMismatchError as exc:
             state.metrics.count_kv_failure("mismatch")
@@ -225,3 +240,14 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
         return APIError(502, message, "kv_transfer_failed")
 
     return list(await asyncio.gather(*(one(kv_id, prompt) for kv_id, prompt in zip(ids, prompts, strict=True))))
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytearray:
+    """The body, or its first bytes past ``limit`` where it is longer: a bad peer cannot make this
+    server hold more than one body's worth."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            break
+    return body

@@ -106,6 +106,12 @@ def payload_bytes(layout: KVLayout, num_tokens: int, first_block: int = 0) -> in
     return (layout.num_blocks(num_tokens) - first_block) * layout.block_bytes
 
 
+def max_body_bytes(layout: KVLayout, num_tokens: int, first_block: int = 0) -> int:
+    """The most bytes a body for ``num_tokens`` tokens from ``first_block`` on can have here: a
+    receiver reads no further (a longer body is another layout's, or corrupt)."""
+    return _PREFIX.size + MAX_HEADER_BYTES + payload_bytes(layout, num_tokens, first_block)
+
+
 def leave_out_blocks(payload: memoryview, layout: KVLayout, num_tokens: int, first_block: int) -> memoryview:
     """``payload`` (the KV of ``num_tokens`` tokens) without its first ``first_block`` blocks. The
     blocks are the layout's second-innermost axis, so this copies what is kept."""

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import itertools
 import struct
+import types
 
+import httpx
 import pytest
 
-from llmfleet.server.api.kv_transfer import KVExportStore
+from llmfleet.server.api.errors import APIError
+from llmfleet.server.api.kv_transfer import KVExportStore, receive
+from llmfleet.server.api.protocol import KVTransferParams
 from llmfleet.server.core.kv_wire import (
+    MAX_HEADER_BYTES,
     PAYLOAD_ALIGN,
     VERSION,
     KVCorruptError,
@@ -136,3 +143,63 @@ def test_the_export_store_hands_each_kv_out_once_and_frees_what_nobody_takes():
     kept = store.put(TOKENS, memoryview(b"p" * 100))
     assert store.put(TOKENS, memoryview(b"p" * 1001)) is None  # no id for KV nobody could fetch
     assert store.take(kept) is not None  # and nothing else was pushed out for it
+
+
+# --- the decode side's fetch ---------------------------------------------------------------------
+class FetchMetrics:
+    def __init__(self):
+        self.failures = []
+
+    def count_kv_failure(self, reason):
+        self.failures.append(reason)
+
+    def observe_kv_transfer(self, nbytes, seconds):
+        pass
+
+    def count_kv_cached_tokens(self, n):
+        pass
+
+
+def decode_state(chunks):
+    """A decode server whose prefill peer answers with ``chunks``; ``sent`` counts what it sent."""
+    sent = []
+
+    async def stream():
+        for chunk in chunks:
+            sent.append(len(chunk))
+            yield chunk
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(200, content=stream())))
+    engine = types.SimpleNamespace(cached_prefix_blocks=lambda tokens: 0)
+    state = types.SimpleNamespace(role="decode", model_name="m", kv_layout=LAYOUT, engine=engine)
+    state.metrics, state.http_client = FetchMetrics(), lambda: client
+    return state, sent
+
+
+def fetch(state):
+    params = KVTransferParams(do_remote_prefill=True, remote_url="http://p", remote_kv_ids=["k"])
+    return asyncio.run(receive(state, params, [[*TOKENS, 11]]))
+
+
+def test_the_decode_side_fetches_and_imports_a_body():
+    state, _ = decode_state([body()[:100], body()[100:]])
+    (kv,) = fetch(state)
+    assert kv.num_tokens == len(TOKENS) and kv.payload.nbytes == 2 * LAYOUT.block_bytes
+
+
+def test_the_decode_side_stops_reading_a_body_longer_than_any_for_its_prompt():
+    # A peer that sends without end costs this server one body's worth of memory, then a 502
+    state, sent = decode_state(itertools.chain([body()], itertools.repeat(b"\0" * 65536)))
+    with pytest.raises(APIError) as raised:
+        fetch(state)
+    assert raised.value.status == 502 and "over the" in raised.value.message
+    assert sum(sent) < len(body()) + 3 * 65536 + MAX_HEADER_BYTES
+    assert state.metrics.failures == ["fetch"]
+
+
+def test_an_oversized_body_from_another_layout_is_still_named_a_mismatch():
+    theirs = dataclasses.replace(LAYOUT, dtype="float32", num_layers=8)  # four times our payload
+    state, _ = decode_state([body(theirs)])
+    with pytest.raises(APIError) as raised:
+        fetch(state)
+    assert raised.value.status == 409 and "num_layers" in raised.value.message
