@@ -133,7 +133,8 @@ async def _serve(fleet, args, tui: bool) -> int:
     with live or contextlib.nullcontext():
         while not stop.is_set():
             try:
-                fleet.supervise()
+                # its polls block (a starting server may be slow to answer): off the loop the front serves on
+                await asyncio.to_thread(fleet.supervise)
             except StartFailed as exc:
                 log.error("cannot start the fleet: %s", exc)
                 failure = str(exc)

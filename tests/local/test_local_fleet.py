@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import httpx
@@ -317,3 +318,64 @@ def _traffic(url: str):
     finally:
         stop.set()
         thread.join(30)
+
+
+class SlowSupervisedFleet:
+    """Just enough of a LocalFleet for `up`'s loop, whose supervising blocks until let go."""
+
+    def __init__(self, tmp_path: Path, spec) -> None:
+        self.name, self.spec, self.run_dir = "slow", spec, tmp_path
+        self.targets_file = tmp_path / "targets.json"
+        self.router = None
+        self.let_go = threading.Event()
+        self.supervised = threading.Event()
+
+    def start(self) -> None:
+        pass
+
+    def supervise(self) -> None:
+        self.supervised.set()
+        assert self.let_go.wait(30), "never let go"
+
+    def ready_backends(self) -> list[str]:
+        return []
+
+    def scrape_targets(self, ref) -> list[str]:
+        return []
+
+    def serving(self) -> bool:
+        return False
+
+    def tune_due(self) -> bool:
+        return False
+
+    def stop(self, timeout: float) -> None:
+        pass
+
+
+def test_the_front_answers_while_the_fleet_is_supervised(tmp_path):
+    # A server slow to answer its readiness poll must not hold up clients of the servers that are up
+    from llmfleet.local.up import _serve
+
+    _, spec = load_service(None)
+    fleet = SlowSupervisedFleet(tmp_path, spec)
+    port = free_port()
+    args = types.SimpleNamespace(host="127.0.0.1", port=port, prometheus_url=None)
+    answers = []
+
+    def client() -> None:
+        assert fleet.supervised.wait(30)
+        with contextlib.suppress(httpx.HTTPError):
+            for _ in range(100):  # the front may still be binding its port
+                with contextlib.suppress(httpx.ConnectError):
+                    answers.append(httpx.get(f"http://127.0.0.1:{port}/ready", timeout=10).status_code)
+                    break
+                time.sleep(0.1)
+        fleet.let_go.set()
+        os.kill(os.getpid(), signal.SIGINT)  # `up` drains and returns
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    assert asyncio.run(_serve(fleet, args, tui=False)) == 0
+    thread.join()
+    assert answers == [503]  # answered (no server ready yet) while supervise still ran
