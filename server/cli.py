@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from .api.auth import API_KEY_ENV
@@ -19,8 +20,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", help="engine config YAML, watched and applied live")
     parser.add_argument("--role", default="colocated", choices=["colocated", "prefill", "decode", "router"])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", help="model id in the API (default: the --model value)")
+    parser.add_argument("--port", type=port, default=8000)
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        metavar="NAME",
+        help="as vLLM's: the model ids requests may name; answers and metrics carry the first (default: --model)",
+    )
     parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
@@ -109,3 +115,14 @@ def boolean(text: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise ValueError(text)  # argparse reports it as an invalid value
     return value in ("true", "1")
+
+
+def port(text: str) -> int:
+    """A TCP port, checked when the command line is read rather than after a model has loaded."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
+    return value

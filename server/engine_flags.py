@@ -9,13 +9,36 @@ keeps the flag's value.
 from __future__ import annotations
 
 import argparse
+import re
+from decimal import Decimal
 from typing import Any
+
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def human_readable_int(text: str) -> int:
+    """A token count as vLLM reads one: 32k is 32000 and 32K is 32768; a decimal takes a
+    lowercase suffix (25.6k)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgKMG]?)", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r} (k, m, g multiply by 1000; K, M, G by 1024)")
+    number, suffix = match.groups()
+    if suffix in _BINARY:
+        if "." in number:
+            raise argparse.ArgumentTypeError(f"{text!r}: a decimal takes a lowercase suffix (k, m or g)")
+        return int(number) * _BINARY[suffix]
+    value = Decimal(number) * _DECIMAL[suffix]
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
 
 # flag -> (EngineConfig field, type, help)
 FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-num-seqs": ("max_batch_size", int, "most sequences in one step (maxBatchSize)"),
-    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of one step"),
-    "--max-model-len": ("max_model_len", int, "context limit (default: the model's)"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", human_readable_int, "token budget of one step (8k, 8K)"),
+    "--max-model-len": ("max_model_len", human_readable_int, "context limit (default: the model's; 32k, 32K)"),
     "--dtype": ("dtype", str, "auto, float32 (float), bfloat16 or float16 (half)"),
     "--block-size": ("kv_block_size", int, "tokens per KV cache block"),
     "--kv-cache-memory-mb": ("kv_cache_memory_mb", int, "KV cache size"),
@@ -34,6 +57,17 @@ SWITCHES: dict[str, tuple[str, str]] = {
 }
 
 
+class _ChunkedPrefill(argparse.Action):
+    """vLLM's switch as a prefill mode: on is chunked; off is merged, whole prompts in the decode
+    steps (vLLM v1 without chunking)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, "merged" if option_string.startswith("--no-") else "chunked")
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine (start values; a --config file's keys win, live)")
     for flag, (field, kind, text) in FLAGS.items():
@@ -41,6 +75,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, dest=f"engine_{field}", metavar=metavar, type=kind, help=text)
     for flag, (field, text) in SWITCHES.items():  # each with its --no- form, as vLLM's
         group.add_argument(flag, dest=f"engine_{field}", action=argparse.BooleanOptionalAction, help=text)
+    group.add_argument(
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        dest="engine_prefill_mode",
+        action=_ChunkedPrefill,
+        help="as vLLM's: --prefill-mode chunked, or merged with --no-",
+    )
 
 
 def engine_flags(args: argparse.Namespace) -> dict[str, Any]:

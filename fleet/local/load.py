@@ -4,6 +4,7 @@ and print what the clients see every few seconds, so the tuner's reactions show.
 from __future__ import annotations
 
 from llmfleet.arguments import positive
+from llmfleet.server.cli import port
 
 HELP = "send a chat / long-prompt / creative workload at an OpenAI endpoint and report client latencies"
 
@@ -12,7 +13,7 @@ WORDS = ("fleet", "token", "batch", "queue", "prefill", "decode", "latency", "ca
 
 def add_arguments(parser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="base URL of the OpenAI endpoint")
-    parser.add_argument("--port", type=int, help="shorthand for --url http://127.0.0.1:PORT (as `up --port`)")
+    parser.add_argument("--port", type=port, help="shorthand for --url http://127.0.0.1:PORT (as `up --port`)")
     parser.add_argument("--shape", default="chat", choices=["chat", "long-prompt", "creative"])
     parser.add_argument("--rate", type=positive, default=None, help="requests/s (default: the shape's)")
     parser.add_argument("--peak-rate", type=positive, help="ramp the rate linearly up to this by the end")

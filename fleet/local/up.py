@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmfleet.server.cli import LOG_LEVELS
+from llmfleet.server.cli import LOG_LEVELS, port
 
 HELP = "run an InferenceService file as a local fleet of server processes, with the tuner"
 DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as examples/local.yaml
@@ -11,7 +11,7 @@ DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as 
 def add_arguments(parser) -> None:
     parser.add_argument("-f", "--file", help="InferenceService YAML (default: builtin:tiny, as examples/local.yaml)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="the client-facing OpenAI endpoint")
+    parser.add_argument("--port", type=port, default=8000, help="the client-facing OpenAI endpoint")
     parser.add_argument("--prometheus-url", help="read metrics from this Prometheus instead of scraping the servers")
     parser.add_argument("--run-dir", help="engine configs and server logs (default: a new temporary directory)")
     parser.add_argument("--no-tui", action="store_true", help="plain log lines instead of the live view")

@@ -102,16 +102,7 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models():
-        card = {
-            "id": state.model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "llm-fleet",
-            "root": state.model_name,
-            "parent": None,
-            "max_model_len": state.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+        return state.model_list(state.max_model_len)
 
 
 class InFlightMiddleware:

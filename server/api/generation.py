@@ -62,10 +62,9 @@ def check_serving(state: ServerState, model: str | None) -> None:
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.model_name:
-        raise APIError(
-            404, f"The model `{model}` does not exist. Served: `{state.model_name}`.", "NotFoundError", "model"
-        )
+    if model is not None and model not in state.model_names:
+        served = ", ".join(f"`{name}`" for name in state.model_names)
+        raise APIError(404, f"The model `{model}` does not exist. Served: {served}.", "NotFoundError", "model")
 
 
 def build_subrequests(

@@ -32,7 +32,9 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         engine, tokenizer = build_engine(args.model, config, device=args.device)
     except LOAD_ERRORS as exc:
         raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
-    state = ServerState.for_engine(engine, tokenizer, args.served_model_name or args.model, args.role)
+    name, *aliases = args.served_model_name or [args.model]
+    state = ServerState.for_engine(engine, tokenizer, name, args.role)
+    state.model_aliases = tuple(aliases)
     state.api_key = args.api_key
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     state.reasoning_parser = args.reasoning_parser

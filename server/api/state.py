@@ -29,7 +29,7 @@ KV_FETCH_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 class ServerState:
     engine: AsyncEngine | None  # None for roles without a local engine (the router)
     tokenizer: object
-    model_name: str
+    model_name: str  # in every answer and metric; requests may name it or one of model_aliases
     max_model_len: int
     metrics: ServerMetrics
     role: str = "colocated"
@@ -43,6 +43,7 @@ class ServerState:
     in_flight: int = 0  # API calls being answered (a drain waits for them)
     # A role's own readiness condition: why it cannot serve yet (the router: no decode server)
     not_ready: Callable[[], str | None] | None = None
+    model_aliases: tuple[str, ...] = ()  # --served-model-name's other names, as vLLM serves them
     api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
     tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: 'auto' is served
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
@@ -55,6 +56,19 @@ class ServerState:
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled(), headers=bearer(self.api_key))
         return self._http
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.model_aliases)
+
+    def model_list(self, max_model_len: int | None) -> dict:
+        """/v1/models: a card per served name, each of the one model (as vLLM lists them)."""
+        cards = [
+            {"id": name, "object": "model", "created": self.created, "owned_by": "llm-fleet",
+             "root": self.model_name, "parent": None, "max_model_len": max_model_len}
+            for name in self.model_names
+        ]  # fmt: skip
+        return {"object": "list", "data": cards}
 
     def unavailable_reason(self) -> str | None:
         """Why this replica must not take new requests now (readiness fails), or None."""

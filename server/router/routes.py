@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..api.errors import APIError
+from ..api.generation import check_model
 from ..api.protocol import ERROR_RESPONSES
 from ..api.state import ServerState
 from .balancer import Balancer
@@ -41,9 +42,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
             raise APIError(400, f"invalid request: the body is not JSON ({exc})") from exc
         if not isinstance(body, dict):
             raise APIError(400, "invalid request: the body must be a JSON object")
-        if body.get("model") not in (None, state.model_name):
-            raise APIError(404, f"The model `{body['model']}` does not exist. Served: `{state.model_name}`.",
-                           "NotFoundError", "model")  # fmt: skip
+        check_model(state, body.get("model"))
         return body
 
     async def relay(path: str, raw: Request):
@@ -80,9 +79,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "llm-fleet",
-                "root": state.model_name, "parent": None, "max_model_len": await _max_model_len()}  # fmt: skip
-        return {"object": "list", "data": [card]}
+        return state.model_list(await _max_model_len())
 
     async def _max_model_len() -> int | None:
         """What the decode servers serve (they run every token), asked once; None while none answers."""

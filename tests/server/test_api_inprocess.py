@@ -316,6 +316,15 @@ def test_models_card(client):
     assert card["max_model_len"] == 256 and card["owned_by"] and isinstance(card["created"], int)
 
 
+def test_every_served_model_name_is_listed_and_taken_and_answers_carry_the_first(state, client):
+    state.model_aliases = ("fake-alias",)  # serve --served-model-name fake fake-alias
+    assert [card["id"] for card in client.get("/v1/models").json()["data"]] == ["fake", "fake-alias"]
+    out = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "model": "fake-alias"})
+    assert out.status_code == 200 and out.json()["model"] == "fake"
+    error = assert_openai_error(client.post("/v1/completions", json={"prompt": "hi", "model": "x"}), 404, "model")
+    assert "`fake`, `fake-alias`" in error["message"]
+
+
 def test_completion_body_and_usage(client):
     out = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "max_tokens": 5, "n": 2}).json()
     assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")

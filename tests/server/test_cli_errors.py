@@ -36,6 +36,9 @@ def test_a_prompt_over_the_context_is_one_line(capsys):
     ("argv", "words"),
     [
         (["serve", "--log-level", "verbose"], "invalid choice: 'verbose'"),
+        (["serve", "--port", "99999"], "--port: must be between 1 and 65535, got 99999"),  # before any load
+        (["up", "--port", "http"], "--port: not a port number: 'http'"),
+        (["serve", "--max-model-len", "1.5K"], "a decimal takes a lowercase suffix"),
         (["up", "--log-level", "verbose"], "invalid choice: 'verbose'"),
         (["load", "--rate", "-1"], "--rate: must be > 0"),  # a negative rate never ended
         (["sim", "-f", "x.yaml", "--rate-scale", "0"], "--rate-scale: must be > 0"),

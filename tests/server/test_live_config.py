@@ -189,3 +189,9 @@ def test_command_line_engine_flags_are_start_values_under_the_file(tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         load_engine_config(None, engine_flags(parser.parse_args(["--dtype", "float64"])))
     assert engine_flags(parser.parse_args(["--enforce-eager"])) == {"enforce_eager": True}  # vLLM's switch
+    assert engine_flags(parser.parse_args(["--no-enable-chunked-prefill"])) == {"prefill_mode": "merged"}
+    assert engine_flags(parser.parse_args(["--enable-chunked-prefill"])) == {"prefill_mode": "chunked"}
+    # lengths as vLLM reads them: k is 1000, K is 1024
+    lengths = parser.parse_args(["--max-model-len", "32K", "--max-num-batched-tokens", "2.5k"])
+    assert engine_flags(lengths) == {"max_model_len": 32768, "max_num_batched_tokens": 2500}
+    assert parser.parse_args(["--served-model-name", "a", "b"]).served_model_name == ["a", "b"]
