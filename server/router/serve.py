@@ -40,8 +40,9 @@ def serve(args) -> int:
     source = endpoint_source(args)
     model_name, *aliases = args.served_model_name or [args.model]
     metrics = RouterMetrics(model_name)
-    state = ServerState(None, None, model_name, 0, metrics, role="router", api_key=args.api_key)
-    state.model_aliases = tuple(aliases)
+    state = ServerState(
+        None, None, model_name, 0, metrics, role="router", api_key=args.api_key, model_aliases=tuple(aliases)
+    )
     # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
     limits = pooled(max_connections=2048, max_keepalive_connections=256)
     client = httpx.AsyncClient(limits=limits, headers=bearer(args.api_key))  # the servers share the key
