@@ -3,6 +3,7 @@ decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE), ``/token
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -54,7 +55,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         echo = {s.index: prompt_texts[s.index // body.n] for s in subs} if body.echo else {}
         echo_only = body.max_tokens == 0
         if body.stream:
-            return EventStreamResponse(reply.stream_completion(echo, scored is not None, echo_only))
+            echo_logprobs = body.logprobs if body.echo else None  # (prompt_logprobs do not stream)
+            return EventStreamResponse(reply.stream_completion(echo, echo_logprobs, echo_only))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
@@ -70,10 +72,12 @@ def install(app: FastAPI, state: ServerState) -> None:
             if body.logprobs is not None:
                 generated = completion_logprobs(state, result.token_ids, result.logprobs, len(text))
                 if body.echo:
-                    generated = _joined(prompt_logprobs_of(state, sub, result.prompt_logprobs or []), generated)
+                    echoed = prompt_logprobs_of(state, sub, result.prompt_logprobs or [], body.logprobs)
+                    generated = _joined(echoed, generated)
                 choice["logprobs"] = generated
             if body.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = vllm_prompt_logprobs(state, result.prompt_logprobs or [])
+                scores = result.prompt_logprobs or []
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(state, scores, body.prompt_logprobs)
             choices.append(choice)
         return reply.envelope("text_completion", choices, usage=reply.usage(results))
 
@@ -120,7 +124,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         extra = {}
         if scored is not None:  # vLLM puts them beside the choices: the n choices share one prompt
-            extra["prompt_logprobs"] = vllm_prompt_logprobs(state, results[subs[0].index].prompt_logprobs or [])
+            extra["prompt_logprobs"] = vllm_prompt_logprobs(state, results[subs[0].index].prompt_logprobs or [], scored)
         return reply.envelope("chat.completion", choices, usage=reply.usage(results), **extra)
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
@@ -238,10 +242,13 @@ class _Reply:
             completion = sum(r.num_output_tokens for r in results.values())
         return _usage(self.submission.prompt_tokens, completion)
 
-    async def stream_completion(self, echo: dict[int, str], scored: bool, echo_only: bool) -> AsyncIterator[dict]:
-        """``scored``: the echoed prompt carries its logprobs, so it goes out with the first
-        token (when they are known) rather than at once; ``echo_only`` (max_tokens 0): the
-        generated token is not shown."""
+    async def stream_completion(
+        self, echo: dict[int, str], echo_logprobs: int | None, echo_only: bool
+    ) -> AsyncIterator[dict]:
+        """``echo_logprobs``: the echoed prompt carries its logprobs (with this many top entries),
+        so it goes out with the first token (when they are known) rather than at once;
+        ``echo_only`` (max_tokens 0): the generated token is not shown."""
+        scored = echo_logprobs is not None
         state, completion = self.state, 0
         offsets = {s.index: len(echo.get(s.index, "")) for s in self.submission.subs}
         events = EventStream(state, self.submission)
@@ -251,7 +258,7 @@ class _Reply:
                     yield self.chunk("text_completion", _text_choice(sub.index, echo[sub.index], None, None), sub)
             async for owner, event in events:
                 if scored and event.prompt_logprobs is not None:
-                    logprobs = prompt_logprobs_of(state, owner, event.prompt_logprobs)
+                    logprobs = prompt_logprobs_of(state, owner, event.prompt_logprobs, echo_logprobs)
                     yield self.chunk(
                         "text_completion", _text_choice(owner.index, echo[owner.index], logprobs, None), owner
                     )
@@ -337,8 +344,12 @@ def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | Non
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
-def completion_logprobs(state: ServerState, tokens: list[int], lps: list[SampledToken | None], start: int = 0) -> dict:
-    """OpenAI's legacy logprobs of ``tokens``; a None entry (a prompt's first token) has none."""
+def completion_logprobs(
+    state: ServerState, tokens: list[int], lps: list[SampledToken | None], start: int = 0, top_n: int | None = None
+) -> dict:
+    """OpenAI's legacy logprobs of ``tokens``; a None entry (a prompt's first token) has none.
+    Each position's top entries are its own token's and its ``top_n`` most likely (all it has where
+    None), as vLLM's: up to N + 1, and the chosen token even with ``logprobs: 0``."""
     decode = state.tokenizer.decode
     pieces = [decode([t]) for t in tokens]
     offsets, pos = [], start
@@ -349,27 +360,35 @@ def completion_logprobs(state: ServerState, tokens: list[int], lps: list[Sampled
         "tokens": pieces,
         "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
         "top_logprobs": [
-            None if lp is None else {decode([t]): v for t, v in (lp.top_logprobs or {}).items()} for lp in lps
+            None if lp is None else _top_entries(decode, t, lp, top_n) for t, lp in zip(tokens, lps, strict=True)
         ],
         "text_offset": offsets,
     }
 
 
-def prompt_logprobs_of(state: ServerState, sub: SubRequest, scores: list[SampledToken]) -> dict:
-    """The echoed prompt's logprobs: its first token has none (nothing comes before it)."""
-    return completion_logprobs(state, sub.prompt, [None, *scores])
+def _top_entries(decode, token: int, lp: SampledToken, top_n: int | None) -> dict[str, float]:
+    entries = {decode([token]): lp.logprob}
+    for other, logprob in itertools.islice((lp.top_logprobs or {}).items(), top_n):
+        entries.setdefault(decode([other]), logprob)
+    return entries
 
 
-def vllm_prompt_logprobs(state: ServerState, scores: list[SampledToken]) -> list[dict | None]:
+def prompt_logprobs_of(state: ServerState, sub: SubRequest, scores: list[SampledToken], top_n: int) -> dict:
+    """The echoed prompt's logprobs, with the ``logprobs`` count's top entries (the prompt may have
+    been scored with more, for ``prompt_logprobs``): its first token has none (nothing comes before it)."""
+    return completion_logprobs(state, sub.prompt, [None, *scores], top_n=top_n)
+
+
+def vllm_prompt_logprobs(state: ServerState, scores: list[SampledToken], top_n: int) -> list[dict | None]:
     """vLLM's ``prompt_logprobs``: per prompt token (the first has none), its own entry and the
-    top-N's, each token id -> logprob, rank and decoded text."""
+    top ``top_n``'s, each token id -> logprob, rank and decoded text."""
     decode = state.tokenizer.decode
     out: list[dict | None] = [None]
     for score in scores:
         entry = {
             score.token_id: {"logprob": score.logprob, "rank": score.rank, "decoded_token": decode([score.token_id])}
         }
-        for rank, (token, logprob) in enumerate((score.top_logprobs or {}).items(), 1):
+        for rank, (token, logprob) in enumerate(itertools.islice((score.top_logprobs or {}).items(), top_n), 1):
             entry.setdefault(token, {"logprob": logprob, "rank": rank, "decoded_token": decode([token])})
         out.append(entry)
     return out

@@ -130,7 +130,8 @@ def test_echo_with_logprobs_scores_the_prompt(client, server):
     assert "".join(lp.tokens) == choice.text and lp.text_offset == sorted(lp.text_offset)
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(v <= 0 for v in lp.token_logprobs[1:])
-    assert all(1 <= len(t) <= 2 for t in lp.top_logprobs[1:])  # keyed by text: two ids may read the same
+    # as vLLM's: the position's own token and the top 2 (keyed by text: two ids may read the same)
+    assert all(token in top and len(top) <= 3 for token, top in zip(lp.tokens[1:], lp.top_logprobs[1:], strict=True))
     assert lp.token_logprobs[n_prompt:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-5)
     alone = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
     assert alone.choices[0].text == prompt and alone.choices[0].finish_reason == "length"
@@ -158,6 +159,33 @@ def test_vllm_prompt_logprobs_give_each_prompt_token_its_logprob_and_rank(client
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, extra_body=extra
     )
     assert chat.prompt_logprobs[0] is None and len(chat.prompt_logprobs) == chat.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(("logprobs", "prompt_logprobs"), [(1, 3), (5, 1)])
+def test_echoed_and_vllm_prompt_logprobs_keep_their_own_counts(client, logprobs, prompt_logprobs):
+    extra = {"prompt_logprobs": prompt_logprobs}
+    out = client.completions.create(
+        model="tiny",
+        prompt="Once upon a time",
+        max_tokens=2,
+        temperature=0,
+        echo=True,
+        logprobs=logprobs,
+        extra_body=extra,
+    )
+    choice = out.choices[0]
+    assert all(prompt_logprobs <= len(entry) <= prompt_logprobs + 1 for entry in choice.prompt_logprobs[1:])
+    assert all(len(top) <= logprobs + 1 for top in choice.logprobs.top_logprobs[1:])  # the echo's and the answer's
+
+
+def test_completion_top_logprobs_hold_the_chosen_token_as_vllms_do(client):
+    # sampled, the chosen token is often outside the top N: it is listed all the same (N + 1 entries)
+    out = client.completions.create(model="tiny", prompt="abc", max_tokens=8, temperature=1.0, seed=3, logprobs=1)
+    lp = out.choices[0].logprobs
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == pytest.approx(logprob) and len(top) <= 2
+    zero = client.completions.create(model="tiny", prompt="abc", max_tokens=3, temperature=0, logprobs=0).choices[0]
+    assert [list(top) for top in zero.logprobs.top_logprobs] == [[token] for token in zero.logprobs.tokens]
 
 
 def test_n_choices_and_token_prompts(client):
