@@ -7,6 +7,7 @@ text that a later token retracts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 
@@ -20,17 +21,26 @@ _CONTEXT_TOKENS = 6
 
 
 class IncrementalDetokenizer:
+    """``context``: the tokens before the first one added (the prompt), as vLLM primes its
+    detokenizer: a sentencepiece decoder strips the leading space of a text's first word, so
+    "▁Paris" after a prompt reads " Paris", not "Paris"."""
+
     def __init__(
-        self, decoder: Decoder, stop: list[str], include_stop: bool = False, skip_special_tokens: bool = True
+        self,
+        decoder: Decoder,
+        stop: list[str],
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
+        context: Sequence[int] = (),
     ) -> None:
         self._decoder = decoder
         self._skip_special = skip_special_tokens
         self._stop = [s for s in stop if s]
         self._include_stop = include_stop  # the text ends after the stop string, not before
         self._max_stop = max((len(s) for s in self._stop), default=0)
-        self._tokens: list[int] = []
+        self._tokens: list[int] = list(context[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0  # start of the context window
-        self._read_offset = 0  # tokens whose text is already in self.text
+        self._read_offset = len(self._tokens)  # tokens whose text is already in self.text (or context)
         self.text = ""  # decoded so far (may include held-back tail)
         self._released = 0  # chars of self.text handed out
         self._stops_from = 0  # stop strings are searched from here on (min_tokens)

@@ -147,7 +147,11 @@ class LLMEngine:
         detok = None
         if self._decoder is not None:
             detok = IncrementalDetokenizer(
-                self._decoder, sampling.stop, sampling.include_stop_str_in_output, sampling.skip_special_tokens
+                self._decoder,
+                sampling.stop,
+                sampling.include_stop_str_in_output,
+                sampling.skip_special_tokens,
+                context=prompt_token_ids,
             )
         stop_ids = sampling.stop_ids(self.runner.eos_token_ids)
         self._requests[request_id] = _Tracked(request, detok, stop_ids, export_kv)
@@ -288,7 +292,8 @@ class LLMEngine:
         stopping = request.num_output_tokens > request.sampling.min_tokens
         stop_token = stopping and token.token_id in tracked.stop_token_ids
         text, hit_stop = "", False
-        if tracked.detok is not None and not stop_token:
+        # a stop token's text is left out, unless asked for (as vLLM's include_stop_str_in_output)
+        if tracked.detok is not None and (not stop_token or request.sampling.include_stop_str_in_output):
             text, hit_stop = tracked.detok.add(token.token_id, stops=stopping)
 
         status = None

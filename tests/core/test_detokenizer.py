@@ -87,3 +87,25 @@ def test_include_stop_keeps_the_stop_string_that_ended_the_text():
     pieces = [detok.add(t) for t in (0, 1, 2, 3)]  # a b c d
     assert pieces[-1][1] and detok.text == "abcd"
     assert "".join(p for p, _ in pieces) == "abcd"
+
+
+class SentencePieceDecoder:
+    """A sentencepiece tokenizer's decoding (Llama 2, Mistral): each token is a word with a leading
+    "▁" read as a space, and the text's first space is stripped."""
+
+    WORDS = ["▁The", "▁capital", "▁is", "▁Paris", "."]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.WORDS[t] for t in ids).replace("▁", " ").removeprefix(" ")
+
+
+def test_the_first_word_keeps_its_space_after_the_prompt():
+    # vLLM primes its detokenizer with the prompt: " Paris", as in the prompt's text plus the answer's
+    decoder = SentencePieceDecoder()
+    prompt, answer = [0, 1, 2], [3, 4]
+    detok = IncrementalDetokenizer(decoder, [], context=prompt)
+    text = "".join(detok.add(t)[0] for t in answer) + detok.flush()
+    assert text == " Paris."
+    assert decoder.decode(prompt) + text == decoder.decode(prompt + answer)
+    alone = IncrementalDetokenizer(decoder, [])  # no prompt (a bare token list): nothing to keep a space after
+    assert "".join(alone.add(t)[0] for t in answer) == "Paris."

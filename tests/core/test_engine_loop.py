@@ -111,6 +111,34 @@ def test_stop_strings_are_cut_and_partial_matches_held_back():
     assert events[-1].finish_reason == "stop"
 
 
+def test_a_stop_tokens_text_is_kept_when_asked_for():
+    prompt = [5, 6, 7]
+    ref = reference_output(prompt, 10)
+    letters = "".join(chr(ord("a") + t % 26) for t in ref)
+    for include, want in ((False, letters[:3]), (True, letters[:4])):
+        engine, _, clock = make(decoder=LetterDecoder())
+        sampling = SamplingParams(
+            max_tokens=10, temperature=0, stop_token_ids=[ref[3]], include_stop_str_in_output=include
+        )
+        engine.add_request("a", prompt, sampling)
+        events = run_all(engine, clock)
+        assert "".join(e.new_text for e in events) == want and events[-1].finish_reason == "stop"
+
+
+class WordDecoder:
+    """Sentencepiece-like: each token a word after a space, the text's first space stripped."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f" w{t}" for t in ids).removeprefix(" ")
+
+
+def test_the_answers_first_word_keeps_its_space_after_the_prompt():
+    engine, _, clock = make(decoder=WordDecoder())
+    engine.add_request("a", [1, 2], greedy(2))
+    text = "".join(e.new_text for e in run_all(engine, clock))
+    assert text == "".join(f" w{t}" for t in reference_output([1, 2], 2))
+
+
 def test_stop_token_and_eos():
     prompt = [5, 6, 7]
     ref = reference_output(prompt, 10)
