@@ -73,13 +73,13 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # NaN or Infinity: a 400, not a clamp
 
     model: str | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0)  # no upper bound, as in vLLM (OpenAI's is 2)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
     n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # vLLM's: any int64
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False

@@ -68,7 +68,7 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
         ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "hi", "temperature": -1}, "temperature"),
-        ({"prompt": "hi", "temperature": 2.5}, "temperature"),
+        ({"prompt": "hi", "seed": 2**63}, "seed"),
         ({"prompt": "hi", "top_p": 0}, "top_p"),
         ({"prompt": "hi", "n": 0}, "n"),
         ({"prompt": "hi", "n": 17}, "n"),
