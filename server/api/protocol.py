@@ -252,7 +252,7 @@ class ChatTemplating(_TextRequest):
                 raise ValueError("each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
             if not isinstance(function.get("name"), str):
                 raise ValueError("each tool's function needs a name")
-            if not isinstance(function.get("parameters", {}), dict):
+            if not isinstance(function.get("parameters") or {}, dict):  # null: none, as vLLM takes it
                 raise ValueError(f"function {function['name']!r}: parameters must be a JSON schema (an object)")
         return value
 

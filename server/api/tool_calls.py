@@ -17,12 +17,12 @@ one chunk).
 from __future__ import annotations
 
 import json
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .structured import StructuredOutputError as ToolChoiceError
-from .tool_parsers import TOOL_CALL_PARSERS, ToolCallParser
+from .tool_parsers import TOOL_CALL_PARSERS, ToolCallParser, openai_call_id
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,15 @@ class ForcedToolCalls:
 
     name: str | None
     schema: dict[str, Any]
+    call_id: Callable[[], str] = openai_call_id
 
     @classmethod
     def of(
-        cls, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None, parallel: bool | None
+        cls,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: str | dict[str, Any] | None,
+        parallel: bool | None,
+        call_id: Callable[[], str] = openai_call_id,
     ) -> ForcedToolCalls | None:
         """None where nothing is forced (no tools, ``"none"`` or ``"auto"``). Raises ToolChoiceError."""
         choice = _choice(tools, tool_choice)
@@ -42,15 +47,17 @@ class ForcedToolCalls:
             return None
         functions = _functions(tools)
         if choice == "required":
-            calls = [{"type": "object", "properties": {"name": {"enum": [name]}, "parameters": parameters},
+            array: dict[str, Any] = {"type": "array", "minItems": 1}
+            calls = [{"type": "object", "properties": {"name": {"enum": [name]},
+                                                       "parameters": _definitions_to(array, name, parameters)},
                       "required": ["name", "parameters"], "additionalProperties": False}
                      for name, parameters in functions.items()]  # fmt: skip
-            array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-            return cls(None, array | ({"maxItems": 1} if parallel is False else {}))
+            array["items"] = {"anyOf": calls}
+            return cls(None, array | ({"maxItems": 1} if parallel is False else {}), call_id)
         name = _named(choice)
         if name not in functions:
             raise ToolChoiceError(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
-        return cls(name, functions[name])
+        return cls(name, functions[name], call_id)
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The assistant message for the generated ``text``, and the choice's finish reason. A
@@ -59,7 +66,7 @@ class ForcedToolCalls:
         if not text:
             return {"role": "assistant", "content": None}, finish_reason
         if self.name is not None:
-            return _with_calls([_call(self.name, text)]), finish_reason
+            return _with_calls([_call(self.name, text, self.call_id())]), finish_reason
         calls = self._parsed(text)
         if calls is None:
             return {"role": "assistant", "content": text}, finish_reason
@@ -68,10 +75,12 @@ class ForcedToolCalls:
     def stream(self) -> ToolCallStream:
         return ToolCallStream(self)
 
-    @staticmethod
-    def _parsed(text: str) -> list[dict[str, Any]] | None:
+    def _parsed(self, text: str) -> list[dict[str, Any]] | None:
         try:
-            return [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in json.loads(text)]
+            return [
+                _call(c["name"], json.dumps(c["parameters"], ensure_ascii=False), self.call_id())
+                for c in json.loads(text)
+            ]
         except (ValueError, KeyError, TypeError):  # cut short: not a whole array
             return None
 
@@ -102,8 +111,9 @@ def tool_call_replies(
 ) -> ForcedToolCalls | AutoToolCalls | None:
     """How a chat reply's text becomes tool calls: forced, parsed (``"auto"``, with the server's
     ``parser``) or not at all (None). Raises ToolChoiceError."""
+    call_id = TOOL_CALL_PARSERS[parser].call_id if parser is not None else openai_call_id
     if _choice(tools, tool_choice) != "auto":
-        return ForcedToolCalls.of(tools, tool_choice, parallel)
+        return ForcedToolCalls.of(tools, tool_choice, parallel, call_id)
     if not tools:
         raise ToolChoiceError("tool_choice 'auto' needs tools", "tools")
     if parser is None:
@@ -121,6 +131,7 @@ class AutoToolCallStream:
 
     def __init__(self, auto: AutoToolCalls) -> None:
         self._parser = auto.parser()
+        self._call_id = auto.parser.call_id
         self._limit = None if auto.parallel else 1
         self._calls = 0
 
@@ -131,7 +142,9 @@ class AutoToolCallStream:
         delta: dict[str, Any] = {"content": content} if content else {}
         if calls:
             first, self._calls = self._calls, self._calls + len(calls)
-            delta["tool_calls"] = [{"index": first + i, **_call(c.name, c.arguments)} for i, c in enumerate(calls)]
+            delta["tool_calls"] = [
+                {"index": first + i, **_call(c.name, c.arguments, self._call_id())} for i, c in enumerate(calls)
+            ]
         return delta, "tool_calls" if finish_reason == "stop" and self._calls else finish_reason
 
 
@@ -151,7 +164,7 @@ class ToolCallStream:
             if self._opened:
                 return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason
             self._opened = True
-            call = _call(self.forced.name, text)
+            call = _call(self.forced.name, text, self.forced.call_id())
             return {"tool_calls": [{"index": 0, **call}]}, finish_reason
         self._text += text
         if finish_reason is None:
@@ -186,9 +199,29 @@ def _named(choice: str | dict[str, Any]) -> str:
     return function["name"]
 
 
-def _call(name: str, arguments: str) -> dict[str, Any]:
+def _definitions_to(root: dict[str, Any], function: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` with its ``$defs`` (or ``definitions``) moved up into ``root``, the schema it
+    becomes part of: its ``#/$defs/...`` references point at the root of the schema they are in,
+    as pydantic writes them. Tools may share a definition, not give one name two."""
+    kept = dict(parameters)
+    for key in ("$defs", "definitions"):
+        definitions = kept.get(key)
+        if not isinstance(definitions, dict):
+            continue
+        del kept[key]
+        for name, schema in definitions.items():
+            if root.setdefault(key, {}).setdefault(name, schema) != schema:
+                raise ToolChoiceError(
+                    f"tools define {key} {name!r} differently (function {function!r}): tool_choice 'required' "
+                    "holds every tool to one schema",
+                    "tools",
+                )
+    return kept
+
+
+def _call(name: str, arguments: str, call_id: str) -> dict[str, Any]:
     return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "id": call_id,
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }

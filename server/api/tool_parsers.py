@@ -25,6 +25,10 @@ from __future__ import annotations
 import ast
 import json
 import re
+import secrets
+import string
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -35,8 +39,19 @@ class ParsedCall:
     arguments: str  # a JSON text, as the OpenAI API carries it
 
 
+def openai_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def mistral_call_id() -> str:
+    """Mistral's chat templates take a call back on the next turn only with an id of 9 letters
+    and digits (vLLM's MistralToolCall ids)."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+
+
 class ToolCallParser(Protocol):
     keeps_special_tokens: ClassVar[bool]  # its tags are special tokens, which the reply's text must keep
+    call_id: ClassVar[Callable[[], str]]  # a new call's id, in the form the model's chat template takes back
 
     def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
         """Take newly generated ``text`` (``final``: generation has ended) and return the content
@@ -47,6 +62,7 @@ class ToolCallParser(Protocol):
 class HermesParser:
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     keeps_special_tokens = False
+    call_id = staticmethod(openai_call_id)
 
     def __init__(self) -> None:
         self._held = ""  # text not yet told apart: a possible tag's start, or an open block's body
@@ -106,6 +122,7 @@ class _WholeReplyParser:
     is held and read once generation ends), or plain content (streamed as it comes)."""
 
     keeps_special_tokens = False
+    call_id = staticmethod(openai_call_id)
 
     def __init__(self) -> None:
         self._text = ""
@@ -165,6 +182,7 @@ class MistralParser:
 
     TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
     keeps_special_tokens = True
+    call_id = staticmethod(mistral_call_id)
 
     def __init__(self) -> None:
         self._held = ""
@@ -224,7 +242,8 @@ def _llama3_calls(text: str) -> list[ParsedCall] | None:
             obj, end = decoder.raw_decode(rest)
         except ValueError:
             return None
-        call = _call_of(obj, "parameters", "arguments")
+        # a bare JSON answer may hold a "name" too: only one with arguments is a call (as vLLM reads it)
+        call = _call_of(obj, "parameters", "arguments", needs_arguments=True)
         if call is None:
             return None
         calls.append(call)
@@ -284,13 +303,25 @@ def _mistral_calls(text: str) -> list[ParsedCall] | None:
     return calls or None
 
 
-def _call_of(obj: Any, *argument_keys: str) -> ParsedCall | None:
-    """A call from a decoded object: a string name, and arguments as an object or a JSON text."""
+def _call_of(obj: Any, *argument_keys: str, needs_arguments: bool = False) -> ParsedCall | None:
+    """A call from a decoded object: a string name, and arguments as an object or a JSON text (a
+    text that is not JSON goes out as a JSON string: clients parse ``arguments``)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    arguments = next((obj[k] for k in argument_keys if k in obj), {})
+    key = next((k for k in argument_keys if k in obj), None)
+    if key is None and needs_arguments:
+        return None
+    arguments = {} if key is None else obj[key]
     if isinstance(arguments, str):
-        return ParsedCall(obj["name"], arguments)
+        return ParsedCall(obj["name"], arguments if _is_json(arguments) else json.dumps(arguments, ensure_ascii=False))
     if not isinstance(arguments, dict):
         return None
     return ParsedCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -356,6 +356,28 @@ def test_forced_tool_calls_as_vllm_serves_them(client):
         assert chunks[-1].choices[0].finish_reason == finish
 
 
+def test_required_takes_tools_whose_parameters_refer_to_their_own_definitions(client):
+    """pydantic writes a nested model as ``$defs`` referred to from the parameters (the OpenAI SDK's
+    ``pydantic_function_tool`` too); under 'required' they sit inside the array schema of all calls."""
+    unit = {"enum": ["C", "F"]}
+    forecast = {"type": "function", "function": {"name": "forecast", "parameters": {
+        "type": "object", "$defs": {"Unit": unit}, "properties": {"unit": {"$ref": "#/$defs/Unit"}},
+        "required": ["unit"], "additionalProperties": False}}}  # fmt: skip
+    now = {"type": "function", "function": {"name": "now", "parameters": None}}  # null: none, as vLLM takes it
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "forecast?"}], max_tokens=48, temperature=0,
+        tools=[forecast, now], tool_choice="required", extra_body={"guided_whitespace_pattern": ""},
+    )  # fmt: skip
+    for call in reply.choices[0].message.tool_calls:
+        arguments = json.loads(call.function.arguments)
+        assert arguments == {} if call.function.name == "now" else arguments["unit"] in ("C", "F")
+    kelvin = {"type": "object", "$defs": {"Unit": {"enum": ["K"]}}, "properties": {"u": {"$ref": "#/$defs/Unit"}}}
+    clash = {"type": "function", "function": {"name": "other", "parameters": kelvin}}
+    with pytest.raises(openai.BadRequestError, match="define \\$defs 'Unit' differently"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       tools=[forecast, clash], tool_choice="required")  # fmt: skip
+
+
 def test_auto_tool_choice_reads_the_calls_the_model_writes(client):
     """'auto' with the hermes parser: words, then a call in Hermes's format, come back as content
     and tool_calls, streamed the same as not. (A random model would not write a call by itself:
