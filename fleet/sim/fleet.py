@@ -244,7 +244,10 @@ class Fleet:
         if pod.state != PodState.STARTING:
             return  # cancelled while starting
         pod.state = PodState.READY
-        pool = self.pools[pod.pool]
+        self._dispatch_backlog(self.pools[pod.pool])
+
+    def _dispatch_backlog(self, pool: SimPool) -> None:
+        """The requests that waited for a ready pod go to the pool's pods."""
         waiting, pool.backlog = pool.backlog, []
         for record, arrived in waiting:
             self._dispatch(pool.name, record, arrived)
@@ -374,6 +377,8 @@ class Fleet:
             pool.pods.append(pod)
             if pod.state == PodState.STARTING:
                 self._push(pod.ready_at, "ready", pod)
+        if pool.backlog and pool.with_state(PodState.READY):  # pods ready at once (no start-up delay)
+            self._dispatch_backlog(pool)
         excess = have - replicas
         if excess <= 0:
             return

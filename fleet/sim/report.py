@@ -3,10 +3,11 @@ history; printed, as JSON, and as a PNG plot of latency, replicas and knobs over
 
 - **Per minute** (of the trace, by arrival): the p95 TTFT of the requests that arrived in the
   minute (a request rejected, aborted, or never answered counts as an infinite TTFT), and the p95
-  of the inter-token gaps that ended in it. The minute meets the SLOs when both are within them.
+  of the inter-token gaps that ended in it (the last minute also takes the gaps of the requests
+  still streaming after it). The minute meets the SLOs when both are within them.
   Minutes without traffic are left out of the attainment.
 - **Goodput** (DistServe): requests whose TTFT and TPOT are both within the SLOs (the TPOT
-  target is the ITL SLO), per second of the trace.
+  target is the ITL SLO), per second of the trace (of the run, where every request arrives at once).
 - **Direction changes**: per controlled quantity, the most reversals (up then down, or down
   then up) within any stabilization window (the spec's ``scaleDownStabilizationSeconds``).
 
@@ -51,8 +52,8 @@ def per_minute(result: SimResult) -> list[dict[str, Any]]:
         if 0 <= m < minutes:
             ttft[m].append(r.ttft if r.ttft is not None else math.inf)
         for a, b in itertools.pairwise(r.token_times):
-            k = minute(b)
-            if 0 <= k < minutes:
+            k = min(minute(b), minutes - 1)  # the tail after the last arrival is judged too
+            if k >= 0:
                 itl[k].append(b - a)
     replicas: list[list[float]] = [[] for _ in range(minutes)]
     for point in result.timeline:
@@ -101,7 +102,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
     for r in records:
         status[r.status] = status.get(r.status, 0) + 1
     served = [r for r in records if r.token_times]
-    duration = max(result.last_arrival - start, 1e-9)
+    span = result.last_arrival - start
+    duration = span if span > 0 else max(result.end - start, 1e-9)
     tokens = sum(len(r.token_times) for r in served)
     ttft = [r.ttft for r in served]
     e2e = [r.e2e for r in served if r.status == "finished"]
@@ -212,6 +214,7 @@ def save_plot(result: SimResult, path: str | Path, title: str = "") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     minutes = per_minute(result)
     fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    start = result.measure_from  # minute 0 on every panel (a warm-up shows before it)
     ax = axes[0]
     mids = [m["minute"] + 0.5 for m in minutes]
     ax.plot(mids, [_ms(m["ttft_p95_s"]) for m in minutes], "o-", label="TTFT p95 (per minute, by arrival)")
@@ -226,7 +229,7 @@ def save_plot(result: SimResult, path: str | Path, title: str = "") -> Path:
     ax.legend(fontsize=7, loc="upper right")
     ax.set_title(title or f"{result.name}: {result.controller}")
 
-    times = [p.at / 60.0 for p in result.timeline]
+    times = [(p.at - start) / 60.0 for p in result.timeline]
     pools = list(result.timeline[0].pools) if result.timeline else []
     ax = axes[1]
     for i, pool in enumerate(pools):
@@ -254,9 +257,9 @@ def save_plot(result: SimResult, path: str | Path, title: str = "") -> Path:
                     color=f"C{i}", ls=":", label=f"{pool} maxNumBatchedTokens")  # fmt: skip
     budget.set_ylabel("token budget (dotted)")
     for d in result.decisions:
-        ax.axvline(d.at / 60.0, color="red" if d.hold else "green", alpha=0.15, lw=1)
+        ax.axvline((d.at - start) / 60.0, color="red" if d.hold else "green", alpha=0.15, lw=1)
     ax.legend(fontsize=7, loc="upper left")
-    ax.set_xlabel("minutes")
+    ax.set_xlabel("minutes" + (" (after the warm-up)" if start else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

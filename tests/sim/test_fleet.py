@@ -12,7 +12,7 @@ from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
 from llmfleet.sim.fleet import Fleet, SimOptions
 from llmfleet.sim.hpa import HPAConfig, QueueLengthHPA
 from llmfleet.sim.pod import PodState
-from llmfleet.sim.report import direction_changes, per_minute, summarize
+from llmfleet.sim.report import direction_changes, per_minute, save_plot, summarize
 from llmfleet.sim.simulate import simulate
 from llmfleet.workloads import PhasedWorkload, RequestSpec, Workload
 from tests.sim.conftest import make_spec
@@ -174,3 +174,40 @@ def test_report_per_minute_and_warm_up(profile) -> None:
     summary = summarize(result)
     assert summary["requests"] == minutes[0]["arrivals"] + sum(m["arrivals"] for m in minutes[1:])
     assert summary["replica_minutes"] == pytest.approx((result.end - 60.0) / 60.0)
+
+
+def test_pods_ready_at_once_take_the_requests_waiting_for_a_pod(profile) -> None:
+    # --startup-s 0: a scale-up from none must still serve what the router held
+    spec = make_spec(replicas=0, min_replicas=0)
+    fleet = Fleet(spec, profile, poisson(20, 2.0), SimOptions(startup_s=0.0), scripted([(12.0, 1)]))
+    result = fleet.run()
+    assert all(r.status == "finished" for r in result.records)
+    assert min(r.dispatched_at for r in result.records) == pytest.approx(12.0, abs=1.0)
+
+
+def test_the_last_minute_judges_the_gaps_streamed_after_it(profile) -> None:
+    # every request arrives at the first minute's end and streams after it: its gaps still count
+    late = [RequestSpec(59.999, 64, 400) for _ in range(8)]
+    result = simulate(make_spec(itl_ms=1), profile, late, controller="fixed")  # an ITL SLO nothing meets
+    (minute,) = per_minute(result)
+    assert minute["itl_p95_s"] > 0.001 and minute["met"] is False
+    assert max(r.token_times[-1] for r in result.records) > 60.0
+
+
+def test_goodput_of_a_trace_that_arrives_at_once_is_per_second_of_the_run(profile) -> None:
+    result = simulate(make_spec(), profile, [RequestSpec(0.0, 32, 8) for _ in range(3)], controller="fixed")
+    summary = summarize(result)
+    assert summary["good_requests"] == 3
+    assert summary["goodput_req_s"] == pytest.approx(3 / result.end)
+
+
+def test_the_plot_counts_minutes_from_the_warm_ups_end_on_every_panel(profile, tmp_path, monkeypatch) -> None:
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at
+    result = simulate(make_spec(), profile, poisson(600, 5.0), controller="fixed", measure_from=60.0)
+    save_plot(result, tmp_path / "run.png")
+    latency, replicas = figures[0].axes[:2]
+    assert latency.lines[0].get_xdata()[0] == 0.5  # the first measured minute's middle
+    assert min(replicas.lines[0].get_xdata()) == pytest.approx(-1.0)  # the pods from t=0: a minute before it
