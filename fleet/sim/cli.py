@@ -17,13 +17,17 @@ def add_arguments(parser) -> None:
     from .trace import TRACE_NAMES
 
     parser.add_argument("-f", "--file", required=True, help="InferenceService YAML (e.g. examples/local.yaml)")
-    parser.add_argument("--workload", default="bursty", choices=TRACE_NAMES, help="built-in workload (default bursty)")
+    parser.add_argument("--workload", choices=TRACE_NAMES, help="built-in workload (default bursty)")
     parser.add_argument("--trace", help="JSONL trace (arrival_s, prompt_tokens, output_tokens per line)")
     parser.add_argument("--duration", type=positive, help="seconds of built-in workload (default: its own length)")
-    parser.add_argument("--rate-scale", type=positive, default=1.0, help="multiply the built-in workload's rates")
+    parser.add_argument("--rate-scale", type=positive, help="multiply the built-in workload's rates")
     parser.add_argument("--seed", type=int, help="workload seed (default: the workload's)")
     parser.add_argument(
-        "--warmup", type=non_negative, default=0.0, help="serve the workload's opening rate this long first, unreported"
+        "--warmup",
+        type=non_negative,
+        default=0.0,
+        help="serve the workload's opening rate this long first, unreported (with --trace: leave the trace's "
+        "first seconds out of the report)",
     )
     parser.add_argument("--save-trace", help="write the trace used as JSONL")
     parser.add_argument("--profile", help="cost profile (default $LLMFLEET_CACHE/calibration/<model>.json)")
@@ -52,6 +56,12 @@ def run(args) -> int:
     from .simulate import read_service, simulate
     from .trace import TraceError, builtin_workload, describe, read_trace, with_warmup, write_trace
 
+    shaping = {"--workload": args.workload, "--duration": args.duration, "--rate-scale": args.rate_scale,
+               "--seed": args.seed}  # fmt: skip
+    shapers = [flag for flag, value in shaping.items() if value is not None]
+    if args.trace and shapers:
+        print(f"{', '.join(shapers)} shape a built-in workload; a --trace is replayed as it is")
+        return 2
     try:
         name, spec = read_service(args.file)
     except (OSError, ValueError, SpecError) as exc:
@@ -72,15 +82,17 @@ def run(args) -> int:
         print(exc)
         return 2
     if args.trace:
-        source = f"trace {args.trace}: {len(requests)} requests"
+        source = f"trace {args.trace}: {len(requests)} requests" + (
+            f", reported after its first {args.warmup:g} s" if args.warmup else ""
+        )
         label = Path(args.trace).stem
     else:
-        workload = builtin_workload(args.workload, args.duration, args.rate_scale, args.seed)
+        label = args.workload or "bursty"
+        workload = builtin_workload(label, args.duration, args.rate_scale or 1.0, args.seed)
         requests = with_warmup(workload, args.warmup)
         source = describe(workload) + (
             f", after a {args.warmup:g} s warm-up at its opening rate" if args.warmup else ""
         )
-        label = args.workload
     if args.save_trace:
         write_trace(args.save_trace, requests)
     controller = args.controller or ("tuner" if spec.autotune.enabled else "fixed")
@@ -88,9 +100,8 @@ def run(args) -> int:
                          kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9 / 8)  # fmt: skip
     print(f"== {name} ({spec.mode}, model {model}) on {source}")
     print(f"   cost profile {profile}: {cost.describe()}")
-    warmup = 0.0 if args.trace else args.warmup
     result = simulate(spec, cost, requests, controller=controller, options=options, name=name,
-                      hpa=HPAConfig(target_waiting_per_pod=args.hpa_target), measure_from=warmup)  # fmt: skip
+                      hpa=HPAConfig(target_waiting_per_pod=args.hpa_target), measure_from=args.warmup)  # fmt: skip
     result.notes["workload"] = source
     summary = summarize(result)
     print_summary(result, summary, args.decisions)

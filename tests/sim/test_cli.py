@@ -36,6 +36,18 @@ def test_sim_from_a_trace_with_the_hpa(tmp_path, capsys, repo_root) -> None:
     assert (tmp_path / "sim-tiny-chat-hpa.json").is_file()
 
 
+def test_a_trace_is_replayed_as_it_is_and_its_warm_up_left_out_of_the_report(tmp_path, capsys, repo_root) -> None:
+    trace = write_trace(tmp_path / "chat.jsonl", builtin_workload("chat", 120.0).requests())
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path)),
+            "--trace", str(trace), "--out", str(tmp_path)]  # fmt: skip
+    assert main([*args, "--rate-scale", "2", "--seed", "3"]) == 2
+    assert "--rate-scale, --seed shape a built-in workload" in capsys.readouterr().out
+    assert main([*args, "--warmup", "60"]) == 0
+    assert "reported after its first 60 s" in capsys.readouterr().out
+    report = json.loads((tmp_path / "sim-tiny-chat-tuner.json").read_text())
+    assert report["summary"]["measured_from_s"] == 60.0
+
+
 def test_sim_explains_what_is_missing(tmp_path, capsys, repo_root, monkeypatch) -> None:
     monkeypatch.setenv("LLMFLEET_CACHE", str(tmp_path / "cache"))
     assert main(["sim", "-f", str(repo_root / "examples/local.yaml")]) == 2
