@@ -59,7 +59,7 @@ def add_arguments(parser) -> None:
         help="cost profile (sim-fidelity default: $LLMFLEET_CACHE/calibration/<model>.json; "
         "tuner default: the reference profile in bench/profiles/)",
     )
-    parser.add_argument("--calibrate", action="store_true", help="sim-fidelity: calibrate first (full grid)")
+    parser.add_argument("--calibrate", action="store_true", help="sim-fidelity: calibrate first (--quick: its grid)")
     parser.add_argument("--threads", type=int, help="sim-fidelity --calibrate: torch threads to pin")
     parser.add_argument("--rates", default="0.3,0.6", help="sim-fidelity: arrival rates, requests/s")
     parser.add_argument("--requests", type=int, default=64, help="sim-fidelity: requests per rate")
@@ -78,10 +78,11 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = Path(args.profile) if args.profile else default_profile_path(model)
     if args.calibrate or not path.is_file():
-        print(f"== calibrating {model} (full grid) -> {path}")
+        grid_name = "quick" if args.quick else "full"
+        print(f"== calibrating {model} ({grid_name} grid, dtype {args.dtype}) -> {path}")
         wait_quiet()
-        grid = GRIDS["quick" if args.quick else "full"]
-        profile = calibrate(model, grid, threads=args.threads, device=getattr(args, "device", None) or "cpu")
+        device = getattr(args, "device", None) or "cpu"
+        profile = calibrate(model, GRIDS[grid_name], threads=args.threads, dtype=args.dtype, device=device)
         profile.save(path)
         print_report(profile)
     cost = CostModel.load(path)

@@ -28,3 +28,23 @@ def test_drift_within_the_run_shows_in_the_spans() -> None:
 
 def test_no_steps_means_no_slowdown() -> None:
     assert machine_speed([], COST) == {"slowdown": 1.0, "span_p10": 1.0, "span_p90": 1.0}
+
+
+def test_calibrate_first_measures_the_dtype_asked_for(tmp_path, monkeypatch, capsys) -> None:
+    from llmfleet.bench import sim_fidelity
+    from llmfleet.cli import main
+    from llmfleet.sim import calibrate
+
+    asked = {}
+
+    def measured(model, grid, **options):
+        asked.update(options, grid=grid)
+        raise SystemExit(0)  # what was asked for is all this test needs
+
+    monkeypatch.setattr(calibrate, "calibrate", measured)
+    monkeypatch.setattr(sim_fidelity, "wait_quiet", lambda *a: None)
+    with pytest.raises(SystemExit):
+        main(["bench", "sim-fidelity", "--quick", "--calibrate", "--dtype", "float32", "--model", "builtin:tiny",
+              "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path)])  # fmt: skip
+    assert asked["dtype"] == "float32" and asked["grid"] is calibrate.GRIDS["quick"]
+    assert "(quick grid, dtype float32)" in capsys.readouterr().out
