@@ -89,7 +89,7 @@ class LocalFleet:
         """A request sent now can be answered: every pool has a ready server (and the router is up)."""
         if not all(pool.ready_urls() for pool in self.pools.values()):
             return False
-        return self.router is None or (self.router.ready and self.router.alive)
+        return self.router is None or self.router.serving
 
     def stop(self, timeout: float) -> None:
         """Drain every server (each finishes its streams), then kill what is left after ``timeout``.
@@ -180,8 +180,8 @@ class LocalFleet:
     def _write_targets(self) -> None:
         """One target group per ready server, labelled as the PodMonitor labels a pod (``pod``
         too: the dashboards split the engine panels by it), the router as pool ``router``."""
-        servers = [(name, s) for name, pool in self.pools.items() for s in pool.servers if s.ready and s.alive]
-        if self.router is not None and self.router.ready and self.router.alive:
+        servers = [(name, s) for name, pool in self.pools.items() for s in pool.servers if s.serving]
+        if self.router is not None and self.router.serving:
             servers.append(("router", self.router))
         groups = [
             {

@@ -103,7 +103,7 @@ class LocalPool:
 
     def ready_urls(self) -> list[str]:
         """Servers that answered /ready (polled by ``reap``, never here: the front calls this per request)."""
-        return [s.url for s in self.servers if s.ready and s.alive]
+        return [s.url for s in self.servers if s.serving]
 
     def all_processes(self) -> list[ServerProcess]:
         return self.servers + self.draining

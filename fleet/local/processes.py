@@ -63,6 +63,11 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def serving(self) -> bool:
+        """It answered /ready and has not exited since."""
+        return self.ready and self.alive
+
     def poll_ready(self) -> bool:
         """True once /ready answers 200 (checked without waiting)."""
         if not self.ready and self.alive:

@@ -62,7 +62,7 @@ def render(fleet: LocalFleet, url: str) -> Group:
                           "(point spec.model at a real model for words)", style="dim"))  # fmt: skip
     parts.append(Text(f"configs and logs: {fleet.run_dir}", style="dim"))
     if fleet.router is not None:  # disaggregated: the client-facing router in front of both pools
-        state = "ready" if fleet.router.ready and fleet.router.alive else "starting"
+        state = "ready" if fleet.router.serving else "starting"
         parts.append(Text(f"router ({fleet.spec.router.policy}): {state} at {url}", style="dim"))
     return Group(
         *parts,
