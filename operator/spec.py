@@ -34,7 +34,7 @@ def knob_range(knob: str, low: float, high: float) -> tuple[float, float]:
     for item in field.metadata:
         low = max(low, float(getattr(item, "ge", low)))
         high = min(high, float(getattr(item, "le", high)))
-    if _is_integer(knob):
+    if is_integer_knob(knob):
         low, high = float(math.ceil(low)), float(math.floor(high))
     return low, high
 
@@ -101,7 +101,7 @@ class Bound(_Model):
         return value
 
 
-def _is_integer(knob: str) -> bool:
+def is_integer_knob(knob: str) -> bool:
     return EngineConfig.model_fields[TUNABLE_KNOBS[knob]].annotation is int
 
 
@@ -129,7 +129,7 @@ class Pool(_Model):
                 engine_low, engine_high = knob_range(knob, -math.inf, math.inf)
                 raise ValueError(
                     f"bounds.{knob}: no value the engine accepts lies within it "
-                    f"({'whole numbers ' if _is_integer(knob) else ''}from {engine_low:g} to {engine_high:g})"
+                    f"({'whole numbers ' if is_integer_knob(knob) else ''}from {engine_low:g} to {engine_high:g})"
                 )
         return self
 

@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .metrics_source import PoolMetrics
-from .spec import knob_range
+from .spec import TUNABLE_KNOBS, is_integer_knob, knob_range
 from .tuner_memory import TunerMemory
 
 MAX_BATCH, TIMEOUT, TOKEN_BUDGET, REPLICAS = "maxBatchSize", "batchTimeoutMs", "maxNumBatchedTokens", "replicas"
-KNOB_FIELDS = {MAX_BATCH: "max_batch_size", TIMEOUT: "batch_timeout_ms", TOKEN_BUDGET: "max_num_batched_tokens"}
-INTEGER_KNOBS = frozenset({MAX_BATCH, TOKEN_BUDGET})
+KNOB_FIELDS = TUNABLE_KNOBS  # camelCase knob -> EngineConfig field
+INTEGER_KNOBS = frozenset(filter(is_integer_knob, KNOB_FIELDS))
 POOL_ORDER = ("colocated", "prefill", "decode")
 POOL_KNOBS = {  # which knobs each pool's tuner moves, in the order they are decided
     "colocated": (TOKEN_BUDGET, MAX_BATCH, TIMEOUT),
