@@ -169,9 +169,9 @@ class LocalFleet:
         local = self.pools[pool]
         if local.write_config(self.tuner_state):
             log.info("%s: wrote %s", pool, local.config_path)
-        wanted = local.desired_replicas(self.tuner_state)
-        if wanted != local.replicas:
-            local.scale_to(wanted)
+        # The next supervise() starts or drains servers: it runs off the event loop, and picking
+        # whom to drain asks each server for its load.
+        local.replicas = local.desired_replicas(self.tuner_state)
 
     def _write_endpoints(self) -> None:
         endpoints = {name: pool.ready_urls() for name, pool in self.pools.items()}

@@ -97,7 +97,7 @@ class LocalPool:
                 if self._failed_starts >= START_ATTEMPTS:
                     raise StartFailed(f"{self.name} servers exit before they are ready; the last one said:\n"
                                       f"{server.log_tail(5)}\n(full log: {server.log_path})")  # fmt: skip
-        if len(self.servers) < self.replicas:
+        if len(self.servers) != self.replicas:  # crashed servers replaced, or a new count from the tuner
             self.scale_to(self.replicas)
         return notes
 

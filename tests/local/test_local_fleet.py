@@ -379,3 +379,42 @@ def test_the_front_answers_while_the_fleet_is_supervised(tmp_path):
     assert asyncio.run(_serve(fleet, args, tui=False)) == 0
     thread.join()
     assert answers == [503]  # answered (no server ready yet) while supervise still ran
+
+
+class IdleServer:
+    """Stands in for a server process: ready at once, exits when drained."""
+
+    def __init__(self, name: str, args, log_path) -> None:
+        self.name, self.port, self.url = name, 1, f"http://127.0.0.1:1/{name}"
+        self.ready = self.alive = self.serving = True
+
+    def poll_ready(self) -> bool:
+        return True
+
+    def drain(self) -> None:
+        self.alive = self.serving = False
+
+
+def test_the_tuner_s_replica_change_is_carried_out_by_supervise_off_the_event_loop(tmp_path, monkeypatch):
+    # apply() runs on the loop the colocated front serves on; choosing whom to drain asks each
+    # server for its load, so starting and draining wait for supervise(), which runs in a thread.
+    import llmfleet.local.pools as pools
+
+    load_asked = []
+    monkeypatch.setattr(pools, "ServerProcess", IdleServer)
+    monkeypatch.setattr(pools, "_in_flight", lambda server: load_asked.append(server.name) or 0.0)
+    name, spec = load_service(None)
+    fleet = LocalFleet(name, spec, tmp_path, 8000)
+    fleet.start()
+    pool = fleet.pools["colocated"]
+    before = len(pool.servers)
+
+    fleet.apply("colocated", before + 1, {})
+    assert len(pool.servers) == before
+    fleet.supervise()
+    assert len(pool.servers) == before + 1
+
+    fleet.apply("colocated", before, {})
+    assert len(pool.servers) == before + 1 and not load_asked
+    fleet.supervise()
+    assert len(pool.servers) == before and len(pool.draining) == 1 and load_asked
