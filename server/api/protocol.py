@@ -181,7 +181,8 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.get("text", "") for part in self.content)
+        # vLLM's chat_utils, for templates that take content as a string: the parts' texts, one per line
+        return "\n".join(part.get("text", "") for part in self.content)
 
     @field_validator("tool_calls")
     @classmethod

@@ -181,6 +181,15 @@ def test_chat_template_takes_tools_and_template_variables_as_vllm_does(client):
     assert with_tools["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + len("<tool lookup>")
 
 
+def test_text_parts_reach_the_template_one_per_line_as_vllm_joins_them(client):
+    from llmfleet.server.api.protocol import ChatMessage
+
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "World"}]
+    assert ChatMessage(role="user", content=parts).for_template()["content"] == "Hello\nWorld"
+    joined = rendered(client, messages=[{"role": "user", "content": "Hello\nWorld"}])
+    assert rendered(client, messages=[{"role": "user", "content": parts}]) == joined
+
+
 def test_earlier_tool_calls_reach_the_template_with_their_arguments_as_a_mapping(client):
     """The API carries a call's arguments as a JSON string; chat templates read a mapping (as
     vLLM and transformers pass it), and an empty list of calls is left out."""
