@@ -93,13 +93,7 @@ def build_subrequests(
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             raise APIError(400, "prompt must contain at least one token", param="prompt")
-        if len(prompt) >= state.max_model_len:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {state.max_model_len} tokens, "
-                f"but the prompt has {len(prompt)} tokens.",
-                param="prompt",
-            )
+        check_context_length(state.max_model_len, len(prompt), max_tokens)
         # no max_tokens: the rest of the context, as far as the KV cache can hold it
         limit = max_tokens if max_tokens is not None else max(1, limit_tokens - len(prompt))
         for j in range(body.n):
@@ -131,6 +125,26 @@ def build_subrequests(
             kv = imports[p_index] if imports is not None else None
             subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
     return subs
+
+
+def check_context_length(max_model_len: int, prompt_len: int, max_tokens: int | None) -> None:
+    """A prompt that leaves no room, or one with max_tokens past the context: a 400 in vLLM's
+    words (clients parse them to shorten the request and retry)."""
+    if prompt_len >= max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+            param="prompt",
+        )
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {prompt_len} input tokens "
+            f"({max_tokens} > {max_model_len} - {prompt_len}).",
+            param="max_tokens",
+        )
 
 
 def _structured_output(body: _Sampling, thinking: str | None) -> StructuredOutput | None:

@@ -114,11 +114,24 @@ def test_bad_completion_values_are_openai_400s(client, body, param):
     assert "pydantic" not in error["message"].lower() and "CompletionRequest" not in error["message"]
 
 
-def test_prompt_over_the_context_names_the_limit(client):
+def test_prompt_over_the_context_is_a_400_in_vllms_words(client):
+    """Clients parse these messages (the numbers in them) to shorten a request and retry."""
     error = assert_openai_error(client.post("/v1/completions", json={"prompt": "x" * 300}), 400, "prompt")
-    assert "maximum context length is 256 tokens" in error["message"]
-    error = assert_openai_error(client.post("/v1/completions", json={"prompt": "x" * 200, "max_tokens": 100}), 400)
-    assert "256" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == (
+        "This model's maximum context length is 256 tokens. However, your request has 300 input tokens. "
+        "Please reduce the length of the input messages."
+    )
+    for path, body in (
+        ("/v1/completions", {"prompt": "x" * 200, "max_tokens": 100}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 183}], "max_completion_tokens": 100}),
+    ):
+        error = assert_openai_error(client.post(path, json=body), 400, "max_tokens")
+        assert error["type"] == "invalid_request_error"
+        assert error["message"] == (
+            "'max_tokens' or 'max_completion_tokens' is too large: 100. This model's maximum context length "
+            "is 256 tokens and your request has 200 input tokens (100 > 256 - 200)."
+        )
 
 
 def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
