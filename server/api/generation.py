@@ -85,6 +85,7 @@ def build_subrequests(
     limit_tokens = state.max_model_len
     if state.max_request_tokens is not None:
         limit_tokens = min(limit_tokens, state.max_request_tokens)
+    _check_queue_capacity(state, len(prompts) * body.n)
     logit_bias = body.logit_bias_ids()
     vocab = len(state.tokenizer)
     if any(token >= vocab for token in logit_bias):
@@ -125,6 +126,20 @@ def build_subrequests(
             kv = imports[p_index] if imports is not None else None
             subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
     return subs
+
+
+def _check_queue_capacity(state: ServerState, requests: int) -> None:
+    """n choices of each prompt are as many engine requests, all queued at once: more than the
+    waiting queue holds could never be admitted, and its 429 would send the client retrying forever."""
+    if state.engine is None:
+        return
+    capacity = state.engine.engine.config.max_queue_len
+    if requests > capacity:
+        raise APIError(
+            400,
+            f"n x prompts asks for {requests} sequences; this server queues at most {capacity} (its --max-queue-len)",
+            param="n",
+        )
 
 
 def check_context_length(max_model_len: int, prompt_len: int, max_tokens: int | None) -> None:

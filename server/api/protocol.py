@@ -11,8 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from .structured import StructuredOutputFields
 from .tool_calls import AutoToolCalls, ForcedToolCalls, tool_call_replies
 
-MAX_N = 16
-
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -76,7 +74,7 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     temperature: float | None = Field(None, ge=0.0)  # no upper bound, as in vLLM (OpenAI's is 2)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1)  # as vLLM: no upper bound here (the queue's capacity bounds it: generation.py)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # vLLM's: any int64

@@ -71,7 +71,6 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": "hi", "seed": 2**63}, "seed"),
         ({"prompt": "hi", "top_p": 0}, "top_p"),
         ({"prompt": "hi", "n": 0}, "n"),
-        ({"prompt": "hi", "n": 17}, "n"),
         ({"prompt": "hi", "logprobs": 21}, "logprobs"),
         ({"prompt": {"not": "a prompt"}}, "prompt"),
         ({"prompt": [1, "mixed"]}, "prompt"),
@@ -132,6 +131,20 @@ def test_prompt_over_the_context_is_a_400_in_vllms_words(client):
             "'max_tokens' or 'max_completion_tokens' is too large: 100. This model's maximum context length "
             "is 256 tokens and your request has 200 input tokens (100 > 256 - 200)."
         )
+
+
+def test_n_is_bounded_by_the_queue_not_by_16(make_state):
+    """vLLM takes any n >= 1; the n choices of each prompt queue at once, so more than the
+    waiting queue holds is a 400 naming n, not a 429 a client would retry forever."""
+    with TestClient(create_app(make_state(EngineConfig(max_queue_len=24)))) as c:
+        out = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "n": 20})
+        assert out.status_code == 200, out.text
+        assert sorted(choice["index"] for choice in out.json()["choices"]) == list(range(20))
+        error = assert_openai_error(c.post("/v1/completions", json={"prompt": "hi", "n": 25}), 400, "n")
+        assert "24" in error["message"]
+        assert_openai_error(c.post("/v1/completions", json={"prompt": ["a", "b"], "n": 13}), 400, "n")
+        chat = {"messages": [{"role": "user", "content": "hi"}], "n": 25}
+        assert_openai_error(c.post("/v1/chat/completions", json=chat), 400, "n")
 
 
 def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
