@@ -90,6 +90,8 @@ def build_subrequests(
     vocab = len(state.tokenizer)
     if any(token >= vocab for token in logit_bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+    if body.allowed_token_ids is not None:
+        logit_bias = _allowed_only(state, body.allowed_token_ids, logit_bias)
     structured = _structured_output(body, thinking)
     for p_index, prompt in enumerate(prompts):
         if not prompt:
@@ -126,6 +128,36 @@ def build_subrequests(
             kv = imports[p_index] if imports is not None else None
             subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
     return subs
+
+
+def _allowed_only(state: ServerState, allowed: list[int], logit_bias: dict[int, float]) -> dict[int, float]:
+    """``allowed_token_ids`` as vLLM applies it: every other token of the model's logits is
+    masked (a bias of -inf, which the sampler adds); the request's own bias stays on the rest."""
+    vocab = len(state.tokenizer)
+    if any(not 0 <= token < vocab for token in allowed):
+        raise APIError(400, f"allowed_token_ids must be in [0, {vocab})", param="allowed_token_ids")
+    width = getattr(state.engine.engine.runner, "vocab_size", None) or vocab  # the logits' (may be padded)
+    keep = set(allowed)
+    masked = dict.fromkeys((t for t in range(width) if t not in keep), float("-inf"))
+    return {**{t: b for t, b in logit_bias.items() if t in keep}, **masked}
+
+
+def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> list[int]:
+    """``truncate_prompt_tokens`` as vLLM applies it: the prompt's last k tokens (-1: the context
+    length); more than the context length is a 400."""
+    keep = body.truncate_prompt_tokens
+    if keep is None:
+        return prompt
+    if keep <= -1:
+        keep = state.max_model_len
+    if keep > state.max_model_len:
+        raise APIError(
+            400,
+            f"truncate_prompt_tokens value ({keep}) is greater than max_model_len ({state.max_model_len}). "
+            "Please, select a smaller truncation size.",
+            param="truncate_prompt_tokens",
+        )
+    return prompt[-keep:] if keep else []
 
 
 def _check_queue_capacity(state: ServerState, requests: int) -> None:

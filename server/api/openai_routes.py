@@ -26,6 +26,7 @@ from .generation import (
     check_serving,
     collect,
     submit,
+    truncated_prompt,
 )
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .reasoning import Reasoning
@@ -90,6 +91,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             body = body.model_copy(update={"skip_special_tokens": False})  # its tags are special tokens
         prompt_text = chat_prompt_text(state, body)
         prompt = state.tokenizer.encode(prompt_text, add_special_tokens=body.special_tokens())
+        prompt = truncated_prompt(state, body, prompt)
         reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.include_reasoning)
         # vLLM's default: a grammar holds the answer, after the thinking
         thinking = reasoning.thinking_mode if reasoning and not state.structured_outputs_in_reasoning else None
@@ -189,9 +191,11 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
         else:
             ids = list(item)
         _check_in_vocab(state, ids, "prompt")
+        given = len(ids)
+        ids = truncated_prompt(state, body, ids)
         ids_list.append(ids)
-        if body.echo:
-            texts.append(item if isinstance(item, str) else state.tokenizer.decode(ids))
+        if body.echo:  # what the model was given: a truncated prompt echoes its kept tokens
+            texts.append(item if isinstance(item, str) and len(ids) == given else state.tokenizer.decode(ids))
     return ids_list, texts
 
 

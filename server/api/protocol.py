@@ -97,6 +97,12 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     prompt_logprobs: int | None = Field(
         None, ge=0, le=20, description="As in vLLM: each prompt token's logprob, rank and the top-N there."
     )
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="As in vLLM: keep the prompt's last k tokens (-1: max_model_len)."
+    )
+    allowed_token_ids: list[int] | None = Field(None, description="As in vLLM: only these tokens are sampled.")
+    use_beam_search: bool = False
+    bad_words: list[str] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -120,6 +126,27 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     def _best_of_is_n(cls, value, info: ValidationInfo):
         if value is not None and value != info.data.get("n", 1):
             raise ValueError("best_of other than n is not supported")
+        return value
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value):
+        if value:
+            raise ValueError("use_beam_search is not supported")
+        return value
+
+    @field_validator("bad_words")
+    @classmethod
+    def _no_bad_words(cls, value):
+        if value:
+            raise ValueError("bad_words is not supported")
+        return value
+
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _some_allowed(cls, value):
+        if value is not None and not value:
+            raise ValueError("allowed_token_ids must not be empty")
         return value
 
     @field_validator("prompt_logprobs")

@@ -147,6 +147,45 @@ def test_n_is_bounded_by_the_queue_not_by_16(make_state):
         assert_openai_error(c.post("/v1/chat/completions", json=chat), 400, "n")
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens_as_vllm(client):
+    ask = {"max_tokens": 4, "temperature": 0}
+    cut = client.post("/v1/completions", json=ask | {"prompt": "abcdefgh", "truncate_prompt_tokens": 3}).json()
+    short = client.post("/v1/completions", json=ask | {"prompt": "fgh"}).json()
+    assert cut["choices"][0]["text"] == short["choices"][0]["text"]
+    assert cut["usage"]["prompt_tokens"] == 3  # the usage counts the prompt the model was given
+    echoed = client.post("/v1/completions", json=ask | {"prompt": [1, 2, 3, 4], "truncate_prompt_tokens": 2,
+                                                        "echo": True}).json()  # fmt: skip
+    assert echoed["choices"][0]["text"].startswith("#$")  # CharTokenizer: token t is chr(32 + t)
+    long = client.post("/v1/completions", json=ask | {"prompt": "x" * 300, "truncate_prompt_tokens": 100}).json()
+    assert long["usage"]["prompt_tokens"] == 100
+    chat = {"messages": [{"role": "user", "content": "hello there"}], "truncate_prompt_tokens": 5} | ask
+    assert client.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"] == 5
+    # -1: the context length (a 300-token prompt keeps 256, which leaves no room)
+    full = client.post("/v1/completions", json=ask | {"prompt": "x" * 300, "truncate_prompt_tokens": -1})
+    assert "your request has 256 input tokens" in assert_openai_error(full, 400, "prompt")["message"]
+    over = client.post("/v1/completions", json=ask | {"prompt": "x", "truncate_prompt_tokens": 257})
+    assert "greater than max_model_len (256)" in assert_openai_error(over, 400, "truncate_prompt_tokens")["message"]
+    assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "truncate_prompt_tokens": -2}), 400)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"use_beam_search": True}, {"bad_words": ["x"]}],
+)
+def test_beam_search_and_bad_words_are_refused_not_ignored(client, extra):
+    (field,) = extra
+    for path, body in (
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        error = assert_openai_error(client.post(path, json=body | extra), 400, field)
+        assert "not supported" in error["message"]
+    assert (
+        client.post("/v1/completions", json={"prompt": "hi", "use_beam_search": False, "bad_words": []}).status_code
+        == 200
+    )
+
+
 def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
     raw = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert_openai_error(raw, 400)

@@ -1,0 +1,38 @@
+"""vLLM's request fields that act on sampling, on the real builtin:tiny model in-process (the
+fake runner ignores the sampler): ``allowed_token_ids``."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from llmfleet.server.api.app import create_app
+from llmfleet.server.config import EngineConfig
+from tests.server.fakes import real_tiny_state
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    state = real_tiny_state(EngineConfig(dtype="float32", kv_cache_memory_mb=8))
+    try:
+        with TestClient(create_app(state)) as client:
+            yield state, client
+    finally:
+        state.engine.shutdown()
+
+
+def test_allowed_token_ids_are_the_only_ones_sampled(tiny):
+    state, client = tiny
+    ask = {"prompt": "hello", "max_tokens": 6, "ignore_eos": True}
+    allowed = [state.tokenizer.encode(piece, add_special_tokens=False)[0] for piece in ("x", "y")]
+    for extra in ({"temperature": 0}, {"temperature": 1.5, "seed": 3}, {"temperature": 0, "logit_bias": {"5": 100}}):
+        out = client.post("/v1/completions", json=ask | extra | {"allowed_token_ids": allowed}).json()
+        text = out["choices"][0]["text"]
+        assert text and set(text) <= {"x", "y"}, text
+        assert out["usage"]["completion_tokens"] == 6
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "allowed_token_ids": allowed[:1]}
+    assert client.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"] == "x" * 4
+    vocab = len(state.tokenizer)
+    for bad in ([vocab], [-1], []):
+        reply = client.post("/v1/completions", json={"prompt": "hi", "allowed_token_ids": bad})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "allowed_token_ids", reply.text
