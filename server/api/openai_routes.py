@@ -25,6 +25,7 @@ from .generation import (
     check_model,
     check_serving,
     collect,
+    stop_reason,
     submit,
     truncated_prompt,
 )
@@ -69,7 +70,8 @@ def install(app: FastAPI, state: ServerState) -> None:
             result = results[sub.index]
             text = echo.get(sub.index, "")
             choice = {"index": sub.index, "text": text + result.text, "logprobs": None,
-                      "finish_reason": result.finish_reason}  # fmt: skip
+                      "finish_reason": result.finish_reason,
+                      "stop_reason": stop_reason(state, body, result.token_ids, result.finish_reason)}  # fmt: skip
             if body.logprobs is not None:
                 generated = completion_logprobs(state, result.token_ids, result.logprobs, len(text))
                 if body.echo:
@@ -123,7 +125,9 @@ def install(app: FastAPI, state: ServerState) -> None:
             if body.echoed():  # streamed, the echo is the first chunk's content whatever follows
                 message["content"] = body.echoed() + (message["content"] or "")
             logprobs = chat_logprobs(state, result) if body.logprobs else None
-            choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            stopped_by = stop_reason(state, body, result.token_ids, result.finish_reason)
+            choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
+                            "stop_reason": stopped_by})  # fmt: skip
         extra = {}
         if scored is not None:  # vLLM puts them beside the choices: the n choices share one prompt
             extra["prompt_logprobs"] = vllm_prompt_logprobs(state, results[subs[0].index].prompt_logprobs or [], scored)
@@ -227,6 +231,8 @@ class _Reply:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.want_logprobs = want_logprobs
+        self.body = body
+        self._tokens: dict[int, list[int]] = {s.index: [] for s in submission.subs}  # streamed so far
         options = body.stream_options
         self.include_usage = bool(options and options.include_usage)
         self.continuous_usage = self.include_usage and options.continuous_usage_stats
@@ -270,6 +276,7 @@ class _Reply:
                     if event.finished:
                         yield self.chunk("text_completion", _text_choice(owner.index, "", None, "length"), owner)
                     continue
+                stopped_by = self._stop_reason(owner, event)
                 if event.finished:
                     completion += event.num_output_tokens
                 if not self._worth_a_chunk(event):
@@ -279,7 +286,7 @@ class _Reply:
                     logprobs = completion_logprobs(state, event.new_token_ids, event.logprobs, offsets[owner.index])
                 offsets[owner.index] += len(event.new_text)
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
-                choice = _text_choice(owner.index, event.new_text, logprobs, finish)
+                choice = _text_choice(owner.index, event.new_text, logprobs, finish, stopped_by)
                 yield self.chunk("text_completion", choice, owner, event.num_output_tokens)
         finally:
             await events.aclose()
@@ -303,6 +310,7 @@ class _Reply:
             for sub in self.submission.subs:
                 yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
             async for owner, event in events:
+                stopped_by = self._stop_reason(owner, event)
                 if event.finished:
                     completion += event.num_output_tokens
                 if not self._worth_a_chunk(event):
@@ -323,20 +331,36 @@ class _Reply:
                     delta["content"] = text
                 if (calls or splitters) and not (delta or finish or logprobs):
                     continue  # held: a tag or a call not yet told apart
-                yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens)
+                yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens, stopped_by)
         finally:
             await events.aclose()
         if self.include_usage:
             yield self.envelope("chat.completion.chunk", [], usage=self.usage(completion=completion))
+
+    def _stop_reason(self, owner: SubRequest, event) -> str | int | None:
+        """Fed every event of a stream: the choice's stop_reason once it has finished."""
+        tokens = self._tokens[owner.index]
+        tokens.extend(event.new_token_ids)
+        if not event.finished:
+            return None
+        return stop_reason(self.state, self.body, tokens, api_finish_reason(event.finish_reason))
 
     def _worth_a_chunk(self, event) -> bool:
         # text held back (a partial UTF-8 sequence, a possible stop string) waits for the next token
         return bool(event.new_text or event.finished or (self.want_logprobs and event.logprobs))
 
     def _chat_chunk(
-        self, sub: SubRequest, delta: dict, logprobs: dict | None, finish: str | None, completion: int = 0
+        self,
+        sub: SubRequest,
+        delta: dict,
+        logprobs: dict | None,
+        finish: str | None,
+        completion: int = 0,
+        stopped_by: str | int | None = None,
     ) -> dict:
         choice = {"index": sub.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:  # vLLM's: the last chunk of a choice carries its stop_reason
+            choice["stop_reason"] = stopped_by
         return self.chunk("chat.completion.chunk", choice, sub, completion)
 
 
@@ -344,8 +368,10 @@ def _usage(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _text_choice(index: int, text: str, logprobs: dict | None, finish: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+def _text_choice(
+    index: int, text: str, logprobs: dict | None, finish: str | None, stopped_by: str | int | None = None
+) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stopped_by}
 
 
 def completion_logprobs(

@@ -487,6 +487,34 @@ def test_stop_strings_and_stop_token_ids(client):
     assert out["usage"]["completion_tokens"] >= 8 and out["choices"][0]["text"].startswith(text[:7])
 
 
+def test_stop_reason_names_the_stop_string_or_token_as_vllm(client):
+    base = client.post("/v1/completions", json={"prompt": "q", "max_tokens": 12, "temperature": 0}).json()
+    text = base["choices"][0]["text"]
+    assert base["choices"][0]["stop_reason"] is None  # ran to its length
+    stop_id = ord(text[3]) - 32  # CharTokenizer: token t is chr(32 + t)
+    # of two stop strings the token completes, the first in the text (the detokenizer cuts there)
+    stop = [text[6:8], text[5:7], text[4:5] + "\u00ff", text[4:7]]
+    asks = [({"stop": stop}, text[4:7]), ({"stop_token_ids": [stop_id]}, stop_id),
+            # a stop string in the first min_tokens tokens does not count: the later one ended it
+            ({"stop": [text[1], text[8]], "min_tokens": 5, "include_stop_str_in_output": True}, text[8])]  # fmt: skip
+    assert text[1] not in text[2:9] and text[8] not in text[:8]  # (the hash runner's text is fixed)
+    for extra, expected in asks:
+        ask = {"prompt": "q", "max_tokens": 12, "temperature": 0} | extra
+        out = client.post("/v1/completions", json=ask).json()["choices"][0]
+        assert (out["finish_reason"], out["stop_reason"]) == ("stop", expected), (extra, text)
+        chunks = sse_chunks(client.post("/v1/completions", json=ask | {"stream": True}))
+        assert [c["choices"][0]["stop_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [expected]
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0}
+        reply = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"]
+        chat |= {"stop_token_ids": [ord(reply[2]) - 32]}
+        assert client.post("/v1/chat/completions", json=chat).json()["choices"][0]["stop_reason"] == ord(reply[2]) - 32
+        chunks = sse_chunks(client.post("/v1/chat/completions", json=chat | {"stream": True}))
+        assert (
+            "stop_reason" not in chunks[0]["choices"][0]
+            and chunks[-1]["choices"][0]["stop_reason"] == ord(reply[2]) - 32
+        )
+
+
 # --- admission control and drain -------------------------------------------------------------------
 async def test_full_queue_is_429_with_retry_after_and_accepted_requests_finish(make_state):
     # a minute's coalescing window holds 2 new prompts while 6 batch slots are free: they stay queued
