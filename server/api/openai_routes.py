@@ -46,7 +46,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         prompts, prompt_texts = _completion_prompts(state, body)
         # As vLLM (and lm-evaluation-harness's loglikelihood): echo with logprobs scores the prompt too
         scored = _most(body.prompt_logprobs, body.logprobs if body.echo else None)
-        generate = None if body.max_tokens is None else max(body.max_tokens, 1)  # 0: one token, not shown
+        generate = max(body.max_tokens, 1)  # 0: one token, not shown
         if _remote_decode(body):
             build_subrequests(state, prompts, body, generate, body.logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, prompts, body.priority, arrival)

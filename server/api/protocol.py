@@ -167,13 +167,18 @@ class _Sampling(StructuredOutputFields, _TextRequest):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=0, description="0 (with echo): the prompt alone, scored with logprobs.")
+    max_tokens: int = Field(16, ge=0, description="0 (with echo): the prompt alone, scored with logprobs.")
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="Prepend the prompt text to each choice's text.")
     add_special_tokens: bool = Field(
         True, description="As in vLLM: the tokenizer's BOS (if it adds one) on text prompts."
     )
     suffix: str | None = None
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value):
+        return 16 if value is None else value  # an explicit null: the default, as current vLLM's
 
     @field_validator("suffix")
     @classmethod

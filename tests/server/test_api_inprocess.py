@@ -399,6 +399,12 @@ def test_every_served_model_name_is_listed_and_taken_and_answers_carry_the_first
     assert "`fake`, `fake-alias`" in error["message"]
 
 
+def test_completion_max_tokens_null_means_the_default_16(client):
+    """Current vLLM's: an explicit null is the field's default, not the rest of the context."""
+    out = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": None, "ignore_eos": True}).json()
+    assert out["usage"]["completion_tokens"] == 16
+
+
 def test_completion_body_and_usage(client):
     out = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "max_tokens": 5, "n": 2}).json()
     assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
