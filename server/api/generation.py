@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 from ..core import grammar
@@ -263,6 +263,11 @@ class EventStream:
         self._queue = sub.events
         self._unfinished = dict(sub.by_id)
         self._ready: deque[tuple[SubRequest, RequestOutput]] = deque()
+        # per prompt (its n choices share one list), for vLLM's parallel-sampling histograms: its n,
+        # how many are unfinished, and the most tokens one has generated
+        self._n = Counter(id(s.prompt) for s in sub.subs)
+        self._left = dict(self._n)
+        self._most: dict[int, int] = {}
 
     def __aiter__(self) -> EventStream:
         return self
@@ -280,8 +285,16 @@ class EventStream:
                     continue
                 if event.finished:
                     del self._unfinished[event.request_id]
+                    self._observe_finished(owner, event.num_output_tokens)
                 self._ready.append((owner, event))
         return self._ready.popleft()
+
+    def _observe_finished(self, owner: SubRequest, generated: int) -> None:
+        key = id(owner.prompt)
+        self._most[key] = max(self._most.get(key, 0), generated)
+        self._left[key] -= 1
+        if not self._left[key]:
+            self._state.metrics.observe_parallel_sampling(self._n[key], self._most[key])
 
     async def aclose(self) -> None:
         _abort(self._state, list(self._unfinished.values()))

@@ -26,6 +26,7 @@ STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # vLLM's: steps reach the budget
 BYTES_BUCKETS = [2**k for k in range(10, 34, 2)]
+N_BUCKETS = [1, 2, 5, 10, 20]  # vLLM's, for request_params_n
 
 
 def length_buckets(max_model_len: int | None) -> list[float]:
@@ -71,6 +72,11 @@ class ServerMetrics:
         self.prompt_len = hist("vllm:request_prompt_tokens", "Prompt tokens per finished request.", sizes)
         self.generation_len = hist("vllm:request_generation_tokens", "Generated tokens per finished request.", sizes)
         self.max_tokens = hist("vllm:request_params_max_tokens", "The max_tokens of finished requests.", sizes)
+        # vLLM's, per API request and prompt (a parent of n sequences), once all n have finished
+        self.params_n = hist("vllm:request_params_n", "The n of finished requests.", N_BUCKETS)
+        self.max_num_generation_tokens = hist(
+            "vllm:request_max_num_generation_tokens", "The most tokens one of a request's n sequences generated.", sizes
+        )
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", names, registry=reg)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", names, registry=reg)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage, 0..1.", names, registry=reg)
@@ -143,6 +149,11 @@ class ServerMetrics:
                 "prefill_mode": config.prefill_mode.value,
             }
         )
+
+    def observe_parallel_sampling(self, n: int, max_generated: int) -> None:
+        """A prompt's n sequences have all finished: its n, and the most tokens one generated."""
+        self.lab(self.params_n).observe(n)
+        self.lab(self.max_num_generation_tokens).observe(max_generated)
 
     def observe_kv_transfer(self, nbytes: int, seconds: float) -> None:
         """One KV body sent (prefill role) or received and checked (decode role)."""

@@ -573,6 +573,7 @@ HISTOGRAMS = [
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
     "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens", "vllm:request_params_max_tokens", "vllm:iteration_tokens_total",
+    "vllm:request_params_n", "vllm:request_max_num_generation_tokens",
     "llmfleet_batch_size",
     "llmfleet_step_duration_seconds", "llmfleet_scheduler_duration_seconds", "llmfleet_kv_transfer_bytes",
     "llmfleet_kv_transfer_seconds",
@@ -620,6 +621,28 @@ def test_metrics_names_types_and_labels(client):
     }
     bounds = [float(s.labels["le"]) for s in families["vllm:request_prompt_tokens"].samples if "le" in s.labels]
     assert bounds[:4] == [1.0, 2.0, 5.0, 10.0] and bounds[-1] == float("inf")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_sampling_histograms_observe_each_prompts_n_and_longest_choice(client, stream):
+    """vLLM's request_params_n and request_max_num_generation_tokens: one observation per prompt
+    once its n choices have finished, the n and the most tokens one of them generated."""
+    text = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 6, "temperature": 0}).json()
+    cut = text["choices"][0]["text"][2]  # the choices all stop at their third token
+    body = {"prompt": ["ab", "ab"], "max_tokens": 6, "n": 3, "temperature": 0, "stream": stream}
+    assert client.post("/v1/completions", json=body | {"stop": cut}).status_code == 200
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 7, "stream": stream}
+    assert client.post("/v1/chat/completions", json=chat).status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    samples = families["vllm:request_params_n"].samples
+    buckets = {s.labels["le"]: s.value for s in samples if s.name.endswith("_bucket")}
+    assert buckets == {"1.0": 1.0, "2.0": 1.0, "5.0": 3.0, "10.0": 4.0, "20.0": 4.0, "+Inf": 4.0}
+    longest = {s.name: s.value for s in families["vllm:request_max_num_generation_tokens"].samples
+               if s.name.endswith(("_sum", "_count"))}  # fmt: skip
+    assert longest == {
+        "vllm:request_max_num_generation_tokens_sum": 6 + 3 + 3 + 4.0,
+        "vllm:request_max_num_generation_tokens_count": 4.0,
+    }
 
 
 async def test_in_flight_gauge_counts_streams_until_they_end(make_state):
