@@ -142,13 +142,22 @@ def install(app: FastAPI, state: ServerState) -> None:
             ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.special_tokens())
         else:
             ids = chat_prompt(state, body)
-        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+        strs = _token_strs(state.tokenizer, ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(body: DetokenizeRequest):
         check_model(state, body.model)
         _check_in_vocab(state, body.tokens, "tokens")
         return {"prompt": state.tokenizer.decode(body.tokens)}
+
+
+def _token_strs(tokenizer, ids: list[int]) -> list[str]:
+    """vLLM's ``token_strs``: the tokenizer's own token strings ("Ġworld", "▁Hello"), not their text."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    if convert is None:
+        return [tokenizer.decode([token]) for token in ids]
+    return list(convert(ids))
 
 
 async def collect_unless_gone(raw: Request, state: ServerState, submission: Submission) -> dict[int, Result] | None:

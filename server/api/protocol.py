@@ -360,6 +360,7 @@ class TokenizeRequest(ChatTemplating):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = Field(None, description="Default: on for a prompt, off for messages (vLLM's).")
+    return_token_strs: bool = Field(False, description="As in vLLM: the tokens' strings too (the tokenizer's own).")
 
     def special_tokens(self) -> bool:
         return self.add_special_tokens if self.add_special_tokens is not None else self.messages is None

@@ -1,5 +1,6 @@
 """vLLM's request fields that act on sampling, on the real builtin:tiny model in-process (the
-fake runner ignores the sampler): ``allowed_token_ids``."""
+fake runner ignores the sampler): ``allowed_token_ids``; and /tokenize's ``return_token_strs``
+with a real tokenizer."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def test_allowed_token_ids_are_the_only_ones_sampled(tiny):
     for bad in ([vocab], [-1], []):
         reply = client.post("/v1/completions", json={"prompt": "hi", "allowed_token_ids": bad})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == "allowed_token_ids", reply.text
+
+
+def test_tokenize_returns_the_token_strings_when_asked(tiny):
+    state, client = tiny
+    plain = client.post("/tokenize", json={"prompt": "hello world"}).json()
+    assert plain["token_strs"] is None  # vLLM's field, null unless asked
+    out = client.post("/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
+    assert out["tokens"] == plain["tokens"] and len(out["token_strs"]) == out["count"] > 1
+    assert out["token_strs"] == state.tokenizer.convert_ids_to_tokens(out["tokens"])
+    chat = {"messages": [{"role": "user", "content": "hi"}], "return_token_strs": True}
+    out = client.post("/tokenize", json=chat).json()
+    assert len(out["token_strs"]) == out["count"]
