@@ -53,7 +53,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         imports = await _received_kv(state, body, prompts, scored)
         subs = build_subrequests(state, prompts, body, generate, body.logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
-        reply = _Reply(state, submission, "cmpl", want_logprobs=body.logprobs is not None, body=body)
+        reply = _Reply(
+            state, submission, _answer_id(raw, body, "cmpl"), want_logprobs=body.logprobs is not None, body=body
+        )
         echo = {s.index: prompt_texts[s.index // body.n] for s in subs} if body.echo else {}
         echo_only = body.max_tokens == 0
         if body.stream:
@@ -107,7 +109,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         imports = await _received_kv(state, body, [prompt], scored)
         subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, scored, thinking)
         submission = await submit(state, subs, body.priority, arrival)
-        reply = _Reply(state, submission, "chatcmpl", want_logprobs=body.logprobs, body=body)
+        reply = _Reply(state, submission, _answer_id(raw, body, "chatcmpl"), want_logprobs=body.logprobs, body=body)
         if body.stream:
             return EventStreamResponse(reply.stream_chat(body.echoed(), tool_calls, reasoning))
         results = await collect_unless_gone(raw, state, submission)
@@ -173,6 +175,12 @@ async def _prefill_unless_gone(raw: Request, state: ServerState, prompts, priori
     return Response(status_code=CLIENT_GONE) if reply is None else reply
 
 
+def _answer_id(raw: Request, body, prefix: str) -> str:
+    """vLLM's: ``<prefix>-<X-Request-Id header>``, else the body's ``request_id``, else a random one
+    (the engine's own request ids stay unique whatever a client sends)."""
+    return f"{prefix}-{raw.headers.get('X-Request-Id') or body.request_id or uuid.uuid4().hex}"
+
+
 def _remote_decode(body) -> bool:
     params = body.kv_transfer_params
     if params is not None and params.do_remote_decode and params.do_remote_prefill:
@@ -234,10 +242,10 @@ def chat_prompt_text(state: ServerState, body: ChatCompletionRequest | TokenizeR
 class _Reply:
     """Formats one call's choices, chunks and usage."""
 
-    def __init__(self, state: ServerState, submission: Submission, prefix: str, want_logprobs: bool, body) -> None:
+    def __init__(self, state: ServerState, submission: Submission, id_: str, want_logprobs: bool, body) -> None:
         self.state = state
         self.submission = submission
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.id = id_
         self.created = int(time.time())
         self.want_logprobs = want_logprobs
         self.body = body

@@ -83,6 +83,7 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     ignore_eos: bool = False
     priority: int = Field(0, ge=-(10**6), le=10**6, description="As in vLLM: lower values are served first.")
     user: str | None = None
+    request_id: str | None = Field(None, description="As in vLLM: the answer's id is <prefix>-<request_id>.")
     kv_transfer_params: KVTransferParams | None = None
     # Logits processing (OpenAI's ranges; min_p, min_tokens and repetition_penalty as in vLLM)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)

@@ -422,6 +422,26 @@ def test_echo_prepends_the_prompt(client):
     assert text.startswith("hi") and len(text) == 6
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_request_id_becomes_the_answer_id_as_vllm(client, stream):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": stream}
+    for path, body, prefix in (("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": stream}, "cmpl"),
+                               ("/v1/chat/completions", chat, "chatcmpl")):  # fmt: skip
+
+        def ids(response) -> set[str]:
+            assert response.status_code == 200, response.text
+            return {c["id"] for c in sse_chunks(response)} if stream else {response.json()["id"]}
+
+        assert ids(client.post(path, json=body, headers={"X-Request-Id": "trace-abc"})) == {f"{prefix}-trace-abc"}
+        assert ids(client.post(path, json=body | {"request_id": "mine-42"})) == {f"{prefix}-mine-42"}
+        both = client.post(path, json=body | {"request_id": "mine-42"}, headers={"X-Request-Id": "trace-abc"})
+        assert ids(both) == {f"{prefix}-trace-abc"}  # the header first, as vLLM
+        # the same id twice at once: the engine's own ids stay unique
+        assert ids(client.post(path, json=body | {"n": 2}, headers={"X-Request-Id": "again"})) == {f"{prefix}-again"}
+        (random,) = ids(client.post(path, json=body))
+        assert random.startswith(f"{prefix}-") and len(random) > len(prefix) + 16
+
+
 def test_completion_stream_framing(client):
     body = {"prompt": "abc", "max_tokens": 6, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
     response = client.post("/v1/completions", json=body)
