@@ -458,6 +458,11 @@ def _chat_token_logprobs(state: ServerState, tokens: list[int], lps: list[Sample
     decode = state.tokenizer.decode
     content = []
     for token, lp in zip(tokens, lps, strict=False):
-        top = [{"token": decode([t]), "logprob": v} for t, v in (lp.top_logprobs or {}).items()]
-        content.append({"token": decode([token]), "logprob": lp.logprob, "top_logprobs": top})
+        top = [_chat_entry(decode([t]), v) for t, v in (lp.top_logprobs or {}).items()]
+        content.append(_chat_entry(decode([token]), lp.logprob) | {"top_logprobs": top})
     return content
+
+
+def _chat_entry(text: str, logprob: float) -> dict:
+    """One chat logprob entry, with OpenAI's (and vLLM's) ``bytes``: the token text's UTF-8."""
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", errors="replace"))}

@@ -1,8 +1,10 @@
 """vLLM's request fields that act on sampling, on the real builtin:tiny model in-process (the
-fake runner ignores the sampler): ``allowed_token_ids``; and /tokenize's ``return_token_strs``
-with a real tokenizer."""
+fake runner ignores the sampler): ``allowed_token_ids``; and, with a real tokenizer and real
+logprobs, /tokenize's ``return_token_strs`` and the chat logprobs' ``bytes``."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from fastapi.testclient import TestClient
@@ -49,3 +51,22 @@ def test_tokenize_returns_the_token_strings_when_asked(tiny):
     chat = {"messages": [{"role": "user", "content": "hi"}], "return_token_strs": True}
     out = client.post("/tokenize", json=chat).json()
     assert len(out["token_strs"]) == out["count"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_carry_each_tokens_utf8_bytes(tiny, stream):
+    _, client = tiny
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "logprobs": True,
+           "top_logprobs": 2, "stream": stream}  # fmt: skip
+    response = client.post("/v1/chat/completions", json=ask)
+    assert response.status_code == 200, response.text
+    if stream:
+        chunks = [json.loads(line[6:]) for line in response.text.split("\n\n") if line.startswith("data: {")]
+        entries = [e for c in chunks for choice in c["choices"] for e in (choice["logprobs"] or {}).get("content", [])]
+    else:
+        entries = response.json()["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 4
+    for entry in entries:
+        assert len(entry["top_logprobs"]) == 2
+        for each in (entry, *entry["top_logprobs"]):
+            assert each["bytes"] == list(each["token"].encode("utf-8")), each
