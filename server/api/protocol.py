@@ -110,6 +110,15 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     def _stops(cls, value):
         if isinstance(value, list) and len(value) > 16:
             raise ValueError("at most 16 stop sequences")
+        if value == "" or (isinstance(value, list) and "" in value):
+            raise ValueError("stop cannot contain an empty string")  # vLLM's words
+        return value
+
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _only_streamed(cls, value, info: ValidationInfo):
+        if value and not info.data.get("stream"):  # vLLM's check: an empty object passes
+            raise ValueError("stream_options can only be defined when stream is true (as in vLLM)")
         return value
 
     @field_validator("logit_bias")
@@ -331,6 +340,14 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = Field(False, description="As in vLLM: the reply starts with the last message if the assistant's.")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value, info: ValidationInfo):
+        if value and not info.data.get("logprobs"):  # vLLM's check: 0 passes
+            raise ValueError("when using top_logprobs, logprobs must be set to true (as in vLLM)")
+        return value
+
     tool_choice: str | dict[str, Any] | None = Field(
         None, description="'none', 'auto' (needs a tool-call parser), 'required' or a named function (tool_calls.py)."
     )

@@ -76,7 +76,11 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": [1, "mixed"]}, "prompt"),
         ({"max_tokens": 4}, "prompt"),
         ({"prompt": "hi", "stop": ["a"] * 17}, "stop"),
-        ({"prompt": "hi", "stream_options": {"include_usage": "sometimes"}}, "stream_options"),
+        ({"prompt": "hi", "stream": True, "stream_options": {"include_usage": "sometimes"}}, "stream_options"),
+        # as vLLM refuses them
+        ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": "hi", "stop": ""}, "stop"),
+        ({"prompt": "hi", "stop": ["x", ""]}, "stop"),
         ({"prompt": [5, 10_000]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": ""}, "prompt"),
@@ -184,6 +188,21 @@ def test_beam_search_and_bad_words_are_refused_not_ignored(client, extra):
         client.post("/v1/completions", json={"prompt": "hi", "use_beam_search": False, "bad_words": []}).status_code
         == 200
     )
+
+
+def test_chat_refuses_what_vllm_refuses_and_takes_what_it_takes(client):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra, param in (
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": False, "top_logprobs": 3}, "top_logprobs"),
+        ({"stop": ""}, "stop"),
+    ):
+        assert_openai_error(client.post("/v1/chat/completions", json=chat | extra), 400, param)
+    for extra in ({"stream_options": {}}, {"stream_options": None}, {"top_logprobs": 0}, {"stop": []},
+                  {"logprobs": True, "top_logprobs": 3}):  # fmt: skip
+        assert client.post("/v1/chat/completions", json=chat | extra).status_code == 200, extra
 
 
 def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
