@@ -6,7 +6,8 @@ transformers 5.23 (models/llama, qwen2, mistral; masking_utils): for an implemen
 registered mask function no mask is built (``attention_mask`` is None), our extra kwargs reach
 this function unchanged, and it gets q/k/v as (1, heads, T, head_dim) after RoPE, ``scaling``,
 the layer in ``module.layer_idx`` and, for Qwen2/Mistral, the layer's ``sliding_window``
-(None for full attention). It must return (1, T, heads, head_dim) in token order.
+(None for full attention). It must return (1, T, heads, head_dim) in token order. Two more
+kwargs change the weights: Gemma 2's ``softcap`` and gpt-oss's ``s_aux`` (sinks); see ``Scoring``.
 
 The function writes this step's keys and values into the paged cache at the slot mapping, then
 attends each request's queries to that request's cached keys, causally, with GQA:
@@ -20,7 +21,8 @@ attends each request's queries to that request's cached keys, causally, with GQA
   causal mask offset by the chunk start.
 
 Sliding windows are honoured through the masks (``kv_pos > q_pos - window``, as transformers
-does), so Mistral and Qwen2 with a window shorter than the context stay exact.
+does), so Mistral and Qwen2 with a window shorter than the context stay exact. A layer with a
+logit cap or sinks takes the plain-torch paths (no C kernel, no SDPA), which apply them.
 """
 
 from __future__ import annotations
@@ -33,12 +35,31 @@ from transformers import AttentionInterface
 
 from . import cpu_kernels
 from .kv_cache import PagedKVCache
+from .model_support import OWN_ATTENTION, UnsupportedModel, refused
 
 ATTN_IMPLEMENTATION = "llmfleet"
 
 # Decode attention gathers this many bytes of K and V at a time (a few heads), then attends:
 # small enough to stay in the CPU cache, about 1.5x faster than gathering all heads first.
 DECODE_CHUNK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, eq=False)  # eq: it holds a tensor
+class Scoring:
+    """How a layer turns ``q . k`` into attention weights, read from the kwargs its model passes:
+    the scale, a sliding window, a tanh cap on the logits (Gemma 2: ``softcap * tanh(x / softcap)``)
+    and sinks (gpt-oss: a learned logit per head that takes part in the softmax, then is dropped,
+    so a query may attend to "nothing")."""
+
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None  # (heads,)
+
+    @property
+    def plain(self) -> bool:
+        """A scaled softmax within the window: what the C kernel and SDPA compute."""
+        return self.softcap is None and self.sinks is None
 
 
 @dataclass
@@ -120,20 +141,25 @@ def paged_attention(
     dropout: float = 0.0,
     llmfleet_meta: StepMetadata | AttentionSplit | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     meta = llmfleet_meta
     if meta is None:
-        raise RuntimeError("llmfleet attention called without step metadata (use the llm-fleet runner)")
+        reason = (f"its layers do not pass their keyword arguments on to their attention ({type(module).__name__} "
+                  "got no llm-fleet step metadata)")  # fmt: skip
+        raise refused(type(module).__module__.rsplit(".", 1)[-1].removeprefix("modeling_"), reason)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scoring = Scoring(scale, sliding_window, softcap, s_aux)
     if not isinstance(meta, StepMetadata):
-        return meta.split(module.layer_idx, query, key, value, scale, sliding_window), None
+        return meta.split(module.layer_idx, query, key, value, scoring), None
     q = query[0].transpose(0, 1)  # (T, heads, D)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # token-major
     real = meta.slot_mapping.shape[0]
     if real < q.shape[0]:
         out[real:].zero_()  # padding rows (step_shapes.py): attended by nothing
-    attend(meta, module.layer_idx, q, key[0], value[0], out, scale, sliding_window)
+    attend(meta, module.layer_idx, q, key[0], value[0], out, scoring)
     return out.unsqueeze(0), None
 
 
@@ -143,7 +169,7 @@ class AttentionSplit(Protocol):
     rest of the layer reads as the attention output."""
 
     def split(
-        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, window: int | None
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scoring: Scoring
     ) -> torch.Tensor: ...
 
 
@@ -154,8 +180,7 @@ def attend(
     key: torch.Tensor,
     value: torch.Tensor,
     out: torch.Tensor,
-    scale: float,
-    window: int | None,
+    scoring: Scoring,
 ) -> None:
     """One layer's paged attention for a step: store ``key``/``value`` (kv_heads, T, D) in the
     cache, attend ``q`` (T, heads, D) and write the result into ``out`` (T, heads, D). Rows past
@@ -164,9 +189,9 @@ def attend(
     real = meta.slot_mapping.shape[0]
     cache.write(layer, meta.slot_mapping, key[:, :real], value[:, :real])
     for group in meta.decode_groups:
-        _decode(q, out, cache, layer, group, scale, window)
+        _decode(q, out, cache, layer, group, scoring)
     for span in meta.prefills:
-        _prefill(q, key, value, out, cache, layer, span, scale, window)
+        _prefill(q, key, value, out, cache, layer, span, scoring)
 
 
 def _decode(
@@ -175,11 +200,12 @@ def _decode(
     cache: PagedKVCache,
     layer: int,
     group: DecodeGroup,
-    scale: float,
-    window: int | None,
+    scoring: Scoring,
 ) -> None:
     kv = (cache.keys[layer], cache.values[layer], cache.block_size)
-    if cpu_kernels.paged_decode(q, out, *kv, group.rows, group.blocks, group.lengths, scale, window):
+    if scoring.plain and cpu_kernels.paged_decode(
+        q, out, *kv, group.rows, group.blocks, group.lengths, scoring.scale, scoring.window
+    ):
         return  # read in place by the C kernel (cpu_kernels.py)
     n = group.rows.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -187,7 +213,8 @@ def _decode(
     per_kv = num_heads // kv_heads  # query heads sharing one KV head (GQA)
     queries = q.index_select(0, group.rows).view(n, kv_heads, per_kv, head_dim).transpose(0, 1)
     attended = torch.empty((kv_heads, n, per_kv, head_dim), dtype=q.dtype, device=q.device)
-    mask = group.mask(cache.block_size, window, cache.dtype)
+    mask = group.mask(cache.block_size, scoring.window, cache.dtype)
+    sinks = None if scoring.sinks is None else scoring.sinks.view(kv_heads, 1, per_kv, 1)
     # On CPU a few KV heads at a time, so the gathered keys are still in cache when the matmul
     # reads them; on a GPU all at once (fewer kernel launches).
     step = kv_heads if q.is_cuda else cache.heads_per_chunk(group.blocks.shape[0], DECODE_CHUNK_BYTES)
@@ -196,10 +223,12 @@ def _decode(
         keys, values = cache.gather(layer, group.blocks, (first, end))
         keys = keys.view(end - first, n, -1, head_dim)  # (heads, n, ctx, D)
         values = values.view(end - first, n, -1, head_dim)
-        scores = torch.matmul(queries[first:end].to(keys.dtype), keys.transpose(-1, -2)).mul_(scale)
+        scores = torch.matmul(queries[first:end].to(keys.dtype), keys.transpose(-1, -2)).mul_(scoring.scale)
+        if scoring.softcap is not None:
+            scores = _capped(scores, scoring.softcap)
         if mask is not None:
             scores.add_(mask)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        probs = _softmax(scores, None if sinks is None else sinks[first:end]).to(values.dtype)
         attended[first:end] = torch.matmul(probs, values)
     out.index_copy_(0, group.rows, attended.transpose(0, 1).reshape(n, num_heads, head_dim))
 
@@ -212,8 +241,7 @@ def _prefill(
     cache: PagedKVCache,
     layer: int,
     span: PrefillSpan,
-    scale: float,
-    window: int | None,
+    scoring: Scoring,
 ) -> None:
     rows = slice(span.row, span.row + span.num_tokens)
     queries = q[rows].transpose(0, 1).unsqueeze(0)  # (1, heads, n, D)
@@ -223,17 +251,54 @@ def _prefill(
         keys, values = cache.gather(layer, span.blocks)
         keys = keys[:, : span.context].unsqueeze(0)
         values = values[:, : span.context].unsqueeze(0)
-    mask = span.mask(window, q.device)
-    attended = torch.nn.functional.scaled_dot_product_attention(
-        queries,
-        keys.to(queries.dtype),
-        values.to(queries.dtype),
-        attn_mask=mask,
-        is_causal=mask is None,
-        scale=scale,
-        enable_gqa=keys.shape[1] != queries.shape[1],
-    )
+    mask = span.mask(scoring.window, q.device)
+    keys, values = keys.to(queries.dtype), values.to(queries.dtype)
+    if scoring.plain:
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            queries,
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scoring.scale,
+            enable_gqa=keys.shape[1] != queries.shape[1],
+        )
+    else:
+        attended = _attend_scored(queries, keys, values, mask, scoring)
     out[rows] = attended[0].transpose(0, 1)
+
+
+def _attend_scored(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scoring: Scoring
+) -> torch.Tensor:
+    """A prompt chunk's attention where SDPA cannot apply the layer's scoring: queries (1, heads,
+    n, D) against keys and values (1, kv_heads, ctx, D); ``mask`` (n, ctx) True where a query may
+    attend, None for a chunk that is the whole context (causal)."""
+    per_kv = queries.shape[1] // keys.shape[1]
+    if per_kv > 1:
+        keys, values = keys.repeat_interleave(per_kv, dim=1), values.repeat_interleave(per_kv, dim=1)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(scoring.scale)
+    if scoring.softcap is not None:
+        scores = _capped(scores, scoring.softcap)
+    n, ctx = scores.shape[-2:]
+    if mask is None:
+        mask = torch.ones((n, ctx), dtype=torch.bool, device=scores.device).tril_(ctx - n)
+    scores.masked_fill_(~mask, float("-inf"))
+    sinks = None if scoring.sinks is None else scoring.sinks.view(1, -1, 1, 1)
+    return torch.matmul(_softmax(scores, sinks).to(values.dtype), values)
+
+
+def _capped(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    return scores.div_(softcap).tanh_().mul_(softcap)
+
+
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """float32 softmax over the last dimension; ``sinks`` (broadcast to one logit per row) join
+    the softmax and are dropped from its result."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)
+    logits = torch.cat([scores.float(), sinks.float().expand(*scores.shape[:-1], 1)], dim=-1)
+    return torch.softmax(logits, dim=-1)[..., :-1]
 
 
 def model_logits(
@@ -247,6 +312,38 @@ def model_logits(
     return model(
         input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=logit_rows, llmfleet_meta=meta
     ).logits[0]
+
+
+class _Probe:
+    """Answers every attention call of a forward with zeros, counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def split(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scoring: Scoring
+    ) -> torch.Tensor:
+        self.calls += 1
+        return torch.zeros_like(query).transpose(1, 2)  # (1, T, heads, D)
+
+
+def probe(model: torch.nn.Module, device: torch.device) -> None:
+    """A one-token forward at load, before the server reports ready: raises UnsupportedModel for
+    a model whose layers drop our kwargs (every request's step would fail) or whose attention
+    does not come here in every layer (its own code: requests would attend across each other)."""
+    one = torch.zeros((1, 1), dtype=torch.long, device=device)
+    counter = _Probe()
+    try:
+        with torch.inference_mode():
+            model_logits(model, one, one, torch.zeros(1, dtype=torch.long, device=device), counter)
+    except UnsupportedModel:
+        raise
+    except Exception as exc:  # MPT: its own mask code expects the mask transformers builds for others
+        raise refused(type(model).__name__, f"a one-token forward with llm-fleet's attention failed: {exc!r}") from exc
+    layers = model.config.num_hidden_layers
+    if counter.calls != layers:
+        reason = f"{OWN_ATTENTION} ({counter.calls} attention calls for {layers} layers)"
+        raise refused(type(model).__name__, reason)
 
 
 def register() -> None:

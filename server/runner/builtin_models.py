@@ -38,7 +38,7 @@ SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|end|>"]
 
 @dataclass(frozen=True)
 class BuiltinSpec:
-    architecture: str  # llama | qwen2 | mistral
+    architecture: str  # a transformers model_type: llama | qwen2 | mistral (tests build others)
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -49,6 +49,7 @@ class BuiltinSpec:
     init_std: float  # wider than HF's 0.02 so greedy argmax is decided by clear margins
     seed: int
     sliding_window: int | None = None  # mistral/qwen2 only; None: a window wider than the context
+    extra_config: tuple[tuple[str, Any], ...] = ()  # more config fields (other architectures, in tests)
 
 
 BUILTINS: dict[str, BuiltinSpec] = {
@@ -124,7 +125,7 @@ def build_model_dir(spec: BuiltinSpec, target: Path) -> Path:
 
 
 def _stamp(spec: BuiltinSpec) -> dict[str, Any]:
-    return {"build_version": BUILD_VERSION, "spec": asdict(spec)}
+    return json.loads(json.dumps({"build_version": BUILD_VERSION, "spec": asdict(spec)}))  # as read back
 
 
 def _is_current(directory: Path, spec: BuiltinSpec) -> bool:
@@ -185,7 +186,7 @@ def _config_kwargs(spec: BuiltinSpec) -> dict[str, Any]:
         kwargs["use_sliding_window"] = spec.sliding_window is not None
         kwargs["sliding_window"] = spec.sliding_window
         kwargs["max_window_layers"] = 1  # layers from this index on use the window
-    return kwargs
+    return kwargs | dict(spec.extra_config)
 
 
 def build_tokenizer(vocab_size: int):

@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from .attention import attend, model_logits
+from .attention import Scoring, attend, model_logits
 from .kv_cache import PagedKVCache
 from .step_inputs import StepInputs
 
@@ -82,15 +82,15 @@ class _Pieces:
         self.pool = pool
         self.capturing = False
         self.graphs: list[torch.cuda.CUDAGraph] = []
-        self.layers: list[tuple[int, float, int | None]] = []  # layer index, scale, sliding window
+        self.layers: list[tuple[int, Scoring]] = []  # layer index and how it scores
         self.logits: torch.Tensor | None = None
 
     def split(
-        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, window: int | None
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scoring: Scoring
     ) -> torch.Tensor:
         out = self.shared.hand_over(query, key, value)
         if self.capturing:
-            self.layers.append((layer, scale, window))
+            self.layers.append((layer, scoring))
             self.graphs[-1].capture_end()
             self.begin()
         return out
@@ -125,9 +125,9 @@ class PiecewiseGraphs:
         shared.rows[:rows].copy_(step.logit_rows)
         shared.rows[rows:].zero_()  # a larger bucket's stale rows could lie past this one's tokens
         q, k, v, out = shared.q[:tokens], shared.k[:, :tokens], shared.v[:, :tokens], shared.out[:tokens]
-        for graph, (layer, scale, window) in zip(pieces.graphs, pieces.layers, strict=False):
+        for graph, (layer, scoring) in zip(pieces.graphs, pieces.layers, strict=False):
             graph.replay()
-            attend(meta, layer, q, k, v, out, scale, window)
+            attend(meta, layer, q, k, v, out, scoring)
         pieces.graphs[-1].replay()
         self.replays += 1
         return pieces.logits[:rows]

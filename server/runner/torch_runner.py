@@ -26,6 +26,7 @@ from .cuda_graphs import DecodeGraphs
 from .grammar_masks import GrammarMasks
 from .host_memory import keep_freed_host_memory
 from .kv_cache import PagedKVCache
+from .model_support import OWN_ATTENTION, check_supported, refused
 from .piecewise_graphs import TOKEN_BUCKETS, PiecewiseGraphs, token_bucket
 from .sampler import Sampler, token_logprobs
 from .step_inputs import StepInputs, build_step_inputs
@@ -82,10 +83,17 @@ class TorchModelRunner:
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
             if cpu_kernels.enabled():
                 cpu_kernels.built()  # compile the decode-attention kernel now, not in a first decode step
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=self.dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
-        ).to(self.device)
+        architecture = check_supported(model_dir)  # before any weights load: a refused model goes in a second
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=self.dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
+            ).to(self.device)
+        except KeyError as exc:  # Falcon, GPT-Neo: layers pick their attention class from a table of their own
+            if exc.args != (attention.ATTN_IMPLEMENTATION,):
+                raise
+            raise refused(architecture, OWN_ATTENTION) from exc
         self.model.eval()
+        attention.probe(self.model, self.device)
         hf = self.model.config
         self.num_layers = hf.num_hidden_layers
         self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads

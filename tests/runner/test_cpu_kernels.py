@@ -34,7 +34,7 @@ def kernel_built():
 def attend(monkeypatch, use_kernel: bool, q, cache, group, window):
     monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1" if use_kernel else "0")
     out = torch.zeros(q.shape, dtype=q.dtype)
-    attention._decode(q, out, cache, 1, group, q.shape[-1] ** -0.5, window)
+    attention._decode(q, out, cache, 1, group, attention.Scoring(q.shape[-1] ** -0.5, window))
     return out
 
 
