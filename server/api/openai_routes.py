@@ -83,6 +83,8 @@ def install(app: FastAPI, state: ServerState) -> None:
             if body.prompt_logprobs is not None:
                 scores = result.prompt_logprobs or []
                 choice["prompt_logprobs"] = vllm_prompt_logprobs(state, scores, body.prompt_logprobs)
+            if body.return_token_ids:  # vLLM's, for clients that must not re-tokenize (RL, agents)
+                choice |= {"prompt_token_ids": sub.prompt, "token_ids": result.token_ids}
             choices.append(choice)
         return reply.envelope("text_completion", choices, usage=reply.usage(results))
 
@@ -130,7 +132,9 @@ def install(app: FastAPI, state: ServerState) -> None:
             stopped_by = stop_reason(state, body, result.token_ids, result.finish_reason)
             choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                             "stop_reason": stopped_by})  # fmt: skip
-        extra = {}
+            if body.return_token_ids:
+                choices[-1]["token_ids"] = result.token_ids
+        extra = {"prompt_token_ids": subs[0].prompt} if body.return_token_ids else {}
         if scored is not None:  # vLLM puts them beside the choices: the n choices share one prompt
             extra["prompt_logprobs"] = vllm_prompt_logprobs(state, results[subs[0].index].prompt_logprobs or [], scored)
         return reply.envelope("chat.completion", choices, usage=reply.usage(results), **extra)
@@ -250,6 +254,11 @@ class _Reply:
         self.want_logprobs = want_logprobs
         self.body = body
         self._tokens: dict[int, list[int]] = {s.index: [] for s in submission.subs}  # streamed so far
+        # vLLM's return_token_ids, streamed: each chunk carries the token ids that came since the
+        # choice's last chunk (text held back holds its ids too); the prompt's go with the first
+        self.return_token_ids = bool(body.return_token_ids)
+        self._unsent: dict[int, list[int]] = {s.index: [] for s in submission.subs}
+        self._prompt_sent: set[int] = set()  # choices (chat: the call) whose prompt ids went out
         options = body.stream_options
         self.include_usage = bool(options and options.include_usage)
         self.continuous_usage = self.include_usage and options.continuous_usage_stats
@@ -260,9 +269,23 @@ class _Reply:
 
     def chunk(self, obj: str, choice: dict, sub: SubRequest, completion: int = 0) -> dict:
         """One choice's chunk; with continuous usage stats, the usage of that choice so far (vLLM's)."""
-        if not self.continuous_usage:
-            return self.envelope(obj, [choice])
-        return self.envelope(obj, [choice], usage=_usage(len(sub.prompt), completion))
+        extra = self._token_ids(obj, choice, sub) if self.return_token_ids else {}
+        if self.continuous_usage:
+            extra["usage"] = _usage(len(sub.prompt), completion)
+        return self.envelope(obj, [choice], **extra)
+
+    def _token_ids(self, obj: str, choice: dict, sub: SubRequest) -> dict:
+        """Adds the choice's new token ids to ``choice``, and the prompt's to the first chunk: on the
+        choice for a completion, beside the choices for a chat (its n choices share the prompt)."""
+        choice["token_ids"], self._unsent[sub.index] = self._unsent[sub.index], []
+        key = sub.index if obj == "text_completion" else -1
+        if key in self._prompt_sent:
+            return {}
+        self._prompt_sent.add(key)
+        if obj == "text_completion":
+            choice["prompt_token_ids"] = sub.prompt
+            return {}
+        return {"prompt_token_ids": sub.prompt}
 
     def usage(self, results: dict[int, Result] | None = None, completion: int | None = None) -> dict:
         if completion is None:
@@ -355,9 +378,11 @@ class _Reply:
             yield self.envelope("chat.completion.chunk", [], usage=self.usage(completion=completion))
 
     def _stop_reason(self, owner: SubRequest, event) -> str | int | None:
-        """Fed every event of a stream: the choice's stop_reason once it has finished."""
+        """Fed every event of a stream (its token ids are kept): the choice's stop_reason once it
+        has finished."""
         tokens = self._tokens[owner.index]
         tokens.extend(event.new_token_ids)
+        self._unsent[owner.index].extend(event.new_token_ids)
         if not event.finished:
             return None
         return stop_reason(self.state, self.body, tokens, api_finish_reason(event.finish_reason))

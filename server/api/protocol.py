@@ -103,6 +103,9 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     )
     allowed_token_ids: list[int] | None = Field(None, description="As in vLLM: only these tokens are sampled.")
     use_beam_search: bool = False
+    return_token_ids: bool = Field(
+        False, description="As in vLLM: the prompt's and each choice's token ids (prompt_token_ids, token_ids)."
+    )
     bad_words: list[str] | None = None
 
     @field_validator("stop")

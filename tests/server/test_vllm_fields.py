@@ -70,3 +70,47 @@ def test_chat_logprobs_carry_each_tokens_utf8_bytes(tiny, stream):
         assert len(entry["top_logprobs"]) == 2
         for each in (entry, *entry["top_logprobs"]):
             assert each["bytes"] == list(each["token"].encode("utf-8")), each
+
+
+def _events(response) -> list[dict]:
+    return [json.loads(line[6:]) for line in response.text.split("\n\n") if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_token_ids_gives_the_prompt_and_each_choice_s_ids(tiny, stream):
+    # vLLM's return_token_ids: the ids the model saw and gave, for clients that must not re-tokenize
+    state, client = tiny
+    prompt = state.tokenizer.encode("hello world")
+    ask = {"prompt": "hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "n": 2,
+           "stream": stream, "return_token_ids": True}  # fmt: skip
+    plain = client.post("/v1/completions", json=ask | {"stream": False, "return_token_ids": False}).json()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+    response = client.post("/v1/completions", json=ask)
+    if stream:
+        got = {0: ([], []), 1: ([], [])}
+        for chunk in _events(response):
+            for choice in chunk["choices"]:
+                got[choice["index"]][0].extend(choice.get("prompt_token_ids") or [])  # the first chunk's
+                got[choice["index"]][1].extend(choice["token_ids"])
+    else:
+        got = {c["index"]: (c["prompt_token_ids"], c["token_ids"]) for c in response.json()["choices"]}
+    for index in (0, 1):
+        prompt_ids, token_ids = got[index]
+        assert prompt_ids == prompt and len(token_ids) == 6
+        assert state.tokenizer.decode(token_ids) == plain["choices"][index]["text"]
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+            "stream": stream, "return_token_ids": True}  # fmt: skip
+    response = client.post("/v1/chat/completions", json=chat)
+    if stream:
+        chunks = _events(response)
+        assert [i for i, c in enumerate(chunks) if "prompt_token_ids" in c] == [0]  # beside the choices, once
+        prompt_ids = chunks[0]["prompt_token_ids"]
+        token_ids = [t for c in chunks for choice in c["choices"] for t in choice["token_ids"]]
+        text = "".join(choice["delta"].get("content") or "" for c in chunks for choice in c["choices"])
+    else:
+        out = response.json()
+        prompt_ids, token_ids = out["prompt_token_ids"], out["choices"][0]["token_ids"]
+        text = out["choices"][0]["message"]["content"]
+    assert state.tokenizer.decode(prompt_ids).endswith("<|assistant|>\n") and len(token_ids) == 5
+    assert state.tokenizer.decode(token_ids) == text
