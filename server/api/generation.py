@@ -90,8 +90,7 @@ def build_subrequests(
     vocab = len(state.tokenizer)
     if any(token >= vocab for token in logit_bias):
         raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
-    if body.allowed_token_ids is not None:
-        logit_bias = _allowed_only(state, body.allowed_token_ids, logit_bias)
+    allowed = None if body.allowed_token_ids is None else _allowed_token_ids(state, body.allowed_token_ids)
     structured = _structured_output(body, thinking)
     for p_index, prompt in enumerate(prompts):
         if not prompt:
@@ -120,6 +119,7 @@ def build_subrequests(
                     frequency_penalty=body.frequency_penalty or 0.0,
                     repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                     logit_bias=logit_bias,
+                    allowed_token_ids=allowed,
                     structured=structured,
                 )
             except ValueError as exc:
@@ -130,16 +130,13 @@ def build_subrequests(
     return subs
 
 
-def _allowed_only(state: ServerState, allowed: list[int], logit_bias: dict[int, float]) -> dict[int, float]:
-    """``allowed_token_ids`` as vLLM applies it: every other token of the model's logits is
-    masked (a bias of -inf, which the sampler adds); the request's own bias stays on the rest."""
+def _allowed_token_ids(state: ServerState, allowed: list[int]) -> frozenset[int]:
+    """``allowed_token_ids``, checked against the vocabulary: the sampler masks every other token
+    (of the model's logits, which may be wider than the tokenizer's vocabulary)."""
     vocab = len(state.tokenizer)
     if any(not 0 <= token < vocab for token in allowed):
         raise APIError(400, f"allowed_token_ids must be in [0, {vocab})", param="allowed_token_ids")
-    width = getattr(state.engine.engine.runner, "vocab_size", None) or vocab  # the logits' (may be padded)
-    keep = set(allowed)
-    masked = dict.fromkeys((t for t in range(width) if t not in keep), float("-inf"))
-    return {**{t: b for t, b in logit_bias.items() if t in keep}, **masked}
+    return frozenset(allowed)
 
 
 def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> list[int]:

@@ -94,6 +94,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per time a token was generated
     repetition_penalty: float = 1.0  # prompt and generated tokens: positive logits / it, negative x it (HF)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    allowed_token_ids: frozenset[int] | None = None  # only these are sampled (vLLM's); None: all
     structured: StructuredOutput | None = None  # only tokens its grammar allows are sampled
 
     def __post_init__(self) -> None:
@@ -114,6 +115,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(t < 0 for t in self.logit_bias):
             raise ValueError(f"logit_bias token ids must be non-negative, got {min(self.logit_bias)}")
+        if self.allowed_token_ids is not None and not (self.allowed_token_ids and min(self.allowed_token_ids) >= 0):
+            raise ValueError("allowed_token_ids must hold at least one token id, and no negative ones")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         for name in ("logprobs", "prompt_logprobs"):

@@ -77,6 +77,10 @@ class Sampler:
         for i in rows:
             request, row = requests[i], processed[i]
             params = request.sampling
+            if params.allowed_token_ids is not None:  # everything else masked, before any bias
+                keep = torch.tensor([t for t in params.allowed_token_ids if t < vocab], device=row.device)
+                allowed = row[keep]
+                row.fill_(float("-inf")).index_copy_(0, keep, allowed)
             if request.num_output_tokens < params.min_tokens:
                 row[[t for t in params.stop_ids(self.eos_token_ids) if 0 <= t < vocab]] = float("-inf")
             bias = {t: b for t, b in params.logit_bias.items() if t < vocab}  # the API checked the ids
@@ -143,7 +147,12 @@ def token_logprobs(logits: torch.Tensor, targets: list[int], top_n: int, ranks: 
 
 def _processed(request: Request) -> bool:
     params = request.sampling
-    return bool(request.num_output_tokens < params.min_tokens or params.logit_bias or params.penalized)
+    return bool(
+        request.num_output_tokens < params.min_tokens
+        or params.logit_bias
+        or params.penalized
+        or params.allowed_token_ids is not None
+    )
 
 
 def _penalize(row: torch.Tensor, request: Request) -> None:

@@ -116,6 +116,17 @@ def test_logit_bias_adds_to_its_tokens_and_logprobs_stay_the_models(sampler):
     assert draws(sampler, logits[0], 20, temperature=1.0, logit_bias={low: 100.0}) == [low] * 20
 
 
+def test_allowed_token_ids_mask_every_other_token_and_logprobs_stay_the_models(sampler):
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(7))
+    worst = sorted(range(30), key=lambda t: float(logits[0, t]))[:3]
+    only = req("o", temperature=0, allowed_token_ids=frozenset(worst), logprobs=1)
+    plain = req("p", temperature=0)
+    o, p = sampler.sample(logits, [only, plain])
+    assert o.token_id == max(worst, key=lambda t: float(logits[0, t])) and p.token_id == int(logits[1].argmax())
+    assert o.logprob == pytest.approx(torch.log_softmax(logits[0], -1)[o.token_id].item(), abs=1e-5)
+    assert set(draws(sampler, logits[0], 30, temperature=2.0, allowed_token_ids=frozenset(worst))) <= set(worst)
+
+
 def test_repetition_penalty_is_hf_s_over_prompt_and_output(sampler):
     logits = torch.randn(40, generator=torch.Generator().manual_seed(6)) * 3
     r = Request("r", [3, 9, 9, 17], SamplingParams(temperature=0, repetition_penalty=1.7))
@@ -153,7 +164,8 @@ def test_rows_without_processing_share_the_batch_untouched(sampler):
 @pytest.mark.parametrize(
     "bad",
     [dict(min_p=1.5), dict(min_tokens=5, max_tokens=4), dict(presence_penalty=2.5), dict(frequency_penalty=-3),
-     dict(repetition_penalty=0.0), dict(logit_bias={-1: 1.0})],
+     dict(repetition_penalty=0.0), dict(logit_bias={-1: 1.0}), dict(allowed_token_ids=frozenset()),
+     dict(allowed_token_ids=frozenset({-1}))],
 )  # fmt: skip
 def test_out_of_range_processing_is_refused(bad):
     with pytest.raises(ValueError):
