@@ -37,6 +37,7 @@ class Result:
     logprobs: list[SampledToken]
     num_output_tokens: int
     prompt_logprobs: list[SampledToken] | None = None  # where asked: prompt tokens 1.. (see Request)
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
 
 
 @dataclass
@@ -326,7 +327,7 @@ async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
     tokens: dict[int, list[int]] = {s.index: [] for s in sub.subs}
     lps: dict[int, list] = {s.index: [] for s in sub.subs}
     prompt_lps: dict[int, list[SampledToken]] = {}
-    done: dict[int, tuple[str | None, int]] = {}
+    done: dict[int, tuple[str | None, int, str | int | None]] = {}
     events = EventStream(state, sub)
     try:
         async for owner, event in events:
@@ -336,37 +337,13 @@ async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
             if event.prompt_logprobs is not None:
                 prompt_lps[owner.index] = event.prompt_logprobs
             if event.finished:
-                done[owner.index] = (api_finish_reason(event.finish_reason), event.num_output_tokens)
+                done[owner.index] = (api_finish_reason(event.finish_reason), event.num_output_tokens, event.stop_reason)
     finally:
         await events.aclose()
-    return {i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1], prompt_lps.get(i)) for i in text}
-
-
-def stop_reason(
-    state: ServerState, body: _Sampling, token_ids: list[int], finish_reason: str | None
-) -> str | int | None:
-    """vLLM's ``stop_reason``: the stop token id or the stop string that ended a choice; None
-    where it ran to its length, or ended at EOS. The engine reports only that it stopped: a
-    stop token is the last one; a stop string is the first of the request's in its text (from
-    min_tokens on), of two at one place the longer, as the detokenizer cuts at it."""
-    if finish_reason != "stop" or not token_ids:
-        return None
-    last = token_ids[-1]
-    eos = getattr(state.engine.engine.runner, "eos_token_ids", frozenset()) if state.engine is not None else frozenset()
-    if not body.ignore_eos and last in eos:
-        return None
-    if last in (body.stop_token_ids or ()):
-        return last
-    stops = [stop for stop in body.stop_list() if stop]
-    if not stops:
-        return None
-    decode = state.tokenizer.decode
-    text = decode(token_ids, skip_special_tokens=body.skip_special_tokens)
-    start = len(decode(token_ids[: body.min_tokens], skip_special_tokens=body.skip_special_tokens))
-    hits = [(at, -len(stop), stop) for stop in stops if (at := text.find(stop, start)) >= 0]
-    if hits:
-        return min(hits)[2]
-    return stops[0] if len(stops) == 1 else None
+    return {
+        i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1], prompt_lps.get(i), done[i][2])
+        for i in text
+    }
 
 
 def api_finish_reason(reason: str | None) -> str | None:

@@ -25,7 +25,6 @@ from .generation import (
     check_model,
     check_serving,
     collect,
-    stop_reason,
     submit,
     truncated_prompt,
 )
@@ -73,7 +72,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             text = echo.get(sub.index, "")
             choice = {"index": sub.index, "text": text + result.text, "logprobs": None,
                       "finish_reason": result.finish_reason,
-                      "stop_reason": stop_reason(state, body, result.token_ids, result.finish_reason)}  # fmt: skip
+                      "stop_reason": result.stop_reason}  # fmt: skip
             if body.logprobs is not None:
                 generated = completion_logprobs(state, result.token_ids, result.logprobs, len(text))
                 if body.echo:
@@ -129,9 +128,8 @@ def install(app: FastAPI, state: ServerState) -> None:
             if body.echoed():  # streamed, the echo is the first chunk's content whatever follows
                 message["content"] = body.echoed() + (message["content"] or "")
             logprobs = chat_logprobs(state, result) if body.logprobs else None
-            stopped_by = stop_reason(state, body, result.token_ids, result.finish_reason)
             choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                            "stop_reason": stopped_by})  # fmt: skip
+                            "stop_reason": result.stop_reason})  # fmt: skip
             if body.return_token_ids:
                 choices[-1]["token_ids"] = result.token_ids
         extra = {"prompt_token_ids": subs[0].prompt} if body.return_token_ids else {}
@@ -252,8 +250,6 @@ class _Reply:
         self.id = id_
         self.created = int(time.time())
         self.want_logprobs = want_logprobs
-        self.body = body
-        self._tokens: dict[int, list[int]] = {s.index: [] for s in submission.subs}  # streamed so far
         # vLLM's return_token_ids, streamed: each chunk carries the token ids that came since the
         # choice's last chunk (text held back holds its ids too); the prompt's go with the first
         self.return_token_ids = bool(body.return_token_ids)
@@ -378,14 +374,10 @@ class _Reply:
             yield self.envelope("chat.completion.chunk", [], usage=self.usage(completion=completion))
 
     def _stop_reason(self, owner: SubRequest, event) -> str | int | None:
-        """Fed every event of a stream (its token ids are kept): the choice's stop_reason once it
-        has finished."""
-        tokens = self._tokens[owner.index]
-        tokens.extend(event.new_token_ids)
+        """Fed every event of a stream (its token ids wait for the choice's next chunk): the
+        choice's stop_reason once it has finished."""
         self._unsent[owner.index].extend(event.new_token_ids)
-        if not event.finished:
-            return None
-        return stop_reason(self.state, self.body, tokens, api_finish_reason(event.finish_reason))
+        return event.stop_reason
 
     def _worth_a_chunk(self, event) -> bool:
         # text held back (a partial UTF-8 sequence, a possible stop string) waits for the next token

@@ -44,6 +44,7 @@ class IncrementalDetokenizer:
         self.text = ""  # decoded so far (may include held-back tail)
         self._released = 0  # chars of self.text handed out
         self._stops_from = 0  # stop strings are searched from here on (min_tokens)
+        self.stopped_by: str | None = None  # the stop string the text was cut at
 
     def add(self, token_id: int, stops: bool = True) -> tuple[str, bool]:
         """Add a token; returns (newly released text, hit_stop_string). After a hit the
@@ -86,6 +87,7 @@ class IncrementalDetokenizer:
         hits = [(i, -len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stop) if i >= 0]
         if hits:
             at, minus_length = min(hits)  # the first stop string; of two there, the longer
+            self.stopped_by = self.text[at : at - minus_length]
             self.text = self.text[: at - minus_length if self._include_stop else at]
             return self._release(len(self.text)), True
         hold = 0 if final else self._partial_stop_suffix()

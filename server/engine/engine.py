@@ -61,6 +61,9 @@ class RequestOutput:
     kv_export: Any = None  # on the final event of an ``export_kv`` request: its KV (runner.export_kv)
     max_tokens: int | None = None  # the request's max_tokens (for vllm:request_params_max_tokens)
     prompt_logprobs: list[SampledToken] | None = None  # with the first token, where asked (see Request)
+    # vLLM's: what stopped it, on the final event: the stop string, or a stop_token_ids token
+    # (None at EOS, at the length, or aborted)
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -309,6 +312,12 @@ class LLMEngine:
             self._finish(request, status)
         logprobs = [token] if request.sampling.logprobs is not None else None
         event = self._event(request, [token.token_id], text, logprobs)
+        if hit_stop:
+            event.stop_reason = tracked.detok.stopped_by
+        elif stop_token and token.token_id in request.sampling.stop_token_ids:
+            # EOS first, as vLLM checks it: a token that is both leaves stop_reason None
+            is_eos = not request.sampling.ignore_eos and token.token_id in self.runner.eos_token_ids
+            event.stop_reason = None if is_eos else token.token_id
         if request.sampling.prompt_logprobs is not None and request.num_output_tokens == 1:
             event.prompt_logprobs = list(request.prompt_logprobs)
         return event

@@ -89,6 +89,14 @@ def test_include_stop_keeps_the_stop_string_that_ended_the_text():
     assert "".join(p for p, _ in pieces) == "abcd"
 
 
+def test_it_tells_which_stop_string_cut_the_text():  # vLLM's stop_reason
+    for include in (False, True):
+        detok = IncrementalDetokenizer(LetterDecoder(), ["x", "bc", "d"], include_stop=include)
+        hits = [detok.add(t)[1] for t in (0, 1, 2)]  # a b c
+        assert hits == [False, False, True] and detok.stopped_by == "bc"
+    assert IncrementalDetokenizer(LetterDecoder(), ["x"]).stopped_by is None
+
+
 class SentencePieceDecoder:
     """A sentencepiece tokenizer's decoding (Llama 2, Mistral): each token is a word with a leading
     "▁" read as a space, and the text's first space is stripped."""
