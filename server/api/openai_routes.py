@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from fastapi import FastAPI, Request, Response
@@ -33,6 +33,8 @@ from .reasoning import Reasoning
 from .sse import EventStreamResponse
 from .state import ServerState
 from .tool_calls import AutoToolCalls, ForcedToolCalls
+
+TokenNames = Callable[[int], str]  # a token id -> how logprobs show it
 
 
 def install(app: FastAPI, state: ServerState) -> None:
@@ -74,14 +76,14 @@ def install(app: FastAPI, state: ServerState) -> None:
                       "finish_reason": result.finish_reason,
                       "stop_reason": result.stop_reason}  # fmt: skip
             if body.logprobs is not None:
-                generated = completion_logprobs(state, result.token_ids, result.logprobs, len(text))
+                generated = completion_logprobs(reply.names, result.token_ids, result.logprobs, len(text))
                 if body.echo:
-                    echoed = prompt_logprobs_of(state, sub, result.prompt_logprobs or [], body.logprobs)
+                    echoed = prompt_logprobs_of(reply.names, sub, result.prompt_logprobs or [], body.logprobs)
                     generated = _joined(echoed, generated)
                 choice["logprobs"] = generated
             if body.prompt_logprobs is not None:
                 scores = result.prompt_logprobs or []
-                choice["prompt_logprobs"] = vllm_prompt_logprobs(state, scores, body.prompt_logprobs)
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(reply.names, scores, body.prompt_logprobs)
             if body.return_token_ids:  # vLLM's, for clients that must not re-tokenize (RL, agents)
                 choice |= {"prompt_token_ids": sub.prompt, "token_ids": result.token_ids}
             choices.append(choice)
@@ -127,14 +129,15 @@ def install(app: FastAPI, state: ServerState) -> None:
                 message |= reasoning.fields(thinking)
             if body.echoed():  # streamed, the echo is the first chunk's content whatever follows
                 message["content"] = body.echoed() + (message["content"] or "")
-            logprobs = chat_logprobs(state, result) if body.logprobs else None
+            logprobs = chat_logprobs(reply.names, result) if body.logprobs else None
             choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                             "stop_reason": result.stop_reason})  # fmt: skip
             if body.return_token_ids:
                 choices[-1]["token_ids"] = result.token_ids
         extra = {"prompt_token_ids": subs[0].prompt} if body.return_token_ids else {}
         if scored is not None:  # vLLM puts them beside the choices: the n choices share one prompt
-            extra["prompt_logprobs"] = vllm_prompt_logprobs(state, results[subs[0].index].prompt_logprobs or [], scored)
+            scores = results[subs[0].index].prompt_logprobs or []
+            extra["prompt_logprobs"] = vllm_prompt_logprobs(reply.names, scores, scored)
         return reply.envelope("chat.completion", choices, usage=reply.usage(results), **extra)
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
@@ -250,6 +253,7 @@ class _Reply:
         self.id = id_
         self.created = int(time.time())
         self.want_logprobs = want_logprobs
+        self.names = token_names(state, body)
         # vLLM's return_token_ids, streamed: each chunk carries the token ids that came since the
         # choice's last chunk (text held back holds its ids too); the prompt's go with the first
         self.return_token_ids = bool(body.return_token_ids)
@@ -304,7 +308,7 @@ class _Reply:
                     yield self.chunk("text_completion", _text_choice(sub.index, echo[sub.index], None, None), sub)
             async for owner, event in events:
                 if scored and event.prompt_logprobs is not None:
-                    logprobs = prompt_logprobs_of(state, owner, event.prompt_logprobs, echo_logprobs)
+                    logprobs = prompt_logprobs_of(self.names, owner, event.prompt_logprobs, echo_logprobs)
                     yield self.chunk(
                         "text_completion", _text_choice(owner.index, echo[owner.index], logprobs, None), owner
                     )
@@ -319,7 +323,8 @@ class _Reply:
                     continue
                 logprobs = None
                 if self.want_logprobs and event.logprobs:
-                    logprobs = completion_logprobs(state, event.new_token_ids, event.logprobs, offsets[owner.index])
+                    at = offsets[owner.index]
+                    logprobs = completion_logprobs(self.names, event.new_token_ids, event.logprobs, at)
                 offsets[owner.index] += len(event.new_text)
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
                 choice = _text_choice(owner.index, event.new_text, logprobs, finish, stopped_by)
@@ -354,7 +359,7 @@ class _Reply:
                 text, delta = event.new_text, {}
                 logprobs = None
                 if self.want_logprobs and event.logprobs:
-                    logprobs = {"content": _chat_token_logprobs(state, event.new_token_ids, event.logprobs)}
+                    logprobs = {"content": _chat_token_logprobs(self.names, event.new_token_ids, event.logprobs)}
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
                 if splitters:
                     thinking, text = splitters[owner.index].feed(text, final=event.finished)
@@ -408,14 +413,22 @@ def _text_choice(
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stopped_by}
 
 
+def token_names(state: ServerState, body) -> TokenNames:
+    """How logprobs name tokens: their text, or with vLLM's ``return_tokens_as_token_ids``
+    ``token_id:<id>`` (for clients that must map them back to ids exactly)."""
+    if getattr(body, "return_tokens_as_token_ids", False):
+        return lambda token: f"token_id:{token}"
+    decode = state.tokenizer.decode
+    return lambda token: decode([token])
+
+
 def completion_logprobs(
-    state: ServerState, tokens: list[int], lps: list[SampledToken | None], start: int = 0, top_n: int | None = None
+    name: TokenNames, tokens: list[int], lps: list[SampledToken | None], start: int = 0, top_n: int | None = None
 ) -> dict:
     """OpenAI's legacy logprobs of ``tokens``; a None entry (a prompt's first token) has none.
     Each position's top entries are its own token's and its ``top_n`` most likely (all it has where
     None), as vLLM's: up to N + 1, and the chosen token even with ``logprobs: 0``."""
-    decode = state.tokenizer.decode
-    pieces = [decode([t]) for t in tokens]
+    pieces = [name(t) for t in tokens]
     offsets, pos = [], start
     for piece in pieces:
         offsets.append(pos)
@@ -424,36 +437,33 @@ def completion_logprobs(
         "tokens": pieces,
         "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
         "top_logprobs": [
-            None if lp is None else _top_entries(decode, t, lp, top_n) for t, lp in zip(tokens, lps, strict=True)
+            None if lp is None else _top_entries(name, t, lp, top_n) for t, lp in zip(tokens, lps, strict=True)
         ],
         "text_offset": offsets,
     }
 
 
-def _top_entries(decode, token: int, lp: SampledToken, top_n: int | None) -> dict[str, float]:
-    entries = {decode([token]): lp.logprob}
+def _top_entries(name: TokenNames, token: int, lp: SampledToken, top_n: int | None) -> dict[str, float]:
+    entries = {name(token): lp.logprob}
     for other, logprob in itertools.islice((lp.top_logprobs or {}).items(), top_n):
-        entries.setdefault(decode([other]), logprob)
+        entries.setdefault(name(other), logprob)
     return entries
 
 
-def prompt_logprobs_of(state: ServerState, sub: SubRequest, scores: list[SampledToken], top_n: int) -> dict:
+def prompt_logprobs_of(name: TokenNames, sub: SubRequest, scores: list[SampledToken], top_n: int) -> dict:
     """The echoed prompt's logprobs, with the ``logprobs`` count's top entries (the prompt may have
     been scored with more, for ``prompt_logprobs``): its first token has none (nothing comes before it)."""
-    return completion_logprobs(state, sub.prompt, [None, *scores], top_n=top_n)
+    return completion_logprobs(name, sub.prompt, [None, *scores], top_n=top_n)
 
 
-def vllm_prompt_logprobs(state: ServerState, scores: list[SampledToken], top_n: int) -> list[dict | None]:
+def vllm_prompt_logprobs(name: TokenNames, scores: list[SampledToken], top_n: int) -> list[dict | None]:
     """vLLM's ``prompt_logprobs``: per prompt token (the first has none), its own entry and the
     top ``top_n``'s, each token id -> logprob, rank and decoded text."""
-    decode = state.tokenizer.decode
     out: list[dict | None] = [None]
     for score in scores:
-        entry = {
-            score.token_id: {"logprob": score.logprob, "rank": score.rank, "decoded_token": decode([score.token_id])}
-        }
+        entry = {score.token_id: {"logprob": score.logprob, "rank": score.rank, "decoded_token": name(score.token_id)}}
         for rank, (token, logprob) in enumerate(itertools.islice((score.top_logprobs or {}).items(), top_n), 1):
-            entry.setdefault(token, {"logprob": logprob, "rank": rank, "decoded_token": decode([token])})
+            entry.setdefault(token, {"logprob": logprob, "rank": rank, "decoded_token": name(token)})
         out.append(entry)
     return out
 
@@ -467,16 +477,15 @@ def _joined(first: dict, then: dict) -> dict:
     return {key: first[key] + then[key] for key in first}
 
 
-def chat_logprobs(state: ServerState, result: Result) -> dict:
-    return {"content": _chat_token_logprobs(state, result.token_ids, result.logprobs)}
+def chat_logprobs(name: TokenNames, result: Result) -> dict:
+    return {"content": _chat_token_logprobs(name, result.token_ids, result.logprobs)}
 
 
-def _chat_token_logprobs(state: ServerState, tokens: list[int], lps: list[SampledToken]) -> list[dict]:
-    decode = state.tokenizer.decode
+def _chat_token_logprobs(name: TokenNames, tokens: list[int], lps: list[SampledToken]) -> list[dict]:
     content = []
     for token, lp in zip(tokens, lps, strict=False):
-        top = [_chat_entry(decode([t]), v) for t, v in (lp.top_logprobs or {}).items()]
-        content.append(_chat_entry(decode([token]), lp.logprob) | {"top_logprobs": top})
+        top = [_chat_entry(name(t), v) for t, v in (lp.top_logprobs or {}).items()]
+        content.append(_chat_entry(name(token), lp.logprob) | {"top_logprobs": top})
     return content
 
 

@@ -103,6 +103,9 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     )
     allowed_token_ids: list[int] | None = Field(None, description="As in vLLM: only these tokens are sampled.")
     use_beam_search: bool = False
+    return_tokens_as_token_ids: bool = Field(
+        False, description="As in vLLM: logprobs name tokens token_id:<id>, not by their text."
+    )
     return_token_ids: bool = Field(
         False, description="As in vLLM: the prompt's and each choice's token ids (prompt_token_ids, token_ids)."
     )

@@ -114,3 +114,26 @@ def test_return_token_ids_gives_the_prompt_and_each_choice_s_ids(tiny, stream):
         text = out["choices"][0]["message"]["content"]
     assert state.tokenizer.decode(prompt_ids).endswith("<|assistant|>\n") and len(token_ids) == 5
     assert state.tokenizer.decode(token_ids) == text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(tiny, stream):
+    _, client = tiny
+    ask = {"prompt": "hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 2, "stream": stream,
+           "return_token_ids": True, "return_tokens_as_token_ids": True}  # fmt: skip
+    response = client.post("/v1/completions", json=ask)
+    choices = [c for chunk in _events(response) for c in chunk["choices"]] if stream else response.json()["choices"]
+    names = [t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    ids = [t for c in choices for t in c["token_ids"]]
+    assert names == [f"token_id:{t}" for t in ids] and len(ids) == 4
+    tops = [key for c in choices if c["logprobs"] for top in c["logprobs"]["top_logprobs"] for key in top]
+    assert tops and all(key.startswith("token_id:") for key in tops)
+
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+            "logprobs": True, "top_logprobs": 1, "stream": stream, "return_tokens_as_token_ids": True}  # fmt: skip
+    response = client.post("/v1/chat/completions", json=chat)
+    chunks = _events(response) if stream else [response.json()]
+    entries = [e for c in chunks for choice in c["choices"] for e in (choice["logprobs"] or {}).get("content", [])]
+    assert len(entries) == 3
+    assert all(e["token"].startswith("token_id:") and e["top_logprobs"][0]["token"].startswith("token_id:")
+               for e in entries)  # fmt: skip
