@@ -114,7 +114,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, _answer_id(raw, body, "chatcmpl"), want_logprobs=body.logprobs, body=body)
         if body.stream:
-            return EventStreamResponse(reply.stream_chat(body.echoed(), tool_calls, reasoning))
+            return EventStreamResponse(reply.stream_chat(body.response_role(), body.echoed(), tool_calls, reasoning))
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
@@ -122,7 +122,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         for sub in subs:
             result = results[sub.index]
             thinking, answer = reasoning.split(result.text) if reasoning else (None, result.text)
-            message, finish = {"role": "assistant", "content": answer}, result.finish_reason
+            message, finish = {"role": body.response_role(), "content": answer}, result.finish_reason
             if tool_calls is not None:
                 message, finish = tool_calls.message(answer or "", finish)
             if reasoning:
@@ -336,12 +336,14 @@ class _Reply:
 
     async def stream_chat(
         self,
+        role: str = "assistant",
         echo: str = "",
         tool_calls: ForcedToolCalls | AutoToolCalls | None = None,
         reasoning: Reasoning | None = None,
     ) -> AsyncIterator[dict]:
-        """``reasoning``: each choice's thinking goes apart (reasoning.py); ``tool_calls``: the rest
-        of its text becomes content and tool-call deltas (tool_calls.py)."""
+        """``role``: the first chunk's, with the ``echo``; ``reasoning``: each choice's thinking goes
+        apart (reasoning.py); ``tool_calls``: the rest of its text becomes content and tool-call
+        deltas (tool_calls.py)."""
         state, completion = self.state, 0
         subs = self.submission.subs
         calls = {sub.index: tool_calls.stream() for sub in subs} if tool_calls is not None else {}
@@ -349,7 +351,7 @@ class _Reply:
         events = EventStream(state, self.submission)
         try:  # from the first chunk on: a client that leaves at any point aborts the requests
             for sub in self.submission.subs:
-                yield self._chat_chunk(sub, {"role": "assistant", "content": echo}, None, None)
+                yield self._chat_chunk(sub, {"role": role, "content": echo}, None, None)
             async for owner, event in events:
                 stopped_by = self._stop_reason(owner, event)
                 if event.finished:

@@ -373,10 +373,15 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
         tool_calls = [("tool_choice", "json", json.dumps(forced.schema))] if forced is not None else []
         return super()._asked() + tool_calls
 
+    def response_role(self) -> str:
+        """vLLM's: the assistant's reply, or without a generation prompt the last message's role
+        going on (its author continues)."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
     def echoed(self) -> str:
-        """The text ``echo`` puts before the reply: the last message's, if the assistant wrote it."""
+        """The text ``echo`` puts before the reply: the last message's, if its author is replying."""
         last = self.messages[-1]
-        return last.text() if self.echo and last.role == "assistant" else ""
+        return last.text() if self.echo and last.role == self.response_role() else ""
 
 
 class TokenizeRequest(ChatTemplating):

@@ -310,6 +310,17 @@ def test_continue_final_message_and_echo_complete_the_assistants_message(client)
     assert replies[0]["choices"][0]["message"] == replies[1]["choices"][0]["message"]
 
 
+def test_without_a_generation_prompt_the_last_message_s_author_goes_on(client):
+    # vLLM's: the reply's role is the last message's, and echo repeats that message
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "add_generation_prompt": False}
+    plain = client.post("/v1/chat/completions", json=ask).json()["choices"][0]["message"]
+    assert plain["role"] == "user"
+    echoed = client.post("/v1/chat/completions", json=ask | {"echo": True}).json()["choices"][0]["message"]
+    assert echoed == {"role": "user", "content": "hi" + plain["content"]}
+    chunks = sse_chunks(client.post("/v1/chat/completions", json=ask | {"echo": True, "stream": True}))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "user", "content": "hi"}
+
+
 class BosTokenizer(CharTokenizer):
     """Adds a BOS (id 0) when asked for special tokens, as Llama's tokenizers do."""
 
