@@ -46,7 +46,10 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         return body
 
     async def relay(path: str, raw: Request):
-        return await proxy.serve(path, await json_body(raw), raw)
+        body = await json_body(raw)
+        if request_id := raw.headers.get("X-Request-Id"):  # the decode server makes the answer's id of it
+            body["request_id"] = request_id  # (vLLM's: the header first, else the body's)
+        return await proxy.serve(path, body, raw)
 
     async def ask_a_decode_server(path: str, raw: Request) -> JSONResponse:
         """One plain call answered by any decode server (they all hold the model's tokenizer)."""

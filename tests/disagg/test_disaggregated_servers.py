@@ -246,6 +246,14 @@ def test_a_conversation_stays_on_its_servers_and_moves_only_new_kv(fleet):
     assert held_kv(s["p1"], s["p2"]) == 0
 
 
+def test_an_x_request_id_names_the_answer_through_the_router(fleet):
+    tmp, s = fleet
+    ask = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 2}
+    with router(tmp, [s["p1"]], [s["d1"]]) as r:
+        answer = httpx.post(f"{r.url}/v1/completions", json=ask, headers={"X-Request-Id": "trace-7"}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["id"] == "cmpl-trace-7", answer.text
+
+
 def test_a_prefill_server_that_times_out_is_retried_on_another(fleet):
     tmp, s = fleet
     want = expected(s)
