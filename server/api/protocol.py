@@ -144,18 +144,11 @@ class _Sampling(StructuredOutputFields, _TextRequest):
             raise ValueError("best_of other than n is not supported")
         return value
 
-    @field_validator("use_beam_search")
+    @field_validator("use_beam_search", "bad_words")
     @classmethod
-    def _no_beam_search(cls, value):
+    def _not_implemented(cls, value, info: ValidationInfo):
         if value:
-            raise ValueError("use_beam_search is not supported")
-        return value
-
-    @field_validator("bad_words")
-    @classmethod
-    def _no_bad_words(cls, value):
-        if value:
-            raise ValueError("bad_words is not supported")
+            raise ValueError(f"{info.field_name} is not supported")
         return value
 
     @field_validator("allowed_token_ids")
