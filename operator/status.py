@@ -74,6 +74,9 @@ class PoolState:
     updated: int
     current: int  # pods that exist, old and new
     up_to_date: bool  # the Deployment controller has seen the latest spec
+    # What the Deployment controller says stops it, (reason, message): pods it cannot create (a
+    # ResourceQuota, a LimitRange: no pod exists to report it) or a rollout past its deadline
+    failure: tuple[str, str] | None = None
 
     @classmethod
     def of(cls, name: str, replicas: int, deployment: dict[str, Any] | None) -> PoolState:
@@ -87,6 +90,7 @@ class PoolState:
             updated=int(status.get("updatedReplicas") or 0),
             current=int(status.get("replicas") or 0),
             up_to_date=seen,
+            failure=_deployment_failure(name, status),
         )
 
     @property
@@ -103,25 +107,47 @@ def serving_conditions(
     pools: list[PoolState], applied: str | None, trouble: PodTrouble | None = None
 ) -> list[Condition]:
     """Ready and Progressing from the Deployments; `applied` names what this pass just wrote, and
-    `trouble` why pods are stuck (its reason becomes Ready's)."""
-    waiting = [p for p in pools if p.ready < p.replicas or p.replicas == 0]
-    if not waiting:
-        ready = Condition(READY, "True", "AllPoolsReady", _counts(pools))
-    elif any(p.replicas == 0 for p in pools):
+    `trouble` why pods are stuck.
+
+    Ready means the service answers: every pool has a ready pod (as KServe's Ready follows its
+    predictor's availability). A scale-up waiting for pods keeps it True ("Serving", with the
+    counts), so `kubectl wait` and health checks do not flap with the tuner; the wait shows in
+    Progressing, which turns False with the kubelet's, scheduler's or Deployment controller's
+    reason when it is stuck."""
+    failure = next((p.failure for p in pools if p.failure is not None), None)
+    why = (trouble.reason, trouble.message) if trouble is not None else failure
+    if any(p.replicas == 0 for p in pools):
         zero = ", ".join(p.name for p in pools if p.replicas == 0)
         ready = Condition(READY, "False", "ScaledToZero", f"no replicas in {zero}")
-    elif trouble is not None:
-        ready = Condition(READY, "False", trouble.reason, f"{_counts(pools)}; {trouble.message}")
+    elif all(p.ready >= p.replicas for p in pools):
+        ready = Condition(READY, "True", "AllPoolsReady", _counts(pools))
+    elif all(p.ready > 0 for p in pools):
+        ready = Condition(READY, "True", "Serving", _counts(pools) + (f"; {why[1]}" if why else ""))
+    elif why is not None:
+        ready = Condition(READY, "False", why[0], f"{_counts(pools)}; {why[1]}")
     else:
         ready = Condition(READY, "False", "PoolsNotReady", _counts(pools))
     if applied:
         progressing = Condition(PROGRESSING, "True", "Applied", applied)
+    elif why is not None:  # stuck: pods that cannot start, or that the Deployment cannot create
+        progressing = Condition(PROGRESSING, "False", why[0], why[1])
     elif any(not p.rolled_out for p in pools):
         moving = [p for p in pools if not p.rolled_out]
         progressing = Condition(PROGRESSING, "True", "RollingOut", _counts(moving))
     else:
         progressing = Condition(PROGRESSING, "False", "Converged", "every pool runs the desired spec")
     return [ready, progressing]
+
+
+_STUCK = {("ReplicaFailure", "True"), ("Progressing", "False")}  # (type, status) of a Deployment condition
+
+
+def _deployment_failure(pool: str, status: dict[str, Any]) -> tuple[str, str] | None:
+    for condition in status.get("conditions") or []:
+        if (condition.get("type"), condition.get("status")) in _STUCK:
+            reason = condition.get("reason") or condition["type"]
+            return reason, f"{pool} Deployment: {condition.get('message') or reason}"
+    return None
 
 
 def _counts(pools: list[PoolState]) -> str:

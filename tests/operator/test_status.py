@@ -61,10 +61,17 @@ def test_serving_conditions():
         ("Progressing", "False", "Converged"),
     ]
     assert st.ready_summary(ready) == "3/3"
-    starting = [st.PoolState.of("decode", 2, deployment(ready=1))]
+    starting = [st.PoolState.of("decode", 2, deployment(ready=0))]
     conditions = st.serving_conditions(starting, None)
-    assert (conditions[0].reason, conditions[0].message) == ("PoolsNotReady", "decode 1/2 ready")
+    assert (conditions[0].status, conditions[0].reason, conditions[0].message) == ("False", "PoolsNotReady",
+                                                                                   "decode 0/2 ready")  # fmt: skip
     assert (conditions[1].status, conditions[1].reason) == ("True", "RollingOut")
+    # a scale-up (the tuner's, say) waiting for its pod: still serving, so Ready does not flap
+    scaling = st.serving_conditions([st.PoolState.of("decode", 3, deployment(3, ready=2, updated=3, current=3))], None)
+    assert [(c.status, c.reason, c.message) for c in scaling] == [
+        ("True", "Serving", "decode 2/3 ready"),
+        ("True", "RollingOut", "decode 2/3 ready"),
+    ]
     applied = st.serving_conditions(ready, "updated ConfigMap/x-decode-engine")
     assert (applied[1].reason, applied[1].message) == ("Applied", "updated ConfigMap/x-decode-engine")
     zero = st.serving_conditions([st.PoolState.of("decode", 0, deployment(0, 0, 0, 0))], None)
@@ -94,10 +101,36 @@ def test_a_stuck_pod_says_why_a_pool_is_not_ready():
     trouble = pod_trouble("prefill", [pod("p-1", scheduled=gpu)])
     assert trouble.reason == "Unschedulable" and "Insufficient nvidia.com/gpu" in trouble.message
 
-    starting = [st.PoolState.of("decode", 2, deployment(ready=1))]
-    ready, _ = st.serving_conditions(starting, None, pod_trouble("decode", [pod("d-2", secret)]))
+    none_ready = [st.PoolState.of("decode", 2, deployment(ready=0))]
+    ready, progressing = st.serving_conditions(none_ready, None, pod_trouble("decode", [pod("d-2", secret)]))
     assert (ready.status, ready.reason) == ("False", "CreateContainerConfigError")
+    assert ready.message == 'decode 0/2 ready; decode pod d-2: secret "rag-key" not found'
+    assert (progressing.status, progressing.reason) == ("False", "CreateContainerConfigError")
+    half = [st.PoolState.of("decode", 2, deployment(ready=1))]  # one serves: Ready, but stuck
+    ready, progressing = st.serving_conditions(half, None, pod_trouble("decode", [pod("d-2", secret)]))
+    assert (ready.status, ready.reason) == ("True", "Serving")
     assert ready.message == 'decode 1/2 ready; decode pod d-2: secret "rag-key" not found'
+    assert (progressing.status, progressing.reason) == ("False", "CreateContainerConfigError")
+
+
+def test_pods_the_deployment_cannot_create_say_why():
+    # a ResourceQuota refuses the pods: no pod exists to report it, the Deployment does
+    quota = deployment(ready=0, current=0, updated=0)
+    quota["status"]["conditions"] = [
+        {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"},
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+         "message": 'pods "rag-decode-x" is forbidden: exceeded quota: gpu-quota'},
+    ]  # fmt: skip
+    ready, progressing = st.serving_conditions([st.PoolState.of("decode", 2, quota)], None)
+    assert (ready.status, ready.reason) == ("False", "FailedCreate")
+    assert "exceeded quota: gpu-quota" in ready.message and ready.message.startswith("decode 0/2 ready; decode")
+    assert (progressing.status, progressing.reason) == ("False", "FailedCreate")
+    late = deployment(ready=1)
+    late["status"]["conditions"] = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                                     "message": 'ReplicaSet "rag-decode-7d9" has timed out progressing.'}]  # fmt: skip
+    ready, progressing = st.serving_conditions([st.PoolState.of("decode", 2, late)], None)
+    assert (ready.status, ready.reason) == ("True", "Serving")
+    assert (progressing.status, progressing.reason) == ("False", "ProgressDeadlineExceeded")
 
 
 def test_status_patch_is_none_when_nothing_changed():
