@@ -30,6 +30,8 @@ def test_helm_lint_strict(helm, tmp_path: Path, variant: str) -> None:
         ({"liveness": {"port": 80}}, "minimum"),  # non-root cannot bind below 1024
         ({"replicaCount": 2}, "needs peering.enabled=true"),  # standalone operators do not coordinate
         ({"test": {"image": {"repository": "curlimages/curl", "tag": ""}}}, "test.image.tag must name a tag"),
+        # bound to the namespace's "default" account, every pod running as it would get the operator's rights
+        ({"serviceAccount": {"create": False}}, "serviceAccount.create=false needs serviceAccount.name"),
     ],
 )
 def test_bad_values_are_rejected(helm, tmp_path: Path, values: dict, message: str) -> None:

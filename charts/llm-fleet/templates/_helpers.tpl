@@ -47,7 +47,8 @@ app.kubernetes.io/component: operator
 {{- if .Values.serviceAccount.create }}
 {{- default (include "llm-fleet.fullname" .) .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- /* never the namespace's "default": every pod running as it would get the operator's rights */}}
+{{- required "serviceAccount.create=false needs serviceAccount.name: the operator's roles are bound to it" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
 
