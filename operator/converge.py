@@ -19,6 +19,7 @@ from .pod_trouble import PodTrouble, pod_trouble
 from .reconcile import (
     Owner,
     TunerState,
+    client_url,
     desired_objects,
     effective_engine,
     name_problem,
@@ -92,6 +93,7 @@ async def converge(
             "observedGeneration": generation,
             "conditions": st.merge_conditions(current.get("conditions") or [], conditions, generation, st.now()),
             "ready": st.ready_summary(pools),
+            "url": client_url(owner),
             "pools": _pool_status(owner, spec, tuner, pools),
             "batch": _batch(spec, tuner),
         }

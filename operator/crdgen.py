@@ -376,6 +376,7 @@ def status_schema() -> dict[str, Any]:
             },
             "observedGeneration": _int("The metadata.generation the operator last acted on."),
             "ready": _str("Ready replicas / desired replicas, all pools."),
+            "url": _str("Where clients in the cluster send OpenAI API requests: the client Service."),
             "batch": _int("maxBatchSize of the decode (or colocated) pool."),
             "pools": _map("Per pool: colocated, prefill, decode, router.", pool),
             "tuner": tuner,
@@ -396,6 +397,7 @@ def crd() -> dict[str, Any]:
         ("TTFT-p95", "number", ".status.latency.ttftP95Ms", "measured p95 time to first token, ms"),
         ("ITL-p95", "number", ".status.latency.itlP95Ms", "measured p95 inter-token latency, ms"),
         ("Age", "date", ".metadata.creationTimestamp", ""),
+        ("URL", "string", ".status.url", "the OpenAI API endpoint in the cluster", 1),  # -o wide
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -420,7 +422,8 @@ def crd() -> dict[str, Any]:
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {"name": n, "type": t, "jsonPath": p, **({"description": d} if d else {})}
-                        for n, t, p, d in columns
+                        | ({"priority": wide[0]} if wide else {})
+                        for n, t, p, d, *wide in columns
                     ],
                     "schema": {
                         "openAPIV3Schema": _obj(

@@ -349,6 +349,11 @@ def _router_account(owner: Owner) -> list[dict[str, Any]]:
     ]
 
 
+def client_url(owner: Owner) -> str:
+    """Where clients in the cluster send requests: the client Service (KServe's status.url)."""
+    return f"http://{owner.name}.{owner.namespace}.svc.cluster.local:{SERVER_PORT}"
+
+
 def _service(owner: Owner, name: str, pool: str, *, headless: bool) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": selector(owner, pool),

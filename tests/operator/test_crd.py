@@ -62,7 +62,10 @@ def test_crd_shape(crd):
     assert crd["spec"]["scope"] == "Namespaced"
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Mode", "Ready", "Reason", "Prefill", "Decode", "Batch", "TTFT-p95", "ITL-p95", "Age"]
+    assert list(columns) == ["Mode", "Ready", "Reason", "Prefill", "Decode", "Batch", "TTFT-p95", "ITL-p95", "Age",
+                             "URL"]  # fmt: skip
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
+    assert wide == ["URL"]  # kubectl get -o wide
     schema = crdcheck.version_schema(crd)
     for name, path in columns.items():  # every column points at a field the schema declares
         if path.startswith(".metadata."):

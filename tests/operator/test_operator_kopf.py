@@ -97,6 +97,7 @@ def test_create_converges_reports_and_then_writes_nothing(kube, operator):
         }
     }
     assert (status["ready"], status["batch"]) == ("0/1", 16)
+    assert status["url"] == f"http://tiny.{NAMESPACE}.svc.cluster.local:8000"  # the client Service
     events = kube.events("tiny")
     assert [(e["type"], e["reason"]) for e in events] == [("Normal", "Applied")]
     assert "created ConfigMap/tiny-colocated-engine" in events[0]["message"]
