@@ -148,6 +148,33 @@ def _tolerations() -> dict[str, Any]:
     return {"type": "array", "description": description, "items": toleration}
 
 
+def _pod_options() -> dict[str, Any]:
+    env_var = {
+        **_preserve("A Kubernetes EnvVar: name with value or valueFrom (e.g. a secretKeyRef for HF_TOKEN)."),
+        "properties": {"name": _str("The variable's name.")},
+        "required": ["name"],
+    }
+    return _obj(
+        "Settings of the server pods the operator leaves to you, as in a pod spec; they apply to every pod it "
+        "runs, except serviceAccountName and runtimeClassName, which apply to the engine pools (the router keeps "
+        "its own account and needs no GPU).",
+        {
+            "imagePullSecrets": {
+                "type": "array",
+                "description": "Secrets (names) for pulling the image from a private registry.",
+                "items": {"type": "string"},
+            },
+            "serviceAccountName": _str("ServiceAccount of the engine pods, e.g. for a cloud workload identity."),
+            "priorityClassName": _str("PriorityClass of the pods."),
+            "runtimeClassName": _str("RuntimeClass of the engine pods, e.g. nvidia."),
+            "env": {"type": "array", "description": "More env for the server containers.", "items": env_var},
+            "annotations": _map("Annotations of the pods.", {"type": "string"}),
+            "labels": _map("More labels of the pods (not under llmfleet.io/, the operator's).", {"type": "string"}),
+            "affinity": _preserve("A Kubernetes Affinity for the pods (node, pod and anti-affinity)."),
+        },
+    )
+
+
 # -- spec -----------------------------------------------------------------------------------------
 
 
@@ -284,6 +311,7 @@ def spec_schema() -> dict[str, Any]:
             ),
             "autotune": {**autotune, "default": {}},
             "router": {**router, "default": {}},
+            "pod": {**_pod_options(), "default": {}},
             "apiKeySecret": _obj(
                 "A Secret key holding an API key, as vLLM's --api-key: clients send it as "
                 "'Authorization: Bearer <key>' on /v1 paths, and the pods' own calls to each other carry "

@@ -26,7 +26,7 @@ import yaml
 
 from llmfleet.server.config import EngineConfig, ValidationError
 
-from .spec import MODELS_DIR, POOL_NAMES, TUNABLE_KNOBS, InferenceServiceSpec, Pool
+from .spec import MODELS_DIR, POOL_NAMES, TUNABLE_KNOBS, InferenceServiceSpec, PodOptions, Pool
 
 SERVER_PORT = 8000
 CONFIG_DIR = "/etc/llm-fleet"
@@ -223,6 +223,7 @@ def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], re
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             *_api_key_env(spec),
+            *spec.pod.env,
         ],
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
@@ -237,7 +238,9 @@ def _api_key_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     return [{"name": "VLLM_API_KEY", "valueFrom": ref}]
 
 
-def _pod_template(owner: Owner, pool: str, container: dict, volumes: list[dict], pool_spec: Pool | None) -> dict:
+def _pod_template(
+    owner: Owner, pool: str, container: dict, volumes: list[dict], pool_spec: Pool | None, pod: PodOptions
+) -> dict:
     spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
@@ -264,7 +267,21 @@ def _pod_template(owner: Owner, pool: str, container: dict, volumes: list[dict],
         spec["nodeSelector"] = dict(pool_spec.node_selector)
     if pool_spec is not None and pool_spec.tolerations:
         spec["tolerations"] = [dict(t) for t in pool_spec.tolerations]
-    return {"metadata": {"labels": labels(owner, pool)}, "spec": spec}
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in pod.image_pull_secrets]
+    if pod.priority_class_name:
+        spec["priorityClassName"] = pod.priority_class_name
+    if pod.affinity:
+        spec["affinity"] = dict(pod.affinity)
+    if pool != "router":  # the router reads EndpointSlices with an account of its own, and needs no GPU
+        if pod.service_account_name:
+            spec["serviceAccountName"] = pod.service_account_name
+        if pod.runtime_class_name:
+            spec["runtimeClassName"] = pod.runtime_class_name
+    metadata: dict[str, Any] = {"labels": {**pod.labels, **labels(owner, pool)}}
+    if pod.annotations:
+        metadata["annotations"] = dict(pod.annotations)
+    return {"metadata": metadata, "spec": spec}
 
 
 def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict) -> dict[str, Any]:
@@ -300,8 +317,8 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
     if spec.model.volume:
         volumes.append({"name": "models", **spec.model.volume})
         container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
-    template = _pod_template(owner, pool, container, volumes, pool_spec)
-    template["metadata"]["annotations"] = {RESTART_CHECKSUM: restart_checksum(engine)}
+    template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod)
+    template["metadata"]["annotations"] = {**spec.pod.annotations, RESTART_CHECKSUM: restart_checksum(engine)}
     return _deployment_object(owner, pool, replicas, template)
 
 
@@ -319,7 +336,7 @@ def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, An
         str(DRAIN_SECONDS),
     ]
     container = _server_container(spec, "router", args, spec.router.resources)
-    template = _pod_template(owner, "router", container, [], None)
+    template = _pod_template(owner, "router", container, [], None, spec.pod)
     # Only the router calls the API (EndpointSlices), with a token of its own account.
     template["spec"]["serviceAccountName"] = router_account_name(owner)
     template["spec"]["automountServiceAccountToken"] = True

@@ -177,6 +177,44 @@ class Router(_Model):
     resources: dict[str, Any] = Field(default_factory=dict)
 
 
+# Env the operator sets on every server container itself (reconcile.py): a pod option may not set them.
+RESERVED_ENV = frozenset({"LLMFLEET_CACHE", "HOME", "POD_NAME", "POD_NAMESPACE", "VLLM_API_KEY"})
+RESERVED_LABEL_PREFIX = "llmfleet.io/"  # the operator's selector labels
+
+
+class PodOptions(_Model):
+    """Settings of the pods that the operator has no opinion on, as KServe's pod spec takes them: a
+    private registry, a workload identity, a GPU runtime class, a token in the env, scheduling."""
+
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    service_account_name: str | None = None  # the engine pools (the router keeps its own account)
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None  # the engine pools (the router needs no GPU)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    affinity: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _own_names(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for item in value:
+            name = item.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError("every env entry needs a name")
+            if name in RESERVED_ENV:
+                raise ValueError(f"env {name} is set by the operator (use apiKeySecret for VLLM_API_KEY)")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _not_ours(cls, value: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in value if k.startswith(RESERVED_LABEL_PREFIX))
+        if taken:
+            raise ValueError(f"labels {taken}: the {RESERVED_LABEL_PREFIX} prefix holds the operator's selector labels")
+        return value
+
+
 class SecretKey(_Model):
     """One key of a Secret in the InferenceService's namespace."""
 
@@ -194,6 +232,7 @@ class InferenceServiceSpec(_Model):
     autotune: Autotune = Field(default_factory=Autotune)
     router: Router = Field(default_factory=Router)
     api_key_secret: SecretKey | None = None  # vLLM's --api-key for every pod, from this Secret
+    pod: PodOptions = Field(default_factory=PodOptions)
 
     @model_validator(mode="after")
     def _pools_for_mode(self) -> InferenceServiceSpec:

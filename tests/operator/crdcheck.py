@@ -63,3 +63,23 @@ def validate(doc: dict[str, Any], crd: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft7Validator(schema)
     errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
     return errors or cel_errors(doc, schema)
+
+
+def pruned(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` as the API server stores it: fields the schema does not declare are dropped,
+    except under x-kubernetes-preserve-unknown-fields."""
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [pruned(item, schema["items"]) for item in value]
+    if not isinstance(value, dict):
+        return value
+    properties = schema.get("properties") or {}
+    extra = schema.get("additionalProperties")
+    out = {}
+    for key, item in value.items():
+        if key in properties:
+            out[key] = pruned(item, properties[key])
+        elif isinstance(extra, dict):
+            out[key] = pruned(item, extra)
+        elif schema.get("x-kubernetes-preserve-unknown-fields"):
+            out[key] = item
+    return out

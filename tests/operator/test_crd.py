@@ -94,6 +94,7 @@ def test_crd_shape(crd):
 def test_examples_pass_schema_and_operator(repo_root, crd, example):
     doc = yaml.safe_load((repo_root / "examples" / example).read_text())
     assert crdcheck.validate(doc, crd) == []
+    assert crdcheck.pruned(doc["spec"], crdcheck.version_schema(crd)["properties"]["spec"]) == doc["spec"]
     parse_spec(doc["spec"])
 
 
@@ -173,6 +174,17 @@ def test_the_name_must_fit_every_service_the_operator_names_after_it(crd, name, 
     pytest.importorskip("celpy")
     errors = crdcheck.validate({**document(BASE), "metadata": {"name": name}}, crd)
     assert (errors == []) == accepted, errors
+
+
+def test_pod_options_pass_the_schema_and_survive_its_pruning(crd):
+    # a field the schema does not declare is dropped by the API server without a word
+    from .test_reconcile import POD_OPTIONS
+
+    doc = document(with_("pod", POD_OPTIONS))
+    assert crdcheck.validate(doc, crd) == []
+    spec_schema = crdcheck.version_schema(crd)["properties"]["spec"]
+    assert crdcheck.pruned(doc["spec"], spec_schema) == doc["spec"]
+    assert crdcheck.pruned({**doc["spec"], "typo": 1}, spec_schema) == doc["spec"]  # pruning does prune
 
 
 def test_schema_applies_defaults(crd):

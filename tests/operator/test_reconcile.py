@@ -21,7 +21,7 @@ from llmfleet.operator.reconcile import (
     effective_engine,
     effective_replicas,
 )
-from llmfleet.operator.spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, parse_spec
+from llmfleet.operator.spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, SpecError, parse_spec
 from llmfleet.server.api.reasoning import REASONING_PARSERS as SERVER_REASONING
 from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS as SERVER_PARSERS
 from llmfleet.server.config import EngineConfig
@@ -165,6 +165,54 @@ def test_an_api_key_secret_reaches_every_pod_as_vllm_api_key(repo_root):
         assert "/health" in str(container["livenessProbe"])  # probes stay on open paths
     plain = by_kind(desired_objects(owner, spec), "Deployment")["rag-router"]
     assert "VLLM_API_KEY" not in str(plain)
+
+
+POD_OPTIONS = {
+    "imagePullSecrets": ["registry"],
+    "serviceAccountName": "models-reader",
+    "priorityClassName": "inference",
+    "runtimeClassName": "nvidia",
+    "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+    "annotations": {"team": "search"},
+    "labels": {"team": "search", "app.kubernetes.io/name": "theirs"},
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}},
+}  # fmt: skip
+
+
+def test_pod_options_reach_the_pods_as_a_pod_spec_takes_them(repo_root):
+    # a private registry, a workload identity, a GPU runtime class, a token in the env, scheduling
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    spec = parse_spec({**spec.model_dump(by_alias=True, exclude_none=True), "pod": POD_OPTIONS})
+    deployments = by_kind(desired_objects(owner, spec), "Deployment")
+    for name, deployment in deployments.items():
+        template = deployment["spec"]["template"]
+        pod = template["spec"]
+        assert pod["imagePullSecrets"] == [{"name": "registry"}] and pod["priorityClassName"] == "inference"
+        assert pod["affinity"] == POD_OPTIONS["affinity"]
+        assert {"name": "HF_TOKEN", "valueFrom": POD_OPTIONS["env"][0]["valueFrom"]} in pod["containers"][0]["env"]
+        assert template["metadata"]["labels"]["team"] == "search"
+        assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "llm-fleet"  # ours win
+        assert template["metadata"]["annotations"]["team"] == "search"
+        router = name == "rag-router"  # keeps the account that reads EndpointSlices, and needs no GPU
+        assert pod["serviceAccountName"] == ("rag-router" if router else "models-reader")
+        assert pod.get("runtimeClassName") == (None if router else "nvidia")
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(deployment, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"env": [{"name": "VLLM_API_KEY", "value": "x"}]}, "set by the operator"),
+        ({"env": [{"value": "x"}]}, "needs a name"),
+        ({"labels": {"llmfleet.io/pool": "x"}}, "selector labels"),
+    ],
+)
+def test_pod_options_cannot_take_what_the_operator_sets(options, words):
+    spec = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}, "pod": options}
+    with pytest.raises(SpecError, match=words):
+        parse_spec(spec)
 
 
 def test_the_models_parsers_reach_every_model_server(repo_root):
