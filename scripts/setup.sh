@@ -14,9 +14,13 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 
-# Exactly this torch: a bare `torch` requirement would pull a multi-GB CUDA build.
+# Exactly this torch, and its CPU build: PyPI's torch wheel for Linux x86-64 is the multi-GB CUDA
+# build, so the wheel comes from PyTorch's CPU index (LLMFLEET_TORCH_INDEX picks another, e.g.
+# https://download.pytorch.org/whl/cu128), and then its dependencies from the usual index.
+TORCH_INDEX=${LLMFLEET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 if ! python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
-    python -m pip install -q "torch==2.13.0"
+    python -m pip install -q --no-deps "torch==2.13.0" --index-url "$TORCH_INDEX"
+    python -m pip install -q "torch==2.13.0"  # its dependencies; the wheel above already satisfies it
 fi
 
 if [[ $want_test == 1 ]]; then
