@@ -52,7 +52,7 @@ def render(fleet: LocalFleet, url: str) -> Group:
     elif decision.hold:
         last = Text(f"tuner holds: {decision.hold_reason}", style="yellow")
     elif decision.changes:
-        last = Text("\n".join(f"{c}: {c.reason}" for c in decision.changes), style="cyan")
+        last = Text("\n".join(c.reason for c in decision.changes), style="cyan")  # each names its pool and move
     else:
         last = Text("tuner: no change needed (" + "; ".join(decision.reasons[-2:]) + ")", style="dim")
     history = Text("\n".join(fleet.view.history[-8:]) or "-", style="dim")

@@ -236,6 +236,20 @@ def test_the_view_renders_before_any_metrics(tmp_path):
     assert "colocated" in text and "first run in" in text
 
 
+def test_the_view_shows_each_change_as_its_reason_says_it(tmp_path):
+    from llmfleet.operator.tuner_model import Change
+
+    name, spec = load_service(None)
+    fleet = LocalFleet(name, spec, tmp_path, 8000)
+    reason = "colocated: demand 1.31 replicas (...) / (1 - headroom 0.2) = 2 -> replicas 1 -> 2"
+    change = Change("colocated", "replicas", 1, 2, reason)
+    fleet.view.last_decision = types.SimpleNamespace(hold=False, changes=[change])
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(render(fleet, "http://127.0.0.1:8000"))
+    text = console.export_text()
+    assert reason in text and "colocated/replicas" not in text  # the reason names its pool and move once
+
+
 def test_load_reports_what_its_clients_see(tmp_path):
     keyed = {**os.environ, "VLLM_API_KEY": "sesame"}  # a server that requires a key: load sends it
     args = ("--model", "builtin:tiny", "--served-model-name", "tiny")
