@@ -514,7 +514,12 @@ def all_queries() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    chart = Path(argv[0] if argv else Path(__file__).resolve().parents[1] / "charts" / "llm-fleet")
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m llmfleet.dashboards", description="Write the Grafana dashboards.")
+    default = Path(__file__).resolve().parents[1] / "charts" / "llm-fleet"
+    parser.add_argument("chart", nargs="?", type=Path, default=default, help="chart directory (default: %(default)s)")
+    chart = parser.parse_args(argv).chart
     for relative, text in rendered().items():
         path = chart / relative
         path.parent.mkdir(parents=True, exist_ok=True)

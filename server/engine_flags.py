@@ -80,7 +80,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "--no-enable-chunked-prefill",
         dest="engine_prefill_mode",
         action=_ChunkedPrefill,
-        help="as vLLM's: --prefill-mode chunked, or merged with --no-",
+        help="as vLLM's: --prefill-mode chunked (with the --no- prefix: merged)",
     )
 
 
