@@ -22,7 +22,8 @@ attends each request's queries to that request's cached keys, causally, with GQA
 
 Sliding windows are honoured through the masks (``kv_pos > q_pos - window``, as transformers
 does), so Mistral and Qwen2 with a window shorter than the context stay exact. A layer with a
-logit cap or sinks takes the plain-torch paths (no C kernel, no SDPA), which apply them.
+logit cap or sinks takes a plain-torch path for prompts (SDPA applies neither); the C decode
+kernel applies both.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Scoring:
 
     @property
     def plain(self) -> bool:
-        """A scaled softmax within the window: what the C kernel and SDPA compute."""
+        """A scaled softmax within the window: what SDPA computes."""
         return self.softcap is None and self.sinks is None
 
 
@@ -203,9 +204,10 @@ def _decode(
     scoring: Scoring,
 ) -> None:
     kv = (cache.keys[layer], cache.values[layer], cache.block_size)
-    if scoring.plain and cpu_kernels.paged_decode(
-        q, out, *kv, group.rows, group.blocks, group.lengths, scoring.scale, scoring.window
-    ):
+    if cpu_kernels.paged_decode(
+        q, out, *kv, group.rows, group.blocks, group.lengths, scoring.scale, scoring.window, scoring.softcap,
+        scoring.sinks,
+    ):  # fmt: skip
         return  # read in place by the C kernel (cpu_kernels.py)
     n = group.rows.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]

@@ -4,8 +4,9 @@ The torch path (attention._decode) gathers every decoding request's blocks into 
 before two batched matmuls: at batch 32 on this 2-core CPU that copy was 21 ms of a 75 ms
 builtin:small step, the matmuls over it 10 ms more. This kernel walks each request's block table
 instead, reading each key and value once: per (request, KV head) it scores the queries of that
-head's group, takes a float32 softmax over the context (the sliding window honoured), and sums the
-values, all in float32 whatever the cache's dtype (float32 or bfloat16).
+head's group, takes a float32 softmax over the context (the sliding window, Gemma 2's logit cap
+and gpt-oss's sinks honoured), and sums the values, all in float32 whatever the cache's dtype
+(float32 or bfloat16).
 
 It is bound by memory: between layers the matmuls evict the cache, so keys and values come from
 DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So each block's
@@ -189,7 +190,7 @@ void llmfleet_paged_decode(
     const int64_t *rows, const int64_t *blocks, int64_t blocks_per_request, const int64_t *lengths, int64_t n,
     void *out, int64_t out_token_stride, int64_t out_head_stride,
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
-    float scale, int64_t window, int bf16, int num_threads) {
+    float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
     const int64_t group = heads / kv_heads, item_size = bf16 ? 2 : 4, block_bytes = block_size * dim * item_size;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic)
     for (int64_t item = 0; item < n * kv_heads; item++) {
@@ -227,7 +228,11 @@ void llmfleet_paged_decode(
         prefetch(values + table[first / block_size] * block_bytes, block_bytes);  /* read during the softmax */
         for (int64_t g = 0; g < group; g++) {
             float *sg = scores + g * padded;
-            float top = -INFINITY, sum = 0.0f;
+            /* Gemma 2's logit cap; gpt-oss's sink: a logit in the softmax with no value to add */
+            if (softcap > 0.0f)
+                for (int64_t t = 0; t < ctx; t++) sg[t] = softcap * tanhf(sg[t] / softcap);
+            const float sink = sinks ? sinks[kvh * group + g] : -INFINITY;
+            float top = sink, sum = 0.0f;
             for (int64_t t = 0; t < ctx; t++) top = sg[t] > top ? sg[t] : top;
             for (int64_t t = ctx; t < padded; t++) sg[t] = -INFINITY;
             f32x16 total = {0};
@@ -239,7 +244,7 @@ void llmfleet_paged_decode(
                 total += x;
             }
             for (int l = 0; l < LANES; l++) sum += total[l];
-            sums[g] = sum;
+            sums[g] = sinks ? sum + expf(sink - top) : sum;
         }
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
@@ -274,7 +279,9 @@ _ARGTYPES = [
     _PTR, _PTR, _I64, _PTR, _I64,  # rows, blocks, blocks per request, lengths, n
     _PTR, _I64, _I64,  # out, its token and head strides
     _I64, _I64, _I64, _I64,  # heads, kv heads, head dim, block size
-    ctypes.c_float, _I64, ctypes.c_int, ctypes.c_int,  # scale, window (0: none), bf16, threads
+    ctypes.c_float, _I64,  # scale, window (0: none)
+    ctypes.c_float, _PTR,  # logit cap (0: none), sinks (float32 per head; NULL: none)
+    ctypes.c_int, ctypes.c_int,  # bf16, threads
 ]  # fmt: skip
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -346,10 +353,14 @@ def paged_decode(
     lengths: torch.Tensor,
     scale: float,
     window: int | None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> bool:
     """Attend ``rows`` of ``q`` (T, heads, D) to their cached ``keys``/``values`` (kv_heads,
     slots, D) and write those rows of ``out`` (T, heads, D). Request i of ``rows`` has context
-    ``lengths[i]`` in its block table, row i of ``blocks`` (n, blocks per request). Returns False,
+    ``lengths[i]`` in its block table, row i of ``blocks`` (n, blocks per request). ``softcap``
+    caps the scaled logits (``softcap * tanh(x / softcap)``); ``sinks`` (heads,) join each head's
+    softmax as a logit without a value (attention.Scoring). Returns False,
     having done nothing, where the kernel does not apply: turned off, not built, another device or
     dtype, or a layout it does not read."""
     bf16 = _DTYPES.get(keys.dtype)
@@ -369,12 +380,15 @@ def paged_decode(
         return False
     n, heads, dim = rows.shape[0], q.shape[1], q.shape[2]
     kv_heads, slots = keys.shape[0], keys.shape[1]
+    sink_logits = None if sinks is None else sinks.detach().to(torch.float32).contiguous()  # alive for the call
     library.llmfleet_paged_decode(
         q.data_ptr(), q.stride(0), q.stride(1),
         keys.data_ptr(), values.data_ptr(), slots,
         rows.data_ptr(), blocks.data_ptr(), blocks.numel() // n, lengths.data_ptr(), n,
         out.data_ptr(), out.stride(0), out.stride(1),
         heads, kv_heads, dim, block_size,
-        scale, window or 0, bf16, torch.get_num_threads(),
+        scale, window or 0,
+        softcap or 0.0, None if sink_logits is None else sink_logits.data_ptr(),
+        bf16, torch.get_num_threads(),
     )  # fmt: skip
     return True

@@ -1,5 +1,6 @@
 """The C decode-attention kernel reads the paged cache in place and gives what the torch path
-(gather, then batched matmuls) gives: GQA, padded groups, sliding windows, strided queries."""
+(gather, then batched matmuls) gives: GQA, padded groups, sliding windows, strided queries, and
+Gemma 2's logit cap and gpt-oss's sinks."""
 
 from __future__ import annotations
 
@@ -31,17 +32,21 @@ def kernel_built():
         pytest.skip("no C compiler here: the torch path runs")
 
 
-def attend(monkeypatch, use_kernel: bool, q, cache, group, window):
+def attend(monkeypatch, use_kernel: bool, q, cache, group, window, scored=False):
     monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1" if use_kernel else "0")
     out = torch.zeros(q.shape, dtype=q.dtype)
-    attention._decode(q, out, cache, 1, group, attention.Scoring(q.shape[-1] ** -0.5, window))
+    extra = {"softcap": 0.5, "sinks": torch.linspace(-1.0, 2.0, HEADS).to(q.dtype)} if scored else {}
+    ran, kernel = [], cpu_kernels.paged_decode
+    monkeypatch.setattr(cpu_kernels, "paged_decode", lambda *args: ran.append(kernel(*args)) or ran[-1])
+    attention._decode(q, out, cache, 1, group, attention.Scoring(q.shape[-1] ** -0.5, window, **extra))
+    assert ran == [use_kernel]  # the kernel took it (or, turned off, the torch path)
     return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("windowed", [False, True])
+@pytest.mark.parametrize(("windowed", "scored"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, windowed, layout):
+def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, windowed, scored, layout):
     block_size, dim, lengths, window = LAYOUTS[layout]
     window = window if windowed else None
     rng = random.Random(3)
@@ -58,8 +63,8 @@ def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, windowed, layo
     tables = [free[i * per_request : i * per_request + -(-n // block_size)] for i, n in enumerate(lengths)]
     blocks = [b for table in tables for b in table + [0] * (per_request - len(table))]
     group = DecodeGroup(torch.tensor(rows), torch.tensor(blocks), torch.tensor(lengths), per_request, padded=True)
-    expected = attend(monkeypatch, False, q, cache, group, window)
-    got = attend(monkeypatch, True, q, cache, group, window)
+    expected = attend(monkeypatch, False, q, cache, group, window, scored)
+    got = attend(monkeypatch, True, q, cache, group, window, scored)
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got[rows].float(), expected[rows].float(), atol=tolerance, rtol=tolerance)
     assert not got[[1, 2, 5, 6, 7]].any(), "rows outside the group were written"
