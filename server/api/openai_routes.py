@@ -316,7 +316,7 @@ class _Reply:
                     if event.finished:
                         yield self.chunk("text_completion", _text_choice(owner.index, "", None, "length"), owner)
                     continue
-                stopped_by = self._stop_reason(owner, event)
+                self._hold_token_ids(owner, event)
                 if event.finished:
                     completion += event.num_output_tokens
                 if not self._worth_a_chunk(event):
@@ -327,7 +327,7 @@ class _Reply:
                     logprobs = completion_logprobs(self.names, event.new_token_ids, event.logprobs, at)
                 offsets[owner.index] += len(event.new_text)
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
-                choice = _text_choice(owner.index, event.new_text, logprobs, finish, stopped_by)
+                choice = _text_choice(owner.index, event.new_text, logprobs, finish, event.stop_reason)
                 yield self.chunk("text_completion", choice, owner, event.num_output_tokens)
         finally:
             await events.aclose()
@@ -353,7 +353,7 @@ class _Reply:
             for sub in self.submission.subs:
                 yield self._chat_chunk(sub, {"role": role, "content": echo}, None, None)
             async for owner, event in events:
-                stopped_by = self._stop_reason(owner, event)
+                self._hold_token_ids(owner, event)
                 if event.finished:
                     completion += event.num_output_tokens
                 if not self._worth_a_chunk(event):
@@ -374,17 +374,16 @@ class _Reply:
                     delta["content"] = text
                 if (calls or splitters) and not (delta or finish or logprobs):
                     continue  # held: a tag or a call not yet told apart
-                yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens, stopped_by)
+                yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens, event.stop_reason)
         finally:
             await events.aclose()
         if self.include_usage:
             yield self.envelope("chat.completion.chunk", [], usage=self.usage(completion=completion))
 
-    def _stop_reason(self, owner: SubRequest, event) -> str | int | None:
-        """Fed every event of a stream (its token ids wait for the choice's next chunk): the
-        choice's stop_reason once it has finished."""
-        self._unsent[owner.index].extend(event.new_token_ids)
-        return event.stop_reason
+    def _hold_token_ids(self, owner: SubRequest, event) -> None:
+        """With return_token_ids, an event's token ids wait for its choice's next chunk."""
+        if self.return_token_ids:
+            self._unsent[owner.index].extend(event.new_token_ids)
 
     def _worth_a_chunk(self, event) -> bool:
         # text held back (a partial UTF-8 sequence, a possible stop string) waits for the next token
