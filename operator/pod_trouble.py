@@ -25,7 +25,7 @@ STUCK = (
 
 @dataclass(frozen=True)
 class PodTrouble:
-    reason: str  # the kubelet's waiting reason, or Unschedulable
+    reason: str  # the kubelet's waiting reason, Unschedulable, or the Deployment controller's (status.py)
     message: str
 
 

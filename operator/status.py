@@ -74,9 +74,9 @@ class PoolState:
     updated: int
     current: int  # pods that exist, old and new
     up_to_date: bool  # the Deployment controller has seen the latest spec
-    # What the Deployment controller says stops it, (reason, message): pods it cannot create (a
-    # ResourceQuota, a LimitRange: no pod exists to report it) or a rollout past its deadline
-    failure: tuple[str, str] | None = None
+    # What the Deployment controller says stops it: pods it cannot create (a ResourceQuota, a
+    # LimitRange: no pod exists to report it) or a rollout past its deadline
+    failure: PodTrouble | None = None
 
     @classmethod
     def of(cls, name: str, replicas: int, deployment: dict[str, Any] | None) -> PoolState:
@@ -114,23 +114,22 @@ def serving_conditions(
     counts), so `kubectl wait` and health checks do not flap with the tuner; the wait shows in
     Progressing, which turns False with the kubelet's, scheduler's or Deployment controller's
     reason when it is stuck."""
-    failure = next((p.failure for p in pools if p.failure is not None), None)
-    why = (trouble.reason, trouble.message) if trouble is not None else failure
+    why = trouble or next((p.failure for p in pools if p.failure is not None), None)
     if any(p.replicas == 0 for p in pools):
         zero = ", ".join(p.name for p in pools if p.replicas == 0)
         ready = Condition(READY, "False", "ScaledToZero", f"no replicas in {zero}")
     elif all(p.ready >= p.replicas for p in pools):
         ready = Condition(READY, "True", "AllPoolsReady", _counts(pools))
     elif all(p.ready > 0 for p in pools):
-        ready = Condition(READY, "True", "Serving", _counts(pools) + (f"; {why[1]}" if why else ""))
+        ready = Condition(READY, "True", "Serving", _counts(pools) + (f"; {why.message}" if why else ""))
     elif why is not None:
-        ready = Condition(READY, "False", why[0], f"{_counts(pools)}; {why[1]}")
+        ready = Condition(READY, "False", why.reason, f"{_counts(pools)}; {why.message}")
     else:
         ready = Condition(READY, "False", "PoolsNotReady", _counts(pools))
     if applied:
         progressing = Condition(PROGRESSING, "True", "Applied", applied)
     elif why is not None:  # stuck: pods that cannot start, or that the Deployment cannot create
-        progressing = Condition(PROGRESSING, "False", why[0], why[1])
+        progressing = Condition(PROGRESSING, "False", why.reason, why.message)
     elif any(not p.rolled_out for p in pools):
         moving = [p for p in pools if not p.rolled_out]
         progressing = Condition(PROGRESSING, "True", "RollingOut", _counts(moving))
@@ -142,11 +141,11 @@ def serving_conditions(
 _STUCK = {("ReplicaFailure", "True"), ("Progressing", "False")}  # (type, status) of a Deployment condition
 
 
-def _deployment_failure(pool: str, status: dict[str, Any]) -> tuple[str, str] | None:
+def _deployment_failure(pool: str, status: dict[str, Any]) -> PodTrouble | None:
     for condition in status.get("conditions") or []:
         if (condition.get("type"), condition.get("status")) in _STUCK:
             reason = condition.get("reason") or condition["type"]
-            return reason, f"{pool} Deployment: {condition.get('message') or reason}"
+            return PodTrouble(reason, f"{pool} Deployment: {condition.get('message') or reason}")
     return None
 
 
