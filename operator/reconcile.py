@@ -318,7 +318,7 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         volumes.append({"name": "models", **spec.model.volume})
         container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
     template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod)
-    template["metadata"]["annotations"] = {**spec.pod.annotations, RESTART_CHECKSUM: restart_checksum(engine)}
+    template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)
     return _deployment_object(owner, pool, replicas, template)
 
 
