@@ -338,7 +338,12 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = Field(False, description="As in vLLM: the reply starts with the last message if the assistant's.")
+    echo: bool = Field(False, description="As in vLLM: the reply starts with the last message if its author replies.")
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="'none', 'auto' (needs a tool-call parser), 'required' or a named function (tool_calls.py)."
+    )
+    parallel_tool_calls: bool | None = None
+    include_reasoning: bool = Field(True, description="As in vLLM: with a reasoning parser, return the thinking.")
 
     @field_validator("top_logprobs")
     @classmethod
@@ -346,12 +351,6 @@ class ChatCompletionRequest(_Sampling, ChatTemplating):
         if value and not info.data.get("logprobs"):  # vLLM's check: 0 passes
             raise ValueError("when using top_logprobs, logprobs must be set to true (as in vLLM)")
         return value
-
-    tool_choice: str | dict[str, Any] | None = Field(
-        None, description="'none', 'auto' (needs a tool-call parser), 'required' or a named function (tool_calls.py)."
-    )
-    parallel_tool_calls: bool | None = None
-    include_reasoning: bool = Field(True, description="As in vLLM: with a reasoning parser, return the thinking.")
 
     def forced_tool_calls(self) -> ForcedToolCalls | None:
         return ForcedToolCalls.of(self.tools, self.tool_choice, self.parallel_tool_calls)
