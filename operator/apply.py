@@ -5,7 +5,8 @@ missing or differs, and nothing at all when it already matches. "Matches" means 
 set has our value in the live object (the API server adds defaults around them) and the live
 object carries the hash of exactly what we would apply now: the hash catches a field we stopped
 setting, which the subset test cannot see. Objects we own (controller reference with our uid)
-that are no longer desired, e.g. the colocated pool after a switch to disaggregated, are deleted.
+that are no longer desired, e.g. the colocated pool after a switch to disaggregated, are deleted
+(once the new pools serve: handover.py).
 """
 
 from __future__ import annotations
@@ -125,25 +126,34 @@ class ApplyResult:
         return "; ".join(parts) or "no changes"
 
 
-async def apply_all(
-    client: KubeClient,
-    namespace: str,
-    owner_uid: str,
-    selector: dict[str, str],
-    desired: list[dict[str, Any]],
-    kinds: tuple[ResourceKind, ...],
-) -> ApplyResult:
-    """Bring the children selected by `selector` in `namespace` to exactly `desired`.
-
-    One list per kind reads everything (no per-object GETs); writes happen only on a difference.
-    Raises OwnershipConflict before writing anything if a desired name belongs to someone else.
-    """
-    result = ApplyResult()
+async def list_children(
+    client: KubeClient, namespace: str, selector: dict[str, str], kinds: tuple[ResourceKind, ...]
+) -> dict[str, dict[str, Any]]:
+    """The children selected by `selector`, "Kind/name" -> object: one list per kind, no GETs."""
     live: dict[str, dict[str, Any]] = {}
     for kind in kinds:
         for obj in await client.list(kind, namespace, selector):
             live[ref(obj)] = obj
+    return live
 
+
+async def apply_all(
+    client: KubeClient,
+    namespace: str,
+    owner_uid: str,
+    live: dict[str, dict[str, Any]],
+    desired: list[dict[str, Any]],
+    *,
+    prune: bool = True,
+) -> ApplyResult:
+    """Bring the children listed in `live` (list_children) to exactly `desired`; with
+    prune=False, the ones no longer desired stay (a mode switch still serving from them).
+
+    Writes happen only on a difference. Raises OwnershipConflict before writing anything if a
+    desired name belongs to someone else.
+    """
+    result = ApplyResult()
+    live = dict(live)
     wanted = [with_applied_hash(obj) for obj in desired]
     for obj in wanted:
         current = live.get(ref(obj))
@@ -170,6 +180,8 @@ async def apply_all(
         result.live[ref(obj)] = await client.apply(obj)
         (result.updated if current is not None else result.created).append(ref(obj))
 
+    if not prune:
+        return result
     wanted_refs = {ref(obj) for obj in wanted}
     for key, obj in live.items():
         if key not in wanted_refs and controller_uid(obj) == owner_uid:

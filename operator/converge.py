@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import status as st
-from .apply import ApplyResult, OwnershipConflict, apply_all
+from .apply import ApplyResult, OwnershipConflict, apply_all, list_children
+from .handover import pending_handover
 from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
 from .pod_trouble import PodTrouble, pod_trouble
 from .reconcile import (
@@ -71,10 +72,19 @@ async def converge(
         return await _degrade(client, owner, body, err.reason, str(err))
 
     tuner = tuner_state(spec, status)
-    objects = desired_objects(owner, spec, tuner, pod_monitor=pod_monitor, pod_monitor_labels=pod_monitor_labels)
     kinds = CHILD_KINDS if pod_monitor else tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
     try:
-        applied = await apply_all(client, owner.namespace, owner.uid, selector(owner), objects, kinds)
+        live = await list_children(client, owner.namespace, selector(owner), kinds)
+        handover = pending_handover(owner, spec, live)
+        objects = desired_objects(
+            owner,
+            spec,
+            tuner,
+            pod_monitor=pod_monitor,
+            pod_monitor_labels=pod_monitor_labels,
+            serving=handover.serving if handover else None,
+        )
+        applied = await apply_all(client, owner.namespace, owner.uid, live, objects, prune=handover is None)
     except OwnershipConflict as err:
         return await _degrade(client, owner, body, "NameConflict", str(err))
     except ApiError as err:
@@ -84,7 +94,9 @@ async def converge(
 
     pools = _pool_states(owner, spec, applied)
     trouble = await _pods_trouble(client, owner, pools)
-    serving = st.serving_conditions(pools, applied.summary() if applied.changed else None, trouble)
+    serving = st.serving_conditions(
+        pools, applied.summary() if applied.changed else None, trouble, handover.message if handover else None
+    )
     serving.append(st.Condition(st.DEGRADED, "False", "AsExpected", ""))
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
@@ -157,9 +169,8 @@ async def _write_status(
 
 
 def _pool_states(owner: Owner, spec: InferenceServiceSpec, applied: ApplyResult) -> list[st.PoolState]:
-    names = [*spec.active_pools, *(["router"] if spec.mode == "disaggregated" else [])]
     states = []
-    for pool in names:
+    for pool in spec.deployed_pools:
         deployment = applied.live.get(f"Deployment/{pool_object_name(owner, pool)}")
         replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
         states.append(st.PoolState.of(pool, replicas, deployment))

@@ -148,10 +148,12 @@ def desired_objects(
     *,
     pod_monitor: bool = False,
     pod_monitor_labels: dict[str, str] | None = None,
+    serving: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every object the InferenceService needs. ``pod_monitor``: add a PodMonitor (the Prometheus
     operator is installed), with ``pod_monitor_labels`` on it (how that Prometheus selects them,
-    e.g. ``release: kube-prometheus-stack``)."""
+    e.g. ``release: kube-prometheus-stack``). ``serving``: the pool the client Service selects
+    instead of the spec's entry pool (handover.py)."""
     objects: list[dict[str, Any]] = []
     for pool in spec.active_pools:
         engine = effective_engine(spec, pool, tuner)
@@ -159,13 +161,12 @@ def desired_objects(
         objects.append(_deployment(owner, spec, pool, engine, effective_replicas(spec, pool, tuner)))
         objects.append(_service(owner, pool_object_name(owner, pool), pool, headless=True))
         objects.append(_pdb(owner, pool))
-    entry = "colocated"
     if spec.mode == "disaggregated":
-        entry = "router"
         objects.extend(_router_account(owner))
         objects.append(_router_deployment(owner, spec))
         objects.append(_pdb(owner, "router"))
-    objects.append(_service(owner, owner.name, entry, headless=False))  # the client endpoint
+    # the client endpoint: the entry pool, or the old mode's while a mode switch hands over
+    objects.append(_service(owner, owner.name, serving or spec.entry_pool, headless=False))
     if pod_monitor:
         objects.append(_pod_monitor(owner, pod_monitor_labels or {}))
     return objects

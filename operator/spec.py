@@ -249,6 +249,16 @@ class InferenceServiceSpec(_Model):
     def active_pools(self) -> list[str]:
         return ["prefill", "decode"] if self.mode == "disaggregated" else ["colocated"]
 
+    @property
+    def entry_pool(self) -> str:
+        """The pool the client Service sends requests to."""
+        return "router" if self.mode == "disaggregated" else "colocated"
+
+    @property
+    def deployed_pools(self) -> list[str]:
+        """Every pool with a Deployment: the engine pools, and the router in disaggregated mode."""
+        return [*self.active_pools, *(["router"] if self.mode == "disaggregated" else [])]
+
     def pool(self, name: str) -> Pool:
         return self.pools.get(name) or Pool()
 

@@ -104,10 +104,11 @@ class PoolState:
 
 
 def serving_conditions(
-    pools: list[PoolState], applied: str | None, trouble: PodTrouble | None = None
+    pools: list[PoolState], applied: str | None, trouble: PodTrouble | None = None, handover: str | None = None
 ) -> list[Condition]:
-    """Ready and Progressing from the Deployments; `applied` names what this pass just wrote, and
-    `trouble` why pods are stuck.
+    """Ready and Progressing from the Deployments; `applied` names what this pass just wrote,
+    `trouble` why pods are stuck, and `handover` which old pool serves while a mode switch waits
+    for the new ones (handover.py): the service answers meanwhile, so Ready stays True.
 
     Ready means the service answers: every pool has a ready pod (as KServe's Ready follows its
     predictor's availability). A scale-up waiting for pods keeps it True ("Serving", with the
@@ -115,13 +116,16 @@ def serving_conditions(
     Progressing, which turns False with the kubelet's, scheduler's or Deployment controller's
     reason when it is stuck."""
     why = trouble or next((p.failure for p in pools if p.failure is not None), None)
-    if any(p.replicas == 0 for p in pools):
+    stuck = f"; {why.message}" if why else ""
+    if handover is not None:
+        ready = Condition(READY, "True", "SwitchingMode", f"{handover}; {_counts(pools)}{stuck}")
+    elif any(p.replicas == 0 for p in pools):
         zero = ", ".join(p.name for p in pools if p.replicas == 0)
         ready = Condition(READY, "False", "ScaledToZero", f"no replicas in {zero}")
     elif all(p.ready >= p.replicas for p in pools):
         ready = Condition(READY, "True", "AllPoolsReady", _counts(pools))
     elif all(p.ready > 0 for p in pools):
-        ready = Condition(READY, "True", "Serving", _counts(pools) + (f"; {why.message}" if why else ""))
+        ready = Condition(READY, "True", "Serving", _counts(pools) + stuck)
     elif why is not None:
         ready = Condition(READY, "False", why.reason, f"{_counts(pools)}; {why.message}")
     else:
@@ -130,6 +134,8 @@ def serving_conditions(
         progressing = Condition(PROGRESSING, "True", "Applied", applied)
     elif why is not None:  # stuck: pods that cannot start, or that the Deployment cannot create
         progressing = Condition(PROGRESSING, "False", why.reason, why.message)
+    elif handover is not None:
+        progressing = Condition(PROGRESSING, "True", "SwitchingMode", handover)
     elif any(not p.rolled_out for p in pools):
         moving = [p for p in pools if not p.rolled_out]
         progressing = Condition(PROGRESSING, "True", "RollingOut", _counts(moving))

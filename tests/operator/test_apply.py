@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfleet.operator.apply import APPLIED_HASH, OwnershipConflict, apply_all, is_subset, quantity
+from llmfleet.operator.apply import APPLIED_HASH, OwnershipConflict, apply_all, is_subset, list_children, quantity
 from llmfleet.operator.kube import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD_MONITOR, ApiError
 from llmfleet.operator.reconcile import Owner, desired_objects, selector
 from llmfleet.operator.scaledown import DELETION_COST, rank_pods_for_scale_down
@@ -32,8 +32,9 @@ async def create_owner(client, name="svc"):
     return Owner(name, "ml", created["metadata"]["uid"])
 
 
-async def apply(client, owner, objects):
-    return await apply_all(client, "ml", owner.uid, selector(owner), objects, KINDS)
+async def apply(client, owner, objects, prune=True):
+    live = await list_children(client, "ml", selector(owner), KINDS)
+    return await apply_all(client, "ml", owner.uid, live, objects, prune=prune)
 
 
 async def test_create_then_nothing_then_one_write(running, client):
@@ -103,6 +104,16 @@ async def test_objects_no_longer_desired_are_pruned_and_foreign_ones_kept(runnin
     assert await client.get(CONFIG_MAP, "ml", "notes") is not None
     names = {o["metadata"]["name"] for o in await client.list(DEPLOYMENT, "ml", selector(owner))}
     assert names == {"svc-prefill", "svc-decode", "svc-router"}
+
+
+async def test_without_prune_the_objects_no_longer_desired_stay(running, client):
+    owner = await create_owner(client)
+    await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
+    disaggregated = parse_spec({**SPEC, "mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}})
+    result = await apply(client, owner, desired_objects(owner, disaggregated, serving="colocated"), prune=False)
+    assert result.deleted == [] and "Service/svc" not in result.updated  # still selects the colocated pool
+    names = {o["metadata"]["name"] for o in await client.list(DEPLOYMENT, "ml", selector(owner))}
+    assert names == {"svc-colocated", "svc-prefill", "svc-decode", "svc-router"}
 
 
 async def test_never_takes_over_another_controllers_object(running, client):

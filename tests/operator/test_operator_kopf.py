@@ -174,6 +174,53 @@ def test_mode_switch_prunes_the_old_pool_and_deletion_takes_everything(kube, ope
     eventually(lambda: children(kube) == {kind: set() for kind in COLOCATED})  # garbage-collected
 
 
+def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_ready(kube, operator):
+    def entry() -> str:
+        return kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"]
+
+    def ready(reason: str):
+        cond = conditions(kube.get("InferenceService", "tiny"))["Ready"]
+        return cond if (cond["status"], cond["reason"]) == ("True", reason) else None
+
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    mark_ready(kube, "tiny-colocated")
+    eventually(lambda: ready("AllPoolsReady"))
+
+    disaggregated = {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}
+    kube.patch("InferenceService", "tiny", {"spec": disaggregated})
+    both = {kind: COLOCATED[kind] | DISAGGREGATED[kind] for kind in COLOCATED}
+    eventually(lambda: children(kube) == both)
+    obj = settle(kube, "tiny", 2)
+    assert entry() == "colocated"  # clients stay where pods answer
+    cond = conditions(obj)
+    assert cond["Ready"]["reason"] == "SwitchingMode"
+    assert "until prefill, decode, router have a ready pod" in cond["Ready"]["message"]
+    assert cond["Progressing"]["status"] == "True"
+
+    mark_ready(kube, "tiny-prefill")
+    mark_ready(kube, "tiny-decode")
+    eventually(lambda: "until router have" in ready("SwitchingMode")["message"])
+    assert children(kube) == both and entry() == "colocated"
+
+    mark_ready(kube, "tiny-router")  # the last new pool: the endpoint moves, then the old pool goes
+    eventually(lambda: children(kube) == DISAGGREGATED)
+    assert entry() == "router"
+    eventually(lambda: ready("AllPoolsReady"))
+    events = [e["message"] for e in kube.events("tiny")]
+    assert any("updated Service/tiny" in m and "deleted" in m and "Deployment/tiny-colocated" in m for m in events)
+
+    # and back, the same way
+    colocated = {"mode": "colocated", "pools": {"colocated": TINY["pools"]["colocated"]}}
+    kube.patch("InferenceService", "tiny", {"spec": colocated})
+    eventually(lambda: children(kube) == both)
+    settle(kube, "tiny", 3)
+    assert entry() == "router" and ready("SwitchingMode")
+    mark_ready(kube, "tiny-colocated")
+    eventually(lambda: children(kube) == COLOCATED)
+    assert entry() == "colocated"
+
+
 def test_deletion_does_not_wait_for_a_resync_in_flight(kube, monkeypatch):
     """kopf releases its finalizer once every daemon and timer of the object has exited. A resync
     caught in its API calls at that moment is not "instantly" done, and kopf's default then polls
