@@ -81,6 +81,21 @@ def is_subset(want: Any, have: Any) -> bool:
     return a is not None and a == b
 
 
+def differing_fields(want: Any, have: Any, path: str = "") -> list[str]:
+    """The dotted paths of the fields in `want` that `have` does not match (is_subset, field by
+    field; a list is one field)."""
+    if not (isinstance(want, dict) and isinstance(have, dict)):
+        return [] if is_subset(want, have) else [path]
+    out: list[str] = []
+    for key, value in want.items():
+        at = f"{path}.{key}" if path else key
+        if key in have:
+            out += differing_fields(value, have[key], at)
+        elif not _is_zero(value):
+            out.append(at)
+    return out
+
+
 def _is_zero(value: Any) -> bool:
     return value is False or value in ("", {}, [])
 
@@ -93,6 +108,10 @@ def with_applied_hash(obj: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     out["metadata"].setdefault("annotations", {})[APPLIED_HASH] = content_hash(obj)
     return out
+
+
+def _applied_hash(obj: dict[str, Any]) -> str | None:
+    return (obj["metadata"].get("annotations") or {}).get(APPLIED_HASH)
 
 
 def controller_uid(obj: dict[str, Any]) -> str | None:
@@ -111,6 +130,8 @@ class ApplyResult:
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    # objects edited outside the operator since it last applied them, and set back: "Kind/name: fields"
+    reverted: list[str] = field(default_factory=list)
     live: dict[str, dict[str, Any]] = field(default_factory=dict)  # "Kind/name" -> object as it is now
 
     @property
@@ -177,6 +198,8 @@ async def apply_all(
         if current is not None and is_subset(obj, current):
             result.live[ref(obj)] = current
             continue
+        if current is not None and _applied_hash(current) == _applied_hash(obj):  # ours unchanged: an edit
+            result.reverted.append(f"{ref(obj)}: {', '.join(differing_fields(obj, current))}")
         result.live[ref(obj)] = await client.apply(obj)
         (result.updated if current is not None else result.created).append(ref(obj))
 

@@ -112,6 +112,8 @@ async def converge(
 
     outcome = Outcome(applied=applied)
     outcome.status_patch = await _write_status(client, owner, body, build)
+    if applied.reverted:
+        outcome.events.append(Event("Warning", "EditReverted", _reverted_message(spec, applied.reverted)))
     if applied.changed:
         outcome.events.append(Event("Normal", "Applied", applied.summary()))
     was = st.condition_of(status, st.DEGRADED)
@@ -166,6 +168,16 @@ async def _write_status(
             return None  # deleted meanwhile
         current = fresh
     return None
+
+
+def _reverted_message(spec: InferenceServiceSpec, reverted: list[str]) -> str:
+    owner = (
+        "the tuner owns replicas and knobs while spec.autotune.enabled is true: steer it through the spec "
+        "(slo, minReplicas/maxReplicas, bounds)"
+        if spec.autotune.enabled
+        else "the InferenceService's spec owns them: edit it instead"
+    )
+    return f"set back what was edited outside the InferenceService ({'; '.join(reverted)}); {owner}"
 
 
 def _pool_states(owner: Owner, spec: InferenceServiceSpec, applied: ApplyResult) -> list[st.PoolState]:

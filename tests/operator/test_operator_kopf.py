@@ -372,6 +372,30 @@ def test_a_deleted_deployment_comes_back(kube, operator):
     assert new["metadata"]["uid"] != old
 
 
+def test_edits_outside_the_spec_are_set_back_with_a_warning_that_says_who_owns_them(kube, operator):
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    settle(kube, "tiny", 1)
+
+    kube.patch("Deployment", "tiny-colocated", {"spec": {"replicas": 3}})  # kubectl scale
+    eventually(lambda: kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] == 1)
+    config = kube.get("ConfigMap", "tiny-colocated-engine")
+    edited = config["data"]["engine.yaml"].replace("max_batch_size: 16", "max_batch_size: 40")
+    kube.patch("ConfigMap", "tiny-colocated-engine", {"data": {"engine.yaml": edited}})
+    eventually(lambda: engine_of(kube)["max_batch_size"] == 16)
+
+    def warnings() -> list[dict] | None:
+        found = [e for e in kube.events("tiny") if e["reason"] == "EditReverted"]
+        return found if len(found) == 2 else None
+
+    reverted = eventually(warnings)
+    assert {e["type"] for e in reverted} == {"Warning"}
+    messages = " | ".join(e["message"] for e in reverted)
+    assert "(Deployment/tiny-colocated: spec.replicas)" in messages
+    assert "(ConfigMap/tiny-colocated-engine: data.engine.yaml)" in messages
+    assert "the tuner owns replicas and knobs while spec.autotune.enabled is true" in messages
+
+
 @pytest.mark.parametrize("cluster_options", [{"pod_monitor": True}])
 def test_pod_monitor_when_the_prometheus_operator_is_installed(kube, operator, cluster_options):
     kube.create(inference_service("tiny", TINY))
