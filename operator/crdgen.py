@@ -171,8 +171,42 @@ def _pod_options() -> dict[str, Any]:
             "annotations": _map("Annotations of the pods.", {"type": "string"}),
             "labels": _map("More labels of the pods (not under llmfleet.io/, the operator's).", {"type": "string"}),
             "affinity": _preserve("A Kubernetes Affinity for the pods (node, pod and anti-affinity)."),
+            "startupTimeoutSeconds": _int(
+                "How long a server may take to load the model and become ready before the kubelet restarts it "
+                "(the startup probe's budget). Raise it for large models on slow volumes.",
+                minimum=10,
+                default=600,
+            ),
+            "maxSurge": _pods_or_percent(
+                "Pods a rollout may start above the desired count (the Deployments' strategy).", 1
+            ),
+            "maxUnavailable": _pods_or_percent(
+                "Pods a rollout may take below the desired count; with maxSurge 0 and maxUnavailable 1, a "
+                "rollout needs no room (a GPU) for an extra pod.",
+                0,
+            ),
+        },
+        **{
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.maxSurge) && has(self.maxUnavailable)) || "
+                    "!(string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])",
+                    "message": "maxSurge and maxUnavailable cannot both be 0",
+                }
+            ]
         },
     )
+
+
+def _pods_or_percent(description: str, default: int) -> dict[str, Any]:
+    return {
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "x-kubernetes-int-or-string": True,
+        "minimum": 0,  # for a count; the pattern for a percentage
+        "pattern": "^[0-9]+%$",
+        "description": description,
+        "default": default,
+    }
 
 
 # -- spec -----------------------------------------------------------------------------------------

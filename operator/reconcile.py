@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ CONFIG_DIR = "/etc/llm-fleet"
 CONFIG_KEY = "engine.yaml"
 DRAIN_SECONDS = 30  # `serve --drain-timeout`: in-flight streams get this long after SIGTERM
 PRE_STOP_SECONDS = 5  # endpoints drop the pod before it stops accepting
+STARTUP_PROBE_PERIOD = 5  # seconds between /ready checks while a server loads
 GRACE_SECONDS = PRE_STOP_SECONDS + DRAIN_SECONDS + 10
 RUN_AS_USER = 65532
 
@@ -208,7 +210,11 @@ def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], re
         "args": ["serve", "--role", role, "--host", "0.0.0.0", "--port", str(SERVER_PORT), *args],
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
         # Loading weights can take minutes: the startup probe holds liveness off until /ready.
-        "startupProbe": {**http_get("/ready"), "periodSeconds": 5, "failureThreshold": 120},
+        "startupProbe": {
+            **http_get("/ready"),
+            "periodSeconds": STARTUP_PROBE_PERIOD,
+            "failureThreshold": math.ceil(spec.pod.startup_timeout_seconds / STARTUP_PROBE_PERIOD),
+        },
         "readinessProbe": {**http_get("/ready"), "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {**http_get("/health"), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
@@ -285,7 +291,7 @@ def _pod_template(
     return {"metadata": metadata, "spec": spec}
 
 
-def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict) -> dict[str, Any]:
+def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict, pod: PodOptions) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -294,8 +300,11 @@ def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict) -
             "replicas": replicas,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector(owner, pool)},
-            # Never below the serving capacity during a rollout: new pods start before old ones drain.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            # By default never below the serving capacity: new pods start before old ones drain.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": pod.max_unavailable, "maxSurge": pod.max_surge},
+            },
             "template": template,
         },
     }
@@ -320,7 +329,7 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
     template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod)
     template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)
-    return _deployment_object(owner, pool, replicas, template)
+    return _deployment_object(owner, pool, replicas, template, spec.pod)
 
 
 def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -341,7 +350,7 @@ def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, An
     # Only the router calls the API (EndpointSlices), with a token of its own account.
     template["spec"]["serviceAccountName"] = router_account_name(owner)
     template["spec"]["automountServiceAccountToken"] = True
-    return _deployment_object(owner, "router", spec.router.replicas, template)
+    return _deployment_object(owner, "router", spec.router.replicas, template, spec.pod)
 
 
 def router_account_name(owner: Owner) -> str:

@@ -7,6 +7,7 @@ through but the operator cannot serve. Its message becomes a Degraded condition'
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal, get_args
 
 import httpx
@@ -194,6 +195,27 @@ class PodOptions(_Model):
     annotations: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     affinity: dict[str, Any] = Field(default_factory=dict)
+    # Loading weights can take many minutes: how long a server may take to become ready before the
+    # kubelet restarts it (the startup probe's budget).
+    startup_timeout_seconds: int = Field(600, ge=10)
+    # The Deployments' rollout: new pods start before old ones drain, unless there is no room for
+    # one more (a GPU pool on a full node pool: maxSurge 0, maxUnavailable 1).
+    max_surge: int | str = 1
+    max_unavailable: int | str = 0
+
+    @field_validator("max_surge", "max_unavailable")
+    @classmethod
+    def _count_or_percent(cls, value: int | str) -> int | str:
+        count = isinstance(value, int) and value >= 0
+        if not count and not (isinstance(value, str) and re.fullmatch(r"[0-9]+%", value)):
+            raise ValueError(f"{value!r}: a count of pods (0 or more) or a percentage such as '25%'")
+        return value
+
+    @model_validator(mode="after")
+    def _rollout_moves(self) -> PodOptions:
+        if str(self.max_surge).rstrip("%") == "0" and str(self.max_unavailable).rstrip("%") == "0":
+            raise ValueError("maxSurge and maxUnavailable cannot both be 0: a rollout could never move")
+        return self
 
     @field_validator("env")
     @classmethod

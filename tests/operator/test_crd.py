@@ -134,6 +134,9 @@ SCHEMA_REJECTS = {
     "headroom 2": (with_("autotune.headroom", 2), "greater than the maximum"),
     "interval 1s": (with_("autotune.intervalSeconds", 1), "less than the minimum"),
     "unknown router policy": (with_("router.policy", "random"), "is not one of"),
+    "startup timeout 5 s": (with_("pod.startupTimeoutSeconds", 5), "less than the minimum"),
+    "negative max surge": (with_("pod.maxSurge", -1), "less than the minimum"),
+    "max surge in words": (with_("pod.maxSurge", "lots"), "does not match"),
     # CEL rules
     "both builtin and path": (with_("model.path", "/models/x"), "exactly one of builtin or path"),
     "neither builtin nor path": (with_("model", {"name": "x"}), "exactly one of builtin or path"),
@@ -146,6 +149,7 @@ SCHEMA_REJECTS = {
         with_("pools", {"prefill": {}}, with_("mode", "disaggregated")),
         "needs pools.prefill and pools.decode",
     ),
+    "a rollout that cannot move": (with_("pod", {"maxSurge": 0, "maxUnavailable": "0%"}), "cannot both be 0"),
 }
 
 
@@ -220,6 +224,7 @@ OPERATOR_REJECTS = {
         "minReplicas 5 > maxReplicas 2",
     ),
     "disaggregated without pools": (with_("mode", "disaggregated"), "InvalidSpec", "needs pools"),
+    "a rollout that cannot move": (with_("pod", {"maxSurge": "0%", "maxUnavailable": 0}), "InvalidSpec", "both be 0"),
     "inverted bounds": (
         with_("pools.colocated.bounds", {"maxBatchSize": {"min": 64, "max": 8}}),
         "InvalidSpec",

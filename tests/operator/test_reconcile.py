@@ -177,6 +177,9 @@ POD_OPTIONS = {
     "labels": {"team": "search", "app.kubernetes.io/name": "theirs"},
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}},
+    "startupTimeoutSeconds": 1800,  # a large model from a slow volume
+    "maxSurge": 0,  # no spare GPU for one more pod
+    "maxUnavailable": "25%",
 }  # fmt: skip
 
 
@@ -197,6 +200,9 @@ def test_pod_options_reach_the_pods_as_a_pod_spec_takes_them(repo_root):
         router = name == "rag-router"  # keeps the account that reads EndpointSlices, and needs no GPU
         assert pod["serviceAccountName"] == ("rag-router" if router else "models-reader")
         assert pod.get("runtimeClassName") == (None if router else "nvidia")
+        probe = pod["containers"][0]["startupProbe"]
+        assert probe["periodSeconds"] * probe["failureThreshold"] == 1800
+        assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": "25%"}
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(deployment, version, strict=True)
 
