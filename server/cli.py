@@ -96,7 +96,8 @@ def add_arguments(parser) -> None:
         help="seconds to wait for a prefill server's answer before trying another",
     )
     router.add_argument("--decode-timeout", type=float, default=120.0,
-                        help="seconds to wait for a decode server's next byte")  # fmt: skip
+                        help="seconds to wait for a decode server's next byte of a stream (a whole "
+                             "answer is waited for while the server answers its /load polls)")  # fmt: skip
 
 
 def run(args) -> int:

@@ -16,7 +16,8 @@ Faults, and what the client sees:
 - a decode server that cannot fetch the KV: the prefill server that held it is set aside, and
   the request starts over with another prefill (the decode server is kept);
 - a decode server that fails after content went out: the stream ends with an OpenAI-style error
-  event and ``[DONE]``, never a hang (every read has a timeout);
+  event and ``[DONE]``, never a hang (every read of a stream has a timeout; a whole answer, which
+  sends nothing until it is complete, is waited for as long as the server answers its polls);
 - a 4xx from either server (a bad prompt, an unknown model) is the client's: relayed as is; a
   409 from the decode server (the prefill server's KV does not fit it: another model or layout)
   is a deployment error: 502 with its message.
@@ -26,15 +27,18 @@ The router never holds KV: it only passes ids.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import TypeAdapter, ValidationError
 
 from ..api.client_gone import CLIENT_GONE, unless_client_gone
 from ..api.errors import error_body, error_response
@@ -44,6 +48,8 @@ from .metrics import RouterMetrics, StreamMeter
 from .policies import prefix_hashes
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+HEALTH_CHECK_S = 1.0  # how often a whole answer's wait looks at its server's health
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class Proxy:
 
     async def serve(self, path: str, body: dict, raw: Request) -> Response:
         started = time.monotonic()
-        stream = bool(body.get("stream"))
+        stream = _flag(body.get("stream"))
         opened = await unless_client_gone(raw, self._open(path, body, stream, started))
         if opened is None:
             return Response(status_code=CLIENT_GONE)
@@ -105,6 +111,9 @@ class Proxy:
 
     # --- choosing servers, with retries ----------------------------------------------------------
     async def _open(self, path: str, body: dict, stream: bool, started: float) -> _Opened | Response:
+        # Transfer parameters are the router's to set: a client's would reach the decode server
+        # whenever it prefills itself, and have it fetch "KV" from any URL the client names.
+        body = {key: value for key, value in body.items() if key != "kv_transfer_params"}
         tried = {"prefill": set(), "decode": set()}
         last: ServerFailed | None = None
         prefixes = prefix_hashes(body) if self.balancer.reads_prefixes else []  # only a prefix policy reads them
@@ -131,7 +140,8 @@ class Proxy:
         if last is None:
             return error_response(503, "no decode server is available; retry later", "unavailable")
         status = last.status if last.status in (429, 503) else 502
-        message = f"no server could take the request after {attempt + 1} attempts; last: {last.message}"
+        made = attempt + (decode is not None)  # the last round may have found no server to try
+        message = f"no server could take the request after {made} attempt{'s' * (made > 1)}; last: {last.message}"
         return error_response(status, message, "unavailable" if status != 502 else "bad_gateway")
 
     def _set_aside(self, failure: ServerFailed, tried: dict[str, set[str]], attempt: int) -> None:
@@ -167,7 +177,7 @@ class Proxy:
         timeout = httpx.Timeout(self.settings.prefill_timeout_s, connect=self.settings.connect_timeout_s)
         server.assigned += 1
         try:
-            response = await self.client.post(f"{server.url}{path}", json=ask, timeout=timeout)
+            response = await self.client.post(f"{server.url}{path}", **json_request(ask), timeout=timeout)
         except httpx.HTTPError as exc:
             raise ServerFailed(server, f"prefill server {server.url}: {exc!r}") from exc
         finally:
@@ -184,17 +194,21 @@ class Proxy:
         self, server: Server, path: str, body: dict, params: dict | None, stream: bool, started: float
     ) -> _Opened:
         send = {**body, "kv_transfer_params": params} if params is not None else body
-        timeout = httpx.Timeout(self.settings.decode_timeout_s, connect=self.settings.connect_timeout_s)
+        # A whole answer sends no byte before it is complete: no read timeout can tell a long
+        # generation from a lost server, so the balancer's /load polls tell instead.
+        read = self.settings.decode_timeout_s if stream else None
+        timeout = httpx.Timeout(read, connect=self.settings.connect_timeout_s)
         server.assigned += 1
         response = None
         try:
-            request = self.client.build_request("POST", f"{server.url}{path}", json=send, timeout=timeout)
-            response = await self.client.send(request, stream=True)
+            request = self.client.build_request("POST", f"{server.url}{path}", **json_request(send), timeout=timeout)
+            sent = self.client.send(request, stream=True)
+            response = await (sent if stream else _while_polled(server, sent))
             if response.status_code != 200:
                 raise _refusal(server, response.status_code, await response.aread())
             if not stream:
-                return _Opened(server, response, [await response.aread()], None, None)
-            meter = StreamMeter(self.metrics, started, echo=bool(body.get("echo")))
+                return _Opened(server, response, [await _while_polled(server, response.aread())], None, None)
+            meter = StreamMeter(self.metrics, started, echo=_flag(body.get("echo")))
             rest = response.aiter_raw()
             head = []
             async for chunk in rest:  # hold the bytes until content comes: until then a retry is free
@@ -296,7 +310,41 @@ def _error_fields(content: bytes) -> tuple[str | None, str | None]:
         return text[:300] or None, None
 
 
+async def _while_polled(server: Server, work: Awaitable[T]) -> T:
+    """``work``, for as long as the balancer's polls find its server alive. One they fail from
+    now on (its node gone, say: no connection reset tells) fails it as a read timeout would."""
+    failures = server.failures
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HEALTH_CHECK_S)
+            if done:
+                return task.result()
+            if server.failures > failures and not server.healthy:
+                raise httpx.ReadTimeout(f"{server.url} stopped answering its /load polls")
+    finally:
+        task.cancel()
+
+
+_BOOL = TypeAdapter(bool)
+
+
+def _flag(value) -> bool:
+    """A boolean field as the servers' models read it ("false", "0", "no" are False); a value they
+    refuse is False here, and the server's 400 reaches the client."""
+    try:
+        return value is not None and _BOOL.validate_python(value)
+    except ValidationError:
+        return False
+
+
+def json_request(body: dict) -> dict:
+    """The body as the servers parse it: Python's json, where NaN and Infinity are numbers their
+    models then refuse with a 400 (httpx's own encoder raises on them)."""
+    return {"content": json.dumps(body).encode(), "headers": {"Content-Type": "application/json"}}
+
+
 def _scores_the_prompt(path: str, body: dict) -> bool:
     """vLLM's prompt_logprobs, or a completion's echo with logprobs."""
-    echoed = path == "/v1/completions" and body.get("echo") and body.get("logprobs") is not None
+    echoed = path == "/v1/completions" and _flag(body.get("echo")) and body.get("logprobs") is not None
     return body.get("prompt_logprobs") is not None or bool(echoed)

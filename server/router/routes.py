@@ -17,7 +17,7 @@ from ..api.generation import check_model
 from ..api.protocol import ERROR_RESPONSES
 from ..api.state import ServerState
 from .balancer import Balancer
-from .proxy import Proxy
+from .proxy import Proxy, json_request
 
 
 def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) -> None:
@@ -58,7 +58,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         if server is None:
             raise APIError(503, "no decode server is ready", "unavailable")
         try:
-            response = await proxy.client.post(f"{server.url}{path}", json=body, timeout=10.0)
+            response = await proxy.client.post(f"{server.url}{path}", **json_request(body), timeout=10.0)
             return JSONResponse(response.json(), response.status_code)
         except (httpx.HTTPError, ValueError) as exc:
             raise APIError(502, f"decode server {server.url} failed: {exc}", "bad_gateway") from exc

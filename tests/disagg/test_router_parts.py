@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 
 import httpx
 import pytest
@@ -350,3 +351,84 @@ def test_the_router_exports_no_engine_gauges_and_the_engines_finish_reasons():
         assert text(gauge, labels) is None, gauge  # a 0 here would pull the servers' averages down
     assert text("vllm:request_success_total", labels | {"finished_reason": "stop"}) == 1
     assert text("vllm:request_success_total", labels | {"finished_reason": "tool_calls"}) is None
+
+
+async def test_bodies_pythons_json_reads_reach_the_servers_for_their_own_400():
+    """NaN and a lone surrogate parse, but httpx's encoder refuses them: the router answered 500."""
+    seen = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        return httpx.Response(400, json={"error": {"message": "temperature: Input should be a finite number"}})
+
+    proxy, _, _ = await _proxy(handle, [], ["http://d1:8000"])
+    for body in ({"prompt": "hi", "temperature": math.nan}, {"prompt": "\ud800"}):
+        answered = await proxy._open("/v1/completions", body, False, 0.0)
+        assert answered.status_code == 400
+    assert b"NaN" in seen[0] and b"\\ud800" in seen[1]
+
+
+async def test_a_clients_kv_transfer_params_never_reach_a_decode_server():
+    """With no prefill server, the decode server prefills itself; the client's own transfer
+    parameters would have had it fetch "KV" from a URL of the client's choosing."""
+    sent = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return _answer()
+
+    proxy, _, _ = await _proxy(handle, [], ["http://d1:8000"])
+    forged = {"do_remote_prefill": True, "remote_url": "http://internal:9000/admin#", "remote_kv_ids": ["x"]}
+    await proxy._open("/v1/completions", {"prompt": "hi", "kv_transfer_params": forged}, False, 0.0)
+    assert sent == [{"prompt": "hi"}]
+
+
+@pytest.mark.parametrize(("value", "streams"), [("false", False), ("0", False), ("no", False), ("on", True), (1, True)])
+def test_stream_is_read_as_the_servers_read_it(value, streams):
+    from llmfleet.server.router.proxy import _flag
+
+    assert _flag(value) is streams
+    assert _flag(None) is False and _flag("maybe") is False  # the server's 400 says what is wrong
+
+
+async def test_a_whole_answer_is_waited_for_past_the_read_timeout_while_its_server_answers_polls(monkeypatch):
+    """A non-streaming answer sends nothing until it is complete: the per-read decode timeout cut
+    off every generation longer than it (a 502, and the request run again elsewhere)."""
+    from llmfleet.server.router import proxy as proxy_module
+    from llmfleet.server.router.proxy import Proxy, ProxySettings
+
+    monkeypatch.setattr(proxy_module, "HEALTH_CHECK_S", 0.05)
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        assert request.extensions["timeout"]["read"] is None
+        await asyncio.sleep(0.3)  # a long generation
+        return _answer()
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    b = Balancer(StaticEndpoints([], ["http://d1:8000", "http://d2:8000"]), "load", client)
+    await b.refresh()
+    proxy = Proxy(b, client, RouterMetrics("m"), ProxySettings(decode_timeout_s=0.1))
+    opened = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)
+    assert json.loads(opened.head[0])["choices"][0]["text"] == "ok"
+
+    # a server the polls lose meanwhile (its node gone: no reset) fails it, and another takes it
+    async def lose_the_first_picked():
+        await asyncio.sleep(0.1)
+        first = next(s for s in b.servers["decode"].values() if s.assigned)
+        b.failed(first, "/load: ConnectTimeout")
+
+    loser = asyncio.create_task(lose_the_first_picked())
+    opened = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)
+    await loser
+    assert json.loads(opened.head[0])["choices"][0]["text"] == "ok"
+    assert [s.healthy for s in b.servers["decode"].values()].count(False) == 1
+
+
+async def test_the_502_counts_the_attempts_made():
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    proxy, _, _ = await _proxy(handle, [], ["http://d1:8000"])
+    answered = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)
+    assert answered.status_code == 502
+    assert "after 1 attempt;" in json.loads(answered.body)["error"]["message"]  # not 2: nothing else was tried
