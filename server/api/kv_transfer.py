@@ -215,7 +215,7 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
                 if response.status_code != 200:
                     await response.aread()
                     raise _transfer_failed(
-                        f"the prefill server at {base} answered {response.status_code}: {response.text[:200]}"
+                        f"the prefill server at {base} answered {response.status_code}{_their_error(response)}"
                     )
                 body = await _read_at_most(response, limit)
         except httpx.HTTPError as exc:
@@ -240,6 +240,16 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
         return APIError(502, message, "kv_transfer_failed")
 
     return list(await asyncio.gather(*(one(kv_id, prompt) for kv_id, prompt in zip(ids, prompts, strict=True))))
+
+
+def _their_error(response: httpx.Response) -> str:
+    """A peer's OpenAI-style error message, and nothing else of its body: the URL may not be one of
+    our servers (a forged request), and what it answers is not the client's to read."""
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return f": {message[:200]}" if isinstance(message, str) else ""
 
 
 async def _read_at_most(response: httpx.Response, limit: int) -> bytearray:

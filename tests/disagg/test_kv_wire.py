@@ -203,3 +203,16 @@ def test_an_oversized_body_from_another_layout_is_still_named_a_mismatch():
     with pytest.raises(APIError) as raised:
         fetch(state)
     assert raised.value.status == 409 and "num_layers" in raised.value.message
+
+
+def test_a_failed_kv_fetch_repeats_only_a_peers_error_message():
+    """The URL comes in the request: a forged one must not turn the decode server into a reader
+    of internal services for the client."""
+    import httpx
+
+    from llmfleet.server.api.kv_transfer import _their_error
+
+    ours = httpx.Response(404, json={"error": {"message": "no KV under id k (expired or taken)"}})
+    assert _their_error(ours) == ": no KV under id k (expired or taken)"
+    assert _their_error(httpx.Response(404, text="INTERNAL-SECRET: db-password=hunter2")) == ""
+    assert _their_error(httpx.Response(500, json={"secret": "x"})) == ""
