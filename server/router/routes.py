@@ -42,7 +42,8 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
             raise APIError(400, f"invalid request: the body is not JSON ({exc})") from exc
         if not isinstance(body, dict):
             raise APIError(400, "invalid request: the body must be a JSON object")
-        check_model(state, body.get("model"))
+        if isinstance(model := body.get("model"), str):  # another type is the server's 400 to give
+            check_model(state, model)
         return body
 
     async def relay(path: str, raw: Request):

@@ -251,7 +251,10 @@ def test_an_x_request_id_names_the_answer_through_the_router(fleet):
     ask = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 2}
     with router(tmp, [s["p1"]], [s["d1"]]) as r:
         answer = httpx.post(f"{r.url}/v1/completions", json=ask, headers={"X-Request-Id": "trace-7"}, timeout=60)
+        listed = httpx.post(f"{r.url}/v1/completions", json={**ask, "model": [MODEL]}, timeout=60)
     assert answer.status_code == 200 and answer.json()["id"] == "cmpl-trace-7", answer.text
+    # a model that is no string is the server's 400, as a colocated server answers, not a 404
+    assert listed.status_code == 400 and "model" in listed.json()["error"]["message"], listed.text
 
 
 def test_a_prefill_server_that_times_out_is_retried_on_another(fleet):
