@@ -22,6 +22,8 @@ from typing import Any
 from .kube import ApiError, KubeClient, ResourceKind, kind_of
 
 APPLIED_HASH = "llmfleet.io/applied-hash"
+REPLICAS_OWNER = "llmfleet.io/replicas"  # EXTERNAL on a Deployment: the user's autoscaler owns its replicas
+EXTERNAL = "external"
 
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
@@ -106,7 +108,11 @@ def content_hash(obj: dict[str, Any]) -> str:
 
 def with_applied_hash(obj: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
-    out["metadata"].setdefault("annotations", {})[APPLIED_HASH] = content_hash(obj)
+    hashed = obj
+    if (obj["metadata"].get("annotations") or {}).get(REPLICAS_OWNER) == EXTERNAL:  # they move without us
+        hashed = copy.deepcopy(obj)
+        hashed["spec"].pop("replicas", None)
+    out["metadata"].setdefault("annotations", {})[APPLIED_HASH] = content_hash(hashed)
     return out
 
 

@@ -18,6 +18,7 @@ from .handover import pending_handover
 from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
 from .pod_trouble import PodTrouble, pod_trouble
 from .reconcile import (
+    POOL_LABEL,
     Owner,
     TunerState,
     client_url,
@@ -83,6 +84,7 @@ async def converge(
             pod_monitor=pod_monitor,
             pod_monitor_labels=pod_monitor_labels,
             serving=handover.serving if handover else None,
+            scaled=_replicas(live),
         )
         applied = await apply_all(client, owner.namespace, owner.uid, live, objects, prune=handover is None)
     except OwnershipConflict as err:
@@ -168,6 +170,15 @@ async def _write_status(
             return None  # deleted meanwhile
         current = fresh
     return None
+
+
+def _replicas(live: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Each live Deployment's replica count, by pool."""
+    return {
+        obj["metadata"]["labels"][POOL_LABEL]: int(obj["spec"].get("replicas", 1))
+        for obj in live.values()
+        if obj["kind"] == "Deployment" and POOL_LABEL in (obj["metadata"].get("labels") or {})
+    }
 
 
 def _reverted_message(spec: InferenceServiceSpec, reverted: list[str]) -> str:

@@ -346,6 +346,13 @@ def spec_schema() -> dict[str, Any]:
             "autotune": {**autotune, "default": {}},
             "router": {**router, "default": {}},
             "pod": {**_pod_options(), "default": {}},
+            "externalAutoscaler": {
+                "type": "boolean",
+                "default": False,
+                "description": "An HPA, KEDA or kubectl scale owns the replica counts of the Deployments "
+                "(pools and router): the operator sets them only when it creates one (replicas, else "
+                "minReplicas) and never reverts them. Needs autotune.enabled false.",
+            },
             "apiKeySecret": _obj(
                 "A Secret key holding an API key, as vLLM's --api-key: clients send it as "
                 "'Authorization: Bearer <key>' on /v1 paths, and the pods' own calls to each other carry "
@@ -363,7 +370,12 @@ def spec_schema() -> dict[str, Any]:
         {
             "rule": "self.mode != 'disaggregated' || (has(self.pools.prefill) && has(self.pools.decode))",
             "message": "disaggregated mode needs pools.prefill and pools.decode",
-        }
+        },
+        {
+            "rule": "!has(self.externalAutoscaler) || !self.externalAutoscaler || "
+            "(has(self.autotune) && has(self.autotune.enabled) && !self.autotune.enabled)",
+            "message": "externalAutoscaler needs autotune.enabled: false (the tuner scales the pools itself)",
+        },
     ]
     return schema
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ import yaml
 
 from llmfleet.server.config import EngineConfig, ValidationError
 
+from .apply import EXTERNAL, REPLICAS_OWNER
 from .spec import MODELS_DIR, POOL_NAMES, TUNABLE_KNOBS, InferenceServiceSpec, PodOptions, Pool
 
 SERVER_PORT = 8000
@@ -151,11 +153,13 @@ def desired_objects(
     pod_monitor: bool = False,
     pod_monitor_labels: dict[str, str] | None = None,
     serving: str | None = None,
+    scaled: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object the InferenceService needs. ``pod_monitor``: add a PodMonitor (the Prometheus
     operator is installed), with ``pod_monitor_labels`` on it (how that Prometheus selects them,
     e.g. ``release: kube-prometheus-stack``). ``serving``: the pool the client Service selects
-    instead of the spec's entry pool (handover.py)."""
+    instead of the spec's entry pool (handover.py). ``scaled``: each existing Deployment's replicas
+    per pool, which stand where an external autoscaler owns them (spec.externalAutoscaler)."""
     objects: list[dict[str, Any]] = []
     for pool in spec.active_pools:
         engine = effective_engine(spec, pool, tuner)
@@ -171,7 +175,18 @@ def desired_objects(
     objects.append(_service(owner, owner.name, serving or spec.entry_pool, headless=False))
     if pod_monitor:
         objects.append(_pod_monitor(owner, pod_monitor_labels or {}))
+    if spec.external_autoscaler:
+        for deployment in (o for o in objects if o["kind"] == "Deployment"):
+            _scaled_externally(deployment, (scaled or {}).get(deployment["metadata"]["labels"][POOL_LABEL]))
     return objects
+
+
+def _scaled_externally(deployment: dict[str, Any], replicas: int | None) -> None:
+    """Replicas as the autoscaler left them (the spec's only for a new Deployment), marked so that
+    the applied hash leaves them out: its scaling is no edit to revert, nor a change to apply."""
+    deployment["metadata"]["annotations"] = {REPLICAS_OWNER: EXTERNAL}
+    if replicas is not None:
+        deployment["spec"]["replicas"] = replicas
 
 
 def _meta(owner: Owner, name: str, object_labels: dict[str, str]) -> dict[str, Any]:

@@ -255,6 +255,14 @@ class InferenceServiceSpec(_Model):
     router: Router = Field(default_factory=Router)
     api_key_secret: SecretKey | None = None  # vLLM's --api-key for every pod, from this Secret
     pod: PodOptions = Field(default_factory=PodOptions)
+    # An HPA, KEDA or `kubectl scale` owns the Deployments' replicas: set only at creation
+    external_autoscaler: bool = False
+
+    @model_validator(mode="after")
+    def _one_scaler(self) -> InferenceServiceSpec:
+        if self.external_autoscaler and self.autotune.enabled:
+            raise ValueError("externalAutoscaler needs autotune.enabled: false (the tuner scales the pools itself)")
+        return self
 
     @model_validator(mode="after")
     def _pools_for_mode(self) -> InferenceServiceSpec:

@@ -150,6 +150,7 @@ SCHEMA_REJECTS = {
         "needs pools.prefill and pools.decode",
     ),
     "a rollout that cannot move": (with_("pod", {"maxSurge": 0, "maxUnavailable": "0%"}), "cannot both be 0"),
+    "two autoscalers": (with_("externalAutoscaler", True), "needs autotune.enabled: false"),
 }
 
 
@@ -225,6 +226,7 @@ OPERATOR_REJECTS = {
     ),
     "disaggregated without pools": (with_("mode", "disaggregated"), "InvalidSpec", "needs pools"),
     "a rollout that cannot move": (with_("pod", {"maxSurge": "0%", "maxUnavailable": 0}), "InvalidSpec", "both be 0"),
+    "two autoscalers": (with_("externalAutoscaler", True), "InvalidSpec", "needs autotune.enabled: false"),
     "inverted bounds": (
         with_("pools.colocated.bounds", {"maxBatchSize": {"min": 64, "max": 8}}),
         "InvalidSpec",

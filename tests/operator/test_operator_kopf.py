@@ -396,6 +396,28 @@ def test_edits_outside_the_spec_are_set_back_with_a_warning_that_says_who_owns_t
     assert "the tuner owns replicas and knobs while spec.autotune.enabled is true" in messages
 
 
+def test_an_external_autoscaler_owns_the_replicas_after_creation(kube, operator):
+    spec = {**TINY, "externalAutoscaler": True, "autotune": {"enabled": False}}
+    spec["pools"] = {"colocated": {**TINY["pools"]["colocated"], "minReplicas": 2}}
+    kube.create(inference_service("tiny", spec))
+    eventually(lambda: children(kube) == COLOCATED)
+    settle(kube, "tiny", 1)
+    deployment = kube.get("Deployment", "tiny-colocated")
+    assert deployment["spec"]["replicas"] == 2  # the spec's at creation
+    assert deployment["metadata"]["annotations"]["llmfleet.io/replicas"] == "external"
+
+    kube.patch("Deployment", "tiny-colocated", {"spec": {"replicas": 3}})  # what an HPA does
+    eventually(lambda: kube.get("InferenceService", "tiny")["status"]["pools"]["colocated"]["replicas"] == 3)
+    assert kube.quiet(3.0) == []  # resyncs write nothing: no revert, no re-apply
+    assert kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] == 3
+
+    kube.patch("InferenceService", "tiny", {"spec": {"pools": {"colocated": {"engine": {"maxBatchSize": 24}}}}})
+    settle(kube, "tiny", 2)
+    assert engine_of(kube)["max_batch_size"] == 24
+    assert kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] == 3
+    assert not [e for e in kube.events("tiny") if e["reason"] == "EditReverted"]
+
+
 @pytest.mark.parametrize("cluster_options", [{"pod_monitor": True}])
 def test_pod_monitor_when_the_prometheus_operator_is_installed(kube, operator, cluster_options):
     kube.create(inference_service("tiny", TINY))
