@@ -70,8 +70,12 @@ async def drain(state: ServerState, timeout: float) -> int:
         while state.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         return 0
-    engine.flush()  # static batching: launch whatever waits instead of holding it
-    while engine.num_unfinished and time.monotonic() < deadline:
+    # Until the engine's work and the calls that bring it are done: a call accepted before the
+    # drain may still be handing its later choices (n > 1, a list of prompts) to the engine.
+    # Static batching launches whatever waits instead of holding it, flushed at every poll: the
+    # scheduler's flush ends once its queue is empty, and such a choice comes after.
+    while (engine.num_unfinished or state.in_flight) and time.monotonic() < deadline:
+        engine.flush()
         await asyncio.sleep(0.05)
     if not engine.num_unfinished:
         await _hand_over_kv(state, deadline)

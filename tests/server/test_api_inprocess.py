@@ -616,6 +616,35 @@ async def test_drain_refuses_new_work_finishes_old_and_times_out(make_state):
     assert state.engine.num_unfinished == 0 and state.engine.stats.kv_usage == 0
 
 
+@pytest.mark.parametrize("pause_s", [0.0, 0.6])  # the next choice comes before / after the first finished
+async def test_a_drain_finishes_every_choice_of_a_call_it_caught_half_handed_over(make_state, monkeypatch, pause_s):
+    """A call's choices reach the engine one add at a time. Under static batching, a drain that
+    began between two adds flushed once, the engine launched the first choice alone and ended its
+    flush, and the second then waited for a batch that never came: aborted at the drain timeout
+    (or, had the first finished before it came, the drain returned and left it behind)."""
+    from llmfleet.server.api import async_engine
+
+    state = make_state(EngineConfig(policy="static", max_batch_size=8), step_seconds=0.01)
+    scheduler = state.engine.engine.scheduler
+    add, draining = async_engine.AsyncEngine.add, []
+
+    async def add_then_sigterm(self, *args, **kwargs):
+        added = await add(self, *args, **kwargs)
+        if not draining:  # SIGTERM lands right after the first choice was handed over
+            state.draining = True
+            draining.append(asyncio.ensure_future(drain(state, timeout=3.0)))
+            while not scheduler.running:  # the engine took the flush and launched choice 0 alone
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(pause_s)
+        return added
+
+    monkeypatch.setattr(async_engine.AsyncEngine, "add", add_then_sigterm)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(state)), base_url="http://t") as c:
+        answer = await asyncio.wait_for(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 40, "n": 2}), 15)
+    assert await asyncio.wait_for(draining[0], 10) == 0  # nothing aborted
+    assert [choice["finish_reason"] for choice in answer.json()["choices"]] == ["length", "length"]
+
+
 # --- metrics ---------------------------------------------------------------------------------------
 HISTOGRAMS = [
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
