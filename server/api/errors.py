@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +31,15 @@ def error_body(message: str, type_: str, status: int, param: str | None = None) 
     # cannot be rendered from as UTF-8: it goes out escaped.
     message = message.encode("utf-8", "backslashreplace").decode()
     return {"error": {"message": message, "type": type_, "param": param, "code": status}}
+
+
+def error_fields(content: bytes) -> tuple[Any, str | None] | None:
+    """A peer's OpenAI-style error body's message and type, as sent; None for any other body."""
+    try:
+        error = json.loads(content)["error"]
+        return error["message"], error.get("type")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:

@@ -43,7 +43,7 @@ from ..core.kv_wire import (
     max_body_bytes,
 )
 from ..core.request import SamplingParams
-from .errors import APIError
+from .errors import APIError, error_fields
 from .generation import EventStream, SubRequest, submit
 from .protocol import KVTransferParams
 from .state import ServerState
@@ -245,10 +245,7 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
 def _their_error(response: httpx.Response) -> str:
     """A peer's OpenAI-style error message, and nothing else of its body: the URL may not be one of
     our servers (a forged request), and what it answers is not the client's to read."""
-    try:
-        message = response.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return ""
+    message = (error_fields(response.content) or (None,))[0]
     return f": {message[:200]}" if isinstance(message, str) else ""
 
 

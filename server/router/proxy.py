@@ -41,7 +41,7 @@ from fastapi.responses import Response
 from pydantic import TypeAdapter, ValidationError
 
 from ..api.client_gone import CLIENT_GONE, unless_client_gone
-from ..api.errors import error_body, error_response
+from ..api.errors import error_body, error_fields, error_response
 from ..api.sse import SSE_HEADERS, ClosingStreamingResponse, encode_event
 from .balancer import Balancer, Server
 from .metrics import RouterMetrics, StreamMeter
@@ -302,12 +302,11 @@ def _refusal(server: Server, status: int, content: bytes) -> ServerFailed | Answ
 
 def _error_fields(content: bytes) -> tuple[str | None, str | None]:
     """An OpenAI-style error's message and type; or the start of the body, and no type."""
-    try:
-        error = json.loads(content)["error"]
-        return str(error["message"]), error.get("type")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        text = content.decode(errors="replace").strip()
-        return text[:300] or None, None
+    fields = error_fields(content)
+    if fields is not None:
+        return str(fields[0]), fields[1]
+    text = content.decode(errors="replace").strip()
+    return text[:300] or None, None
 
 
 async def _while_polled(server: Server, work: Awaitable[T]) -> T:
