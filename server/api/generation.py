@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from ..core import grammar
@@ -88,10 +89,11 @@ def build_subrequests(
         limit_tokens = min(limit_tokens, state.max_request_tokens)
     _check_queue_capacity(state, len(prompts) * body.n)
     logit_bias = body.logit_bias_ids()
-    vocab = len(state.tokenizer)
-    if any(token >= vocab for token in logit_bias):
-        raise APIError(400, f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
-    allowed = None if body.allowed_token_ids is None else _allowed_token_ids(state, body.allowed_token_ids)
+    check_in_vocab(state, logit_bias, "logit_bias", "logit_bias token ids")
+    allowed = None
+    if body.allowed_token_ids is not None:  # the sampler masks every other token of the logits
+        check_in_vocab(state, body.allowed_token_ids, "allowed_token_ids", "allowed_token_ids")
+        allowed = frozenset(body.allowed_token_ids)
     structured = _structured_output(body, thinking)
     for p_index, prompt in enumerate(prompts):
         if not prompt:
@@ -131,13 +133,12 @@ def build_subrequests(
     return subs
 
 
-def _allowed_token_ids(state: ServerState, allowed: list[int]) -> frozenset[int]:
-    """``allowed_token_ids``, checked against the vocabulary: the sampler masks every other token
-    (of the model's logits, which may be wider than the tokenizer's vocabulary)."""
+def check_in_vocab(state: ServerState, ids: Iterable[int], param: str, what: str = "token ids") -> None:
+    """Token ids a request names (a prompt's, logit_bias's keys, allowed_token_ids) lie within the
+    tokenizer's vocabulary, or a 400 says so."""
     vocab = len(state.tokenizer)
-    if any(not 0 <= token < vocab for token in allowed):
-        raise APIError(400, f"allowed_token_ids must be in [0, {vocab})", param="allowed_token_ids")
-    return frozenset(allowed)
+    if any(not 0 <= token < vocab for token in ids):
+        raise APIError(400, f"{what} must be in [0, {vocab})", param=param)
 
 
 def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> list[int]:

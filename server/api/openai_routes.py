@@ -22,6 +22,7 @@ from .generation import (
     SubRequest,
     api_finish_reason,
     build_subrequests,
+    check_in_vocab,
     check_model,
     check_serving,
     collect,
@@ -155,7 +156,7 @@ def install(app: FastAPI, state: ServerState) -> None:
     @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(body: DetokenizeRequest):
         check_model(state, body.model)
-        _check_in_vocab(state, body.tokens, "tokens")
+        check_in_vocab(state, body.tokens, "tokens")
         return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
@@ -216,19 +217,13 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
             ids = state.tokenizer.encode(item, add_special_tokens=body.add_special_tokens)
         else:
             ids = list(item)
-        _check_in_vocab(state, ids, "prompt")
+        check_in_vocab(state, ids, "prompt")
         given = len(ids)
         ids = truncated_prompt(state, body, ids)
         ids_list.append(ids)
         if body.echo:  # what the model was given: a truncated prompt echoes its kept tokens
             texts.append(item if isinstance(item, str) and len(ids) == given else state.tokenizer.decode(ids))
     return ids_list, texts
-
-
-def _check_in_vocab(state: ServerState, ids: list[int], param: str) -> None:
-    vocab = len(state.tokenizer)
-    if any(t < 0 or t >= vocab for t in ids):
-        raise APIError(400, f"token ids must be in [0, {vocab})", param=param)
 
 
 def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
