@@ -298,7 +298,10 @@ def pod_detail() -> dict[str, Any]:
         _panel("Tokens per step", [(mean(promql.ITERATION_TOKENS), "mean {{pod}}")], "short", 12, 8),
         _panel(
             "Preemptions/s",
-            [(f"sum by (pod) (rate({promql.PREEMPTIONS}{{{s}}}[{RATE}]))", "{{pod}}")],
+            [
+                (f"sum by (pod) (rate({promql.PREEMPTIONS}{{{s}}}[{RATE}]))", "KV {{pod}}"),
+                (f"sum by (pod) (rate({promql.BATCH_SHED}{{{s}}}[{RATE}]))", "batch cut {{pod}}"),
+            ],
             "short",
             0,
             16,

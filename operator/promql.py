@@ -20,6 +20,7 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
+BATCH_SHED = "llmfleet_batch_shed_total"  # a live decrease of max_batch_size; not KV pressure
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"

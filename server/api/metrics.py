@@ -27,6 +27,7 @@ BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # vLLM's: steps reach the budget
 BYTES_BUCKETS = [2**k for k in range(10, 34, 2)]
 N_BUCKETS = [1, 2, 5, 10, 20]  # vLLM's, for request_params_n
+KV_FAILURE_REASONS = ("fetch", "mismatch")  # the KV body could not be fetched; it did not match the request
 
 
 def length_buckets(max_model_len: int | None) -> list[float]:
@@ -54,8 +55,21 @@ class ServerMetrics:
         names = list(self.labels)
         reg = self.registry
 
+        plain = []  # the metrics labelled by model_name and role alone: their series are made below
+
+        def made(metric, extra):
+            if not extra:
+                plain.append(metric)
+            return metric
+
         def hist(name, doc, buckets, extra=()):
-            return Histogram(name, doc, [*names, *extra], buckets=buckets, registry=reg)
+            return made(Histogram(name, doc, [*names, *extra], buckets=buckets, registry=reg), extra)
+
+        def counter(name, doc, extra=()):
+            return made(Counter(name, doc, [*names, *extra], registry=reg), extra)
+
+        def gauge(name, doc, extra=()):
+            return made(Gauge(name, doc, [*names, *extra], registry=reg), extra)
 
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS)
@@ -77,57 +91,52 @@ class ServerMetrics:
         self.max_num_generation_tokens = hist(
             "vllm:request_max_num_generation_tokens", "The most tokens one of a request's n sequences generated.", sizes
         )
-        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", names, registry=reg)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", names, registry=reg)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV cache usage, 0..1.", names, registry=reg)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefilled prompt tokens.", names, registry=reg)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", names, registry=reg)
-        self.success = Counter("vllm:request_success", "Finished requests.", [*names, "finished_reason"], registry=reg)
-        self.preemptions = Counter("vllm:num_preemptions", "Preemptions.", names, registry=reg)
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", names, registry=reg
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV cache usage, 0..1.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefilled prompt tokens.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens.")
+        self.success = counter("vllm:request_success", "Finished requests.", ("finished_reason",))
+        self.preemptions = counter("vllm:num_preemptions", "Running requests preempted for want of KV blocks.")
+        self.shed = counter(
+            "llmfleet_batch_shed", "Running requests sent back to wait (recomputed) by a live cut of max_batch_size."
         )
-        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", names,
-                                   registry=reg)  # fmt: skip
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.iteration_tokens = hist("vllm:iteration_tokens_total", "Tokens per engine step.", ITERATION_BUCKETS)
         self.cache_info = Info("vllm:cache_config", "KV cache configuration.", names, registry=reg)
 
         self.batch_size = hist("llmfleet_batch_size", "Requests per engine step.", BATCH_BUCKETS)
         self.step_seconds = hist("llmfleet_step_duration_seconds", "Engine step time.", STEP_BUCKETS)
         self.schedule_seconds = hist("llmfleet_scheduler_duration_seconds", "Scheduler time per step.", STEP_BUCKETS)
-        self.config_generation = Gauge(
-            "llmfleet_config_generation", "Generation of the applied engine config.", names, registry=reg
-        )
-        self.knob = Gauge("llmfleet_config_knob", "Applied live knob values.", [*names, "knob"], registry=reg)
-        self.config_errors = Counter("llmfleet_config_errors", "Engine config files rejected.", names, registry=reg)
+        self.config_generation = gauge("llmfleet_config_generation", "Generation of the applied engine config.")
+        self.knob = gauge("llmfleet_config_knob", "Applied live knob values.", ("knob",))
+        self.config_errors = counter("llmfleet_config_errors", "Engine config files rejected.")
         self.kv_transfer_bytes = hist("llmfleet_kv_transfer_bytes", "KV bytes moved per request.", BYTES_BUCKETS)
         self.kv_transfer_seconds = hist("llmfleet_kv_transfer_seconds", "KV transfer time.", STEP_BUCKETS)
-        self.role_info = Gauge("llmfleet_role_info", "Server role.", names, registry=reg)
-        self.in_flight = Gauge("llmfleet_requests_in_flight", "HTTP requests in flight.", names, registry=reg)
-        self.kv_held = Gauge("llmfleet_kv_export_held_bytes", "Exported KV waiting to be fetched.", names, registry=reg)
-        self.kv_cached_tokens = Counter(
+        self.role_info = gauge("llmfleet_role_info", "Server role.")
+        self.in_flight = gauge("llmfleet_requests_in_flight", "HTTP requests in flight.")
+        self.kv_held = gauge("llmfleet_kv_export_held_bytes", "Exported KV waiting to be fetched.")
+        self.kv_cached_tokens = counter(
             "llmfleet_kv_transfer_cached_tokens",
             "Prompt tokens whose KV a decode server had in its prefix cache, so it did not fetch it.",
-            names, registry=reg,
-        )  # fmt: skip
-        self.kv_recomputed = Counter(
+        )
+        self.kv_recomputed = counter(
             "llmfleet_kv_import_recomputed",
             "Imports whose left-out cached blocks were gone at admission (evicted, or prefix caching off): "
             "the prompt was computed here.",
-            names, registry=reg,
-        )  # fmt: skip
-        self.kv_failures = Counter(
-            "llmfleet_kv_transfer_failures", "KV transfers that failed.", [*names, "reason"], registry=reg
         )
+        self.kv_failures = counter("llmfleet_kv_transfer_failures", "KV transfers that failed.", ("reason",))
         self.role_info.labels(**self.labels).set(1)
-        # Export every series from the start: one that appears only on its first event breaks rate()
-        # and makes dashboards show "no data" instead of 0.
-        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions, self.config_errors,
-                       self.running, self.waiting, self.kv_usage, self.in_flight, self.prefix_queries,
-                       self.prefix_hits):  # fmt: skip
+        # Export every series from the start, as vLLM does: Prometheus takes a series' first sample
+        # as its baseline, so an event that creates it is lost to rate() and increase() (a new pod's
+        # first, often slowest, request missing from the TTFT p95), and dashboards show "no data".
+        for metric in plain:
             metric.labels(**self.labels)
         for reason in ("stop", "length", "abort"):
             self.success.labels(**self.labels, finished_reason=reason)
+        for reason in KV_FAILURE_REASONS:
+            self.kv_failures.labels(**self.labels, reason=reason)
         self._totals_seen: dict[str, int] = {}
         self._token_times: dict[str, float] = {}
 
@@ -180,6 +189,7 @@ class ServerMetrics:
         stats = engine.stats()
         self.set_load(stats)
         self._advance(self.preemptions, "preemptions", stats.preemptions_total)
+        self._advance(self.shed, "shed", stats.shed_total)
         self._advance(self.prefix_queries, "prefix_queries", stats.prefix_cache_queries)
         self._advance(self.prefix_hits, "prefix_hits", stats.prefix_cache_hits)
         self._advance(self.kv_recomputed, "kv_recomputed", stats.kv_imports_recomputed)

@@ -48,7 +48,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.step_index = 0
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # for want of KV blocks: what vllm:num_preemptions counts
+        self.num_shed = 0  # sent back to wait by a live decrease of max_batch_size
         self.num_imports_recomputed = 0  # imports dropped: the cached blocks they left out were gone
         self._num_preempted_waiting = 0  # waiting requests with status PREEMPTED
         self._flushing = False
@@ -242,7 +243,7 @@ class Scheduler:
                 return item.num_tokens
         return 0
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, *, shed: bool = False) -> None:
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
@@ -250,7 +251,10 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
         self._num_preempted_waiting += 1
-        self.num_preemptions += 1
+        if shed:
+            self.num_shed += 1
+        else:
+            self.num_preemptions += 1
         self._preempted.append(request)
 
     def _shed_excess_running(self, now: float) -> None:
@@ -258,7 +262,7 @@ class Scheduler:
         while len(self.running) > self.config.max_batch_size:
             victim = self._ordering.pick_victim(self.running, now)
             assert victim is not None
-            self._preempt(victim)
+            self._preempt(victim, shed=True)
 
     def _reuse_prefix(self, request: Request) -> int | None:
         """Start ``request`` after its longest cached prefix; the tokens that covers, or None

@@ -73,7 +73,8 @@ class EngineStats:
     kv_usage: float
     num_kv_blocks: int
     steps: int
-    preemptions_total: int
+    preemptions_total: int  # for want of KV blocks
+    shed_total: int  # running requests sent back to wait by a live decrease of max_batch_size
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, and found there
     prefix_cache_hits: int
     kv_imports_recomputed: int  # imports dropped: cached blocks they left out were gone at admission
@@ -372,6 +373,7 @@ class LLMEngine:
             num_kv_blocks=self.block_manager.num_blocks,
             steps=self._steps,
             preemptions_total=self.scheduler.num_preemptions,
+            shed_total=self.scheduler.num_shed,
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,
             kv_imports_recomputed=self.scheduler.num_imports_recomputed,

@@ -292,9 +292,11 @@ def test_live_config_update_applies_next_step_and_ignores_restart_fields():
     assert engine.stats().config_generation == 2
     engine.step()
     assert len(runner.batches[-1]) == 3
-    engine.update_config(EngineConfig(max_batch_size=1))  # shrinking preempts the excess
+    engine.update_config(EngineConfig(max_batch_size=1))  # shrinking sends the excess back to wait
     engine.step()
     assert len(runner.batches[-1]) == 1
+    # not preemptions: the tuner reads those as KV pressure, and its own decrease made these
+    assert (engine.stats().shed_total, engine.stats().preemptions_total) == (2, 0)
 
 
 def test_a_failing_step_aborts_its_requests_and_the_engine_goes_on():

@@ -702,6 +702,21 @@ def test_metrics_names_types_and_labels(client):
     assert bounds[:4] == [1.0, 2.0, 5.0, 10.0] and bounds[-1] == float("inf")
 
 
+def test_every_series_exists_at_zero_before_the_first_request(client):
+    """Prometheus takes a series' first sample as its baseline: a histogram born with a pod's
+    first request would leave that request out of rate() and the TTFT quantiles."""
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    for name in HISTOGRAMS:
+        counts = [s.value for s in families[name].samples if s.name == f"{name}_count"]
+        assert counts == [0.0], name
+    for name in (*COUNTERS, "llmfleet_batch_shed", "llmfleet_kv_transfer_cached_tokens",
+                 "llmfleet_kv_import_recomputed"):  # fmt: skip
+        assert [s.value for s in families[name].samples if s.name == f"{name}_total"], name
+    failures = {s.labels["reason"]: s.value for s in families["llmfleet_kv_transfer_failures"].samples
+                if s.name.endswith("_total")}  # fmt: skip
+    assert failures == {"fetch": 0.0, "mismatch": 0.0}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_parallel_sampling_histograms_observe_each_prompts_n_and_longest_choice(client, stream):
     """vLLM's request_params_n and request_max_num_generation_tokens: one observation per prompt
