@@ -23,6 +23,7 @@ RATE_FIELDS = (
     "prompt_tokens_per_s",
     "generation_tokens_per_s",
     "preemptions_per_s",
+    "steps_per_s",
     "waiting_growth_per_s",
 )
 LOAD_FIELDS = (
@@ -96,6 +97,7 @@ class PoolMetrics:
     prompt_tokens_per_s: float | None = None
     generation_tokens_per_s: float | None = None
     preemptions_per_s: float | None = None
+    steps_per_s: float | None = None  # engine steps, summed over pods
     waiting_growth_per_s: float | None = None
     waiting: float | None = None
     running: float | None = None
@@ -131,6 +133,16 @@ class PoolMetrics:
 
     def why_missing(self, name: str) -> str:
         return self.missing.get(name, f"{name} not measured")
+
+    def computed_prompt_tokens_per_s(self) -> float | None:
+        """Prompt tokens the pods computed per second: the steps' tokens beyond one per sequence,
+        as the step plane counts them. ``prompt_tokens_per_s`` also counts tokens a prefix-cache
+        hit covered and, on a decode server, the whole prompt whose KV came from a prefill server;
+        without step counts it stands in."""
+        steps, tokens, seqs = self.steps_per_s, self.mean_step_tokens, self.mean_batch_size
+        if steps is None or tokens is None or seqs is None:
+            return self.prompt_tokens_per_s
+        return steps * max(tokens - seqs, 0.0)
 
     def mean_prompt_tokens(self) -> float | None:
         """Average prompt length over the window, from the token and request rates."""

@@ -118,6 +118,7 @@ def pool_queries(selector: str, window: float | str) -> dict[str, str]:
         "prompt_tokens_per_s": counter_rate(PROMPT_TOKENS, selector, window),
         "generation_tokens_per_s": counter_rate(GENERATION_TOKENS, selector, window),
         "preemptions_per_s": counter_rate(PREEMPTIONS, selector, window),
+        "steps_per_s": counter_rate(f"{BATCH_SIZE}_count", selector, window),
         "waiting_growth_per_s": gauge_growth(WAITING, selector, window),
         "waiting": gauge_sum_mean(WAITING, selector, window),
         "running": gauge_sum_mean(RUNNING, selector, window),

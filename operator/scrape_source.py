@@ -43,6 +43,7 @@ COUNTER_FIELDS = {
     "prompt_tokens_per_s": promql.PROMPT_TOKENS,
     "generation_tokens_per_s": promql.GENERATION_TOKENS,
     "preemptions_per_s": promql.PREEMPTIONS,
+    "steps_per_s": f"{promql.BATCH_SIZE}_count",
 }
 HISTOGRAM_MEANS = {
     "mean_batch_size": promql.BATCH_SIZE,

@@ -223,6 +223,7 @@ class SimMetricSource:
             prompt_tokens_per_s=delta["prompt_tokens"] / span,
             generation_tokens_per_s=delta["generation_tokens"] / span,
             preemptions_per_s=delta["preemptions"] / span,
+            steps_per_s=steps / span,
             waiting_growth_per_s=least_squares_slope([(s.at, s.waiting) for s in scrapes]),
             waiting=sum(s.waiting for s in scrapes) / len(scrapes),
             running=sum(s.running for s in scrapes) / len(scrapes),

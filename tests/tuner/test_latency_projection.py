@@ -35,6 +35,17 @@ def test_steps_lengthen_as_one_over_the_idle_share() -> None:
     assert project("prefill", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(1.0)
 
 
+def test_pods_are_busy_with_the_prompt_tokens_they_computed() -> None:
+    """A decode server counts each request's whole prompt in vllm:prompt_tokens_total, though its
+    KV came from a prefill server (as a prefix-cache hit's does): its steps carry one token per
+    sequence, and only those cost it time."""
+    sent = dict(FOUR_PODS, prompt_tps=4000.0, step_tokens=1.0)  # 4000 x 1 ms over 4 pods: busy 100%
+    projected = project("decode", metrics("decode", **sent, steps_per_s=80.0), 400.0, 100.0, 0.3, 2.0, COSTS)
+    assert "pods busy 10% -> 20% of the time" in projected.how  # 80 generated tok/s x 5 ms over 4 pods
+    # without step counts the prompt tokens sent stand in: the pods read as full now (M/M/1 then)
+    assert project("decode", metrics("decode", **sent), 400.0, 100.0, 0.3, 2.0, COSTS).how == "M/M/1"
+
+
 def test_a_load_that_would_keep_the_pods_busy_cannot_hold() -> None:
     m = metrics(**FOUR_PODS)
     projected = project("colocated", m, 400.0, 100.0, rho=0.3, k=5.0, steps=COSTS)
