@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -67,6 +67,7 @@ class EngineConfig(BaseModel):
         populate_by_name=True,
         validate_assignment=True,
         frozen=False,
+        allow_inf_nan=False,
     )
 
     # --- live knobs -------------------------------------------------------------------------
@@ -123,6 +124,14 @@ class EngineConfig(BaseModel):
         "builtin",
         **_restart("What names a cached prefix: builtin (64-bit, fast) or sha256 (no collision in practice)."),
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's ``true`` is no batch size: pydantic would read it as 1."""
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError("must be a number, not true/false")
+        return value
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -64,7 +64,16 @@ def test_a_valid_change_applies_and_bumps_the_generation(served):
 
 @pytest.mark.parametrize(
     "text",
-    ["policy: [unclosed\n", "max_batch_size: 0\n", "no_such_knob: 3\n", "- a list\n", "policy: turbo\n"],
+    [
+        "policy: [unclosed\n",
+        "max_batch_size: 0\n",
+        "no_such_knob: 3\n",
+        "- a list\n",
+        "policy: turbo\n",
+        "max_batch_size: true\n",
+        "priority_age_weight: .inf\n",
+        "batch_timeout_ms: .nan\n",
+    ],
 )
 def test_an_invalid_file_keeps_the_last_good_config_and_counts(served, text, caplog):
     path, state, watcher = served
