@@ -3,12 +3,15 @@ servers, like the pool's Service in a cluster. Each request goes to the server h
 of this front's in-flight requests; a server that refuses the connection (starting, gone) or
 answers 503 (draining) is skipped and the request tried on the next. Responses stream through
 unchanged, so SSE reaches the client token by token; a client that leaves before its answer
-comes closes the server's connection, as it would through a Service, and the server aborts."""
+comes closes the server's connection, as it would through a Service, and the server aborts. A
+server that fails mid-stream ends the client's stream with an error event and ``[DONE]``, as the
+router does."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+import logging
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from starlette.applications import Starlette
@@ -17,13 +20,41 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
+from llmfleet.server.api.errors import error_body
 from llmfleet.server.api.keepalive import pooled
+from llmfleet.server.api.sse import encode_event
 
+log = logging.getLogger(__name__)
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "server_error", "code": status}}, status_code=status)
+
+
+async def _relayed(response: httpx.Response, url: str) -> AsyncIterator[bytes]:
+    """The server's body; an event stream goes out in whole events, so that the error event a
+    failure mid-stream adds is not glued onto half of one."""
+    events = response.headers.get("content-type", "").startswith("text/event-stream")
+    pending = b""
+    try:
+        async for chunk in response.aiter_raw():
+            if not events:
+                yield chunk
+                continue
+            pending += chunk
+            cut = pending.rfind(b"\n\n") + 2
+            if cut >= 2:
+                yield pending[:cut]
+                pending = pending[cut:]
+        if pending:
+            yield pending
+    except httpx.HTTPError as exc:
+        log.warning("server %s failed mid-answer: %r", url, exc)
+        if events:
+            message = f"the server failed mid-stream ({exc!r}); the answer is incomplete"
+            yield encode_event(error_body(message, "bad_gateway", 502)).encode()
+            yield encode_event("[DONE]").encode()
 
 
 def build_front(backends: Callable[[], list[str]]) -> Starlette:
@@ -71,7 +102,7 @@ def build_front(backends: Callable[[], list[str]]) -> Starlette:
 
             async def relay(response=response, url=url):
                 try:
-                    async for chunk in response.aiter_raw():
+                    async for chunk in _relayed(response, url):
                         yield chunk
                 finally:
                     in_flight[url] -= 1

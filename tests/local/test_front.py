@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 
 import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmfleet.local.front import build_front
@@ -61,3 +62,29 @@ async def test_a_client_that_leaves_before_a_non_streaming_answer_reaches_the_se
                 break
             await asyncio.sleep(0.01)
     assert seen == ["disconnected"]
+
+
+async def test_a_server_that_fails_mid_stream_ends_the_clients_stream_with_an_error_event():
+    """As the router does: whole events, then an OpenAI-style error event and [DONE], never a
+    stream cut off (the OpenAI client would raise a bare protocol error) nor half an event."""
+
+    async def stream(_: Request) -> Response:
+        async def events():
+            yield b'data: {"n": 1}\n\n'
+            yield b'data: {"n": 2'  # half an event, then the server dies
+            await asyncio.sleep(0.05)
+            raise RuntimeError("the server died")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    backend = Starlette(routes=[Route("/v1/completions", stream, methods=["POST"])])
+    async with (
+        serving(backend) as server_url,
+        serving(build_front(lambda: [server_url])) as front_url,
+        httpx.AsyncClient() as client,
+    ):
+        response = await client.post(f"{front_url}/v1/completions", json={"stream": True}, timeout=10)
+    events = [e for e in response.text.split("\n\n") if e]
+    assert events[0] == 'data: {"n": 1}'
+    assert json.loads(events[1].removeprefix("data: "))["error"]["code"] == 502
+    assert events[2:] == ["data: [DONE]"]
