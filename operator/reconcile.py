@@ -37,6 +37,9 @@ CONFIG_KEY = "engine.yaml"
 DRAIN_SECONDS = 30  # `serve --drain-timeout`: in-flight streams get this long after SIGTERM
 PRE_STOP_SECONDS = 5  # endpoints drop the pod before it stops accepting
 STARTUP_PROBE_PERIOD = 5  # seconds between /ready checks while a server loads
+# The servers' probes past start-up (the local fleet plays them too); timeoutSeconds is 1 where unset
+READINESS_PROBE = {"periodSeconds": 5, "failureThreshold": 2}
+LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
 GRACE_SECONDS = PRE_STOP_SECONDS + DRAIN_SECONDS + 10
 RUN_AS_USER = 65532
 
@@ -230,8 +233,8 @@ def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], re
             "periodSeconds": STARTUP_PROBE_PERIOD,
             "failureThreshold": math.ceil(spec.pod.startup_timeout_seconds / STARTUP_PROBE_PERIOD),
         },
-        "readinessProbe": {**http_get("/ready"), "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {**http_get("/health"), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {**http_get("/ready"), **READINESS_PROBE},
+        "livenessProbe": {**http_get("/health"), **LIVENESS_PROBE},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
         "resources": resources,
         "securityContext": {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ class LocalFleet:
         self.view = FleetView()
         self._router_failed_starts = 0  # in a row, as for the pools' servers
         self._next_tune = time.monotonic() + spec.autotune.interval_seconds
+        self._hurry = threading.Event()  # a second Ctrl-C: stop without waiting for the drain
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -92,21 +94,36 @@ class LocalFleet:
         return self.router is None or self.router.serving
 
     def stop(self, timeout: float) -> None:
-        """Drain every server (each finishes its streams), then kill what is left after ``timeout``.
+        """Drain every server (each finishes its streams), then kill what is left after ``timeout``
+        or once ``hurry()`` is called.
 
         The router goes first and alone: its streams still need the prefill and decode servers,
-        which would refuse them (503) if they drained at the same time."""
+        which would refuse them (503) if they drained at the same time. A prefill server's drain
+        then waits for decode servers to take the KV it holds; with the router gone, those that
+        a failed request left behind have no taker, so once the decode servers are gone the
+        prefill servers are told to stop at once (a second SIGTERM)."""
         deadline = time.monotonic() + timeout
+
+        def wait_for(servers: list[ServerProcess]) -> None:
+            while any(s.alive for s in servers) and time.monotonic() < deadline and not self._hurry.is_set():
+                time.sleep(0.1)
+
         if self.router is not None:
             self.router.drain()
-            while self.router.alive and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_for([self.router])
         for server in self.processes():
             server.drain()
-        while any(s.alive for s in self.processes()) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        prefill = self.pools["prefill"].all_processes() if "prefill" in self.pools else []
+        wait_for([s for s in self.processes() if s not in prefill])
+        for server in prefill:
+            server.stop_now()
+        wait_for(self.processes())
         for server in self.processes():
             server.kill()
+
+    def hurry(self) -> None:
+        """Cut a drain under way short: ``stop`` kills what is left."""
+        self._hurry.set()
 
     # -- the control loop -----------------------------------------------------------------------
 
@@ -132,6 +149,8 @@ class LocalFleet:
         if router is not None and not router.ready and router.poll_ready():
             self._router_failed_starts = 0
             self._note(f"router ready at {router.url}")
+        elif router is not None and (note := router.probe(time.monotonic())):
+            self._note(f"router: {note}")
         if router is not None and not router.alive and not router.draining:
             # As the kubelet restarts a crashed container; one that never got ready stops the fleet.
             if not router.ready:

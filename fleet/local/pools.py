@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -80,12 +81,16 @@ class LocalPool:
             log.info("%s: draining %s", self.name, victim.name)
 
     def reap(self) -> list[str]:
-        """Check readiness, forget drained servers that exited, replace crashed ones. Returns what happened."""
+        """Check readiness (probes past start-up), forget drained servers that exited, replace
+        crashed ones. Returns what happened."""
         notes = []
+        now = time.monotonic()
         for server in self.servers:
             if not server.ready and server.poll_ready():
                 self._failed_starts = 0
                 notes.append(f"{server.name} ready at {server.url}")
+            elif note := server.probe(now):
+                notes.append(note)
         for server in [s for s in self.draining if not s.alive]:
             self.draining.remove(server)
             notes.append(f"{server.name} drained")

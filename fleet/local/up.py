@@ -75,12 +75,13 @@ def _port_in_use(host: str, port: int) -> str | None:
     """Why the client port cannot be bound (checked before any server loads a model), or None."""
     import socket
 
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc.strerror or str(exc)
+    try:  # the address family of the host (an IPv6 address, a name), as uvicorn binds it
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
     return None
 
 
@@ -101,18 +102,25 @@ async def _serve(fleet, args, tui: bool) -> int:
     from llmfleet.server.api.keepalive import SERVER_KEEP_ALIVE_S
 
     from .front import build_front
-    from .processes import StartFailed
+    from .processes import StartFailed, reachable_url
     from .view import render
 
     log = logging.getLogger("llmfleet.local")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape and request is noise
-    url = f"http://{args.host}:{args.port}"
+    url = reachable_url(args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
     # Ctrl-C, a kill, or the terminal going away (the servers run in sessions of their own, so a
     # hang-up reaches only us): all drain the fleet.
+    def on_signal() -> None:
+        if stop.is_set():  # a second Ctrl-C, as for uvicorn and vLLM: stop now
+            log.warning("stopping now, without waiting for the drain")
+            fleet.hurry()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
 
     prometheus = args.prometheus_url or fleet.spec.autotune.prometheus_url
     source = PrometheusSource(prometheus) if prometheus else ScrapeSource(fleet.scrape_targets)

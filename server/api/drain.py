@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -26,6 +28,11 @@ _ABORT_GRACE_S = 5.0
 
 # After the engine work is done: time for the last SSE bytes to leave the socket
 _FLUSH_S = 0.2
+
+# Set by a parent that starts servers (the local fleet): once that process is gone, killed
+# beyond its own clean-up, the server drains and exits rather than live on unowned.
+PARENT_PID_ENV = "LLMFLEET_PARENT_PID"
+_PARENT_POLL_S = 1.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -99,8 +106,25 @@ async def _hand_over_kv(state: ServerState, deadline: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def exit_with_parent() -> None:
+    """Drain (SIGTERM to ourselves) once the process named by ``PARENT_PID_ENV`` is no longer
+    our parent: its death re-parents us."""
+    parent = os.environ.get(PARENT_PID_ENV, "")
+    if not parent.isdigit():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(_PARENT_POLL_S)
+        log.warning("process %s, which started this server, is gone: draining", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def run_app(state: ServerState, args, on_exit: Callable[[], None] | None = None) -> int:
     """Serve ``state``'s role over HTTP until SIGTERM/SIGINT, then drain and return 0."""
+    exit_with_parent()
     server = DrainingServer(
         uvicorn.Config(
             create_app(state),

@@ -93,6 +93,33 @@ def test_the_main_command_serves_the_openai_client_and_ctrl_c_leaves_nothing(tmp
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
+def _gone(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    with contextlib.suppress(OSError):
+        return "zombie" in status.read_text()
+    return True
+
+
+def test_servers_drain_and_exit_when_the_fleet_is_killed_outright(tmp_path):
+    """SIGKILL (the OOM killer) leaves the fleet no clean-up: its servers, in sessions of their own,
+    notice that their parent is gone and drain, rather than hold the port for ever."""
+    fleet = FleetProcess(tmp_path)
+    try:
+        fleet.wait_ready()
+        servers = fleet.server_pids()
+        assert servers
+        fleet.proc.kill()
+        deadline = time.monotonic() + 30
+        while not all(_gone(pid) for pid in servers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_gone(pid) for pid in servers), fleet.output()
+    finally:
+        for pid in fleet.server_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        fleet.stop()
+
+
 def test_rising_load_makes_the_tuner_act_and_latency_comes_back_under_the_slo(tmp_path):
     """Batch size 2 under 12 concurrent streams: requests queue, TTFT p95 far over the SLO. The
     tuner raises maxBatchSize (and maybe replicas); then the clients' TTFT p95 is under the SLO."""
@@ -398,15 +425,67 @@ def test_the_front_answers_while_the_fleet_is_supervised(tmp_path):
 class IdleServer:
     """Stands in for a server process: ready at once, exits when drained."""
 
-    def __init__(self, name: str, args, log_path) -> None:
+    def __init__(self, name: str, args, log_path, **_) -> None:
         self.name, self.port, self.url = name, 1, f"http://127.0.0.1:1/{name}"
         self.ready = self.alive = self.serving = True
+        self.draining = self.stopped_now = self.killed = False
 
     def poll_ready(self) -> bool:
         return True
 
+    def probe(self, now: float) -> None:
+        return None
+
     def drain(self) -> None:
         self.alive = self.serving = False
+
+    def stop_now(self) -> None:
+        self.stopped_now = True
+        self.alive = self.serving = False
+
+    def kill(self) -> None:
+        self.killed = self.alive
+        self.alive = self.serving = False
+
+
+class StuckServer(IdleServer):
+    """Its drain never ends: a prefill server holding KV that no decode server will fetch."""
+
+    def drain(self) -> None:
+        self.draining = True
+
+
+def test_stopping_a_disaggregated_fleet_does_not_wait_for_kv_nobody_will_fetch(tmp_path, monkeypatch, repo_root):
+    import llmfleet.local.fleet as fleet_module
+    import llmfleet.local.pools as pools
+
+    def server(name, args, log_path, **kwargs):
+        return (StuckServer if "-prefill-" in name else IdleServer)(name, args, log_path, **kwargs)
+
+    monkeypatch.setattr(pools, "ServerProcess", server)
+    monkeypatch.setattr(fleet_module, "ServerProcess", IdleServer)  # the router
+    name, spec = load_service(str(repo_root / "examples" / "local-disaggregated.yaml"))
+    fleet = LocalFleet(name, spec, tmp_path, 8000)
+    fleet.start()
+    started = time.monotonic()
+    fleet.stop(timeout=30)
+    assert time.monotonic() - started < 5
+    prefill = fleet.pools["prefill"].servers
+    assert prefill and all(s.stopped_now and not s.killed for s in prefill)
+
+
+def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, monkeypatch):
+    import llmfleet.local.pools as pools
+
+    monkeypatch.setattr(pools, "ServerProcess", StuckServer)
+    name, spec = load_service(None)
+    fleet = LocalFleet(name, spec, tmp_path, 8000)
+    fleet.start()
+    threading.Timer(0.3, fleet.hurry).start()
+    started = time.monotonic()
+    fleet.stop(timeout=30)
+    assert time.monotonic() - started < 5
+    assert all(s.killed for s in fleet.pools["colocated"].servers)
 
 
 def test_the_tuner_s_replica_change_is_carried_out_by_supervise_off_the_event_loop(tmp_path, monkeypatch):
