@@ -154,8 +154,10 @@ class ServerMetrics:
                 "block_size": str(runner.kv_block_size),
                 "num_gpu_blocks": str(runner.num_kv_blocks),
                 "cache_dtype": str(dtype).removeprefix("torch.") if dtype is not None else config.dtype,
+                "enable_prefix_caching": str(config.enable_prefix_caching),  # vLLM's label, "True"/"False"
                 "policy": config.policy.value,
                 "prefill_mode": config.prefill_mode.value,
+                "scheduling": config.scheduling.value,
             }
         )
 

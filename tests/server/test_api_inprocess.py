@@ -689,6 +689,8 @@ def test_metrics_names_types_and_labels(client):
     assert 'vllm:request_success_total{finished_reason="length",model_name="fake",role="colocated"} 1.0' in text
     assert 'llmfleet_config_knob{knob="max_batch_size",model_name="fake",role="colocated"} 32.0' in text
     assert 'vllm:cache_config_info{block_size="4"' in text
+    (info,) = families["vllm:cache_config_info"].samples
+    assert (info.labels["enable_prefix_caching"], info.labels["scheduling"]) == ("True", "fcfs")
     # request sizes, for vLLM's prompt and generation length heatmaps: one finished request
     sizes = {s.name: s.value for name in ("vllm:request_generation_tokens", "vllm:request_params_max_tokens")
              for s in families[name].samples if s.name.endswith(("_sum", "_count"))}  # fmt: skip
