@@ -20,9 +20,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
-from llmfleet.server.api.errors import error_body
 from llmfleet.server.api.keepalive import pooled
-from llmfleet.server.api.sse import encode_event
+from llmfleet.server.api.sse import WholeEvents, broken_stream_end
 
 log = logging.getLogger(__name__)
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
@@ -35,26 +34,18 @@ def _error(status: int, message: str) -> JSONResponse:
 async def _relayed(response: httpx.Response, url: str) -> AsyncIterator[bytes]:
     """The server's body; an event stream goes out in whole events, so that the error event a
     failure mid-stream adds is not glued onto half of one."""
-    events = response.headers.get("content-type", "").startswith("text/event-stream")
-    pending = b""
+    events = WholeEvents() if response.headers.get("content-type", "").startswith("text/event-stream") else None
     try:
         async for chunk in response.aiter_raw():
-            if not events:
-                yield chunk
-                continue
-            pending += chunk
-            cut = pending.rfind(b"\n\n") + 2
-            if cut >= 2:
-                yield pending[:cut]
-                pending = pending[cut:]
-        if pending:
-            yield pending
+            whole = chunk if events is None else events.feed(chunk)
+            if whole:
+                yield whole
+        if events is not None and (rest := events.rest()):
+            yield rest
     except httpx.HTTPError as exc:
         log.warning("server %s failed mid-answer: %r", url, exc)
-        if events:
-            message = f"the server failed mid-stream ({exc!r}); the answer is incomplete"
-            yield encode_event(error_body(message, "bad_gateway", 502)).encode()
-            yield encode_event("[DONE]").encode()
+        if events is not None:
+            yield broken_stream_end(f"the server failed mid-stream ({exc!r}); the answer is incomplete")
 
 
 def build_front(backends: Callable[[], list[str]]) -> Starlette:

@@ -158,8 +158,7 @@ class ServerProcess:
 
     def stop_now(self) -> None:
         """A second SIGTERM: a draining server stops without waiting for its drain to end."""
-        if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
+        self.drain()
 
     def kill(self) -> None:
         if self.alive:

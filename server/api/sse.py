@@ -27,6 +27,33 @@ def encode_event(chunk: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
+class WholeEvents:
+    """Cuts a relayed event stream at event boundaries: a server that breaks off mid-event
+    leaves no half event in the client's stream for the error event to be glued onto."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, raw: bytes) -> bytes:
+        """Read ``raw``; returns the whole events it completes."""
+        self._buffer += raw
+        end = self._buffer.rfind(b"\n\n") + 2
+        if end < 2:
+            return b""
+        whole, self._buffer = self._buffer[:end], self._buffer[end:]
+        return whole
+
+    def rest(self) -> bytes:
+        """What the stream left after its last whole event."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+
+def broken_stream_end(message: str) -> bytes:
+    """How a relayed stream ends when its server fails mid-way: an OpenAI-style error event, then [DONE]."""
+    return (encode_event(error_body(message, "bad_gateway", 502)) + encode_event("[DONE]")).encode()
+
+
 class ClosingStreamingResponse(StreamingResponse):
     """A StreamingResponse that stops at the client's disconnect and always closes its body
     iterator, so the iterator's cleanup runs at once (not at garbage collection)."""

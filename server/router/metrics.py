@@ -13,6 +13,7 @@ import time
 from prometheus_client import Counter
 
 from ..api.metrics import ServerMetrics
+from ..api.sse import WholeEvents
 
 
 class RouterMetrics(ServerMetrics):
@@ -64,7 +65,7 @@ class StreamMeter:
         self.last_at: float | None = None
         self.finish_reason: str | None = None
         self.done = False
-        self._buffer = b""
+        self._events = WholeEvents()
 
     @property
     def started_content(self) -> bool:
@@ -73,11 +74,7 @@ class StreamMeter:
     def feed(self, raw: bytes) -> bytes:
         """Read ``raw``; returns the whole events it completes, the bytes to relay: a server that
         breaks off mid-event leaves no half event in the client's stream."""
-        self._buffer += raw
-        end = self._buffer.rfind(b"\n\n") + 2
-        if end < 2:
-            return b""
-        whole, self._buffer = self._buffer[:end], self._buffer[end:]
+        whole = self._events.feed(raw)
         for event in whole[:-2].split(b"\n\n"):
             for line in event.split(b"\n"):
                 if line.startswith(b"data:"):

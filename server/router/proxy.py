@@ -41,8 +41,8 @@ from fastapi.responses import Response
 from pydantic import TypeAdapter, ValidationError
 
 from ..api.client_gone import CLIENT_GONE, unless_client_gone
-from ..api.errors import error_body, error_fields, error_response
-from ..api.sse import SSE_HEADERS, ClosingStreamingResponse, encode_event
+from ..api.errors import error_fields, error_response
+from ..api.sse import SSE_HEADERS, ClosingStreamingResponse, broken_stream_end
 from .balancer import Balancer, Server
 from .metrics import RouterMetrics, StreamMeter
 from .policies import prefix_hashes
@@ -273,8 +273,7 @@ class _Relay:
             self.metrics.lab(self.metrics.broken_streams).inc()
             log.warning("decode server %s failed mid-stream: %r", opened.server.url, exc)
             message = f"the decode server failed mid-stream ({exc!r}); the answer is incomplete"
-            yield encode_event(error_body(message, "bad_gateway", 502)).encode()
-            yield encode_event("[DONE]").encode()
+            yield broken_stream_end(message)
             meter.finish_reason = meter.finish_reason or "abort"
 
     async def aclose(self) -> None:
