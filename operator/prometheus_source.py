@@ -70,15 +70,20 @@ class PrometheusSource:
             except (httpx.HTTPError, httpx.InvalidURL) as exc:  # a bad --prometheus-url: stale, not a crash
                 raise PrometheusError(f"prometheus at {self.base_url} unreachable: {exc!r}") from exc
         try:
-            body: dict[str, Any] = response.json()
+            body = response.json()
         except ValueError:
             raise PrometheusError(f"prometheus answered {response.status_code} with a non-JSON body") from None
+        if not isinstance(body, dict):
+            raise PrometheusError(f"prometheus answered {response.status_code} with JSON that is not an API answer")
         if response.status_code != 200 or body.get("status") != "success":
             raise PrometheusError(
                 f"prometheus answered {response.status_code} {body.get('errorType', '')}: "
                 f"{body.get('error', 'no error message')} (query: {expr})"
             )
-        return _parse_result(body.get("data") or {})
+        try:
+            return _parse_result(body.get("data") or {})
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:  # a proxy's or a fake's body
+            raise PrometheusError(f"prometheus's answer to {expr} is malformed: {exc!r}") from None
 
     async def scalar(self, expr: str, at: float) -> float | None:
         """The single value of an aggregated query; None when it has no series."""

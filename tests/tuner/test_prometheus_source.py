@@ -139,6 +139,22 @@ async def test_unreachable_prometheus_makes_it_stale() -> None:
     assert m.stale and "InvalidURL" in m.reason
 
 
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ([1, 2], "JSON that is not an API answer"),
+        ({"status": "success", "data": "x"}, "malformed"),
+        ({"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}, "malformed"),
+        ({"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "n/a"]}]}}, "malformed"),
+    ],
+)
+async def test_a_malformed_answer_makes_it_stale(body, says) -> None:
+    """A proxy or a look-alike in front of Prometheus: the tuner holds, the operator does not crash."""
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(200, json=body)))
+    m = await PrometheusSource("http://prometheus:9090", client=client, clock=lambda: NOW).snapshot(REF, 60)
+    assert m.stale and says in m.reason
+
+
 async def test_policy_is_configurable() -> None:
     policy = StalenessPolicy(max_sample_age_s=2.0, min_samples=1000)
     m = await source(FakePrometheus(HEALTHY), policy=policy).snapshot(REF, 60)
