@@ -92,10 +92,11 @@ class Pod:
 
 
 class Fleet:
-    """Serves each pod's current text at its URL; a pod set to an int answers that HTTP status."""
+    """Serves each pod's current text at its URL; a pod set to an int answers that HTTP status,
+    one set to a str answers that body."""
 
     def __init__(self) -> None:
-        self.pods: dict[str, Pod | int] = {}
+        self.pods: dict[str, Pod | int | str] = {}
         self.now = T0
 
     def clock(self) -> float:
@@ -107,6 +108,8 @@ class Fleet:
             raise httpx.ConnectError("no such pod", request=request)
         if isinstance(pod, int):
             return httpx.Response(pod, text="boom")
+        if isinstance(pod, str):
+            return httpx.Response(200, text=pod)
         return httpx.Response(200, text=pod.render())
 
     def source(self, **kw) -> ScrapeSource:
@@ -222,47 +225,84 @@ async def test_a_lower_counter_is_a_reset_even_without_created() -> None:
     assert m.request_rate == pytest.approx(3 / 30)
 
 
-async def test_new_pods_count_from_their_creation_or_wait() -> None:
+async def test_a_restart_keeps_what_the_pod_counted_before_it() -> None:
+    """Each step between kept scrapes is judged alone: a restart mid-window loses nothing before it."""
+    fleet = Fleet()
+    pod = warm(Pod())
+    fleet.pods = {A: pod}
+    src = fleet.source()
+    await src.snapshot(REF, 60)
+    for _ in range(5):  # 10 requests every 10 s, slow
+        fleet.now += 10
+        pod.serve(requests=10, prompt_len=100, ttft=0.8, itl=0.02, tokens_each=5)
+        await src.snapshot(REF, 60)
+    fleet.now += 10
+    restarted = Pod(created=fleet.now - 5)
+    restarted.serve(requests=5, prompt_len=100, ttft=0.04, itl=0.02, tokens_each=5)
+    fleet.pods[A] = restarted
+    m = await src.snapshot(REF, 60)
+    assert m.request_rate == pytest.approx(55 / 60)
+    assert m.prompt_tokens_per_s == pytest.approx(5500 / 60)
+    assert m.ttft.samples == 55
+    assert m.ttft.p95 == pytest.approx(bucket_quantile(0.95, {0.05: 5, 0.1: 5, 0.5: 5, 1.0: 55, math.inf: 55}))
+
+
+async def test_new_pods_count_from_their_creation_or_are_covered_by_the_others() -> None:
     fleet = Fleet()
     fleet.pods = {A: warm(Pod())}
     src = fleet.source()
     await src.snapshot(REF, 60)
     fleet.now += 30
+    fleet.pods[A].serve(requests=30, prompt_len=100, ttft=0.2, itl=0.02, tokens_each=5)  # type: ignore[union-attr]
     young = Pod(created=fleet.now - 20)  # started inside the window: its whole life counts
     young.serve(requests=10, prompt_len=100, ttft=0.2, itl=0.02, tokens_each=5)
     old = warm(Pod(created=T0 - 5000))  # long-lived but never scraped: no baseline yet
     fleet.pods |= {B: young, C: old}
     m = await src.snapshot(REF, 60)
     assert not m.stale and m.ready_pods == 3
-    assert m.request_rate == pytest.approx(10 / 20)  # A served nothing new; B 10 in 20 s; C left out
-    assert m.missing["coverage"] == "1 pod(s) first seen now, left out of rates"
+    assert m.request_rate == pytest.approx((30 / 30 + 10 / 20) * 3 / 2)  # C as the mean of A and B
+    assert m.missing["coverage"] == "1 pod(s) first seen now: rates scaled from the 2 counted"
+    assert m.ttft.samples == 40  # quantiles from the observations there are, unscaled
     fleet.now += 30
     m = await src.snapshot(REF, 60)
     assert "coverage" not in m.missing
 
 
-async def test_vanished_pods_are_forgotten() -> None:
+async def test_vanished_pods_count_until_their_scrapes_leave_the_window() -> None:
     fleet = Fleet()
     fleet.pods = {A: warm(Pod()), B: warm(Pod())}
     src = fleet.source()
     await src.snapshot(REF, 60)
-    del fleet.pods[B]
     fleet.now += 30
+    for pod in fleet.pods.values():
+        pod.serve(requests=30, prompt_len=100, ttft=0.2, itl=0.02, tokens_each=5)  # type: ignore[union-attr]
+    await src.snapshot(REF, 60)
+    del fleet.pods[B]  # scaled down: A takes B's share
+    fleet.now += 30
+    fleet.pods[A].serve(requests=60, prompt_len=100, ttft=0.2, itl=0.02, tokens_each=5)  # type: ignore[union-attr]
     m = await src.snapshot(REF, 60)
-    assert m.ready_pods == 1 and not m.stale
+    assert m.ready_pods == 1 and not m.stale and "coverage" not in m.missing
+    assert m.request_rate == pytest.approx(120 / 60)  # the pool served 2/s throughout
+    assert m.ttft.samples == 120
+    fleet.now += 150
+    await src.snapshot(REF, 60)
     assert set(src._history[REF]) == {A}
 
 
-async def test_failed_pods() -> None:
+async def test_failed_pods_are_covered_by_those_that_answered() -> None:
     fleet = Fleet()
     fleet.pods = {A: warm(Pod()), B: warm(Pod())}
     src = fleet.source()
     await src.snapshot(REF, 60)
     fleet.now += 30
-    fleet.pods[B] = 500
+    fleet.pods[A].serve(requests=30, prompt_len=100, ttft=0.2, itl=0.02, tokens_each=5)  # type: ignore[union-attr]
+    fleet.pods[A].waiting = 3  # type: ignore[union-attr]
+    fleet.pods[B] = 500  # too busy to answer: its share is not read as zero
     m = await src.snapshot(REF, 60)
-    assert not m.stale and m.ready_pods == 1
-    assert "1 pod(s) failed to answer" in m.missing["coverage"]
+    assert not m.stale and m.ready_pods == 2
+    assert m.request_rate == pytest.approx(2.0)
+    assert m.waiting == pytest.approx(2 * (0 + 3) / 2)  # A's mean over its scrapes, for both
+    assert m.missing["coverage"] == "1 pod(s) failed to answer: rates scaled from the 1 counted"
 
     fleet.pods = {A: 503, B: 500}
     fleet.now += 30
@@ -272,6 +312,30 @@ async def test_failed_pods() -> None:
     fleet.pods = {A: warm(Pod()), B: 500, C: 500}
     m = await fleet.source(min_reporting_fraction=0.5).snapshot(REF, 60)
     assert m.stale and "only 1 of 3 pods answered" in m.reason
+
+
+async def test_history_covers_a_long_slo_window_at_a_short_interval() -> None:
+    fleet = Fleet()
+    pod = warm(Pod())
+    fleet.pods = {A: pod}
+    src = fleet.source()
+    await src.snapshot(REF, 600)
+    for _ in range(120):  # every 5 s for 600 s: 1 request/s
+        fleet.now += 5
+        pod.serve(requests=5, prompt_len=100, ttft=0.2, itl=0.02, tokens_each=5)
+        m = await src.snapshot(REF, 600)
+    assert m.ttft.samples == 600 and m.request_rate == pytest.approx(1.0)
+
+
+async def test_a_malformed_exposition_is_a_failed_scrape() -> None:
+    fleet = Fleet()
+    fleet.pods = {A: warm(Pod()), B: warm(Pod())}
+    src = fleet.source()
+    await src.snapshot(REF, 60)
+    fleet.now += 30
+    fleet.pods[B] = fleet.pods[B].render().replace('le="0.01",', "")  # type: ignore[union-attr]
+    m = await src.snapshot(REF, 60)
+    assert not m.stale and "1 pod(s) failed to answer" in m.missing["coverage"]
 
 
 async def test_no_targets_is_stale() -> None:
