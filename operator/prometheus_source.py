@@ -92,7 +92,7 @@ class PrometheusSource:
 
     async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
         now = self._clock()
-        queries = promql.pool_queries(promql.pool_selector(pool), window_s)
+        queries = promql.pool_queries(promql.pool_selector(pool), window_s, self.policy.max_sample_age_s)
         answers = await asyncio.gather(*(self.scalar(expr, now) for expr in queries.values()), return_exceptions=True)
         failures = [a for a in answers if isinstance(a, BaseException)]
         if failures:

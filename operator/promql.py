@@ -96,9 +96,11 @@ def gauge_growth(gauge: str, selector: str, window: float | str) -> str:
     return f"sum(deriv({gauge}{{{selector}}}[{duration(window)}]))"
 
 
-def pods_reporting(selector: str) -> str:
-    """Pods with a live series (Prometheus drops a vanished target's series via staleness markers)."""
-    return f"count({RUNNING}{{{selector}}})"
+def pods_reporting(selector: str, fresh_s: float = 60.0) -> str:
+    """Pods with a sample at most ``fresh_s`` old. Prometheus drops a vanished target's series via
+    staleness markers, but a series cut off without them (Prometheus restarted after the pod went)
+    would otherwise count for the whole 5-minute lookback."""
+    return f"count(timestamp({RUNNING}{{{selector}}}) >= time() - {fresh_s:g})"
 
 
 def newest_sample_time(selector: str) -> str:
@@ -106,8 +108,9 @@ def newest_sample_time(selector: str) -> str:
     return f"max(timestamp({RUNNING}{{{selector}}}))"
 
 
-def pool_queries(selector: str, window: float | str) -> dict[str, str]:
-    """Every query behind one PoolMetrics snapshot, keyed by field (quantiles as ``ttft:0.95``)."""
+def pool_queries(selector: str, window: float | str, fresh_s: float = 60.0) -> dict[str, str]:
+    """Every query behind one PoolMetrics snapshot, keyed by field (quantiles as ``ttft:0.95``);
+    pods count as reporting with a sample at most ``fresh_s`` old."""
     queries: dict[str, str] = {}
     for name, metric in LATENCY_HISTOGRAMS.items():
         for q in QUANTILES:
@@ -127,7 +130,7 @@ def pool_queries(selector: str, window: float | str) -> dict[str, str]:
         "mean_batch_size": histogram_mean(BATCH_SIZE, selector, window),
         "mean_step_tokens": histogram_mean(ITERATION_TOKENS, selector, window),
         "mean_step_seconds": histogram_mean(STEP_DURATION, selector, window),
-        "ready_pods": pods_reporting(selector),
+        "ready_pods": pods_reporting(selector, fresh_s),
         "newest_sample": newest_sample_time(selector),
     }
     return queries

@@ -30,10 +30,9 @@ HEALTHY = {
 class FakePrometheus:
     """Answers each of a snapshot's queries from a dict keyed like promql.pool_queries."""
 
-    def __init__(self, values: dict[str, float | None], status: int = 200) -> None:
-        self.by_query = {
-            q: values.get(field) for field, q in promql.pool_queries(promql.pool_selector(REF), 60).items()
-        }
+    def __init__(self, values: dict[str, float | None], status: int = 200, fresh_s: float = 60.0) -> None:
+        queries = promql.pool_queries(promql.pool_selector(REF), 60, fresh_s)
+        self.by_query = {q: values.get(field) for field, q in queries.items()}
         self.status = status
         self.seen: list[dict[str, str]] = []
 
@@ -157,6 +156,6 @@ async def test_a_malformed_answer_makes_it_stale(body, says) -> None:
 
 async def test_policy_is_configurable() -> None:
     policy = StalenessPolicy(max_sample_age_s=2.0, min_samples=1000)
-    m = await source(FakePrometheus(HEALTHY), policy=policy).snapshot(REF, 60)
+    m = await source(FakePrometheus(HEALTHY, fresh_s=2.0), policy=policy).snapshot(REF, 60)
     assert m.stale and "3 s old (> 2 s)" in m.reason
     assert m.ttft.p95 is None and "600 observations" in m.missing["ttft"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+
 import pytest
 
 from llmfleet.operator import promql
@@ -47,7 +51,7 @@ def test_other_builders() -> None:
     assert promql.histogram_mean(promql.BATCH_SIZE, SEL, 60) == (
         f"sum(rate(llmfleet_batch_size_sum{{{SEL}}}[60s])) / sum(rate(llmfleet_batch_size_count{{{SEL}}}[60s]))"
     )
-    assert promql.pods_reporting(SEL) == f"count(vllm:num_requests_running{{{SEL}}})"
+    assert promql.pods_reporting(SEL) == f"count(timestamp(vllm:num_requests_running{{{SEL}}}) >= time() - 60)"
     assert promql.newest_sample_time(SEL) == f"max(timestamp(vllm:num_requests_running{{{SEL}}}))"
 
 
@@ -66,3 +70,28 @@ def test_pool_queries_cover_every_field() -> None:
             "newest_sample"} <= set(queries)  # fmt: skip
     assert all(SEL in q for q in queries.values())
     assert queries["request_rate"] == f"sum(rate(vllm:request_success_total{{{SEL}}}[60s]))"
+
+
+def test_a_pod_whose_series_stopped_is_not_reporting(tmp_path) -> None:
+    """Real Prometheus semantics (promtool): a series cut off without staleness markers, as after a
+    Prometheus restart, stays in an instant query's 5-minute lookback; it must not count as a pod."""
+    promtool = shutil.which("promtool") or pytest.skip("promtool is not installed (scripts/install-tools.sh)")
+    running = 'vllm:num_requests_running{pool="decode",pod="%s"}'
+    test = {
+        "rule_files": [],
+        "tests": [{
+            "interval": "15s",
+            "input_series": [
+                {"series": running % "live", "values": "1x20"},  # to 5m
+                {"series": running % "gone", "values": "1x8"},  # to 2m, then nothing
+            ],
+            "promql_expr_test": [{
+                "expr": promql.pods_reporting('pool="decode"', fresh_s=60),
+                "eval_time": "4m",
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            }],
+        }],
+    }  # fmt: skip
+    (tmp_path / "test.yaml").write_text(json.dumps(test))
+    result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
