@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 
 from .cost_model import CPU_GROUP_COST_BLOCKS, FEATURES, CostModel, Sample, StepFeatures, default_profile_path, fit
+from .paths import file_problem
 
 REPLAY_SEED = 7
 HELP = "fit the simulator's step-time model to real engine measurements on this machine (torch)"
@@ -77,6 +78,11 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     model = args.model or ("builtin:tiny" if args.quick else "builtin:small")
     grid = GRIDS["quick" if args.quick else "full"]
+    out = args.out or default_profile_path(model)
+    problem = file_problem(out)  # now, not after minutes of measuring
+    if problem:
+        print(f"llm-fleet calibrate: cannot write the profile: {problem}")
+        return 2
     print(f"== calibrating {model} on {args.device} ({'quick' if args.quick else 'full'} grid): timing engine steps")
     from llmfleet.server.engine.build import LOAD_ERRORS
 
@@ -84,7 +90,7 @@ def run(args) -> int:
         profile = calibrate(model, grid, threads=args.threads, dtype=args.dtype, device=args.device, seed=args.seed)
     except LOAD_ERRORS as exc:
         raise SystemExit(f"llm-fleet calibrate: cannot measure {model}: {exc}") from exc
-    path = profile.save(args.out or default_profile_path(model))
+    path = profile.save(out)
     print_report(profile)
     print(f"wrote {path}")
     return 0

@@ -50,8 +50,9 @@ def run(args) -> int:
     from llmfleet.operator.spec import SpecError
 
     from .cost_model import CostModel, default_profile_path
-    from .fleet import SimOptions
+    from .fleet import SimOptions, check_spec
     from .hpa import HPAConfig
+    from .pod import PodConfigError
     from .report import print_summary, save_plot, summarize, write_json
     from .simulate import read_service, simulate
     from .trace import TraceError, builtin_workload, describe, read_trace, with_warmup, write_trace
@@ -77,10 +78,15 @@ def run(args) -> int:
         return 2
     try:
         cost = CostModel.load(profile)
+        check_spec(spec, cost)
         requests = read_trace(args.trace) if args.trace else []
+    except PodConfigError as exc:
+        print(f"cannot simulate {args.file} with the cost profile {profile}: {exc}")
+        return 2
     except (TraceError, ValueError) as exc:
         print(exc)
         return 2
+    workload = None
     if args.trace:
         source = f"trace {args.trace}: {len(requests)} requests" + (
             f", reported after its first {args.warmup:g} s" if args.warmup else ""
@@ -93,6 +99,10 @@ def run(args) -> int:
         source = describe(workload) + (
             f", after a {args.warmup:g} s warm-up at its opening rate" if args.warmup else ""
         )
+    problem = _nothing_measured(args, requests, workload) or _output_problem(args)
+    if problem:
+        print(problem)
+        return 2
     if args.save_trace:
         write_trace(args.save_trace, requests)
     controller = args.controller or ("tuner" if spec.autotune.enabled else "fixed")
@@ -111,3 +121,27 @@ def run(args) -> int:
     png_path = save_plot(result, out / f"{stem}.png", f"{name} on {label}: {controller}")
     print(f"wrote {json_path} and {png_path}")
     return 0 if result.conserved else 1
+
+
+def _nothing_measured(args, requests, workload=None) -> str | None:
+    """Why the run would judge no minute, or None: a built-in workload that generates no request,
+    a --warmup that covers the whole trace. An attainment over no minutes is no result."""
+    if workload is not None and not workload.requests():
+        name = args.workload or "bursty"
+        return f"{name} generates no requests: give it a longer --duration or a larger --rate-scale"
+    last = requests[-1].arrival_s
+    if last < args.warmup:
+        return f"--warmup {args.warmup:g} covers the whole trace {args.trace} (its last arrival is at {last:g} s)"
+    return None
+
+
+def _output_problem(args) -> str | None:
+    """Why the results could not be written, found before simulating, not after; or None."""
+    from .paths import directory_problem, file_problem
+
+    if args.save_trace:
+        problem = file_problem(args.save_trace)
+        if problem:
+            return f"cannot write --save-trace {args.save_trace}: {problem}"
+    problem = directory_problem(args.out)
+    return f"cannot write --out {args.out}: {problem}" if problem else None

@@ -43,6 +43,8 @@ from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.runner.builtin_models import cache_root
 from llmfleet.server.runner.step_shapes import padded_step_tokens, pads_steps
 
+from .paths import write_atomically
+
 FEATURES = ("intercept", "tokens", "seqs", "decode_groups", "kv_read", "prefill_attn", "prefills", "new_shape")
 PROFILE_VERSION = 2
 
@@ -190,13 +192,12 @@ class CostModel:
         return asdict(self)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
+        return write_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostModel:
+        """A profile from its JSON; every field checked, so a hand-edited file fails here, naming
+        the field, not later in a step."""
         if not isinstance(data, dict):
             raise ValueError("a cost profile is a JSON object with coefficients")
         version = data.get("version", 1)
@@ -205,19 +206,19 @@ class CostModel:
                 f"cost profile version {version} is not {PROFILE_VERSION} (its features changed): "
                 "run `llm-fleet calibrate` again"
             )
-        coefficients = {k: float(v) for k, v in (data.get("coefficients") or {}).items()}
-        unknown = set(coefficients) - set(FEATURES)
-        if unknown or not coefficients:
-            raise ValueError(
-                f"cost profile coefficients must be a subset of {list(FEATURES)}, got {sorted(coefficients)}"
-            )
-        if any(v < 0 or not math.isfinite(v) for v in coefficients.values()):
-            raise ValueError(f"cost profile coefficients must be finite and >= 0, got {coefficients}")
-        quality = data.get("quality")
-        names = ("model", "device", "dtype", "threads", "kv_bytes_per_token", "max_model_len", "kv_block_size",
-                 "created", "host", "samples")  # fmt: skip
-        fields = {k: data[k] for k in names if k in data}
-        return cls(coefficients=coefficients, quality=FitQuality(**quality) if quality else None, **fields)
+        coefficients = _coefficients(data.get("coefficients"))
+        fields: dict[str, Any] = {k: _text(k, data[k]) for k in _TEXT_FIELDS if k in data}
+        fields |= {k: _count(k, data[k]) for k in _COUNT_FIELDS if k in data}
+        if "kv_bytes_per_token" not in data:  # no default: a pod could not size its KV cache
+            raise ValueError("kv_bytes_per_token is missing (KV cache bytes per token, all layers)")
+        if data.get("threads") is not None:
+            fields["threads"] = _count("threads", data["threads"])
+        return cls(
+            coefficients=coefficients,
+            quality=_quality(data.get("quality")),
+            samples=_samples(data.get("samples", [])),
+            **fields,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
@@ -229,6 +230,52 @@ class CostModel:
             return cls.from_dict(data)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad cost profile {path}: {exc}") from exc
+
+
+_TEXT_FIELDS = ("model", "device", "dtype", "created", "host")
+_COUNT_FIELDS = ("kv_bytes_per_token", "max_model_len", "kv_block_size")
+
+
+def _text(name: str, value: Any) -> str:
+    required = name in ("device", "dtype")  # they decide step padding and decode grouping
+    if not isinstance(value, str) or (required and not value):
+        raise ValueError(f"{name} must be a{' non-empty' if required else ''} string, got {value!r}")
+    return value
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _coefficients(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict) or not value or set(value) - set(FEATURES):
+        raise ValueError(
+            f"cost profile coefficients must be an object, its keys a non-empty subset of {list(FEATURES)}, "
+            f"got {value!r}"
+        )
+    for name, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or not math.isfinite(v):
+            raise ValueError(f"cost profile coefficients must be finite and >= 0, got {name}: {v!r}")
+    return {name: float(v) for name, v in value.items()}
+
+
+def _quality(value: Any) -> FitQuality | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"quality must be an object (the fit's report), got {value!r}")
+    try:
+        return FitQuality(**value)
+    except TypeError as exc:
+        raise ValueError(f"quality: {exc}") from exc
+
+
+def _samples(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
+        raise ValueError("samples must be a list of objects (the measured steps)")
+    return value
 
 
 def default_profile_path(model: str) -> Path:

@@ -40,7 +40,7 @@ from llmfleet.workloads import RequestSpec
 
 from .cost_model import CostModel
 from .metrics import PodGauges, PoolSeries, RequestRecord, SimMetricSource
-from .pod import PodState, SimPod
+from .pod import PodConfigError, PodState, SimPod, pod_max_model_len
 
 NAMESPACE = "sim"
 
@@ -130,6 +130,16 @@ class SimPool:
         return len(self.with_state(PodState.STARTING, PodState.READY))
 
 
+def check_spec(spec: InferenceServiceSpec, cost: CostModel) -> None:
+    """Refuse, before anything runs, a spec whose pods the real engine would not start (a pool's
+    pods may start only later, on a scale-up). Raises ``PodConfigError``."""
+    for pool in spec.active_pools:
+        try:
+            pod_max_model_len(effective_engine(spec, pool, None), cost)
+        except PodConfigError as exc:
+            raise PodConfigError(f"pool {pool}: engine.{exc}") from exc
+
+
 class Fleet:
     def __init__(
         self,
@@ -141,6 +151,7 @@ class Fleet:
         *,
         name: str = "sim",
     ) -> None:
+        check_spec(spec, cost)
         self.spec = spec
         self.cost = cost
         self.requests = sorted(requests, key=lambda r: r.arrival_s)
@@ -284,8 +295,9 @@ class Fleet:
             return
         prefilled = pool_name == "decode"
         output_len = 1 if pool_name == "prefill" else record.output_len
-        try:
-            pod.add(str(record.index), record.prompt_len, output_len, arrived, prefilled=prefilled)
+        try:  # a prefill pod checks the client's max_tokens too: it refuses what decode would
+            pod.add(str(record.index), record.prompt_len, output_len, arrived, prefilled=prefilled,
+                    max_tokens=record.output_len)  # fmt: skip
         except QueueFullError as exc:
             self._close(record, "rejected", f"429 from {pod.name}: {exc}")
             return

@@ -12,16 +12,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from llmfleet.server.api.errors import APIError
+from llmfleet.server.api.generation import check_context_length
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SampledToken, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
-from llmfleet.server.engine.engine import LLMEngine, RequestOutput
+from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, RequestOutput
 from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
 
 from .cost_model import CostModel, StepFeatures
 
 TOKEN = SampledToken(token_id=0)  # what every simulated sample "generates"; never a stop token
 MIN_STEP_S = 1e-6  # a step always takes some time, so simulated time always moves
+
+
+class PodConfigError(ValueError):
+    """An engine configuration the real server would refuse to start with."""
+
+
+def pod_max_model_len(config: EngineConfig, cost: CostModel) -> int:
+    """A pod's context limit: the engine's ``max_model_len`` when set, else the model's (the
+    profile's). Past the model's limit the real runner refuses to start
+    (server/runner/torch_runner.py), and so does a simulated pod."""
+    if config.max_model_len is None:
+        return cost.max_model_len
+    if config.max_model_len > cost.max_model_len:
+        raise PodConfigError(
+            f"maxModelLen {config.max_model_len} exceeds the model's limit {cost.max_model_len} "
+            f"(max_model_len of the {cost.model} cost profile)"
+        )
+    return config.max_model_len
 
 
 class SimClock:
@@ -44,14 +64,16 @@ class CostModelRunner:
         *,
         num_kv_blocks: int,
         kv_block_size: int,
+        max_model_len: int | None = None,
         warmed: frozenset[int] = frozenset(),
     ) -> None:
-        """``warmed``: the step sizes its start-up warm-up ran (server/runner/warm_up.py)."""
+        """``max_model_len``: the pod's context limit (default: the profile's);
+        ``warmed``: the step sizes its start-up warm-up ran (server/runner/warm_up.py)."""
         self.cost = cost
         self.clock = clock
         self.num_kv_blocks = num_kv_blocks
         self.kv_block_size = kv_block_size
-        self.max_model_len = cost.max_model_len
+        self.max_model_len = max_model_len or cost.max_model_len
         self.eos_token_ids: frozenset[int] = frozenset()
         self.vocab_size = None  # simulated prompts embed nothing
         self.structured_output = False
@@ -104,19 +126,32 @@ class SimPod:
     ) -> SimPod:
         clock = SimClock(now)
         blocks = config.num_kv_blocks or cost.num_kv_blocks(config.kv_cache_memory_mb, config.kv_block_size)
+        max_model_len = pod_max_model_len(config, cost)
         warmed = frozenset()
         if cost.pads_steps:  # as the real runner, warmed up to its first budget (which may grow later)
-            tokens = warm_up_tokens(config.max_num_batched_tokens, blocks, config.kv_block_size, cost.max_model_len)
+            tokens = warm_up_tokens(config.max_num_batched_tokens, blocks, config.kv_block_size, max_model_len)
             warmed = frozenset(warm_up_sizes(tokens))
-        runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size, warmed=warmed)
+        runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size,
+                                 max_model_len=max_model_len, warmed=warmed)  # fmt: skip
         engine = LLMEngine(_uncached(config), runner, clock=clock)
         state = PodState.READY if startup_s <= 0 else PodState.STARTING
         return cls(name, pool, engine, clock, created_at=now, ready_at=now + max(0.0, startup_s), state=state)
 
     # -- requests -------------------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt_len: int, output_len: int, arrival: float, *, prefilled: bool) -> Request:
-        """Queue a request. Raises the engine's errors (queue full, too long).
+    def add(
+        self,
+        request_id: str,
+        prompt_len: int,
+        output_len: int,
+        arrival: float,
+        *,
+        prefilled: bool,
+        max_tokens: int | None = None,
+    ) -> Request:
+        """Queue a request. Raises the server's errors: too long for the context (checked first, as
+        the server's API does, with the client's ``max_tokens``, by default ``output_len``; a
+        prefill pod runs one token of a longer request), queue full, more KV than the cache holds.
 
         ``prefilled`` (disaggregated mode): the request's KV and its first token arrived from a
         prefill pod, so only the decode is left: the decode pod's first step for it is one
@@ -125,6 +160,10 @@ class SimPod:
         (the same one-token step, so the decode pod's load is the same) and the client's first
         token is the decode pod's sample: here the client sees the prefill pod's token, so a
         disaggregated TTFT is short by the KV transfer and the decode pod's first step."""
+        try:  # before the filler prompt is built: a prompt of 1e11 tokens is refused, not allocated
+            check_context_length(self.max_model_len, prompt_len, max_tokens or output_len)
+        except APIError as exc:
+            raise InvalidRequestError(exc.message) from None
         sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
         request = self.engine.add_request(request_id, [1] * prompt_len, sampling, arrival_time=arrival)
         if prefilled:
@@ -132,6 +171,10 @@ class SimPod:
             request.num_computed_tokens = prompt_len  # the scheduler allocates the blocks it lands in
             request.first_token_time = request.last_token_time = arrival
         return request
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.runner.max_model_len
 
     @property
     def in_flight(self) -> int:

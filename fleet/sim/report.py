@@ -5,7 +5,8 @@ history; printed, as JSON, and as a PNG plot of latency, replicas and knobs over
   minute (a request rejected, aborted, or never answered counts as an infinite TTFT), and the p95
   of the inter-token gaps that ended in it (the last minute also takes the gaps of the requests
   still streaming after it). The minute meets the SLOs when both are within them.
-  Minutes without traffic are left out of the attainment.
+  Minutes without traffic are left out of the attainment; a run with no minute judged has no
+  attainment (None), not a perfect one.
 - **Goodput** (DistServe): requests whose TTFT and TPOT are both within the SLOs (the TPOT
   target is the ITL SLO), per second of the trace (of the run, where every request arrives at once).
 - **Direction changes**: per controlled quantity, the most reversals (up then down, or down
@@ -21,12 +22,17 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .fleet import SimResult
+from .metrics import RequestRecord
+
+FAILED = ("rejected", "aborted")  # the statuses that come with a reason (RequestRecord.detail)
+REASONS_SHOWN = 5
 
 
 def nearest_rank(values: Iterable[float], q: float) -> float | None:
@@ -35,6 +41,15 @@ def nearest_rank(values: Iterable[float], q: float) -> float | None:
     if not ordered:
         return None
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def judged_ttft(record: RequestRecord) -> float:
+    """The TTFT a minute is judged on: infinite for a request its client never got an answer to,
+    even one rejected or aborted after its first token (a disaggregated decode pod's 400, a pod
+    killed at the end of its drain)."""
+    if record.ttft is None or record.status in FAILED:
+        return math.inf
+    return record.ttft
 
 
 def per_minute(result: SimResult) -> list[dict[str, Any]]:
@@ -50,7 +65,7 @@ def per_minute(result: SimResult) -> list[dict[str, Any]]:
     for r in result.records:
         m = minute(r.arrival)
         if 0 <= m < minutes:
-            ttft[m].append(r.ttft if r.ttft is not None else math.inf)
+            ttft[m].append(judged_ttft(r))
         for a, b in itertools.pairwise(r.token_times):
             k = min(minute(b), minutes - 1)  # the tail after the last arrival is judged too
             if k >= 0:
@@ -129,6 +144,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "slo": {"ttft_p95_s": result.slo_ttft_s, "itl_p95_s": result.slo_itl_s},
         "requests": len(records),
         "status": status,
+        "reasons": failure_reasons(records),
         "conserved": result.conserved,
         "measured_from_s": start,
         "duration_s": result.last_arrival - start,
@@ -145,7 +161,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "good_requests": good,
         "slo_minutes": len(judged),
         "slo_minutes_met": sum(1 for m in judged if m["met"]),
-        "slo_attainment": sum(1 for m in judged if m["met"]) / len(judged) if judged else 1.0,
+        "slo_attainment": sum(1 for m in judged if m["met"]) / len(judged) if judged else None,
         "replica_minutes": result.replica_seconds(since=start) / 60.0,
         "replica_minutes_by_pool": {p: result.replica_seconds(p, since=start) / 60.0 for p in pools},
         "decisions": len(result.decisions),
@@ -153,6 +169,20 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "direction_changes": flips,
         "stabilization_window_s": window,
     }
+
+
+def failure_reasons(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
+    """Why requests were rejected or aborted, most frequent first: one row per kind of reason
+    (its details alike but for the numbers in them: pod names, lengths; a leading HTTP status is
+    kept), with the first detail of the kind as its example."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        if r.status not in FAILED:
+            continue
+        kind = re.sub(r"(?<=\D)\d+", "N", r.detail)
+        row = rows.setdefault((r.status, kind), {"status": r.status, "reason": kind, "count": 0, "example": r.detail})
+        row["count"] += 1
+    return sorted(rows.values(), key=lambda row: -row["count"])
 
 
 def to_json(result: SimResult, summary: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -183,8 +213,7 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
     warm = f" after a {s['measured_from_s']:.0f} s warm-up" if s["measured_from_s"] else ""
     print(f"== {s['name']}: {s['mode']}, controller {s['controller']}, {s['requests']} requests over "
           f"{s['duration_s']:.0f} s{warm} (done at {s['end_s']:.0f} s): {s['status']}")  # fmt: skip
-    print(f"   SLO p95 TTFT {ms(s['slo']['ttft_p95_s'])}, ITL {ms(s['slo']['itl_p95_s'])}: met in "
-          f"{s['slo_minutes_met']}/{s['slo_minutes']} minutes ({s['slo_attainment']:.1%})")  # fmt: skip
+    print(f"   SLO p95 TTFT {ms(s['slo']['ttft_p95_s'])}, ITL {ms(s['slo']['itl_p95_s'])}: {_attainment(s)}")
     print(f"   TTFT p50/p95/p99 {ms(s['ttft_p50_s'])}/{ms(s['ttft_p95_s'])}/{ms(s['ttft_p99_s'])}; "
           f"ITL p50/p95/p99 {ms(s['itl_p50_s'])}/{ms(s['itl_p95_s'])}/{ms(s['itl_p99_s'])}; "
           f"e2e p50 {ms(s['e2e_p50_s'])}")  # fmt: skip
@@ -192,12 +221,29 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
           f"replica-minutes {s['replica_minutes']:.1f}{_pools(s['replica_minutes_by_pool'])}, "
           f"{s['decisions']} decisions, at most {s['max_direction_changes_per_window']} direction change(s) "
           f"per {s['stabilization_window_s']:.0f} s")  # fmt: skip
+    _print_reasons(s["reasons"])
     shown = result.decisions[-decisions:] if decisions else []
     if shown:
         print(f"   decisions (last {len(shown)} of {len(result.decisions)}):")
     for d in shown:
         what = ", ".join(f"{c['pool']}/{c['knob']} {c['from']} -> {c['to']}" for c in d.changes) or "hold"
         print(f"   t={d.at:6.0f}s {what}: {d.reason[:160]}")
+
+
+def _attainment(s: dict[str, Any]) -> str:
+    if s["slo_attainment"] is None:
+        return "no minutes judged (no request arrived in the measured part of the run)"
+    return f"met in {s['slo_minutes_met']}/{s['slo_minutes']} minutes ({s['slo_attainment']:.1%})"
+
+
+def _print_reasons(reasons: list[dict[str, Any]]) -> None:
+    for i, row in enumerate(reasons[:REASONS_SHOWN]):
+        label = "why:" if i == 0 else "    "
+        such = ", e.g." if row["count"] > 1 else ""
+        print(f"   {label} {row['count']} {row['status']}{such}: {row['example'][:200]}")
+    if len(reasons) > REASONS_SHOWN:
+        rest = sum(row["count"] for row in reasons[REASONS_SHOWN:])
+        print(f"        {rest} more, for {len(reasons) - REASONS_SHOWN} other reasons (all in the JSON)")
 
 
 def _pools(by_pool: dict[str, float]) -> str:

@@ -20,6 +20,9 @@ TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
 
 
 _TIMESTAMPS_FROM_S = 86_400.0  # a first arrival this late is a timestamp, not an offset
+# The simulator steps through idle time (a scrape every simulated second), so a trace spanning
+# decades would run for ever; a week is more than any replay needs.
+MAX_SPAN_S = 7 * 86_400.0
 
 
 class TraceError(ValueError):
@@ -29,7 +32,8 @@ class TraceError(ValueError):
 def read_trace(path: str | Path) -> list[RequestSpec]:
     """The requests of a JSONL trace, by arrival (seconds from the trace's start). A trace whose
     first arrival is a day or more in holds timestamps (a log's Unix seconds): its arrivals count
-    from the first one, so it replays as it happened, not after decades of idling."""
+    from the first one, so it replays as it happened, not after decades of idling. A trace whose
+    arrivals span more than ``MAX_SPAN_S`` is refused (a mix of offsets and timestamps)."""
     requests = []
     try:
         lines = Path(path).read_text().splitlines()
@@ -63,10 +67,21 @@ def read_trace(path: str | Path) -> list[RequestSpec]:
     if not requests:
         raise TraceError(f"trace {path} holds no requests")
     requests.sort(key=lambda r: r.arrival_s)  # stable: ties keep file order
+    _check_span(path, requests)
     first = requests[0].arrival_s
     if first < _TIMESTAMPS_FROM_S:
         return requests
     return [RequestSpec(r.arrival_s - first, r.prompt_len, r.output_len) for r in requests]
+
+
+def _check_span(path: str | Path, requests: list[RequestSpec]) -> None:
+    first, last = requests[0].arrival_s, requests[-1].arrival_s
+    if last - first > MAX_SPAN_S:
+        raise TraceError(
+            f"trace {path}: its arrivals span {(last - first) / 86_400:.3g} days ({first:g} s to {last:g} s), "
+            f"more than the {MAX_SPAN_S / 86_400:g} days a trace may cover; does it mix offsets from its start "
+            "(arrival_s 0, 1.5, ...) with Unix timestamps?"
+        )
 
 
 def write_trace(path: str | Path, requests: list[RequestSpec]) -> Path:

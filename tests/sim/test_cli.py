@@ -6,6 +6,7 @@ import json
 
 from llmfleet.cli import main
 from llmfleet.sim.trace import builtin_workload, write_trace
+from llmfleet.workloads import RequestSpec
 from tests.sim.conftest import synthetic_profile
 
 
@@ -80,3 +81,79 @@ def test_the_tuner_bench_defaults_to_the_reference_profile() -> None:
     cost = CostModel.load(REFERENCE_PROFILE)
     assert (cost.model, cost.dtype, cost.device) == ("builtin:small", "float32", "cpu")
     assert cost.describe().startswith("59.80 ms + 1824.9 us/token")
+
+
+def local_example_with(tmp_path, repo_root, **engine) -> str:
+    """examples/local.yaml with more engine fields in its pool."""
+    import yaml
+
+    service = yaml.safe_load((repo_root / "examples/local.yaml").read_text())
+    service["spec"]["pools"]["colocated"]["engine"].update(engine)
+    path = tmp_path / "service.yaml"
+    path.write_text(yaml.safe_dump(service))
+    return str(path)
+
+
+def test_sim_honours_the_pools_max_model_len_and_refuses_one_past_the_models(tmp_path, capsys, repo_root) -> None:
+    profile = str(tiny_profile(tmp_path))  # max_model_len 2048
+    trace = write_trace(tmp_path / "t.jsonl", [RequestSpec(0.0, 500, 10), RequestSpec(1.0, 100, 10)])
+    service = local_example_with(tmp_path, repo_root, maxModelLen=256)
+    assert main(["sim", "-f", service, "--profile", profile, "--trace", str(trace), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "{'rejected': 1, 'finished': 1}" in out
+    assert "why: 1 rejected: 400 from colocated-1: This model's maximum context length is 256 tokens" in out
+    report = json.loads((tmp_path / "sim-tiny-t-tuner.json").read_text())
+    assert [r["count"] for r in report["summary"]["reasons"]] == [1]
+
+    service = local_example_with(tmp_path, repo_root, maxModelLen=4096)
+    assert main(["sim", "-f", service, "--profile", profile, "--trace", str(trace), "--out", str(tmp_path)]) == 2
+    assert "pool colocated: engine.maxModelLen 4096 exceeds the model's limit 2048" in capsys.readouterr().out
+
+
+def test_sim_refuses_a_run_with_nothing_to_report(tmp_path, capsys, repo_root, monkeypatch) -> None:
+    monkeypatch.setattr("llmfleet.sim.simulate.simulate", _not_to_be_run)
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path)),
+            "--out", str(tmp_path)]  # fmt: skip
+    for shape in (["--duration", "0.5"], ["--rate-scale", "0.00001"]):
+        assert main([*args, *shape]) == 2
+        assert "bursty generates no requests: give it a longer --duration or a larger --rate-scale" in (
+            capsys.readouterr().out
+        )
+    trace = write_trace(tmp_path / "one.jsonl", [RequestSpec(0.0, 100, 10)])
+    assert main([*args, "--trace", str(trace), "--warmup", "5"]) == 2
+    assert "--warmup 5 covers the whole trace" in capsys.readouterr().out
+
+
+def test_sim_checks_its_output_paths_before_simulating(tmp_path, capsys, repo_root, monkeypatch) -> None:
+    monkeypatch.setattr("llmfleet.sim.simulate.simulate", _not_to_be_run)
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path)),
+            "--workload", "chat", "--duration", "10"]  # fmt: skip
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for flags, message in (
+        (["--save-trace", str(tmp_path)], f"cannot write --save-trace {tmp_path}: {tmp_path} is a directory"),
+        (["--out", str(a_file)], f"cannot write --out {a_file}: {a_file} is a file, not a directory"),
+        (["--out", str(a_file / "results")], f"cannot write --out {a_file / 'results'}: cannot write into"),
+    ):
+        assert main([*args, *flags]) == 2
+        out = capsys.readouterr().out
+        assert message in out and "Traceback" not in out
+
+
+def test_sim_refuses_a_profile_it_cannot_run(tmp_path, capsys, repo_root) -> None:
+    data = json.loads(tiny_profile(tmp_path).read_text()) | {"device": None}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tmp_path / "bad.json"),
+            "--workload", "chat", "--duration", "10", "--out", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    assert f"bad cost profile {tmp_path / 'bad.json'}: device must be a non-empty string" in capsys.readouterr().out
+
+
+def test_calibrate_checks_its_output_path_before_measuring(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("llmfleet.sim.calibrate.calibrate", _not_to_be_run)
+    assert main(["calibrate", "--quick", "--out", str(tmp_path)]) == 2
+    assert f"llm-fleet calibrate: cannot write the profile: {tmp_path} is a directory" in capsys.readouterr().out
+
+
+def _not_to_be_run(*args, **kwargs):
+    raise AssertionError("ran before its arguments were checked")

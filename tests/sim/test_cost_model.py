@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -168,16 +169,52 @@ def test_profile_round_trip(tmp_path) -> None:
     [
         ({"version": 1}, "run `llm-fleet calibrate` again"),
         ({"coefficients": {"tokens": -1.0}}, "finite and >= 0"),
+        ({"coefficients": {"tokens": "0.1"}}, "finite and >= 0, got tokens: '0.1'"),
         ({"coefficients": {"flops": 1.0}}, "subset of"),
         ({"coefficients": {}}, "subset of"),
+        ({"coefficients": [1, 2]}, "coefficients must be an object"),
+        ({"kv_bytes_per_token": "abc"}, "kv_bytes_per_token must be an integer >= 1, got 'abc'"),
+        ({"kv_bytes_per_token": 0}, "kv_bytes_per_token must be an integer >= 1, got 0"),
+        ({"max_model_len": 0}, "max_model_len must be an integer >= 1, got 0"),
+        ({"kv_block_size": 16.5}, "kv_block_size must be an integer >= 1"),
+        ({"threads": 0}, "threads must be an integer >= 1"),
+        ({"device": None}, "device must be a non-empty string, got None"),
+        ({"dtype": 16}, "dtype must be a non-empty string"),
+        ({"model": ["x"]}, "model must be a string"),
+        ({"quality": "good"}, "quality must be an object"),
+        ({"quality": {"r2": 1.0}}, "quality: "),
+        ({"samples": {"a": 1}}, "samples must be a list of objects"),
     ],
 )
 def test_bad_profiles_say_what_is_wrong(tmp_path, edit, message) -> None:
-    data = CostModel(TRUE).to_dict() | edit
+    data = CostModel(TRUE, kv_bytes_per_token=512).to_dict() | edit
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(f"bad cost profile {path}: ") + ".*" + re.escape(message)):
         CostModel.load(path)
+
+
+def test_a_profile_without_kv_bytes_per_token_is_refused(tmp_path) -> None:
+    data = CostModel(TRUE, kv_bytes_per_token=512).to_dict()
+    del data["kv_bytes_per_token"]  # a pod could not size its KV cache
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"p\.json: kv_bytes_per_token is missing"):
+        CostModel.load(path)
+
+
+def test_a_profile_is_saved_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
+    path = CostModel(TRUE, kv_bytes_per_token=512).save(tmp_path / "p.json")
+    before = path.read_text()
+
+    def interrupted(src, dst) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr("llmfleet.sim.paths.os.replace", interrupted)
+    with pytest.raises(OSError, match="disk full"):
+        CostModel(TRUE, kv_bytes_per_token=1024).save(path)
+    assert path.read_text() == before  # the old profile, not half a new one
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]  # and no temporary file left
 
 
 def test_unreadable_profile(tmp_path) -> None:

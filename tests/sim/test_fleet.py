@@ -11,7 +11,7 @@ import pytest
 from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
 from llmfleet.sim.fleet import Fleet, SimOptions
 from llmfleet.sim.hpa import HPAConfig, QueueLengthHPA
-from llmfleet.sim.pod import PodState
+from llmfleet.sim.pod import PodConfigError, PodState
 from llmfleet.sim.report import direction_changes, per_minute, save_plot, summarize
 from llmfleet.sim.simulate import simulate
 from llmfleet.workloads import PhasedWorkload, RequestSpec, Workload
@@ -211,3 +211,34 @@ def test_the_plot_counts_minutes_from_the_warm_ups_end_on_every_panel(profile, t
     latency, replicas = figures[0].axes[:2]
     assert latency.lines[0].get_xdata()[0] == 0.5  # the first measured minute's middle
     assert min(replicas.lines[0].get_xdata()) == pytest.approx(-1.0)  # the pods from t=0: a minute before it
+
+
+def test_a_prefill_pod_refuses_what_its_decode_pod_would(profile) -> None:
+    # 4000 prompt tokens fit builtin:small's 4096 positions, 4000 + 200 do not: the real prefill
+    # server checks the client's max_tokens (server/api/generation.py), not its own one token
+    spec = make_spec(mode="disaggregated", replicas=1)
+    result = simulate(spec, profile, [RequestSpec(0.0, 4000, 200), RequestSpec(1.0, 64, 8)], controller="fixed")
+    long, short = result.records
+    assert long.status == "rejected" and long.detail.startswith("400 from prefill-1: 'max_tokens'")
+    assert not long.token_times  # never prefilled: no first token, no KV moved
+    assert short.status == "finished"
+    assert per_minute(result)[0]["met"] is False
+
+
+def test_a_pools_max_model_len_limits_its_pods(profile) -> None:
+    spec = make_spec(engine={"maxModelLen": 256})
+    result = simulate(spec, profile, [RequestSpec(0.0, 500, 10), RequestSpec(0.5, 200, 10)], controller="fixed")
+    assert [r.status for r in result.records] == ["rejected", "finished"]
+    assert "maximum context length is 256 tokens" in result.records[0].detail
+
+
+def test_a_max_model_len_past_the_models_is_refused_before_anything_runs(profile) -> None:
+    spec = make_spec(engine={"maxModelLen": 8192}, replicas=0, min_replicas=0)  # no pod at the start: still refused
+    with pytest.raises(PodConfigError, match=r"pool colocated: engine.maxModelLen 8192 exceeds the model's limit 4096"):
+        Fleet(spec, profile, [RequestSpec(0.0, 10, 10)])
+
+
+def test_a_prompt_far_past_the_context_is_refused_before_its_tokens_are_built(profile) -> None:
+    result = simulate(make_spec(), profile, [RequestSpec(0.0, 10**11, 10)], controller="fixed")  # 800 GB as a list
+    (record,) = result.records
+    assert record.status == "rejected" and "your request has 100000000000 input tokens" in record.detail

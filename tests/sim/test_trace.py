@@ -37,6 +37,23 @@ def test_arrivals_count_from_the_first_so_log_timestamps_replay_as_they_happened
     assert [r.arrival_s for r in read_trace(path)] == [0.0, 0.25, 0.5]
 
 
+@pytest.mark.parametrize("last", [1_700_000_000.0, 1e300, 7 * 86_400.0 + 1])
+def test_a_trace_spanning_more_than_a_week_is_refused(tmp_path, last) -> None:
+    # offsets from the start mixed with Unix timestamps would idle for decades of simulated seconds
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n"
+                            for t in (0.0, 1.5, last)))  # fmt: skip
+    with pytest.raises(TraceError, match=r"t.jsonl: its arrivals span .* days .*mix offsets .* with Unix timestamps"):
+        read_trace(path)
+
+
+def test_a_trace_of_a_week_replays(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n"
+                            for t in (0.0, 7 * 86_400.0)))  # fmt: skip
+    assert [r.arrival_s for r in read_trace(path)] == [0.0, 7 * 86_400.0]
+
+
 @pytest.mark.parametrize(("content", "message"), [("\n\n", "holds no requests"), (b"\xff\xfe", "cannot read trace")])
 def test_an_empty_or_binary_trace_is_an_error(tmp_path, content, message) -> None:
     path = tmp_path / "t.jsonl"
