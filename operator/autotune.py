@@ -140,9 +140,8 @@ class Autotuner:
             "tuner": {**decision.tuner_status(), "memory": decision.memory.model_dump(mode="json")},
             "lastDecision": decision.last_decision_status(),
         }
-        latency = _latency(self.spec, metrics)
-        if latency:
-            status["latency"] = {**latency, "at": status["lastDecision"]["time"]}
+        # Always written whole: a p95 this run could not measure is gone, not left under a new time.
+        status["latency"] = {**_latency(self.spec, metrics), "at": status["lastDecision"]["time"]}
         return status
 
 

@@ -70,7 +70,7 @@ async def converge(
     try:
         spec = parse_spec(body.get("spec") or {})
     except SpecError as err:
-        return await _degrade(client, owner, body, err.reason, str(err))
+        return await _degrade(client, owner, body, err.reason, str(err), stops_tuner=True)
 
     tuner = tuner_state(spec, status)
     kinds = CHILD_KINDS if pod_monitor else tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
@@ -103,6 +103,9 @@ async def converge(
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
         conditions = serving + _tuner_condition(spec, current)
+        # A tuner turned off lets go of what it owned: turned on again, it starts from the spec's
+        # values, not from what it had set back then (applied at once, with no run to explain it).
+        released = {"tuner": None} if not spec.autotune.enabled and current.get("tuner") else {}
         return {
             "observedGeneration": generation,
             "conditions": st.merge_conditions(current.get("conditions") or [], conditions, generation, st.now()),
@@ -110,6 +113,7 @@ async def converge(
             "url": client_url(owner),
             "pools": _pool_status(owner, spec, tuner, pools),
             "batch": _batch(spec, tuner),
+            **released,
         }
 
     outcome = Outcome(applied=applied)
@@ -124,13 +128,18 @@ async def converge(
     return outcome
 
 
-async def _degrade(client: KubeClient, owner: Owner, body: dict[str, Any], reason: str, message: str) -> Outcome:
-    """Report a spec or object the operator cannot serve; existing objects keep serving."""
+async def _degrade(
+    client: KubeClient, owner: Owner, body: dict[str, Any], reason: str, message: str, *, stops_tuner: bool = False
+) -> Outcome:
+    """Report a spec or object the operator cannot serve; existing objects keep serving.
+    ``stops_tuner``: the spec cannot be read, so the tuner does not run either."""
     generation = body["metadata"].get("generation")
     degraded = st.Condition(st.DEGRADED, "True", reason, message)
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
         updates = [degraded, st.Condition(st.PROGRESSING, "False", reason, "waiting for a servable spec")]
+        if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
+            updates.append(st.Condition(st.TUNER_ACTIVE, "False", reason, "the tuner waits for a servable spec"))
         if st.condition_of(current, st.READY) is None:
             updates.append(st.Condition(st.READY, "False", reason, "nothing deployed yet"))
         return {

@@ -39,6 +39,7 @@ from .tuning import autotune_once, new_events, prepare_scale_down
 
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
 RESYNC_SECONDS = float(os.environ.get("LLMFLEET_OPERATOR_RESYNC_SECONDS", "60"))
+SPEC_RECHECK_SECONDS = 5.0  # how soon the tuner daemon sees a new interval or autotune turned off
 POD_MONITOR_CHECK_SECONDS = 300.0
 ANNOTATION_PREFIX = "operator.llmfleet.io"
 FINALIZER = "operator.llmfleet.io/finalizer"
@@ -150,38 +151,53 @@ async def resync(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: 
 async def autotune(
     body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
-    """The tuner, every spec.autotune.intervalSeconds (re-read each time: a spec edit takes effect
-    at the next run). Stale metrics or a failed run hold everything until the next one."""
+    """The tuner, every spec.autotune.intervalSeconds. The daemon's body is live: it looks at the
+    spec every few seconds, so a shorter interval or autotune turned off takes effect then, not
+    after the old interval has run out. Stale metrics or a failed run hold everything until the
+    next one."""
     state: OperatorState = memo.llmfleet
     key = (meta.namespace, meta.name)
+    loop = asyncio.get_running_loop()
+    last_run = loop.time()
     try:
         while not stopped:
-            try:
-                spec = parse_spec(dict(body.get("spec") or {}))
-            except SpecError:
-                spec = None  # converge reports it as Degraded; nothing to tune
-            interval = spec.autotune.interval_seconds if spec is not None else RESYNC_SECONDS
-            await stopped.wait(interval)
-            if stopped:
-                continue
-            if spec is None or not spec.autotune.enabled:
+            spec = _tunable_spec(body)
+            if spec is None:
                 tuner_metrics.forget(*key)  # a tuner that is off has no last decision to plot or alert on
+                await stopped.wait(SPEC_RECHECK_SECONDS)
                 continue
-            await tune_now(copy.deepcopy(dict(body)), spec, memo, logger)
+            due_in = last_run + spec.autotune.interval_seconds - loop.time()
+            if due_in > 0:
+                await stopped.wait(min(due_in, SPEC_RECHECK_SECONDS))
+                continue
+            last_run = loop.time()
+            await tune_now(copy.deepcopy(dict(body)), memo, logger)
     finally:
         state.tuner_sessions.pop(key, None)
         tuner_metrics.forget(*key)
 
 
-async def tune_now(raw: dict[str, Any], spec: Any, memo: kopf.Memo, logger: logging.Logger) -> None:
-    """One tuner run for one InferenceService, then the converge pass that applies it."""
+def _tunable_spec(body: Mapping[str, Any]) -> Any:
+    """The parsed spec when autotune is on; None when it is off or the spec is invalid (converge
+    reports that as Degraded)."""
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except SpecError:
+        return None
+    return spec if spec.autotune.enabled else None
+
+
+async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger) -> None:
+    """One tuner run for one InferenceService, then the converge pass that applies it. The spec is
+    read afresh under the lock: an edit made while the daemon waited (bounds, autotune off) counts."""
     state: OperatorState = memo.llmfleet
     meta = raw["metadata"]
     if meta.get("deletionTimestamp"):
         return
     async with state.lock(meta["namespace"], meta["name"]):
         fresh = await state.client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
-        if fresh is None:
+        spec = None if fresh is None or fresh["metadata"].get("deletionTimestamp") else _tunable_spec(fresh)
+        if spec is None:
             return
         try:
             outcome, raw = await autotune_once(state.client, state.tuner_sessions, fresh, spec, state.prometheus_url)
@@ -196,7 +212,10 @@ async def tune_now(raw: dict[str, Any], spec: Any, memo: kopf.Memo, logger: logg
         kopf.event(raw, type=type_, reason=reason, message=message)
     logger.info(f"tuner: {outcome.condition.reason}: {outcome.status['lastDecision']['reason']}")
     if outcome.decision.changes:
-        await prepare_scale_down(state.client, raw, outcome)
+        try:
+            await prepare_scale_down(state.client, raw, outcome)
+        except ApiError as exc:  # ranking only picks which pods go: the scale-down itself must land
+            logger.warning(f"could not rank pods for the scale-down, the ReplicaSet picks: {exc}")
         await reconcile_now(raw, memo, logger)
 
 

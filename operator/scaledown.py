@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .kube import POD, KubeClient
+from .kube import POD, ApiError, KubeClient
 from .reconcile import Owner, selector
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -35,6 +35,12 @@ async def rank_pods_for_scale_down(
         else:
             continue  # no annotation is cost 0 already
         if annotations.get(DELETION_COST) != cost:
-            await client.patch_merge(POD, owner.namespace, name, {"metadata": {"annotations": {DELETION_COST: cost}}})
+            patch = {"metadata": {"annotations": {DELETION_COST: cost}}}
+            try:
+                await client.patch_merge(POD, owner.namespace, name, patch)
+            except ApiError as exc:
+                if exc.status == 404:  # gone since the list (a rollout, an eviction): nothing to rank
+                    continue
+                raise
             changed.append(name)
     return changed

@@ -178,6 +178,30 @@ def status_patch(current: dict[str, Any] | None, desired: dict[str, Any]) -> dic
     return None if unchanged else patch
 
 
+def replacing(current: Any, desired: Any) -> Any:
+    """The merge-patch value that makes ``current`` exactly ``desired``: a merge patch keeps what
+    it does not mention, so keys ``desired`` lacks (at any depth) are sent as nulls."""
+    if not isinstance(current, dict) or not isinstance(desired, dict):
+        return desired
+    return {
+        **dict.fromkeys(set(current) - set(desired)),
+        **{k: replacing(current.get(k), v) for k, v in desired.items()},
+    }
+
+
+def merge_patched(current: Any, patch: Any) -> Any:
+    """``current`` after a JSON merge patch (RFC 7386), as the API server applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(current) if isinstance(current, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patched(out.get(key), value)
+    return out
+
+
 def _same(want: Any, have: Any) -> bool:
     # Conditions and other lists must match exactly; maps may hold more (fields others own).
     if isinstance(want, list):

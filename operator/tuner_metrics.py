@@ -68,6 +68,16 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -
         REPLICAS.labels(namespace, name, pool).set(settings.replicas)
         for knob, value in settings.knobs.items():
             KNOB_VALUE.labels(namespace, name, pool, knob).set(value)
+    _forget_pools(namespace, name, keep=set(decision.settings))
+
+
+def _forget_pools(namespace: str, name: str, keep: set[str]) -> None:
+    """Drop the series of pools the InferenceService no longer runs (a mode switch), which would
+    otherwise stay frozen at their last value on every dashboard."""
+    for metric in (DECISIONS, KNOB_VALUE, REPLICAS):
+        for labels in list(metric._metrics):
+            if labels[:2] == (namespace, name) and labels[2] not in keep:
+                metric.remove(*labels)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -40,7 +40,16 @@ class _StatusActuator:
     changed: bool = False
 
     def observe(self) -> dict[str, PoolView]:
-        return views_from_state(self.spec, self.state)
+        """What runs, but the tuner's own values as it set them: one the spec's bounds have since
+        moved past (reconcile already clamps it) reaches the law unclamped, so its correction is
+        recorded and explained like any other change."""
+        views = views_from_state(self.spec, self.state)
+        for pool, view in views.items():
+            if pool in self.state.replicas:
+                view.replicas = int(self.state.replicas[pool])
+            set_by_tuner = self.state.knobs.get(pool) or {}
+            view.knobs |= {knob: set_by_tuner[knob] for knob in view.knobs if set_by_tuner.get(knob) is not None}
+        return views
 
     def apply(self, pool: str, replicas: int | None, knobs: dict[str, float]) -> None:
         if replicas is not None:
@@ -127,11 +136,13 @@ async def autotune_once(
         await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, {"conditions": conditions})
         raise
     patch = {
-        **outcome.status,
+        # whole: what an earlier run wrote and this one did not (a pool of the old mode, a
+        # quantity it could not measure, a hold's reason) must not stay beside this run's word
+        **{key: st.replacing(current.get(key), value) for key, value in outcome.status.items()},
         "conditions": st.merge_conditions(current.get("conditions") or [], [outcome.condition], generation, st.now()),
     }
     await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, patch)
-    return outcome, {**body, "status": {**current, **patch}}
+    return outcome, {**body, "status": st.merge_patched(current, patch)}
 
 
 def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> list[tuple[str, str, str]]:

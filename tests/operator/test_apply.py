@@ -255,6 +255,24 @@ async def test_a_pod_that_cannot_report_loses_an_earlier_deletion_cost(running, 
     assert costs == {"a": "0", "b": "0"}
 
 
+async def test_a_pod_gone_since_the_list_is_left_out_of_the_ranking(running, client, monkeypatch):
+    """A rollout or an eviction deletes a pod between the list and its patch: the others are
+    still ranked, and the scale-down goes on."""
+    owner = await create_owner(client)
+    for name in ("a", "b"):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": selector(owner, "decode")}}
+        await client.request("POST", POD.path("ml"), body=pod)
+    patch_merge = client.patch_merge
+
+    async def gone_first(kind, namespace, name, patch):
+        if name == "a":
+            raise ApiError(404, "NotFound", 'pods "a" not found')
+        return await patch_merge(kind, namespace, name, patch)
+
+    monkeypatch.setattr(client, "patch_merge", gone_first)
+    assert await rank_pods_for_scale_down(client, owner, "decode", {"a": 7, "b": 3}) == ["b"]
+
+
 async def test_an_expired_token_logs_in_again(running, client, tmp_path, monkeypatch):
     config = tmp_path / "kubeconfig"
     config.write_text(kubeconfig(running.url))

@@ -4,6 +4,8 @@ Deployment, Events, decision metrics) and what it leaves alone."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import yaml
 from prometheus_client import generate_latest
@@ -26,8 +28,12 @@ SPEC = {
 }  # fmt: skip
 
 
-def snapshot(pool: PoolRef, *, itl_ms: float, stale: bool = False) -> PoolMetrics:
-    def q(p95_ms: float) -> LatencyQuantiles:
+def snapshot(pool: PoolRef, *, itl_ms: float | None, stale: bool = False) -> PoolMetrics:
+    """``itl_ms`` None: too few observations for an ITL quantile in the window."""
+
+    def q(p95_ms: float | None) -> LatencyQuantiles:
+        if p95_ms is None:
+            return LatencyQuantiles(samples=3)
         return LatencyQuantiles(p50=p95_ms / 2000, p95=p95_ms / 1000, p99=p95_ms / 1000, samples=500)
 
     return PoolMetrics(
@@ -42,7 +48,7 @@ def snapshot(pool: PoolRef, *, itl_ms: float, stale: bool = False) -> PoolMetric
 class ScriptedSource:
     """Stands in for the pods' /metrics: an ITL p95 far over the SLO, or nothing fresh."""
 
-    itl_ms = 250.0
+    itl_ms: float | None = 250.0
     stale = False
 
     def __init__(self, targets) -> None:
@@ -61,6 +67,16 @@ def scripted(monkeypatch):
 
 def engine_of(kube) -> dict:
     return yaml.safe_load(kube.get("ConfigMap", "tiny-colocated-engine")["data"]["engine.yaml"])
+
+
+def decision_after(kube, previous: dict | None, timeout: float = 20) -> dict:
+    """The first lastDecision newer than ``previous``."""
+
+    def newer() -> dict | None:
+        decision = kube.get("InferenceService", "tiny")["status"].get("lastDecision")
+        return decision if decision and (previous is None or decision["time"] != previous["time"]) else None
+
+    return eventually(newer, timeout=timeout)
 
 
 def test_a_run_shrinks_the_batch_scales_out_and_explains_itself(kube, operator, scripted):
@@ -95,6 +111,7 @@ def test_turning_the_tuner_off_drops_its_exported_series(kube, operator, scripte
     eventually(lambda: 'inference_service="tiny"' in generate_latest(REGISTRY).decode(), timeout=20)
     kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"enabled": False}}})
     eventually(lambda: 'inference_service="tiny"' not in generate_latest(REGISTRY).decode(), timeout=20)
+    settle(kube, "tiny", 2)  # a stop amid the status writes the edit brings can race kopf into a late daemon
 
 
 def test_stale_metrics_hold_with_a_reason_and_touch_nothing(kube, operator, scripted):
@@ -159,3 +176,83 @@ async def test_a_stored_memory_it_cannot_read_starts_afresh(running, client, scr
     assert outcome.condition.reason == "Adjusted"
     memory = (await client.get(INFERENCE_SERVICE, "ml", "tiny"))["status"]["tuner"]["memory"]
     assert memory["version"] == 1 and memory["keys"]
+
+
+def test_a_spec_edit_made_while_the_daemon_waits_counts_at_its_next_run(kube, operator, scripted):
+    """The run reads the spec afresh: a bound raised meanwhile is not crossed, and autotune turned
+    off meanwhile means no run."""
+    kube.create(inference_service("tiny", SPEC))  # ITL 2.5x the SLO: every run shrinks the batch
+    settle(kube, "tiny", 1)
+    first = decision_after(kube, None)
+    floor = {"spec": {"pools": {"colocated": {"bounds": {"maxBatchSize": {"min": 30, "max": 64}}}}}}
+    kube.patch("InferenceService", "tiny", floor)
+    second = decision_after(kube, first)
+    assert all(c["to"] >= 30 for c in second["changes"] if c["knob"] == "maxBatchSize")
+    assert kube.get("InferenceService", "tiny")["status"]["tuner"]["knobs"]["colocated"]["maxBatchSize"] >= 30
+
+    kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"enabled": False}}})
+    eventually(lambda: kube.condition("tiny", "TunerActive")["reason"] == "Disabled", timeout=10)
+    time.sleep(7)  # past the next run's time
+    assert kube.get("InferenceService", "tiny")["status"]["lastDecision"]["time"] == second["time"]
+
+
+def test_a_shorter_interval_takes_effect_without_waiting_out_the_old_one(kube, operator, scripted):
+    kube.create(inference_service("tiny", {**SPEC, "autotune": {**SPEC["autotune"], "intervalSeconds": 3600}}))
+    settle(kube, "tiny", 1)
+    kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"intervalSeconds": 5}}})
+    decision_after(kube, None, timeout=20)
+
+
+def test_turned_on_again_the_tuner_starts_from_the_spec(kube, operator, scripted):
+    """What the tuner had set is released when it is turned off, not applied again on its return
+    before any run has explained it."""
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    eventually(lambda: engine_of(kube)["max_batch_size"] < 32, timeout=20)
+    off = {"autotune": {"enabled": False}, "pools": {"colocated": {"engine": {"maxBatchSize": 48}}}}
+    kube.patch("InferenceService", "tiny", {"spec": off})
+    eventually(lambda: "tuner" not in kube.get("InferenceService", "tiny")["status"], timeout=10)
+    assert engine_of(kube)["max_batch_size"] == 48
+    scripted.stale = True  # runs from now on hold: only reconcile could move the knob
+    kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"enabled": True}}})
+    eventually(lambda: kube.condition("tiny", "TunerActive")["reason"] == "MetricsUnavailable", timeout=20)
+    assert settle(kube, "tiny") and engine_of(kube)["max_batch_size"] == 48
+
+
+def test_a_spec_the_operator_cannot_read_stops_the_tuner_and_says_so(kube, operator, scripted):
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    decision_after(kube, None)
+    kube.patch(
+        "InferenceService", "tiny", {"spec": {"pod": {"labels": {"llmfleet.io/team": "a"}}}}
+    )  # a reserved prefix
+    eventually(lambda: kube.condition("tiny", "TunerActive")["status"] == "False", timeout=10)
+    tuner_active = kube.condition("tiny", "TunerActive")
+    assert tuner_active["reason"] == kube.condition("tiny", "Degraded")["reason"] == "InvalidSpec"
+    assert tuner_active["message"] == "the tuner waits for a servable spec"
+    settle(kube, "tiny")
+
+
+async def test_a_run_replaces_what_earlier_runs_wrote(running, client, scripted):
+    """status.tuner, lastDecision and latency hold the last run's word alone: not a pool of the
+    old mode, a hold's reason beside fresh inputs, or a p95 this run could not measure."""
+    await client.request("POST", INFERENCE_SERVICE.path("ml"), body=inference_service("tiny", SPEC))
+    old_mode = {"replicas": {"prefill": 2}, "knobs": {"prefill": {"maxBatchSize": 8}}}
+    await client.patch_status(INFERENCE_SERVICE, "ml", "tiny", {"tuner": old_mode})
+    sessions: dict = {}
+
+    async def run(now: float) -> dict:
+        body = await client.get(INFERENCE_SERVICE, "ml", "tiny")
+        _, returned = await tuning.autotune_once(client, sessions, body, parse_spec(SPEC), None, now=now)
+        stored = (await client.get(INFERENCE_SERVICE, "ml", "tiny"))["status"]
+        assert returned["status"] == stored  # what the converge pass after it reads
+        return stored
+
+    assert (await run(1000.0))["latency"]["itlP95Ms"] == 250.0
+    scripted.stale = True
+    assert (await run(1010.0))["lastDecision"]["inputs"]["colocated"]["reason"] == "colocated: no pods to scrape"
+    scripted.stale, scripted.itl_ms = False, None
+    status = await run(1020.0)
+    assert "itlP95Ms" not in status["latency"] and status["latency"]["ttftP95Ms"] == 200.0
+    assert "reason" not in status["lastDecision"]["inputs"]["colocated"]
+    assert set(status["tuner"]["replicas"]) == set(status["tuner"]["knobs"]) == {"colocated"}

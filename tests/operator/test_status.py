@@ -158,3 +158,14 @@ def test_status_patch_removes_pools_that_went_away():
 
 def test_timestamps_are_rfc3339_utc():
     assert st.now().endswith("Z") and "T" in st.now() and "." not in st.now()
+
+
+def test_replacing_makes_the_stored_value_exactly_the_new_one():
+    stored = {"latency": {"ttftP95Ms": 120, "itlP95Ms": 40, "at": "t1"}, "tuner": {"replicas": {"prefill": 2}}}
+    wanted = {"latency": {"ttftP95Ms": 130, "at": "t2"}, "tuner": {"replicas": {"colocated": 3}}}
+    patch = {key: st.replacing(stored.get(key), value) for key, value in wanted.items()}
+    assert patch == {
+        "latency": {"itlP95Ms": None, "ttftP95Ms": 130, "at": "t2"},
+        "tuner": {"replicas": {"prefill": None, "colocated": 3}},
+    }
+    assert st.merge_patched(stored, patch) == wanted

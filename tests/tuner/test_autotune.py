@@ -3,11 +3,15 @@ run reports for status, the TunerActive condition and Events."""
 
 from __future__ import annotations
 
+from prometheus_client import generate_latest
+
+from llmfleet.operator import tuner_metrics
 from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
 from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
 from llmfleet.operator.reconcile import TunerState
-from llmfleet.operator.spec import parse_spec
+from llmfleet.operator.spec import Bound, parse_spec
 from llmfleet.operator.tuner_memory import TunerMemory
+from llmfleet.operator.tuning import _StatusActuator
 
 from .scenarios import metrics
 
@@ -74,3 +78,37 @@ def test_views_follow_the_tuner_state_within_the_spec_bounds():
     view = views_from_state(SPEC, state)["colocated"]
     assert view.replicas == 4  # maxReplicas wins over the tuner's 9
     assert view.knobs["maxBatchSize"] == 48
+
+
+async def test_a_value_the_spec_bounds_moved_past_is_corrected_and_recorded():
+    """The operator's actuator shows the tuner's own values: a maxReplicas lowered under them is a
+    recorded change (lastDecision, a Tuned event), even in a run that holds for want of metrics."""
+    state = TunerState(replicas={"colocated": 9}, knobs={"colocated": {"maxBatchSize": 48}})
+    narrowed = SPEC.model_copy(deep=True)
+    narrowed.pools["colocated"].bounds["maxBatchSize"] = Bound(min=8, max=16)
+    source = FixedSource(metrics().with_staleness(True, "colocated: no pods to scrape"))
+    actuator = _StatusActuator(narrowed, state)
+    outcome = await Autotuner(narrowed, source, {"colocated": REF}).step(actuator, now=1000.0)
+    moved = {(c.knob, c.old, c.new) for c in outcome.decision.changes}
+    assert moved == {("replicas", 9, 4), ("maxBatchSize", 48, 16)}
+    assert all("spec bounds win" in c.reason for c in outcome.decision.changes)
+    assert [e[1] for e in outcome.events].count("Tuned") == 2
+    assert state.replicas["colocated"] == 4 and state.knobs["colocated"]["maxBatchSize"] == 16
+
+
+async def test_the_series_of_a_pool_the_fleet_no_longer_runs_are_dropped():
+    """After a switch to disaggregated mode, llmfleet_tuner_replicas{pool="colocated"} would stay
+    on every dashboard at its last value."""
+    disaggregated = parse_spec({
+        "model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}, "mode": "disaggregated",
+        "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
+    })  # fmt: skip
+    for spec in (SPEC, disaggregated):
+        refs = {pool: PoolRef("ns", "switching", pool) for pool in spec.active_pools}
+        actuator = RecordingActuator(views_from_state(spec, None))
+        outcome = await Autotuner(spec, FixedSource(metrics()), refs).step(actuator, now=1000.0)
+        tuner_metrics.record("ns", "switching", outcome, spec.slo)
+    exposed = generate_latest(tuner_metrics.REGISTRY).decode()
+    tuner_metrics.forget("ns", "switching")
+    assert 'inference_service="switching",namespace="ns",pool="decode"' in exposed
+    assert 'pool="colocated"' not in exposed
