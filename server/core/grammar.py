@@ -26,10 +26,28 @@ _THINKING = {  # THINKING_MODES -> the top grammar in front of the answer's
 
 # Clients send the same schema request after request, and each request is checked twice at
 # admission (the API, to name the field; the engine, its guard) and compiled once more at sampling.
-@functools.lru_cache(maxsize=256)
+# An entry holds the client's spec and its grammar after the request ended: only specs up to
+# CACHED_SPEC_CHARS are kept, or 256 distinct megabyte regexes would pin half a gigabyte.
+CACHE_ENTRIES = 256
+CACHED_SPEC_CHARS = 64 * 1024
+
+
 def compile_grammar(structured: StructuredOutput) -> str:
     """The llguidance grammar of ``structured``. Raises ValueError where its text is not even
     the right shape (a schema that is not JSON, a choice that is not a list of strings)."""
+    return (_compile_cached if _cacheable(structured) else _compile)(structured)
+
+
+def check(structured: StructuredOutput) -> str | None:
+    """Why ``structured`` cannot be compiled, or None where it can."""
+    return (_check_cached if _cacheable(structured) else _check)(structured)
+
+
+def _cacheable(structured: StructuredOutput) -> bool:
+    return len(structured.spec) + len(structured.whitespace_pattern or "") <= CACHED_SPEC_CHARS
+
+
+def _compile(structured: StructuredOutput) -> str:
     answer = _answer_grammar(structured)
     if structured.thinking is None:
         return answer
@@ -64,11 +82,13 @@ def _answer_grammar(structured: StructuredOutput) -> str:
     return llguidance.grammar_from("regex" if kind == "regex" else "grammar", spec)
 
 
-@functools.lru_cache(maxsize=256)
-def check(structured: StructuredOutput) -> str | None:
-    """Why ``structured`` cannot be compiled, or None where it can."""
+def _check(structured: StructuredOutput) -> str | None:
     try:
         grammar = compile_grammar(structured)
     except (ValueError, TypeError) as exc:
         return str(exc)
     return llguidance.LLMatcher.validate_grammar(grammar) or None
+
+
+_compile_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(_compile)
+_check_cached = functools.lru_cache(maxsize=CACHE_ENTRIES)(_check)

@@ -207,3 +207,16 @@ def test_a_grammar_that_does_not_compile_is_refused(structured):
     with pytest.raises(InvalidRequestError, match=f"invalid {structured.kind}"):
         engine.add_request("r", [1, 2], SamplingParams(structured=structured))
     assert not engine.has_unfinished_requests()
+
+
+def test_only_small_specs_stay_cached():
+    """A cache entry outlives its request: 256 distinct megabyte regexes would pin half a gigabyte."""
+    from llmfleet.server.core import grammar
+
+    big = StructuredOutput("regex", "x" * (grammar.CACHED_SPEC_CHARS + 1))
+    small = StructuredOutput("regex", "[ab]{3}x")
+    grammar._compile_cached.cache_clear()
+    grammar._check_cached.cache_clear()
+    for structured in (big, small):
+        assert grammar.check(structured) is None and compile_grammar(structured)
+    assert grammar._compile_cached.cache_info().currsize == grammar._check_cached.cache_info().currsize == 1
