@@ -78,6 +78,7 @@ class KVExportStore:
         self._held: OrderedDict[str, _Held] = OrderedDict()
         self.held_bytes = 0
         self.dropped = 0  # expired or evicted before anyone took them
+        self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -93,6 +94,7 @@ class KVExportStore:
         self._held[kv_id] = entry
         self.held_bytes += entry.nbytes
         self.expire()
+        self._expire_later()
         return kv_id
 
     def get(self, kv_id: str) -> _Held | None:
@@ -105,6 +107,23 @@ class KVExportStore:
         if entry is not None:
             self.held_bytes -= entry.nbytes
         return entry
+
+    def _expire_later(self) -> None:
+        """Drop the oldest entry when its TTL runs out, though nothing touches the store then (no
+        request, no scrape): an abandoned transfer must not pin host memory until the next one."""
+        if self._timer is not None or not self._held:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # the store used outside a server (its tests): each call expires
+            return
+        oldest = next(iter(self._held.values()))
+        self._timer = loop.call_later(max(0.0, oldest.expires - self.clock()) + 0.01, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.expire()
+        self._expire_later()
 
     def expire(self) -> None:
         now = self.clock()

@@ -145,6 +145,15 @@ def test_the_export_store_hands_each_kv_out_once_and_frees_what_nobody_takes():
     assert store.take(kept) is not None  # and nothing else was pushed out for it
 
 
+async def test_kv_nobody_takes_is_freed_at_its_ttl_with_no_traffic():
+    """No request and no scrape after the prefills: their KV still goes when the TTL runs out."""
+    store = KVExportStore(ttl_s=0.1, limit_bytes=1000)
+    store.put(TOKENS, memoryview(b"p" * 100))
+    store.put(TOKENS, memoryview(b"p" * 100))
+    await asyncio.sleep(0.5)
+    assert len(store) == 0 and store.held_bytes == 0 and store.dropped == 2
+
+
 # --- the decode side's fetch ---------------------------------------------------------------------
 class FetchMetrics:
     def __init__(self):
