@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -18,6 +19,8 @@ from ..api.protocol import ERROR_RESPONSES
 from ..api.state import ServerState
 from .balancer import Balancer
 from .proxy import Proxy, json_request
+
+log = logging.getLogger(__name__)
 
 
 def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) -> None:
@@ -50,11 +53,21 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         body = await json_body(raw)
         if request_id := raw.headers.get("X-Request-Id"):  # the decode server makes the answer's id of it
             body["request_id"] = request_id  # (vLLM's: the header first, else the body's)
+        await in_the_servers_name(body)
         return await proxy.serve(path, body, raw)
+
+    async def in_the_servers_name(body: dict) -> None:
+        """A request naming one of the router's names that the servers do not serve goes to them
+        under theirs (a router given its own --served-model-name)."""
+        if isinstance(model := body.get("model"), str):
+            await _describe_servers()
+            if servers_names and model not in servers_names:
+                body["model"] = servers_names[0]
 
     async def ask_a_decode_server(path: str, raw: Request) -> JSONResponse:
         """One plain call answered by any decode server (they all hold the model's tokenizer)."""
         body = await json_body(raw)
+        await in_the_servers_name(body)
         server = balancer.pick("decode")
         if server is None:
             raise APIError(503, "no decode server is ready", "unavailable")
@@ -83,19 +96,28 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
 
     @app.get("/v1/models")
     async def models():
-        return state.model_list(await _max_model_len())
+        await _describe_servers()
+        return state.model_list(state.max_model_len or None)
 
-    async def _max_model_len() -> int | None:
-        """What the decode servers serve (they run every token), asked once; None while none answers."""
+    servers_names: list[str] = []  # what the decode servers call the model
+
+    async def _describe_servers() -> None:
+        """The model as the decode servers serve it (they run every token): its context length, and
+        its names, which the router's own (--served-model-name) may differ from; asked until one
+        answers."""
         server = balancer.pick("decode")
-        if state.max_model_len or server is None:
-            return state.max_model_len or None
+        if servers_names or server is None:
+            return
         try:
             response = await proxy.client.get(f"{server.url}/v1/models", timeout=2.0)
-            state.max_model_len = int(response.json()["data"][0]["max_model_len"])
+            cards = response.json()["data"]
+            state.max_model_len = int(cards[0]["max_model_len"])
+            servers_names[:] = [str(card["id"]) for card in cards]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            pass
-        return state.max_model_len or None
+            return
+        if state.model_name not in servers_names:
+            log.warning("the decode servers serve %s, not %s: requests for the router's names are sent under %r",
+                        servers_names, state.model_name, servers_names[0])  # fmt: skip
 
     @app.get("/load")
     async def load():

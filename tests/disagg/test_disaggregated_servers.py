@@ -246,6 +246,23 @@ def test_a_conversation_stays_on_its_servers_and_moves_only_new_kv(fleet):
     assert held_kv(s["p1"], s["p2"]) == 0
 
 
+def test_a_router_with_its_own_model_name_relays_under_the_servers_name(fleet):
+    """vLLM's --served-model-name on the router alone (or none, and --model left at its default):
+    clients name the router's model, the servers are asked for theirs."""
+    tmp, s = fleet
+    for names in (("--served-model-name", "team-model", "alias"), ()):
+        args = ["--role", "router", *names, "--prefill-url", s["p1"].url, "--decode-url", s["d1"].url]
+        with ServerProcess(*args, log_path=tmp / f"router-names-{len(names)}.log") as r:
+            r.wait_ready(30)
+            name = names[1] if names else "builtin:tiny"
+            client = openai.OpenAI(base_url=f"{r.url}/v1", api_key="unused", max_retries=0, timeout=60)
+            ask = dict(model=name, prompt=PROMPTS[1], max_tokens=12, temperature=0)
+            assert client.completions.create(**ask).choices[0].text == complete(s["colocated"].url, PROMPTS[1])
+            tokens = httpx.post(f"{r.url}/tokenize", json={"model": name, "prompt": "hi"}, timeout=10)
+            assert tokens.status_code == 200 and tokens.json()["tokens"]
+            assert [m.id for m in client.models.list().data] == (list(names[1:]) if names else [name])
+
+
 def test_an_x_request_id_names_the_answer_through_the_router(fleet):
     tmp, s = fleet
     ask = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 2}
