@@ -229,6 +229,15 @@ def test_a_bad_file_is_refused_with_its_reason(tmp_path):
         ("kind: InferenceService\nspec: {model: [builtin: tiny\n", "not valid YAML"),
         ("kind: InferenceService\nmetadata: name-only\nspec: {}\n", "metadata must be a mapping"),
         ("kind: Deployment\n", "no InferenceService"),
+        # what kubectl's strict field validation refuses: a typo, a string for a number or a bool
+        (
+            "kind: InferenceService\nspec: {pools: {colocated: {minReplica: 2}}}\n",
+            'unknown field "spec.pools.colocated.minReplica"',
+        ),
+        (
+            "kind: InferenceService\nspec: {pools: {colocated: {replicas: '2'}}, autotune: {enabled: 'no'}}\n",
+            "spec.pools.colocated.replicas: must be an integer, got '2'; spec.autotune.enabled: must be a boolean",
+        ),
     ],
 )
 def test_a_file_that_is_no_inference_service_is_a_clear_error(tmp_path, text, words):
