@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().parse_args(argv or ["--help"])
         return 2
     args = build_parser(only=command).parse_args(argv)
-    return int(_load(command).run(args) or 0)
+    try:
+        return int(_load(command).run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C is how a user stops a command: no traceback for it
+        print("interrupted", file=sys.stderr)
+        return 130  # as a shell reports a command that SIGINT ended
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ bounds and min/max replicas are enforced by reconcile, whatever the tuner asks.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import logging
@@ -28,17 +29,32 @@ from typing import Any
 
 import kopf
 
+from llmfleet.arguments import positive
+
 from . import tuner_metrics
 from .autotune import InvalidLimits
 from .converge import Outcome, converge
 from .kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
 from .kube import login as kube_login
 from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
-from .spec import SpecError, parse_spec
+from .spec import InferenceServiceSpec, SpecError, parse_spec
 from .tuning import autotune_once, new_events, prepare_scale_down
 
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
-RESYNC_SECONDS = float(os.environ.get("LLMFLEET_OPERATOR_RESYNC_SECONDS", "60"))
+RESYNC_ENV = "LLMFLEET_OPERATOR_RESYNC_SECONDS"
+
+
+def _resync_seconds() -> float:
+    """The resync interval: a value that is not a positive number of seconds ("1m") stops the
+    operator with one line, not a traceback from this import."""
+    text = os.environ.get(RESYNC_ENV, "60")
+    try:
+        return positive(text)
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"llm-fleet operator: {RESYNC_ENV}: {exc} (seconds, e.g. 60)") from None
+
+
+RESYNC_SECONDS = _resync_seconds()
 SPEC_RECHECK_SECONDS = 5.0  # how soon the tuner daemon sees a new interval or autotune turned off
 POD_MONITOR_CHECK_SECONDS = 300.0
 ANNOTATION_PREFIX = "operator.llmfleet.io"
@@ -177,7 +193,7 @@ async def autotune(
         tuner_metrics.forget(*key)
 
 
-def _tunable_spec(body: Mapping[str, Any]) -> Any:
+def _tunable_spec(body: Mapping[str, Any]) -> InferenceServiceSpec | None:
     """The parsed spec when autotune is on; None when it is off or the spec is invalid (converge
     reports that as Degraded)."""
     try:

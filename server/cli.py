@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+
+from llmfleet.arguments import non_negative, positive
 
 from .api.auth import API_KEY_ENV
 from .api.reasoning import REASONING_PARSERS
@@ -27,7 +30,7 @@ def add_arguments(parser) -> None:
         metavar="NAME",
         help="as vLLM's: the model ids requests may name; answers and metrics carry the first (default: --model)",
     )
-    parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish streams on SIGTERM")
+    parser.add_argument("--drain-timeout", type=non_negative, default=30.0, help="seconds to finish streams on SIGTERM")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     parser.add_argument(
@@ -67,13 +70,13 @@ def add_arguments(parser) -> None:
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(
         "--kv-export-ttl",
-        type=float,
+        type=positive,
         default=60.0,
         help="seconds computed KV waits for a decode server to fetch it (default 60)",
     )
     prefill.add_argument(
         "--kv-export-limit-mb",
-        type=int,
+        type=positive,
         default=2048,
         help="host memory for KV waiting to be fetched; the oldest goes first (default 2048)",
     )
@@ -91,16 +94,20 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     router.add_argument(
         "--prefill-timeout",
-        type=float,
+        type=positive,
         default=120.0,
         help="seconds to wait for a prefill server's answer before trying another",
     )
-    router.add_argument("--decode-timeout", type=float, default=120.0,
+    router.add_argument("--decode-timeout", type=positive, default=120.0,
                         help="seconds to wait for a decode server's next byte of a stream (a whole "
                              "answer is waited for while the server answers its /load polls)")  # fmt: skip
 
 
 def run(args) -> int:
+    problem = bind_problem(args.host, args.port)
+    if problem:
+        print(f"llm-fleet serve: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
+        return 2
     if args.role == "router":
         from .router.serve import serve as serve_router
 
@@ -127,3 +134,18 @@ def port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
     return value
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port (a name that does not resolve, a port taken),
+    or None: checked before a model loads, not after."""
+    import socket
+
+    try:  # the address family of the host (an IPv6 address, a name), as uvicorn binds it
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a TIME_WAIT port is free
+            probe.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None

@@ -24,7 +24,9 @@ __all__ = [
     "Role",
     "SchedulingOrder",
     "ValidationError",
+    "file_overrides",
     "load_engine_config",
+    "read_engine_file",
 ]
 
 
@@ -179,25 +181,42 @@ def load_engine_config(path: str | Path | None, defaults: Mapping[str, Any] | No
     """
     data: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if v is not None}
     if path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ValueError(f"cannot read engine config {path}: {exc}") from exc
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"engine config {path} is not valid YAML: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"engine config {path} must be a mapping, got {type(loaded).__name__}")
-        # the file's key wins, whichever its spelling (snake_case or camelCase)
-        data = {k: v for k, v in data.items() if k not in loaded and to_camel(k) not in loaded}
+        loaded = read_engine_file(path)
+        overridden = file_overrides(loaded, data)  # the file's key wins
+        data = {k: v for k, v in data.items() if k not in overridden}
         data.update(loaded)
     try:
         return EngineConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(f"invalid engine config: {_short_errors(exc)}") from exc
+
+
+def read_engine_file(path: str | Path) -> dict[str, Any]:
+    """An engine config file's keys, as written. Raises ``ValueError`` on a missing or malformed file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read engine config {path}: {exc}") from exc
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"engine config {path} is not valid YAML: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"engine config {path} must be a mapping, got {type(loaded).__name__}")
+    return loaded
+
+
+def file_overrides(loaded: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields in ``given`` (the command line's) that the file sets too, whichever its spelling
+    (snake_case or camelCase), with the file's value: the file wins, so ``serve`` warns of each."""
+    overridden = {}
+    for name in given:
+        for key in (name, to_camel(name)):
+            if key in loaded:
+                overridden[name] = loaded[key]
+    return overridden
 
 
 def _short_errors(exc: ValidationError) -> str:

@@ -28,15 +28,48 @@ def run(args) -> int:
 
     import httpx
 
-    if args.port is not None:
-        args.url = f"http://127.0.0.1:{args.port}"
+    args.url = base_url(f"http://127.0.0.1:{args.port}" if args.port is not None else args.url)
+    summary = Summary()
     try:
-        summary = asyncio.run(generate_load(args))
+        asyncio.run(generate_load(args, summary))
+    except LoadError as exc:
+        print(f"error: {args.url}: {exc}", file=sys.stderr)
+        return 2
     except httpx.HTTPError as exc:
         print(f"error: {args.url}: {exc!r} (is `llm-fleet up` running?)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(summary.line("interrupted"))  # what the clients saw until Ctrl-C still counts
+        raise  # `llm-fleet` ends it as every command's Ctrl-C
     print(summary.line("total"))
     return 0 if summary.errors == 0 else 1
+
+
+class LoadError(Exception):
+    """The endpoint cannot take the workload (no model list, a key it wants): one line, exit 2."""
+
+
+def base_url(url: str) -> str:
+    """The endpoint's root: also as an OpenAI client's base_url is written, ending in /v1."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+async def served_model(client) -> str:
+    """The first model id in the endpoint's /v1/models, or a LoadError that says why there is none."""
+    import os
+
+    from llmfleet.server.api.auth import API_KEY_ENV
+
+    response = await client.get("/v1/models")
+    if response.status_code == 401:
+        fix = f"{API_KEY_ENV} is not its key" if os.environ.get(API_KEY_ENV) else f"set {API_KEY_ENV} to its key"
+        raise LoadError(f"/v1/models: 401 Unauthorized: the server requires an API key; {fix}")
+    if response.is_error:
+        raise LoadError(f"/v1/models: {response.status_code} {response.reason_phrase}")
+    try:
+        return response.json()["data"][0]["id"]
+    except (ValueError, LookupError, TypeError):
+        raise LoadError("/v1/models did not answer with a list of models: is this an OpenAI endpoint?") from None
 
 
 class Summary:
@@ -58,7 +91,8 @@ class Summary:
         return f"{label}: {counts}; TTFT p50/p95 {ttft} ms; ITL p50/p95 {itl} ms"
 
 
-async def generate_load(args) -> Summary:
+async def generate_load(args, total: Summary) -> None:
+    """Send the workload, counting into ``total`` as it goes (so an interrupted run still has it)."""
     import asyncio
     import json
     import os
@@ -73,12 +107,12 @@ async def generate_load(args) -> Summary:
     rng = random.Random(args.seed)
     start_rate = args.rate or shape.rate_per_s or 1.0
     peak = args.peak_rate or start_rate
-    total, window = Summary(), Summary()
+    window = Summary()
     from llmfleet.server.api.auth import API_KEY_ENV, bearer
 
     key = bearer(os.environ.get(API_KEY_ENV))  # a fleet that requires a key (vLLM's --api-key)
     async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(300.0, connect=5.0), headers=key) as client:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        model = await served_model(client)
 
         async def one(prompt_words: int, max_tokens: int) -> None:
             for s in (total, window):
@@ -121,4 +155,3 @@ async def generate_load(args) -> Summary:
             prompt_words = rng.randint(*shape.prompt_len) * 2 // 3  # ~1.5 tokens a word
             tasks.append(asyncio.create_task(one(max(1, prompt_words), rng.randint(*shape.output_len))))
         await asyncio.gather(*tasks)
-    return total

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmfleet.server.cli import LOG_LEVELS, port
+from llmfleet.server.cli import LOG_LEVELS, bind_problem, port
 
 HELP = "run an InferenceService file as a local fleet of server processes, with the tuner"
 DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as examples/local.yaml
@@ -37,6 +37,7 @@ def run(args) -> int:
     import tempfile
     from pathlib import Path
 
+    from llmfleet.operator.reconcile import name_problem
     from llmfleet.operator.spec import SpecError
     from llmfleet.server.api.auth import API_KEY_ENV
 
@@ -50,39 +51,34 @@ def run(args) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    problem = name_problem(name)  # it names processes, logs and the run directory, as Services on a cluster
+    if problem:
+        print(f"error: {args.file}: InferenceService {problem}", file=sys.stderr)
+        return 2
     secret = spec.api_key_secret
     if secret is not None and not os.environ.get(API_KEY_ENV):
         print(f"error: {args.file}: spec.apiKeySecret names Secret {secret.name} (key {secret.key}), which a local "
               f"fleet cannot read: export {API_KEY_ENV}=<the key> to require it here", file=sys.stderr)  # fmt: skip
         return 2
-    busy = _port_in_use(args.host, args.port)
+    busy = bind_problem(args.host, args.port)
     if busy:
         print(f"error: cannot serve on {args.host}:{args.port}: {busy}; pick another with --port", file=sys.stderr)
         return 2
     tui = not args.no_tui and sys.stdout.isatty()
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"llm-fleet-{name}-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(run_dir / "fleet.log")] + ([] if tui else [logging.StreamHandler(sys.stdout)])
+    try:
+        run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix=f"llm-fleet-{name}-"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_file = logging.FileHandler(run_dir / "fleet.log")  # also proves the directory writable
+    except OSError as exc:
+        print(f"error: --run-dir {args.run_dir or run_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    handlers = [log_file] + ([] if tui else [logging.StreamHandler(sys.stdout)])
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(message)s", handlers=handlers, force=True)
     fleet = LocalFleet(name, spec, run_dir, args.port, host=args.host)
     try:
         return asyncio.run(_serve(fleet, args, tui))
     finally:
         fleet.stop(timeout=0)  # after a clean drain a no-op; after a crash no server outlives us
-
-
-def _port_in_use(host: str, port: int) -> str | None:
-    """Why the client port cannot be bound (checked before any server loads a model), or None."""
-    import socket
-
-    try:  # the address family of the host (an IPv6 address, a name), as uvicorn binds it
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
 
 
 async def _serve(fleet, args, tui: bool) -> int:

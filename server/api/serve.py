@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 
-from ..config import load_engine_config
+from ..config import file_overrides, load_engine_config, read_engine_file
 from ..engine.build import LOAD_ERRORS, build_engine
-from ..engine_flags import engine_flags
+from ..engine_flags import FLAGS, SWITCHES, engine_flags
 from .drain import run_app
 from .kv_transfer import KVExportStore
 from .live_config import ConfigWatcher, version_of
 from .state import ServerState
+
+log = logging.getLogger(__name__)
 
 
 def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
@@ -28,6 +30,8 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         config = load_engine_config(args.config, flags)
     except ValueError as exc:  # a bad file at start-up has no last good config to fall back on
         raise SystemExit(f"llm-fleet serve: {exc}") from exc
+    if args.config:
+        warn_of_overridden_flags(args.config, flags)
     try:
         engine, tokenizer = build_engine(args.model, config, device=args.device)
     except LOAD_ERRORS as exc:
@@ -40,13 +44,23 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     state.reasoning_parser = args.reasoning_parser
     state.structured_outputs_in_reasoning = args.structured_outputs_in_reasoning
     if args.role == "prefill":
-        state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=args.kv_export_limit_mb << 20)
+        state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=int(args.kv_export_limit_mb * 2**20))
     watcher = None
     if args.config:
         watcher = ConfigWatcher.for_engine(args.config, state.engine, state.metrics, initial=config, defaults=flags,
                                            baseline=loaded)  # fmt: skip
         watcher.start()
     return state, watcher
+
+
+def warn_of_overridden_flags(path: str, flags: dict) -> None:
+    """A --config file's keys win over the engine flags (so that live reloads keep them): say so
+    once, at start, for each flag given that the file sets too, rather than drop it unseen."""
+    flag_of = {field: flag for flag, (field, *_) in [*FLAGS.items(), *SWITCHES.items()]}
+    overridden = file_overrides(read_engine_file(path), flags)
+    if overridden:
+        named = ", ".join(f"{flag_of[field]}={flags[field]} ({field}: {value})" for field, value in overridden.items())
+        log.warning("--config %s sets what these flags set, and its keys win: %s", path, named)
 
 
 def serve(args) -> int:

@@ -80,7 +80,7 @@ def test_the_fleet_reaches_a_server_at_the_address_it_binds():
 
 
 def test_a_busy_port_is_found_in_the_hosts_own_address_family():
-    from llmfleet.local.up import _port_in_use
+    from llmfleet.server.cli import bind_problem
 
     try:
         listener = socket.socket(socket.AF_INET6)
@@ -90,5 +90,5 @@ def test_a_busy_port_is_found_in_the_hosts_own_address_family():
     with listener:
         listener.listen()
         port = listener.getsockname()[1]
-        assert _port_in_use("::1", port)
-    assert _port_in_use("::1", port) is None
+        assert bind_problem("::1", port)
+    assert bind_problem("::1", port) is None

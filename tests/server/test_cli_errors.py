@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import socket
+
 import pytest
 
 from llmfleet.cli import main
@@ -50,4 +53,71 @@ def test_a_prompt_over_the_context_is_one_line(capsys):
 def test_a_flag_out_of_its_range_is_an_argument_error(argv, words, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)
+    assert stop.value.code == 2 and words in capsys.readouterr().err
+
+
+class _Loaded(Exception):
+    """Raised where `serve` would load the model (a router: start serving): the checks before it
+    are what a test is about, and a check that lets the command through fails it, not serves."""
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import llmfleet.server.api.serve as serve_module
+    import llmfleet.server.router.serve as router_module
+
+    def loaded(*args, **kwargs):
+        raise _Loaded
+
+    monkeypatch.setattr(serve_module, "build_engine", loaded)
+    monkeypatch.setattr(router_module, "serve", loaded)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("role", ["colocated", "router"])
+def test_a_busy_port_is_found_before_the_model_loads(role, no_model_load, capsys):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert main(["serve", "--role", role, "--port", str(port), "--decode-url", "http://127.0.0.1:1"]) == 2
+    error = capsys.readouterr().err
+    assert f"llm-fleet serve: cannot listen on 127.0.0.1:{port}: Address already in use" in error
+
+
+def test_a_host_that_does_not_resolve_is_found_before_the_model_loads(no_model_load, capsys):
+    assert main(["serve", "--host", "no-such-host.invalid", "--port", str(_free_port())]) == 2
+    assert "llm-fleet serve: cannot listen on no-such-host.invalid:" in capsys.readouterr().err
+
+
+def test_an_engine_flag_the_config_file_overrides_is_named_in_a_warning(tmp_path, no_model_load, caplog):
+    config = tmp_path / "engine.yaml"
+    config.write_text("maxBatchSize: 16\nbatch_timeout_ms: 2\n")
+    argv = ["serve", "--config", str(config), "--port", str(_free_port()), "--max-num-seqs", "64"]
+    argv += ["--batch-timeout-ms", "5", "--max-queue-len", "9"]  # the queue length is not in the file
+    with caplog.at_level(logging.WARNING), pytest.raises(_Loaded):
+        main(argv)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    named = "--max-num-seqs=64 (max_batch_size: 16), --batch-timeout-ms=5.0 (batch_timeout_ms: 2)"
+    assert warnings == [f"--config {config} sets what these flags set, and its keys win: {named}"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--drain-timeout", "-1"], "--drain-timeout: must be >= 0"),
+        (["--role", "prefill", "--kv-export-ttl", "0"], "--kv-export-ttl: must be > 0"),  # gone before fetched
+        (["--role", "prefill", "--kv-export-limit-mb", "-5"], "--kv-export-limit-mb: must be > 0"),
+        (["--role", "router", "--prefill-timeout", "0"], "--prefill-timeout: must be > 0"),  # every request failed
+        (["--role", "router", "--decode-timeout", "-1"], "--decode-timeout: must be > 0"),
+    ],
+)
+def test_serve_timeouts_and_limits_out_of_range_are_argument_errors(argv, words, no_model_load, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--port", str(_free_port()), "--decode-url", "http://127.0.0.1:1", *argv])
     assert stop.value.code == 2 and words in capsys.readouterr().err
