@@ -1,10 +1,12 @@
-"""argparse types for numbers that must be positive or not negative: a wrong sign is the parser's
-one-line error, not a traceback or a run that never ends (a negative rate, a zero divisor)."""
+"""argparse types for numbers that must be positive or not negative, and for ports: a wrong value
+is the parser's one-line error, not a traceback or a run that never ends (a negative rate, a zero
+divisor); and whether a port can be listened on, checked before a model loads, not after."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import socket
 
 
 def positive(text: str) -> float:
@@ -29,3 +31,37 @@ def _number(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be finite, got {text}")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port, checked when the command line is read rather than after a model has loaded."""
+    return _port(text, lowest=1)
+
+
+def port_or_off(text: str) -> int:
+    """A TCP port, or 0 for none (a server the command may leave out)."""
+    return _port(text, lowest=0)
+
+
+def _port(text: str, lowest: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not lowest <= value <= 65535:
+        off = " (0: off)" if lowest == 0 else ""
+        raise argparse.ArgumentTypeError(f"must be between 1 and 65535{off}, got {value}")
+    return value
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port (a name that does not resolve, a port taken),
+    or None: checked before a model loads, not after."""
+    try:  # the address family of the host (an IPv6 address, a name), as uvicorn binds it
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a TIME_WAIT port is free
+            probe.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None

@@ -10,6 +10,8 @@ import hashlib
 import os
 import socket
 
+from llmfleet.arguments import bind_problem, port_or_off
+
 HELP = "run the Kubernetes operator for InferenceService resources"
 
 
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise SystemExit(f"--pod-monitor-label wants KEY=VALUE, got {item!r}")
         labels[key] = value
-    busy = args.metrics_port and port_problem(args.metrics_port)
+    busy = args.metrics_port and bind_problem("0.0.0.0", args.metrics_port)  # where the metrics server listens
     if busy:  # kopf would retry the startup that binds it every minute, for ever
         raise SystemExit(f"llm-fleet operator: cannot serve metrics on --metrics-port {args.metrics_port}: {busy}")
     kopf.configure(verbose=args.verbose, debug=args.debug)
@@ -98,25 +100,3 @@ def default_priority(host: str | None = None) -> int:
     pod's restarts and, with 31 bits, all but never the same as another replica's."""
     name = host if host is not None else socket.gethostname()
     return 1 + int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % (2**31 - 1)
-
-
-def port_or_off(text: str) -> int:
-    """--metrics-port: a TCP port, or 0 for none; checked when the command line is read."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 65535 (0: off), got {value}")
-    return value
-
-
-def port_problem(port: int) -> str | None:
-    """Why the metrics server could not listen on ``port`` (on every address, as it does), or None."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server does
-            probe.bind(("0.0.0.0", port))
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from llmfleet.arguments import non_negative, positive
+from llmfleet.arguments import bind_problem, non_negative, port, positive
 
 from .api.auth import API_KEY_ENV
 from .api.reasoning import REASONING_PARSERS
@@ -123,29 +122,3 @@ def boolean(text: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise ValueError(text)  # argparse reports it as an invalid value
     return value in ("true", "1")
-
-
-def port(text: str) -> int:
-    """A TCP port, checked when the command line is read rather than after a model has loaded."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
-    return value
-
-
-def bind_problem(host: str, port: int) -> str | None:
-    """Why a server could not listen on host:port (a name that does not resolve, a port taken),
-    or None: checked before a model loads, not after."""
-    import socket
-
-    try:  # the address family of the host (an IPv6 address, a name), as uvicorn binds it
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a TIME_WAIT port is free
-            probe.bind(address)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from llmfleet.cli import main
+from llmfleet.local.processes import free_port
 
 
 class _Endpoint(BaseHTTPRequestHandler):
@@ -73,12 +73,6 @@ def endpoint() -> Iterator[str]:
 @pytest.fixture
 def keyed_endpoint() -> Iterator[str]:
     yield from _serve_endpoint(api_key="sesame")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 SHORT_LOAD = ["--rate", "20", "--duration", "0.3"]
@@ -190,7 +184,7 @@ def _service_file(tmp_path, name: str):
 @pytest.mark.parametrize("name", ["team/tiny", "Tiny", "tiny.v2"])
 def test_up_refuses_a_name_the_operator_would_refuse(name, tmp_path, no_fleet, capsys):
     service = _service_file(tmp_path, name)
-    assert main(["up", "-f", str(service), "--port", str(_free_port()), "--no-tui"]) == 2
+    assert main(["up", "-f", str(service), "--port", str(free_port()), "--no-tui"]) == 2
     error = capsys.readouterr().err
     assert f"name {name!r} cannot name this fleet's Services" in error and len(error.splitlines()) == 1
 
@@ -199,48 +193,5 @@ def test_up_with_a_run_dir_it_cannot_write_is_one_line(tmp_path, no_fleet, capsy
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     for run_dir, why in ((a_file, "File exists"), (a_file / "sub", "Not a directory")):
-        assert main(["up", "--run-dir", str(run_dir), "--port", str(_free_port()), "--no-tui"]) == 2
+        assert main(["up", "--run-dir", str(run_dir), "--port", str(free_port()), "--no-tui"]) == 2
         assert capsys.readouterr().err == f"error: --run-dir {run_dir}: {why}\n"
-
-
-# --- operator ---
-
-
-@pytest.fixture
-def kopf_run(monkeypatch):
-    import kopf
-
-    calls = []
-    monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
-    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
-    return calls
-
-
-@pytest.mark.parametrize("value", ["-5", "70000", "http"])
-def test_operator_metrics_port_out_of_range_is_an_argument_error(value, kopf_run, capsys):
-    with pytest.raises(SystemExit) as stop:
-        main(["operator", "--metrics-port", value])
-    assert stop.value.code == 2 and "--metrics-port: " in capsys.readouterr().err and not kopf_run
-
-
-def test_operator_metrics_port_zero_is_off(kopf_run):
-    assert main(["operator", "--metrics-port", "0"]) == 0
-    assert kopf_run[0]["memo"].metrics_port == 0
-
-
-def test_operator_with_a_busy_metrics_port_stops_before_kopf_starts(kopf_run):
-    with socket.socket() as listener:
-        listener.bind(("0.0.0.0", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        with pytest.raises(SystemExit, match=f"cannot serve metrics on --metrics-port {port}: Address already in use"):
-            main(["operator", "--metrics-port", str(port)])
-    assert not kopf_run
-
-
-def test_operator_resync_seconds_that_are_no_number_are_one_line():
-    env = {**os.environ, "LLMFLEET_OPERATOR_RESYNC_SECONDS": "1m"}
-    done = subprocess.run([sys.executable, "-c", "import llmfleet.operator.handlers"], env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
-    expected = "llm-fleet operator: LLMFLEET_OPERATOR_RESYNC_SECONDS: not a number: '1m' (seconds, e.g. 60)\n"
-    assert done.returncode != 0 and done.stderr == expected

@@ -3,8 +3,7 @@ and print what the clients see every few seconds, so the tuner's reactions show.
 
 from __future__ import annotations
 
-from llmfleet.arguments import positive
-from llmfleet.server.cli import port
+from llmfleet.arguments import port, positive
 
 HELP = "send a chat / long-prompt / creative workload at an OpenAI endpoint and report client latencies"
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llmfleet.server.cli import LOG_LEVELS, bind_problem, port
+from llmfleet.arguments import bind_problem, port
+from llmfleet.server.cli import LOG_LEVELS
 
 HELP = "run an InferenceService file as a local fleet of server processes, with the tuner"
 DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as examples/local.yaml

@@ -80,7 +80,7 @@ def test_the_fleet_reaches_a_server_at_the_address_it_binds():
 
 
 def test_a_busy_port_is_found_in_the_hosts_own_address_family():
-    from llmfleet.server.cli import bind_problem
+    from llmfleet.arguments import bind_problem
 
     try:
         listener = socket.socket(socket.AF_INET6)

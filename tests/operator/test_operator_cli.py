@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -79,6 +80,36 @@ def test_contradicting_options_are_refused(kopf_run, argv):
     with pytest.raises(SystemExit):
         main(["operator", *argv])
     assert kopf_run == []
+
+
+@pytest.mark.parametrize("value", ["-5", "70000", "http"])
+def test_operator_metrics_port_out_of_range_is_an_argument_error(value, kopf_run, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["operator", "--metrics-port", value])
+    assert stop.value.code == 2 and "--metrics-port: " in capsys.readouterr().err and not kopf_run
+
+
+def test_operator_metrics_port_zero_is_off(kopf_run):
+    assert main(["operator", "--metrics-port", "0"]) == 0
+    assert kopf_run[0]["memo"].metrics_port == 0
+
+
+def test_operator_with_a_busy_metrics_port_stops_before_kopf_starts(kopf_run):
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"cannot serve metrics on --metrics-port {port}: Address already in use"):
+            main(["operator", "--metrics-port", str(port)])
+    assert not kopf_run
+
+
+def test_operator_resync_seconds_that_are_no_number_are_one_line():
+    env = {**os.environ, "LLMFLEET_OPERATOR_RESYNC_SECONDS": "1m"}
+    done = subprocess.run([sys.executable, "-c", "import llmfleet.operator.handlers"], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    expected = "llm-fleet operator: LLMFLEET_OPERATOR_RESYNC_SECONDS: not a number: '1m' (seconds, e.g. 60)\n"
+    assert done.returncode != 0 and done.stderr == expected
 
 
 def test_the_command_serves_and_stops_cleanly(kube, tmp_path):

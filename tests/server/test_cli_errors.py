@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from llmfleet.cli import main
+from llmfleet.local.processes import free_port
 
 
 @pytest.mark.parametrize(
@@ -73,12 +74,6 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(router_module, "serve", loaded)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("role", ["colocated", "router"])
 def test_a_busy_port_is_found_before_the_model_loads(role, no_model_load, capsys):
     with socket.socket() as listener:
@@ -91,14 +86,14 @@ def test_a_busy_port_is_found_before_the_model_loads(role, no_model_load, capsys
 
 
 def test_a_host_that_does_not_resolve_is_found_before_the_model_loads(no_model_load, capsys):
-    assert main(["serve", "--host", "no-such-host.invalid", "--port", str(_free_port())]) == 2
+    assert main(["serve", "--host", "no-such-host.invalid", "--port", str(free_port())]) == 2
     assert "llm-fleet serve: cannot listen on no-such-host.invalid:" in capsys.readouterr().err
 
 
 def test_an_engine_flag_the_config_file_overrides_is_named_in_a_warning(tmp_path, no_model_load, caplog):
     config = tmp_path / "engine.yaml"
     config.write_text("maxBatchSize: 16\nbatch_timeout_ms: 2\n")
-    argv = ["serve", "--config", str(config), "--port", str(_free_port()), "--max-num-seqs", "64"]
+    argv = ["serve", "--config", str(config), "--port", str(free_port()), "--max-num-seqs", "64"]
     argv += ["--batch-timeout-ms", "5", "--max-queue-len", "9"]  # the queue length is not in the file
     with caplog.at_level(logging.WARNING), pytest.raises(_Loaded):
         main(argv)
@@ -119,5 +114,5 @@ def test_an_engine_flag_the_config_file_overrides_is_named_in_a_warning(tmp_path
 )
 def test_serve_timeouts_and_limits_out_of_range_are_argument_errors(argv, words, no_model_load, capsys):
     with pytest.raises(SystemExit) as stop:
-        main(["serve", "--port", str(_free_port()), "--decode-url", "http://127.0.0.1:1", *argv])
+        main(["serve", "--port", str(free_port()), "--decode-url", "http://127.0.0.1:1", *argv])
     assert stop.value.code == 2 and words in capsys.readouterr().err
