@@ -69,7 +69,7 @@ def check_model(state: ServerState, model: str | None) -> None:
         raise APIError(404, f"The model `{model}` does not exist. Served: {served}.", "NotFoundError", "model")
 
 
-def build_subrequests(
+async def build_subrequests(
     state: ServerState,
     prompts: list[list[int]],
     body: _Sampling,
@@ -94,7 +94,7 @@ def build_subrequests(
     if body.allowed_token_ids is not None:  # the sampler masks every other token of the logits
         check_in_vocab(state, body.allowed_token_ids, "allowed_token_ids", "allowed_token_ids")
         allowed = frozenset(body.allowed_token_ids)
-    structured = _structured_output(body, thinking)
+    structured = await _structured_output(body, thinking)
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             raise APIError(400, "prompt must contain at least one token", param="prompt")
@@ -193,14 +193,15 @@ def check_context_length(max_model_len: int, prompt_len: int, max_tokens: int | 
         )
 
 
-def _structured_output(body: _Sampling, thinking: str | None) -> StructuredOutput | None:
+async def _structured_output(body: _Sampling, thinking: str | None) -> StructuredOutput | None:
     """The request's structured output, its grammar checked here so that a 400 names the field."""
     asked = body.structured_output()  # a StructuredOutputError is that 400 already
     if asked is None:
         return None
     structured, field = asked
     structured = replace(structured, thinking=thinking)
-    error = grammar.check(structured)
+    # compiling a large grammar takes a while: not on the event loop, which serves every request
+    error = await asyncio.to_thread(grammar.check, structured)
     if error is not None:
         raise APIError(400, f"{field}: invalid {structured.kind} for structured output: {error}", param=field)
     return structured

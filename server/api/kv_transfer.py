@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 
 from ..core.kv_wire import (
@@ -43,6 +43,7 @@ from ..core.kv_wire import (
     max_body_bytes,
 )
 from ..core.request import SamplingParams
+from .auth import KV_TOKEN_HEADER, carries_kv_token
 from .errors import APIError, error_fields
 from .generation import EventStream, SubRequest, submit
 from .protocol import KVTransferParams
@@ -172,11 +173,19 @@ async def prefill_for_remote_decode(
     }
 
 
+def require_kv_token(state: ServerState, raw: Request) -> None:
+    """The transfer paths are the fleet's own (auth.py): a 403 for a request without its token."""
+    if not carries_kv_token(raw.headers, state.kv_token):
+        message = f"KV transfers are the fleet's own: this server takes them only with its {KV_TOKEN_HEADER}"
+        raise APIError(403, message, "permission_error", param=_PARAM)
+
+
 def install_prefill_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/kv/{kv_id}")
-    async def fetch_kv(kv_id: str, first_block: int = Query(0, ge=0)):
+    async def fetch_kv(raw: Request, kv_id: str, first_block: int = Query(0, ge=0)):
         """The KV body of one prefilled prompt, once: the decode server's fetch, from block
         ``first_block`` on (the ones before it are in the decode server's prefix cache)."""
+        require_kv_token(state, raw)
         entry = state.kv_store.get(kv_id)
         if entry is None:
             raise APIError(404, f"no KV {kv_id} here: expired, evicted or already taken", "not_found_error")

@@ -3,6 +3,7 @@ decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE), ``/token
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
@@ -45,15 +46,15 @@ def install(app: FastAPI, state: ServerState) -> None:
         check_serving(state, body.model)
         if body.max_tokens == 0 and not body.echo:
             raise APIError(400, "max_tokens 0 returns the prompt alone: it needs echo", param="max_tokens")
-        prompts, prompt_texts = _completion_prompts(state, body)
+        prompts, prompt_texts = await asyncio.to_thread(_completion_prompts, state, body)  # seconds for a long one
         # As vLLM (and lm-evaluation-harness's loglikelihood): echo with logprobs scores the prompt too
         scored = _most(body.prompt_logprobs, body.logprobs if body.echo else None)
         generate = max(body.max_tokens, 1)  # 0: one token, not shown
-        if _remote_decode(body):
-            build_subrequests(state, prompts, body, generate, body.logprobs)  # refuse what decode would
+        if _remote_decode(state, body, raw):
+            await build_subrequests(state, prompts, body, generate, body.logprobs)  # refuse what decode would
             return await _prefill_unless_gone(raw, state, prompts, body.priority, arrival)
         imports = await _received_kv(state, body, prompts, scored)
-        subs = build_subrequests(state, prompts, body, generate, body.logprobs, imports, prompt_logprobs=scored)
+        subs = await build_subrequests(state, prompts, body, generate, body.logprobs, imports, prompt_logprobs=scored)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(
             state, submission, _answer_id(raw, body, "cmpl"), want_logprobs=body.logprobs is not None, body=body
@@ -97,21 +98,22 @@ def install(app: FastAPI, state: ServerState) -> None:
         tool_calls = body.tool_call_replies(state.tool_call_parser)  # refused: a 400 naming the field
         if isinstance(tool_calls, AutoToolCalls) and tool_calls.parser.keeps_special_tokens:
             body = body.model_copy(update={"skip_special_tokens": False})  # its tags are special tokens
-        prompt_text = chat_prompt_text(state, body)
-        prompt = state.tokenizer.encode(prompt_text, add_special_tokens=body.special_tokens())
+        # templating and tokenizing a long conversation take seconds: not on the event loop
+        prompt_text = await asyncio.to_thread(chat_prompt_text, state, body)
+        prompt = await asyncio.to_thread(encoded, state, prompt_text, body.special_tokens(), body)
         prompt = truncated_prompt(state, body, prompt)
         reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.include_reasoning)
         # vLLM's default: a grammar holds the answer, after the thinking
         thinking = reasoning.thinking_mode if reasoning and not state.structured_outputs_in_reasoning else None
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        if _remote_decode(body):
+        if _remote_decode(state, body, raw):
             # refuse what the decode server would
-            build_subrequests(state, [prompt], body, max_tokens, logprobs, thinking=thinking)
+            await build_subrequests(state, [prompt], body, max_tokens, logprobs, thinking=thinking)
             return await _prefill_unless_gone(raw, state, [prompt], body.priority, arrival)
         scored = body.prompt_logprobs
         imports = await _received_kv(state, body, [prompt], scored)
-        subs = build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, scored, thinking)
+        subs = await build_subrequests(state, [prompt], body, max_tokens, logprobs, imports, scored, thinking)
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, _answer_id(raw, body, "chatcmpl"), want_logprobs=body.logprobs, body=body)
         if body.stream:
@@ -147,9 +149,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
-            ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.special_tokens())
+            ids = await asyncio.to_thread(encoded, state, body.prompt, body.special_tokens())
         else:
-            ids = chat_prompt(state, body)
+            ids = await asyncio.to_thread(chat_prompt, state, body)
         strs = _token_strs(state.tokenizer, ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
 
@@ -187,11 +189,16 @@ def _answer_id(raw: Request, body, prefix: str) -> str:
     return f"{prefix}-{raw.headers.get('X-Request-Id') or body.request_id or uuid.uuid4().hex}"
 
 
-def _remote_decode(body) -> bool:
+def _remote_decode(state: ServerState, body, raw: Request) -> bool:
+    """Whether a prefill server is asked to hold the prompts' KV for a decode server; a request
+    that asks either side of a transfer must carry the fleet's transfer token."""
     params = body.kv_transfer_params
-    if params is not None and params.do_remote_decode and params.do_remote_prefill:
+    if params is None or not (params.do_remote_decode or params.do_remote_prefill):
+        return False
+    kv_transfer.require_kv_token(state, raw)
+    if params.do_remote_decode and params.do_remote_prefill:
         raise APIError(400, "do_remote_decode and do_remote_prefill exclude each other", param="kv_transfer_params")
-    return params is not None and params.do_remote_decode
+    return params.do_remote_decode
 
 
 async def _received_kv(state: ServerState, body, prompts: list[list[int]], scored: int | None):
@@ -214,7 +221,7 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
     ids_list, texts = [], []
     for item in prompt:
         if isinstance(item, str):
-            ids = state.tokenizer.encode(item, add_special_tokens=body.add_special_tokens)
+            ids = encoded(state, item, body.add_special_tokens, body)
         else:
             ids = list(item)
         check_in_vocab(state, ids, "prompt")
@@ -226,12 +233,38 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
     return ids_list, texts
 
 
+# No tokenizer's tokens average more characters than this: longer text cannot fit the context,
+# and is refused before the tokenizer spends seconds on it. Not with truncate_prompt_tokens: a
+# long document cut to its last tokens is what a client asks for then (as vLLM takes it).
+_MAX_CHARS_PER_TOKEN = 32
+
+
+def check_prompt_chars(state: ServerState, chars: int, body: object = None, param: str = "prompt") -> None:
+    limit = state.max_model_len * _MAX_CHARS_PER_TOKEN
+    if chars > limit and getattr(body, "truncate_prompt_tokens", None) is None:
+        raise APIError(
+            400,
+            f"The prompt is longer ({chars} characters) than this model's maximum context length of "
+            f"{state.max_model_len} tokens can hold (at most {limit} characters). Please reduce the length "
+            "of the input.",
+            param=param,
+        )
+
+
+def encoded(state: ServerState, text: str, add_special_tokens: bool, body: object = None) -> list[int]:
+    """A prompt's token ids (slow for a long text: call it off the event loop)."""
+    check_prompt_chars(state, len(text), body)
+    return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
 def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
-    return state.tokenizer.encode(chat_prompt_text(state, body), add_special_tokens=body.special_tokens())
+    return encoded(state, chat_prompt_text(state, body), body.special_tokens(), body)
 
 
 def chat_prompt_text(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> str:
     conversation = [m.for_template() for m in body.messages or []]
+    # the messages' text alone too long: refused before the template renders it all
+    check_prompt_chars(state, sum(len(m["content"]) for m in conversation), body, "messages")
     try:
         return state.tokenizer.apply_chat_template(conversation, tokenize=False, **body.template_arguments())
     except Exception as exc:  # a template that rejects the conversation is the client's error

@@ -4,7 +4,7 @@ guidellm send. Unknown fields are ignored; bad values become 400 errors with a m
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -27,8 +27,17 @@ class KVTransferParams(BaseModel):
     model_config = ConfigDict(extra="ignore")
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
-    remote_url: str | None = Field(None, pattern=r"^https?://")
-    remote_kv_ids: list[str | None] | None = None
+    # a server's URL as the router knows it (a path prefix at most) and the ids a prefill server
+    # made: nothing that could steer the decode server's fetch elsewhere (a "#", "?", "..")
+    remote_url: str | None = Field(None, pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?$")
+    remote_kv_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] | None] | None = None
+
+    @field_validator("remote_url")
+    @classmethod
+    def _no_parent_steps(cls, value: str | None) -> str | None:
+        if value is not None and ".." in value.split("://", 1)[1].split("/"):
+            raise ValueError("remote_url may not step up a path ('..')")
+        return value
 
 
 def _not_unicode(value: Any) -> bool:
@@ -65,6 +74,9 @@ class _TextRequest(BaseModel):
                 if _not_unicode(key) or _not_unicode(value):
                     raise ValueError(f"{key!r} holds text that is not valid Unicode (a lone UTF-16 surrogate)")
         return data
+
+
+MAX_STOP_CHARS = 2048
 
 
 class _Sampling(StructuredOutputFields, _TextRequest):
@@ -116,6 +128,9 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     def _stops(cls, value):
         if isinstance(value, list) and len(value) > 16:
             raise ValueError("at most 16 stop sequences")
+        # no client needs more; each token's check costs up to the longest one's length
+        if any(len(stop) > MAX_STOP_CHARS for stop in ([value] if isinstance(value, str) else value or [])):
+            raise ValueError(f"a stop sequence may be at most {MAX_STOP_CHARS} characters")
         if value == "" or (isinstance(value, list) and "" in value):
             raise ValueError("stop cannot contain an empty string")  # vLLM's words
         return value
@@ -130,8 +145,9 @@ class _Sampling(StructuredOutputFields, _TextRequest):
     @field_validator("logit_bias")
     @classmethod
     def _bias_keys(cls, value):
-        # isdigit alone takes "²" and other digits int() refuses
-        if value is not None and not all(key.isascii() and key.isdigit() for key in value):
+        # isdigit alone takes "²" and other digits int() refuses; a key of thousands of digits
+        # is past int()'s limit (and any vocabulary): no token id has more than 10
+        if value is not None and not all(key.isascii() and key.isdigit() and len(key) <= 10 for key in value):
             raise ValueError("keys must be token ids (non-negative integers)")
         return value
 

@@ -12,6 +12,7 @@ import logging
 from ..config import file_overrides, load_engine_config, read_engine_file
 from ..engine.build import LOAD_ERRORS, build_engine
 from ..engine_flags import FLAGS, SWITCHES, engine_flags
+from .auth import kv_token_from_env
 from .drain import run_app
 from .kv_transfer import KVExportStore
 from .live_config import ConfigWatcher, version_of
@@ -40,6 +41,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     state = ServerState.for_engine(engine, tokenizer, name, args.role)
     state.model_aliases = tuple(aliases)
     state.api_key = args.api_key
+    state.kv_token = kv_token_from_env()
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     state.reasoning_parser = args.reasoning_parser
     state.structured_outputs_in_reasoning = args.structured_outputs_in_reasoning

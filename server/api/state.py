@@ -13,7 +13,7 @@ import httpx
 from ..core.kv_wire import KVLayout
 from ..engine.engine import LLMEngine
 from .async_engine import AsyncEngine
-from .auth import bearer
+from .auth import fleet_headers
 from .keepalive import pooled
 from .metrics import ServerMetrics
 
@@ -45,6 +45,7 @@ class ServerState:
     not_ready: Callable[[], str | None] | None = None
     model_aliases: tuple[str, ...] = ()  # --served-model-name's other names, as vLLM serves them
     api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
+    kv_token: str | None = None  # LLMFLEET_KV_TRANSFER_TOKEN: what the transfer paths need (auth.py)
     tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: 'auto' is served
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
     # --structured-outputs-config.enable_in_reasoning: a grammar holds the thinking too (vLLM's flag)
@@ -54,7 +55,8 @@ class ServerState:
     def http_client(self) -> httpx.AsyncClient:
         """One pooled client per server for its calls to other servers (KV fetches)."""
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled(), headers=bearer(self.api_key))
+            headers = fleet_headers(self.api_key, self.kv_token)
+            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled(), headers=headers)
         return self._http
 
     @property

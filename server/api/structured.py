@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.grammar import CACHED_SPEC_CHARS, fits_cache
 from ..core.request import StructuredOutput
 from .errors import APIError
 
@@ -95,6 +96,12 @@ class StructuredOutputFields(BaseModel):
                 whitespace = options.whitespace_pattern
             if options.disable_any_whitespace:
                 whitespace = ""
+        # a megabyte of choices took seconds to compile, and past llguidance's limits answered "":
+        # a larger spec than the grammar cache keeps is no real client's
+        if not fits_cache(spec, whitespace):
+            raise StructuredOutputError(
+                f"{field} is too large for structured output: at most {CACHED_SPEC_CHARS} characters (as JSON)", field
+            )
         return StructuredOutput(kind, spec, whitespace), field
 
     def _asked(self) -> list[tuple[str, str, str]]:

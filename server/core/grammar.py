@@ -43,8 +43,13 @@ def check(structured: StructuredOutput) -> str | None:
     return (_check_cached if _cacheable(structured) else _check)(structured)
 
 
+def fits_cache(spec: str, whitespace_pattern: str | None) -> bool:
+    """Whether a spec is small enough for the caches (the API refuses larger ones)."""
+    return len(spec) + len(whitespace_pattern or "") <= CACHED_SPEC_CHARS
+
+
 def _cacheable(structured: StructuredOutput) -> bool:
-    return len(structured.spec) + len(structured.whitespace_pattern or "") <= CACHED_SPEC_CHARS
+    return fits_cache(structured.spec, structured.whitespace_pattern)
 
 
 def _compile(structured: StructuredOutput) -> str:

@@ -7,6 +7,7 @@ text that a later token retracts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -38,6 +39,9 @@ class IncrementalDetokenizer:
         self._stop = [s for s in stop if s]
         self._include_stop = include_stop  # the text ends after the stop string, not before
         self._max_stop = max((len(s) for s in self._stop), default=0)
+        self._partials = [_StopPrefix(s) for s in self._stop]
+        self._searched = 0  # chars of self.text already searched for stop strings
+        self._fed = 0  # chars of self.text fed to self._partials
         self._tokens: list[int] = list(context[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0  # start of the context window
         self._read_offset = len(self._tokens)  # tokens whose text is already in self.text (or context)
@@ -81,9 +85,9 @@ class IncrementalDetokenizer:
     def _scan(self, final: bool) -> tuple[str, bool]:
         if not self._stop:
             return self._release(len(self.text)), False
-        # A stop string cannot start inside released text (the held-back tail covers every
-        # partial match), so only the last few released characters need searching again.
-        start = max(self._stops_from, self._released - self._max_stop + 1)
+        # Text searched before holds no stop string: only one ending in the new text can be there.
+        start = max(self._stops_from, self._searched - self._max_stop + 1)
+        self._searched = len(self.text)
         hits = [(i, -len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stop) if i >= 0]
         if hits:
             at, minus_length = min(hits)  # the first stop string; of two there, the longer
@@ -102,15 +106,50 @@ class IncrementalDetokenizer:
 
     def _partial_stop_suffix(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of a stop string."""
-        longest = 0
-        for stop in self._stop:
-            for k in range(min(len(stop) - 1, len(self.text)), longest, -1):
-                if self.text.endswith(stop[:k]):
-                    longest = k
-                    break
-        return longest
+        new, self._fed = self.text[self._fed :], len(self.text)
+        for partial in self._partials:
+            partial.feed(new)
+        return max(partial.length for partial in self._partials)
 
     def _decode(self, tokens: list[int]) -> str:
         if not tokens:
             return ""
         return self._decoder.decode(tokens, skip_special_tokens=self._skip_special)
+
+
+class _StopPrefix:
+    """How long a tail of the text fed so far is a proper prefix of ``stop`` (Knuth-Morris-Pratt):
+    time linear in the text fed, where trying every prefix on each token was quadratic in the
+    stop string's length."""
+
+    def __init__(self, stop: str) -> None:
+        self._stop = stop
+        self._borders = _borders(stop)
+        self.length = 0
+
+    def feed(self, text: str) -> None:
+        stop, borders, k = self._stop, self._borders, self.length
+        if len(text) >= len(stop):  # the tail that can match lies in the new text's last chars
+            text, k = text[1 - len(stop) :], 0
+        for char in text:
+            while k and char != stop[k]:
+                k = borders[k - 1]
+            if char == stop[k]:
+                k += 1
+            if k == len(stop):  # the whole stop string (before min_tokens): its longest proper prefix
+                k = borders[k - 1]
+        self.length = k
+
+
+@functools.lru_cache(maxsize=64)  # the n choices of a request share their stop strings
+def _borders(stop: str) -> tuple[int, ...]:
+    """KMP's failure function: per i, the longest proper prefix of stop[: i + 1] that ends it."""
+    borders = [0] * len(stop)
+    k = 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = borders[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        borders[i] = k
+    return tuple(borders)

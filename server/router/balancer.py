@@ -92,13 +92,23 @@ class Balancer:
         """The policy's choice among the healthy servers of ``pool`` not in ``exclude`` (for a
         prompt with these prefix hashes), else (unless ``healthy_only``) the set-aside one that
         failed least; None if every server is excluded or draining."""
-        open_ = [s for s in self.servers[pool].values() if not s.draining and s.url not in exclude]
+        open_ = self._open(pool, exclude)
         healthy = [s for s in open_ if s.healthy]
         if healthy:
             return self.policies[pool](healthy, prefixes)
         if healthy_only or not open_:
             return None
         return min(open_, key=lambda s: (s.failures, s.url))
+
+    def any_server(self, pool: str) -> Server | None:
+        """A healthy server of ``pool``, for a question any of them answers (what model it serves),
+        leaving the policy's state alone."""
+        healthy = [s for s in self._open(pool) if s.healthy]
+        return min(healthy, key=lambda s: s.url) if healthy else None
+
+    def _open(self, pool: str, exclude: set[str] = frozenset()) -> list[Server]:
+        """The servers of ``pool`` that take new requests (not draining), less ``exclude``."""
+        return [s for s in self.servers[pool].values() if not s.draining and s.url not in exclude]
 
     async def pick_or_rediscover(
         self, pool: str, exclude: set[str] = frozenset(), prefixes: Sequence[int] = ()

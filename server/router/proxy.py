@@ -62,11 +62,15 @@ class ProxySettings:
 
 class ServerFailed(Exception):
     """The server could not serve this request now; another one may. ``kv_lost``: a decode
-    server that could not fetch the KV, which is the prefill server's failure, not its own."""
+    server that could not fetch the KV, which is the prefill server's failure, not its own.
+    ``token_refused``: a server that refuses the router's KV-transfer token (a rollout)."""
 
-    def __init__(self, server: Server, message: str, status: int = 502, kv_lost: bool = False) -> None:
+    def __init__(
+        self, server: Server, message: str, status: int = 502, kv_lost: bool = False, token_refused: bool = False
+    ) -> None:
         super().__init__(message)
         self.server, self.message, self.status, self.kv_lost = server, message, status, kv_lost
+        self.token_refused = token_refused
 
 
 class Answered(Exception):
@@ -100,7 +104,8 @@ class Proxy:
         started = time.monotonic()
         stream = _flag(body.get("stream"))
         opened = await unless_client_gone(raw, self._open(path, body, stream, started))
-        if opened is None:
+        if opened is None:  # the servers abort what they started; vLLM counts that as an abort
+            self.metrics.finished(started, None)
             return Response(status_code=CLIENT_GONE)
         if isinstance(opened, Response):
             return opened
@@ -129,7 +134,13 @@ class Proxy:
                 finally:
                     decode.assigned -= 1  # _decode takes it over, with no await in between
                 params = None if prefill is None else prefill[0]
-                return await self._decode(decode, path, body, params, stream, started)
+                try:
+                    return await self._decode(decode, path, body, params, stream, started)
+                except ServerFailed as failure:
+                    if not (failure.token_refused and params is not None):
+                        raise
+                    self.metrics.lab(self.metrics.fallbacks).inc()  # it computes the prompt itself
+                    return await self._decode(decode, path, body, None, stream, started)
             except ServerFailed as failure:
                 if failure.kv_lost and prefill is not None:  # the decode server is fine: keep it
                     failure = ServerFailed(prefill[1], failure.message, failure.status)
@@ -294,6 +305,11 @@ def _refusal(server: Server, status: int, content: bytes) -> ServerFailed | Answ
     if status in (429, 503) or status >= 500:
         kv_lost = server.pool == "decode" and kind == "kv_transfer_failed"
         return ServerFailed(server, f"{where} answered {status}: {message}", status, kv_lost=kv_lost)
+    if status == 403 and kind == "permission_error":  # our transfer token, not the client's doing
+        # (a rollout that set or rotated it): a prefill server is skipped; a decode server is asked
+        # again without the transfer, and computes the prompt itself
+        log.error("%s refuses the router's KV-transfer token: %s", where, message)
+        return ServerFailed(server, f"{where} refuses the router's KV-transfer token", 502, token_refused=True)
     if status == 409 and server.pool == "decode":
         return Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
     return Answered(Response(content, status, media_type="application/json"))

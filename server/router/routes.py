@@ -105,8 +105,10 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         """The model as the decode servers serve it (they run every token): its context length, and
         its names, which the router's own (--served-model-name) may differ from; asked until one
         answers."""
-        server = balancer.pick("decode")
-        if servers_names or server is None:
+        if servers_names:
+            return
+        server = balancer.any_server("decode")  # not the policy's pick: that would take a turn of round-robin
+        if server is None:
             return
         try:
             response = await proxy.client.get(f"{server.url}/v1/models", timeout=2.0)

@@ -8,7 +8,7 @@ from functools import partial
 import httpx
 
 from ..api.app import register_role
-from ..api.auth import bearer
+from ..api.auth import fleet_headers, kv_token_from_env
 from ..api.drain import run_app
 from ..api.keepalive import pooled
 from ..api.state import ServerState
@@ -45,7 +45,8 @@ def serve(args) -> int:
     )
     # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
     limits = pooled(max_connections=2048, max_keepalive_connections=256)
-    client = httpx.AsyncClient(limits=limits, headers=bearer(args.api_key))  # the servers share the key
+    # the servers share the key, and the transfer token only our hops carry
+    client = httpx.AsyncClient(limits=limits, headers=fleet_headers(args.api_key, kv_token_from_env()))
     balancer = Balancer(source, args.router_policy, client)
     settings = ProxySettings(prefill_timeout_s=args.prefill_timeout, decode_timeout_s=args.decode_timeout)
     proxy = Proxy(balancer, client, metrics, settings)

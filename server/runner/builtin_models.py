@@ -76,21 +76,32 @@ def is_builtin(model: str) -> bool:
 
 def resolve_model(model: str) -> Path:
     """Return a local directory for ``model``: a built-in name (made on first use) or a path."""
+    problem = model_problem(model)
+    if problem is not None:
+        raise (ValueError if is_builtin(model) else FileNotFoundError)(problem)
     if is_builtin(model):
         return ensure_builtin(model[len(BUILTIN_PREFIX) :])
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model {model!r} is neither a built-in ({', '.join(BUILTIN_PREFIX + n for n in BUILTINS)}) "
-            "nor a local directory with a config.json (hub downloads are not supported)"
-        )
-    return path
+    return Path(model).expanduser()
+
+
+def model_problem(model: str) -> str | None:
+    """Why ``model`` names no model here, or None: checked without making a built-in."""
+    if is_builtin(model):
+        name = model[len(BUILTIN_PREFIX) :]
+        return None if name in BUILTINS else f"unknown built-in model {name!r}; choose one of {sorted(BUILTINS)}"
+    if (Path(model).expanduser() / "config.json").is_file():
+        return None
+    return (
+        f"model {model!r} is neither a built-in ({', '.join(BUILTIN_PREFIX + n for n in BUILTINS)}) "
+        "nor a local directory with a config.json (hub downloads are not supported)"
+    )
 
 
 def ensure_builtin(name: str) -> Path:
     """The cached directory of built-in ``name``, made on first use (or when its spec changed)."""
-    if name not in BUILTINS:
-        raise ValueError(f"unknown built-in model {name!r}; choose one of {sorted(BUILTINS)}")
+    problem = model_problem(BUILTIN_PREFIX + name)
+    if problem is not None:
+        raise ValueError(problem)
     target = cache_dir() / name
     if not _is_current(target, BUILTINS[name]):
         build_model_dir(BUILTINS[name], target)

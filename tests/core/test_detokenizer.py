@@ -3,6 +3,8 @@ are held back, and the streamed pieces always add up to the final text."""
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,3 +119,45 @@ def test_the_first_word_keeps_its_space_after_the_prompt():
     assert decoder.decode(prompt) + text == decoder.decode(prompt + answer)
     alone = IncrementalDetokenizer(decoder, [])  # no prompt (a bare token list): nothing to keep a space after
     assert "".join(alone.add(t)[0] for t in answer) == "Paris."
+
+
+def _longest_partial(text: str, stop: list[str]) -> int:
+    """The held-back tail by definition: the longest end of the text that begins a stop string."""
+    return max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 2), max_size=30),
+    stop=st.lists(st.text(alphabet="abc", min_size=1, max_size=6), min_size=1, max_size=3),
+    unstopped=st.integers(0, 5),
+)
+def test_exactly_the_tail_that_may_begin_a_stop_string_is_held_back(tokens, stop, unstopped):
+    detok = IncrementalDetokenizer(LetterDecoder(), stop)
+    released, unheld = "", 0  # text added before min_tokens is released whole
+    for i, t in enumerate(tokens):
+        piece, hit = detok.add(t, stops=i >= unstopped)
+        released += piece
+        if hit:
+            return
+        if i < unstopped:
+            unheld = len(detok.text)
+        assert released == detok.text[: max(unheld, len(detok.text) - _longest_partial(detok.text, stop))]
+
+
+class BlockDecoder:
+    """Each token is 500 copies of one letter."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + t) * 500 for t in ids)
+
+
+def test_long_stop_strings_cost_time_linear_in_the_text():
+    # 16 stop strings of 15,000 chars held the engine thread for minutes: each token tried every
+    # prefix of each (quadratic in their length)
+    stop = [chr(ord("b") + i % 8) * 15_000 for i in range(16)]
+    detok = IncrementalDetokenizer(BlockDecoder(), stop)
+    start = time.perf_counter()
+    for _ in range(60):  # 30,000 chars: twice the stop strings' length
+        assert detok.add(0) == ("a" * 500, False)
+        assert time.perf_counter() - start < 2.0  # about 0.05 s in all; minutes before

@@ -29,6 +29,8 @@ import httpx
 import openai
 import pytest
 
+from llmfleet.server.api.protocol import KVTransferParams
+
 from ..support import ServerProcess, free_port
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # six servers share two cores
@@ -445,3 +447,38 @@ def test_an_api_key_guards_v1_and_rides_every_hop(tmp_path):
             assert client.completions.create(**body).usage.completion_tokens == 4
             assert decode.metrics()["llmfleet_kv_transfer_bytes_count{}"] == 1  # fetched with the key
             assert r.metrics().get("llmfleet_router_local_prefills_total{}", 0) == 0
+
+
+def test_the_transfer_paths_take_only_the_fleets_token(tmp_path):
+    """A client holding the API key could send a decode server KV of its own making (it entered
+    the prefix cache other requests read) or have it fetch from any URL and path."""
+    from llmfleet.server.api.auth import KV_TOKEN_ENV, KV_TOKEN_HEADER
+
+    fleet_env = ONE_THREAD | {KV_TOKEN_ENV: "fleet-secret"}
+    common = ("--served-model-name", MODEL, "--config", str(engine_config(tmp_path)))
+    prefill = ServerProcess("--role", "prefill", *common, log_path=tmp_path / "p.log", env=fleet_env)
+    decode = ServerProcess("--role", "decode", *common, log_path=tmp_path / "d.log", env=fleet_env)
+    with prefill, decode:
+        urls = ("--prefill-url", prefill.url, "--decode-url", decode.url)
+        args = ("--role", "router", "--served-model-name", MODEL, *urls)
+        with ServerProcess(*args, log_path=tmp_path / "r.log", env=fleet_env) as r:
+            body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 4, "temperature": 0}
+            assert httpx.post(f"{r.url}/v1/completions", json=body, timeout=60).status_code == 200
+            assert decode.metrics()["llmfleet_kv_transfer_bytes_count{}"] == 1  # our hops carry the token
+
+        held = {**body, "kv_transfer_params": {"do_remote_decode": True}}
+        assert httpx.post(f"{prefill.url}/v1/completions", json=held, timeout=30).status_code == 403
+        token = {KV_TOKEN_HEADER: "fleet-secret"}
+        (kv_id,) = httpx.post(f"{prefill.url}/v1/completions", json=held, headers=token, timeout=30).json()[
+            "kv_transfer_params"]["remote_kv_ids"]  # fmt: skip
+        assert httpx.get(f"{prefill.url}/v1/kv/{kv_id}", timeout=30).status_code == 403
+        forged = {**body, "kv_transfer_params": {"do_remote_prefill": True, "remote_url": prefill.url,
+                                                 "remote_kv_ids": [kv_id]}}  # fmt: skip
+        refused = httpx.post(f"{decode.url}/v1/completions", json=forged, timeout=30)
+        assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error"
+        assert httpx.post(f"{decode.url}/v1/completions", json=forged, headers=token, timeout=30).status_code == 200
+
+    for params in ({"remote_url": "http://127.0.0.1:1/metrics#"}, {"remote_kv_ids": ["../../admin?x="]}):
+        steered = {"do_remote_prefill": True, "remote_url": "http://127.0.0.1:1", "remote_kv_ids": [kv_id]} | params
+        with pytest.raises(ValueError):
+            KVTransferParams.model_validate(steered)

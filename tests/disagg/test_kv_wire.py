@@ -186,7 +186,7 @@ def decode_state(chunks):
 
 
 def fetch(state):
-    params = KVTransferParams(do_remote_prefill=True, remote_url="http://p", remote_kv_ids=["k"])
+    params = KVTransferParams(do_remote_prefill=True, remote_url="http://p", remote_kv_ids=["0" * 32])
     return asyncio.run(receive(state, params, [[*TOKENS, 11]]))
 
 
@@ -225,3 +225,25 @@ def test_a_failed_kv_fetch_repeats_only_a_peers_error_message():
     assert _their_error(ours) == ": no KV under id k (expired or taken)"
     assert _their_error(httpx.Response(404, text="INTERNAL-SECRET: db-password=hunter2")) == ""
     assert _their_error(httpx.Response(500, json={"secret": "x"})) == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "taken"),
+    [
+        ("http://10.0.0.7:8000", True),
+        ("http://prefill.ml.svc:8000/", True),
+        ("https://gateway/llm/prefill", True),  # a --prefill-url behind a path prefix
+        ("http://10.0.0.7:8000/metrics#", False),  # the fetch's own path cut off
+        ("http://10.0.0.7:8000/x?to=", False),
+        ("http://10.0.0.7:8000/llm/../admin", False),
+    ],
+)
+def test_a_transfer_names_a_servers_url_and_nothing_that_steers_the_fetch(url, taken):
+    params = {"do_remote_prefill": True, "remote_url": url, "remote_kv_ids": ["0" * 32]}
+    if taken:
+        KVTransferParams.model_validate(params)
+    else:
+        with pytest.raises(ValueError):
+            KVTransferParams.model_validate(params)
+    with pytest.raises(ValueError):
+        KVTransferParams.model_validate(params | {"remote_url": "http://p", "remote_kv_ids": ["../../admin"]})

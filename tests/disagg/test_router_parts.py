@@ -432,3 +432,85 @@ async def test_the_502_counts_the_attempts_made():
     answered = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)
     assert answered.status_code == 502
     assert "after 1 attempt;" in json.loads(answered.body)["error"]["message"]  # not 2: nothing else was tried
+
+
+async def test_a_client_gone_before_the_answer_opened_counts_as_an_abort():
+    from llmfleet.server.router.proxy import Proxy, ProxySettings
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(10)  # a long prefill: the client leaves first
+        return _kv_ids(request)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    b = Balancer(StaticEndpoints(["http://p1:8000"], ["http://d1:8000"]), "load", client)
+    await b.refresh()
+    metrics = RouterMetrics("m")
+    proxy = Proxy(b, client, metrics, ProxySettings())
+
+    class Gone:
+        async def receive(self):
+            await asyncio.sleep(0.05)
+            return {"type": "http.disconnect"}
+
+    response = await proxy.serve("/v1/completions", {"prompt": "hi"}, Gone())
+    assert response.status_code == 499
+    labels = {"model_name": "m", "role": "router", "finished_reason": "abort"}
+    assert metrics.registry.get_sample_value("vllm:request_success_total", labels) == 1
+    assert b.servers["prefill"]["http://p1:8000"].assigned == 0
+
+
+@pytest.mark.parametrize("refusing", ["prefill", "decode"])
+async def test_a_server_refusing_the_routers_transfer_token_costs_the_client_nothing(refusing):
+    """During a rollout that sets or rotates the token, servers refuse the router's old one (403):
+    the client got that 403; now the decode server computes the prompt itself."""
+    sent = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        transfer = body.get("kv_transfer_params")
+        sent.append((request.url.host[0], transfer is not None))
+        if transfer is not None and request.url.host.startswith(refusing[0]):
+            error = {"message": "KV transfers are the fleet's own", "type": "permission_error", "code": 403}
+            return httpx.Response(403, json={"error": error})
+        return _kv_ids(request) if request.url.host.startswith("p") else _answer()
+
+    prefill = [f"http://p{i}:8000" for i in range(1, 5)]  # more than the router's 3 attempts
+    proxy, b, _ = await _proxy(handle, prefill, ["http://d1:8000"])
+    opened = await proxy._open("/v1/completions", {"prompt": "hi"}, False, 0.0)
+    assert json.loads(opened.head[0])["choices"][0]["text"] == "ok"
+    assert sent[-1] == ("d", False)  # the decode server prefilled itself
+    assert b.servers["decode"]["http://d1:8000"].healthy
+    if refusing == "decode":  # asked again at once, without the transfer: one prefill spent, not three
+        assert [host for host, _ in sent] == ["p", "d", "d"]
+
+
+async def test_round_robin_takes_turns_between_requests_through_the_routes():
+    """Each request first asked a decode server for the model's names, through the policy: that
+    took a round-robin turn, so every generation landed on the same decode server."""
+    from fastapi import FastAPI
+
+    from llmfleet.server.api.state import ServerState
+    from llmfleet.server.router.proxy import Proxy, ProxySettings
+    from llmfleet.server.router.routes import install
+
+    decoded_on = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 64}]})
+        if request.url.host.startswith("p"):
+            return _kv_ids(request)
+        decoded_on.append(request.url.host)
+        return _answer()
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    b = Balancer(StaticEndpoints(["http://p1:8000"], ["http://d1:8000", "http://d2:8000"]), "round-robin", client)
+    await b.refresh()
+    metrics = RouterMetrics("m")
+    app = FastAPI()
+    install(app, ServerState(None, None, "m", 0, metrics, role="router"), Proxy(b, client, metrics, ProxySettings()), b)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as router:
+        for _ in range(4):
+            reply = await router.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+            assert reply.status_code == 200, reply.text
+    assert sorted(decoded_on) == ["d1", "d1", "d2", "d2"]

@@ -76,6 +76,8 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": [1, "mixed"]}, "prompt"),
         ({"max_tokens": 4}, "prompt"),
         ({"prompt": "hi", "stop": ["a"] * 17}, "stop"),
+        ({"prompt": "hi", "stop": ["a", "x" * 2049]}, "stop"),  # each token's check costs its length
+        ({"prompt": "hi", "stop": "x" * 2049}, "stop"),
         ({"prompt": "hi", "stream": True, "stream_options": {"include_usage": "sometimes"}}, "stream_options"),
         # as vLLM refuses them
         ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
@@ -87,6 +89,7 @@ def assert_openai_error(response, status: int, param: str | None = None) -> dict
         ({"prompt": "hi", "logit_bias": {"five": 1}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias"),
         ({"prompt": "hi", "logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit to isdigit, not to int
+        ({"prompt": "hi", "logit_bias": {"0" * 5000 + "1": 1}}, "logit_bias"),  # past int()'s digit limit
         ({"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
         ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
         ({"prompt": "hi", "frequency_penalty": -2.5}, "frequency_penalty"),
@@ -135,6 +138,102 @@ def test_prompt_over_the_context_is_a_400_in_vllms_words(client):
             "'max_tokens' or 'max_completion_tokens' is too large: 100. This model's maximum context length "
             "is 256 tokens and your request has 200 input tokens (100 > 256 - 200)."
         )
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.fixture
+def tokenizer_calls(state, monkeypatch):
+    """Whether each encode and chat templating call ran on the event loop (True) or off it."""
+    calls = []
+    for name in ("encode", "apply_chat_template"):
+        method = getattr(state.tokenizer, name)
+
+        def recorded(*args, _method=method, **kwargs):
+            calls.append(_on_event_loop())
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(state.tokenizer, name, recorded)
+    return calls
+
+
+def test_tokenizing_and_chat_templating_run_off_the_event_loop(client, tokenizer_calls):
+    # a 2.4 MB prompt held the event loop, every other request with it, for seconds
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert client.post("/v1/completions", json={"prompt": ["hi", "yo"], "max_tokens": 2}).status_code == 200
+    assert client.post("/v1/chat/completions", json=chat).status_code == 200
+    assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
+    assert client.post("/tokenize", json={"messages": chat["messages"]}).status_code == 200
+    assert len(tokenizer_calls) == 7 and not any(tokenizer_calls)
+
+
+TOO_LONG = "x" * (256 * 32 + 1)  # more than any tokenizer fits into the fake model's 256 tokens
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", {"prompt": TOO_LONG}, "prompt"),
+        ("/v1/completions", {"prompt": TOO_LONG}, "prompt"),
+        ("/v1/completions", {"prompt": ["hi", TOO_LONG]}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": TOO_LONG}]}, "messages"),
+        ("/tokenize", {"messages": [{"role": "user", "content": TOO_LONG[:5000]}] * 2}, "messages"),
+    ],
+)
+def test_text_the_context_cannot_hold_is_refused_before_tokenizing(client, tokenizer_calls, path, body, param):
+    error = assert_openai_error(client.post(path, json=body), 400, param)
+    assert "maximum context length of 256 tokens can hold (at most 8192 characters)" in error["message"]
+    assert len(tokenizer_calls) == (path == "/v1/completions" and len(body["prompt"]) == 2)  # "hi" only
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": TOO_LONG}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": TOO_LONG}]}),
+    ],
+)
+def test_a_long_text_asked_to_be_truncated_is_truncated_not_refused(client, path, body):
+    """truncate_prompt_tokens: a long document cut to its last tokens, as vLLM takes it."""
+    reply = client.post(path, json=body | {"truncate_prompt_tokens": 100, "max_tokens": 2})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == 100
+
+
+def test_a_structured_output_spec_past_the_grammar_cache_is_a_400(make_state):
+    # a megabyte of choices took seconds to compile, on the event loop, and then answered ""
+    state = make_state()
+    state.engine.engine.runner.structured_output = True
+    choices = [f"choice-{i}" for i in range(10_000)]  # 130 KB as JSON
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with TestClient(create_app(state)) as client:
+        body = {"prompt": "hi", "max_tokens": 2, "guided_choice": choices}
+        error = assert_openai_error(client.post("/v1/completions", json=body), 400, "guided_choice")
+        assert "too large for structured output: at most 65536 characters" in error["message"]
+        schema = {"type": "string", "description": "x" * 70_000}
+        body = chat | {"structured_outputs": {"json": schema}}
+        assert_openai_error(client.post("/v1/chat/completions", json=body), 400, "structured_outputs.json")
+        body = {"prompt": "hi", "max_tokens": 2, "guided_choice": choices[:1000]}
+        assert client.post("/v1/completions", json=body).status_code == 200
+
+
+def test_grammars_compile_off_the_event_loop(make_state, monkeypatch):
+    from llmfleet.server.core import grammar
+
+    state = make_state()
+    state.engine.engine.runner.structured_output = True
+    where, check = [], grammar.check
+    monkeypatch.setattr(grammar, "check", lambda structured: where.append(_on_event_loop()) or check(structured))
+    with TestClient(create_app(state)) as client:
+        body = {"prompt": "hi", "max_tokens": 2, "guided_regex": "[a-z]+"}
+        assert client.post("/v1/completions", json=body).status_code == 200
+    assert where and not any(where)  # the API's check, then the engine thread's
 
 
 def test_n_is_bounded_by_the_queue_not_by_16(make_state):
