@@ -177,7 +177,12 @@ async def apply_all(
     prune=False, the ones no longer desired stay (a mode switch still serving from them).
 
     Writes happen only on a difference. Raises OwnershipConflict before writing anything if a
-    desired name belongs to someone else.
+    desired name belongs to someone else. When an edit changes several existing objects, each is
+    first applied as a dry run (validated and admitted, not stored): an object the API server
+    refuses (a bad env entry or affinity in the pod options) raises before any lands, instead of
+    leaving the others changed (a ConfigMap whose knobs the pods apply live, beside the old
+    Deployment). New objects are not dry-run: one may name another not created yet (a binding's
+    Role), and a half-created fleet is completed by the next pass anyway.
     """
     result = ApplyResult()
     live = dict(live)
@@ -199,11 +204,18 @@ async def apply_all(
         if owner != owner_uid:
             raise OwnershipConflict(f"{ref(obj)} exists and is controlled by another owner (uid {owner})")
 
+    changed = []
     for obj in wanted:
         current = live.get(ref(obj))
         if current is not None and is_subset(obj, current):
             result.live[ref(obj)] = current
-            continue
+        else:
+            changed.append((obj, current))
+    updates = [obj for obj, current in changed if current is not None]
+    if len(changed) > 1:
+        for obj in updates:
+            await client.apply(obj, dry_run=True)
+    for obj, current in changed:
         if current is not None and _applied_hash(current) == _applied_hash(obj):  # ours unchanged: an edit
             result.reverted.append(f"{ref(obj)}: {', '.join(differing_fields(obj, current))}")
         result.live[ref(obj)] = await client.apply(obj)

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     busy = args.metrics_port and bind_problem("0.0.0.0", args.metrics_port)  # where the metrics server listens
     if busy:  # kopf would retry the startup that binds it every minute, for ever
         raise SystemExit(f"llm-fleet operator: cannot serve metrics on --metrics-port {args.metrics_port}: {busy}")
+    if problem := credentials_problem():  # the same: a traceback, then a retry every minute
+        raise SystemExit(f"llm-fleet operator: no Kubernetes API to talk to: {problem}")
     kopf.configure(verbose=args.verbose, debug=args.debug)
     namespaces = tuple(args.namespaces or ())
     kopf.run(
@@ -93,6 +95,26 @@ def run(args: argparse.Namespace) -> int:
         memo=kopf.Memo(prometheus_url=args.prometheus_url, metrics_port=args.metrics_port, pod_monitor_labels=labels),
     )
     return 0
+
+
+def credentials_problem() -> str | None:
+    """Why the operator cannot log in to the Kubernetes API (no service account, no kubeconfig, or
+    one it cannot read), or None. Later logins (a rotated token) are kopf's and the client's."""
+    import yaml
+
+    from .kube import login
+
+    try:
+        login()
+    except OSError as exc:
+        return f"{exc.strerror or exc}: {exc.filename or ''} (KUBECONFIG={os.environ.get('KUBECONFIG', '')})"
+    except yaml.YAMLError as exc:
+        return f"the kubeconfig is no YAML ({str(exc).splitlines()[0]})"
+    except KeyError as exc:
+        return f"the kubeconfig names {exc} but does not define it"
+    except Exception as exc:  # kopf.LoginError, and whatever else a kubeconfig's contents can raise
+        return str(exc)
+    return None
 
 
 def default_priority(host: str | None = None) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import status as st
 from .apply import ApplyResult, OwnershipConflict, apply_all, list_children
-from .handover import pending_handover
+from .handover import Handover, pending_handover
 from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
 from .pod_trouble import PodTrouble, pod_trouble
 from .reconcile import (
@@ -76,7 +76,7 @@ async def converge(
     kinds = CHILD_KINDS if pod_monitor else tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
     try:
         live = await list_children(client, owner.namespace, selector(owner), kinds)
-        handover = pending_handover(owner, spec, live)
+        handover = pending_handover(owner, spec, live, status.get("handoverPool"))
         objects = desired_objects(
             owner,
             spec,
@@ -105,7 +105,9 @@ async def converge(
         conditions = serving + _tuner_condition(spec, current)
         # A tuner turned off lets go of what it owned: turned on again, it starts from the spec's
         # values, not from what it had set back then (applied at once, with no run to explain it).
-        released = {"tuner": None} if not spec.autotune.enabled and current.get("tuner") else {}
+        # Its latencies go too: nobody measures them any more, yet kubectl get would show them.
+        # lastDecision stays, with its time: what it last did.
+        released = {key: None for key in ("tuner", "latency") if not spec.autotune.enabled and current.get(key)}
         return {
             "observedGeneration": generation,
             "conditions": st.merge_conditions(current.get("conditions") or [], conditions, generation, st.now()),
@@ -114,6 +116,7 @@ async def converge(
             "pools": _pool_status(owner, spec, tuner, pools),
             "batch": _batch(spec, tuner),
             **released,
+            **_handover_record(handover, current),
         }
 
     outcome = Outcome(applied=applied)
@@ -126,6 +129,13 @@ async def converge(
     if was and was.get("status") == "True":
         outcome.events.append(Event("Normal", "Recovered", f"no longer degraded ({was.get('reason')})"))
     return outcome
+
+
+def _handover_record(handover: Handover | None, current: dict[str, Any]) -> dict[str, Any]:
+    """status.handoverPool while a mode switch holds (handover.py), removed once it is over."""
+    if handover is not None:
+        return {"handoverPool": handover.serving}
+    return {"handoverPool": None} if current.get("handoverPool") else {}
 
 
 async def _degrade(

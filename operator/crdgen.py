@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
-from llmfleet.server.config import EngineConfig
+from llmfleet.server.config import DTYPE_ALIASES, EngineConfig
 
 from .reconcile import MAX_NAME_LENGTH, NAME_PATTERN
+from .spec import DNS_SUBDOMAIN as DNS_NAME
 from .spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
 
 GROUP = "llmfleet.io"
@@ -46,6 +47,16 @@ def _str(description: str, **extra: Any) -> dict[str, Any]:
     return {"type": "string", "description": description, **extra}
 
 
+# The API server's rules for the names a pod refers to (a Secret, a ServiceAccount, a class) and for
+# a Secret's keys: refused here, by kubectl apply, rather than in the Deployment after other objects.
+DNS_SUBDOMAIN = {"pattern": f"^{DNS_NAME}$", "maxLength": 253}
+SECRET_KEY = {"pattern": r"^[-._a-zA-Z0-9]+$", "maxLength": 253}
+
+
+def _name(description: str, **extra: Any) -> dict[str, Any]:
+    return _str(description, **DNS_SUBDOMAIN, **extra)
+
+
 def _map(description: str, values: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "description": description, "additionalProperties": values}
 
@@ -62,6 +73,7 @@ def engine_schema() -> dict[str, Any]:
     source = EngineConfig.model_json_schema(by_alias=True)
     defs = source.get("$defs", {})
     props = {name: _structural(field, defs) for name, field in source["properties"].items()}
+    props["dtype"]["enum"] = [*props["dtype"]["enum"], *DTYPE_ALIASES]  # vLLM's spellings, as the server takes them
     return _obj(
         "Initial engine knobs of this pool (the server's EngineConfig, camelCase). The operator writes "
         "them to the pool's engine ConfigMap; pods apply live knobs at their next step, without a restart. "
@@ -162,12 +174,19 @@ def _pod_options() -> dict[str, Any]:
             "imagePullSecrets": {
                 "type": "array",
                 "description": "Secrets (names) for pulling the image from a private registry.",
-                "items": {"type": "string"},
+                "items": {"type": "string", **DNS_SUBDOMAIN},
+                "x-kubernetes-list-type": "set",
             },
-            "serviceAccountName": _str("ServiceAccount of the engine pods, e.g. for a cloud workload identity."),
-            "priorityClassName": _str("PriorityClass of the pods."),
-            "runtimeClassName": _str("RuntimeClass of the engine pods, e.g. nvidia."),
-            "env": {"type": "array", "description": "More env for the server containers.", "items": env_var},
+            "serviceAccountName": _name("ServiceAccount of the engine pods, e.g. for a cloud workload identity."),
+            "priorityClassName": _name("PriorityClass of the pods."),
+            "runtimeClassName": _name("RuntimeClass of the engine pods, e.g. nvidia."),
+            "env": {
+                "type": "array",
+                "description": "More env for the server containers.",
+                "items": env_var,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
             "annotations": _map("Annotations of the pods.", {"type": "string"}),
             "labels": _map("More labels of the pods (not under llmfleet.io/, the operator's).", {"type": "string"}),
             "affinity": _preserve("A Kubernetes Affinity for the pods (node, pod and anti-affinity)."),
@@ -190,7 +209,7 @@ def _pod_options() -> dict[str, Any]:
             "x-kubernetes-validations": [
                 {
                     "rule": "!(has(self.maxSurge) && has(self.maxUnavailable)) || "
-                    "!(string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])",
+                    "!(string(self.maxSurge).matches('^0+%?$') && string(self.maxUnavailable).matches('^0+%?$'))",
                     "message": "maxSurge and maxUnavailable cannot both be 0",
                 }
             ]
@@ -327,7 +346,7 @@ def spec_schema() -> dict[str, Any]:
         "The desired serving fleet.",
         {
             "model": model,
-            "image": _str("Server image (runs `llm-fleet serve`).", default=DEFAULT_IMAGE),
+            "image": _str("Server image (runs `llm-fleet serve`).", default=DEFAULT_IMAGE, minLength=1),
             "imagePullPolicy": _str(
                 "Image pull policy.", enum=["Always", "IfNotPresent", "Never"], default="IfNotPresent"
             ),
@@ -358,8 +377,19 @@ def spec_schema() -> dict[str, Any]:
                 "'Authorization: Bearer <key>' on /v1 paths, and the pods' own calls to each other carry "
                 "it. Probes and Prometheus scrapes need none.",
                 {
-                    "name": _str("The Secret, in the InferenceService's namespace."),
-                    "key": _str("The key within it.", default="api-key"),
+                    "name": _name("The Secret, in the InferenceService's namespace."),
+                    "key": _str("The key within it.", default="api-key", **SECRET_KEY),
+                },
+                required=["name"],
+            ),
+            "kvTransferSecret": _obj(
+                "A Secret key holding a random token the router and the prefill and decode servers share: "
+                "KV transfers (kv_transfer_params, /v1/kv) then need it, so a client holding the API key "
+                "cannot send a decode server KV of its own making or have it fetch from another URL. "
+                "Set it for a disaggregated fleet whose Services clients can reach.",
+                {
+                    "name": _name("The Secret, in the InferenceService's namespace."),
+                    "key": _str("The key within it.", default="token", **SECRET_KEY),
                 },
                 required=["name"],
             ),
@@ -453,6 +483,9 @@ def status_schema() -> dict[str, Any]:
             "url": _str("Where clients in the cluster send OpenAI API requests: the client Service."),
             "batch": _int("maxBatchSize of the decode (or colocated) pool."),
             "pools": _map("Per pool: colocated, prefill, decode, router.", pool),
+            "handoverPool": _str(
+                "During a mode switch: the old mode's entry pool, which clients stay on until the new pools are ready."
+            ),
             "tuner": tuner,
             "latency": latency,
             "lastDecision": decision,

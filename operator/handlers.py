@@ -133,14 +133,18 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: logging.Logger) -> Outcome:
-    """One pass for one InferenceService, posting Events for what changed. Safe to call any time."""
+    """One pass for one InferenceService, posting Events for what changed. Safe to call any time:
+    the pass converges to the object as the API server has it now, read under the lock, so a pass
+    that waited there (behind a tuner run, say) never applies an older spec over a newer one's."""
     state: OperatorState = memo.llmfleet
-    raw = copy.deepcopy(dict(body))
-    meta = raw["metadata"]
+    meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         return Outcome()  # going away: the garbage collector takes the children
     async with state.lock(meta["namespace"], meta["name"]):
         try:
+            raw = await state.client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
+            if raw is None or raw["metadata"].get("deletionTimestamp"):
+                return Outcome()
             served = await state.pod_monitor_served()
             outcome = await converge(state.client, raw, pod_monitor=served, pod_monitor_labels=state.pod_monitor_labels)
         except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
@@ -248,8 +252,5 @@ async def deployment_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.L
     )
     if owner_name is None or body.metadata.namespace is None:
         return
-    state: OperatorState = memo.llmfleet
-    owner = await state.client.get(INFERENCE_SERVICE, body.metadata.namespace, owner_name)
-    if owner is None or owner["metadata"].get("deletionTimestamp"):
-        return  # going away: the garbage collector takes the children
-    await reconcile_now(owner, memo, logger)
+    # the pass reads the owner itself, and does nothing for one that is gone or going away
+    await reconcile_now({"metadata": {"namespace": body.metadata.namespace, "name": owner_name}}, memo, logger)

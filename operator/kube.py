@@ -203,15 +203,17 @@ class KubeClient:
             item.setdefault("kind", kind.kind)
         return items
 
-    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply: creates the object or takes over exactly the fields it names."""
+    async def apply(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply: creates the object or takes over exactly the fields it names. A dry
+        run is validated and admitted as the write would be, and stores nothing."""
         kind = kind_of(obj)
         meta = obj["metadata"]
+        params = {"fieldManager": FIELD_MANAGER, "force": "true"} | ({"dryRun": "All"} if dry_run else {})
         return await self.request(
             "PATCH",
             kind.path(meta.get("namespace"), meta["name"]),
             body=obj,
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params=params,
             content_type="application/apply-patch+yaml",  # JSON is YAML
         )
 

@@ -29,7 +29,7 @@ import yaml
 from llmfleet.server.config import EngineConfig, ValidationError
 
 from .apply import EXTERNAL, REPLICAS_OWNER
-from .spec import MODELS_DIR, POOL_NAMES, TUNABLE_KNOBS, InferenceServiceSpec, PodOptions, Pool
+from .spec import MODELS_DIR, POOL_NAMES, TUNABLE_KNOBS, InferenceServiceSpec, PodOptions, Pool, knob_range
 
 SERVER_PORT = 8000
 CONFIG_DIR = "/etc/llm-fleet"
@@ -135,7 +135,10 @@ def effective_engine(spec: InferenceServiceSpec, pool: str, tuner: TunerState | 
                 continue
             bound = pool_spec.bounds.get(knob)
             try:
-                setattr(config, attr, type(getattr(config, attr))(bound.clamp(value) if bound is not None else value))
+                if bound is not None:  # whole numbers within a fractional bound, as the tuner reads it
+                    low, high = knob_range(knob, *bound.limits())
+                    value = min(max(value, low), high)
+                setattr(config, attr, type(getattr(config, attr))(value))
                 break
             except (ValidationError, TypeError, ValueError):  # outside what the engine accepts
                 continue
@@ -247,20 +250,22 @@ def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], re
             {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            *_api_key_env(spec),
+            *_secret_env(spec),
             *spec.pod.env,
         ],
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
 
 
-def _api_key_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """VLLM_API_KEY from the spec's Secret: every role reads it as its --api-key."""
-    secret = spec.api_key_secret
-    if secret is None:
-        return []
-    ref = {"secretKeyRef": {"name": secret.name, "key": secret.key}}
-    return [{"name": "VLLM_API_KEY", "valueFrom": ref}]
+def _secret_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """From the spec's Secrets, for every role: VLLM_API_KEY (its --api-key) and the fleet's
+    KV-transfer token."""
+    named = (("VLLM_API_KEY", spec.api_key_secret), ("LLMFLEET_KV_TRANSFER_TOKEN", spec.kv_transfer_secret))
+    return [
+        {"name": env, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
+        for env, secret in named
+        if secret is not None
+    ]
 
 
 def _pod_template(
@@ -343,7 +348,8 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
     container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
     volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]
     if spec.model.volume:
-        volumes.append({"name": "models", **spec.model.volume})
+        source = {key: value for key, value in spec.model.volume.items() if key != "name"}  # the mount names it
+        volumes.append({"name": "models", **source})
         container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
     template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod)
     template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)

@@ -94,13 +94,6 @@ class Bound(_Model):
         """(min, max), a missing side unbounded."""
         return (-math.inf if self.min is None else self.min, math.inf if self.max is None else self.max)
 
-    def clamp(self, value: float) -> float:
-        if self.min is not None:
-            value = max(value, self.min)
-        if self.max is not None:
-            value = min(value, self.max)
-        return value
-
 
 def is_integer_knob(knob: str) -> bool:
     return EngineConfig.model_fields[TUNABLE_KNOBS[knob]].annotation is int
@@ -179,7 +172,9 @@ class Router(_Model):
 
 
 # Env the operator sets on every server container itself (reconcile.py): a pod option may not set them.
-RESERVED_ENV = frozenset({"LLMFLEET_CACHE", "HOME", "POD_NAME", "POD_NAMESPACE", "VLLM_API_KEY"})
+RESERVED_ENV = frozenset(
+    {"LLMFLEET_CACHE", "HOME", "POD_NAME", "POD_NAMESPACE", "VLLM_API_KEY", "LLMFLEET_KV_TRANSFER_TOKEN"}
+)
 RESERVED_LABEL_PREFIX = "llmfleet.io/"  # the operator's selector labels
 
 
@@ -213,19 +208,36 @@ class PodOptions(_Model):
 
     @model_validator(mode="after")
     def _rollout_moves(self) -> PodOptions:
-        if str(self.max_surge).rstrip("%") == "0" and str(self.max_unavailable).rstrip("%") == "0":
+        # as the API server reads them: numbers ("00%" is 0), and no more than all pods unavailable
+        if _amount(self.max_surge) == 0 and _amount(self.max_unavailable) == 0:
             raise ValueError("maxSurge and maxUnavailable cannot both be 0: a rollout could never move")
+        if str(self.max_unavailable).endswith("%") and _amount(self.max_unavailable) > 100:
+            raise ValueError(f"maxUnavailable {self.max_unavailable}: at most 100%")
         return self
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _pull_secrets_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) < len(value):  # a list the API server keys by name: a duplicate fails the apply
+            raise ValueError(f"imagePullSecrets names a Secret twice: {value}")
+        return value
 
     @field_validator("env")
     @classmethod
     def _own_names(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen: set[str] = set()
         for item in value:
             name = item.get("name")
             if not isinstance(name, str) or not name:
                 raise ValueError("every env entry needs a name")
+            if name in seen:  # a list the API server keys by name: a duplicate fails the apply
+                raise ValueError(f"env {name} is given twice")
+            seen.add(name)
             if name in RESERVED_ENV:
-                raise ValueError(f"env {name} is set by the operator (use apiKeySecret for VLLM_API_KEY)")
+                raise ValueError(
+                    f"env {name} is set by the operator (use apiKeySecret for VLLM_API_KEY, "
+                    "kvTransferSecret for LLMFLEET_KV_TRANSFER_TOKEN)"
+                )
         return value
 
     @field_validator("labels")
@@ -234,7 +246,44 @@ class PodOptions(_Model):
         taken = sorted(k for k in value if k.startswith(RESERVED_LABEL_PREFIX))
         if taken:
             raise ValueError(f"labels {taken}: the {RESERVED_LABEL_PREFIX} prefix holds the operator's selector labels")
+        for key, text in value.items():
+            if problem := _metadata_key_problem(key) or _label_value_problem(text):
+                raise ValueError(f"label {key}: {problem}")
         return value
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotation_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if problem := _metadata_key_problem(key):
+                raise ValueError(f"annotation {key}: {problem}")
+        return value
+
+
+# The API server's rules for label and annotation keys and label values: checked here, so a bad
+# one is a condition on the InferenceService, not a write refused after others have landed.
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"  # the CRD's names too
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
+
+
+def _metadata_key_problem(key: str) -> str | None:
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return "the key's prefix must be a DNS subdomain (lower-case letters, digits, '-' and '.')"
+    if not (len(name) <= 63 and _QUALIFIED_NAME.fullmatch(name)):
+        return "the key's name must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+    return None
+
+
+def _label_value_problem(value: str) -> str | None:
+    if value == "" or (len(value) <= 63 and _QUALIFIED_NAME.fullmatch(value)):
+        return None
+    return f"value {value!r} must be at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+
+
+def _amount(value: int | str) -> int:
+    return int(str(value).rstrip("%"))
 
 
 class SecretKey(_Model):
@@ -242,6 +291,10 @@ class SecretKey(_Model):
 
     name: str = Field(min_length=1)
     key: str = Field("api-key", min_length=1)
+
+
+class KVTransferSecret(SecretKey):
+    key: str = Field("token", min_length=1)
 
 
 class InferenceServiceSpec(_Model):
@@ -254,6 +307,8 @@ class InferenceServiceSpec(_Model):
     autotune: Autotune = Field(default_factory=Autotune)
     router: Router = Field(default_factory=Router)
     api_key_secret: SecretKey | None = None  # vLLM's --api-key for every pod, from this Secret
+    # the token of the fleet's own KV-transfer paths (server/api/auth.py), for every pod
+    kv_transfer_secret: KVTransferSecret | None = None
     pod: PodOptions = Field(default_factory=PodOptions)
     # An HPA, KEDA or `kubectl scale` owns the Deployments' replicas: set only at creation
     external_autoscaler: bool = False

@@ -244,6 +244,8 @@ class Tuner:
             if pods < cur:  # none fewer either: the pods still starting are what the SLO waits for
                 raw = max(raw, int(cur))
                 why += f"; SLO violated with {used}, but {pods} of {_num(cur)} pods ready: waiting for them"
+            elif units <= 0:
+                why += f"; SLO violated with {used} over a window whose traffic has ended: no replica for that"
             elif m.slo_window_s and latency <= 1.0:
                 why += (f"; SLO violated over {m.window_s:.0f} s with {used}, but met over its "
                         f"{m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that")  # fmt: skip

@@ -379,13 +379,18 @@ class Cluster(KubernetesEmulator):
         if not manager:
             raise KubernetesError(status=400, reason="BadRequest", message="fieldManager is required for apply")
         applied_key = (*key, manager)
+        dry_run = request.params.get("dryRun") == "All"  # validated as a write, stored nowhere
         if current is None:
             obj = self._new_object(res, key[1], data)
+            if dry_run:
+                return 201, obj
             self._commit(*key, None, obj)
             self.applied[applied_key] = copy.deepcopy(data)
             return 201, copy.deepcopy(self.store[key])
         patch = merge_patch(removals(self.applied.get(applied_key, {}), data) or {}, data)
         new = self._preserve_server_fields(current, merge_patch(current, patch), request.subresource, info)
+        if dry_run:
+            return 200, new
         self.applied[applied_key] = copy.deepcopy(data)
         self._commit(*key, current, new)
         return 200, copy.deepcopy(self.store.get(key, new))
@@ -393,8 +398,12 @@ class Cluster(KubernetesEmulator):
     # -- assertions --------------------------------------------------------------------------------
 
     def writes(self) -> list[str]:
-        """Every write request so far, as 'METHOD /path'."""
-        return [f"{_method(r)} {r.url.path}" for r in list(self._requests) if _method(r) in WRITE_METHODS]
+        """Every write request so far, as 'METHOD /path' (dry runs are no writes)."""
+        return [
+            f"{_method(r)} {r.url.path}"
+            for r in list(self._requests)
+            if _method(r) in WRITE_METHODS and r.params.get("dryRun") != "All"
+        ]
 
     def calls(self) -> list[Call]:
         """Every resource request so far."""

@@ -8,7 +8,7 @@ import pytest
 from kmock import ResourceInfo
 
 from llmfleet.operator.converge import converge
-from llmfleet.operator.kube import INFERENCE_SERVICE, POD_MONITOR, ApiError
+from llmfleet.operator.kube import CONFIG_MAP, INFERENCE_SERVICE, POD_MONITOR, ApiError
 
 from .emulator import Fault
 
@@ -61,6 +61,24 @@ async def test_an_object_the_api_server_rejects_degrades_with_its_message(runnin
     assert recovered.degraded is None
     assert [e.reason for e in recovered.events] == ["Applied", "Recovered"]
     assert condition(await fetch(client), "Degraded")["status"] == "False"
+
+
+async def test_an_edit_the_api_server_refuses_in_part_lands_in_none(running, client):
+    """A knob and a pod option in one edit, and the Deployment refused: the ConfigMap, applied
+    first, had changed, and the pods took its knobs live beside a status that said otherwise."""
+    body = await create(client)
+    await converge(client, body, pod_monitor=False)
+    config_map = (await client.get(CONFIG_MAP, "ml", "svc-colocated-engine"))["data"]
+    edit = {**SPEC, "pools": {"colocated": {"engine": {"maxBatchSize": 48}}}, "pod": {"env": [{"name": "A"}]}}
+    await client.request("PATCH", INFERENCE_SERVICE.path("ml", "svc"), body={"spec": edit},
+                         content_type="application/merge-patch+json")  # fmt: skip
+    running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/deployments/", 422, times=1)))
+    outcome = await converge(client, await fetch(client), pod_monitor=False)
+    assert outcome.degraded is not None and outcome.degraded.reason == "ApplyFailed"
+    assert (await client.get(CONFIG_MAP, "ml", "svc-colocated-engine"))["data"] == config_map
+
+    await converge(client, await fetch(client), pod_monitor=False)  # the API server takes it now
+    assert "max_batch_size: 48" in (await client.get(CONFIG_MAP, "ml", "svc-colocated-engine"))["data"]["engine.yaml"]
 
 
 async def test_server_trouble_is_raised_for_a_retry(running, client, monkeypatch):

@@ -137,6 +137,12 @@ SCHEMA_REJECTS = {
     "startup timeout 5 s": (with_("pod.startupTimeoutSeconds", 5), "less than the minimum"),
     "negative max surge": (with_("pod.maxSurge", -1), "less than the minimum"),
     "max surge in words": (with_("pod.maxSurge", "lots"), "does not match"),
+    # names and keys the API server would refuse in the Deployment, after other objects were written
+    "a service account name with _": (with_("pod.serviceAccountName", "Bad_Name"), "does not match"),
+    "a pull secret with a space": (with_("pod.imagePullSecrets", ["my registry"]), "does not match"),
+    "an API key Secret in capitals": (with_("apiKeySecret", {"name": "My_Secret"}), "does not match"),
+    "a Secret key with a space": (with_("kvTransferSecret", {"name": "kv", "key": "a b"}), "does not match"),
+    "no image": (with_("image", ""), "should be non-empty"),
     # CEL rules
     "both builtin and path": (with_("model.path", "/models/x"), "exactly one of builtin or path"),
     "neither builtin nor path": (with_("model", {"name": "x"}), "exactly one of builtin or path"),
@@ -150,6 +156,7 @@ SCHEMA_REJECTS = {
         "needs pools.prefill and pools.decode",
     ),
     "a rollout that cannot move": (with_("pod", {"maxSurge": 0, "maxUnavailable": "0%"}), "cannot both be 0"),
+    "a rollout that cannot move, zeros": (with_("pod", {"maxSurge": "00%", "maxUnavailable": 0}), "cannot both be 0"),
     "two autoscalers": (with_("externalAutoscaler", True), "needs autotune.enabled: false"),
 }
 
@@ -179,6 +186,14 @@ def test_the_name_must_fit_every_service_the_operator_names_after_it(crd, name, 
     pytest.importorskip("celpy")
     errors = crdcheck.validate({**document(BASE), "metadata": {"name": name}}, crd)
     assert (errors == []) == accepted, errors
+
+
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16", "half", "float"])
+def test_every_dtype_spelling_the_server_takes_passes_the_schema(crd, dtype):
+    """vLLM's half and float: the server took them, kubectl apply refused them."""
+    spec = with_("pools.colocated.engine.dtype", dtype)
+    assert crdcheck.validate(document(spec), crd) == []
+    parse_spec(spec)
 
 
 def test_pod_options_pass_the_schema_and_survive_its_pruning(crd):
@@ -226,6 +241,19 @@ OPERATOR_REJECTS = {
     ),
     "disaggregated without pools": (with_("mode", "disaggregated"), "InvalidSpec", "needs pools"),
     "a rollout that cannot move": (with_("pod", {"maxSurge": "0%", "maxUnavailable": 0}), "InvalidSpec", "both be 0"),
+    # what the API server would refuse in the Deployment (a 422), or in a server-side apply (a 500 retried for ever)
+    "a rollout that cannot move, zeros": (
+        with_("pod", {"maxSurge": "00%", "maxUnavailable": 0}),
+        "InvalidSpec",
+        "both be 0",
+    ),
+    "more than all pods unavailable": (with_("pod", {"maxUnavailable": "150%"}), "InvalidSpec", "at most 100%"),
+    "an env name twice": (
+        with_("pod", {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}),
+        "InvalidSpec",
+        "env A is given twice",
+    ),
+    "a pull secret twice": (with_("pod", {"imagePullSecrets": ["r", "r"]}), "InvalidSpec", "names a Secret twice"),
     "two autoscalers": (with_("externalAutoscaler", True), "InvalidSpec", "needs autotune.enabled: false"),
     "inverted bounds": (
         with_("pools.colocated.bounds", {"maxBatchSize": {"min": 64, "max": 8}}),

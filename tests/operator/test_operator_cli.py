@@ -15,14 +15,18 @@ import pytest
 from llmfleet.cli import main
 
 from .conftest import eventually, free_port, inference_service
+from .emulator import kubeconfig
 
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
 
 
 @pytest.fixture
-def kopf_run(monkeypatch):
+def kopf_run(monkeypatch, tmp_path):
     import kopf
 
+    config = tmp_path / "kubeconfig"  # credentials it can read: the command checks them first
+    config.write_text(kubeconfig("http://127.0.0.1:1"))
+    monkeypatch.setenv("KUBECONFIG", str(config))
     calls = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
@@ -101,6 +105,27 @@ def test_operator_with_a_busy_metrics_port_stops_before_kopf_starts(kopf_run):
         port = listener.getsockname()[1]
         with pytest.raises(SystemExit, match=f"cannot serve metrics on --metrics-port {port}: Address already in use"):
             main(["operator", "--metrics-port", str(port)])
+    assert not kopf_run
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (None, "No such file or directory"),
+        ("{{{", "the kubeconfig is no YAML"),
+        ("apiVersion: v1\nkind: Config\n", "Current context is not set"),
+        ("apiVersion: v1\nkind: Config\ncurrent-context: kind\ncontexts: []", "names 'kind' but does not define it"),
+    ],
+)
+def test_operator_without_credentials_it_can_read_stops_before_kopf_starts(config, words, kopf_run, tmp_path,
+                                                                           monkeypatch):  # fmt: skip
+    """kopf logged the failed startup with a traceback and retried it every minute, for ever."""
+    path = tmp_path / "missing"
+    if config is not None:
+        path.write_text(config)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    with pytest.raises(SystemExit, match=f"llm-fleet operator: no Kubernetes API to talk to: .*{words}"):
+        main(["operator", "--metrics-port", "0"])
     assert not kopf_run
 
 

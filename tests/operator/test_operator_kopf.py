@@ -7,6 +7,8 @@ The resync timer runs every 2 s here, so "no write" is checked across several pa
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 import yaml
@@ -221,6 +223,37 @@ def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_r
     assert entry() == "colocated"
 
 
+@pytest.mark.parametrize("blip", ["old pool unready", "client Service deleted"])
+def test_a_mode_switch_once_begun_holds_through_a_blip(kube, operator, blip):
+    """The handover was read from live state alone: one pass that saw the old entry's only pod
+    restarting (its PDB allows it), or no client Service, pruned the pool that served, and moved
+    clients to a router with nothing ready behind it: an outage until the new pools loaded."""
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    mark_ready(kube, "tiny-colocated")
+    settle(kube, "tiny", 1)
+    kube.patch("InferenceService", "tiny", {"spec": {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}})
+    both = {kind: COLOCATED[kind] | DISAGGREGATED[kind] for kind in COLOCATED}
+    eventually(lambda: children(kube) == both)
+    assert settle(kube, "tiny", 2)["status"]["handoverPool"] == "colocated"
+
+    if blip == "old pool unready":
+        kube.patch("Deployment", "tiny-colocated", {"status": {"readyReplicas": 0}}, subresource="status")
+    else:
+        kube.delete("Service", "tiny")
+    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})  # a pass now, not at resync
+    eventually(lambda: kube.get("Service", "tiny") is not None)
+    time.sleep(2)
+    assert children(kube) == both
+    assert kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "colocated"
+
+    for pool in ("prefill", "decode", "router"):
+        mark_ready(kube, f"tiny-{pool}")
+    eventually(lambda: children(kube) == DISAGGREGATED)
+    assert kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "router"
+    eventually(lambda: "handoverPool" not in kube.get("InferenceService", "tiny")["status"])
+
+
 def test_deletion_does_not_wait_for_a_resync_in_flight(kube, monkeypatch):
     """kopf releases its finalizer once every daemon and timer of the object has exited. A resync
     caught in its API calls at that moment is not "instantly" done, and kopf's default then polls
@@ -228,7 +261,6 @@ def test_deletion_does_not_wait_for_a_resync_in_flight(kube, monkeypatch):
     1.5 s keep the 2 s resync in flight most of the time; deletion must still go through at once."""
     import asyncio
     import threading
-    import time
 
     from llmfleet.operator import handlers
 

@@ -4,6 +4,8 @@ Deployment, Events, decision metrics) and what it leaves alone."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 import pytest
@@ -210,9 +212,13 @@ def test_turned_on_again_the_tuner_starts_from_the_spec(kube, operator, scripted
     settle(kube, "tiny", 1)
     eventually(lambda: engine_of(kube)["max_batch_size"] < 32, timeout=20)
     off = {"autotune": {"enabled": False}, "pools": {"colocated": {"engine": {"maxBatchSize": 48}}}}
+    assert kube.get("InferenceService", "tiny")["status"]["latency"]
     kube.patch("InferenceService", "tiny", {"spec": off})
     eventually(lambda: "tuner" not in kube.get("InferenceService", "tiny")["status"], timeout=10)
     assert engine_of(kube)["max_batch_size"] == 48
+    status = kube.get("InferenceService", "tiny")["status"]
+    assert "latency" not in status  # kubectl get's TTFT-p95/ITL-p95 columns: nobody measures them now
+    assert status["lastDecision"]  # what it last did, with its time
     scripted.stale = True  # runs from now on hold: only reconcile could move the knob
     kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"enabled": True}}})
     eventually(lambda: kube.condition("tiny", "TunerActive")["reason"] == "MetricsUnavailable", timeout=20)
@@ -256,3 +262,32 @@ async def test_a_run_replaces_what_earlier_runs_wrote(running, client, scripted)
     assert "itlP95Ms" not in status["latency"] and status["latency"]["ttftP95Ms"] == 200.0
     assert "reason" not in status["lastDecision"]["inputs"]["colocated"]
     assert set(status["tuner"]["replicas"]) == set(status["tuner"]["knobs"]) == {"colocated"}
+
+
+def test_a_spec_edit_made_during_a_tuner_run_is_not_undone_by_it(kube, operator, scripted, monkeypatch):
+    """The edit's pass waits behind the run's lock; the run's own pass, after it, applied the spec
+    the run had read: an image rolled 0.1.0 -> 0.2.0 -> 0.1.0 -> 0.2.0, two rollouts too many."""
+    started = threading.Event()
+
+    class Slow(ScriptedSource):  # a slow Prometheus or slow pods' /metrics
+        async def snapshot(self, pool, window_s):
+            started.set()
+            await asyncio.sleep(1.0)
+            return await super().snapshot(pool, window_s)
+
+    monkeypatch.setattr(tuning, "ScrapeSource", Slow)
+    kube.create(inference_service("tiny", SPEC))
+    settle(kube, "tiny", 1)
+    started.clear()
+    assert started.wait(20)
+    kube.patch("InferenceService", "tiny", {"spec": {"image": "ghcr.io/llm-fleet/llm-fleet:0.2.0"}})
+    settle(kube, "tiny", 2)
+    time.sleep(2)  # the run's own pass comes after the edit's
+    images = [
+        change.object["spec"]["template"]["spec"]["containers"][0]["image"]
+        for change in kube.cluster.changes
+        if change.resource.endswith("deployments") and change.type in ("ADDED", "MODIFIED")
+    ]
+    rollouts = [image for n, image in enumerate(images) if n == 0 or images[n - 1] != image]
+    assert rollouts == ["ghcr.io/llm-fleet/llm-fleet:0.1.0", "ghcr.io/llm-fleet/llm-fleet:0.2.0"]
+    assert kube.get("InferenceService", "tiny")["status"]["observedGeneration"] == 2

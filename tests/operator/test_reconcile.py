@@ -167,6 +167,33 @@ def test_an_api_key_secret_reaches_every_pod_as_vllm_api_key(repo_root):
     assert "VLLM_API_KEY" not in str(plain)
 
 
+def test_the_model_volume_is_named_by_the_operator_whatever_its_source_says(repo_root):
+    """A name in model.volume replaced "models": two volumes named tmp (an apply the API server
+    fails with a 500, retried for ever), or a mount of a volume that no longer existed."""
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    raw = spec.model_dump(by_alias=True, exclude_none=True)
+    named = parse_spec({**raw, "model": {**raw["model"], "volume": {**raw["model"]["volume"], "name": "tmp"}}})
+    for deployment in by_kind(desired_objects(owner, named), "Deployment").values():
+        volumes = [v["name"] for v in deployment["spec"]["template"]["spec"].get("volumes", [])]
+        assert len(volumes) == len(set(volumes))
+        mounts = {m["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for m in c["volumeMounts"]}
+        assert mounts <= set(volumes)
+
+
+def test_a_kv_transfer_secret_reaches_the_router_and_every_server(repo_root):
+    from llmfleet.server.api.auth import KV_TOKEN_ENV
+
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    raw = spec.model_dump(by_alias=True, exclude_none=True)
+    tokened = parse_spec({**raw, "kvTransferSecret": {"name": "rag-kv"}})
+    for deployment in by_kind(desired_objects(owner, tokened), "Deployment").values():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env[KV_TOKEN_ENV]["valueFrom"] == {"secretKeyRef": {"name": "rag-kv", "key": "token"}}
+    with pytest.raises(SpecError, match="kvTransferSecret for LLMFLEET_KV_TRANSFER_TOKEN"):
+        parse_spec({**raw, "pod": {"env": [{"name": KV_TOKEN_ENV, "value": "x"}]}})
+
+
 POD_OPTIONS = {
     "imagePullSecrets": ["registry"],
     "serviceAccountName": "models-reader",
@@ -213,6 +240,13 @@ def test_pod_options_reach_the_pods_as_a_pod_spec_takes_them(repo_root):
         ({"env": [{"name": "VLLM_API_KEY", "value": "x"}]}, "set by the operator"),
         ({"env": [{"value": "x"}]}, "needs a name"),
         ({"labels": {"llmfleet.io/pool": "x"}}, "selector labels"),
+        # what the API server would refuse after other objects had been written: a half-applied edit
+        ({"labels": {"team": "a b"}}, "label team: value 'a b' must be"),
+        ({"labels": {"team": "x" * 64}}, "at most 63"),
+        ({"labels": {"Example.com/team": "a"}}, "prefix must be a DNS subdomain"),
+        ({"labels": {"-team": "a"}}, "name must be 1-63"),
+        ({"annotations": {"a/b/c": "anything goes in a value"}}, "annotation a/b/c: the key's prefix"),
+        ({"annotations": {"": "x"}}, "name must be 1-63"),
     ],
 )
 def test_pod_options_cannot_take_what_the_operator_sets(options, words):
@@ -304,6 +338,22 @@ def test_tuner_values_the_engine_rejects_are_ignored(repo_root):
     engine = effective_engine(spec, "prefill", tuner)
     assert engine.max_batch_size == 16 and engine.batch_timeout_ms == 0.0  # the spec's values
     assert engine.max_num_batched_tokens == 4096
+
+
+@pytest.mark.parametrize(("asked", "expected"), [(4, 11), (None, 11), (40, 20)])
+def test_a_fractional_bound_on_a_whole_number_knob_holds_whole_numbers_within_it(asked, expected):
+    """int() truncated the clamped value: min 10.5 gave 10, below the bound (the tuner reads 11)."""
+    spec = parse_spec(
+        {
+            "model": {"builtin": "tiny"},
+            "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
+            "pools": {
+                "colocated": {"engine": {"maxBatchSize": 4}, "bounds": {"maxBatchSize": {"min": 10.5, "max": 20.5}}}
+            },
+        }
+    )
+    tuner = TunerState(knobs={} if asked is None else {"colocated": {"maxBatchSize": asked}})
+    assert effective_engine(spec, "colocated", tuner).max_batch_size == expected
 
 
 knob_values = st.one_of(st.none(), st.integers(-10, 10_000), st.floats(-5, 1e5, allow_nan=False))

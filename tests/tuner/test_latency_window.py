@@ -44,6 +44,22 @@ def test_the_widening_stops_at_four_windows() -> None:
     assert m.latency_window_s is None
 
 
+def test_an_idle_pool_takes_no_latencies_from_traffic_that_has_ended() -> None:
+    """Quantiles from up to 2 minutes back made the tuner add replicas to a pool nobody used."""
+    source = SparseSource()
+    idle = metrics(ttft_ms=None, itl_ms=None, queue_ms=None, rate=0.0, prompt_tps=0, gen_tps=0, running=0, waiting=0,
+                   missing={"ttft": "ttft: 0 observations in the 30 s window (< 20)"})  # fmt: skip
+
+    async def snapshot(pool: PoolRef, window_s: float) -> PoolMetrics:
+        source.windows.append(window_s)
+        return idle if window_s == 30.0 else await SparseSource.snapshot(source, pool, window_s)
+
+    source.snapshot = snapshot
+    m = asyncio.run(snapshot_widening_latency(source, POOL, 30.0))
+    assert source.windows == [30.0]
+    assert m.ttft.p95 is None and m.latency_window_s is None
+
+
 class ByWindowSource:
     """TTFT p95 450 ms over the last 30 s, 350 ms over 60 s: a short burst inside a calmer minute."""
 

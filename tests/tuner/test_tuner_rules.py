@@ -107,6 +107,21 @@ CASES = [
         says=["batchTimeoutMs at its minimum 0", "at its limit -> 2, where the owned latency projects within it"],
     ),
     Case(
+        "TTFT over SLO in a window whose traffic has ended: no replica for an idle pool",
+        colocated(
+            ttft_ms=800,
+            queue_ms=600,
+            rate=0,
+            prompt_tps=0,
+            gen_tps=0,
+            running=0,
+            mean_batch=None,
+            current=settings(timeout=0),
+        ),
+        unchanged=[("colocated", REPLICAS)],
+        says=["over a window whose traffic has ended: no replica for that"],
+    ),
+    Case(
         "TTFT far over SLO, mostly queueing, with the window at its minimum: the replicas that project within it",
         # demand 0.75 on 1 pod; TTFT 1500 = 1300 queued + 200 prefill: at 2 pods (rho 0.375) the
         # wait shrinks by (0.375 / 0.625) / (0.75 / 0.25) = 0.2 -> 460 ms, within the 500 ms SLO
