@@ -24,9 +24,16 @@ import yaml
 from llmfleet.operator import promql
 from llmfleet.operator.tuner_model import KNOB_FIELDS
 
+POOL_LABELS = "namespace, inference_service, pool"  # a pool name is unique only within its service
+SERVICE_LABELS = "namespace, inference_service"
+POOL_LEGEND = "{{inference_service}}/{{pool}}"
 SELECTOR = 'namespace=~"$namespace",inference_service=~"$service",pool=~"$pool"'
 POD_SELECTOR = SELECTOR + ',pod=~"$pod"'  # the PodMonitor copies the pod name into `pod`
-TUNER_SELECTOR = 'namespace=~"$namespace",inference_service=~"$service"'
+# For the operator's per-service series (llmfleet_tuner_hold, llmfleet_slo_seconds), which carry no
+# pool; its per-pool ones (decisions, knob values, replicas) take SELECTOR like the servers'.
+SERVICE_SELECTOR = 'namespace=~"$namespace",inference_service=~"$service"'
+# The template variables' source: every role exports it, the router too (it has no engine gauges).
+ROLE_INFO = "llmfleet_role_info"
 RATE = "$__rate_interval"
 E2E = "vllm:e2e_request_latency_seconds"
 PROMPT_LENGTH = "vllm:request_prompt_tokens"
@@ -74,20 +81,34 @@ def _panel(
     return panel
 
 
-def _quantiles(metric: str, selector: str, by: str = "pool") -> list[tuple[str, str]]:
+def _quantiles(metric: str, selector: str, by: str = POOL_LABELS, legend: str = POOL_LEGEND) -> list[tuple[str, str]]:
     return [
         (
             f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{selector}}}[{RATE}])))",
-            f"p{round(q * 100)} {{{{{by}}}}}",
+            f"p{round(q * 100)} {legend}",
         )
         for q in promql.QUANTILES
     ]
 
 
+def _per_pool(aggregation: str, expr: str) -> str:
+    """One series per pool of each InferenceService: pools of two services share names."""
+    return f"{aggregation} by ({POOL_LABELS}) ({expr})"
+
+
+def _spec_knob_names(expr: str) -> str:
+    """The servers' knob labels (EngineConfig fields) renamed to the spec's, which the tuner uses."""
+    for spec_name, field in KNOB_FIELDS.items():
+        expr = f'label_replace({expr}, "knob", "{spec_name}", "knob", "{field}")'
+    return expr
+
+
 def _slo_line(kind: str) -> tuple[str, str]:
-    """The SLO as a flat line: the strictest of the selected InferenceServices' SLOs as the operator
-    exports them, else the dashboard's own variable (milliseconds; the panels are in seconds)."""
-    return f'min({SLO}{{{TUNER_SELECTOR},kind="{kind}"}}) or vector(${kind}_slo_ms / 1000)', "SLO"
+    """The SLO as flat lines: each selected InferenceService's, as the operator exports them, else the
+    dashboard's own variable (milliseconds; the panels are in seconds). `or on ()`: the variable only
+    where no service's SLO is exported."""
+    exported = f'max by ({SERVICE_LABELS}) ({SLO}{{{SERVICE_SELECTOR},kind="{kind}"}})'
+    return f"{exported} or on () vector(${kind}_slo_ms / 1000)", "SLO {{inference_service}}"
 
 
 def _variables(pod: bool) -> list[dict[str, Any]]:
@@ -117,23 +138,23 @@ def _variables(pod: bool) -> list[dict[str, Any]]:
 
     variables = [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},
-        query("namespace", "namespace", promql.RUNNING),
-        query("service", "inference_service", promql.RUNNING, 'namespace=~"$namespace"'),
-        query("pool", "pool", promql.RUNNING, 'namespace=~"$namespace",inference_service=~"$service"'),
+        query("namespace", "namespace", ROLE_INFO),
+        query("service", "inference_service", ROLE_INFO, 'namespace=~"$namespace"'),
+        query("pool", "pool", ROLE_INFO, SERVICE_SELECTOR),
         # Only where the operator exports no llmfleet_slo_seconds (its tuner is off, or no operator).
         slo("ttft_slo_ms", "TTFT p95 SLO (ms), if not exported", "500"),
         slo("itl_slo_ms", "ITL p95 SLO (ms), if not exported", "100"),
     ]
     if pod:
-        variables.append(query("pod", "pod", promql.RUNNING, SELECTOR))
+        variables.append(query("pod", "pod", ROLE_INFO, SELECTOR))
     return variables
 
 
 def decision_annotation() -> str:
     """Decisions in the last minute: counter changes, plus series born at 1 (the operator pre-creates
     each pool's series at 0, but a decision in its very first run creates and counts in one go)."""
-    d = f"{DECISIONS}{{{TUNER_SELECTOR}}}"
-    return f"sum by (pool, knob, direction) (changes({d}[1m]) > 0 or ({d} > 0 unless {d} offset 1m))"
+    d = f"{DECISIONS}{{{SELECTOR}}}"
+    return f"sum by ({POOL_LABELS}, knob, direction) (changes({d}[1m]) > 0 or ({d} > 0 unless {d} offset 1m))"
 
 
 def _dashboard(uid: str, title: str, panels: list[dict[str, Any]], *, pod: bool) -> dict[str, Any]:
@@ -145,7 +166,7 @@ def _dashboard(uid: str, title: str, panels: list[dict[str, Any]], *, pod: bool)
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "expr": decision_annotation(),
             "titleFormat": "tuner",
-            "textFormat": "{{pool}} {{knob}} {{direction}}",
+            "textFormat": f"{POOL_LEGEND} {{{{knob}}}} {{{{direction}}}}",
             "step": "30s",
         }
     ]
@@ -170,11 +191,11 @@ def _dashboard(uid: str, title: str, panels: list[dict[str, Any]], *, pod: bool)
 
 
 def fleet_overview() -> dict[str, Any]:
-    s = SELECTOR
+    s, pool = SELECTOR, POOL_LEGEND
     panels = [
         _panel(
             "Requests/s",
-            [(f"sum by (pool) (rate({promql.REQUEST_SUCCESS}{{{s}}}[{RATE}]))", "{{pool}}")],
+            [(_per_pool("sum", f"rate({promql.REQUEST_SUCCESS}{{{s}}}[{RATE}])"), pool)],
             "reqps",
             0,
             0,
@@ -183,8 +204,8 @@ def fleet_overview() -> dict[str, Any]:
         _panel(
             "Tokens/s",
             [
-                (f"sum by (pool) (rate({promql.PROMPT_TOKENS}{{{s}}}[{RATE}]))", "prompt {{pool}}"),
-                (f"sum by (pool) (rate({promql.GENERATION_TOKENS}{{{s}}}[{RATE}]))", "generated {{pool}}"),
+                (_per_pool("sum", f"rate({promql.PROMPT_TOKENS}{{{s}}}[{RATE}])"), f"prompt {pool}"),
+                (_per_pool("sum", f"rate({promql.GENERATION_TOKENS}{{{s}}}[{RATE}])"), f"generated {pool}"),
             ],
             "short",
             12,
@@ -196,7 +217,8 @@ def fleet_overview() -> dict[str, Any]:
             "s",
             0,
             8,
-            description="p50/p95/p99 per pool against the InferenceService's TTFT p95 SLO.",
+            description="p50/p95/p99 per pool against the InferenceService's TTFT p95 SLO. The tuner holds "
+            "colocated and prefill pools to it; a router's is what its clients see.",
         ),
         _panel(
             "Inter-token latency",
@@ -204,15 +226,15 @@ def fleet_overview() -> dict[str, Any]:
             "s",
             12,
             8,
-            description="p50/p95/p99 per pool against the ITL p95 SLO.",
+            description="p50/p95/p99 per pool against the ITL p95 SLO (the tuner's: colocated and decode pools).",
         ),
         _panel("End-to-end latency", _quantiles(E2E, s), "s", 0, 16),
         _panel("Queue time", _quantiles(promql.QUEUE_TIME, s), "s", 12, 16),
         _panel(
             "Queue",
             [
-                (f"sum by (pool) ({promql.WAITING}{{{s}}})", "waiting {{pool}}"),
-                (f"sum by (pool) ({promql.RUNNING}{{{s}}})", "running {{pool}}"),
+                (_per_pool("sum", f"{promql.WAITING}{{{s}}}"), f"waiting {pool}"),
+                (_per_pool("sum", f"{promql.RUNNING}{{{s}}}"), f"running {pool}"),
             ],
             "short",
             0,
@@ -221,8 +243,8 @@ def fleet_overview() -> dict[str, Any]:
         _panel(
             "KV cache usage",
             [
-                (f"max by (pool) ({promql.KV_USAGE}{{{s}}})", "max {{pool}}"),
-                (f"avg by (pool) ({promql.KV_USAGE}{{{s}}})", "mean {{pool}}"),
+                (_per_pool("max", f"{promql.KV_USAGE}{{{s}}}"), f"max {pool}"),
+                (_per_pool("avg", f"{promql.KV_USAGE}{{{s}}}"), f"mean {pool}"),
             ],
             "percentunit",
             12,
@@ -232,11 +254,11 @@ def fleet_overview() -> dict[str, Any]:
             "Batch size (running requests per step)",
             [
                 (
-                    f"sum by (pool) (rate({promql.BATCH_SIZE}_sum{{{s}}}[{RATE}])) / "
-                    f"sum by (pool) (rate({promql.BATCH_SIZE}_count{{{s}}}[{RATE}]))",
-                    "mean {{pool}}",
+                    f"{_per_pool('sum', f'rate({promql.BATCH_SIZE}_sum{{{s}}}[{RATE}])')} / "
+                    f"{_per_pool('sum', f'rate({promql.BATCH_SIZE}_count{{{s}}}[{RATE}])')}",
+                    f"mean {pool}",
                 ),
-                (f'max by (pool) ({"llmfleet_config_knob"}{{{s},knob="max_batch_size"}})', "maxBatchSize {{pool}}"),
+                (_per_pool("max", f'llmfleet_config_knob{{{s},knob="max_batch_size"}}'), f"maxBatchSize {pool}"),
             ],
             "short",
             0,
@@ -245,8 +267,8 @@ def fleet_overview() -> dict[str, Any]:
         _panel(
             "Replicas per pool",
             [
-                (f"count by (pool) ({promql.RUNNING}{{{s}}})", "serving {{pool}}"),
-                (f"max by (pool) (llmfleet_tuner_replicas{{{TUNER_SELECTOR}}})", "tuner {{pool}}"),
+                (_per_pool("count", f"{ROLE_INFO}{{{s}}}"), f"serving {pool}"),
+                (_per_pool("max", f"llmfleet_tuner_replicas{{{s}}}"), f"tuner {pool}"),
             ],
             "short",
             12,
@@ -255,26 +277,32 @@ def fleet_overview() -> dict[str, Any]:
         _panel(
             "Knob values",
             [
-                (f'max by (pool, knob) (llmfleet_config_knob{{{s},knob=~"{KNOBS}"}})', "applied {{pool}} {{knob}}"),
                 (
-                    f'max by (pool, knob) (llmfleet_tuner_knob_value{{{s},knob!="replicas"}})',
-                    "tuner {{pool}} {{knob}}",
+                    _spec_knob_names(f'max by ({POOL_LABELS}, knob) (llmfleet_config_knob{{{s},knob=~"{KNOBS}"}})'),
+                    f"applied {pool} {{{{knob}}}}",
+                ),
+                (
+                    f'max by ({POOL_LABELS}, knob) (llmfleet_tuner_knob_value{{{s},knob!="replicas"}})',
+                    f"tuner {pool} {{{{knob}}}}",
                 ),
             ],
             "short",
             0,
             40,
-            description="What the servers applied (live config), and the tuner's targets (operator metrics). "
-            "Applied lags the target by one config rollout.",
+            description="What the servers applied (live config), and the tuner's targets (operator metrics), "
+            "both under the spec's knob names. Applied lags the target by one config rollout.",
         ),
         _panel(
             "Tuner decisions",
             [
                 (
-                    f"sum by (pool, knob, direction) (increase({DECISIONS}{{{TUNER_SELECTOR}}}[5m]))",
-                    "{{pool}} {{knob}} {{direction}}",
+                    f"sum by ({POOL_LABELS}, knob, direction) (increase({DECISIONS}{{{s}}}[5m]))",
+                    f"{pool} {{{{knob}}}} {{{{direction}}}}",
                 ),
-                (f"max(llmfleet_tuner_hold{{{TUNER_SELECTOR}}})", "holding"),
+                (
+                    f"max by ({SERVICE_LABELS}) (llmfleet_tuner_hold{{{SERVICE_SELECTOR}}})",
+                    "holding {{inference_service}}",
+                ),
             ],
             "short",
             12,
@@ -288,11 +316,14 @@ def fleet_overview() -> dict[str, Any]:
 def pod_detail() -> dict[str, Any]:
     s = POD_SELECTOR
 
+    def quantiles(metric: str) -> list[tuple[str, str]]:
+        return _quantiles(metric, s, "pod", "{{pod}}")
+
     def mean(metric: str) -> str:
         return f"sum by (pod) (rate({metric}_sum{{{s}}}[{RATE}])) / sum by (pod) (rate({metric}_count{{{s}}}[{RATE}]))"
 
     panels = [
-        _panel("Engine step time", [*_quantiles(STEP, s, "pod")], "s", 0, 0),
+        _panel("Engine step time", [*quantiles(STEP)], "s", 0, 0),
         _panel("Scheduler time per step", [(mean(SCHEDULER), "mean {{pod}}")], "s", 12, 0),
         _panel("Batch size", [(mean(promql.BATCH_SIZE), "mean {{pod}}")], "short", 0, 8),
         _panel("Tokens per step", [(mean(promql.ITERATION_TOKENS), "mean {{pod}}")], "short", 12, 8),
@@ -307,8 +338,8 @@ def pod_detail() -> dict[str, Any]:
             16,
         ),
         _panel("KV cache usage", [(f"max by (pod) ({promql.KV_USAGE}{{{s}}})", "{{pod}}")], "percentunit", 12, 16),
-        _panel("Time to first token", [*_quantiles(promql.TTFT, s, "pod"), _slo_line("ttft")], "s", 0, 24),
-        _panel("Inter-token latency", [*_quantiles(promql.ITL, s, "pod"), _slo_line("itl")], "s", 12, 24),
+        _panel("Time to first token", [*quantiles(promql.TTFT), _slo_line("ttft")], "s", 0, 24),
+        _panel("Inter-token latency", [*quantiles(promql.ITL), _slo_line("itl")], "s", 12, 24),
         _panel(
             "Requests",
             [
@@ -334,11 +365,11 @@ def pod_detail() -> dict[str, Any]:
             32,
             description="A knob change from the tuner lands as a new generation.",
         ),
-        _panel("End-to-end latency", _quantiles(E2E, s, "pod"), "s", 0, 40),
-        _panel("Queue time", _quantiles(promql.QUEUE_TIME, s, "pod"), "s", 12, 40),
-        _panel("Prompt length", _quantiles(PROMPT_LENGTH, s, "pod"), "short", 0, 48,
+        _panel("End-to-end latency", quantiles(E2E), "s", 0, 40),
+        _panel("Queue time", quantiles(promql.QUEUE_TIME), "s", 12, 40),
+        _panel("Prompt length", quantiles(PROMPT_LENGTH), "short", 0, 48,
                description="Tokens per finished request's prompt: the shape the budget and the pool ratio follow."),
-        _panel("Generation length", _quantiles(GENERATION_LENGTH, s, "pod"), "short", 12, 48,
+        _panel("Generation length", quantiles(GENERATION_LENGTH), "short", 12, 48,
                description="Tokens generated per finished request: long outputs call for bigger batches."),
         _panel("Prefix cache hit rate",
                [(f"sum by (pod) (rate(vllm:prefix_cache_hits_total{{{s}}}[{RATE}])) / "
@@ -354,8 +385,6 @@ DASHBOARDS = {"fleet-overview.json": fleet_overview, "engine-pod.json": pod_deta
 
 # -- Prometheus rules -------------------------------------------------------------------------
 
-POOL_LABELS = "namespace, inference_service, pool"
-SERVICE_LABELS = "namespace, inference_service"
 # A p95 SLO lets 5% of observations exceed the threshold: that is the error budget. Burning it B
 # times too fast means a fraction 0.05*B over the threshold, i.e. the (1 - 0.05*B) quantile above
 # it, so burn rates come from the histograms we already have. The page follows the SRE workbook's
@@ -364,13 +393,23 @@ BUDGET = 0.05
 FAST_BURN = 14.4
 FAST_BURN_QUANTILE = round(1 - BUDGET * FAST_BURN, 2)  # 0.28
 SLO_KINDS = {"ttft": ("TTFT", promql.TTFT), "itl": ("ITL", promql.ITL)}
-DECISION_WINDOW = "15m"
+# The pools each SLO is judged on, as the tuner does (operator/tuner.py): TTFT where prompts are
+# computed, ITL where tokens are generated. A router's TTFT (what clients see) adds the KV transfer
+# and a decode step no prefill knob moves, and a decode server's starts at the transfer: held to
+# the SLO, they would page for what the tuner neither measures nor can fix.
+SLO_POOLS = {"ttft": "colocated|prefill", "itl": "colocated|decode"}
+# Short, so "no decision for 15 minutes" is the alert's `for:`, not window + `for:` (2m: two
+# scrapes of the operator even at a 1-minute scrape interval).
+DECISION_WINDOW = "2m"
+# "No engine step for 5 minutes": this window plus the alert's 3-minute `for:`.
+STALL_WINDOW = "2m"
 
 
-def _quantile_rule(name: str, metric: str, q: float, window: str) -> dict[str, str]:
+def _quantile_rule(name: str, metric: str, q: float, window: str, selector: str = "") -> dict[str, str]:
+    series = f"{metric}_bucket{{{selector}}}" if selector else f"{metric}_bucket"
     return {
         "record": f"llmfleet:{name}_seconds:p{round(q * 100)}_{window}",
-        "expr": f"histogram_quantile({q:g}, sum by (le, {POOL_LABELS}) (rate({metric}_bucket[{window}])))",
+        "expr": f"histogram_quantile({q:g}, sum by (le, {POOL_LABELS}) (rate({series}[{window}])))",
     }
 
 
@@ -381,7 +420,8 @@ def recording_rules() -> list[dict[str, str]]:
         for q in promql.QUANTILES
     ]
     for kind, (_, metric) in SLO_KINDS.items():
-        rules += [_quantile_rule(kind, metric, FAST_BURN_QUANTILE, window) for window in ("5m", "1h")]
+        pools = f'pool=~"{SLO_POOLS[kind]}"'  # burn rates only feed the alerts
+        rules += [_quantile_rule(kind, metric, FAST_BURN_QUANTILE, window, pools) for window in ("5m", "1h")]
     for name, metric in (
         ("prompt_tokens", promql.PROMPT_TOKENS),
         ("generation_tokens", promql.GENERATION_TOKENS),
@@ -393,8 +433,10 @@ def recording_rules() -> list[dict[str, str]]:
 
 
 def _over_slo(record: str, kind: str) -> str:
-    """A pool's recorded quantile where it exceeds its InferenceService's SLO (pool labels kept)."""
-    return f'{record} > on ({SERVICE_LABELS}) group_left max by ({SERVICE_LABELS}) ({SLO}{{kind="{kind}"}})'
+    """A pool's recorded quantile where it exceeds its InferenceService's SLO (pool labels kept), for
+    the pools the SLO is judged on."""
+    quantile = f'{record}{{pool=~"{SLO_POOLS[kind]}"}}'
+    return f'{quantile} > on ({SERVICE_LABELS}) group_left max by ({SERVICE_LABELS}) ({SLO}{{kind="{kind}"}})'
 
 
 def alert_rules() -> list[dict[str, Any]]:
@@ -455,15 +497,18 @@ def alert_rules() -> list[dict[str, Any]]:
             f"{where}: p95 TTFT or ITL over the SLO while the tuner runs but decides nothing: every knob is at "
             "its bound and the pool at maxReplicas (raise them, or add capacity), or the SLO is out of reach.",
         ),
+        # Per pool: one pool without series starves the tuner while another reports. Only pools the
+        # tuner runs: without it nothing says what should run (no fleet is no fault), and
+        # LLMFleetTargetDown covers pods that are there but cannot be scraped.
         alert(
             "LLMFleetMetricsStale",
-            f"count by ({SERVICE_LABELS}) (llmfleet_tuner_replicas > 0) "
-            f"unless on ({SERVICE_LABELS}) count by ({SERVICE_LABELS}) ({promql.RUNNING})",
-            5,
+            f"max by ({POOL_LABELS}) (llmfleet_tuner_replicas > 0) "
+            f"unless on ({POOL_LABELS}) count by ({POOL_LABELS}) ({promql.RUNNING})",
+            15,  # longer than a pod may take to load its model before it serves /metrics (600 s by default)
             "critical",
-            "No engine metrics for 5 minutes",
-            "{{ $labels.namespace }}/{{ $labels.inference_service }} should run pods, but Prometheus has no "
-            f"{promql.RUNNING} series for it: the tuner cannot act; check the PodMonitor and the pods.",
+            "No engine metrics for 15 minutes",
+            f"{where} should run pods, but Prometheus has no {promql.RUNNING} series for it: the tuner cannot "
+            "act; check the PodMonitor and the pods.",
         ),
         alert(
             "LLMFleetTargetDown",
@@ -475,8 +520,9 @@ def alert_rules() -> list[dict[str, Any]]:
         ),
         alert(
             "LLMFleetEngineStalled",
-            f"({promql.RUNNING} + {promql.WAITING} > 0) unless on (job, instance) (rate({STEP}_count[5m]) > 0)",
-            5,
+            f"({promql.RUNNING} + {promql.WAITING} > 0) "
+            f"unless on (job, instance) (rate({STEP}_count[{STALL_WINDOW}]) > 0)",
+            3,
             "critical",
             "An engine has requests but runs no steps",
             f"{where}: {{{{ $labels.instance }}}} holds requests but has run no engine step for 5 minutes "

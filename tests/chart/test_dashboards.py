@@ -19,15 +19,17 @@ import httpx
 import jsonschema
 import pytest
 import yaml
-from prometheus_client import start_http_server
+from prometheus_client import generate_latest, start_http_server
 
-from llmfleet.dashboards import DASHBOARDS, all_queries, rendered, rules_file
+from llmfleet.dashboards import DASHBOARDS, all_queries, fleet_overview, rendered, rules_file
 from llmfleet.operator import tuner_metrics
 from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
 from llmfleet.operator.metrics_source import PoolRef
 from llmfleet.operator.prometheus_source import PrometheusSource
 from llmfleet.operator.reconcile import TunerState
 from llmfleet.operator.spec import parse_spec
+from llmfleet.server.api.metrics import ServerMetrics
+from llmfleet.server.router.metrics import RouterMetrics
 
 from ..prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
 from ..support import ServerProcess, free_port
@@ -122,6 +124,36 @@ def test_dashboards_are_well_formed():
                 assert '=~"$service"' in target["expr"] or "vector(" in target["expr"], target["expr"]
 
 
+def _overview_queries() -> list[str]:
+    board = fleet_overview()
+    return [t["expr"] for p in board["panels"] for t in p["targets"]] + [
+        a["expr"] for a in board["annotations"]["list"]
+    ]
+
+
+def test_overview_keeps_each_services_pools_apart():
+    """Two InferenceServices may both have a pool "colocated": with $service = All, a series per
+    pool name alone would add their requests and mix their latency buckets into one p95."""
+    for expr in _overview_queries():
+        for labels in re.findall(r"\b(?:sum|max|min|avg|count) by \(([^)]*)\)", expr):
+            assert {"namespace", "inference_service"} <= {x.strip() for x in labels.split(",")}, expr
+
+
+def test_tuner_series_with_a_pool_follow_the_pool_variable():
+    for expr in _overview_queries():
+        for selector in re.findall(r"llmfleet_tuner_(?:decisions_total|knob_value|replicas)\{([^}]*)\}", expr):
+            assert 'pool=~"$pool"' in selector, expr
+
+
+def test_every_role_exports_the_template_variables_series():
+    """The router exports no engine gauges: variables read from those could never offer its pool."""
+    metrics = {_variable_match(variable)[1] for variable in _variables()}
+    for registry in (RouterMetrics("tiny").registry, ServerMetrics("tiny", "decode").registry):
+        exported = generate_latest(registry).decode()
+        for metric in metrics:
+            assert re.search(rf"^{re.escape(metric)}\{{", exported, re.M), metric
+
+
 # -- against a real Prometheus ------------------------------------------------------------------
 
 
@@ -133,16 +165,20 @@ def _concrete(expr: str) -> str:
     return out
 
 
+def _variables() -> list[dict[str, Any]]:
+    return [v for board in boards().values() for v in board["templating"]["list"] if v["type"] == "query"]
+
+
+def _variable_match(variable: dict[str, Any]) -> re.Match[str]:
+    """label_values(metric{...}, label): the metric, its selector, the label."""
+    match = re.fullmatch(r"label_values\(([\w:]+)(\{.*\})?, (\w+)\)", variable["query"]["query"])
+    assert match, variable
+    return match
+
+
 def _variable_queries() -> list[str]:
     """Grafana's label_values(metric{...}, label) as the PromQL that answers it."""
-    queries = []
-    for board in boards().values():
-        for variable in board["templating"]["list"]:
-            if variable["type"] == "query":
-                match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]["query"])
-                assert match, variable
-                queries.append(f"group by ({match[2]}) ({match[1]})")
-    return queries
+    return [f"group by ({m[3]}) ({m[1]}{m[2] or ''})" for m in map(_variable_match, _variables())]
 
 
 def _load(url: str, stop: threading.Event) -> None:
@@ -187,6 +223,13 @@ def _tune_and_export(tuner: Autotuner, actuator: StateActuator):
     outcome = asyncio.run(run())
     tuner_metrics.record(REF.namespace, REF.inference_service, outcome, SPEC.slo)
     return outcome
+
+
+def _assert_knob_lines_pair(prometheus: PrometheusProcess) -> None:
+    """The "Knob values" panel: each knob the tuner sets has an applied line of the same name."""
+    (panel,) = [p for p in fleet_overview()["panels"] if p["title"] == "Knob values"]
+    applied, target = ({r["metric"]["knob"] for r in prometheus.query(_concrete(t["expr"]))} for t in panel["targets"])
+    assert target and target <= applied, (target, applied)
 
 
 @pytest.mark.prometheus
@@ -235,6 +278,7 @@ def test_every_query_parses_and_returns_data_from_real_servers(tmp_path):
             assert prometheus.query(_concrete(query)), f"template variable without values: {query}"
         empty = [expr for expr in all_queries() if not prometheus.query(_concrete(expr))]  # raises on parse errors
         assert not empty, "queries without data:\n" + "\n".join(empty)
+        _assert_knob_lines_pair(prometheus)
         for rule in rules["groups"][0]["rules"]:
             prometheus.wait_for(rule["record"], timeout=30)
 
