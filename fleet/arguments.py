@@ -23,6 +23,17 @@ def non_negative(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """A count of at least one (requests, clients, threads, rounds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def _number(text: str) -> float:
     try:
         value = float(text)

@@ -36,6 +36,8 @@ class _Endpoint(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         if self.path != "/v1/completions":
             return self._answer(404, {"detail": "Not Found"})
+        if self.server.refusal:
+            return self._answer(400, {"error": {"message": self.server.refusal, "type": "BadRequestError"}})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -53,9 +55,9 @@ class _Endpoint(BaseHTTPRequestHandler):
         pass
 
 
-def _serve_endpoint(api_key: str | None = None) -> Iterator[str]:
+def _serve_endpoint(api_key: str | None = None, refusal: str | None = None) -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
-    server.api_key = api_key
+    server.api_key, server.refusal = api_key, refusal
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -113,6 +115,15 @@ def test_load_takes_the_url_as_an_openai_base_url_is_written(endpoint, suffix, m
 def test_load_at_something_that_is_no_openai_endpoint_is_one_line(endpoint, capsys):
     assert main(["load", "--url", f"{endpoint}/other", *SHORT_LOAD]) == 2  # /other/v1/models: 404
     assert capsys.readouterr().err.strip().endswith("/v1/models: 404 Not Found")
+
+
+def test_load_says_why_its_requests_failed(capsys):
+    for url in _serve_endpoint(refusal="This model's maximum context length is 2048 tokens"):
+        assert main(["load", "--url", url, *SHORT_LOAD]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("total: sent ") and "done 0" in lines[-2]
+    sent = int(lines[-2].split("sent ")[1].split(",")[0])
+    assert lines[-1] == f"  {sent} x HTTP 400, e.g. This model's maximum context length is 2048 tokens"
 
 
 def test_load_interrupted_prints_what_it_measured(monkeypatch, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from llmfleet.operator.metrics_source import MetricSource, PoolMetrics, PoolRef
 from llmfleet.operator.reconcile import POOL_LABEL, Owner, TunerState, desired_objects
 from llmfleet.operator.spec import InferenceServiceSpec
 from llmfleet.operator.tuner import Decision
+from llmfleet.server.api.auth import KV_TOKEN_ENV
 
 from .pools import LocalPool
 from .processes import START_ATTEMPTS, ServerProcess, StartFailed
@@ -50,7 +52,9 @@ class LocalFleet:
         self.run_dir = run_dir
         self.port = port
         self.host = host
-        self.pools = {p: LocalPool(p, spec, name, run_dir) for p in spec.active_pools}
+        # The transfer paths are the fleet's own (server/api/auth.py): a token its processes share.
+        self.env = {KV_TOKEN_ENV: secrets.token_hex(16)} if spec.mode == "disaggregated" else {}
+        self.pools = {p: LocalPool(p, spec, name, run_dir, self.env) for p in spec.active_pools}
         self.tuner_state = TunerState()
         self.autotuner: Autotuner | None = None
         self.router: ServerProcess | None = None
@@ -77,7 +81,7 @@ class LocalFleet:
     def _start_router(self) -> None:
         args = router_args(self.name, self.spec, self.endpoints_file)
         log_path = self.run_dir / "router.log"
-        self.router = ServerProcess(f"{self.name}-router", args, log_path, port=self.port, host=self.host)
+        self.router = ServerProcess(f"{self.name}-router", args, log_path, port=self.port, host=self.host, env=self.env)
 
     def processes(self) -> list[ServerProcess]:
         found = [p for pool in self.pools.values() for p in pool.all_processes()]
@@ -135,11 +139,13 @@ class LocalFleet:
         return [f"{url}/metrics" for url in pool.ready_urls()] if pool else []
 
     def supervise(self) -> None:
-        """Reap drained and crashed servers, keep the router's endpoints and the Prometheus targets
-        current.
+        """Reap drained and crashed servers, keep the pools' engine files, the router's endpoints
+        and the Prometheus targets current.
 
         Raises StartFailed when a pool's servers or the router keep exiting before they are ready."""
         for pool in self.pools.values():
+            if pool.write_config(self.tuner_state):  # as the operator reverts an edited ConfigMap
+                self._note(f"{pool.name}: {pool.config_path.name} was edited: put back (edit the service file)")
             for note in pool.reap():
                 self._note(f"{pool.name}: {note}")
         if self.spec.mode == "disaggregated":

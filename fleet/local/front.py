@@ -70,7 +70,8 @@ def build_front(backends: Callable[[], list[str]]) -> Starlette:
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         tried = []
-        for url in ordered():
+        candidates = ordered()  # the pool as the request found it: a server drained meanwhile still counts
+        for url in candidates:
             upstream = client.build_request(
                 request.method, url + request.url.path, params=request.query_params, headers=headers, content=body
             )
@@ -85,7 +86,7 @@ def build_front(backends: Callable[[], list[str]]) -> Starlette:
             if response is None:  # the client left: the cancelled send closed the connection, the server aborts
                 in_flight[url] -= 1
                 return Response(status_code=CLIENT_GONE)
-            if response.status_code == 503 and len(tried) + 1 < len(backends()):
+            if response.status_code == 503 and len(tried) + 1 < len(candidates):
                 in_flight[url] -= 1
                 await response.aclose()
                 tried.append(f"{url}: 503")

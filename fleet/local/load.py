@@ -41,7 +41,13 @@ def run(args) -> int:
         print(summary.line("interrupted"))  # what the clients saw until Ctrl-C still counts
         raise  # `llm-fleet` ends it as every command's Ctrl-C
     print(summary.line("total"))
+    for kind, count in summary.failures.most_common():  # what failed, in the servers' words
+        print(f"  {count} x {kind}, e.g. {summary.example[kind]}")
     return 0 if summary.errors == 0 else 1
+
+
+class Failed(Exception):
+    """One request failed: its kind (HTTP 400, an error event) and the server's message."""
 
 
 class LoadError(Exception):
@@ -71,11 +77,39 @@ async def served_model(client) -> str:
         raise LoadError("/v1/models did not answer with a list of models: is this an OpenAI endpoint?") from None
 
 
+async def prompt_sizing(client, model: str) -> tuple[float, int | None]:
+    """Tokens per word of the served model's tokenizer and its context limit, from /tokenize (as
+    vLLM answers it); an endpoint without it: about 1.5 tokens a word, no limit known."""
+    sample = WORDS * 8
+    try:
+        response = await client.post("/tokenize", json={"model": model, "prompt": " ".join(sample)})
+        answer = response.json()
+        return answer["count"] / len(sample), answer.get("max_model_len")
+    except (ValueError, LookupError, TypeError, ZeroDivisionError):
+        return 1.5, None
+
+
+def prompt_tokens(wanted: int, max_tokens: int, limit: int | None) -> int:
+    """The shape's prompt length, cut so prompt and answer fit the model's context (with room for
+    the words-to-tokens estimate): else every long prompt is a 400 on a small model."""
+    if limit is None:
+        return wanted
+    return max(1, min(wanted, int((limit - max_tokens) * 0.9)))
+
+
 class Summary:
     def __init__(self) -> None:
+        import collections
+
         self.sent = self.done = self.errors = 0
         self.ttft: list[float] = []
         self.itl: list[float] = []
+        self.failures: collections.Counter[str] = collections.Counter()  # by kind: HTTP 400, ReadTimeout, ...
+        self.example: dict[str, str] = {}  # the first message of each kind
+
+    def failed(self, kind: str, message: str) -> None:
+        self.failures[kind] += 1
+        self.example.setdefault(kind, message)
 
     def line(self, label: str) -> str:
         def p(values: list[float], q: float) -> str:
@@ -112,6 +146,9 @@ async def generate_load(args, total: Summary) -> None:
     key = bearer(os.environ.get(API_KEY_ENV))  # a fleet that requires a key (vLLM's --api-key)
     async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(300.0, connect=5.0), headers=key) as client:
         model = await served_model(client)
+        tokens_per_word, limit = await prompt_sizing(client, model)
+        if limit is not None and shape.prompt_len[1] + shape.output_len[1] > limit:
+            print(f"note: prompts are cut to fit the model's context ({limit} tokens)", flush=True)
 
         async def one(prompt_words: int, max_tokens: int) -> None:
             for s in (total, window):
@@ -122,19 +159,23 @@ async def generate_load(args, total: Summary) -> None:
             first = True
             try:
                 async with client.stream("POST", "/v1/completions", json=body) as response:
-                    response.raise_for_status()
+                    if response.is_error:
+                        await response.aread()
+                        raise Failed(f"HTTP {response.status_code}", _error_message(response.text))
                     async for line in response.aiter_lines():
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         if "error" in json.loads(line[6:]):
-                            raise RuntimeError(line)
+                            raise Failed("error event", _error_message(line[6:]))
                         now = time.monotonic()
                         for s in (total, window):
                             (s.ttft if first else s.itl).append(now - (began if first else last))
                         first, last = False, now
                 for s in (total, window):
                     s.done += 1
-            except (httpx.HTTPError, RuntimeError):
+            except (Failed, httpx.HTTPError) as exc:
+                kind, message = exc.args if isinstance(exc, Failed) else (type(exc).__name__, str(exc) or repr(exc))
+                total.failed(kind, message)
                 for s in (total, window):
                     s.errors += 1
 
@@ -151,6 +192,17 @@ async def generate_load(args, total: Summary) -> None:
                     window.__init__()
                     next_report += args.report_every
                 await asyncio.sleep(min(0.05, max(0.0, t - (time.monotonic() - began))))
-            prompt_words = rng.randint(*shape.prompt_len) * 2 // 3  # ~1.5 tokens a word
-            tasks.append(asyncio.create_task(one(max(1, prompt_words), rng.randint(*shape.output_len))))
+            wanted, max_tokens = rng.randint(*shape.prompt_len), rng.randint(*shape.output_len)
+            words = round(prompt_tokens(wanted, max_tokens, limit) / tokens_per_word)
+            tasks.append(asyncio.create_task(one(max(1, words), max_tokens)))
         await asyncio.gather(*tasks)
+
+
+def _error_message(text: str) -> str:
+    """An OpenAI error body's message, else the text itself (cut short)."""
+    import json
+
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, LookupError, TypeError):
+        return text[:200]

@@ -24,8 +24,11 @@ log = logging.getLogger(__name__)
 
 
 class LocalPool:
-    def __init__(self, name: str, spec: InferenceServiceSpec, service: str, run_dir: Path) -> None:
+    def __init__(
+        self, name: str, spec: InferenceServiceSpec, service: str, run_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
+        self.env = env or {}  # for every server it starts
         self.spec = spec
         self.service = service
         self.run_dir = run_dir
@@ -71,7 +74,7 @@ class LocalPool:
         while len(self.servers) < replicas:
             self._started += 1
             name = f"{self.service}-{self.name}-{self._started}"
-            self.servers.append(ServerProcess(name, self.server_args(), self.run_dir / f"{name}.log"))
+            self.servers.append(ServerProcess(name, self.server_args(), self.run_dir / f"{name}.log", env=self.env))
             log.info("%s: started %s on port %d", self.name, name, self.servers[-1].port)
         while len(self.servers) > replicas:
             victim = min(self.servers, key=_in_flight)

@@ -57,7 +57,7 @@ async def test_a_client_that_leaves_before_a_non_streaming_answer_reaches_the_se
         async with httpx.AsyncClient() as client:
             with contextlib.suppress(httpx.TimeoutException):
                 await client.post(f"{front_url}/v1/completions", json={"prompt": "hi"}, timeout=0.3)
-        for _ in range(200):
+        for _ in range(1000):  # either ends it: the disconnect seen, or the 3 s generation run out
             if seen:
                 break
             await asyncio.sleep(0.01)
@@ -88,3 +88,24 @@ async def test_a_server_that_fails_mid_stream_ends_the_clients_stream_with_an_er
     assert events[0] == 'data: {"n": 1}'
     assert json.loads(events[1].removeprefix("data: "))["error"]["code"] == 502
     assert events[2:] == ["data: [DONE]"]
+
+
+async def test_a_server_drained_while_its_request_was_on_the_way_passes_it_to_another():
+    """The scale-down took the draining server out of the pool between the pick and its 503: the
+    front counted the servers left after that, found none to try, and the client got the 503."""
+
+    def answering(status: int):
+        async def answer(_: Request) -> Response:
+            return JSONResponse({"status": status}, status_code=status)
+
+        return Starlette(routes=[Route("/v1/completions", answer, methods=["POST"])])
+
+    async with serving(answering(503)) as draining, serving(answering(200)) as staying:
+        pools = [[draining, staying]]  # as the request found the pool; then the draining one is gone
+
+        def backends() -> list[str]:
+            return pools.pop(0) if pools else [staying]
+
+        async with serving(build_front(backends)) as front_url, httpx.AsyncClient() as client:
+            response = await client.post(f"{front_url}/v1/completions", json={}, timeout=10)
+    assert response.status_code == 200 and response.json() == {"status": 200}

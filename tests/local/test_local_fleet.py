@@ -287,17 +287,20 @@ def test_the_view_shows_each_change_as_its_reason_says_it(tmp_path):
 
 
 def test_load_reports_what_its_clients_see(tmp_path):
+    """Long prompts are sized in the model's own tokens and cut to its context: sized at a guessed
+    1.5 tokens a word, every long prompt was a 400 on builtin:tiny (4 tokens a word)."""
     keyed = {**os.environ, "VLLM_API_KEY": "sesame"}  # a server that requires a key: load sends it
-    args = ("--model", "builtin:tiny", "--served-model-name", "tiny")
+    args = ("--model", "builtin:tiny", "--served-model-name", "tiny", "--max-model-len", "600")
     with ServerProcess(*args, log_path=tmp_path / "s.log", env=keyed) as server:
         port = server.url.rsplit(":", 1)[1]
         result = subprocess.run(
-            [sys.executable, "-m", "llmfleet.cli", "load", "--port", port, "--rate", "4", "--duration", "4",
-             "--report-every", "2"],
+            [sys.executable, "-m", "llmfleet.cli", "load", "--port", port, "--shape", "long-prompt", "--rate", "4",
+             "--duration", "4", "--report-every", "2"],
             capture_output=True, text=True, timeout=120, env=keyed,
         )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
+    assert lines[0] == "note: prompts are cut to fit the model's context (600 tokens)"
     assert any(line.startswith("t=") and "rate 4.0/s" in line for line in lines), result.stdout
     total = lines[-1]
     assert total.startswith("total: sent") and "errors 0" in total and "TTFT p50/p95" in total, total
@@ -520,3 +523,21 @@ def test_the_tuner_s_replica_change_is_carried_out_by_supervise_off_the_event_lo
     assert len(pool.servers) == before + 1 and not load_asked
     fleet.supervise()
     assert len(pool.servers) == before and len(pool.draining) == 1 and load_asked
+
+
+def test_a_hand_edit_of_a_pools_engine_file_is_put_back(tmp_path, monkeypatch):
+    """The file is the ConfigMap's twin: the servers applied an edit live while the tuner went on
+    reasoning from the values it had written, and new servers started with the edit."""
+    import llmfleet.local.pools as pools
+
+    monkeypatch.setattr(pools, "ServerProcess", IdleServer)
+    name, spec = load_service(None)
+    fleet = LocalFleet(name, spec, tmp_path, 8000)
+    fleet.start()
+    config = fleet.pools["colocated"].config_path
+    written = config.read_text()
+    config.write_text(written.replace("max_batch_size: 16", "max_batch_size: 2"))
+    fleet.supervise()
+    assert config.read_text() == written
+    fleet.supervise()  # and once only
+    assert sum("colocated-engine.yaml was edited: put back" in line for line in fleet.view.history) == 1
