@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
+from llmfleet.arguments import bind_problem, port, positive, positive_int
+
+from .arguments import dtype
+
 HELP = (
     "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "
     "disagg (colocated vs prefill/decode), router (load vs prefix routing on conversations), "
@@ -21,18 +27,20 @@ def add_arguments(parser) -> None:
         help="benchmark",
     )
     parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
-    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU has it natively, else float32")
+    parser.add_argument(
+        "--dtype", type=dtype, default="auto", help="auto: bfloat16 where the CPU has it natively, else float32"
+    )
     parser.add_argument("--out", default="bench/results", help="directory for JSON and PNG")
     parser.add_argument("--device", help="engine bench: cpu (default) or cuda")
     parser.add_argument("--quick", action="store_true", help="a small version for smoke tests")
     parser.add_argument("--skip-hf", action="store_true", help="skip the HF contenders")
     parser.add_argument("--skip-online", action="store_true", help="skip the online policy comparison")
-    parser.add_argument("--rate", type=float, default=1.0, help="online arrival rate, requests/s")
-    parser.add_argument("--online-requests", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=16, help="max_batch_size for the online policies")
-    parser.add_argument("--clients", type=int, default=32, help="server bench: concurrent streaming clients")
-    parser.add_argument("--port", type=int, default=0, help="server bench: port for the server (0: a free one)")
-    parser.add_argument("--rounds", type=int, default=2, help="server bench: alternating rounds per contender")
+    parser.add_argument("--rate", type=positive, default=1.0, help="online arrival rate, requests/s")
+    parser.add_argument("--online-requests", type=positive_int, default=32)
+    parser.add_argument("--batch", type=positive_int, default=16, help="max_batch_size for the online policies")
+    parser.add_argument("--clients", type=positive_int, default=32, help="server bench: concurrent streaming clients")
+    parser.add_argument("--port", type=port, help="server bench: port for the server (default: a free one)")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="server bench: alternating rounds per contender")
     disagg_bench.add_arguments(parser)
     router_bench.add_arguments(parser)
     sim_fidelity.add_arguments(parser)
@@ -40,6 +48,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    problem = _problem(args)
+    if problem:
+        print(f"llm-fleet bench {args.which}: {problem}", file=sys.stderr)
+        return 2
     if args.which == "server":
         from .server_bench import run as run_server
 
@@ -63,3 +75,46 @@ def run(args) -> int:
     from .engine_bench import run as run_engine
 
     return run_engine(args)
+
+
+def _problem(args) -> str | None:
+    """Why the command line cannot run, found before a model loads or a server starts; or None."""
+    from llmfleet.sim.paths import directory_problem
+
+    problem = directory_problem(args.out)
+    if problem:
+        return f"cannot write --out {args.out}: {problem}"
+    if args.which == "tuner":  # simulated: no model, dtype or device of its own
+        return None
+    if args.which == "sim-fidelity":
+        from .sim_fidelity import profile_problem
+
+        problem = profile_problem(args)
+    return problem or _model_problem(args.model) or _device_problem(args.device) or _port_problem(args)
+
+
+def _model_problem(model: str) -> str | None:
+    from llmfleet.server.runner.builtin_models import model_problem
+
+    return model_problem(model)  # what every bench's first step would refuse, without making a built-in
+
+
+def _device_problem(device: str | None) -> str | None:
+    if device is None:
+        return None
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        return f"--device {device}: {exc}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"--device {device}: this torch sees no CUDA device"
+    return None
+
+
+def _port_problem(args) -> str | None:
+    if args.which != "server" or args.port is None:
+        return None
+    problem = bind_problem("127.0.0.1", args.port)  # ServerProcess's host
+    return f"cannot listen on 127.0.0.1:{args.port}: {problem}" if problem else None

@@ -25,6 +25,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from llmfleet.arguments import positive, positive_int
 from llmfleet.local.processes import ServerProcess
 from llmfleet.workloads import SHAPES, prompt_tokens
 
@@ -37,9 +38,13 @@ WORKLOADS = ("chat", "long-prompt")
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("disagg bench")
     group.add_argument("--disagg-workloads", default=",".join(WORKLOADS), help="disagg: shapes (chat,long-prompt)")
-    group.add_argument("--disagg-threads", type=int, default=os.cpu_count() or 2, help="disagg: threads per contender")
-    group.add_argument("--disagg-rate-scale", type=float, default=1.0, help="disagg: multiply the arrival rates")
-    group.add_argument("--disagg-requests", type=int, help="disagg: requests per workload (default: the workload's)")
+    group.add_argument(
+        "--disagg-threads", type=positive_int, default=os.cpu_count() or 2, help="disagg: threads per contender"
+    )
+    group.add_argument("--disagg-rate-scale", type=positive, default=1.0, help="disagg: multiply the arrival rates")
+    group.add_argument(
+        "--disagg-requests", type=positive_int, help="disagg: requests per workload (default: the workload's)"
+    )
 
 
 class Servers:
@@ -84,14 +89,14 @@ async def replay(url: str, requests: list[tuple[float, list[int], int]]) -> dict
     return summary
 
 
-def _trace(shape: str, model_dir: Path, rate_scale: float, count: int | None):
+def _trace(shape: str, model_dir: Path, rate_scale: float, count: int | None, seed: int = 0):
     workload = SHAPES[shape]
     workload = replace(
         workload, rate_per_s=workload.rate_per_s * rate_scale, num_requests=count or workload.num_requests
     )
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     specs = workload.requests()
-    return workload, [(s.arrival_s, prompt_tokens(s, i, vocab), s.output_len) for i, s in enumerate(specs)]
+    return workload, [(s.arrival_s, prompt_tokens(s, i, vocab, seed), s.output_len) for i, s in enumerate(specs)]
 
 
 def run(args) -> int:
@@ -122,7 +127,8 @@ def run(args) -> int:
         print(f"-- {shape}: {workload.num_requests} requests, Poisson {workload.rate_per_s:g}/s, prompts "
               f"{workload.prompt_len[0]}..{workload.prompt_len[1]}, outputs {workload.output_len[0]}.."
               f"{workload.output_len[1]}")  # fmt: skip
-        warmup = [(0.0, p, 4) for _, p, _ in requests[:4]]
+        _, warm = _trace(shape, model_dir, 1.0, 4, seed=1)  # other prompts: none of the trace's cached
+        warmup = [(0.0, p, 4) for _, p, _ in warm]
         runs = {}
         with Servers(out) as servers:
             url = servers.start("colocated", threads, *engine_args)
@@ -167,7 +173,7 @@ def _plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shapes = [s for s in WORKLOADS if s in results]
+    shapes = [s for s, r in results.items() if isinstance(r, dict) and "colocated" in r]  # every one measured
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (metric, label, scale) in zip(
         axes,

@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llmfleet.arguments import positive_int
+
 from .disagg_bench import Servers
 from .report import latency_summary, print_table
 from .server_bench import stream_completion
@@ -55,8 +57,8 @@ class Conversations:
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("router bench")
-    group.add_argument("--conversations", type=int, default=Conversations.count, help="router: conversations")
-    group.add_argument("--turns", type=int, default=Conversations.turns, help="router: turns per conversation")
+    group.add_argument("--conversations", type=positive_int, default=Conversations.count, help="router: conversations")
+    group.add_argument("--turns", type=positive_int, default=Conversations.turns, help="router: turns per conversation")
 
 
 async def _converse(http, url: str, turns: list[list[int]], n: int, start: float, delay: float, think: float):

@@ -34,6 +34,7 @@ def _workload(clients: int) -> Workload:
 def in_process(engine, prompts, outputs, tag: str) -> dict:
     """All requests at t=0, the engine stepping on its own thread until they finish."""
     result: dict = {}
+    stop = threading.Event()
 
     def run() -> None:
         traces = {}
@@ -41,14 +42,18 @@ def in_process(engine, prompts, outputs, tag: str) -> dict:
         for i, (p, n) in enumerate(zip(prompts, outputs, strict=True)):
             engine.add_request(f"{tag}-{i}", p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
             traces[f"{tag}-{i}"] = Trace(0.0, len(p))
-        while engine.has_unfinished_requests():
+        while engine.has_unfinished_requests() and not stop.is_set():
             for ev in engine.step():
                 traces[ev.request_id].token_times.extend([time.monotonic() - start] * len(ev.new_token_ids))
         result.update(latency_summary(list(traces.values()), time.monotonic() - start))
 
     thread = threading.Thread(target=run, name="bench-engine")
     thread.start()
-    thread.join()
+    try:
+        thread.join()
+    finally:  # Ctrl-C: the thread ends after its step, not while the interpreter shuts down under it
+        stop.set()
+        thread.join()
     return result
 
 
@@ -82,6 +87,10 @@ async def over_http(url: str, prompts, outputs) -> dict:
     return summary
 
 
+def _prompts(specs, vocab: int, seed: int) -> list[list[int]]:
+    return [prompt_tokens(s, i, vocab, seed) for i, s in enumerate(specs)]
+
+
 def _row(name: str, r: dict, base: float) -> list[str]:
     return [
         name,
@@ -100,9 +109,8 @@ def run(args) -> int:
     workload = _workload(args.clients)
     vocab = json.loads((Path(resolve_model(args.model)) / "config.json").read_text())["vocab_size"]
     specs = workload.requests()
-    prompts = [prompt_tokens(s, i, vocab) for i, s in enumerate(specs)]
     outputs = [s.output_len for s in specs]
-    config = EngineConfig(max_batch_size=args.clients, max_num_batched_tokens=2048)
+    config = EngineConfig(dtype=args.dtype, max_batch_size=args.clients, max_num_batched_tokens=2048)
     rounds = max(1, getattr(args, "rounds", 2))
     print(f"== {workload.name}: {args.clients} streaming clients, prompts 64..256, outputs 32..96, {args.model}, "
           f"{rounds} alternating rounds (best of each reported)")  # fmt: skip
@@ -116,13 +124,15 @@ def run(args) -> int:
     server_args = ["--model", args.model, "--config", str(cfg_file), "--log-level", "warning"]
     server = ServerProcess("bench-server", server_args, out_dir / "server_bench_server.log", port=args.port or None)
     url = server.url
-    server.wait_ready(300)
     local_runs, remote_runs = [], []
     try:
-        # warm-up both: first shapes, allocator, connections
-        in_process(engine, prompts[:4], [4] * 4, "warm")
-        asyncio.run(over_http(url, prompts[:4], [4] * 4))
+        server.wait_ready(300)
+        # warm-up both: first shapes, allocator, connections; on prompts no round measures
+        warm = _prompts(specs[:4], vocab, seed=rounds)
+        in_process(engine, warm, [4] * len(warm), "warm")
+        asyncio.run(over_http(url, warm, [4] * len(warm)))
         for r in range(rounds):
+            prompts = _prompts(specs, vocab, seed=r)  # each round its own: no prefix cache hits on a round before
             local_runs.append(in_process(engine, prompts, outputs, f"r{r}"))
             remote_runs.append(asyncio.run(over_http(url, prompts, outputs)))
             print(f"round {r + 1}: in-process {local_runs[-1]['throughput_tok_s']:.1f} tok/s, "

@@ -32,11 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmfleet.arguments import non_negative, positive_int
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.sim.cost_model import CostModel, StepFeatures, default_profile_path
+from llmfleet.sim.paths import file_problem
 from llmfleet.workloads import RequestSpec, Workload, anyscale_online, prompt_tokens
 
+from .arguments import positive_floats
 from .machine import CPUPressure, describe, wait_quiet
 from .report import latency_summary, print_table
 
@@ -60,12 +63,34 @@ def add_arguments(parser) -> None:
         "tuner default: the reference profile in bench/profiles/)",
     )
     parser.add_argument("--calibrate", action="store_true", help="sim-fidelity: calibrate first (--quick: its grid)")
-    parser.add_argument("--threads", type=int, help="sim-fidelity --calibrate: torch threads to pin")
-    parser.add_argument("--rates", default="0.3,0.6", help="sim-fidelity: arrival rates, requests/s")
-    parser.add_argument("--requests", type=int, default=64, help="sim-fidelity: requests per rate")
-    parser.add_argument("--budget", type=int, default=512, help="sim-fidelity: max_num_batched_tokens")
-    parser.add_argument("--tries", type=int, default=3, help="sim-fidelity: real runs per rate under CPU pressure")
-    parser.add_argument("--max-pressure", type=float, default=0.05, help="sim-fidelity: CPU pressure to retry above")
+    parser.add_argument("--threads", type=positive_int, help="sim-fidelity --calibrate: torch threads to pin")
+    parser.add_argument(
+        "--rates", type=positive_floats, default="0.3,0.6", help="sim-fidelity: arrival rates, requests/s"
+    )
+    parser.add_argument("--requests", type=positive_int, default=64, help="sim-fidelity: requests per rate")
+    parser.add_argument("--budget", type=positive_int, default=512, help="sim-fidelity: max_num_batched_tokens")
+    parser.add_argument(
+        "--tries", type=positive_int, default=3, help="sim-fidelity: real runs per rate under CPU pressure"
+    )
+    parser.add_argument(
+        "--max-pressure", type=non_negative, default=0.05, help="sim-fidelity: CPU pressure to retry above"
+    )
+
+
+def profile_problem(args) -> str | None:
+    """Why the cost profile can be neither read nor made: an explicit --profile that is missing
+    (unless --calibrate makes it), or a profile to calibrate that could not be saved; or None."""
+    path = _profile_path(args)
+    if not args.calibrate and path.is_file():
+        return None
+    if args.profile and not args.calibrate:
+        return f"no cost profile at {path}: pass --calibrate to make one"
+    problem = file_problem(path)  # now, not after the minutes of calibrating
+    return f"cannot save the profile to {path}: {problem}" if problem else None
+
+
+def _profile_path(args) -> Path:
+    return Path(args.profile) if args.profile else default_profile_path(args.model)
 
 
 def run(args) -> int:
@@ -76,7 +101,7 @@ def run(args) -> int:
     model = args.model
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = Path(args.profile) if args.profile else default_profile_path(model)
+    path = _profile_path(args)
     if args.calibrate or not path.is_file():
         grid_name = "quick" if args.quick else "full"
         print(f"== calibrating {model} ({grid_name} grid, dtype {args.dtype}) -> {path}")
@@ -91,7 +116,7 @@ def run(args) -> int:
         return 2
     if cost.threads:
         torch.set_num_threads(cost.threads)
-    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    rates = args.rates
     requests = 16 if args.quick else args.requests
     config = EngineConfig(
         dtype=cost.dtype, max_batch_size=args.batch, max_num_batched_tokens=args.budget, max_queue_len=4096

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmfleet.arguments import non_negative, positive_int
+
 ATTAINMENT_TARGET = 0.99
 FIXED_RATIO_TARGET = 1.1
 HPA_RATIO_TARGET = 0.7
@@ -110,8 +112,10 @@ HPA_TARGETS = (0.5, 1.0, 2.0, 5.0)
 def add_arguments(parser) -> None:
     """Options of `llm-fleet bench tuner` (bench/cli.py adds them)."""
     parser.add_argument("--workloads", help="tuner: comma-separated subset of bursty,chat,long-prompt,creative")
-    parser.add_argument("--startup-s", type=float, default=30.0, help="tuner: pod start-up delay on scale-up")
-    parser.add_argument("--workers", type=int, help="tuner: processes for the fixed grid (default: one per CPU)")
+    parser.add_argument("--startup-s", type=non_negative, default=30.0, help="tuner: pod start-up delay on scale-up")
+    parser.add_argument(
+        "--workers", type=positive_int, help="tuner: processes for the fixed grid (default: one per CPU)"
+    )
     parser.add_argument("--seed", type=int, help="tuner: another draw of each workload's trace (default: its own seed)")
 
 

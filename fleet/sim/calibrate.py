@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from llmfleet.arguments import positive_int
+
 from .cost_model import CPU_GROUP_COST_BLOCKS, FEATURES, CostModel, Sample, StepFeatures, default_profile_path, fit
 from .paths import file_problem
 
@@ -68,7 +70,9 @@ GRIDS = {
 def add_arguments(parser) -> None:
     parser.add_argument("--model", help="model to measure (default builtin:small; builtin:tiny with --quick)")
     parser.add_argument("--quick", action="store_true", help="builtin:tiny (unless --model) and a small grid: seconds")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's default); recorded in the profile")
+    parser.add_argument(
+        "--threads", type=positive_int, help="torch threads (default: torch's default); recorded in the profile"
+    )
     parser.add_argument("--dtype", default="auto", help="auto (the engine's default: bfloat16 where native), float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--out", help="profile path (default $LLMFLEET_CACHE/calibration/<model>.json)")
