@@ -101,22 +101,18 @@ def test_on_the_emulator(tmp_path, monkeypatch):
             eventually(lambda: kube.get("ConfigMap", "tiny-colocated-engine"), timeout=20)
             engine_yaml = tmp_path / "engine.yaml"
             engine = _project_config_map(kube, engine_yaml)
+            assert engine["max_batch_size"] == SPEC["pools"]["colocated"]["engine"]["maxBatchSize"]
             with ServerProcess(*_server_args(kube, port, engine_yaml), port=port) as server:
                 _mark_ready(kube)
                 eventually(lambda: (kube.condition("tiny", "Ready") or {}).get("status") == "True", timeout=20)
 
                 # traffic through the OpenAI API until the tuner's decision lands in status
-                def decided() -> bool:
-                    decision = (kube.get("InferenceService", "tiny").get("status") or {}).get("lastDecision") or {}
-                    return any(c["knob"] == "maxBatchSize" for c in decision.get("changes") or [])
-
                 deadline = time.monotonic() + 90
-                while not decided():
+                while not _batch_lowered(kube.get("InferenceService", "tiny")):
                     assert time.monotonic() < deadline, kube.get("InferenceService", "tiny").get("status")
                     assert asyncio.run(_traffic(server.url, seconds=5)) > 0
                 status = kube.get("InferenceService", "tiny")["status"]
                 tuned = status["tuner"]["knobs"]["colocated"]["maxBatchSize"]
-                assert tuned < engine["max_batch_size"], status["lastDecision"]
                 assert kube.condition("tiny", "TunerActive")["status"] == "True"
                 # the knob reaches the ConfigMap, the mounted file, and the running server
                 eventually(lambda: _project_config_map(kube, engine_yaml)["max_batch_size"] == tuned, timeout=20)
@@ -129,6 +125,14 @@ def test_on_the_emulator(tmp_path, monkeypatch):
     finally:
         kube.http.close()
         running.stop()
+
+
+def _batch_lowered(resource: dict) -> bool:
+    """The tuner's maxBatchSize in status is below the spec's. Its knobs, not lastDecision: the
+    next run (a replica for the queue) overwrites that, maybe within one burst of traffic."""
+    knobs = (resource.get("status") or {}).get("tuner", {}).get("knobs", {}).get("colocated", {})
+    spec = SPEC["pools"]["colocated"]["engine"]["maxBatchSize"]
+    return knobs.get("maxBatchSize", spec) < spec
 
 
 def _mark_ready(kube: Kube) -> None:
@@ -209,11 +213,10 @@ def test_on_a_real_cluster(tmp_path):
         deadline = time.monotonic() + 300
         while True:
             assert asyncio.run(_traffic(url, seconds=10)) > 0
-            got = run(kubectl, "get", "-n", namespace, "llmis/tiny", "-o", "json")
-            decision = json.loads(got.stdout).get("status", {}).get("lastDecision") or {}
-            if decision.get("changes"):
+            got = json.loads(run(kubectl, "get", "-n", namespace, "llmis/tiny", "-o", "json").stdout)
+            if _batch_lowered(got):
                 break
-            assert time.monotonic() < deadline, f"no tuner decision landed: {decision}"
+            assert time.monotonic() < deadline, f"no tuner decision landed: {got.get('status')}"
     finally:
         if forward is not None:
             forward.terminate()
