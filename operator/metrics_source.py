@@ -269,10 +269,11 @@ def _json_safe(value: Any) -> Any:
 
 
 LATENCIES = ("ttft", "itl", "queue_time")
+WIDEST = 4.0  # how many times its window a sparse pool's latency window may widen to
 
 
 async def snapshot_widening_latency(
-    source: MetricSource, pool: PoolRef, window_s: float, slo_window_s: float | None = None, widest: float = 4.0
+    source: MetricSource, pool: PoolRef, window_s: float, slo_window_s: float | None = None, widest: float = WIDEST
 ) -> PoolMetrics:
     """``source``'s snapshot over ``window_s``; where a latency quantile rests on too few
     observations (a pool that sees few requests, each long), the latency quantiles come from the

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from llmfleet.operator.histogram_quantile import bucket_quantile
 from llmfleet.operator.metrics_source import (
+    WIDEST,
     PoolMetrics,
     PoolRef,
     StalenessPolicy,
@@ -112,6 +113,9 @@ class PodGauges:
     kv_usage: float
 
 
+_PRUNE_BATCH = 256
+
+
 class PoolSeries:
     """One pool's exported metrics, summed over its pods (pods come and go; the sums never reset)."""
 
@@ -121,6 +125,9 @@ class PoolSeries:
         self.histograms = {k: Histogram(b) for k, b in LATENCY_BUCKETS.items()}
         self.scrapes: list[Scrape] = []
         self._scrape_times: list[float] = []
+        # Scrapes are kept for the widest window the longest one asked may widen to, so a
+        # week-long trace holds minutes of them, not a week.
+        self._longest_window_s = 0.0
 
     # -- what the servers observe ---------------------------------------------------------------
 
@@ -163,9 +170,14 @@ class PoolSeries:
             )
         )
         self._scrape_times.append(at)
+        if self._longest_window_s:
+            old = bisect_left(self._scrape_times, at - WIDEST * self._longest_window_s)
+            if old > _PRUNE_BATCH:  # in batches: slicing the lists costs their length
+                del self.scrapes[:old], self._scrape_times[:old]
 
     def window(self, now: float, window_s: float) -> list[Scrape]:
         """Scrapes from ``now - window_s`` to ``now``."""
+        self._longest_window_s = max(self._longest_window_s, window_s)
         return self.scrapes[bisect_left(self._scrape_times, now - window_s - 1e-9) :]
 
 

@@ -22,3 +22,20 @@ def test_step_times_and_queue_growth_over_the_window() -> None:
     assert m.mean_step_seconds == pytest.approx(0.035)
     assert m.mean_batch_size == pytest.approx(6.0) and m.mean_step_tokens == pytest.approx(14.0)
     assert m.waiting_growth_per_s == pytest.approx(0.2)
+
+
+def test_scrapes_are_kept_for_the_widest_window_the_longest_asked_may_widen_to() -> None:
+    """A week-long trace scrapes every simulated second: the series holds what a window can
+    read, not the week (it held 800 MB of scrapes for a week of idling)."""
+    series = PoolSeries("colocated")
+    clock = [0.0]
+    source = SimMetricSource(lambda pool: series, lambda pool: 1, lambda: clock[0])
+    pool = PoolRef("default", "svc", "colocated")
+    for second in range(5000):
+        clock[0] = float(second)
+        series.step(batch=1, tokens=1, seconds=0.01)
+        series.scrape(clock[0], [PodGauges(waiting=0, running=1, kv_usage=0.0)])
+        if second and second % 10 == 0:
+            assert source.measure(pool, 60.0).mean_batch_size == 1.0
+    assert len(series.window(clock[0], 60.0)) == 61
+    assert len(series.scrapes) <= 4 * 60 + 1 + 256
