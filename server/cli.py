@@ -14,11 +14,15 @@ from .engine_flags import add_engine_flags
 from .router.policies import POLICIES as ROUTER_POLICIES
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
+DEFAULT_MODEL = "builtin:tiny"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, as vLLM's --uvicorn-log-level
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default="builtin:tiny", help="builtin:tiny, builtin:small or a local HF model dir")
+    parser.add_argument(
+        "model_tag", nargs="?", metavar="MODEL", help="as vLLM's `vllm serve MODEL`: the same as --model"
+    )
+    parser.add_argument("--model", help="builtin:tiny (the default), builtin:small or a local HF model dir")
     parser.add_argument("--config", help="engine config YAML, watched and applied live")
     parser.add_argument("--role", default="colocated", choices=["colocated", "prefill", "decode", "router"])
     parser.add_argument("--host", default="127.0.0.1")
@@ -103,6 +107,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if args.model_tag and args.model and args.model_tag != args.model:
+        print(f"llm-fleet serve: two models given: {args.model_tag} and --model {args.model}", file=sys.stderr)
+        return 2
+    args.model = args.model_tag or args.model or DEFAULT_MODEL
     problem = bind_problem(args.host, args.port)
     if problem:
         print(f"llm-fleet serve: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)

@@ -117,3 +117,24 @@ def test_serve_timeouts_and_limits_out_of_range_are_argument_errors(argv, words,
     with pytest.raises(SystemExit) as stop:
         main(["serve", "--port", str(free_port()), "--decode-url", "http://127.0.0.1:1", *argv])
     assert stop.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_model_may_come_first_as_vllm_serve_takes_it(monkeypatch):
+    import llmfleet.server.api.serve as serve_module
+
+    loading = []
+
+    def loaded(model, *args, **kwargs):
+        loading.append(model)
+        raise _Loaded
+
+    monkeypatch.setattr(serve_module, "build_engine", loaded)
+    for argv in (["builtin:small"], ["builtin:small", "--model", "builtin:small"], ["--model", "builtin:small"], []):
+        with pytest.raises(_Loaded):
+            main(["serve", *argv, "--port", str(free_port())])
+    assert loading == ["builtin:small"] * 3 + ["builtin:tiny"]
+
+
+def test_two_different_models_are_one_line(no_model_load, capsys):
+    assert main(["serve", "builtin:small", "--model", "builtin:tiny", "--port", str(free_port())]) == 2
+    assert "llm-fleet serve: two models given: builtin:small and --model builtin:tiny" in capsys.readouterr().err
