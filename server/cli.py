@@ -69,6 +69,10 @@ def add_arguments(parser) -> None:
         help="as vLLM's: with --reasoning-parser, a structured-output grammar (or a forced tool call) holds "
         "the thinking too; by default it holds the answer after </think>",
     )
+    parser.add_argument(
+        "--chat-template",
+        help="as vLLM's: the chat template, a file or the Jinja text itself, in place of the tokenizer's own",
+    )
     add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(

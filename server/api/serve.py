@@ -8,6 +8,9 @@ role, the router included (``llmfleet.server.router.serve``), runs its app throu
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+
+import jinja2
 
 from ..config import file_overrides, load_engine_config, read_engine_file
 from ..engine.build import LOAD_ERRORS, build_engine
@@ -25,6 +28,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     """Load the model, start the engine thread and, with ``--config``, the live-config watcher."""
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("llm-fleet serve: --enable-auto-tool-choice needs --tool-call-parser")
+    template = read_chat_template(args.chat_template) if args.chat_template else None
     flags = engine_flags(args)
     loaded = version_of(args.config) if args.config else None  # before reading it: see ConfigWatcher
     try:
@@ -37,6 +41,8 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         engine, tokenizer = build_engine(args.model, config, device=args.device)
     except LOAD_ERRORS as exc:
         raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
+    if template is not None:
+        tokenizer.chat_template = template
     name, *aliases = args.served_model_name or [args.model]
     state = ServerState.for_engine(engine, tokenizer, name, args.role)
     state.model_aliases = tuple(aliases)
@@ -53,6 +59,26 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
                                            baseline=loaded)  # fmt: skip
         watcher.start()
     return state, watcher
+
+
+def read_chat_template(value: str) -> str:
+    """``--chat-template`` as vLLM reads it: a file's text, or the template itself where the value
+    holds Jinja's characters; checked to parse before the model loads."""
+    path = Path(value)
+    if path.is_file():
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemExit(f"llm-fleet serve: cannot read --chat-template {value}: {exc}") from exc
+    elif any(c in value for c in "{}\n"):
+        text = value
+    else:
+        raise SystemExit(f"llm-fleet serve: --chat-template {value}: no such file, and no Jinja template either")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise SystemExit(f"llm-fleet serve: --chat-template: line {exc.lineno}: {exc.message}") from exc
+    return text
 
 
 def warn_of_overridden_flags(path: str, flags: dict) -> None:

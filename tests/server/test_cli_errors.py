@@ -138,3 +138,38 @@ def test_the_model_may_come_first_as_vllm_serve_takes_it(monkeypatch):
 def test_two_different_models_are_one_line(no_model_load, capsys):
     assert main(["serve", "builtin:small", "--model", "builtin:tiny", "--port", str(free_port())]) == 2
     assert "llm-fleet serve: two models given: builtin:small and --model builtin:tiny" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("templates/none.jinja", "--chat-template templates/none.jinja: no such file, and no Jinja template either"),
+        ("{% for m in messages %}{{ m.content }}", "--chat-template: line 1: Unexpected end of template"),
+    ],
+)
+def test_a_chat_template_that_cannot_be_read_is_one_line_before_the_model_loads(value, words, no_model_load):
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--chat-template", value, "--port", str(free_port())])
+    assert words in str(stop.value.code)
+
+
+def test_a_chat_template_given_at_start_renders_every_chat(tmp_path):
+    import argparse
+
+    from llmfleet.server import cli as server_cli
+    from llmfleet.server.api.openai_routes import chat_prompt_text
+    from llmfleet.server.api.protocol import ChatCompletionRequest
+    from llmfleet.server.api.serve import local_engine_state
+
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]")
+    parser = argparse.ArgumentParser()
+    server_cli.add_arguments(parser)
+    for value in (str(template), template.read_text()):  # a file, or the template itself
+        args = parser.parse_args(["--model", "builtin:tiny", "--chat-template", value])
+        state, _ = local_engine_state(args)
+        try:
+            body = ChatCompletionRequest(model="builtin:tiny", messages=[{"role": "user", "content": "hi"}])
+            assert chat_prompt_text(state, body) == "[user] hi\n[assistant]"
+        finally:
+            state.engine.shutdown()
