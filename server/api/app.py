@@ -64,6 +64,7 @@ def create_app(state: ServerState) -> FastAPI:
 
 def _install_common_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
+    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) name for it
     async def health():
         """Liveness: the process and its engine loop run (draining is still live)."""
         if state.engine is not None and not state.engine.alive:

@@ -707,6 +707,7 @@ async def test_drain_refuses_new_work_finishes_old_and_times_out(make_state):
         assert_openai_error(late, 503)
         assert late.headers["retry-after"] == "1"
         assert (await client.get("/health")).status_code == 200  # still alive while draining
+        assert (await client.get("/ping")).status_code == (await client.post("/ping")).status_code == 200  # vLLM's
         assert await asyncio.wait_for(draining, 10) == 1  # the long one
         short_out, long_out = (await short).json(), (await long).json()
     assert short_out["choices"][0]["finish_reason"] == "length"
