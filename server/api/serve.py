@@ -62,18 +62,15 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
 
 
 def read_chat_template(value: str) -> str:
-    """``--chat-template`` as vLLM reads it: a file's text, or the template itself where the value
-    holds Jinja's characters; checked to parse before the model loads."""
-    path = Path(value)
-    if path.is_file():
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SystemExit(f"llm-fleet serve: cannot read --chat-template {value}: {exc}") from exc
-    elif any(c in value for c in "{}\n"):
+    """``--chat-template`` as vLLM reads it: a file's text, or else the template itself where the
+    value holds Jinja's characters; checked to parse before the model loads."""
+    try:
+        text = Path(value).read_text()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte, or undecodable text
+        if not any(c in value for c in "{}\n"):
+            why = "no such file, and no Jinja template either" if isinstance(exc, FileNotFoundError) else exc
+            raise SystemExit(f"llm-fleet serve: --chat-template {value}: {why}") from exc
         text = value
-    else:
-        raise SystemExit(f"llm-fleet serve: --chat-template {value}: no such file, and no Jinja template either")
     try:
         jinja2.Environment().parse(text)
     except jinja2.TemplateSyntaxError as exc:
