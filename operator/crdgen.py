@@ -18,8 +18,8 @@ import yaml
 from llmfleet.server.config import DTYPE_ALIASES, EngineConfig
 
 from .reconcile import MAX_NAME_LENGTH, NAME_PATTERN
+from .spec import CHAT_TEMPLATE_MAX, REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
 from .spec import DNS_SUBDOMAIN as DNS_NAME
-from .spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
 
 GROUP = "llmfleet.io"
 VERSION = "v1alpha1"
@@ -285,6 +285,12 @@ def spec_schema() -> dict[str, Any]:
                 "<think> text as reasoning_content, apart from the content, and a structured-output grammar holds "
                 "the answer after the thinking. deepseek_r1: DeepSeek R1, its distills, QwQ; qwen3: Qwen3.",
                 enum=list(REASONING_PARSERS),
+            ),
+            "chatTemplate": _str(
+                "The chat template (Jinja), as vLLM's --chat-template: replaces the tokenizer's own, for a model "
+                "that ships none or one you need to change. Unset, the model's template applies.",
+                minLength=1,
+                maxLength=CHAT_TEMPLATE_MAX,
             ),
         },
     )

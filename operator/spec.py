@@ -11,6 +11,7 @@ import re
 from typing import Any, Literal, get_args
 
 import httpx
+import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -18,6 +19,9 @@ from llmfleet.server.config import EngineConfig
 
 POOL_NAMES = ("colocated", "prefill", "decode")
 MODELS_DIR = "/models"  # where model.volume is mounted
+# A container argument is at most 128 KiB (the kernel's MAX_ARG_STRLEN): 32 Ki characters of
+# up to 4 UTF-8 bytes each fit in it.
+CHAT_TEMPLATE_MAX = 32768
 ToolCallParserName = Literal["hermes", "llama3_json", "mistral", "pythonic"]  # the server's --tool-call-parser choices
 TOOL_CALL_PARSERS = get_args(ToolCallParserName)
 ReasoningParserName = Literal["deepseek_r1", "qwen3"]  # the server's --reasoning-parser choices
@@ -59,6 +63,17 @@ class ModelSource(_Model):
     volume: dict[str, Any] | None = None
     tool_call_parser: ToolCallParserName | None = None  # tool_choice 'auto', as vLLM's flag
     reasoning_parser: ReasoningParserName | None = None  # thinking apart in chat replies, as vLLM's flag
+    chat_template: str | None = Field(None, min_length=1, max_length=CHAT_TEMPLATE_MAX)  # as vLLM's flag
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                jinja2.Environment().parse(value)
+            except jinja2.TemplateSyntaxError as exc:
+                raise ValueError(f"model.chatTemplate does not parse: line {exc.lineno}: {exc.message}") from exc
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
@@ -83,6 +98,8 @@ class ModelSource(_Model):
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
         if self.reasoning_parser:
             args += ["--reasoning-parser", self.reasoning_parser]
+        if self.chat_template:
+            args += ["--chat-template", self.chat_template]
         return args
 
 

@@ -258,18 +258,27 @@ def test_pod_options_cannot_take_what_the_operator_sets(options, words):
 def test_the_models_parsers_reach_every_model_server(repo_root):
     owner, spec = load(repo_root, "disaggregated-long-prompt")
     raw = spec.model_dump(by_alias=True, exclude_none=True)
-    parsed = parse_spec(raw | {"model": raw["model"] | {"toolCallParser": "hermes", "reasoningParser": "qwen3"}})
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+    model = {"toolCallParser": "hermes", "reasoningParser": "qwen3", "chatTemplate": template}
+    parsed = parse_spec(raw | {"model": raw["model"] | model})
     deployments = by_kind(desired_objects(owner, parsed), "Deployment")
     for name in ("rag-prefill", "rag-decode"):  # prefill refuses what decode would: both read them
         (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
         args = container["args"]
         assert args[args.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in args
         assert args[args.index("--reasoning-parser") + 1] == "qwen3"
-    for flag in ("--tool-call-parser", "--reasoning-parser"):
+        assert args[args.index("--chat-template") + 1] == template
+    for flag in ("--tool-call-parser", "--reasoning-parser", "--chat-template"):
         assert flag not in str(deployments["rag-router"])
         assert flag not in str(desired_objects(owner, spec))
     assert tuple(sorted(SERVER_PARSERS)) == TOOL_CALL_PARSERS  # the CRD's enums are the server's choices
     assert tuple(sorted(SERVER_REASONING)) == REASONING_PARSERS
+
+
+def test_a_chat_template_that_does_not_parse_is_refused_with_its_line():
+    model = {"builtin": "tiny", "chatTemplate": "{% for m in messages %}\n{{ m.content }"}
+    with pytest.raises(SpecError, match="model.chatTemplate does not parse: line 2: unexpected '}'"):
+        parse_spec({"model": model, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}})
 
 
 def test_the_router_policy_reaches_the_router(repo_root):
