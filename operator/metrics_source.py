@@ -21,6 +21,7 @@ LATENCY_FIELDS = ("ttft", "itl", "queue_time")
 RATE_FIELDS = (
     "request_rate",
     "prompt_tokens_per_s",
+    "prefix_cache_hits_per_s",
     "generation_tokens_per_s",
     "preemptions_per_s",
     "steps_per_s",
@@ -95,6 +96,7 @@ class PoolMetrics:
     queue_time: LatencyQuantiles = field(default_factory=LatencyQuantiles)
     request_rate: float | None = None  # finished requests/s
     prompt_tokens_per_s: float | None = None
+    prefix_cache_hits_per_s: float | None = None  # prompt tokens a prefix-cache hit covered
     generation_tokens_per_s: float | None = None
     preemptions_per_s: float | None = None
     steps_per_s: float | None = None  # engine steps, summed over pods
@@ -144,6 +146,14 @@ class PoolMetrics:
             return self.prompt_tokens_per_s
         return steps * max(tokens - seqs, 0.0)
 
+    def uncached_prompt_tokens_per_s(self) -> float | None:
+        """Prompt tokens/s less those a prefix-cache hit covered: the prompt work the pool's
+        demand is (vllm:prompt_tokens_total counts the hits too). Counted as the prompt counter
+        counts, when requests are admitted, unlike the step counts above."""
+        if self.prompt_tokens_per_s is None:
+            return None
+        return max(self.prompt_tokens_per_s - (self.prefix_cache_hits_per_s or 0.0), 0.0)
+
     def mean_prompt_tokens(self) -> float | None:
         """Average prompt length over the window, from the token and request rates."""
         if self.prompt_tokens_per_s is None or not self.request_rate:
@@ -176,6 +186,7 @@ class PoolMetrics:
             "queueP95Ms": ms(self.queue_time.p95),
             "requestRate": rounded(self.request_rate),
             "promptTokensPerS": rounded(self.prompt_tokens_per_s, 1),
+            **({"prefixCacheHitsPerS": rounded(hits, 1)} if (hits := self.prefix_cache_hits_per_s) else {}),
             "generationTokensPerS": rounded(self.generation_tokens_per_s, 1),
             "waiting": rounded(self.waiting),
             "waitingGrowthPerS": rounded(self.waiting_growth_per_s, 3),

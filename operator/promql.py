@@ -17,6 +17,7 @@ TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # in prompt tokens, as vLLM's
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
@@ -119,6 +120,7 @@ def pool_queries(selector: str, window: float | str, fresh_s: float = 60.0) -> d
     queries |= {
         "request_rate": counter_rate(REQUEST_SUCCESS, selector, window),
         "prompt_tokens_per_s": counter_rate(PROMPT_TOKENS, selector, window),
+        "prefix_cache_hits_per_s": counter_rate(PREFIX_CACHE_HITS, selector, window),
         "generation_tokens_per_s": counter_rate(GENERATION_TOKENS, selector, window),
         "preemptions_per_s": counter_rate(PREEMPTIONS, selector, window),
         "steps_per_s": counter_rate(f"{BATCH_SIZE}_count", selector, window),

@@ -48,6 +48,7 @@ Targets = Mapping[PoolRef, Sequence[str]] | Callable[[PoolRef], Sequence[str]]
 COUNTER_FIELDS = {
     "request_rate": promql.REQUEST_SUCCESS,
     "prompt_tokens_per_s": promql.PROMPT_TOKENS,
+    "prefix_cache_hits_per_s": promql.PREFIX_CACHE_HITS,
     "generation_tokens_per_s": promql.GENERATION_TOKENS,
     "preemptions_per_s": promql.PREEMPTIONS,
     "steps_per_s": f"{promql.BATCH_SIZE}_count",

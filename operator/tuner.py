@@ -13,13 +13,14 @@ owns TTFT and ``decode`` owns ITL):
   prefill coalescing window) against TTFT and queue time, maxNumBatchedTokens (the step's token
   budget) between the two.
 - **Replicas cover demand**: ``ceil(demand / (1 - headroom))`` replica-equivalents, where demand
-  is prompt tokens/s over per-replica prefill capacity (prefill), generated tokens/s over
-  per-replica decode capacity (decode), or both summed (colocated). The prefill:decode ratio
-  follows from the two, as in NVIDIA Dynamo's planner. Per-replica capacity is learned from the
-  snapshots (tuner_capacity.py: the step-time plane where pods report step times). Demand is
-  served throughput, so a saturated pool (served/capacity ~ pods) still grows by the headroom;
-  a queue that grows by g requests/s adds g requests/s of demand (arrivals above what is served),
-  and the waiting requests' tokens count too, as demand to drain within ``backlog_drain_s`` (60).
+  is prompt tokens/s over per-replica prefill capacity (prefill; less the tokens a prefix-cache
+  hit covered), generated tokens/s over per-replica decode capacity (decode), or both summed
+  (colocated). The prefill:decode ratio follows from the two, as in NVIDIA Dynamo's planner.
+  Per-replica capacity is learned from the snapshots (tuner_capacity.py: the step-time plane
+  where pods report step times). Demand is served throughput, so a saturated pool
+  (served/capacity ~ pods) still grows by the headroom; a queue that grows by g requests/s adds
+  g requests/s of demand (arrivals above what is served), and the waiting requests' tokens count
+  too, as demand to drain within ``backlog_drain_s`` (60).
   **Latency** sizes the pool too, judged over the SLO's window (``slo.windowSeconds``, the
   knobs react to the shorter metric window): an owned SLO violated there with its knob at its
   limit scales to the fewest pods its latency projects back within it, else one more (for ITL,
@@ -212,7 +213,7 @@ class Tuner:
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
         parts: list[tuple[float | None, float, str]] = []
         if name in ("colocated", "prefill"):
-            parts.append((m.prompt_tokens_per_s, capacity.prompt_tps, "prompt"))
+            parts.append((m.uncached_prompt_tokens_per_s(), capacity.prompt_tps, "prompt"))
         if name in ("colocated", "decode"):
             parts.append((m.generation_tokens_per_s, capacity.generation_tps, "generation"))
         unknown = [label for rate, _, label in parts if rate is None]
@@ -413,8 +414,7 @@ class Tuner:
         growth = m.waiting_growth_per_s
         if growth is None or growth * m.window_s < 1.0 or not m.request_rate:
             return None
-        per_request = {"prompt": m.prompt_tokens_per_s, "generation": m.generation_tokens_per_s}
-        units = sum(growth * (per_request[label] or 0.0) / m.request_rate / cap for _, cap, label in parts)
+        units = sum(growth * (rate or 0.0) / m.request_rate / cap for rate, cap, _ in parts)
         return units, f"queue growing {growth:.2f} req/s = {units:.2f}"
 
     def _backlog_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
@@ -423,12 +423,10 @@ class Tuner:
         c = self.config
         if not m.waiting or m.waiting < 1 or not m.request_rate:
             return None
-        per_request = {"prompt": m.prompt_tokens_per_s, "generation": m.generation_tokens_per_s}
         units = 0.0
-        for _, cap, label in parts:
-            tokens = per_request[label]
-            if tokens is not None:
-                units += m.waiting * (tokens / m.request_rate) / cap / c.backlog_drain_s
+        for rate, cap, _ in parts:
+            if rate is not None:
+                units += m.waiting * (rate / m.request_rate) / cap / c.backlog_drain_s
         return units, f"backlog {m.waiting:.0f} waiting drained in {c.backlog_drain_s:.0f} s = {units:.2f}"
 
     # -- stabilization, cooldown, anti-flap -----------------------------------------------------

@@ -243,7 +243,8 @@ def _load_per_pod(name: str, pool: PoolInput, estimate: PerReplica) -> float | N
     tokens otherwise. None when the pool served none of what it is measured by."""
     m = pool.metrics
     pods = m.ready_pods or 0
-    prompt = None if m.prompt_tokens_per_s is None else m.prompt_tokens_per_s / pods
+    uncached = m.uncached_prompt_tokens_per_s()  # a prefix-cache hit is no work, nor capacity
+    prompt = None if uncached is None else uncached / pods
     generation = None if m.generation_tokens_per_s is None else m.generation_tokens_per_s / pods
     if name == "colocated":
         if prompt is None or generation is None or prompt + generation <= 0:

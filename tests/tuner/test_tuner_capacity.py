@@ -66,3 +66,16 @@ def test_a_queue_quantile_above_the_ttft_quantile_is_not_a_queue_share() -> None
     assert decision.changed("colocated", TIMEOUT) is None
     honest = decide(ttft_ms=300, queue_ms=240, itl_ms=90)
     assert honest.changed("colocated", TIMEOUT).new == 10
+
+
+def test_prompt_tokens_a_prefix_cache_covered_are_no_demand_and_no_capacity() -> None:
+    # 12000 prompt tok/s arrive, 10500 of them a shared system prompt the prefix cache holds:
+    # demand 1500/4000 + 200/400 = 0.875 replicas, 2 with headroom. Counted whole, the pod
+    # "outran" its estimate 3.5x, and the estimate rose to match for generation too: 400 -> 1400
+    # tok/s per replica that no pod could decode.
+    decision = decide(prompt_tps=12000, prefix_hits_tps=10500, gen_tps=200)
+    assert decision.changed("colocated", REPLICAS).new == 2
+    assert any("prompt 1500 tok/s / 4000 per replica" in r for r in decision.reasons)
+    capacity = decision.memory.capacity["colocated"]
+    assert (capacity.prompt_tps, capacity.generation_tps) == (4000, 400)
+    assert decision.inputs["colocated"]["prefixCacheHitsPerS"] == 10500
