@@ -277,7 +277,7 @@ def test_the_models_parsers_reach_every_model_server(repo_root):
 
 def test_a_chat_template_that_does_not_parse_is_refused_with_its_line():
     model = {"builtin": "tiny", "chatTemplate": "{% for m in messages %}\n{{ m.content }"}
-    with pytest.raises(SpecError, match="model.chatTemplate does not parse: line 2: unexpected '}'"):
+    with pytest.raises(SpecError, match=r"model\.chatTemplate does not parse: line 2: unexpected '\}'"):
         parse_spec({"model": model, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}})
 
 
