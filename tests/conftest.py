@@ -4,6 +4,7 @@ import os
 import pathlib
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -11,6 +12,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 os.environ.setdefault("LLMFLEET_CACHE", str(REPO / ".cache" / "llm-fleet"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Property tests judge what comes out, not how fast: hypothesis's 200 ms deadline per example and
+# its too-slow health check would fail them on a loaded 2-core CI machine, at random.
+settings.register_profile("llmfleet", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("llmfleet")
 
 
 @pytest.fixture(scope="session")
