@@ -73,6 +73,13 @@ def add_arguments(parser) -> None:
         "--chat-template",
         help="as vLLM's: the chat template, a file or the Jinja text itself, in place of the tokenizer's own",
     )
+    parser.add_argument(
+        "--generation-config",
+        default="auto",
+        help="as vLLM's: where a request's missing temperature, top_p, top_k, min_p, repetition_penalty and "
+        "(chat) max_tokens come from: auto, the model's generation_config.json (the default); vllm, none "
+        "(the API's neutral values); or a folder holding one",
+    )
     add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(

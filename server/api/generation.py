@@ -95,19 +95,26 @@ async def build_subrequests(
         check_in_vocab(state, body.allowed_token_ids, "allowed_token_ids", "allowed_token_ids")
         allowed = frozenset(body.allowed_token_ids)
     structured = await _structured_output(body, thinking)
+    defaults = state.sampling_defaults
+
+    def given(value, key: str, neutral: float):  # the request's value, else the model's, else neutral
+        return value if value is not None else defaults.get(key, neutral)
+
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             raise APIError(400, "prompt must contain at least one token", param="prompt")
         check_context_length(state.max_model_len, len(prompt), max_tokens)
         # no max_tokens: the rest of the context, as far as the KV cache can hold it
         limit = max_tokens if max_tokens is not None else max(1, limit_tokens - len(prompt))
+        if max_tokens is None and "max_tokens" in defaults:  # the model's max_new_tokens, as vLLM takes it
+            limit = max(1, min(limit, int(defaults["max_tokens"])))
         for j in range(body.n):
             try:
                 sampling = SamplingParams(
                     max_tokens=limit,
-                    temperature=1.0 if body.temperature is None else body.temperature,
-                    top_p=1.0 if body.top_p is None else body.top_p,
-                    top_k=max(0, body.top_k or 0),
+                    temperature=given(body.temperature, "temperature", 1.0),
+                    top_p=given(body.top_p, "top_p", 1.0),
+                    top_k=max(0, int(given(body.top_k, "top_k", 0))),
                     seed=None if body.seed is None else body.seed + j,  # n choices differ, reproducibly
                     stop=body.stop_list(),
                     include_stop_str_in_output=body.include_stop_str_in_output,
@@ -116,11 +123,11 @@ async def build_subrequests(
                     ignore_eos=body.ignore_eos,
                     logprobs=logprobs,
                     prompt_logprobs=prompt_logprobs,
-                    min_p=body.min_p or 0.0,
+                    min_p=given(body.min_p, "min_p", 0.0),
                     min_tokens=body.min_tokens,
                     presence_penalty=body.presence_penalty or 0.0,
                     frequency_penalty=body.frequency_penalty or 0.0,
-                    repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                    repetition_penalty=given(body.repetition_penalty, "repetition_penalty", 1.0),
                     logit_bias=logit_bias,
                     allowed_token_ids=allowed,
                     structured=structured,

@@ -15,8 +15,10 @@ import jinja2
 from ..config import file_overrides, load_engine_config, read_engine_file
 from ..engine.build import LOAD_ERRORS, build_engine
 from ..engine_flags import FLAGS, SWITCHES, engine_flags
+from ..runner.builtin_models import resolve_model
 from .auth import kv_token_from_env
 from .drain import run_app
+from .generation_defaults import GenerationConfigError, read_generation_defaults
 from .kv_transfer import KVExportStore
 from .live_config import ConfigWatcher, version_of
 from .state import ServerState
@@ -43,6 +45,12 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
     if template is not None:
         tokenizer.chat_template = template
+    try:
+        defaults = read_generation_defaults(args.generation_config, resolve_model(args.model))
+    except GenerationConfigError as exc:
+        raise SystemExit(f"llm-fleet serve: {exc}") from exc
+    if defaults:
+        log.info("requests that leave them out get the generation config's %s", defaults)
     name, *aliases = args.served_model_name or [args.model]
     state = ServerState.for_engine(engine, tokenizer, name, args.role)
     state.model_aliases = tuple(aliases)
@@ -51,6 +59,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     state.reasoning_parser = args.reasoning_parser
     state.structured_outputs_in_reasoning = args.structured_outputs_in_reasoning
+    state.sampling_defaults = defaults
     if args.role == "prefill":
         state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=int(args.kv_export_limit_mb * 2**20))
     watcher = None

@@ -50,6 +50,8 @@ class ServerState:
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
     # --structured-outputs-config.enable_in_reasoning: a grammar holds the thinking too (vLLM's flag)
     structured_outputs_in_reasoning: bool = False
+    # --generation-config: what a request that leaves a sampling field out gets (generation_defaults.py)
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
     _http: Any = None
 
     def http_client(self) -> httpx.AsyncClient:
