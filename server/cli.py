@@ -80,6 +80,11 @@ def add_arguments(parser) -> None:
         "(chat) max_tokens come from: auto, the model's generation_config.json (the default); vllm, none "
         "(the API's neutral values); or a folder holding one",
     )
+    parser.add_argument(
+        "--override-generation-config",
+        metavar="JSON",
+        help="as vLLM's: generation config keys over --generation-config's, e.g. '{\"temperature\": 0.5}'",
+    )
     add_engine_flags(parser)
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +24,45 @@ class GenerationConfigError(ValueError):
     """A generation config that was asked for and cannot be read; the message names the file."""
 
 
-def read_generation_defaults(source: str, model_dir: Path | None) -> dict[str, float]:
+def read_generation_defaults(source: str, model_dir: Path | None, override: str | None = None) -> dict[str, float]:
     """The request defaults ``source`` gives: ``auto`` (the model directory's file, if any),
-    ``vllm`` (none) or a folder holding a ``generation_config.json``."""
+    ``vllm`` (none) or a folder holding a ``generation_config.json``; ``override`` (JSON, as
+    vLLM's ``--override-generation-config``) sets keys over them."""
+    readers: list[tuple[str, Callable[[], str]]] = []
+    path = _file(source, model_dir)
+    if path is not None:
+        readers.append((str(path), path.read_text))
+    if override:
+        readers.append(("--override-generation-config", lambda: override))
+    raw: dict[str, Any] = {}
+    for where, read in readers:
+        raw |= _object(where, read)
+    where = " and ".join(w for w, _ in readers)
+    values = {KEYS[key]: _number(where, key, value) for key, value in raw.items() if key in KEYS and value is not None}
+    return checked(values, where)
+
+
+def _file(source: str, model_dir: Path | None) -> Path | None:
     if source == "vllm":
-        return {}
+        return None
     if source == "auto":
-        if model_dir is None or not (model_dir / FILE).is_file():
-            return {}
-        path = model_dir / FILE
-    else:
-        path = Path(source) / FILE if Path(source).is_dir() else Path(source)
+        return model_dir / FILE if model_dir is not None and (model_dir / FILE).is_file() else None
+    return Path(source) / FILE if Path(source).is_dir() else Path(source)
+
+
+def _object(where: str, read: Callable[[], str]) -> dict[str, Any]:
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise GenerationConfigError(f"cannot read the generation config {path}: {exc}") from exc
+        raise GenerationConfigError(f"cannot read the generation config {where}: {exc}") from exc
     if not isinstance(raw, dict):
-        raise GenerationConfigError(f"generation config {path}: expected a JSON object")
-    values = {KEYS[key]: _number(path, key, value) for key, value in raw.items() if key in KEYS and value is not None}
-    return checked(values, str(path))
+        raise GenerationConfigError(f"generation config {where}: expected a JSON object")
+    return raw
 
 
-def _number(path: Path, key: str, value: Any) -> float:
+def _number(where: str, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise GenerationConfigError(f"generation config {path}: {key} must be a number, got {value!r}")
+        raise GenerationConfigError(f"generation config {where}: {key} must be a number, got {value!r}")
     return value
 
 

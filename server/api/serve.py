@@ -46,7 +46,9 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     if template is not None:
         tokenizer.chat_template = template
     try:
-        defaults = read_generation_defaults(args.generation_config, resolve_model(args.model))
+        defaults = read_generation_defaults(
+            args.generation_config, resolve_model(args.model), args.override_generation_config
+        )
     except GenerationConfigError as exc:
         raise SystemExit(f"llm-fleet serve: {exc}") from exc
     if defaults:

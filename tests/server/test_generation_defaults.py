@@ -91,3 +91,13 @@ def test_serve_reads_the_models_generation_config(tmp_path):
     write(model, {"temperature": -1})
     with pytest.raises(SystemExit, match=r"generation config .* temperature must be >= 0, got -1"):
         local_engine_state(parser.parse_args(["--model", str(model)]))
+
+
+def test_an_override_sets_keys_over_the_file(tmp_path):
+    write(tmp_path, LLAMA_LIKE)
+    override = '{"temperature": 0.2, "top_k": 20, "do_sample": false}'
+    got = read_generation_defaults("auto", tmp_path, override)
+    assert got == {"temperature": 0.2, "top_p": 0.9, "max_tokens": 5, "top_k": 20}
+    assert read_generation_defaults("vllm", tmp_path, '{"min_p": 0.05}') == {"min_p": 0.05}
+    with pytest.raises(GenerationConfigError, match="cannot read the generation config --override-generation-config"):
+        read_generation_defaults("vllm", tmp_path, "{temperature: 0.2}")
