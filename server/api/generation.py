@@ -151,11 +151,20 @@ def check_in_vocab(state: ServerState, ids: Iterable[int], param: str, what: str
 def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> list[int]:
     """``truncate_prompt_tokens`` as vLLM applies it: the prompt's last k tokens (-1: the context
     length); more than the context length is a 400."""
-    keep = body.truncate_prompt_tokens
+    keep = truncation(state, body)
     if keep is None:
         return prompt
+    return prompt[-keep:] if keep else []
+
+
+def truncation(state: ServerState, body: object) -> int | None:
+    """How many of a prompt's last tokens ``truncate_prompt_tokens`` keeps (None: all); more than
+    the context length is a 400, found before the prompt is tokenized."""
+    keep = getattr(body, "truncate_prompt_tokens", None)
+    if keep is None:
+        return None
     if keep <= -1:
-        keep = state.max_model_len
+        return state.max_model_len
     if keep > state.max_model_len:
         raise APIError(
             400,
@@ -163,7 +172,7 @@ def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> 
             "Please, select a smaller truncation size.",
             param="truncate_prompt_tokens",
         )
-    return prompt[-keep:] if keep else []
+    return keep
 
 
 def _check_queue_capacity(state: ServerState, requests: int) -> None:

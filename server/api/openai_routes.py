@@ -29,6 +29,7 @@ from .generation import (
     collect,
     submit,
     truncated_prompt,
+    truncation,
 )
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .reasoning import Reasoning
@@ -241,7 +242,7 @@ _MAX_CHARS_PER_TOKEN = 32
 
 def check_prompt_chars(state: ServerState, chars: int, body: object = None, param: str = "prompt") -> None:
     limit = state.max_model_len * _MAX_CHARS_PER_TOKEN
-    if chars > limit and getattr(body, "truncate_prompt_tokens", None) is None:
+    if chars > limit and truncation(state, body) is None:
         raise APIError(
             400,
             f"The prompt is longer ({chars} characters) than this model's maximum context length of "

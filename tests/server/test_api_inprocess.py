@@ -192,6 +192,12 @@ def test_text_the_context_cannot_hold_is_refused_before_tokenizing(client, token
     assert len(tokenizer_calls) == (path == "/v1/completions" and len(body["prompt"]) == 2)  # "hi" only
 
 
+def test_a_truncation_over_the_context_is_refused_before_a_long_text_is_tokenized(client, tokenizer_calls):
+    body = {"prompt": TOO_LONG, "truncate_prompt_tokens": 257, "max_tokens": 2}
+    error = assert_openai_error(client.post("/v1/completions", json=body), 400, "truncate_prompt_tokens")
+    assert "greater than max_model_len (256)" in error["message"] and tokenizer_calls == []
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
