@@ -64,12 +64,14 @@ def create_app(state: ServerState) -> FastAPI:
 
 def _install_common_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
-    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's) name for it
     async def health():
         """Liveness: the process and its engine loop run (draining is still live)."""
         if state.engine is not None and not state.engine.alive:
             return error_response(503, "engine loop is not running", "internal_error")
         return {"status": "ok"}
+
+    for method in ("GET", "POST"):  # vLLM's (SageMaker's) name for it; one route each, one operation id
+        app.add_api_route("/ping", health, methods=[method], name=f"ping_{method.lower()}")
 
     @app.get("/ready")
     async def ready():

@@ -980,3 +980,14 @@ async def test_a_request_handed_over_as_the_engine_loop_crashes_is_refused_not_l
     with pytest.raises(RuntimeError, match="not running"):
         await asyncio.wait_for(engine.add("late", [4, 5], SamplingParams(max_tokens=2)), 5)
     assert not engine.alive
+
+
+def test_the_openapi_document_has_one_id_per_operation(state):
+    """Clients generated from /openapi.json name methods by operation id: none may repeat."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # FastAPI warns of a duplicate id
+        spec = create_app(state).openapi()
+    ids = [op["operationId"] for path in spec["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids)) and {"get", "post"} <= set(spec["paths"]["/ping"])
