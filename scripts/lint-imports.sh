@@ -10,4 +10,4 @@ trap 'rm -rf "$tree"' EXIT
 python -m pip install -q --no-deps --no-build-isolation --target "$tree" . 2>&1 | grep -v '^WARNING' || true
 # grimp needs a regular package; operator/ has no __init__.py in the source tree (see fleet/__init__.py)
 touch "$tree/llmfleet/operator/__init__.py"
-(cd "$tree" && PYTHONPATH="$tree" lint-imports --config "$OLDPWD/pyproject.toml")
+(cd "$tree" && PYTHONPATH="$tree" lint-imports "$OLDPWD/pyproject.toml")
