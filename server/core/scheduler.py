@@ -313,7 +313,9 @@ class Scheduler:
                     self.block_manager.free(request)
                     request.num_computed_tokens = request.kv_import.num_tokens if request.kv_import else 0
                 break
-            if hit is not None:
+            if hit is not None and request.status != RequestStatus.PREEMPTED:
+                # as vLLM's counters: new requests only (a preempted one finds its own blocks again;
+                # the tuner reads hits as prompt work saved, which that is not)
                 self.block_manager.count_lookup(request.num_tokens, hit)
             self.waiting.popleft()
             if request.status == RequestStatus.PREEMPTED:

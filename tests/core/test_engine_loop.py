@@ -280,6 +280,18 @@ def test_preemption_puts_the_victim_back_at_the_head_and_recomputes():
     assert outs["a"] == outs["b"] == reference_output(list(range(8)), 8)
 
 
+def test_a_preempted_request_finding_its_own_blocks_is_no_prefix_cache_hit():
+    """As vLLM counts them, prefix-cache hits are new requests' only: the tuner reads them as
+    prompt work the cache saved, and a preempted request's own blocks are not that."""
+    engine, _runner, clock = make(num_blocks=12, max_batch_size=4)
+    for i, rid in enumerate("abcd"):  # nothing shared
+        engine.add_request(rid, [100 * (i + 1) + k for k in range(12)], greedy(20))
+    run_all(engine, clock)
+    stats = engine.stats()
+    assert stats.preemptions_total > 0
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (4 * 12, 0)
+
+
 def test_live_config_update_applies_next_step_and_ignores_restart_fields():
     engine, runner, _ = make(max_batch_size=1)
     for i in range(3):
