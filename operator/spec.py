@@ -11,11 +11,11 @@ import re
 from typing import Any, Literal, get_args
 
 import httpx
-import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.chat_template import template_problem
 
 POOL_NAMES = ("colocated", "prefill", "decode")
 MODELS_DIR = "/models"  # where model.volume is mounted
@@ -68,11 +68,9 @@ class ModelSource(_Model):
     @field_validator("chat_template")
     @classmethod
     def _template_parses(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                jinja2.Environment().parse(value)
-            except jinja2.TemplateSyntaxError as exc:
-                raise ValueError(f"model.chatTemplate does not parse: line {exc.lineno}: {exc.message}") from exc
+        problem = None if value is None else template_problem(value)
+        if problem is not None:
+            raise ValueError(f"model.chatTemplate is no chat template: {problem}")
         return value
 
     @model_validator(mode="after")

@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import jinja2
-
 from ..config import file_overrides, load_engine_config, read_engine_file
+from ..core.chat_template import JINJA_CHARS, template_problem
 from ..engine.build import LOAD_ERRORS, build_engine
 from ..engine_flags import FLAGS, SWITCHES, engine_flags
 from ..runner.builtin_models import resolve_model
@@ -78,14 +77,13 @@ def read_chat_template(value: str) -> str:
     try:
         text = Path(value).read_text()
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte, or undecodable text
-        if not any(c in value for c in "{}\n"):
+        if not any(c in value for c in JINJA_CHARS):
             why = "no such file, and no Jinja template either" if isinstance(exc, FileNotFoundError) else exc
             raise SystemExit(f"llm-fleet serve: --chat-template {value}: {why}") from exc
         text = value
-    try:
-        jinja2.Environment().parse(text)
-    except jinja2.TemplateSyntaxError as exc:
-        raise SystemExit(f"llm-fleet serve: --chat-template: line {exc.lineno}: {exc.message}") from exc
+    problem = template_problem(text) if any(c in text for c in JINJA_CHARS) else None  # a file may be plain
+    if problem is not None:
+        raise SystemExit(f"llm-fleet serve: --chat-template: {problem}")
     return text
 
 

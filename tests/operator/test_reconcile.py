@@ -275,10 +275,25 @@ def test_the_models_parsers_reach_every_model_server(repo_root):
     assert tuple(sorted(SERVER_REASONING)) == REASONING_PARSERS
 
 
-def test_a_chat_template_that_does_not_parse_is_refused_with_its_line():
-    model = {"builtin": "tiny", "chatTemplate": "{% for m in messages %}\n{{ m.content }"}
-    with pytest.raises(SpecError, match=r"model\.chatTemplate does not parse: line 2: unexpected '\}'"):
+@pytest.mark.parametrize(
+    ("template", "words"),
+    [
+        ("{% for m in messages %}\n{{ m.content }", "line 2: unexpected '}'"),
+        ("You are a helpful assistant.", "it holds no Jinja"),  # the server would take it for a file name
+    ],
+)
+def test_a_chat_template_the_server_would_refuse_is_refused_with_why(template, words):
+    model = {"builtin": "tiny", "chatTemplate": template}
+    with pytest.raises(SpecError, match=r"model\.chatTemplate is no chat template") as refused:
         parse_spec({"model": model, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}})
+    assert words in str(refused.value)
+
+
+def test_a_chat_template_is_checked_as_transformers_renders_it():
+    # loop controls and transformers' {% generation %} block: the model server renders both
+    template = ("{% for m in messages %}{% if loop.index > 8 %}{% break %}{% endif %}"
+                "{% generation %}{{ m.content }}{% endgeneration %}\n{% endfor %}")  # fmt: skip
+    parse_spec({"model": {"builtin": "tiny", "chatTemplate": template}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}})
 
 
 def test_the_router_policy_reaches_the_router(repo_root):

@@ -161,8 +161,11 @@ def test_a_chat_template_given_at_start_renders_every_chat(tmp_path):
     from llmfleet.server.api.protocol import ChatCompletionRequest
     from llmfleet.server.api.serve import local_engine_state
 
-    template = tmp_path / "plain.jinja"
-    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]")
+    template = tmp_path / "plain.jinja"  # with a loop control, as transformers renders templates
+    template.write_text(
+        "{% for m in messages %}{% if loop.index > 9 %}{% break %}{% endif %}[{{ m.role }}] {{ m.content }}\n"
+        "{% endfor %}[assistant]"
+    )
     parser = argparse.ArgumentParser()
     server_cli.add_arguments(parser)
     for value in (str(template), template.read_text()):  # a file, or the template itself
