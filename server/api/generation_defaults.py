@@ -69,6 +69,10 @@ def _number(where: str, key: str, value: Any) -> float:
 def checked(values: dict[str, float], source: str) -> dict[str, float]:
     """``values`` if a request could carry them: a model's bad default is its server's start-up
     error, not every request's 400."""
+    for key, low in (("top_k", -1), ("max_tokens", 1)):  # whole numbers in a request
+        if key in values and (values[key] != int(values[key]) or values[key] < low):
+            raise GenerationConfigError(f"generation config ({source}): {key} must be a whole number >= {low}, "
+                                        f"got {values[key]!r}")  # fmt: skip
     try:
         SamplingParams(
             max_tokens=int(values.get("max_tokens", 1)),

@@ -38,7 +38,9 @@ def test_auto_reads_the_models_file_and_vllm_reads_none(tmp_path):
     [
         ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
-        ({"max_new_tokens": 0}, "max_tokens must be at least 1, got 0"),
+        ({"max_new_tokens": 0}, "max_tokens must be a whole number >= 1, got 0"),
+        ({"max_new_tokens": 0.5}, "max_tokens must be a whole number >= 1, got 0.5"),
+        ({"top_k": -5}, "top_k must be a whole number >= -1, got -5"),
         ([], "expected a JSON object"),
     ],
 )
