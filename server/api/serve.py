@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from ..config import file_overrides, load_engine_config, read_engine_file
-from ..core.chat_template import JINJA_CHARS, template_problem
+from ..core.chat_template import holds_jinja, template_problem
 from ..engine.build import LOAD_ERRORS, build_engine
 from ..engine_flags import FLAGS, SWITCHES, engine_flags
 from ..runner.builtin_models import resolve_model
@@ -77,11 +77,11 @@ def read_chat_template(value: str) -> str:
     try:
         text = Path(value).read_text()
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte, or undecodable text
-        if not any(c in value for c in JINJA_CHARS):
+        if not holds_jinja(value):
             why = "no such file, and no Jinja template either" if isinstance(exc, FileNotFoundError) else exc
             raise SystemExit(f"llm-fleet serve: --chat-template {value}: {why}") from exc
         text = value
-    problem = template_problem(text) if any(c in text for c in JINJA_CHARS) else None  # a file may be plain
+    problem = template_problem(text) if holds_jinja(text) else None  # a file may be plain
     if problem is not None:
         raise SystemExit(f"llm-fleet serve: --chat-template: {problem}")
     return text

@@ -8,8 +8,11 @@ import jinja2
 import jinja2.ext
 import jinja2.sandbox
 
-# What tells the text of a template from a file's name, as vLLM's --chat-template tells them
-JINJA_CHARS = "{}\n"
+
+def holds_jinja(text: str) -> bool:
+    """Whether ``text`` is a template's text rather than a file's name, as vLLM's --chat-template
+    tells them apart: it holds ``{``, ``}`` or a line break."""
+    return any(c in text for c in "{}\n")
 
 
 class _GenerationBlock(jinja2.ext.Extension):
@@ -30,7 +33,7 @@ _ENVIRONMENT = jinja2.sandbox.ImmutableSandboxedEnvironment(
 
 def template_problem(text: str) -> str | None:
     """Why ``text`` is no chat template transformers could render, or None."""
-    if not any(c in text for c in JINJA_CHARS):
+    if not holds_jinja(text):
         return "it holds no Jinja ({, } or a line break): as --chat-template it would be read as a file name"
     try:
         _ENVIRONMENT.parse(text)
