@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,12 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts = [f"{field}: {'; or '.join(msgs[:3])}" for field, msgs in by_field.items()]
     param = next((f for f in by_field if f != "body"), None)
     return "invalid request: " + " | ".join(parts), param
+
+
+def invalid_request(exc: ValidationError, context: str = "") -> APIError:
+    """A body validated by hand (not by FastAPI) refused as FastAPI's validation refuses one."""
+    message, param = validation_message(RequestValidationError(exc.errors()))
+    return APIError(400, message + context, param=param)
 
 
 def _clean(msg: str) -> str:

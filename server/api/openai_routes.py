@@ -1,5 +1,6 @@
 """The OpenAI endpoints served from a local engine (roles colocated, and the base of prefill and
-decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE), ``/tokenize`` and ``/detokenize``."""
+decode): ``/v1/completions``, ``/v1/chat/completions`` (plain and SSE), ``/v1/responses`` (as a chat
+completion, responses.py), ``/tokenize`` and ``/detokenize``."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from fastapi import FastAPI, Request, Response
+from pydantic import ValidationError
 
 from ..core.batch import SampledToken
 from . import kv_transfer
 from .client_gone import CLIENT_GONE, unless_client_gone
-from .errors import APIError
+from .errors import APIError, invalid_request
 from .generation import (
     EventStream,
     Result,
@@ -33,7 +35,8 @@ from .generation import (
 )
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .reasoning import Reasoning
-from .sse import EventStreamResponse
+from .responses import ResponsesRequest, response_of, response_stream
+from .sse import SSE_HEADERS, ClosingStreamingResponse, EventStreamResponse
 from .state import ServerState
 from .tool_calls import AutoToolCalls, ForcedToolCalls
 
@@ -94,6 +97,25 @@ def install(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat(body: ChatCompletionRequest, raw: Request):
+        answer = await chat_answer(body, raw)
+        return EventStreamResponse(answer) if isinstance(answer, AsyncIterator) else answer
+
+    @app.post("/v1/responses", responses=ERROR_RESPONSES)
+    async def responses(body: ResponsesRequest, raw: Request):
+        """OpenAI's Responses API, answered as a chat completion (responses.py)."""
+        check_serving(state, body.model)
+        try:
+            chat_body = ChatCompletionRequest.model_validate(body.chat_request())
+        except ValidationError as exc:
+            raise invalid_request(exc, " (in the input, as chat messages)") from exc
+        answer = await chat_answer(chat_body, raw)
+        if isinstance(answer, AsyncIterator):
+            return ClosingStreamingResponse(response_stream(body, answer), media_type="text/event-stream",
+                                            headers=SSE_HEADERS)  # fmt: skip
+        return response_of(body, answer) if isinstance(answer, dict) else answer
+
+    async def chat_answer(body: ChatCompletionRequest, raw: Request) -> dict | Response | AsyncIterator[dict]:
+        """A chat completion: the answer, its chunks when streamed, or a response for the router."""
         arrival = state.engine.now()
         check_serving(state, body.model)
         tool_calls = body.tool_call_replies(state.tool_call_parser)  # refused: a 400 naming the field
@@ -118,7 +140,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         submission = await submit(state, subs, body.priority, arrival)
         reply = _Reply(state, submission, _answer_id(raw, body, "chatcmpl"), want_logprobs=body.logprobs, body=body)
         if body.stream:
-            return EventStreamResponse(reply.stream_chat(body.response_role(), body.echoed(), tool_calls, reasoning))
+            return reply.stream_chat(body.response_role(), body.echoed(), tool_calls, reasoning)
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)

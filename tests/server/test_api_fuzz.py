@@ -102,6 +102,48 @@ chat_bodies = st.fixed_dictionaries(
 )
 
 
+def mostly(valid):
+    """A valid value four times in five, else any JSON."""
+    return st.integers(0, 4).flatmap(lambda k: valid if k else json_values)
+
+
+kinds = st.sampled_from(["input_text", "input_image"])
+parts = st.fixed_dictionaries({"type": mostly(kinds), "text": mostly(st.just("x"))})
+text = mostly(st.just("hi")) | st.lists(parts, max_size=2)
+items = st.one_of(
+    st.fixed_dictionaries({"role": mostly(st.sampled_from(["user", "assistant", "tool"])), "content": text}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": mostly(st.just("c")),
+            "name": mostly(st.just("f")),
+            "arguments": mostly(st.just("{}")),
+        }
+    ),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": mostly(st.just("c")), "output": text}),
+    st.fixed_dictionaries({"type": mostly(st.just("reasoning"))}, optional={"summary": json_values}),
+)
+formats = st.fixed_dictionaries(
+    {"type": mostly(st.sampled_from(["text", "json_object", "json_schema", "grammar"]))},
+    optional={"schema": mostly(st.just({"type": "object"})), "name": json_values},
+)
+tools = st.fixed_dictionaries({"type": mostly(st.just("function")), "name": mostly(st.just("f"))})
+# Each field valid or not and the rest mostly valid: a body invalid in several ways would never
+# reach the translation
+responses_bodies = st.fixed_dictionaries(
+    {"input": mostly(st.just("hi") | st.lists(items, min_size=1, max_size=3)), "max_output_tokens": st.just(2)},
+    optional={
+        "instructions": mostly(st.just("be brief")),
+        "text": mostly(st.fixed_dictionaries({"format": mostly(formats)})),
+        "tools": st.lists(tools, max_size=2),
+        "tool_choice": mostly(st.sampled_from(["none", "required", {"type": "function", "name": "f"}])),
+        "include": mostly(st.just(["message.output_text.logprobs"])),
+        "stream": st.booleans(),
+        "unknown_field": json_values,
+    },
+)
+
+
 @given(completion_bodies, chat_bodies)
 @settings(max_examples=150, deadline=None)
 def test_request_models_accept_or_reject_cleanly(completion, chat):
@@ -143,6 +185,12 @@ def test_app_answers_arbitrary_completion_bodies_without_5xx(client, body):
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_app_answers_arbitrary_chat_bodies_without_5xx(client, body):
     _assert_clean(client.post("/v1/chat/completions", json=_cheap(body)))
+
+
+@given(responses_bodies)
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+def test_app_answers_arbitrary_responses_bodies_without_5xx(client, body):
+    _assert_clean(client.post("/v1/responses", json=body))
 
 
 @given(st.binary(max_size=64))

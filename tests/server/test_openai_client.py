@@ -433,3 +433,101 @@ def test_a_reasoning_parser_returns_the_thinking_apart(client):
 
     plain = client.chat.completions.create(**asked | {"max_tokens": 8}).choices[0].message  # no think block: content
     assert plain.content and plain.reasoning_content is None
+
+
+def test_responses_are_the_chat_answer_whole_and_streamed(client):
+    """/v1/responses as vLLM serves a text model's: instructions and input become the chat's
+    messages, so the text, usage and finish are the chat's; streamed, the typed events join up
+    to the same Response."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    asked = {"model": "tiny", "instructions": "be brief", "input": "hi", "max_output_tokens": 8, "temperature": 0}
+    whole = client.responses.create(**asked)
+    assert whole.object == "response" and whole.id.startswith("resp_") and whole.store is False
+    assert whole.output_text == chat.choices[0].message.content
+    assert (whole.status, whole.incomplete_details.reason) == ("incomplete", "max_output_tokens")  # length
+    assert whole.usage.input_tokens == chat.usage.prompt_tokens and whole.usage.output_tokens == 8
+    assert whole.max_output_tokens == 8 and whole.instructions == "be brief"
+    parts = [{"type": "input_text", "text": "hi"}]
+    as_items = client.responses.create(**asked | {"input": [{"role": "user", "content": parts}]})
+    assert as_items.output_text == whole.output_text
+
+    events = list(client.responses.create(**asked, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]  # fmt: skip
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.usage.output_tokens == 8
+
+    with_logprobs = client.responses.create(**asked, top_logprobs=2)
+    logprobs = with_logprobs.output[0].content[0].logprobs
+    assert len(logprobs) == 8 and all(len(p.top_logprobs) == 2 for p in logprobs)
+
+
+def test_responses_hold_structured_output_tool_calls_and_reasoning_as_items(client, server):
+    """text.format json_schema holds the text (the SDK's parse reads it back); function tools
+    come back as function_call items and go back in as input; a reasoning parser's thinking is a
+    reasoning item before the message."""
+    pet = {"type": "json_schema", "name": "pet", "schema": PET, "strict": True}
+    asked = {"model": "tiny", "max_output_tokens": 64, "temperature": 0,
+             "extra_body": {"guided_whitespace_pattern": ""}}  # fmt: skip
+    document = json.loads(client.responses.create(**asked, input="a pet", text={"format": pet}).output_text)
+    assert set(document) == {"name", "legs"}
+
+    weather = {"type": "function", **WEATHER["function"]}  # the Responses API's flat function tool
+    named = {"type": "function", "name": "weather"}
+    reply = client.responses.create(**asked, input="weather in Oslo?", tools=[weather], tool_choice=named)
+    (call,) = reply.output
+    assert call.type == "function_call" and call.name == "weather" and call.status == "completed"
+    assert json.loads(call.arguments)["city"] in ("Oslo", "Lima") and call.call_id.startswith("call_")
+    with client.responses.stream(**asked, input="weather in Oslo?", tools=[weather], tool_choice=named) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        streamed = stream.get_final_response()
+    assert "".join(deltas) == streamed.output[0].arguments == call.arguments
+
+    turn = [{"role": "user", "content": "weather in Oslo?"},
+            {"type": "function_call", "call_id": call.call_id, "name": "weather", "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]  # fmt: skip
+    as_chat = [turn[0], {"role": "assistant", "tool_calls": [{"id": call.call_id, "type": "function",
+               "function": {"name": "weather", "arguments": call.arguments}}]},
+               {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}]  # fmt: skip
+    tokens = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "messages": as_chat}).json()
+    answer = client.responses.create(model="tiny", input=turn, max_output_tokens=4, temperature=0)
+    assert answer.usage.input_tokens == tokens["count"]  # the same prompt as the chat turn
+
+    thinking = {"structured_outputs": {"regex": "<think>[a-z ]{4,16}</think>[A-Z][a-z]{2,8}[.]"}}
+    held = client.responses.create(model="tiny", input="2+2?", max_output_tokens=60, temperature=0,
+                                   extra_body=thinking)  # fmt: skip
+    reasoning, message = held.output
+    assert reasoning.type == "reasoning" and 4 <= len(reasoning.content[0].text) <= 16
+    assert message.type == "message" and message.content[0].text[0].isupper() and held.status == "completed"
+    events = list(client.responses.create(model="tiny", input="2+2?", max_output_tokens=60, temperature=0,
+                                          extra_body=thinking, stream=True))  # fmt: skip
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
+    assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "asked"),
+    [
+        ("previous_response_id", {"previous_response_id": "resp_1"}),
+        ("background", {"background": True}),
+        ("tools", {"tools": [{"type": "web_search"}]}),
+        ("input", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}),
+        ("input", {"input": [{"type": "computer_call_output", "call_id": "c"}]}),
+        ("text", {"text": {"format": {"type": "grammar"}}}),
+        ("text", {"text": {"format": "json"}}),
+        ("text", {"text": {"format": {"type": "json_schema", "name": "x"}}}),
+        ("tools", {"tools": [{"type": "function"}]}),
+        ("tool_choice", {"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "file_search"}}),
+        ("max_output_tokens", {"max_output_tokens": 0}),
+    ],
+)
+def test_responses_refuse_what_needs_a_store_a_hosted_tool_or_another_modality(client, field, asked):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(**{"model": "tiny", "input": "hi"} | asked)
+    assert refused.value.body["param"] == field and refused.value.body["message"]
