@@ -1,6 +1,7 @@
 """The router's HTTP endpoints: the OpenAI generation endpoints (relayed through a prefill and a
-decode server), ``/tokenize`` and ``/detokenize`` as a decode server answers them, ``/v1/models``
-as the decode servers describe the model, and ``/load`` with the router's view of every server."""
+decode server; ``/v1/responses`` as a chat completion), ``/tokenize`` and ``/detokenize`` as a
+decode server answers them, ``/v1/models`` as the decode servers describe the model, and ``/load``
+with the router's view of every server."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from collections.abc import AsyncIterator
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..api.errors import APIError
 from ..api.generation import check_model
 from ..api.protocol import ERROR_RESPONSES
+from ..api.responses import ResponsesRequest, chat_chunks, response_of, response_stream
+from ..api.sse import SSE_HEADERS, ClosingStreamingResponse
 from ..api.state import ServerState
 from .balancer import Balancer
 from .proxy import Proxy, json_request
@@ -85,6 +88,22 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
     @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat(raw: Request):
         return await relay("/v1/chat/completions", raw)
+
+    @app.post("/v1/responses", responses=ERROR_RESPONSES)
+    async def responses(raw: Request):
+        """OpenAI's Responses API: relayed as a chat completion, whose answer becomes the Response."""
+        request = ResponsesRequest.parsed(await json_body(raw))
+        body = request.chat_request()
+        if request_id := raw.headers.get("X-Request-Id"):
+            body["request_id"] = request_id
+        await in_the_servers_name(body)
+        answer = await proxy.serve("/v1/chat/completions", body, raw)
+        if answer.status_code != 200:
+            return answer
+        if isinstance(answer, StreamingResponse):
+            stream = response_stream(request, chat_chunks(answer.body_iterator))
+            return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+        return response_of(request, json.loads(answer.body))
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(raw: Request):

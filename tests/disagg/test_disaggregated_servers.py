@@ -104,6 +104,20 @@ def chat(url: str, content: str | list[dict], stream: bool, extra: dict | None =
     return client.chat.completions.create(**ask).choices[0].message.content
 
 
+def respond(url: str, text: str, stream: bool) -> tuple[str, str, int]:
+    """A Response's text, status and output tokens, streamed or not."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    ask = dict(model=MODEL, input=text, max_output_tokens=10, temperature=0)
+    if stream:
+        events = list(client.responses.create(**ask, stream=True))
+        joined = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert joined == events[-1].response.output_text
+        answer = events[-1].response
+    else:
+        answer = client.responses.create(**ask)
+    return answer.output_text, answer.status, answer.usage.output_tokens
+
+
 def expected(fleet_servers, prompts=PROMPTS) -> dict[str, str]:
     return {p: complete(fleet_servers["colocated"].url, p) for p in prompts}
 
@@ -180,6 +194,8 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
         assert all_through(r.url, PROMPTS, stream=True) == want
         for stream in (False, True):
             assert chat(r.url, "hello there", stream) == chat(s["colocated"].url, "hello there", stream)
+        for stream in (False, True):  # the Responses API: relayed as a chat completion
+            assert respond(r.url, "hello there", stream) == respond(s["colocated"].url, "hello there", stream)
         opened = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
         going_on = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
         assert chat(r.url, opened, True, going_on) == chat(s["colocated"].url, opened, True, going_on)
