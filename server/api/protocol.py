@@ -63,7 +63,7 @@ def _not_unicode(value: Any) -> bool:
 _TEXT_HOLDERS = frozenset({str, list, dict})  # what parsed JSON holds text in
 
 
-class _TextRequest(BaseModel):
+class TextRequest(BaseModel):
     """A request whose text must be valid Unicode: a 400, not a tokenizer's crash."""
 
     @model_validator(mode="before")
@@ -79,7 +79,7 @@ class _TextRequest(BaseModel):
 MAX_STOP_CHARS = 2048
 
 
-class _Sampling(StructuredOutputFields, _TextRequest):
+class _Sampling(StructuredOutputFields, TextRequest):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # NaN or Infinity: a 400, not a clamp
 
     model: str | None = None
@@ -221,6 +221,9 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # An assistant's earlier thinking, as vLLM takes it (``reasoning``, or the older name)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -252,7 +255,7 @@ class ChatMessage(BaseModel):
         return value
 
     def for_template(self) -> dict[str, Any]:
-        """The message as a chat template reads it: role, text content and the tool fields given.
+        """The message as a chat template reads it: role, text content, and the tool and thinking fields given.
         An assistant's earlier tool calls carry their arguments as a mapping, as vLLM and
         transformers pass them (templates write them with ``tojson`` or walk their items); an
         empty list of calls is left out."""
@@ -263,6 +266,9 @@ class ChatMessage(BaseModel):
         if self.tool_calls:
             parse = self.role == "assistant"
             message["tool_calls"] = [_with_parsed_arguments(call) if parse else call for call in self.tool_calls]
+        thinking = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if thinking is not None:  # templates read one name or the other (Qwen3's: reasoning_content)
+            message["reasoning_content"] = message["reasoning"] = thinking
         return message
 
 
@@ -287,7 +293,7 @@ _TEMPLATE_PARAMETERS = frozenset({
 })  # fmt: skip
 
 
-class ChatTemplating(_TextRequest):
+class ChatTemplating(TextRequest):
     """How messages become a prompt, as vLLM takes it: the server's chat template, rendered with
     the request's tools and ``chat_template_kwargs`` (``enable_thinking``, say)."""
 

@@ -398,6 +398,17 @@ def test_earlier_tool_calls_reach_the_template_with_their_arguments_as_a_mapping
     assert "JSON" in assert_openai_error(client.post("/v1/chat/completions", json=body), 400, "messages")["message"]
 
 
+def test_an_earlier_answers_thinking_reaches_the_template_under_both_names():
+    """vLLM's ``reasoning`` (or the older ``reasoning_content``) on an assistant message: templates
+    read one or the other (Qwen3's, reasoning_content)."""
+    from llmfleet.server.api.protocol import ChatMessage
+
+    for name in ("reasoning", "reasoning_content"):
+        message = ChatMessage.model_validate({"role": "assistant", "content": "4", name: "2+2"}).for_template()
+        assert (message["reasoning"], message["reasoning_content"], message["content"]) == ("2+2", "2+2", "4")
+    assert "reasoning" not in ChatMessage(role="assistant", content="4").for_template()
+
+
 def test_continue_final_message_and_echo_complete_the_assistants_message(client):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}]
     assert rendered(client, messages=messages, add_generation_prompt=False, continue_final_message=True) == (
