@@ -35,7 +35,8 @@ from .generation import (
 )
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .reasoning import Reasoning
-from .responses import ResponsesRequest, response_of, response_stream
+from .response_events import ResponseStream, whole_response
+from .responses import ResponsesRequest, in_responses_terms
 from .sse import SSE_HEADERS, ClosingStreamingResponse, EventStreamResponse
 from .state import ServerState
 from .tool_calls import AutoToolCalls, ForcedToolCalls
@@ -102,17 +103,21 @@ def install(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/responses", responses=ERROR_RESPONSES)
     async def responses(body: ResponsesRequest, raw: Request):
-        """OpenAI's Responses API, answered as a chat completion (responses.py)."""
+        """OpenAI's Responses API, answered from a streamed chat completion (responses.py)."""
         check_serving(state, body.model)
         try:
             chat_body = ChatCompletionRequest.model_validate(body.chat_request())
+            chunks = await chat_answer(chat_body, raw)
         except ValidationError as exc:
-            raise invalid_request(exc, " (in the input, as chat messages)") from exc
-        answer = await chat_answer(chat_body, raw)
-        if isinstance(answer, AsyncIterator):
-            return ClosingStreamingResponse(response_stream(body, answer), media_type="text/event-stream",
+            raise in_responses_terms(invalid_request(exc)) from exc
+        except APIError as exc:
+            raise in_responses_terms(exc) from exc
+        assert isinstance(chunks, AsyncIterator)  # a streamed chat, with no transfer asked
+        if body.stream:
+            return ClosingStreamingResponse(ResponseStream(body, chunks), media_type="text/event-stream",
                                             headers=SSE_HEADERS)  # fmt: skip
-        return response_of(body, answer) if isinstance(answer, dict) else answer
+        answer = await unless_client_gone(raw, whole_response(body, chunks))
+        return Response(status_code=CLIENT_GONE) if answer is None else answer
 
     async def chat_answer(body: ChatCompletionRequest, raw: Request) -> dict | Response | AsyncIterator[dict]:
         """A chat completion: the answer, its chunks when streamed, or a response for the router."""

@@ -1,8 +1,9 @@
 """OpenAI's Responses API (``POST /v1/responses``) as a translation over chat completions, as
-vLLM serves it for models without a harmony format: the request becomes a chat request
+vLLM serves it for models without a harmony format: the request becomes a streamed chat request
 (``instructions`` and the input items become messages, ``text.format`` the ``response_format``,
-function tools chat tools), and the chat answer, whole or streamed, becomes a Response object or
-the Responses stream's typed events. The colocated server and the router share it.
+function tools chat tools), and response_events.py makes the chat's chunks the Responses stream's
+typed events, or, not streamed, the Response they end with, so that both always agree. The
+colocated server and the router share both.
 
 Nothing is stored, as in vLLM without its response store: ``store`` comes back false, and what
 needs a stored response or a hosted service (``previous_response_id``, ``background``,
@@ -14,18 +15,12 @@ through.
 from __future__ import annotations
 
 import json
-import logging
-import time
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from .errors import APIError, invalid_request
-from .protocol import ChatCompletionRequest
-
-log = logging.getLogger(__name__)
+from .protocol import ChatCompletionRequest, TextRequest
 
 # The chat fields a Responses request sets in its own terms, or that have no place in one
 # response; the other chat fields (vLLM's sampling and structured-output extras, chat template
@@ -37,10 +32,22 @@ OWNED = {
 }  # fmt: skip
 PASSED_THROUGH = frozenset(ChatCompletionRequest.model_fields) - OWNED
 TEXT_PARTS = ("input_text", "output_text", "text")
+TOOL_CHOICES = ("none", "auto", "required")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# OpenAI's include values; those that need a hosted tool or an encrypted reasoning item ask for
+# what this server never makes, so they change nothing
+INCLUDABLE = {
+    LOGPROBS_INCLUDE, "reasoning.encrypted_content", "code_interpreter_call.outputs", "file_search_call.results",
+    "computer_call_output.output.image_url", "message.input_image.image_url", "web_search_call.action.sources",
+    "web_search_call.results",
+}  # fmt: skip
+# A chat error's field, named as the Responses request names it
+CHAT_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "prompt": "input",
+               "messages": "input", "response_format": "text"}  # fmt: skip
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(TextRequest):
     """The OpenAI fields a text model can serve; other OpenAI fields are ignored, as vLLM does."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -65,7 +72,7 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)  # OpenAI's bounds
     user: str | None = None
 
     @classmethod
@@ -77,25 +84,29 @@ class ResponsesRequest(BaseModel):
             raise invalid_request(exc) from exc
 
     def chat_request(self) -> dict[str, Any]:
-        """The chat completions body that answers this request (streamed with usage, if streamed)."""
-        self._refuse_stored_state()
+        """The streamed chat completions body whose chunks answer this request."""
+        self._refuse_what_is_not_served()
         chat: dict[str, Any] = {key: value for key, value in (self.model_extra or {}).items() if key in PASSED_THROUGH}
-        chat |= {"messages": self._messages(), "stream": self.stream}
+        messages = self._messages()
+        chat |= {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
         optional = {"model": self.model, "temperature": self.temperature, "top_p": self.top_p,
                     "max_completion_tokens": self.max_output_tokens, "user": self.user}  # fmt: skip
         chat |= {key: value for key, value in optional.items() if value is not None}
-        if self.stream:
-            chat["stream_options"] = {"include_usage": True}
+        if self._continues(messages):  # vLLM's: an unfinished last answer goes on
+            chat |= {"add_generation_prompt": False, "continue_final_message": True}
         if self.top_logprobs is not None or LOGPROBS_INCLUDE in (self.include or []):
             chat |= {"logprobs": True, "top_logprobs": self.top_logprobs or 0}
         if (response_format := self._response_format()) is not None:
             chat["response_format"] = response_format
-        if self.tools:
-            chat |= {"tools": self._tools(), "tool_choice": self._tool_choice(),
-                     "parallel_tool_calls": self.parallel_tool_calls}  # fmt: skip
+        if (effort := (self.reasoning or {}).get("effort")) is not None:
+            if effort not in EFFORTS:
+                raise APIError(400, f"reasoning.effort must be one of {', '.join(EFFORTS)}", param="reasoning")
+            kwargs = chat.get("chat_template_kwargs")
+            chat["chat_template_kwargs"] = {"reasoning_effort": effort} | (kwargs if isinstance(kwargs, dict) else {})
+        chat |= self._tool_fields()
         return chat
 
-    def _refuse_stored_state(self) -> None:
+    def _refuse_what_is_not_served(self) -> None:
         stored = (("previous_response_id", self.previous_response_id), ("conversation", self.conversation),
                   ("prompt", self.prompt))  # fmt: skip
         for field, value in stored:
@@ -108,37 +119,59 @@ class ResponsesRequest(BaseModel):
         if self.truncation == "auto":
             raise APIError(400, "truncation 'auto' is not supported: an input past the context is refused "
                                 "('disabled')", param="truncation")  # fmt: skip
+        unknown = sorted(set(self.include or []) - INCLUDABLE)
+        if unknown:
+            raise APIError(400, f"include: unknown value(s) {', '.join(map(repr, unknown))}", param="include")
+        for key, value in (self.metadata or {}).items():
+            if len(key) > 64 or len(value) > 512:
+                raise APIError(400, "metadata keys are at most 64 characters and values at most 512",
+                               param="metadata")  # fmt: skip
 
     def _messages(self) -> list[dict[str, Any]]:
+        """Chat messages, as vLLM builds them: an answer's reasoning, text and calls, given back as
+        items, are one assistant message, as the chat that made them had it."""
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
         if isinstance(self.input, str):
             return [*messages, {"role": "user", "content": self.input}]
+        answer: dict[str, Any] | None = None  # the assistant message output items go on filling
         for i, item in enumerate(self.input):
             where = f"input[{i}]"
             kind = item.get("type", "message")
-            if kind == "message":
+            if kind == "message" and item.get("role") == "assistant":
+                text = _text(item.get("content"), where)
+                if answer is not None and answer["content"] is None and not answer.get("tool_calls"):
+                    answer["content"] = text
+                else:
+                    answer = {"role": "assistant", "content": text}
+                    messages.append(answer)
+            elif kind == "message":
                 role = item.get("role")
-                if role not in ("user", "system", "developer", "assistant"):
+                if role not in ("user", "system", "developer"):
                     raise APIError(400, f"{where}: role must be user, system, developer or assistant, not {role!r}",
                                    param="input")  # fmt: skip
                 messages.append({"role": role, "content": _text(item.get("content"), where)})
+                answer = None
             elif kind == "function_call":
                 call = {"id": _field(item, "call_id", where), "type": "function",
                         "function": {"name": _field(item, "name", where),
                                      "arguments": _field(item, "arguments", where)}}  # fmt: skip
-                last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
-                    last["tool_calls"].append(call)  # calls made together: one assistant turn
-                else:
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if answer is None:
+                    answer = {"role": "assistant", "content": None}
+                    messages.append(answer)
+                answer.setdefault("tool_calls", []).append(call)
             elif kind == "function_call_output":
-                output = item.get("output")
                 messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
-                                 "content": _text(output, where)})  # fmt: skip
+                                 "content": _text(item.get("output"), where)})  # fmt: skip
+                answer = None
             elif kind == "reasoning":
-                continue  # earlier thinking: chat templates leave it out of the prompt
+                thinking = _reasoning_text(item, where)
+                if answer is not None and answer["content"] is None and not answer.get("tool_calls"):
+                    answer["reasoning"] = answer.get("reasoning", "") + thinking
+                else:
+                    answer = {"role": "assistant", "content": None, "reasoning": thinking}
+                    messages.append(answer)
             else:
                 supported = "message, function_call, function_call_output and reasoning are"
                 raise APIError(400, f"{where}: input items of type {kind!r} are not supported ({supported})",
@@ -146,6 +179,12 @@ class ResponsesRequest(BaseModel):
         if not messages:
             raise APIError(400, "input holds no message", param="input")
         return messages
+
+    def _continues(self, messages: list[dict[str, Any]]) -> bool:
+        """Whether the input ends with an assistant message the model had not finished."""
+        last = self.input[-1] if isinstance(self.input, list) else {}
+        unfinished = last.get("type", "message") == "message" and last.get("status") in ("in_progress", "incomplete")
+        return unfinished and last.get("role") == "assistant" and messages[-1].get("content") is not None
 
     def _response_format(self) -> dict[str, Any] | None:
         fmt = (self.text or {}).get("format")
@@ -157,33 +196,37 @@ class ResponsesRequest(BaseModel):
         if kind == "json_object":
             return {"type": "json_object"}
         if kind == "json_schema":
-            if not isinstance(fmt.get("schema"), dict):
-                raise APIError(400, "text.format json_schema needs its schema (a JSON Schema object)", param="text")
+            if not isinstance(fmt.get("schema"), dict) or not isinstance(fmt.get("name"), str):
+                raise APIError(400, "text.format json_schema needs a name and its schema (a JSON Schema object)",
+                               param="text")  # fmt: skip
             schema = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
             return {"type": "json_schema", "json_schema": schema}
         raise APIError(400, f"text.format type {kind!r} is not supported (text, json_object and "
                             "json_schema are)", param="text")  # fmt: skip
 
-    def _tools(self) -> list[dict[str, Any]]:
+    def _tool_fields(self) -> dict[str, Any]:
+        choice = self.tool_choice
+        named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str)
+        if not (named or choice in TOOL_CHOICES):
+            raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
+                           param="tool_choice")  # fmt: skip
+        if not self.tools:
+            if choice not in ("none", "auto"):
+                raise APIError(400, "tool_choice asks for a call, but no tools are given", param="tool_choice")
+            return {}
         tools = []
         for i, tool in enumerate(self.tools):
             if tool.get("type") != "function":
                 raise APIError(400, f"tools[{i}]: only function tools are supported, not {tool.get('type')!r} "
                                     "(a hosted tool)", param="tools")  # fmt: skip
-            if not isinstance(tool.get("name"), str):
-                raise APIError(400, f"tools[{i}]: a function tool needs a name", param="tools")
+            wrong = ("name", str, "a string"), ("description", str, "a string"), ("parameters", dict, "an object")
+            for key, kind, what in wrong:
+                if (key == "name" or tool.get(key) is not None) and not isinstance(tool.get(key), kind):
+                    raise APIError(400, f"tools[{i}]: a function tool's {key} must be {what}", param="tools")
             function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
             tools.append({"type": "function", "function": function})
-        return tools
-
-    def _tool_choice(self) -> str | dict[str, Any]:
-        choice = self.tool_choice
-        if isinstance(choice, str):
-            return choice
-        if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-            return {"type": "function", "function": {"name": choice["name"]}}
-        raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
-                       param="tool_choice")  # fmt: skip
+        chat_choice = {"type": "function", "function": {"name": choice["name"]}} if named else choice
+        return {"tools": tools, "tool_choice": chat_choice, "parallel_tool_calls": self.parallel_tool_calls}
 
     def echoed(self) -> dict[str, Any]:
         """The request's settings, as a Response object repeats them."""
@@ -223,248 +266,29 @@ def _text(content: Any, where: str) -> str | list[dict[str, str]]:
     return parts
 
 
-def response_id(chat_id: str) -> str:
-    """The chat answer's id as a Response id: the same X-Request-Id or request_id after the prefix."""
-    return "resp_" + chat_id.removeprefix("chatcmpl-")
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's thinking: its reasoning_text parts, else its summary's text."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise APIError(400, f"{where}: a reasoning item's content and summary are lists of text parts", param="input")
+    return "".join(p["text"] for p in parts)
 
 
-def _item_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+def in_responses_terms(error: APIError) -> APIError:
+    """A chat request's error, naming the Responses request's field."""
+    if error.param in CHAT_PARAMS:
+        error.param = CHAT_PARAMS[error.param]
+    return error
 
 
-def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not usage:
+def error_body_in_responses_terms(content: bytes) -> bytes | None:
+    """A relayed chat error body naming the Responses request's field; None when it is as it was."""
+    try:
+        body = json.loads(content)
+        param = body["error"]["param"]
+    except (ValueError, KeyError, TypeError):
         return None
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage["total_tokens"]}  # fmt: skip
-
-
-def _status(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
-    """A Response's status and incomplete_details from the chat's finish reason."""
-    if finish_reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
-    return "completed", None
-
-
-def _logprobs(chat_logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return list((chat_logprobs or {}).get("content") or [])
-
-
-def response_object(
-    request: ResponsesRequest, rid: str, created: float, model: str, status: str, output: list[dict[str, Any]],
-    usage: dict[str, Any] | None = None, incomplete: dict[str, str] | None = None, error: dict[str, str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    return {"id": rid, "object": "response", "created_at": created, "model": model, "status": status,
-            "completed_at": time.time() if status == "completed" else None, "output": output, "usage": usage,
-            "incomplete_details": incomplete, "error": error, **request.echoed()}  # fmt: skip
-
-
-def response_of(request: ResponsesRequest, chat: dict[str, Any]) -> dict[str, Any]:
-    """A whole chat answer as a Response: reasoning, message and function-call items, in that order."""
-    (choice,) = chat["choices"]
-    message = choice["message"]
-    status, incomplete = _status(choice.get("finish_reason"))
-    output: list[dict[str, Any]] = []
-    thinking = message.get("reasoning_content") or message.get("reasoning")
-    if thinking:
-        output.append({"type": "reasoning", "id": _item_id("rs"), "summary": [], "status": "completed",
-                       "content": [{"type": "reasoning_text", "text": thinking}]})  # fmt: skip
-    if message.get("content"):
-        text = {"type": "output_text", "text": message["content"], "annotations": [],
-                "logprobs": _logprobs(choice.get("logprobs"))}  # fmt: skip
-        output.append({"type": "message", "id": _item_id("msg"), "role": "assistant", "status": status,
-                       "content": [text]})  # fmt: skip
-    for call in message.get("tool_calls") or []:
-        output.append({"type": "function_call", "id": _item_id("fc"), "call_id": call["id"], "status": "completed",
-                       "name": call["function"]["name"], "arguments": call["function"]["arguments"]})  # fmt: skip
-    return response_object(request, response_id(chat["id"]), chat["created"], chat["model"], status, output,
-                           _usage(chat.get("usage")), incomplete)  # fmt: skip
-
-
-class ResponseEvents:
-    """A streamed chat answer (its chunks, in order) as the Responses stream's events: each output
-    item is added, its text or arguments stream as deltas, and it is done before the next one
-    starts; the last event holds the whole Response."""
-
-    def __init__(self, request: ResponsesRequest) -> None:
-        self.request = request
-        self.sequence = 0
-        self.rid, self.created, self.model = "resp_" + uuid.uuid4().hex, time.time(), request.model or ""
-        self.output: list[dict[str, Any]] = []
-        self.open: dict[str, Any] | None = None  # the item being streamed
-        self.calls: dict[int, dict[str, Any]] = {}  # the chat's tool-call index -> its item
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
-        self.started = False
-        self.ended = False  # failed: nothing follows
-
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        if "error" in chunk:
-            return self.failed(chunk["error"])
-        events = [] if self.started else self._start(chunk)
-        self.usage = chunk.get("usage") or self.usage
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if thinking := delta.get("reasoning_content") or delta.get("reasoning"):
-                events += self._text("reasoning", thinking)
-            if delta.get("content"):
-                events += self._text("message", delta["content"], _logprobs(choice.get("logprobs")))
-            for call in delta.get("tool_calls") or []:
-                events += self._call_delta(call)
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        return events
-
-    def finished(self) -> list[dict[str, Any]]:
-        """The stream's end: the open item is done, then response.completed (or .incomplete)."""
-        status, incomplete = _status(self.finish_reason)
-        events = self._close(status)
-        final = self._response(status, _usage(self.usage), incomplete)
-        return [*events, self._event(f"response.{status}", response=final)]
-
-    def failed(self, error: dict[str, Any]) -> list[dict[str, Any]]:
-        """A chat stream that broke off: an error event, then response.failed with what came."""
-        events = [] if self.started else self._start({})
-        message = str(error.get("message", "the stream failed"))
-        events += self._close("incomplete")
-        events.append(self._event("error", code=str(error.get("type") or "server_error"), message=message,
-                                  param=error.get("param")))  # fmt: skip
-        failed = self._response("failed", _usage(self.usage), error={"code": "server_error", "message": message})
-        self.ended = True
-        return [*events, self._event("response.failed", response=failed)]
-
-    def _start(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        self.started = True
-        if chunk.get("id"):
-            self.rid = response_id(chunk["id"])
-        self.created = chunk.get("created", self.created)
-        self.model = chunk.get("model", self.model)
-        return [self._event(f"response.{kind}", response=self._response("in_progress"))
-                for kind in ("created", "in_progress")]  # fmt: skip
-
-    def _response(self, status: str, usage=None, incomplete=None, error=None) -> dict[str, Any]:
-        return response_object(self.request, self.rid, self.created, self.model, status, list(self.output), usage,
-                               incomplete, error)  # fmt: skip
-
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": kind, "sequence_number": self.sequence, **fields}
-        self.sequence += 1
-        return event
-
-    def _where(self) -> dict[str, Any]:
-        assert self.open is not None
-        return {"item_id": self.open["item"]["id"], "output_index": self.open["index"]}
-
-    def _text(self, kind: Literal["message", "reasoning"], text: str, logprobs=()) -> list[dict[str, Any]]:
-        events = []
-        if self.open is None or self.open["item"]["type"] != kind:
-            events += self._close("completed")
-            if kind == "message":
-                item = {"type": "message", "id": _item_id("msg"), "role": "assistant", "status": "in_progress",
-                        "content": []}  # fmt: skip
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            else:
-                item = {"type": "reasoning", "id": _item_id("rs"), "summary": [], "status": "in_progress",
-                        "content": []}  # fmt: skip
-                part = {"type": "reasoning_text", "text": ""}
-            events += self._open(item)
-            assert self.open is not None
-            self.open["part"] = part
-            events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
-        assert self.open is not None
-        self.open["part"]["text"] += text
-        if kind == "message":
-            self.open["part"]["logprobs"].extend(logprobs)
-            events.append(self._event("response.output_text.delta", **self._where(), content_index=0, delta=text,
-                                      logprobs=list(logprobs)))  # fmt: skip
-        else:
-            events.append(self._event("response.reasoning_text.delta", **self._where(), content_index=0, delta=text))
-        return events
-
-    def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
-        events = []
-        index = call.get("index", len(self.calls))
-        function = call.get("function") or {}
-        if index not in self.calls:
-            events += self._close("completed")
-            item = {"type": "function_call", "id": _item_id("fc"), "call_id": call.get("id") or _item_id("call"),
-                    "name": function.get("name") or "", "arguments": "", "status": "in_progress"}  # fmt: skip
-            events += self._open(item)
-            self.calls[index] = item
-        item = self.calls[index]
-        if arguments := function.get("arguments"):
-            item["arguments"] += arguments
-            events.append(self._event("response.function_call_arguments.delta", **self._where(), delta=arguments))
-        return events
-
-    def _open(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        self.open = {"item": item, "index": len(self.output)}
-        return [self._event("response.output_item.added", output_index=len(self.output), item=dict(item))]
-
-    def _close(self, status: str) -> list[dict[str, Any]]:
-        """The open item's done events; it joins the output."""
-        if self.open is None:
-            return []
-        item, where = self.open["item"], self._where()
-        events = []
-        if item["type"] == "function_call":
-            item["status"] = "completed"
-            events.append(self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]))
-        else:
-            part = self.open["part"]
-            item["status"] = status if item["type"] == "message" else "completed"
-            item["content"] = [part]
-            if item["type"] == "message":
-                events.append(self._event("response.output_text.done", **where, content_index=0, text=part["text"],
-                                          logprobs=part["logprobs"]))  # fmt: skip
-            else:
-                events.append(self._event("response.reasoning_text.done", **where, content_index=0, text=part["text"]))
-            events.append(self._event("response.content_part.done", **where, content_index=0, part=part))
-        events.append(self._event("response.output_item.done", output_index=self.open["index"], item=item))
-        self.output.append(item)
-        self.open = None
-        return events
-
-
-async def response_stream(request: ResponsesRequest, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-    """The Responses events of a streamed chat answer, encoded; the chunks' iterator is always
-    closed (a client gone mid-stream aborts the generation)."""
-    events = ResponseEvents(request)
-    try:
-        async for chunk in chunks:
-            for event in events.feed(chunk):
-                yield encode_response_event(event)
-            if events.ended:
-                return
-        ending = events.finished()
-    except Exception as exc:  # after the headers went out, a failure must end the stream visibly
-        log.exception("responses stream failed")
-        ending = events.failed({"message": f"stream failed: {exc}"})
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
-    for event in ending:
-        yield encode_response_event(event)
-
-
-def encode_response_event(event: dict[str, Any]) -> str:
-    """As OpenAI streams them: the event's type on an ``event:`` line, its JSON on ``data:``."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'), ensure_ascii=False)}\n\n"
-
-
-async def chat_chunks(relayed: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
-    """A relayed chat completions event stream's chunks, up to ``[DONE]``; the relay is always closed."""
-    buffer = b""
-    try:
-        async for raw in relayed:
-            buffer += raw
-            *events, buffer = buffer.split(b"\n\n")
-            for event in events:
-                data = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-                if not data:
-                    continue
-                if data == b"[DONE]":
-                    return
-                yield json.loads(data)
-    finally:
-        await relayed.aclose()  # type: ignore[attr-defined]
+    if param not in CHAT_PARAMS:
+        return None
+    body["error"]["param"] = CHAT_PARAMS[param]
+    return json.dumps(body).encode()

@@ -11,13 +11,15 @@ import logging
 from collections.abc import AsyncIterator
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..api.client_gone import CLIENT_GONE, unless_client_gone
 from ..api.errors import APIError
 from ..api.generation import check_model
 from ..api.protocol import ERROR_RESPONSES
-from ..api.responses import ResponsesRequest, chat_chunks, response_of, response_stream
+from ..api.response_events import ResponseStream, chat_chunks, whole_response
+from ..api.responses import ResponsesRequest, error_body_in_responses_terms
 from ..api.sse import SSE_HEADERS, ClosingStreamingResponse
 from ..api.state import ServerState
 from .balancer import Balancer
@@ -91,19 +93,28 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
 
     @app.post("/v1/responses", responses=ERROR_RESPONSES)
     async def responses(raw: Request):
-        """OpenAI's Responses API: relayed as a chat completion, whose answer becomes the Response."""
+        """OpenAI's Responses API: relayed as a streamed chat completion, whose chunks become the
+        Response or its events."""
         request = ResponsesRequest.parsed(await json_body(raw))
         body = request.chat_request()
         if request_id := raw.headers.get("X-Request-Id"):
             body["request_id"] = request_id
         await in_the_servers_name(body)
         answer = await proxy.serve("/v1/chat/completions", body, raw)
-        if answer.status_code != 200:
+        if not isinstance(answer, StreamingResponse):  # refused, or the client left
+            if (renamed := error_body_in_responses_terms(answer.body)) is not None:
+                answer.body = renamed
+                answer.headers["content-length"] = str(len(renamed))
             return answer
-        if isinstance(answer, StreamingResponse):
-            stream = response_stream(request, chat_chunks(answer.body_iterator))
+        relay = answer.body_iterator
+        if request.stream:
+            stream = ResponseStream(request, chat_chunks(relay), source=relay)
             return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-        return response_of(request, json.loads(answer.body))
+        whole = await unless_client_gone(raw, whole_response(request, chat_chunks(relay), source=relay))
+        if whole is None:
+            await relay.aclose()  # type: ignore[attr-defined]
+            return Response(status_code=CLIENT_GONE)
+        return whole
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(raw: Request):

@@ -8,6 +8,7 @@ import re
 import httpx
 import openai
 import pytest
+from openai.types.responses import Response
 
 from tests.support import ServerProcess
 
@@ -435,7 +436,7 @@ def test_a_reasoning_parser_returns_the_thinking_apart(client):
     assert plain.content and plain.reasoning_content is None
 
 
-def test_responses_are_the_chat_answer_whole_and_streamed(client):
+def test_responses_are_the_chat_answer_whole_and_streamed(client, server):
     """/v1/responses as vLLM serves a text model's: instructions and input become the chat's
     messages, so the text, usage and finish are the chat's; streamed, the typed events join up
     to the same Response."""
@@ -462,6 +463,9 @@ def test_responses_are_the_chat_answer_whole_and_streamed(client):
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
     final = events[-1].response
     assert final.output_text == whole.output_text and final.usage.output_tokens == 8
+    assert all(e.part.text == "" for e in events if e.type == "response.content_part.added")  # deltas bring it
+    raw = httpx.post(f"{server.url}/v1/responses", json=asked, timeout=60).json()
+    Response.model_validate(raw, strict=True)  # every field the SDK's types require, as they type it
 
     with_logprobs = client.responses.create(**asked, top_logprobs=2)
     logprobs = with_logprobs.output[0].content[0].logprobs
@@ -498,6 +502,15 @@ def test_responses_hold_structured_output_tool_calls_and_reasoning_as_items(clie
     tokens = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "messages": as_chat}).json()
     answer = client.responses.create(model="tiny", input=turn, max_output_tokens=4, temperature=0)
     assert answer.usage.input_tokens == tokens["count"]  # the same prompt as the chat turn
+
+    written = r'<tool_call>\n\{"name": "weather", "arguments": \{"city": "Oslo", "days": 2\}\}\n</tool_call>'
+    call_then_words = written + r"\nDone[.]"
+    auto = {"model": "tiny", "input": "weather?", "tools": [weather], "max_output_tokens": 80, "temperature": 0,
+            "extra_body": {"structured_outputs": {"regex": call_then_words}}}  # fmt: skip
+    items = [(i.type, i.status) for i in client.responses.create(**auto).output]
+    with client.responses.stream(**auto) as stream:
+        assert [(i.type, i.status) for i in stream.get_final_response().output] == items
+    assert items == [("function_call", "completed"), ("message", "completed")]  # in the order written
 
     thinking = {"structured_outputs": {"regex": "<think>[a-z ]{4,16}</think>[A-Z][a-z]{2,8}[.]"}}
     held = client.responses.create(model="tiny", input="2+2?", max_output_tokens=60, temperature=0,

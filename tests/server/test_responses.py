@@ -9,7 +9,8 @@ import json
 import pytest
 
 from llmfleet.server.api.errors import APIError
-from llmfleet.server.api.responses import ResponseEvents, ResponsesRequest, chat_chunks, response_stream
+from llmfleet.server.api.response_events import ResponseEvents, ResponseStream, chat_chunks, whole_response
+from llmfleet.server.api.responses import ResponsesRequest
 from llmfleet.server.api.sse import broken_stream_end, encode_event
 
 
@@ -42,6 +43,22 @@ def test_a_conversation_with_calls_becomes_chat_messages():
     assert chat["stream_options"] == {"include_usage": True}
 
 
+def test_an_answer_given_back_as_items_is_one_assistant_message():
+    """As vLLM builds it: a Response's reasoning, message and function_call items, given back as
+    input, are the one assistant message the chat that made them had; an unfinished last answer
+    goes on."""
+    answer = [{"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]},
+              {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]  # fmt: skip
+    chat = request(input=[{"role": "user", "content": "go"}, *answer]).chat_request()
+    (turn,) = chat["messages"][1:]
+    assert (turn["reasoning"], turn["content"][0]["text"], turn["tool_calls"][0]["id"]) == ("hm", "Let me see.", "c1")
+    assert "continue_final_message" not in chat
+    opened = {"type": "message", "role": "assistant", "status": "incomplete", "content": "Once upon"}
+    going_on = request(input=[{"role": "user", "content": "a story"}, opened]).chat_request()
+    assert going_on["continue_final_message"] and not going_on["add_generation_prompt"]
+
+
 def test_a_function_call_item_needs_its_fields():
     with pytest.raises(APIError, match=r"input\[0\]: name must be a string"):
         request(input=[{"type": "function_call", "call_id": "c", "arguments": "{}"}]).chat_request()
@@ -69,50 +86,82 @@ def test_parallel_calls_stream_as_items_of_their_own():
     assert final["response"]["usage"]["total_tokens"] == 14
 
 
+class Source:
+    """A relay's stand-in: its chunks, cut anywhere, and whether it was closed."""
+
+    def __init__(self, *events: bytes) -> None:
+        self.events, self.closed = events, False
+
+    async def chunks(self):
+        for event in self.events:
+            for i in range(0, len(event), 7):  # events are joined back whole
+                yield event[i : i + 7]
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
 def test_a_stream_broken_mid_way_ends_failed_with_what_came():
     """A router relaying a decode server that died: the chat stream's error event becomes the
     Responses error event and response.failed, after the text that came."""
-    relayed = [encode_event(chunk({"role": "assistant", "content": "Once"})).encode(),
-               broken_stream_end("the decode server failed mid-stream")]  # fmt: skip
+    source = Source(encode_event(chunk({"role": "assistant", "content": "Once"})).encode(),
+                    broken_stream_end("the decode server failed mid-stream"))  # fmt: skip
 
-    async def run() -> tuple[list[dict], bool]:
-        closed = False
+    async def run() -> list[dict]:
+        stream = ResponseStream(request(), chat_chunks(source.chunks()), source=source)
+        lines = [line async for line in stream]
+        await stream.aclose()
+        return [json.loads(line.split("data: ", 1)[1]) for line in lines]
 
-        async def body():
-            nonlocal closed
-            try:
-                for part in relayed:
-                    for i in range(0, len(part), 7):  # cut anywhere: events are joined back whole
-                        yield part[i : i + 7]
-            finally:
-                closed = True
-
-        lines = [line async for line in response_stream(request(), chat_chunks(body()))]
-        return [json.loads(line.split("data: ", 1)[1]) for line in lines], closed
-
-    events, closed = asyncio.run(run())
-    assert closed
+    events = asyncio.run(run())
+    assert source.closed
     assert [e["type"] for e in events][-3:] == ["response.output_item.done", "error", "response.failed"]
     assert "mid-stream" in events[-2]["message"]
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["output"][0]["content"][0]["text"] == "Once"
     assert failed["output"][0]["status"] == "incomplete"
 
+    not_streamed = Source(*source.events)
+    with pytest.raises(APIError, match="mid-stream") as refused:
+        asyncio.run(whole_response(request(), chat_chunks(not_streamed.chunks()), source=not_streamed))
+    assert (refused.value.status, refused.value.type) == (502, "bad_gateway") and not_streamed.closed
 
-def test_a_chunk_iterator_that_raises_ends_the_stream_failed_and_is_closed():
-    async def run() -> tuple[list[str], bool]:
-        closed = False
 
-        async def chunks():
-            nonlocal closed
-            try:
-                yield chunk({"role": "assistant", "content": "x"})
-                raise RuntimeError("engine gone")
-            finally:
-                closed = True
+def test_a_client_gone_before_the_first_event_still_closes_the_relay():
+    source = Source()
+    asyncio.run(ResponseStream(request(), chat_chunks(source.chunks()), source=source).aclose())
+    assert source.closed
 
-        return [line async for line in response_stream(request(), chunks())], closed
 
-    lines, closed = asyncio.run(run())
-    assert closed and lines[-1].startswith("event: response.failed\n")
+def test_a_chunk_iterator_that_raises_ends_the_stream_failed():
+    async def chunks():
+        yield chunk({"role": "assistant", "content": "x"})
+        raise RuntimeError("engine gone")
+
+    async def run() -> list[str]:
+        return [line async for line in ResponseStream(request(), chunks())]
+
+    lines = asyncio.run(run())
+    assert lines[-1].startswith("event: response.failed\n")
     assert "engine gone" in lines[-2]
+
+
+def test_an_aborted_generation_fails_and_a_cut_one_leaves_its_last_item_incomplete():
+    """finish_reason abort (a drain timed out, the engine failed) is no completed answer; at
+    max_output_tokens the item being written when the limit hit is incomplete, earlier ones not."""
+
+    async def answer(*chunks: dict):
+        for c in chunks:
+            yield c
+
+    thinking = chunk({"reasoning_content": "hmm"})
+    aborted = answer(thinking, chunk({"content": "Par"}, finish="abort"))
+    with pytest.raises(APIError, match="stopped before it finished") as refused:
+        asyncio.run(whole_response(request(), aborted))
+    assert refused.value.status == 500
+
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": '}}
+    cut = asyncio.run(whole_response(request(), answer(thinking, chunk({"tool_calls": [call]}, finish="length"))))
+    assert (cut["status"], cut["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    assert [(i["type"], i["status"]) for i in cut["output"]] == [("reasoning", "completed"),
+                                                                  ("function_call", "incomplete")]  # fmt: skip
