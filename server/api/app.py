@@ -22,6 +22,7 @@ from ... import __version__
 from . import kv_transfer, openai_routes
 from .auth import APIKeyMiddleware
 from .errors import APIError, error_body, error_response, install_error_handlers
+from .responses import install_stored_routes
 from .state import ServerState
 
 __all__ = ["APIError", "ServerState", "create_app", "error_body", "register_role"]
@@ -58,6 +59,7 @@ def create_app(state: ServerState) -> FastAPI:
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)  # outermost: before anything counts it
     install_role(app, state)
     _install_common_routes(app, state)
+    install_stored_routes(app)  # every role that answers /v1/responses
     _document_400_not_422(app)
     return app
 

@@ -292,3 +292,17 @@ def error_body_in_responses_terms(content: bytes) -> bytes | None:
         return None
     body["error"]["param"] = CHAT_PARAMS[param]
     return json.dumps(body).encode()
+
+
+def install_stored_routes(app: Any) -> None:
+    """OpenAI's routes for stored responses (retrieve, delete, cancel, list input items): a 404
+    that says why, where a bare one would leave a client guessing at a wrong id."""
+
+    async def not_stored(response_id: str) -> None:
+        raise APIError(404, f"response {response_id!r} is not stored: this server keeps no responses "
+                            "(store is not supported)", "not_found_error")  # fmt: skip
+
+    routes = (("retrieve", "GET", ""), ("delete", "DELETE", ""), ("cancel", "POST", "/cancel"),
+              ("input_items", "GET", "/input_items"))  # fmt: skip
+    for name, method, tail in routes:
+        app.add_api_route(f"/v1/responses/{{response_id}}{tail}", not_stored, methods=[method], name=f"{name}_response")

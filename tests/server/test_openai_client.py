@@ -544,3 +544,9 @@ def test_responses_refuse_what_needs_a_store_a_hosted_tool_or_another_modality(c
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(**{"model": "tiny", "input": "hi"} | asked)
     assert refused.value.body["param"] == field and refused.value.body["message"]
+
+
+def test_stored_responses_are_a_404_that_says_none_are_kept(client):
+    for ask in (client.responses.retrieve, client.responses.delete, client.responses.cancel):
+        with pytest.raises(openai.NotFoundError, match="keeps no responses"):
+            ask("resp_abc")
