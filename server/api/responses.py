@@ -88,7 +88,9 @@ class ResponsesRequest(TextRequest):
         self._refuse_what_is_not_served()
         chat: dict[str, Any] = {key: value for key, value in (self.model_extra or {}).items() if key in PASSED_THROUGH}
         messages = self._messages()
-        chat |= {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+        # usage in every chunk: the tokens each chunk's text took, so that thinking's are counted apart
+        stream_options = {"include_usage": True, "continuous_usage_stats": True}
+        chat |= {"messages": messages, "stream": True, "stream_options": stream_options}
         optional = {"model": self.model, "temperature": self.temperature, "top_p": self.top_p,
                     "max_completion_tokens": self.max_output_tokens, "user": self.user}  # fmt: skip
         chat |= {key: value for key, value in optional.items() if value is not None}

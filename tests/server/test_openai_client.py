@@ -522,6 +522,11 @@ def test_responses_hold_structured_output_tool_calls_and_reasoning_as_items(clie
                                           extra_body=thinking, stream=True))  # fmt: skip
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
     assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
+    thought = held.usage.output_tokens_details.reasoning_tokens  # the think block's, apart from the answer's
+    assert 0 < thought < held.usage.output_tokens and events[-1].response.usage == held.usage
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": f"<think>{reasoning.content[0].text}</think>",
+                                                        "add_special_tokens": False}).json()["count"]  # fmt: skip
+    assert abs(thought - tokens) <= 1  # where the tag's last token and the answer's first share a chunk
 
 
 @pytest.mark.parametrize(
