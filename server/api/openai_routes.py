@@ -149,10 +149,11 @@ def install(app: FastAPI, state: ServerState) -> None:
         results = await collect_unless_gone(raw, state, submission)
         if results is None:
             return Response(status_code=CLIENT_GONE)
-        choices = []
+        choices, thoughts = [], []
         for sub in subs:
             result = results[sub.index]
             thinking, answer = reasoning.split(result.text) if reasoning else (None, result.text)
+            thoughts.append(thinking or "")
             message, finish = {"role": body.response_role(), "content": answer}, result.finish_reason
             if tool_calls is not None:
                 message, finish = tool_calls.message(answer or "", finish)
@@ -169,7 +170,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         if scored is not None:  # vLLM puts them beside the choices: the n choices share one prompt
             scores = results[subs[0].index].prompt_logprobs or []
             extra["prompt_logprobs"] = vllm_prompt_logprobs(reply.names, scores, scored)
-        return reply.envelope("chat.completion", choices, usage=reply.usage(results), **extra)
+        usage = reply.usage(results) | (await reply.reasoning_usage(thoughts) if reasoning else {})
+        return reply.envelope("chat.completion", choices, usage=usage, **extra)
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(body: TokenizeRequest):
@@ -348,6 +350,16 @@ class _Reply:
             completion = sum(r.num_output_tokens for r in results.values())
         return _usage(self.submission.prompt_tokens, completion)
 
+    async def reasoning_usage(self, thoughts: list[str]) -> dict:
+        """OpenAI's ``completion_tokens_details.reasoning_tokens``: the tokens of each choice's
+        thinking, the text between its tags (what vLLM counts), tokenized again off the event loop."""
+        encode = self.state.tokenizer.encode
+
+        def count() -> int:
+            return sum(len(encode(text, add_special_tokens=False)) for text in thoughts if text)
+
+        return {"completion_tokens_details": {"reasoning_tokens": await asyncio.to_thread(count)}}
+
     async def stream_completion(
         self, echo: dict[int, str], echo_logprobs: int | None, echo_only: bool
     ) -> AsyncIterator[dict]:
@@ -404,6 +416,7 @@ class _Reply:
         subs = self.submission.subs
         calls = {sub.index: tool_calls.stream() for sub in subs} if tool_calls is not None else {}
         splitters = {sub.index: reasoning.splitter() for sub in subs} if reasoning is not None else {}
+        thoughts: dict[int, str] = {}  # each choice's thinking, as it came
         events = EventStream(state, self.submission)
         try:  # from the first chunk on: a client that leaves at any point aborts the requests
             for sub in self.submission.subs:
@@ -423,6 +436,7 @@ class _Reply:
                     thinking, text = splitters[owner.index].feed(text, final=event.finished)
                     if thinking:
                         delta |= reasoning.fields(thinking)
+                        thoughts[owner.index] = thoughts.get(owner.index, "") + thinking
                 if calls:
                     answer, finish = calls[owner.index].delta(text, finish)
                     delta |= answer
@@ -434,7 +448,9 @@ class _Reply:
         finally:
             await events.aclose()
         if self.include_usage:
-            yield self.envelope("chat.completion.chunk", [], usage=self.usage(completion=completion))
+            thinking_usage = await self.reasoning_usage(list(thoughts.values())) if reasoning else {}
+            usage = self.usage(completion=completion) | thinking_usage
+            yield self.envelope("chat.completion.chunk", [], usage=usage)
 
     def _hold_token_ids(self, owner: SubRequest, event) -> None:
         """With return_token_ids, an event's token ids wait for its choice's next chunk."""
