@@ -31,14 +31,14 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _usage(usage: dict[str, Any] | None, reasoning_tokens: int) -> dict[str, Any] | None:
+def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if not usage:
         return None
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    thinking = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     return {"input_tokens": usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": thinking},
             "total_tokens": usage["total_tokens"]}  # fmt: skip
 
 
@@ -58,7 +58,6 @@ class ResponseEvents:
         self.calls: dict[int, dict[str, Any]] = {}  # the chat's tool-call index -> its item
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
-        self.reasoning_tokens = 0  # of usage's completion tokens, those the thinking took
         self.started = False
         self.ended = False
         self.error: dict[str, Any] | None = None  # what broke the stream off
@@ -67,42 +66,25 @@ class ResponseEvents:
         if "error" in chunk:
             return self.failed(chunk["error"])
         events = [] if self.started else self._start(chunk)
-        tokens = self._new_tokens(chunk.get("usage"))
+        self.usage = chunk.get("usage") or self.usage
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            thinking, answer = delta.get("reasoning_content") or delta.get("reasoning"), delta.get("content")
-            self.reasoning_tokens += self._thinking_tokens(tokens, thinking, answer)
-            if thinking:
+            if thinking := delta.get("reasoning_content") or delta.get("reasoning"):
                 events += self._text("reasoning", thinking)
-            if answer:
-                events += self._text("message", answer, _logprobs(choice.get("logprobs")))
+            if delta.get("content"):
+                events += self._text("message", delta["content"], _logprobs(choice.get("logprobs")))
             for call in delta.get("tool_calls") or []:
                 events += self._call_delta(call)
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return events
-
-    def _thinking_tokens(self, tokens: int, thinking: str | None, answer: str | None) -> int:
-        """Of a chunk's new tokens, those the thinking took. The tag that ends it is held back
-        until the answer's first text shows, so the answer's first chunk brings the tag's tokens
-        too: all but one are the thinking's. A chunk with both texts splits as its text does."""
-        if not thinking:
-            thinking_open = self.open is not None and self.open["item"]["type"] == "reasoning"
-            return max(0, tokens - 1) if answer and thinking_open else 0
-        return round(tokens * len(thinking) / (len(thinking) + len(answer or "")))
-
-    def _new_tokens(self, usage: dict[str, Any] | None) -> int:
-        """The tokens generated since the last chunk with usage (every chunk has it: responses.py)."""
-        if not usage:
-            return 0
-        before = (self.usage or {}).get("completion_tokens", 0)
-        self.usage = usage
-        return max(0, usage.get("completion_tokens", 0) - before)
 
     def finished(self) -> list[dict[str, Any]]:
         """The chat stream's end: the open item is done, then response.completed, or .incomplete
         at max_output_tokens (the item it cut is incomplete too), or .failed if it was aborted."""
         if self.finish_reason == "abort":
             return self.failed({"message": ABORTED})
+        if self.finish_reason is None:  # the chat stream stopped short of its answer's end
+            return self.failed({"message": "the answer ended without finishing"})
         events = [] if self.started else self._start({})
         cut = self.finish_reason == "length"
         events += self._close("incomplete" if cut else "completed")
@@ -135,7 +117,7 @@ class ResponseEvents:
     def _response(self, status: str, incomplete=None, error=None) -> dict[str, Any]:
         return {"id": self.rid, "object": "response", "created_at": self.created, "model": self.model,
                 "status": status, "completed_at": time.time() if status == "completed" else None,
-                "output": [dict(item) for item in self.output], "usage": _usage(self.usage, self.reasoning_tokens),
+                "output": [dict(item) for item in self.output], "usage": _usage(self.usage),
                 "incomplete_details": incomplete, "error": error, **self.request.echoed()}  # fmt: skip
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from .errors import APIError, invalid_request
 from .protocol import ChatCompletionRequest, TextRequest
@@ -33,6 +33,7 @@ OWNED = {
 PASSED_THROUGH = frozenset(ChatCompletionRequest.model_fields) - OWNED
 TEXT_PARTS = ("input_text", "output_text", "text")
 TOOL_CHOICES = ("none", "auto", "required")
+NULL_IS_DEFAULT = {"stream", "tools", "tool_choice", "parallel_tool_calls", "truncation", "store", "background"}
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # OpenAI's include values; those that need a hosted tool or an encrypted reasoning item ask for
@@ -75,6 +76,14 @@ class ResponsesRequest(TextRequest):
     metadata: dict[str, str] | None = Field(None, max_length=16)  # OpenAI's bounds
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """An explicit null (what the SDK sends for None) means the field's default, as OpenAI reads it."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None or key not in NULL_IS_DEFAULT}
+        return data
+
     @classmethod
     def parsed(cls, body: dict) -> ResponsesRequest:
         """A body the router read itself: a 400 naming the field, as FastAPI's validation gives."""
@@ -88,9 +97,7 @@ class ResponsesRequest(TextRequest):
         self._refuse_what_is_not_served()
         chat: dict[str, Any] = {key: value for key, value in (self.model_extra or {}).items() if key in PASSED_THROUGH}
         messages = self._messages()
-        # usage in every chunk: the tokens each chunk's text took, so that thinking's are counted apart
-        stream_options = {"include_usage": True, "continuous_usage_stats": True}
-        chat |= {"messages": messages, "stream": True, "stream_options": stream_options}
+        chat |= {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
         optional = {"model": self.model, "temperature": self.temperature, "top_p": self.top_p,
                     "max_completion_tokens": self.max_output_tokens, "user": self.user}  # fmt: skip
         chat |= {key: value for key, value in optional.items() if value is not None}
@@ -165,7 +172,7 @@ class ResponsesRequest(TextRequest):
                 answer.setdefault("tool_calls", []).append(call)
             elif kind == "function_call_output":
                 messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
-                                 "content": _text(item.get("output"), where)})  # fmt: skip
+                                 "content": _text(item.get("output"), where, "output")})  # fmt: skip
                 answer = None
             elif kind == "reasoning":
                 thinking = _reasoning_text(item, where)
@@ -249,12 +256,12 @@ def _field(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _text(content: Any, where: str) -> str | list[dict[str, str]]:
-    """A message's content as chat takes it: a string, or its text parts."""
+def _text(content: Any, where: str, name: str = "content") -> str | list[dict[str, str]]:
+    """A message's content (or a call's output) as chat takes it: a string, or its text parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise APIError(400, f"{where}: content must be a string or a list of parts", param="input")
+        raise APIError(400, f"{where}: {name} must be a string or a list of parts", param="input")
     parts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -263,7 +270,7 @@ def _text(content: Any, where: str) -> str | list[dict[str, str]]:
         elif kind in TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         else:
-            raise APIError(400, f"{where}.content[{j}]: only text parts are supported (input_text, output_text), "
+            raise APIError(400, f"{where}.{name}[{j}]: only text parts are supported (input_text, output_text), "
                                 f"not {kind!r}: the model reads text alone", param="input")  # fmt: skip
     return parts
 

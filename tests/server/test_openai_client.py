@@ -409,11 +409,15 @@ def test_a_reasoning_parser_returns_the_thinking_apart(client):
     regex holds the random model to a think block: the server holds the thinking to grammars too.)"""
     asked = {"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 60, "temperature": 0}
     held = asked | {"extra_body": {"structured_outputs": {"regex": "<think>[a-z ]{4,16}</think>[A-Z][a-z]{2,8}[.]"}}}
-    message = client.chat.completions.create(**held).choices[0].message
+    reply = client.chat.completions.create(**held)
+    message = reply.choices[0].message
     thinking = message.reasoning_content
     assert 4 <= len(thinking) <= 16 and message.reasoning == thinking
+    assert reply.usage.completion_tokens_details.reasoning_tokens == len(client_tokens(client, thinking))
     assert message.content[0].isupper() and "think>" not in message.content
-    chunks = list(client.chat.completions.create(**held, stream=True))
+    chunks = list(client.chat.completions.create(**held, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage == reply.usage  # the thinking's tokens counted the same, streamed
+    chunks = chunks[:-1]
     assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks) == thinking
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == message.content
 
@@ -522,11 +526,10 @@ def test_responses_hold_structured_output_tool_calls_and_reasoning_as_items(clie
                                           extra_body=thinking, stream=True))  # fmt: skip
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
     assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
-    thought = held.usage.output_tokens_details.reasoning_tokens  # the think block's, apart from the answer's
-    assert 0 < thought < held.usage.output_tokens and events[-1].response.usage == held.usage
-    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": f"<think>{reasoning.content[0].text}</think>",
+    thought = held.usage.output_tokens_details.reasoning_tokens  # the tokens between the tags, as vLLM counts
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": reasoning.content[0].text,
                                                         "add_special_tokens": False}).json()["count"]  # fmt: skip
-    assert abs(thought - tokens) <= 1  # where the tag's last token and the answer's first share a chunk
+    assert thought == tokens and events[-1].response.usage == held.usage
 
 
 @pytest.mark.parametrize(
@@ -551,7 +554,20 @@ def test_responses_refuse_what_needs_a_store_a_hosted_tool_or_another_modality(c
     assert refused.value.body["param"] == field and refused.value.body["message"]
 
 
+def test_responses_take_null_as_a_fields_default(client):
+    """What the SDK sends for an explicit None."""
+    nulls = dict.fromkeys(("store", "tools", "tool_choice", "truncation", "parallel_tool_calls", "background"))
+    answer = client.responses.create(model="tiny", input="hi", max_output_tokens=2, **nulls)
+    assert answer.status == "incomplete" and answer.tool_choice == "auto" and answer.store is False
+
+
 def test_stored_responses_are_a_404_that_says_none_are_kept(client):
     for ask in (client.responses.retrieve, client.responses.delete, client.responses.cancel):
         with pytest.raises(openai.NotFoundError, match="keeps no responses"):
             ask("resp_abc")
+
+
+def client_tokens(client, text: str) -> list[int]:
+    """The server's tokens for ``text`` (its /tokenize, beside /v1)."""
+    root = str(client.base_url).rstrip("/").removesuffix("/v1")
+    return httpx.post(f"{root}/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]

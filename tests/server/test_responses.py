@@ -40,7 +40,7 @@ def test_a_conversation_with_calls_becomes_chat_messages():
     assert chat["messages"][4]["content"] == [{"type": "text", "text": "done"}]
     assert chat["seed"] == 3 and chat["structured_outputs"] == {"regex": "a+"}
     assert "kv_transfer_params" not in chat  # the router's to set, never a client's
-    assert chat["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert chat["stream_options"] == {"include_usage": True}
 
 
 def test_an_answer_given_back_as_items_is_one_assistant_message():
