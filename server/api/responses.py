@@ -111,7 +111,8 @@ class ResponsesRequest(TextRequest):
             if effort not in EFFORTS:
                 raise APIError(400, f"reasoning.effort must be one of {', '.join(EFFORTS)}", param="reasoning")
             kwargs = chat.get("chat_template_kwargs")
-            chat["chat_template_kwargs"] = {"reasoning_effort": effort} | (kwargs if isinstance(kwargs, dict) else {})
+            if kwargs is None or isinstance(kwargs, dict):  # else the chat request's 400 names it
+                chat["chat_template_kwargs"] = {"reasoning_effort": effort} | (kwargs or {})
         chat |= self._tool_fields()
         return chat
 

@@ -59,6 +59,14 @@ def test_an_answer_given_back_as_items_is_one_assistant_message():
     assert going_on["continue_final_message"] and not going_on["add_generation_prompt"]
 
 
+def test_reasoning_effort_goes_to_the_chat_template_beside_the_clients_own_settings():
+    chat = request(reasoning={"effort": "low"}, chat_template_kwargs={"enable_thinking": True}).chat_request()
+    assert chat["chat_template_kwargs"] == {"reasoning_effort": "low", "enable_thinking": True}
+    assert request(reasoning={"effort": "low"}, chat_template_kwargs="x").chat_request()["chat_template_kwargs"] == "x"
+    with pytest.raises(APIError, match=r"reasoning\.effort must be one of"):
+        request(reasoning={"effort": "ultra"}).chat_request()
+
+
 def test_a_function_call_item_needs_its_fields():
     with pytest.raises(APIError, match=r"input\[0\]: name must be a string"):
         request(input=[{"type": "function_call", "call_id": "c", "arguments": "{}"}]).chat_request()
