@@ -66,10 +66,10 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "invalid request: " + " | ".join(parts), param
 
 
-def invalid_request(exc: ValidationError, context: str = "") -> APIError:
+def invalid_request(exc: ValidationError) -> APIError:
     """A body validated by hand (not by FastAPI) refused as FastAPI's validation refuses one."""
     message, param = validation_message(RequestValidationError(exc.errors()))
-    return APIError(400, message + context, param=param)
+    return APIError(400, message, param=param)
 
 
 def _clean(msg: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from .errors import APIError
 from .responses import ResponsesRequest
+from .sse import WholeEvents, encode_event, event_data
 
 log = logging.getLogger(__name__)
 
@@ -261,20 +262,15 @@ async def _close(iterator: Any) -> None:
 
 
 def encode_response_event(event: dict[str, Any]) -> str:
-    """As OpenAI streams them: the event's type on an ``event:`` line, its JSON on ``data:``."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    """As OpenAI streams them: the event's type on an ``event:`` line before its ``data:``."""
+    return f"event: {event['type']}\n" + encode_event(event)
 
 
 async def chat_chunks(relayed: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
     """A relayed chat completions event stream's chunks, up to ``[DONE]``."""
-    buffer = b""
+    events = WholeEvents()
     async for raw in relayed:
-        buffer += raw
-        *events, buffer = buffer.split(b"\n\n")
-        for event in events:
-            data = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-            if not data:
-                continue
+        for data in event_data(events.feed(raw)):
             if data == b"[DONE]":
                 return
             yield json.loads(data)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -47,6 +47,14 @@ class WholeEvents:
         """What the stream left after its last whole event."""
         rest, self._buffer = self._buffer, b""
         return rest
+
+
+def event_data(whole: bytes) -> Iterator[bytes]:
+    """The ``data:`` payloads of whole events (what ``WholeEvents.feed`` returns), in order."""
+    for event in whole[:-2].split(b"\n\n"):
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
 
 
 def broken_stream_end(message: str) -> bytes:

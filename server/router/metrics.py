@@ -13,7 +13,7 @@ import time
 from prometheus_client import Counter
 
 from ..api.metrics import ServerMetrics
-from ..api.sse import WholeEvents
+from ..api.sse import WholeEvents, event_data
 
 
 class RouterMetrics(ServerMetrics):
@@ -75,10 +75,8 @@ class StreamMeter:
         """Read ``raw``; returns the whole events it completes, the bytes to relay: a server that
         breaks off mid-event leaves no half event in the client's stream."""
         whole = self._events.feed(raw)
-        for event in whole[:-2].split(b"\n\n"):
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._on_data(line[5:].strip())
+        for data in event_data(whole):
+            self._on_data(data)
         return whole
 
     def _on_data(self, data: bytes) -> None:
