@@ -236,7 +236,9 @@ class Fleet:
         self._open += 1
         self._next_arrival = index + 1
         self._push_next_arrival()
-        self._dispatch(self.entry, record, record.arrival)
+        # a one-token prompt has no KV to transfer: the router sends it to a decode server at once
+        entry = "decode" if self.disaggregated and record.prompt_len < 2 else self.entry
+        self._dispatch(entry, record, record.arrival)
 
     def _on_step_end(self, pod: SimPod) -> None:
         pod.busy_until = None
@@ -293,11 +295,8 @@ class Fleet:
         if pod is None:
             pool.backlog.append((record, arrived))
             return
-        prefilled = pool_name == "decode"
-        output_len = 1 if pool_name == "prefill" else record.output_len
-        try:  # a prefill pod checks the client's max_tokens too: it refuses what decode would
-            pod.add(str(record.index), record.prompt_len, output_len, arrived, prefilled=prefilled,
-                    max_tokens=record.output_len)  # fmt: skip
+        try:
+            pod.add(str(record.index), record.prompt_len, record.output_len, arrived)
         except QueueFullError as exc:
             self._close(record, "rejected", f"429 from {pod.name}: {exc}")
             return
@@ -325,9 +324,11 @@ class Fleet:
             record = self._live.get((pod.name, out.request_id))
             if record is None:
                 continue
-            if out.new_token_ids:
+            if out.new_token_ids and pod.pool == "prefill":  # its one token goes nowhere: the server's TTFT
+                series.first_token(at - out.metrics.arrival_time, out.num_prompt_tokens)
+            elif out.new_token_ids:  # the client's tokens; the pod's own metrics count from its arrival
                 if not record.token_times:
-                    series.first_token(at - record.arrival, record.prompt_len)
+                    series.first_token(at - out.metrics.arrival_time, record.prompt_len)
                 else:
                     series.next_token(at - record.token_times[-1])
                 record.token_times.append(at)
@@ -338,9 +339,9 @@ class Fleet:
             series.finished(None if m.first_scheduled_time is None else m.first_scheduled_time - m.arrival_time)
             if out.finish_reason == "abort":
                 self._close(record, "aborted", f"aborted on {pod.name}")
-            elif pod.pool == "prefill" and record.output_len > 1:
+            elif pod.pool == "prefill":
                 delay = self.options.kv_transfer_latency_s + (
-                    record.prompt_len * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
+                    out.num_prompt_tokens * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
                 )
                 self._push(at + delay, "transfer", record)
             else:

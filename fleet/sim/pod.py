@@ -16,6 +16,7 @@ from llmfleet.server.api.errors import APIError
 from llmfleet.server.api.generation import check_context_length
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SampledToken, SchedulerOutput
+from llmfleet.server.core.kv_wire import KVImport
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, RequestOutput
 from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
@@ -139,38 +140,29 @@ class SimPod:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def add(
-        self,
-        request_id: str,
-        prompt_len: int,
-        output_len: int,
-        arrival: float,
-        *,
-        prefilled: bool,
-        max_tokens: int | None = None,
-    ) -> Request:
-        """Queue a request. Raises the server's errors: too long for the context (checked first, as
-        the server's API does, with the client's ``max_tokens``, by default ``output_len``; a
-        prefill pod runs one token of a longer request), queue full, more KV than the cache holds.
+    def add(self, request_id: str, prompt_len: int, output_len: int, arrival: float) -> Request:
+        """Queue a client request of ``prompt_len`` tokens and ``output_len`` out, as a server of
+        this pod's pool gets it. Raises the server's errors: too long for the context (checked
+        first, as the server's API does, for the whole request), queue full, more KV than the
+        cache holds.
 
-        ``prefilled`` (disaggregated mode): the request's KV and its first token arrived from a
-        prefill pod, so only the decode is left: the decode pod's first step for it is one
-        decode token. An approximation of the engine's KV import, where the decode pod imports
-        the KV of the first ``len(prompt) - 1`` tokens and computes the last prompt token itself
-        (the same one-token step, so the decode pod's load is the same) and the client's first
-        token is the decode pod's sample: here the client sees the prefill pod's token, so a
-        disaggregated TTFT is short by the KV transfer and the decode pod's first step."""
+        In disaggregated mode each pod runs its server's share (server/api/kv_transfer.py): a
+        prefill pod computes all but the last prompt token and samples one token, which nobody
+        sees; a decode pod imports the KV of those tokens, computes the last one and samples the
+        client's tokens, the first of them too. A one-token prompt has nothing to transfer: its
+        decode pod computes it."""
         try:  # before the filler prompt is built: a prompt of 1e11 tokens is refused, not allocated
-            check_context_length(self.max_model_len, prompt_len, max_tokens or output_len)
+            check_context_length(self.max_model_len, prompt_len, output_len)
         except APIError as exc:
             raise InvalidRequestError(exc.message) from None
+        kv_import = None
+        if self.pool == "prefill":
+            prompt_len, output_len = prompt_len - 1, 1
+        elif self.pool == "decode" and prompt_len > 1:
+            kv_import = KVImport(num_tokens=prompt_len - 1, payload=memoryview(b""))  # the runner writes nothing
         sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-        request = self.engine.add_request(request_id, [1] * prompt_len, sampling, arrival_time=arrival)
-        if prefilled:
-            request.output_token_ids.append(TOKEN.token_id)
-            request.num_computed_tokens = prompt_len  # the scheduler allocates the blocks it lands in
-            request.first_token_time = request.last_token_time = arrival
-        return request
+        prompt = [1] * prompt_len
+        return self.engine.add_request(request_id, prompt, sampling, arrival_time=arrival, kv_import=kv_import)
 
     @property
     def max_model_len(self) -> int:
