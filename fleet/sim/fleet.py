@@ -265,8 +265,9 @@ class Fleet:
         for record, arrived in waiting:
             self._dispatch(pool.name, record, arrived)
 
-    def _on_transfer(self, record: RequestRecord) -> None:
-        self._dispatch("decode", record, self.now)
+    def _on_transfer(self, handoff: tuple[RequestRecord, float]) -> None:
+        record, sent = handoff  # the decode server's clock runs from the router's call, the KV fetch in it
+        self._dispatch("decode", record, sent)
 
     def _on_drain_deadline(self, pod: SimPod) -> None:
         if pod.state != PodState.DRAINING:
@@ -343,7 +344,7 @@ class Fleet:
                 delay = self.options.kv_transfer_latency_s + (
                     out.num_prompt_tokens * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
                 )
-                self._push(at + delay, "transfer", record)
+                self._push(at + delay, "transfer", (record, at))
             else:
                 self._close(record, "finished")
 

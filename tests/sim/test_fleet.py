@@ -168,10 +168,11 @@ def test_disaggregated_pools(profile) -> None:
 def test_a_disaggregated_client_gets_its_first_token_from_the_decode_pod(profile) -> None:
     # one decode slot: the second request's prompt is prefilled at once, but its client waits
     # for the slot (the real router relays the decode server's stream; the prefill server's one
-    # token goes nowhere), and that wait is in the decode pool's TTFT, not the prefill pool's
+    # token goes nowhere), and that wait is in the decode pool's TTFT, not the prefill pool's; so
+    # is the KV fetch, which a decode server makes after the router's call
     spec = make_spec(mode="disaggregated", replicas=1, engine={"maxBatchSize": 1})
     requests = [RequestSpec(0.0, 64, 200), RequestSpec(0.0, 64, 200), RequestSpec(0.0, 1, 4)]
-    fleet = Fleet(spec, profile, requests, SimOptions())
+    fleet = Fleet(spec, profile, requests, SimOptions(kv_transfer_latency_s=0.3))
     first, second, tiny = fleet.run().records
     assert all(len(r.token_times) == r.output_len for r in (first, second, tiny))
     assert second.token_times[0] > first.token_times[-1]
@@ -180,6 +181,8 @@ def test_a_disaggregated_client_gets_its_first_token_from_the_decode_pod(profile
     assert prefill.histograms["ttft"].cumulative()[second_s] == 2  # both prompts prefilled within a second
     assert decode.histograms["ttft"].cumulative()[second_s] == 2  # the decode server saw the wait
     assert second.ttft > 3.0 and decode.histograms["ttft"].cumulative()[-1] == 3
+    fetch_s = decode.histograms["ttft"].bounds.index(0.25)
+    assert decode.histograms["ttft"].cumulative()[fetch_s] == 1  # only the one-token prompt fetched nothing
     # the prefill server computes all but the last prompt token; a one-token prompt skips it
     assert prefill.counters["prompt_tokens"] == 2 * 63
 
