@@ -217,8 +217,9 @@ def fleet_overview() -> dict[str, Any]:
             "s",
             0,
             8,
-            description="p50/p95/p99 per pool against the InferenceService's TTFT p95 SLO. The tuner holds "
-            "colocated and prefill pools to it; a router's is what its clients see.",
+            description="p50/p95/p99 per pool against the InferenceService's TTFT p95 SLO: what clients see "
+            "is a colocated pool's, or in disaggregated mode the router's (the tuner holds prefill pools to the "
+            "SLO less the decode pool's TTFT).",
         ),
         _panel(
             "Inter-token latency",
@@ -393,11 +394,11 @@ BUDGET = 0.05
 FAST_BURN = 14.4
 FAST_BURN_QUANTILE = round(1 - BUDGET * FAST_BURN, 2)  # 0.28
 SLO_KINDS = {"ttft": ("TTFT", promql.TTFT), "itl": ("ITL", promql.ITL)}
-# The pools each SLO is judged on, as the tuner does (operator/tuner.py): TTFT where prompts are
-# computed, ITL where tokens are generated. A router's TTFT (what clients see) adds the KV transfer
-# and a decode step no prefill knob moves, and a decode server's starts at the transfer: held to
-# the SLO, they would page for what the tuner neither measures nor can fix.
-SLO_POOLS = {"ttft": "colocated|prefill", "itl": "colocated|decode"}
+# The pools each SLO is judged on: where clients see it. TTFT on colocated pools and, in
+# disaggregated mode, on the router, which relays the decode server's first token after the
+# prefill, the KV fetch and any wait for a decode slot (the tuner holds the prefill pool to the
+# SLO less the decode pool's TTFT, operator/tuner.py); ITL where tokens are generated.
+SLO_POOLS = {"ttft": "colocated|router", "itl": "colocated|decode"}
 # Short, so "no decision for 15 minutes" is the alert's `for:`, not window + `for:` (2m: two
 # scrapes of the operator even at a 1-minute scrape interval).
 DECISION_WINDOW = "2m"

@@ -112,3 +112,20 @@ async def test_the_series_of_a_pool_the_fleet_no_longer_runs_are_dropped():
     tuner_metrics.forget("ns", "switching")
     assert 'inference_service="switching",namespace="ns",pool="decode"' in exposed
     assert 'pool="colocated"' not in exposed
+
+
+def test_a_disaggregated_fleets_ttft_column_adds_what_the_decode_server_adds():
+    """Clients wait for the prefill, then for the decode server's first token: the printer column
+    shows the two p95s added, as the tuner judges them, not the prefill server's alone."""
+    from llmfleet.operator.autotune import _latency
+
+    disaggregated = parse_spec({
+        "model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}, "mode": "disaggregated",
+        "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
+    })  # fmt: skip
+    pools = {"prefill": metrics("prefill", ttft_ms=300, queue_ms=40)}
+    pools["decode"] = metrics("decode", ttft_ms=150, itl_ms=30)
+    assert _latency(disaggregated, pools) == {"ttftP95Ms": 450.0, "itlP95Ms": 30.0, "queueP95Ms": 40.0}
+    pools["decode"] = metrics("decode", ttft_ms=None, itl_ms=30)
+    assert _latency(disaggregated, pools)["ttftP95Ms"] == 300.0
+    assert _latency(SPEC, {"colocated": metrics(ttft_ms=300)})["ttftP95Ms"] == 300.0

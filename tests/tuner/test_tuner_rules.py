@@ -277,6 +277,30 @@ CASES = [
         },
         expect={("prefill", TIMEOUT): (20, 10), ("decode", MAX_BATCH): (32, 24)},
         unchanged=[("prefill", MAX_BATCH), ("decode", TIMEOUT)],
+        says=[
+            "prefill: TTFT held to 125 ms: the SLO 500 ms less the decode pool's TTFT p95 5000 ms (KV fetch, "
+            "wait for a slot, first step), at least 25% of the SLO"
+        ],
+    ),
+    Case(
+        "disaggregated: clients wait for the prefill and the decode server's first token, so prefill gets the rest",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=350, queue_ms=100, prompt_tps=100)),
+            "decode": pool_input(metrics("decode", ttft_ms=250, gen_tps=100)),
+        },
+        expect={("prefill", TIMEOUT): (20, 10)},
+        says=[
+            "prefill: TTFT held to 250 ms: the SLO 500 ms less the decode pool's TTFT p95 250 ms",
+            "prefill: TTFT p95 350 ms > SLO 250 ms",
+        ],
+    ),
+    Case(
+        "disaggregated: with the decode pool's TTFT unknown, prefill is held to the whole SLO",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=350, queue_ms=100, prompt_tps=100)),
+            "decode": pool_input(metrics("decode", ttft_ms=None, gen_tps=100)),
+        },
+        unchanged=[("prefill", TIMEOUT), ("prefill", REPLICAS)],
     ),
 ]
 
