@@ -132,7 +132,11 @@ class _StepLoad:
             return None
         running, seqs, tokens, generated, prompted = values
         work = (costs.per_seq_s * generated + costs.per_prompt_token_s * prompted) / pods
-        load = cls(work, running / pods, max(tokens - seqs, 0.0), m.request_rate / pods, costs.slots, costs.budget)
+        # What fills the budget is the prompt tokens that come in while a step runs: a step's mean
+        # where pods step back to back, a fraction of it where they idle between prompts (a
+        # prefill pod's lone prompt fills its step whatever the load; more load fills the gaps)
+        per_step = max(tokens - seqs, 0.0) * _busy_share(m, pods)
+        load = cls(work, running / pods, per_step, m.request_rate / pods, costs.slots, costs.budget)
         if work >= FULL or load._slot_share(1.0) >= FULL or load._budget_share(1.0) >= FULL:
             return None  # saturated now: queueing dominates, which M/M/1 on the demand describes better
         return load
@@ -178,6 +182,13 @@ class _StepLoad:
         if waits <= TAIL:
             return 0.0
         return life / (self.slots - busy) * math.log(waits / TAIL)
+
+
+def _busy_share(m: PoolMetrics, pods: int) -> float:
+    """The share of a pod's time it runs steps (1 where the metrics cannot say)."""
+    if m.steps_per_s is None or m.mean_step_seconds is None:
+        return 1.0
+    return min(1.0, m.steps_per_s / pods * m.mean_step_seconds)
 
 
 def erlang_c(servers: int, offered: float) -> float:

@@ -80,3 +80,18 @@ def test_a_busy_window_surges_more_at_low_rates() -> None:
     assert surge(4.0, 60.0, 2.0) == pytest.approx(1 + 2 / math.sqrt(240))
     assert surge(0.5, 60.0, 2.0) == pytest.approx(1 + 2 / math.sqrt(30))
     assert surge(None, 60.0, 2.0) == 3.0  # nothing known: the sd itself
+
+
+def test_a_lone_prompt_fills_its_step_whatever_the_load() -> None:
+    """A prefill pod that idles between prompts runs each alone: 240 of its 512 budget tokens per
+    step at any load it keeps up with. What grows with the load is the prompt tokens that come in
+    while a step runs, 240 x the 3% of the time it steps: 8x that load is far from the budget."""
+    budget = StepCosts(per_seq_s=0.005, per_prompt_token_s=0.0004, slots=8, budget=512)
+    idle = dict(pods=4, rate=1.2, prompt_tps=288.0, gen_tps=1.2, running=0.12, mean_batch=1.0, step_tokens=241.0)
+    m = metrics("prefill", ttft_ms=100.0, **idle, steps_per_s=1.2, step_ms=100.0)
+    projected = project("prefill", m, 400.0, 100.0, rho=0.03, k=8.0, steps=budget)
+    assert math.isfinite(projected.ratio) and "saturated" not in projected.how
+    # the same steps back to back (no step times known: taken so) would fill the budget at 8x
+    busy = metrics("prefill", ttft_ms=100.0, **idle)
+    projected = project("prefill", busy, 400.0, 100.0, rho=0.03, k=8.0, steps=budget)
+    assert projected.ratio == math.inf and "budget tokens per step: saturated" in projected.how
