@@ -219,7 +219,7 @@ def fleet_overview() -> dict[str, Any]:
             8,
             description="p50/p95/p99 per pool against the InferenceService's TTFT p95 SLO: what clients see "
             "is a colocated pool's, or in disaggregated mode the router's (the tuner holds prefill pools to the "
-            "SLO less the decode pool's TTFT).",
+            "SLO less what a decode server adds).",
         ),
         _panel(
             "Inter-token latency",
@@ -397,7 +397,7 @@ SLO_KINDS = {"ttft": ("TTFT", promql.TTFT), "itl": ("ITL", promql.ITL)}
 # The pools each SLO is judged on: where clients see it. TTFT on colocated pools and, in
 # disaggregated mode, on the router, which relays the decode server's first token after the
 # prefill, the KV fetch and any wait for a decode slot (the tuner holds the prefill pool to the
-# SLO less the decode pool's TTFT, operator/tuner.py); ITL where tokens are generated.
+# SLO less what a decode server adds, operator/tuner.py); ITL where tokens are generated.
 SLO_POOLS = {"ttft": "colocated|router", "itl": "colocated|decode"}
 # Short, so "no decision for 15 minutes" is the alert's `for:`, not window + `for:` (2m: two
 # scrapes of the operator even at a 1-minute scrape interval).

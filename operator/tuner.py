@@ -3,7 +3,7 @@ argument); the kopf timer, the simulator and the tests all call ``Tuner.decide``
 
 Per pool, every run (pools: ``colocated`` does everything; in disaggregated mode ``prefill``
 owns TTFT and ``decode`` owns ITL; clients get their first token from the decode server, so
-``prefill`` is held to the TTFT SLO less the decode pool's own TTFT p95):
+``prefill`` is held to the TTFT SLO less what a decode server adds to every request):
 
 - **Spec bounds win.** A current value outside its spec range (a manual edit, a narrowed spec)
   is first brought inside it. Nothing the tuner proposes ever leaves the range.
@@ -69,7 +69,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .latency_projection import Projection, project
+from .latency_projection import Projection, project, trusted_queue_s
 from .metrics_source import PoolMetrics
 from .tuner_capacity import CapacityEstimator, PerReplica
 from .tuner_knobs import KnobRules
@@ -182,21 +182,28 @@ class Tuner:
         self, pools: Mapping[str, PoolInput], slo: SLOTargets, lines: list[str]
     ) -> dict[str, SLOTargets]:
         """The prefill pool's TTFT target where a decode pool adds to what clients wait: the SLO
-        less the decode pool's own TTFT p95 (its KV fetch, its wait for a slot, its first step),
-        as the router relays the decode server's first token. Two p95s added overstate the p95 of
-        the sum where the slow prefills and the slow decode starts are not the same requests (in
-        the simulator, 0.43 s against the clients' 0.40-0.41 s), a margin on the safe side.
-        Nothing changes without a known decode TTFT."""
+        less what a decode server adds to every request (the router relays its first token):
+        its TTFT p95, the KV fetch, the step in flight it joins after and its first step, less
+        any wait for a batch slot beyond that step, which is not the prefill pool's to clear
+        (decode's demand, its queue's growth and backlog, scales decode for it). Two p95s added
+        overstate the p95 of the sum where the slow prefills and the slow decode starts are not
+        the same requests (in the simulator, 0.43 s against the clients' 0.40-0.41 s), a margin
+        on the safe side. Nothing changes without a known decode TTFT."""
         if "prefill" not in pools or "decode" not in pools:
             return {}
-        added = pools["decode"].metrics.judged_ttft.p95
-        if added is None:
+        decode = pools["decode"].metrics
+        ttft = decode.ttft.p95
+        if ttft is None:
             return {}
+        slot_wait = max(0.0, (trusted_queue_s(decode) or 0.0) - (decode.mean_step_seconds or 0.0))
+        added = ttft - min(slot_wait, ttft)
         floor = slo.ttft_p95_ms * self.config.prefill_ttft_min_share
         budget = max(floor, slo.ttft_p95_ms - added * 1000.0)
         lines.append(
-            f"prefill: TTFT held to {fmt_ms(budget)} ms: the SLO {fmt_ms(slo.ttft_p95_ms)} ms less the decode pool's "
-            f"TTFT p95 {fmt_ms(added * 1000.0)} ms (KV fetch, wait for a slot, first step)"
+            f"prefill: TTFT held to {fmt_ms(budget)} ms: the SLO {fmt_ms(slo.ttft_p95_ms)} ms less the "
+            f"{fmt_ms(added * 1000.0)} ms a decode server adds (its TTFT p95 {fmt_ms(ttft * 1000.0)} ms"
+            + (f" less {fmt_ms(slot_wait * 1000.0)} ms of waiting for a batch slot" if slot_wait else "")
+            + ")"
             + (f", at least {self.config.prefill_ttft_min_share:.0%} of the SLO" if budget == floor else "")
         )
         return {"prefill": replace(slo, ttft_p95_ms=budget)}

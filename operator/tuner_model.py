@@ -176,9 +176,9 @@ class TunerConfig:
     step_prompt_token_share: float = 0.25
     saturation_queue_per_pod: float = 1.0
     backlog_drain_s: float = 60.0  # waiting requests count as demand to be served within this time
-    # Disaggregated: a client's TTFT is the prefill server's plus what the decode server adds (the
-    # KV fetch, a wait for a slot, its first step), so the prefill pool is held to the TTFT SLO
-    # less the decode pool's TTFT p95; never to less than this share of it.
+    # Disaggregated: a client's TTFT is the prefill server's plus what the decode server adds, so
+    # the prefill pool is held to the TTFT SLO less that (Tuner._prefill_ttft_budget); never to
+    # less than this share of it.
     prefill_ttft_min_share: float = 0.25
 
     def __post_init__(self) -> None:

@@ -278,20 +278,32 @@ CASES = [
         expect={("prefill", TIMEOUT): (20, 10), ("decode", MAX_BATCH): (32, 24)},
         unchanged=[("prefill", MAX_BATCH), ("decode", TIMEOUT)],
         says=[
-            "prefill: TTFT held to 125 ms: the SLO 500 ms less the decode pool's TTFT p95 5000 ms (KV fetch, "
-            "wait for a slot, first step), at least 25% of the SLO"
+            "prefill: TTFT held to 125 ms: the SLO 500 ms less the 4980 ms a decode server adds (its TTFT p95 "
+            "5000 ms less 20 ms of waiting for a batch slot), at least 25% of the SLO"
         ],
     ),
     Case(
         "disaggregated: clients wait for the prefill and the decode server's first token, so prefill gets the rest",
         {
             "prefill": pool_input(metrics("prefill", ttft_ms=350, queue_ms=100, prompt_tps=100)),
-            "decode": pool_input(metrics("decode", ttft_ms=250, gen_tps=100)),
+            "decode": pool_input(metrics("decode", ttft_ms=250, queue_ms=None, gen_tps=100)),
         },
         expect={("prefill", TIMEOUT): (20, 10)},
         says=[
-            "prefill: TTFT held to 250 ms: the SLO 500 ms less the decode pool's TTFT p95 250 ms",
+            "prefill: TTFT held to 250 ms: the SLO 500 ms less the 250 ms a decode server adds (its TTFT p95 250 ms)",
             "prefill: TTFT p95 350 ms > SLO 250 ms",
+        ],
+    ),
+    Case(
+        "disaggregated: a wait for a decode slot is not the prefill pool's to clear",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=150, queue_ms=20, prompt_tps=100)),
+            "decode": pool_input(metrics("decode", ttft_ms=2500, queue_ms=2300, step_ms=100, gen_tps=100)),
+        },
+        unchanged=[("prefill", TIMEOUT), ("prefill", REPLICAS)],
+        says=[
+            "prefill: TTFT held to 200 ms: the SLO 500 ms less the 300 ms a decode server adds (its TTFT p95 "
+            "2500 ms less 2200 ms of waiting for a batch slot)"
         ],
     ),
     Case(
