@@ -16,6 +16,7 @@ from typing import Any, Literal
 from .errors import APIError
 from .responses import ResponsesRequest
 from .sse import WholeEvents, encode_event, event_data
+from .tool_parsers import openai_call_id
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class ResponseEvents:
     def __init__(self, request: ResponsesRequest) -> None:
         self.request = request
         self.sequence = 0
-        self.rid, self.created, self.model = f"resp_{uuid.uuid4().hex}", time.time(), request.model or ""
+        self.rid, self.created, self.model = _item_id("resp"), time.time(), request.model or ""
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed, with its part
         self.calls: dict[int, dict[str, Any]] = {}  # the chat's tool-call index -> its item
@@ -162,7 +163,7 @@ class ResponseEvents:
         function = call.get("function") or {}
         if index not in self.calls:
             events += self._close("completed")
-            item = {"type": "function_call", "id": _item_id("fc"), "call_id": call.get("id") or _item_id("call"),
+            item = {"type": "function_call", "id": _item_id("fc"), "call_id": call.get("id") or openai_call_id(),
                     "name": function.get("name") or "", "arguments": "", "status": "in_progress"}  # fmt: skip
             events += self._open(item)
             self.calls[index] = item

@@ -15,7 +15,7 @@ through.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -151,7 +151,7 @@ class ResponsesRequest(TextRequest):
             kind = item.get("type", "message")
             if kind == "message" and item.get("role") == "assistant":
                 text = _text(item.get("content"), where)
-                if answer is not None and answer["content"] is None and not answer.get("tool_calls"):
+                if _unwritten(answer):
                     answer["content"] = text
                 else:
                     answer = {"role": "assistant", "content": text}
@@ -177,7 +177,7 @@ class ResponsesRequest(TextRequest):
                 answer = None
             elif kind == "reasoning":
                 thinking = _reasoning_text(item, where)
-                if answer is not None and answer["content"] is None and not answer.get("tool_calls"):
+                if _unwritten(answer):
                     answer["reasoning"] = answer.get("reasoning", "") + thinking
                 else:
                     answer = {"role": "assistant", "content": None, "reasoning": thinking}
@@ -248,6 +248,11 @@ class ResponsesRequest(TextRequest):
             "text": self.text or {"format": {"type": "text"}}, "tool_choice": self.tool_choice, "tools": self.tools,
             "truncation": self.truncation, "user": self.user,
         }  # fmt: skip
+
+
+def _unwritten(answer: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    """An assistant message begun with thinking alone: the answer's text or thinking may join it."""
+    return answer is not None and answer["content"] is None and not answer.get("tool_calls")
 
 
 def _field(item: dict[str, Any], key: str, where: str) -> str:
