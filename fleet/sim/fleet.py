@@ -325,14 +325,16 @@ class Fleet:
             record = self._live.get((pod.name, out.request_id))
             if record is None:
                 continue
-            if out.new_token_ids and pod.pool == "prefill":  # its one token goes nowhere: the server's TTFT
-                series.first_token(at - out.metrics.arrival_time, out.num_prompt_tokens)
-            elif out.new_token_ids:  # the client's tokens; the pod's own metrics count from its arrival
-                if not record.token_times:
-                    series.first_token(at - out.metrics.arrival_time, record.prompt_len)
-                else:
+            if out.new_token_ids:
+                # a prefill pod's one token goes nowhere (its server's TTFT alone); the rest are the
+                # client's. Each pod's metrics count from its own arrival, as each server's do.
+                to_client = pod.pool != "prefill"
+                if to_client and record.token_times:
                     series.next_token(at - record.token_times[-1])
-                record.token_times.append(at)
+                else:
+                    series.first_token(at - out.metrics.arrival_time, out.num_prompt_tokens)
+                if to_client:
+                    record.token_times.append(at)
             if not out.finished:
                 continue
             del self._live[(pod.name, out.request_id)]
