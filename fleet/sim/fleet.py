@@ -4,6 +4,9 @@ Events, in simulated time:
 
 - ``arrival``: the router sends a request to the least-loaded ready pod of the entry pool
   (``colocated``, or ``prefill`` in disaggregated mode); with no ready pod it waits at the router.
+  A colocated pod is picked as the local fleet's front picks it (fewest requests in flight); a
+  prefill or decode pod as the router does (its ``load_score``: the requests a pod holds, those
+  whose first token has not come back yet weighing more).
 - ``step_end``: a pod's step is over; its tokens become visible (client records, pool metrics),
   and the pod starts its next step. A prefill pod's finished request moves to the decode pool
   after the KV transfer delay (``transfer``).
@@ -36,6 +39,7 @@ from llmfleet.operator.spec import InferenceServiceSpec
 from llmfleet.operator.tuner import KNOB_FIELDS
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.engine import InvalidRequestError, QueueFullError
+from llmfleet.server.router.policies import load_score
 from llmfleet.workloads import RequestSpec
 
 from .cost_model import CostModel
@@ -305,17 +309,27 @@ class Fleet:
             self._close(record, "rejected", f"400 from {pod.name}: {exc}")
             return
         self._live[(pod.name, str(record.index))] = record
+        pod.unstarted.add(str(record.index))
         record.pod, record.dispatched_at = pod.name, self.now
         self._kick(pod)
 
     def _pick(self, pool: SimPool) -> SimPod | None:
-        """Least loaded ready pod: fewest requests held, then least KV in use, then round robin."""
+        """Least loaded ready pod, then round robin: colocated, fewest requests held, then least
+        KV in use; prefill and decode, the router's load score, then fewest requests held (the
+        router's own counts, exact at every pick: a lone router needs no poll for them)."""
         ready = pool.with_state(PodState.READY)
         if not ready:
             return None
         pool.turn += 1
         n = len(ready)
-        return min(enumerate(ready), key=lambda ip: (ip[1].in_flight, ip[1].kv_usage, (ip[0] - pool.turn) % n))[1]
+
+        def load(ip: tuple[int, SimPod]) -> tuple[float, float, int]:
+            i, pod = ip
+            if pool.name == "colocated":
+                return pod.in_flight, pod.kv_usage, (i - pool.turn) % n
+            return load_score(pod.in_flight, len(pod.unstarted), pod.kv_usage), pod.in_flight, (i - pool.turn) % n
+
+        return min(enumerate(ready), key=load)[1]
 
     def _publish(self, pod: SimPod) -> None:
         """The step that just ended: its tokens reach the clients and the pool's metrics."""
@@ -325,6 +339,8 @@ class Fleet:
             record = self._live.get((pod.name, out.request_id))
             if record is None:
                 continue
+            if out.new_token_ids or out.finished:
+                pod.unstarted.discard(out.request_id)
             if out.new_token_ids:
                 # a prefill pod's one token goes nowhere (its server's TTFT alone); the rest are the
                 # client's. Each pod's metrics count from its own arrival, as each server's do.

@@ -120,6 +120,7 @@ class SimPod:
     wake_at: float | None = None  # a pending wake-up for a batching window
     pending: list[RequestOutput] = field(default_factory=list)
     preemptions_seen: int = 0
+    unstarted: set[str] = field(default_factory=set)  # sent here, no token seen by the router yet
 
     @classmethod
     def create(

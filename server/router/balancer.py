@@ -2,8 +2,10 @@
 
 The router keeps a table of the servers its endpoint source names, polls each one's ``/load``
 (waiting and running requests, KV usage) twice a second, and counts the requests it has itself
-sent there and not yet seen answered: between two polls that count is the freshest signal, so a
-burst spreads instead of landing on the server that looked idlest half a second ago.
+sent there and not yet seen answered, and of those the ones whose first token it has not seen
+yet. Its own counts are exact at every pick, where a poll is up to half a second old: a burst
+spreads instead of landing on the server that looked idlest then. Polls add only what other
+routers sent (the requests a server reports beyond this router's own).
 
 A server that refuses a connection or fails a request (a timeout, a 5xx) is set aside until a
 poll finds it well again; a busy server whose ``/load`` is merely slow is set aside only after
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import httpx
 
 from .endpoints import POOLS, EndpointSource
-from .policies import POLICIES, PrefixAffinity
+from .policies import POLICIES, PrefixAffinity, load_score
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,6 @@ POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 2.0
 SLOW_POLLS = 3  # timeouts in a row that set a server aside
 DISCOVERY_INTERVAL_S = 1.0
-# Weight of KV usage in the load score: a decode server near a full cache preempts (recomputes)
-# and slows everyone on it, worth several queued requests.
-KV_WEIGHT = 4.0
 
 
 @dataclass
@@ -44,6 +43,8 @@ class Server:
     running: int = 0
     kv_usage: float = 0.0
     assigned: int = 0  # requests this router sent and that have not finished yet
+    unstarted: int = 0  # of those, the ones whose first token (or whole answer) has not come yet
+    others: int = 0  # requests the last poll found beyond this router's own: other routers'
     healthy: bool = True  # a new server is tried at once; a failure sets it aside until a poll succeeds
     draining: bool = False  # its /load says so: it takes no new request
     failures: int = 0
@@ -53,7 +54,12 @@ class Server:
 
     @property
     def score(self) -> float:
-        return self.assigned + self.waiting + self.running / 2 + KV_WEIGHT * self.kv_usage
+        return load_score(self.assigned + self.others, self.unstarted, self.kv_usage)
+
+    def hold(self, n: int) -> None:
+        """Count ``n`` (+1 or -1) requests sent here that have yet to produce their first token."""
+        self.assigned += n
+        self.unstarted += n
 
     def as_dict(self) -> dict:
         return {
@@ -64,6 +70,7 @@ class Server:
             "running": self.running,
             "kv_usage": round(self.kv_usage, 4),
             "assigned": self.assigned,
+            "unstarted": self.unstarted,
         }
 
 
@@ -178,6 +185,9 @@ class Balancer:
         server.waiting = int(load.get("waiting", 0))
         server.running = int(load.get("running", 0))
         server.kv_usage = float(load.get("kv_usage", 0.0))
+        # what this router sent is counted at every pick; a request in flight between the two
+        # counts makes the difference low, never high: a lone router's others stay 0
+        server.others = max(0, server.waiting + server.running - server.assigned)
         server.polled_at = time.monotonic()
         if not server.healthy:
             log.info("%s server %s is back", server.pool, server.url)

@@ -128,11 +128,11 @@ class Proxy:
                 break
             prefill = None
             try:
-                decode.assigned += 1  # held from the pick: a burst spreads before its prefills return
+                decode.hold(+1)  # from the pick: a burst spreads before its prefills return
                 try:
                     prefill = await self._prefill(path, body, tried, prefixes)
                 finally:
-                    decode.assigned -= 1  # _decode takes it over, with no await in between
+                    decode.hold(-1)  # _decode takes it over, with no await in between
                 params = None if prefill is None else prefill[0]
                 try:
                     return await self._decode(decode, path, body, params, stream, started)
@@ -186,13 +186,13 @@ class Proxy:
         ask = {**body, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
         ask.pop("stream_options", None)
         timeout = httpx.Timeout(self.settings.prefill_timeout_s, connect=self.settings.connect_timeout_s)
-        server.assigned += 1
+        server.hold(+1)  # a prefill server's whole answer is the client's wait for a first token
         try:
             response = await self.client.post(f"{server.url}{path}", **json_request(ask), timeout=timeout)
         except httpx.HTTPError as exc:
             raise ServerFailed(server, f"prefill server {server.url}: {exc!r}") from exc
         finally:
-            server.assigned -= 1
+            server.hold(-1)
         if response.status_code == 200:
             try:
                 params = dict(response.json()["kv_transfer_params"])
@@ -209,7 +209,7 @@ class Proxy:
         # generation from a lost server, so the balancer's /load polls tell instead.
         read = self.settings.decode_timeout_s if stream else None
         timeout = httpx.Timeout(read, connect=self.settings.connect_timeout_s)
-        server.assigned += 1
+        server.hold(+1)
         response = None
         try:
             request = self.client.build_request("POST", f"{server.url}{path}", **json_request(send), timeout=timeout)
@@ -238,6 +238,8 @@ class Proxy:
             if response is not None:
                 await response.aclose()
             raise
+        finally:  # its first content came (or the whole answer), or this attempt is over
+            server.unstarted -= 1
 
     # --- relaying the answer -------------------------------------------------------------------
     def _whole(self, opened: _Opened, started: float) -> Response:

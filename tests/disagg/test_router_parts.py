@@ -73,11 +73,20 @@ def balancer(policy: str = "load") -> Balancer:
 
 def test_least_loaded_counts_the_routers_own_requests_and_kv():
     idle = Server("a", "decode")
-    queued = Server("b", "decode", waiting=2)
+    others = Server("b", "decode", others=2)  # another router's two requests, as the last poll found
     full = Server("c", "decode", kv_usage=0.9)
-    assert least_loaded([queued, full, idle]) is idle
+    assert least_loaded([others, full, idle]) is idle
     idle.assigned = 3  # sent since the last poll
-    assert least_loaded([queued, full, idle]) is queued
+    assert least_loaded([others, full, idle]) is others
+
+
+def test_a_request_yet_to_start_weighs_more_than_one_decoding():
+    """A new prompt waits behind the prefills ahead of it; decoding streams only share the steps."""
+    decoding = Server("a", "decode", assigned=3)
+    prefilling = Server("b", "decode", assigned=1, unstarted=1)
+    assert least_loaded([prefilling, decoding]) is decoding
+    decoding.assigned = 5
+    assert least_loaded([prefilling, decoding]) is prefilling
 
 
 def test_pick_prefers_healthy_falls_back_to_set_aside_and_never_draining():
@@ -134,16 +143,17 @@ def test_a_longer_conversation_shares_its_earlier_turns_prefix_hashes():
 
 def test_prefix_affinity_follows_the_prefix_while_load_allows():
     policy = PrefixAffinity()
-    a, b = Server("a", "decode"), Server("b", "decode", running=1)
+    a, b = Server("a", "decode"), Server("b", "decode", others=1)
     system = "A long shared system prompt. " * 30
     turn = prefix_hashes({"prompt": system + "first question"})
     assert policy([a, b], turn) is a  # nothing known: the least loaded
-    a.waiting = 1  # now b is the least loaded, a within the slack
+    a.assigned = a.unstarted = 1  # now b is the least loaded, a within the slack
     assert policy([a, b], prefix_hashes({"prompt": system + "second question"})) is a
     assert policy([a, b], prefix_hashes({"prompt": "unrelated " * 40})) is b
-    a.waiting = int(SLACK) + 2  # a's queue is past the slack: load wins, and b takes the prefix
+    a.assigned = a.unstarted = 3  # a's queue is past the slack: load wins, and b takes the prefix
+    assert a.score > b.score + SLACK
     assert policy([a, b], prefix_hashes({"prompt": system + "third"})) is b
-    a.waiting = 0
+    a.assigned = a.unstarted = 0
     assert policy([a, b], prefix_hashes({"prompt": system + "fourth"})) is b
     assert policy([a], turn) is a  # a prefix's server gone from the candidates: another one
 
@@ -151,10 +161,10 @@ def test_prefix_affinity_follows_the_prefix_while_load_allows():
 @pytest.mark.parametrize(("max_prefixes", "remembered"), [(100, True), (3, False)])
 def test_prefix_affinity_forgets_the_least_recent_prefixes_first(max_prefixes, remembered):
     policy = PrefixAffinity(max_prefixes=max_prefixes)
-    a, b = Server("a", "decode"), Server("b", "decode", running=1)
+    a, b = Server("a", "decode"), Server("b", "decode", others=1)
     old = prefix_hashes({"prompt": "o" * (3 * CHUNK_CHARS)})  # three prefixes
     assert policy([a, b], old) is a
-    a.running = 2  # b is the least loaded now, a within the slack
+    a.others = 2  # b is the least loaded now, a within the slack
     assert policy([a, b], prefix_hashes({"prompt": "n" * (3 * CHUNK_CHARS)})) is b  # three more
     assert policy([a, b], old) is (a if remembered else b)
 
@@ -176,6 +186,14 @@ def test_polls_set_servers_aside_and_back():
         server = b.servers["decode"]["http://d"]
         await b._poll_one(server)
         assert (server.waiting, server.running, server.kv_usage, server.healthy) == (3, 2, 0.5, True)
+        assert server.others == 5  # this router sent none of the five
+        server.assigned = 4
+        await b._poll_one(server)
+        assert server.others == 1
+        server.assigned = 7  # two more sent while the poll was under way
+        await b._poll_one(server)
+        assert server.others == 0
+        server.assigned = 0
         state["mode"] = "slow"
         for _ in range(SLOW_POLLS - 1):
             await b._poll_one(server)
@@ -340,6 +358,46 @@ async def test_a_decode_server_that_breaks_off_mid_event_leaves_no_half_event_in
     assert events[0] + b"\n\n" == token
     assert json.loads(events[1].removeprefix(b"data: "))["error"]["code"] == 502  # whole, parseable
     assert events[2] == b"data: [DONE]" and len(events) == 3
+
+
+async def test_a_request_counts_as_unstarted_until_its_first_content_and_assigned_until_it_ends():
+    from llmfleet.server.router.proxy import _Relay
+
+    seen: dict[str, tuple[int, int]] = {}
+    role = sse({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    token = sse({"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]})
+    proxy_ready = asyncio.Event()
+
+    class Stream(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield role  # a chat's opening chunk: no token yet
+            await proxy_ready.wait()
+            yield token + b"data: [DONE]\n\n"
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        decode = b.servers["decode"]["http://d1:8000"]
+        if request.url.host == "p1":
+            seen["during prefill: prefill, decode"] = (b.servers["prefill"]["http://p1:8000"].unstarted,
+                                                      decode.unstarted)  # fmt: skip
+            return _kv_ids(request)
+        return httpx.Response(200, stream=Stream(), headers={"content-type": "text/event-stream"})
+
+    proxy, b, metrics = await _proxy(handle, ["http://p1:8000"], ["http://d1:8000"])
+    decode = b.servers["decode"]["http://d1:8000"]
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    opening = asyncio.create_task(proxy._open("/v1/chat/completions", body, True, 0.0))
+    while not decode.unstarted or "during prefill: prefill, decode" not in seen:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert (decode.assigned, decode.unstarted) == (1, 1)  # the opening chunk came: still no token
+    proxy_ready.set()
+    relay = _Relay(await opening, metrics, 0.0)
+    assert seen["during prefill: prefill, decode"] == (1, 1)
+    assert (decode.assigned, decode.unstarted) == (1, 0)  # streaming: started, not finished
+    assert b"Hi" in b"".join([chunk async for chunk in relay])
+    await relay.aclose()
+    assert (decode.assigned, decode.unstarted) == (0, 0)
+    assert b.servers["prefill"]["http://p1:8000"].unstarted == 0
 
 
 def test_the_router_exports_no_engine_gauges_and_the_engines_finish_reasons():

@@ -165,6 +165,21 @@ def test_disaggregated_pools(profile) -> None:
     assert set(summary["replica_minutes_by_pool"]) == {"prefill", "decode"}
 
 
+@pytest.mark.parametrize(("mode", "picked"), [("disaggregated", 0), ("colocated", 1)])
+def test_pods_are_picked_as_the_router_or_the_front_picks_servers(profile, mode, picked) -> None:
+    """The router (prefill and decode pools) weighs a request yet to produce a token above one
+    decoding (load_score); the local fleet's colocated front counts requests alone."""
+    spec = make_spec(mode=mode, replicas=2)
+    fleet = Fleet(spec, profile, [], SimOptions(startup_s=0.0))
+    pool = fleet.pools["decode" if mode == "disaggregated" else "colocated"]
+    decoding, starting = pool.pods
+    for i in range(3):
+        decoding.add(f"d{i}", 16, 8, 0.0)  # their first tokens came back: started
+    starting.add("s", 16, 8, 0.0)
+    starting.unstarted.add("s")
+    assert fleet._pick(pool) is pool.pods[picked]
+
+
 def test_a_disaggregated_client_gets_its_first_token_from_the_decode_pod(profile) -> None:
     # one decode slot: the second request's prompt is prefilled at once, but its client waits
     # for the slot (the real router relays the decode server's stream; the prefill server's one
@@ -174,6 +189,7 @@ def test_a_disaggregated_client_gets_its_first_token_from_the_decode_pod(profile
     requests = [RequestSpec(0.0, 64, 200), RequestSpec(0.0, 64, 200), RequestSpec(0.0, 1, 4)]
     fleet = Fleet(spec, profile, requests, SimOptions(kv_transfer_latency_s=0.3))
     first, second, tiny = fleet.run().records
+    assert not any(pod.unstarted for pool in fleet.pools.values() for pod in pool.pods)
     assert all(len(r.token_times) == r.output_len for r in (first, second, tiny))
     assert second.token_times[0] > first.token_times[-1]
     prefill, decode = (fleet.pools[p].series for p in ("prefill", "decode"))
