@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -184,17 +185,27 @@ async def autotune(
             spec = _tunable_spec(body)
             if spec is None:
                 tuner_metrics.forget(*key)  # a tuner that is off has no last decision to plot or alert on
-                await stopped.wait(SPEC_RECHECK_SECONDS)
+                await pause(stopped, SPEC_RECHECK_SECONDS)
                 continue
             due_in = last_run + spec.autotune.interval_seconds - loop.time()
             if due_in > 0:
-                await stopped.wait(min(due_in, SPEC_RECHECK_SECONDS))
+                await pause(stopped, min(due_in, SPEC_RECHECK_SECONDS))
                 continue
             last_run = loop.time()
             await tune_now(copy.deepcopy(dict(body)), memo, logger)
     finally:
         state.tuner_sessions.pop(key, None)
         tuner_metrics.forget(*key)
+
+
+async def pause(stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Wait until the daemon is stopped or ``seconds`` pass. Not ``stopped.wait(seconds)``: that
+    waits in a task of its own which ends in TimeoutError, and where the daemon outlives kopf's
+    daemon killer at exit, kopf re-raises what its leftover tasks ended with: the operator
+    exited 1 on SIGTERM. Cancelling this wait ends that task cancelled, which kopf lets be."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stopped.wait()
 
 
 def _tunable_spec(body: Mapping[str, Any]) -> InferenceServiceSpec | None:
