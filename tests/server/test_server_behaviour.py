@@ -212,8 +212,9 @@ async def test_live_config_change_under_traffic(server):
         assert await async_wait_for(lambda: gauge(server, "llmfleet_config_generation") == generation + 1)
         knobs = server.metrics()
         assert knobs["llmfleet_config_knob{knob=max_batch_size}"] == 3
-        # an invalid file is kept out and counted
-        server.config_path.write_text("policy: [not valid\n")
+        # an invalid file is kept out and counted (swapped in whole too: a truncated file the
+        # watcher saw empty twice would apply the defaults, a generation of its own)
+        engine_yaml(server.config_path, policy="[not valid")
         assert await async_wait_for(lambda: gauge(server, "llmfleet_config_errors_total") == errors + 1)
         engine_yaml(server.config_path, policy="continuous", max_batch_size=0, max_queue_len=4)
         assert await async_wait_for(lambda: gauge(server, "llmfleet_config_errors_total") == errors + 2)
