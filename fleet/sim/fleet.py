@@ -4,9 +4,8 @@ Events, in simulated time:
 
 - ``arrival``: the router sends a request to the least-loaded ready pod of the entry pool
   (``colocated``, or ``prefill`` in disaggregated mode); with no ready pod it waits at the router.
-  A colocated pod is picked as the local fleet's front picks it (fewest requests in flight); a
-  prefill or decode pod as the router does (its ``load_score``: the requests a pod holds, those
-  whose first token has not come back yet weighing more).
+  Pods are picked as the router and the local fleet's front pick servers (``load_score``: the
+  requests a pod holds, those whose first token has not come back yet weighing more).
 - ``step_end``: a pod's step is over; its tokens become visible (client records, pool metrics),
   and the pod starts its next step. A prefill pod's finished request moves to the decode pool
   after the KV transfer delay (``transfer``).
@@ -314,9 +313,9 @@ class Fleet:
         self._kick(pod)
 
     def _pick(self, pool: SimPool) -> SimPod | None:
-        """Least loaded ready pod, then round robin: colocated, fewest requests held, then least
-        KV in use; prefill and decode, the router's load score, then fewest requests held (the
-        router's own counts, exact at every pick: a lone router needs no poll for them)."""
+        """Least loaded ready pod by the router's load score, then fewest requests held, then round
+        robin (the router's own counts, exact at every pick: a lone router needs no poll for them;
+        the local front's are the same, without KV usage, which it does not poll)."""
         ready = pool.with_state(PodState.READY)
         if not ready:
             return None
@@ -325,8 +324,6 @@ class Fleet:
 
         def load(ip: tuple[int, SimPod]) -> tuple[float, float, int]:
             i, pod = ip
-            if pool.name == "colocated":
-                return pod.in_flight, pod.kv_usage, (i - pool.turn) % n
             return load_score(pod.in_flight, len(pod.unstarted), pod.kv_usage), pod.in_flight, (i - pool.turn) % n
 
         return min(enumerate(ready), key=load)[1]

@@ -52,11 +52,12 @@ class RouterMetrics(ServerMetrics):
 
 class StreamMeter:
     """Reads the SSE bytes the router relays: when generated content arrives (TTFT, ITL, observed
-    as they happen), the finish reason, and whether the stream has started (a generated token or a
-    final event went out: from then on a failure can no longer be retried). Text the server echoes
-    back (a chat's opening chunk, a completion's echoed prompt) is no token: it counts for neither."""
+    as they happen, where ``metrics`` are given), the finish reason, and whether the stream has
+    started (a generated token or a final event went out: from then on a failure can no longer be
+    retried). Text the server echoes back (a chat's opening chunk, a completion's echoed prompt) is
+    no token: it counts for neither. The local fleet's front reads its streams with it too."""
 
-    def __init__(self, metrics: RouterMetrics, started: float, echo: bool = False) -> None:
+    def __init__(self, metrics: RouterMetrics | None, started: float, echo: bool = False) -> None:
         self.metrics = metrics
         self.started = started
         self.echo = echo
@@ -75,9 +76,13 @@ class StreamMeter:
         """Read ``raw``; returns the whole events it completes, the bytes to relay: a server that
         breaks off mid-event leaves no half event in the client's stream."""
         whole = self._events.feed(raw)
+        self.read(whole)
+        return whole
+
+    def read(self, whole: bytes) -> None:
+        """Read whole events (cut by the caller's own ``WholeEvents``)."""
         for data in event_data(whole):
             self._on_data(data)
-        return whole
 
     def _on_data(self, data: bytes) -> None:
         if data == b"[DONE]":
@@ -91,11 +96,13 @@ class StreamMeter:
         generated = [c for c in choices if not self._echoes(c) and _has_content(c)]  # every choice is looked at
         if generated:
             now = time.monotonic()
+            if self.metrics is not None:
+                if self.first_at is None:
+                    self.metrics.lab(self.metrics.ttft).observe(now - self.started)
+                else:
+                    self.metrics.lab(self.metrics.itl).observe(now - self.last_at)
             if self.first_at is None:
                 self.first_at = now
-                self.metrics.lab(self.metrics.ttft).observe(now - self.started)
-            else:
-                self.metrics.lab(self.metrics.itl).observe(now - self.last_at)
             self.last_at = now
         for choice in choices:
             if choice.get("finish_reason"):

@@ -109,3 +109,70 @@ async def test_a_server_drained_while_its_request_was_on_the_way_passes_it_to_an
         async with serving(build_front(backends)) as front_url, httpx.AsyncClient() as client:
             response = await client.post(f"{front_url}/v1/completions", json={}, timeout=10)
     assert response.status_code == 200 and response.json() == {"status": 200}
+
+
+def _sse(delta: dict, finish: str | None = None) -> bytes:
+    return f"data: {json.dumps({'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n".encode()
+
+
+async def test_a_request_yet_to_produce_its_first_token_weighs_more_than_one_decoding():
+    """The front ranks servers as the router does (load_score): a new prompt queues behind the
+    prefills ahead of it, while decoding streams only share the steps with it. A chat's opening
+    chunk (its role) is no token."""
+    first_token, end = asyncio.Event(), asyncio.Event()
+    picked: list[str] = []
+
+    def backend(name: str) -> Starlette:
+        async def chat(request: Request) -> Response:
+            body = await request.json()
+            picked.append(name)
+
+            async def events():
+                yield _sse({"role": "assistant", "content": ""})
+                if body.get("slow_prefill"):
+                    await first_token.wait()
+                yield _sse({"content": "x"})
+                await end.wait()
+                yield _sse({}, "stop") + b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+    async def until_token(chunks) -> None:
+        async for chunk in chunks:
+            if b'"x"' in chunk:
+                return
+
+    ready: list[str] = []
+    front_app = build_front(lambda: ready)
+    async with (
+        serving(backend("a")) as a,
+        serving(backend("b")) as b,
+        serving(front_app) as front,
+        httpx.AsyncClient(timeout=10) as client,
+        contextlib.AsyncExitStack() as streams,
+    ):
+        open_streams = []  # each stream's reader, kept: a dropped one closes its stream
+
+        async def chat(**extra):
+            body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, **extra}
+            response = await streams.enter_async_context(
+                client.stream("POST", f"{front}/v1/chat/completions", json=body)
+            )
+            open_streams.append(response.aiter_bytes())
+            return open_streams[-1]
+
+        ready[:] = [a]
+        waiting = await chat(slow_prefill=True)  # a: one request, no token yet
+        ready[:] = [b]
+        for _ in range(3):  # b: three decoding
+            await until_token(await chat())
+        ready[:] = [a, b]
+        await until_token(await chat())
+        assert picked[-1] == "b"  # held alone, a's one request would have won (1 < 3)
+        first_token.set()
+        await until_token(waiting)
+        await until_token(await chat())
+        assert picked[-1] == "a"  # decoding now: 1 held against 4
+        end.set()

@@ -165,10 +165,10 @@ def test_disaggregated_pools(profile) -> None:
     assert set(summary["replica_minutes_by_pool"]) == {"prefill", "decode"}
 
 
-@pytest.mark.parametrize(("mode", "picked"), [("disaggregated", 0), ("colocated", 1)])
-def test_pods_are_picked_as_the_router_or_the_front_picks_servers(profile, mode, picked) -> None:
-    """The router (prefill and decode pools) weighs a request yet to produce a token above one
-    decoding (load_score); the local fleet's colocated front counts requests alone."""
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_pods_are_picked_as_the_router_and_the_front_pick_servers(profile, mode) -> None:
+    """The router and the local fleet's front weigh a request yet to produce a token above one
+    decoding (load_score): 3 decoding rank below 1 unstarted."""
     spec = make_spec(mode=mode, replicas=2)
     fleet = Fleet(spec, profile, [], SimOptions(startup_s=0.0))
     pool = fleet.pools["decode" if mode == "disaggregated" else "colocated"]
@@ -177,7 +177,7 @@ def test_pods_are_picked_as_the_router_or_the_front_picks_servers(profile, mode,
         decoding.add(f"d{i}", 16, 8, 0.0)  # their first tokens came back: started
     starting.add("s", 16, 8, 0.0)
     starting.unstarted.add("s")
-    assert fleet._pick(pool) is pool.pods[picked]
+    assert fleet._pick(pool) is decoding
 
 
 def test_a_disaggregated_client_gets_its_first_token_from_the_decode_pod(profile) -> None:

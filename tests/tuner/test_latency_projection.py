@@ -1,15 +1,18 @@
 """The latency projection behind scale-down and latency scale-up (operator/latency_projection.py):
-steps that lengthen with the load a pod carries, the wait for a batch slot (Erlang C), a busy
-window's surge, and the M/M/1 fallback where no step times are reported."""
+steps that lengthen with the load a pod carries, ITL's tail as steps with prompt work grow common,
+the wait for a batch slot (Erlang C), a busy window's surge, and the M/M/1 fallback where no step
+times are reported."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from llmfleet.operator.latency_projection import StepCosts, erlang_c, project, surge
-from tests.tuner.scenarios import metrics
+from llmfleet.operator.latency_projection import StepCosts, erlang_c, itl_tail, project, surge
+from llmfleet.operator.metrics_source import LatencyQuantiles
+from tests.tuner.scenarios import latency, metrics
 
 # Four pods, each busy 20% of the time with its sequences' and prompt tokens' work:
 # 20 generated tok/s x 5 ms + 100 prompt tok/s x 1 ms. One request in a batch of up to 32 slots.
@@ -95,3 +98,22 @@ def test_a_lone_prompt_fills_its_step_whatever_the_load() -> None:
     busy = metrics("prefill", ttft_ms=100.0, **idle)
     projected = project("prefill", busy, 400.0, 100.0, rho=0.03, k=8.0, steps=budget)
     assert projected.ratio == math.inf and "budget tokens per step: saturated" in projected.how
+
+
+def test_itl_p95_moves_up_the_tail_as_steps_with_prompt_work_grow_common() -> None:
+    """The slow gaps are steps that carry prompt work; with 1.5x as many of them per step, the
+    p95 is today's p96.7 (simulated chat, 4 -> 3 pods: 0.143 -> 0.198 s, where p95 x the step
+    ratio said 0.16), read linearly between the p95 and the p99."""
+    itl = LatencyQuantiles(p50=0.074, p95=0.143, p99=0.234, samples=8000)
+    assert itl_tail(itl, 1.5) == pytest.approx(0.143 + 0.091 * (0.05 - 0.05 / 1.5) / 0.04)
+    assert itl_tail(itl, 10.0) == pytest.approx(0.143 + 0.091 * 0.045 / 0.04)  # past p99: its slope
+    assert itl_tail(itl, 1.0) == itl_tail(itl, 0.5) == 0.143  # fewer: the p95 stands
+    assert itl_tail(replace(itl, samples=4000), 1.5) == 0.143  # a p99 that 40 gaps decide is noise
+
+
+def test_the_projection_reads_itl_up_its_tail_by_the_growth_of_prompts_per_step() -> None:
+    m = replace(metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS), itl=latency(50.0, samples=6000.0))
+    # half the pods: arrivals x2, steps x4/3, so prompts per step x8/3: the p98.1 (p99 = 1.2 x p95)
+    projected = project("decode", m, 400.0, 100.0, 0.3, 2.0, COSTS)
+    tail = 0.05 * 3 / 8
+    assert projected.ratio == pytest.approx(50.0 * (1 + 0.2 * (0.05 - tail) / 0.04) * 4 / 3 / 100.0)
