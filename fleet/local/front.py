@@ -24,7 +24,7 @@ from starlette.routing import Route
 from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
 from llmfleet.server.api.keepalive import pooled
 from llmfleet.server.api.sse import WholeEvents, broken_stream_end
-from llmfleet.server.router.metrics import StreamMeter
+from llmfleet.server.router.metrics import StreamMeter, flag
 from llmfleet.server.router.policies import load_score
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,10 @@ async def _relayed(response: httpx.Response, hold: _Hold, echo: bool) -> AsyncIt
 
 
 def _echoes(body: bytes) -> bool:
-    """A completion whose first chunk per choice is its echoed prompt, not a generated token."""
+    """A completion whose first chunk per choice is its echoed prompt, not a generated token
+    (``echo`` read as the servers read it, as the router reads it)."""
     try:
-        return json.loads(body).get("echo") is True
+        return flag(json.loads(body).get("echo"))
     except (ValueError, AttributeError):
         return False
 

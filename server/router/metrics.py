@@ -11,6 +11,7 @@ import json
 import time
 
 from prometheus_client import Counter
+from pydantic import TypeAdapter, ValidationError
 
 from ..api.metrics import ServerMetrics
 from ..api.sse import WholeEvents, event_data
@@ -125,3 +126,15 @@ def _has_content(choice: dict) -> bool:
     # a reasoning model's thinking is output too (vLLM counts it for TTFT): no buffering through it
     return bool(delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
                 or delta.get("reasoning"))  # fmt: skip
+
+
+_BOOL = TypeAdapter(bool)
+
+
+def flag(value) -> bool:
+    """A boolean field as the servers' models read it ("false", "0", "no" are False); a value they
+    refuse is False here, and the server's 400 reaches the client."""
+    try:
+        return value is not None and _BOOL.validate_python(value)
+    except ValidationError:
+        return False

@@ -38,13 +38,12 @@ from typing import TypeVar
 import httpx
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import TypeAdapter, ValidationError
 
 from ..api.client_gone import CLIENT_GONE, unless_client_gone
 from ..api.errors import error_fields, error_response
 from ..api.sse import SSE_HEADERS, ClosingStreamingResponse, broken_stream_end
 from .balancer import Balancer, Server
-from .metrics import RouterMetrics, StreamMeter
+from .metrics import RouterMetrics, StreamMeter, flag
 from .policies import prefix_hashes
 
 log = logging.getLogger(__name__)
@@ -102,7 +101,7 @@ class Proxy:
 
     async def serve(self, path: str, body: dict, raw: Request) -> Response:
         started = time.monotonic()
-        stream = _flag(body.get("stream"))
+        stream = flag(body.get("stream"))
         opened = await unless_client_gone(raw, self._open(path, body, stream, started))
         if opened is None:  # the servers abort what they started; vLLM counts that as an abort
             self.metrics.finished(started, None)
@@ -219,7 +218,7 @@ class Proxy:
                 raise _refusal(server, response.status_code, await response.aread())
             if not stream:
                 return _Opened(server, response, [await _while_polled(server, response.aread())], None, None)
-            meter = StreamMeter(self.metrics, started, echo=_flag(body.get("echo")))
+            meter = StreamMeter(self.metrics, started, echo=flag(body.get("echo")))
             rest = response.aiter_raw()
             head = []
             async for chunk in rest:  # hold the bytes until content comes: until then a retry is free
@@ -342,18 +341,6 @@ async def _while_polled(server: Server, work: Awaitable[T]) -> T:
         task.cancel()
 
 
-_BOOL = TypeAdapter(bool)
-
-
-def _flag(value) -> bool:
-    """A boolean field as the servers' models read it ("false", "0", "no" are False); a value they
-    refuse is False here, and the server's 400 reaches the client."""
-    try:
-        return value is not None and _BOOL.validate_python(value)
-    except ValidationError:
-        return False
-
-
 def json_request(body: dict) -> dict:
     """The body as the servers parse it: Python's json, where NaN and Infinity are numbers their
     models then refuse with a 400 (httpx's own encoder raises on them)."""
@@ -362,5 +349,5 @@ def json_request(body: dict) -> dict:
 
 def _scores_the_prompt(path: str, body: dict) -> bool:
     """vLLM's prompt_logprobs, or a completion's echo with logprobs."""
-    echoed = path == "/v1/completions" and _flag(body.get("echo")) and body.get("logprobs") is not None
+    echoed = path == "/v1/completions" and flag(body.get("echo")) and body.get("logprobs") is not None
     return body.get("prompt_logprobs") is not None or bool(echoed)

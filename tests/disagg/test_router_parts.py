@@ -443,10 +443,10 @@ async def test_a_clients_kv_transfer_params_never_reach_a_decode_server():
 
 @pytest.mark.parametrize(("value", "streams"), [("false", False), ("0", False), ("no", False), ("on", True), (1, True)])
 def test_stream_is_read_as_the_servers_read_it(value, streams):
-    from llmfleet.server.router.proxy import _flag
+    from llmfleet.server.router.metrics import flag
 
-    assert _flag(value) is streams
-    assert _flag(None) is False and _flag("maybe") is False  # the server's 400 says what is wrong
+    assert flag(value) is streams
+    assert flag(None) is False and flag("maybe") is False  # the server's 400 says what is wrong
 
 
 async def test_a_whole_answer_is_waited_for_past_the_read_timeout_while_its_server_answers_polls(monkeypatch):

@@ -176,3 +176,11 @@ async def test_a_request_yet_to_produce_its_first_token_weighs_more_than_one_dec
         await until_token(await chat())
         assert picked[-1] == "a"  # decoding now: 1 held against 4
         end.set()
+
+
+def test_echo_is_read_as_the_servers_and_the_router_read_it():
+    from llmfleet.local.front import _echoes
+
+    assert _echoes(b'{"echo": true}') and _echoes(b'{"echo": "true"}')
+    assert not _echoes(b'{"echo": "no"}') and not _echoes(b'{"echo": "maybe"}') and not _echoes(b"[1]")
+    assert not _echoes(b"") and not _echoes(b"{}")
