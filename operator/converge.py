@@ -16,6 +16,7 @@ from . import status as st
 from .apply import ApplyResult, OwnershipConflict, apply_all, list_children
 from .handover import Handover, pending_handover
 from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
+from .kv_secret import ensure_kv_secret
 from .pod_trouble import PodTrouble, pod_trouble
 from .reconcile import (
     POOL_LABEL,
@@ -86,7 +87,9 @@ async def converge(
             serving=handover.serving if handover else None,
             scaled=_replicas(live),
         )
+        secret = await ensure_kv_secret(client, owner, spec)  # before the pods that read it
         applied = await apply_all(client, owner.namespace, owner.uid, live, objects, prune=handover is None)
+        applied.created[:0], applied.updated[:0] = secret.created, secret.updated
     except OwnershipConflict as err:
         return await _degrade(client, owner, body, "NameConflict", str(err))
     except ApiError as err:

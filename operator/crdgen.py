@@ -392,7 +392,8 @@ def spec_schema() -> dict[str, Any]:
                 "A Secret key holding a random token the router and the prefill and decode servers share: "
                 "KV transfers (kv_transfer_params, /v1/kv) then need it, so a client holding the API key "
                 "cannot send a decode server KV of its own making or have it fetch from another URL. "
-                "Set it for a disaggregated fleet whose Services clients can reach.",
+                "Unset, a disaggregated fleet gets one of its own: the operator makes the Secret "
+                "<name>-kv-transfer (key token) once, with a random token.",
                 {
                     "name": _name("The Secret, in the InferenceService's namespace."),
                     "key": _str("The key within it.", default="token", **SECRET_KEY),

@@ -60,6 +60,7 @@ POD = ResourceKind("", "v1", "pods", "Pod")
 SERVICE_ACCOUNT = ResourceKind("", "v1", "serviceaccounts", "ServiceAccount")
 ROLE = ResourceKind("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDING = ResourceKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+SECRET = ResourceKind("", "v1", "secrets", "Secret")  # created, never read (kv_secret.py)
 
 # Every kind reconcile.desired_objects() may return, in apply order (config and the router's
 # account before their readers).
@@ -76,7 +77,7 @@ CHILD_KINDS: tuple[ResourceKind, ...] = (
 
 
 def kind_of(obj: dict[str, Any]) -> ResourceKind:
-    for kind in (*CHILD_KINDS, INFERENCE_SERVICE, POD):
+    for kind in (*CHILD_KINDS, INFERENCE_SERVICE, POD, SECRET):
         if kind.kind == obj.get("kind") and kind.api_version == obj.get("apiVersion"):
             return kind
     raise ValueError(f"the operator does not manage {obj.get('apiVersion')}/{obj.get('kind')}")
@@ -216,6 +217,10 @@ class KubeClient:
             params=params,
             content_type="application/apply-patch+yaml",  # JSON is YAML
         )
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST: a 409 (AlreadyExists) raises, where an apply would take the object over."""
+        return await self.request("POST", kind_of(obj).path(obj["metadata"]["namespace"]), body=obj)
 
     async def delete(self, kind: ResourceKind, namespace: str, name: str, uid: str | None = None) -> None:
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}

@@ -39,6 +39,9 @@ RBAC_RULES: list[dict[str, Any]] = [
     _rule("", ["serviceaccounts"], CHILD_VERBS),
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], CHILD_VERBS),
     _rule("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"]),
+    # kv_secret.py: a disaggregated fleet's KV-transfer token where the spec names none. Create
+    # only: the operator reads no Secret, its own included.
+    _rule("", ["secrets"], ["create"]),
     # scaledown.py: rank a pool's pods by in-flight work before the tuner scales it down;
     # tuning.py: the ready pods' IPs, to scrape their /metrics when no Prometheus is configured.
     _rule("", ["pods"], ["list", "patch"]),

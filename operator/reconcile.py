@@ -5,7 +5,8 @@ Per serving pool (colocated, or prefill and decode): an engine ConfigMap, a Depl
 Service (one DNS record per ready pod: how the router and direct scraping find pods) and a
 PodDisruptionBudget. Disaggregated adds the router Deployment and its PDB, and the router's own
 ServiceAccount with a Role that reads the pools' EndpointSlices (how it finds the prefill and
-decode pods that are ready, as they come and go). The Service named like
+decode pods that are ready, as they come and go); every role of it reads the KV-transfer token
+from the spec's Secret or, where it names none, from the one kv_secret.py makes. The Service named like
 the InferenceService is the client endpoint (colocated pods, or the router). A PodMonitor comes
 along when the Prometheus operator is installed.
 
@@ -29,7 +30,16 @@ import yaml
 from llmfleet.server.config import EngineConfig, ValidationError
 
 from .apply import EXTERNAL, REPLICAS_OWNER
-from .spec import MODELS_DIR, POOL_NAMES, TUNABLE_KNOBS, InferenceServiceSpec, PodOptions, Pool, knob_range
+from .spec import (
+    MODELS_DIR,
+    POOL_NAMES,
+    TUNABLE_KNOBS,
+    InferenceServiceSpec,
+    KVTransferSecret,
+    PodOptions,
+    Pool,
+    knob_range,
+)
 
 SERVER_PORT = 8000
 CONFIG_DIR = "/etc/llm-fleet"
@@ -122,6 +132,21 @@ def name_problem(name: str) -> str | None:
 
 def pool_object_name(owner: Owner, pool: str) -> str:
     return f"{owner.name}-{pool}"
+
+
+def kv_secret_name(owner: Owner) -> str:
+    """The Secret the operator makes for a disaggregated fleet's KV-transfer token (kv_secret.py)."""
+    return f"{owner.name}-kv-transfer"
+
+
+def kv_transfer_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferSecret | None:
+    """Where the pods read their KV-transfer token: the spec's Secret, else the generated one for
+    a disaggregated fleet (a colocated one makes no transfers)."""
+    if spec.kv_transfer_secret is not None:
+        return spec.kv_transfer_secret
+    if spec.mode != "disaggregated":
+        return None
+    return KVTransferSecret(name=kv_secret_name(owner))
 
 
 def effective_engine(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> EngineConfig:
@@ -219,7 +244,9 @@ def restart_checksum(engine: EngineConfig) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], resources: dict) -> dict[str, Any]:
+def _server_container(
+    owner: Owner, spec: InferenceServiceSpec, role: str, args: list[str], resources: dict
+) -> dict[str, Any]:
     def http_get(path: str) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}}
 
@@ -250,17 +277,16 @@ def _server_container(spec: InferenceServiceSpec, role: str, args: list[str], re
             {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            *_secret_env(spec),
+            *_secret_env(owner, spec),
             *spec.pod.env,
         ],
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
 
 
-def _secret_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """From the spec's Secrets, for every role: VLLM_API_KEY (its --api-key) and the fleet's
-    KV-transfer token."""
-    named = (("VLLM_API_KEY", spec.api_key_secret), ("LLMFLEET_KV_TRANSFER_TOKEN", spec.kv_transfer_secret))
+def _secret_env(owner: Owner, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """From Secrets, for every role: VLLM_API_KEY (its --api-key) and the fleet's KV-transfer token."""
+    named = (("VLLM_API_KEY", spec.api_key_secret), ("LLMFLEET_KV_TRANSFER_TOKEN", kv_transfer_secret(owner, spec)))
     return [
         {"name": env, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
         for env, secret in named
@@ -344,7 +370,7 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         "--drain-timeout",
         str(DRAIN_SECONDS),
     ]
-    container = _server_container(spec, pool, args, pool_spec.resources)
+    container = _server_container(owner, spec, pool, args, pool_spec.resources)
     container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
     volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]
     if spec.model.volume:
@@ -369,7 +395,7 @@ def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, An
         "--drain-timeout",
         str(DRAIN_SECONDS),
     ]
-    container = _server_container(spec, "router", args, spec.router.resources)
+    container = _server_container(owner, spec, "router", args, spec.router.resources)
     template = _pod_template(owner, "router", container, [], None, spec.pod)
     # Only the router calls the API (EndpointSlices), with a token of its own account.
     template["spec"]["serviceAccountName"] = router_account_name(owner)

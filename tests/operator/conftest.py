@@ -42,6 +42,7 @@ PATHS = {
     "PodDisruptionBudget": f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets",
     "PodMonitor": f"/apis/monitoring.coreos.com/v1/namespaces/{NAMESPACE}/podmonitors",
     "Event": f"/api/v1/namespaces/{NAMESPACE}/events",
+    "Secret": f"/api/v1/namespaces/{NAMESPACE}/secrets",
     "Pod": f"/api/v1/namespaces/{NAMESPACE}/pods",  # no kubelet: a test plays it
 }
 

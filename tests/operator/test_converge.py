@@ -4,11 +4,14 @@ server's message, server trouble is raised for kopf to retry, and recovery is an
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from kmock import ResourceInfo
 
+from llmfleet.operator.apply import controller_uid
 from llmfleet.operator.converge import converge
-from llmfleet.operator.kube import CONFIG_MAP, INFERENCE_SERVICE, POD_MONITOR, ApiError
+from llmfleet.operator.kube import CONFIG_MAP, DEPLOYMENT, INFERENCE_SERVICE, POD_MONITOR, SECRET, ApiError
 
 from .emulator import Fault
 
@@ -126,3 +129,45 @@ async def test_pod_monitor_only_when_served(running, client):
 
 def _pod_monitor_info():
     return ResourceInfo(kind="PodMonitor", singular="podmonitor", namespaced=True, verbs={"get", "list", "patch"})
+
+
+DISAGGREGATED = {**SPEC, "mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}
+
+
+def token_env(deployment):
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return next(e for e in container["env"] if e["name"] == "LLMFLEET_KV_TRANSFER_TOKEN")["valueFrom"]
+
+
+async def test_a_disaggregated_fleet_without_a_token_secret_gets_one_of_its_own(running, client):
+    body = await create(client, DISAGGREGATED)
+    first = await converge(client, body, pod_monitor=False)
+    assert first.degraded is None and first.applied.created[0] == "Secret/svc-kv-transfer"
+    secret = await client.get(SECRET, "ml", "svc-kv-transfer")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) == 64 and int(token, 16) >= 0  # 32 random bytes, hex: it travels in a header
+    assert controller_uid(secret) == body["metadata"]["uid"]  # it goes with the InferenceService
+    for pool in ("prefill", "decode", "router"):
+        deployment = await client.get(DEPLOYMENT, "ml", f"svc-{pool}")
+        assert token_env(deployment) == {"secretKeyRef": {"name": "svc-kv-transfer", "key": "token"}}
+
+    again = await converge(client, await fetch(client), pod_monitor=False)
+    assert "Secret/svc-kv-transfer" not in again.applied.created + again.applied.updated
+    assert (await client.get(SECRET, "ml", "svc-kv-transfer"))["data"] == secret["data"]  # running pods keep theirs
+
+    await client.delete(SECRET, "ml", "svc-kv-transfer")  # by hand: made again, with a new token
+    remade = await converge(client, await fetch(client), pod_monitor=False)
+    assert remade.applied.created == ["Secret/svc-kv-transfer"]
+    assert (await client.get(SECRET, "ml", "svc-kv-transfer"))["data"]["token"] != secret["data"]["token"]
+
+
+async def test_a_named_token_secret_or_a_colocated_fleet_makes_none(running, client):
+    named = await create(client, {**DISAGGREGATED, "kvTransferSecret": {"name": "mine"}}, name="named")
+    await converge(client, named, pod_monitor=False)
+    assert token_env(await client.get(DEPLOYMENT, "ml", "named-router"))["secretKeyRef"]["name"] == "mine"
+    colocated = await create(client, name="plain")
+    await converge(client, colocated, pod_monitor=False)
+    for name in ("named", "plain"):
+        assert await client.get(SECRET, "ml", f"{name}-kv-transfer") is None
+    (container,) = (await client.get(DEPLOYMENT, "ml", "plain-colocated"))["spec"]["template"]["spec"]["containers"]
+    assert "LLMFLEET_KV_TRANSFER_TOKEN" not in str(container["env"])

@@ -173,10 +173,12 @@ def test_mode_switch_prunes_the_old_pool_and_deletion_takes_everything(kube, ope
     assert kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "router"
     router = kube.get("Deployment", "tiny-router")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert router[router.index("--prefill-service") + 1] == "tiny-prefill"
+    assert kube.get("Secret", "tiny-kv-transfer")["data"]["token"]  # the transfers' token, made for it
 
     kube.delete("InferenceService", "tiny")
     eventually(lambda: kube.get("InferenceService", "tiny") is None)  # kopf released its finalizer
     eventually(lambda: children(kube) == {kind: set() for kind in COLOCATED})  # garbage-collected
+    assert kube.get("Secret", "tiny-kv-transfer") is None
 
 
 def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_ready(kube, operator):

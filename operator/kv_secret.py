@@ -1,0 +1,65 @@
+"""The KV-transfer token of a disaggregated fleet whose spec names no Secret for it.
+
+The router, prefill and decode servers of a disaggregated fleet share a token that KV transfers
+must carry (server/api/auth.py); without one, any client that reaches a pod could hand a decode
+server KV of its own making. Where ``spec.kvTransferSecret`` is unset, the operator makes the
+Secret ``<name>-kv-transfer`` once, with a random token, and the pods read it as they would the
+spec's. It is never rewritten: the running pods read theirs at start. Controlled by the
+InferenceService, it goes with it (garbage collection); it stays while the fleet runs colocated,
+for a switch back.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from typing import Any
+
+from .apply import ApplyResult
+from .kube import ApiError, KubeClient
+from .reconcile import Owner, kv_secret_name, owner_labels
+from .spec import InferenceServiceSpec, KVTransferSecret
+
+KEY = KVTransferSecret.model_fields["key"].default  # "token"
+TOKEN_BYTES = 32
+
+
+async def ensure_kv_secret(client: KubeClient, owner: Owner, spec: InferenceServiceSpec) -> ApplyResult:
+    """Create the generated Secret if the fleet needs it and it is missing; what was written.
+
+    The operator may create Secrets but read none, so it does not look first: a 409 says the
+    Secret is there, made on an earlier pass (or by someone who may create Secrets in the
+    namespace, and so may read them too). One deleted by hand is made again with a new token:
+    servers still holding the old one fall back to computing prompts themselves until they
+    restart (README, on the transfer paths)."""
+    result = ApplyResult()
+    if spec.kv_transfer_secret is not None or spec.mode != "disaggregated":
+        return result
+    try:
+        await client.create(_secret(owner))
+    except ApiError as err:
+        if err.status != 409:
+            raise
+        return result
+    result.created.append(f"Secret/{kv_secret_name(owner)}")
+    return result
+
+
+def _secret(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": kv_secret_name(owner),
+            "namespace": owner.namespace,
+            "labels": owner_labels(owner),
+            "ownerReferences": [owner.reference()],
+        },
+        "type": "Opaque",
+        "data": {KEY: _token()},
+    }
+
+
+def _token() -> str:
+    """A random hex token, base64-encoded as Secret data is (hex: it travels in an HTTP header)."""
+    return base64.b64encode(secrets.token_hex(TOKEN_BYTES).encode()).decode()
