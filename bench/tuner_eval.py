@@ -104,7 +104,7 @@ BOUNDS = {
 }
 AUTOTUNE = {"intervalSeconds": 10, "scaleDownStabilizationSeconds": 120, "cooldownSeconds": 30, "headroom": 0.2}
 MAX_REPLICAS = 8
-GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (256, 512, 2048), "batchTimeoutMs": (0, 20)}
+GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (64, 256, 2048), "batchTimeoutMs": (0, 20)}
 QUICK_GRID = {"maxBatchSize": (8, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (20,)}
 HPA_TARGETS = (0.5, 1.0, 2.0, 5.0)
 
