@@ -89,7 +89,8 @@ async def converge(
         )
         secret = await ensure_kv_secret(client, owner, spec)  # before the pods that read it
         applied = await apply_all(client, owner.namespace, owner.uid, live, objects, prune=handover is None)
-        applied.created[:0], applied.updated[:0] = secret.created, secret.updated
+        if secret is not None:
+            applied.created.insert(0, secret)
     except OwnershipConflict as err:
         return await _degrade(client, owner, body, "NameConflict", str(err))
     except ApiError as err:

@@ -15,48 +15,46 @@ import base64
 import secrets
 from typing import Any
 
-from .apply import ApplyResult
 from .kube import ApiError, KubeClient
-from .reconcile import Owner, kv_secret_name, owner_labels
+from .reconcile import Owner, generated_kv_secret, owner_labels
 from .spec import InferenceServiceSpec, KVTransferSecret
 
-KEY = KVTransferSecret.model_fields["key"].default  # "token"
 TOKEN_BYTES = 32
 
 
-async def ensure_kv_secret(client: KubeClient, owner: Owner, spec: InferenceServiceSpec) -> ApplyResult:
-    """Create the generated Secret if the fleet needs it and it is missing; what was written.
+async def ensure_kv_secret(client: KubeClient, owner: Owner, spec: InferenceServiceSpec) -> str | None:
+    """Create the generated Secret if the fleet needs one and it is missing: "Secret/<name>" when
+    created, None otherwise.
 
     The operator may create Secrets but read none, so it does not look first: a 409 says the
     Secret is there, made on an earlier pass (or by someone who may create Secrets in the
     namespace, and so may read them too). One deleted by hand is made again with a new token:
     servers still holding the old one fall back to computing prompts themselves until they
     restart (README, on the transfer paths)."""
-    result = ApplyResult()
-    if spec.kv_transfer_secret is not None or spec.mode != "disaggregated":
-        return result
+    wanted = generated_kv_secret(owner, spec)
+    if wanted is None:
+        return None
     try:
-        await client.create(_secret(owner))
+        await client.create(_secret(owner, wanted))
     except ApiError as err:
         if err.status != 409:
             raise
-        return result
-    result.created.append(f"Secret/{kv_secret_name(owner)}")
-    return result
+        return None
+    return f"Secret/{wanted.name}"
 
 
-def _secret(owner: Owner) -> dict[str, Any]:
+def _secret(owner: Owner, wanted: KVTransferSecret) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": kv_secret_name(owner),
+            "name": wanted.name,
             "namespace": owner.namespace,
             "labels": owner_labels(owner),
             "ownerReferences": [owner.reference()],
         },
         "type": "Opaque",
-        "data": {KEY: _token()},
+        "data": {wanted.key: _token()},
     }
 
 

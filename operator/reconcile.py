@@ -134,19 +134,17 @@ def pool_object_name(owner: Owner, pool: str) -> str:
     return f"{owner.name}-{pool}"
 
 
-def kv_secret_name(owner: Owner) -> str:
-    """The Secret the operator makes for a disaggregated fleet's KV-transfer token (kv_secret.py)."""
-    return f"{owner.name}-kv-transfer"
+def generated_kv_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferSecret | None:
+    """The KV-transfer token Secret the operator makes (kv_secret.py): a disaggregated fleet's
+    whose spec names none; None otherwise (a colocated fleet makes no transfers)."""
+    if spec.kv_transfer_secret is not None or spec.mode != "disaggregated":
+        return None
+    return KVTransferSecret(name=f"{owner.name}-kv-transfer")
 
 
 def kv_transfer_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferSecret | None:
-    """Where the pods read their KV-transfer token: the spec's Secret, else the generated one for
-    a disaggregated fleet (a colocated one makes no transfers)."""
-    if spec.kv_transfer_secret is not None:
-        return spec.kv_transfer_secret
-    if spec.mode != "disaggregated":
-        return None
-    return KVTransferSecret(name=kv_secret_name(owner))
+    """Where the pods read their KV-transfer token: the spec's Secret, else the generated one."""
+    return spec.kv_transfer_secret or generated_kv_secret(owner, spec)
 
 
 def effective_engine(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> EngineConfig:
