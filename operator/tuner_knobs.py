@@ -24,8 +24,11 @@ snapshot. Each rule returns a Proposal; tuner.py stabilizes and gates it.
   TTFT p95 (possible only through coarse histogram buckets) is not read as a queue share.
 - **maxNumBatchedTokens, the step's token budget** (colocated, prefill). ITL over SLO with
   prefill-heavy steps (tokens per step >= 2x running sequences): x0.75, never below the batch
-  size, instead of shrinking the batch. TTFT over SLO while prefill-bound (queue < 50% of TTFT)
-  with long prompts or full steps, and ITL to spare: x2. TTFT met but the tighter SLO (>= 0.5x,
+  size, instead of shrinking the batch. TTFT over SLO with prompts longer than the budget, steps
+  that fill it, or short prompts queueing behind a budget too small for two, and ITL to spare:
+  x2; but not for the first tokens of a backlog that has drained (waits longer than the SLO,
+  hardly anything waiting over the window), which a bigger budget would not have served sooner and whose next burst
+  it would slow, every step carrying more prompt. TTFT met but the tighter SLO (>= 0.5x,
   and above ITL's share), ITL < 0.8 SLO, and a budget that cannot take two mean prompts beside a
   full batch: x2 as a relaxing move, which undoes the cuts an ITL excess made once. Neither the
   batch nor the budget shrinks for ITL while TTFT is over its SLO too with requests waiting.
@@ -320,6 +323,9 @@ class KnobRules:
         else:
             return Proposal(cur, f"{why}, but prompts fit the budget (mean prompt {opt(prompt)} tokens, "
                                  f"queue p95 {opt(queue)} ms)")  # fmt: skip
+        drained = self._drained_backlog(pool, slo)
+        if drained:
+            return Proposal(cur, f"{why} and {evidence}, but {drained}")
         if itl is not None and itl >= c.itl_low_water * slo.itl_p95_ms:
             return Proposal(cur, f"{why} and {evidence}, but ITL p95 {fmt_ms(itl)} ms has no room")
         if name != "prefill" and itl is None:
@@ -334,6 +340,24 @@ class KnobRules:
             protective=True,
             severity=ttft / slo.ttft_p95_ms,
             protects="ttft",
+        )
+
+    def _drained_backlog(self, pool: PoolInput, slo: SLOTargets) -> str:
+        """Why a TTFT excess is a backlog that has already drained, or '': requests left the queue
+        after waiting longer than the whole TTFT SLO (queue p95), while fewer than
+        ``queue_per_pod`` waited on average over the window. A queue that slow would hold many
+        more (Little's law): those waits began before the window, in a queue the pods have since
+        cleared (pods added for it, say). A bigger budget would not clear it any sooner, and it
+        would lengthen every step that carries a prompt when the next burst comes."""
+        m = pool.metrics
+        queue = ms(m.queue_time.p95)  # taken raw: above the TTFT p95, both lie deep in the queue's time
+        pods = max(m.ready_pods or 1, 1)
+        waiting = (m.waiting or 0.0) / pods
+        if queue is None or queue <= slo.ttft_p95_ms or m.waiting is None or waiting >= self.config.queue_per_pod:
+            return ""
+        return (
+            f"its requests queued for longer than the SLO (queue p95 {fmt_ms(queue)} ms) while "
+            f"{waiting:.1f} waited per pod: a backlog that has drained"
         )
 
     def _budget_relaxation(

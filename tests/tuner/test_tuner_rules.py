@@ -30,6 +30,8 @@ def colocated(**kw) -> dict[str, PoolInput]:
 QUEUED_SHORT_PROMPTS = dict(
     ttft_ms=600, queue_ms=400, itl_ms=40, rate=4, prompt_tps=240, gen_tps=80, mean_batch=2, step_tokens=20
 )
+# a queue that kept 100-token prompts waiting for longer than the TTFT SLO
+BACKLOG = dict(ttft_ms=4000, queue_ms=3800, itl_ms=40, rate=4, prompt_tps=400, gen_tps=80, mean_batch=4, step_tokens=60)
 
 CASES = [
     Case(
@@ -182,6 +184,21 @@ CASES = [
         expect={("colocated", TOKEN_BUDGET): (108, 216)},
         unchanged=[("colocated", REPLICAS)],
         says=["two mean prompts and a full batch (128 tokens) overflow the budget"],
+    ),
+    Case(
+        "TTFT over SLO from a drained backlog (queue p95 over the SLO, little waiting): the budget holds",
+        colocated(**BACKLOG, waiting=0, current=settings(batch=8, timeout=0, budget=64)),
+        unchanged=[("colocated", TOKEN_BUDGET)],
+        says=[
+            "mean prompt 100 tokens > budget 64, but its requests queued for longer than the SLO "
+            "(queue p95 3800 ms) while 0.0 waited per pod: a backlog that has drained"
+        ],
+    ),
+    Case(
+        "the same backlog still waiting: the budget grows",
+        colocated(**BACKLOG, waiting=4, current=settings(batch=8, timeout=0, budget=64)),
+        expect={("colocated", TOKEN_BUDGET): (64, 128)},
+        says=["mean prompt 100 tokens > budget 64 -> maxNumBatchedTokens 64 -> 128"],
     ),
     Case(
         "prompts queue, but two of them fit the budget: it holds",
