@@ -1,6 +1,7 @@
 """One tuner run around the pure law (tuner.py), the same in the operator and in the local fleet:
 measure every pool through a ``MetricSource``, decide, hand the new replicas and knobs to an
-``Actuator``, and describe the run for status, Events and logs.
+``Actuator``, and describe the run for status, Events and logs. A disaggregated fleet's router is
+measured too, for the TTFT its clients see (status only: the law holds each pool to its share).
 
 Ownership rule while autotune is on (documented in the README): spec bounds win, the tuner owns
 the current value. A manual `kubectl scale` or ConfigMap edit is overwritten with the tuner's value
@@ -43,7 +44,10 @@ class AutotuneOutcome:
     status: dict[str, Any]  # tuner (replicas, knobs, memory), lastDecision, latency
     condition: Condition  # TunerActive
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    metrics: dict[str, PoolMetrics] = field(default_factory=dict)
+    metrics: dict[str, PoolMetrics] = field(default_factory=dict)  # per pool, and the router's where measured
+
+
+ROUTER = "router"  # the key of the router's PoolRef in ``Autotuner.pools``
 
 
 class InvalidLimits(ValueError):
@@ -59,6 +63,11 @@ def pool_limits(spec: InferenceServiceSpec) -> dict[str, PoolLimits]:
         except ValueError as exc:
             raise InvalidLimits(f"pools.{name}: {exc}") from exc
     return limits
+
+
+def measured_pools(spec: InferenceServiceSpec) -> list[str]:
+    """What a run measures: the pools the spec runs, and the router of a disaggregated fleet."""
+    return [*spec.active_pools, *([ROUTER] if spec.mode == "disaggregated" else [])]
 
 
 def tuner_config(spec: InferenceServiceSpec) -> TunerConfig:
@@ -99,6 +108,8 @@ class Autotuner:
         tuner: Tuner | None = None,
         memory: TunerMemory | None = None,
     ) -> None:
+        """``pools``: the PoolRef of each pool the spec runs, and of the router (key ``ROUTER``) where
+        the fleet has one; without it, status adds the prefill and decode p95s for TTFT."""
         self.spec = spec
         self.source = source
         self.pools = pools
@@ -119,6 +130,7 @@ class Autotuner:
             view = current[name]
             settings = PoolSettings(view.replicas, view.knobs)
             inputs[name] = PoolInput(metrics[name], settings, limits[name])
+        client = await self._client_side(window)
         decision = self.tuner.decide(inputs, SLOTargets.from_spec(spec.slo), self.memory, now)
         self.memory = decision.memory
         for name, settings in decision.settings.items():
@@ -129,41 +141,66 @@ class Autotuner:
                 actuator.apply(name, replicas, knobs)
         return AutotuneOutcome(
             decision=decision,
-            status=self._status(decision, metrics, now),
+            status=self._status(decision, metrics, client),
             condition=_condition(decision),
             events=_events(decision),
-            metrics=metrics,
+            metrics=metrics | ({ROUTER: client} if client is not None else {}),
         )
 
-    def _status(self, decision: Decision, metrics: dict[str, PoolMetrics], now: float) -> dict[str, Any]:
+    async def _client_side(self, window_s: float) -> PoolMetrics | None:
+        """The router's snapshot (what its clients saw), for a disaggregated fleet whose router is
+        known; None otherwise. It has no engine gauges, so a source may call it stale for want of
+        them: only its latency histograms are read, and they are windowed like the pools'."""
+        ref = self.pools.get(ROUTER)
+        if self.spec.mode != "disaggregated" or ref is None:
+            return None
+        return await self.source.snapshot(ref, window_s)
+
+    def _status(
+        self, decision: Decision, metrics: dict[str, PoolMetrics], client: PoolMetrics | None
+    ) -> dict[str, Any]:
         status: dict[str, Any] = {
             "tuner": {**decision.tuner_status(), "memory": decision.memory.model_dump(mode="json")},
             "lastDecision": decision.last_decision_status(),
         }
         # Always written whole: a p95 this run could not measure is gone, not left under a new time.
-        status["latency"] = {**_latency(self.spec, metrics), "at": status["lastDecision"]["time"]}
+        status["latency"] = {**_latency(self.spec, metrics, client), "at": status["lastDecision"]["time"]}
         return status
 
 
-def _latency(spec: InferenceServiceSpec, metrics: dict[str, PoolMetrics]) -> dict[str, float]:
-    """p95s in ms for the printer columns: TTFT from the pool that owns it, ITL likewise. In
-    disaggregated mode clients wait for the prefill and then the decode server's first token, so
-    TTFT is the two pools' p95s added, as the tuner judges it (the prefill pool's alone while the
-    decode pool's is unknown)."""
-    ttft_pool = "prefill" if spec.mode == "disaggregated" else "colocated"
-    itl_pool = "decode" if spec.mode == "disaggregated" else "colocated"
-    out = {}
+def _latency(
+    spec: InferenceServiceSpec, metrics: dict[str, PoolMetrics], client: PoolMetrics | None = None
+) -> dict[str, Any]:
+    """p95s in ms for the printer columns, and where the TTFT was read (``ttftFrom``). ITL and
+    queue time from the pool that owns them. TTFT as clients see it: in disaggregated mode the
+    router's, which times the whole wait (the prefill, then the decode server's first token), when
+    its window holds enough first tokens; else the two pools' p95s added, as the tuner judges them,
+    or the prefill pool's alone while the decode pool's is unknown. The sum leaves out the router's
+    own hops (the local fleet's tiny model: 35 ms added against the router's 44-65 ms) and
+    overstates where the slow prefills and the slow decode starts are not the same requests."""
+    disaggregated = spec.mode == "disaggregated"
+    ttft_pool = "prefill" if disaggregated else "colocated"
+    itl_pool = "decode" if disaggregated else "colocated"
+    out: dict[str, Any] = {}
     for key, pool, attr in (("ttftP95Ms", ttft_pool, "ttft"), ("itlP95Ms", itl_pool, "itl"),
                             ("queueP95Ms", ttft_pool, "queue_time")):  # fmt: skip
         m = metrics.get(pool)
         value = getattr(m, attr).p95 if m is not None else None
         if value is not None:
-            out[key] = round(value * 1000.0, 1)
+            out[key] = _ms(value)
+    if client is not None and client.ttft.p95 is not None:
+        return out | {"ttftP95Ms": _ms(client.ttft.p95), "ttftFrom": ROUTER}
+    if "ttftP95Ms" not in out:
+        return out
     decode = metrics.get("decode")
-    added = decode.ttft.p95 if decode is not None and spec.mode == "disaggregated" else None
-    if "ttftP95Ms" in out and added is not None:
-        out["ttftP95Ms"] = round(out["ttftP95Ms"] + added * 1000.0, 1)
-    return out
+    added = decode.ttft.p95 if decode is not None and disaggregated else None
+    if added is None:
+        return out | {"ttftFrom": ttft_pool}
+    return out | {"ttftP95Ms": round(out["ttftP95Ms"] + added * 1000.0, 1), "ttftFrom": "prefill+decode"}
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 1)
 
 
 def _condition(decision: Decision) -> Condition:

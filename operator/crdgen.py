@@ -456,7 +456,13 @@ def status_schema() -> dict[str, Any]:
     latency = _obj(
         "The last measured p95 latencies, milliseconds.",
         {
-            "ttftP95Ms": {"type": "number", "description": "p95 time to first token."},
+            "ttftP95Ms": {"type": "number", "description": "p95 time to first token, as clients see it."},
+            "ttftFrom": _str(
+                "Where ttftP95Ms was read: the router (disaggregated: it times the whole wait), the prefill "
+                "and decode pools' p95s added (while the router has too few first tokens in its window), the "
+                "prefill pool alone (the decode pool's unknown too), or the colocated pool.",
+                enum=["router", "prefill+decode", "prefill", "colocated"],
+            ),
             "itlP95Ms": {"type": "number", "description": "p95 inter-token latency."},
             "queueP95Ms": {"type": "number", "description": "p95 time waiting in the queue."},
             "at": _str("When they were measured.", format="date-time"),

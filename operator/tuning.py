@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from . import status as st
-from .autotune import AutotuneOutcome, Autotuner, InvalidLimits, PoolView, views_from_state
+from .autotune import AutotuneOutcome, Autotuner, InvalidLimits, PoolView, measured_pools, views_from_state
 from .converge import owner_of, tuner_state
 from .kube import INFERENCE_SERVICE, POD, KubeClient
 from .metrics_source import MetricSource, PoolRef
@@ -97,7 +97,7 @@ def _session(sessions: dict, key: tuple[str, str], spec: InferenceServiceSpec, d
 
 async def _refresh_targets(client: KubeClient, targets: _PodTargets, body: dict, spec: InferenceServiceSpec) -> None:
     owner = owner_of(body)
-    for pool in spec.active_pools:
+    for pool in measured_pools(spec):
         pods = await client.list(POD, owner.namespace, selector(owner, pool))
         urls = []
         for pod in pods:
@@ -125,7 +125,7 @@ async def autotune_once(
     if session.targets is not None:
         await _refresh_targets(client, session.targets, body, spec)
     memory = TunerMemory.load((current.get("tuner") or {}).get("memory"))  # unreadable: start afresh
-    refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in spec.active_pools}
+    refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in measured_pools(spec)}
     actuator = _StatusActuator(spec, tuner_state(spec, current) or TunerState())
     generation = body["metadata"].get("generation")
     try:

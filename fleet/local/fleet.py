@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
+from llmfleet.operator.autotune import ROUTER, Autotuner, PoolView, measured_pools, views_from_state
 from llmfleet.operator.metrics_source import MetricSource, PoolMetrics, PoolRef
 from llmfleet.operator.reconcile import POOL_LABEL, Owner, TunerState, desired_objects
 from llmfleet.operator.spec import InferenceServiceSpec
@@ -135,6 +135,9 @@ class LocalFleet:
         return PoolRef(NAMESPACE, self.name, pool)
 
     def scrape_targets(self, ref: PoolRef) -> list[str]:
+        if ref.pool == ROUTER:
+            router = self.router
+            return [f"{router.url}/metrics"] if router is not None and router.serving else []
         pool = self.pools.get(ref.pool)
         return [f"{url}/metrics" for url in pool.ready_urls()] if pool else []
 
@@ -173,7 +176,7 @@ class LocalFleet:
         """One tuner run (operator/autotune.py, as in the cluster): measure, decide, apply."""
         self._next_tune = time.monotonic() + self.spec.autotune.interval_seconds
         if self.autotuner is None:
-            refs = {name: self.pool_ref(name) for name in self.pools}
+            refs = {name: self.pool_ref(name) for name in measured_pools(self.spec)}
             self.autotuner = Autotuner(self.spec, source, refs)
         outcome = await self.autotuner.step(_Actuator(self), time.time())
         self.view.last_metrics = outcome.metrics

@@ -8,6 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from llmfleet.operator.autotune import ROUTER
 from llmfleet.operator.reconcile import effective_engine
 
 from .fleet import LocalFleet
@@ -45,6 +46,11 @@ def render(fleet: LocalFleet, url: str) -> Group:
             "-" if not m or m.request_rate is None else f"{m.request_rate:.2f}",
             "-" if not m or m.waiting is None else f"{m.waiting:.0f}",
         )
+    client = fleet.view.last_metrics.get(ROUTER)
+    if fleet.router is not None and client is not None:  # the latency its clients see, the whole wait
+        table.add_row(ROUTER, "1/1" if fleet.router.serving else "0/1", "-", "-", "-",
+                      _against(client.ttft.p95, slo.ttft_p95_ms), _against(client.itl.p95, slo.itl_p95_ms), "-",
+                      "-" if client.request_rate is None else f"{client.request_rate:.2f}", "-")  # fmt: skip
     decision = fleet.view.last_decision
     if decision is None:
         last = Text(f"tuner: first run in {fleet.spec.autotune.interval_seconds} s" if fleet.spec.autotune.enabled

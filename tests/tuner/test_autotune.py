@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from llmfleet.operator import tuner_metrics
-from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
+from llmfleet.operator.autotune import Autotuner, PoolView, measured_pools, views_from_state
 from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
 from llmfleet.operator.reconcile import TunerState
 from llmfleet.operator.spec import Bound, parse_spec
@@ -114,18 +114,60 @@ async def test_the_series_of_a_pool_the_fleet_no_longer_runs_are_dropped():
     assert 'pool="colocated"' not in exposed
 
 
-def test_a_disaggregated_fleets_ttft_column_adds_what_the_decode_server_adds():
-    """Clients wait for the prefill, then for the decode server's first token: the printer column
-    shows the two p95s added, as the tuner judges them, not the prefill server's alone."""
+DISAGGREGATED = parse_spec({
+    "model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}, "mode": "disaggregated",
+    "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
+})  # fmt: skip
+
+
+def test_a_disaggregated_fleets_ttft_column_is_the_routers_else_the_pools_added():
+    """Clients wait for the prefill, then for the decode server's first token. The router times
+    that whole wait; while it has too few first tokens in its window, the column shows the two
+    pools' p95s added, as the tuner judges them, not the prefill server's alone."""
     from llmfleet.operator.autotune import _latency
 
-    disaggregated = parse_spec({
-        "model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}, "mode": "disaggregated",
-        "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
-    })  # fmt: skip
     pools = {"prefill": metrics("prefill", ttft_ms=300, queue_ms=40)}
     pools["decode"] = metrics("decode", ttft_ms=150, itl_ms=30)
-    assert _latency(disaggregated, pools) == {"ttftP95Ms": 450.0, "itlP95Ms": 30.0, "queueP95Ms": 40.0}
+    router = metrics("router", ttft_ms=410, itl_ms=35)
+    assert _latency(DISAGGREGATED, pools, router) == {
+        "ttftP95Ms": 410.0, "ttftFrom": "router", "itlP95Ms": 30.0, "queueP95Ms": 40.0
+    }  # fmt: skip
+    too_few = metrics("router", ttft_ms=None).with_staleness(True, "router: 0 pods reporting")
+    for client in (too_few, None):
+        assert _latency(DISAGGREGATED, pools, client) == {
+            "ttftP95Ms": 450.0, "ttftFrom": "prefill+decode", "itlP95Ms": 30.0, "queueP95Ms": 40.0
+        }  # fmt: skip
     pools["decode"] = metrics("decode", ttft_ms=None, itl_ms=30)
-    assert _latency(disaggregated, pools)["ttftP95Ms"] == 300.0
-    assert _latency(SPEC, {"colocated": metrics(ttft_ms=300)})["ttftP95Ms"] == 300.0
+    assert _latency(DISAGGREGATED, pools)["ttftP95Ms"] == 300.0
+    assert _latency(DISAGGREGATED, pools)["ttftFrom"] == "prefill"
+    assert _latency(SPEC, {"colocated": metrics()}, None)["ttftFrom"] == "colocated"
+
+
+class ByPool:
+    def __init__(self, snapshots: dict[str, PoolMetrics]) -> None:
+        self.snapshots = snapshots
+        self.asked: list[str] = []
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        self.asked.append(pool.pool)
+        return self.snapshots[pool.pool]
+
+
+async def test_a_run_measures_the_router_of_a_disaggregated_fleet_for_its_status_only():
+    """The router's snapshot has no engine gauges (a source may call it stale for that): its TTFT
+    goes to status and to the local fleet's view, and the law never sees it."""
+    refs = {pool: PoolRef("ns", "pd", pool) for pool in measured_pools(DISAGGREGATED)}
+    assert list(refs) == ["prefill", "decode", "router"]
+    router = metrics("router", ttft_ms=420, running=None, waiting=None).with_staleness(True, "no gauges")
+    source = ByPool({"prefill": metrics("prefill"), "decode": metrics("decode"), "router": router})
+    actuator = RecordingActuator(views_from_state(DISAGGREGATED, None))
+    outcome = await Autotuner(DISAGGREGATED, source, refs).step(actuator, now=1000.0)
+    assert source.asked.count("router") == 1
+    assert not outcome.decision.hold  # a router without gauges holds nothing
+    assert set(outcome.decision.inputs) == {"prefill", "decode"}
+    assert outcome.status["latency"]["ttftP95Ms"] == 420.0 and outcome.status["latency"]["ttftFrom"] == "router"
+    assert outcome.metrics["router"] is router
+    # without the router's ref (the simulator's fleets), nothing asks for it
+    colocated = ByPool({"colocated": metrics()})
+    await Autotuner(SPEC, colocated, {"colocated": REF}).step(RecordingActuator(views_from_state(SPEC, None)), 1000.0)
+    assert "router" not in colocated.asked and measured_pools(SPEC) == ["colocated"]

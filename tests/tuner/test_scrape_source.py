@@ -409,3 +409,34 @@ async def test_real_http_scrape_on_loopback() -> None:
     assert m.prompt_tokens_per_s is not None and m.prompt_tokens_per_s > 0
     assert m.ttft.samples == 4 and m.ttft.p95 == pytest.approx(0.095)
     assert m.running == 2
+
+
+async def test_a_routers_exposition_gives_the_ttft_its_clients_saw() -> None:
+    """The router exports vLLM's latency histograms under role="router" and no engine gauges: its
+    TTFT quantiles come through (what status shows a disaggregated fleet's clients waited)."""
+    from llmfleet.server.router.metrics import RouterMetrics
+
+    router = RouterMetrics("pd")
+    ref = PoolRef("default", "svc", "router")
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(router.registry), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    src = ScrapeSource({ref: [f"http://127.0.0.1:{port}/metrics"]}, min_gap_s=0.0)
+    try:
+        await src.snapshot(ref, 30)
+        for _ in range(40):
+            router.lab(router.ttft).observe(0.3)
+        m = await src.snapshot(ref, 30)
+    finally:
+        await src.aclose()
+        await runner.cleanup()
+    assert m.ttft.samples == 40 and 0.25 < m.ttft.p95 <= 0.5
+    assert m.running is None and m.waiting is None  # no gauges: nothing to read as zero
