@@ -3,7 +3,9 @@ from bucket deltas, counter resets, pods appearing and disappearing, failed scra
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -374,13 +376,9 @@ def test_parses_real_prometheus_client_output() -> None:
     assert set(scrape.created) >= {"vllm:prompt_tokens", "vllm:iteration_tokens_total"}
 
 
-async def test_real_http_scrape_on_loopback() -> None:
-    """Two real scrapes of a real exposition served over loopback HTTP."""
-    registry = CollectorRegistry()
-    labels = ["model_name", "role"]
-    prompt = Counter("vllm:prompt_tokens", "x", labels, registry=registry).labels("m", "colocated")
-    ttft = Histogram("vllm:time_to_first_token_seconds", "x", labels, buckets=[0.1, 1.0], registry=registry)
-    Gauge("vllm:num_requests_running", "x", labels, registry=registry).labels("m", "colocated").set(2)
+@contextlib.asynccontextmanager
+async def serving(registry: CollectorRegistry) -> AsyncIterator[str]:
+    """``registry``'s exposition served over loopback HTTP, as a pod's: its /metrics URL."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), content_type="text/plain")
@@ -392,19 +390,30 @@ async def test_real_http_scrape_on_loopback() -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    src = ScrapeSource(
-        {REF: [f"http://127.0.0.1:{port}/metrics"]}, min_gap_s=0.0, policy=StalenessPolicy(min_samples=1)
-    )
     try:
-        first = await src.snapshot(REF, 30)  # the server started inside the window: counts from its start
-        assert not first.stale and first.prompt_tokens_per_s == 0.0
-        prompt.inc(100)
-        for _ in range(4):
-            ttft.labels("m", "colocated").observe(0.05)
-        m = await src.snapshot(REF, 30)
+        yield f"http://127.0.0.1:{port}/metrics"
     finally:
-        await src.aclose()
         await runner.cleanup()
+
+
+async def test_real_http_scrape_on_loopback() -> None:
+    """Two real scrapes of a real exposition served over loopback HTTP."""
+    registry = CollectorRegistry()
+    labels = ["model_name", "role"]
+    prompt = Counter("vllm:prompt_tokens", "x", labels, registry=registry).labels("m", "colocated")
+    ttft = Histogram("vllm:time_to_first_token_seconds", "x", labels, buckets=[0.1, 1.0], registry=registry)
+    Gauge("vllm:num_requests_running", "x", labels, registry=registry).labels("m", "colocated").set(2)
+    async with serving(registry) as url:
+        src = ScrapeSource({REF: [url]}, min_gap_s=0.0, policy=StalenessPolicy(min_samples=1))
+        try:
+            first = await src.snapshot(REF, 30)  # the server started inside the window: counts from its start
+            assert not first.stale and first.prompt_tokens_per_s == 0.0
+            prompt.inc(100)
+            for _ in range(4):
+                ttft.labels("m", "colocated").observe(0.05)
+            m = await src.snapshot(REF, 30)
+        finally:
+            await src.aclose()
     assert not m.stale, m.reason
     assert m.prompt_tokens_per_s is not None and m.prompt_tokens_per_s > 0
     assert m.ttft.samples == 4 and m.ttft.p95 == pytest.approx(0.095)
@@ -418,25 +427,14 @@ async def test_a_routers_exposition_gives_the_ttft_its_clients_saw() -> None:
 
     router = RouterMetrics("pd")
     ref = PoolRef("default", "svc", "router")
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(router.registry), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    src = ScrapeSource({ref: [f"http://127.0.0.1:{port}/metrics"]}, min_gap_s=0.0)
-    try:
-        await src.snapshot(ref, 30)
-        for _ in range(40):
-            router.lab(router.ttft).observe(0.3)
-        m = await src.snapshot(ref, 30)
-    finally:
-        await src.aclose()
-        await runner.cleanup()
+    async with serving(router.registry) as url:
+        src = ScrapeSource({ref: [url]}, min_gap_s=0.0)
+        try:
+            await src.snapshot(ref, 30)
+            for _ in range(40):
+                router.lab(router.ttft).observe(0.3)
+            m = await src.snapshot(ref, 30)
+        finally:
+            await src.aclose()
     assert m.ttft.samples == 40 and 0.25 < m.ttft.p95 <= 0.5
     assert m.running is None and m.waiting is None  # no gauges: nothing to read as zero
