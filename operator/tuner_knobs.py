@@ -27,8 +27,9 @@ snapshot. Each rule returns a Proposal; tuner.py stabilizes and gates it.
   size, instead of shrinking the batch. TTFT over SLO with prompts longer than the budget, steps
   that fill it, or short prompts queueing behind a budget too small for two, and ITL to spare:
   x2; but not for the first tokens of a backlog that has drained (waits longer than the SLO,
-  hardly anything waiting over the window), which a bigger budget would not have served sooner and whose next burst
-  it would slow, every step carrying more prompt. TTFT met but the tighter SLO (>= 0.5x,
+  fewer requests waiting over the window than such a queue holds), which a bigger budget would
+  not have served sooner and whose next burst it would slow, every step carrying more prompt.
+  TTFT met but the tighter SLO (>= 0.5x,
   and above ITL's share), ITL < 0.8 SLO, and a budget that cannot take two mean prompts beside a
   full batch: x2 as a relaxing move, which undoes the cuts an ITL excess made once. Neither the
   batch nor the budget shrinks for ITL while TTFT is over its SLO too with requests waiting.
@@ -344,20 +345,25 @@ class KnobRules:
 
     def _drained_backlog(self, pool: PoolInput, slo: SLOTargets) -> str:
         """Why a TTFT excess is a backlog that has already drained, or '': requests left the queue
-        after waiting longer than the whole TTFT SLO (queue p95), while fewer than
-        ``queue_per_pod`` waited on average over the window. A queue that slow would hold many
-        more (Little's law): those waits began before the window, in a queue the pods have since
-        cleared (pods added for it, say). A bigger budget would not clear it any sooner, and it
-        would lengthen every step that carries a prompt when the next burst comes."""
-        m = pool.metrics
-        queue = ms(m.queue_time.p95)  # taken raw: above the TTFT p95, both lie deep in the queue's time
+        after waiting longer than the whole TTFT SLO (queue p95), while fewer waited on average
+        over the window than a live queue with those waits would hold (Little's law: the request
+        rate times the mean wait, which is at least half the median and 5% of the p95). Those
+        waits began before the window, in a queue the pods have since cleared (pods added for it,
+        say). A bigger budget would not clear it any sooner, and it would lengthen every step that
+        carries a prompt when the next burst comes. A pool that sees few requests, each waiting
+        long, holds few and is no backlog."""
+        m, q = pool.metrics, pool.metrics.queue_time
+        queue = ms(q.p95)  # taken raw: above the TTFT p95, both lie deep in the queue's time
+        if queue is None or q.p95 is None or queue <= slo.ttft_p95_ms or m.waiting is None or not m.request_rate:
+            return ""
         pods = max(m.ready_pods or 1, 1)
-        waiting = (m.waiting or 0.0) / pods
-        if queue is None or queue <= slo.ttft_p95_ms or m.waiting is None or waiting >= self.config.queue_per_pod:
+        least_mean_wait = max(0.5 * (q.p50 or 0.0), 0.05 * q.p95)
+        waiting, held = m.waiting / pods, m.request_rate / pods * least_mean_wait
+        if waiting >= held:
             return ""
         return (
-            f"its requests queued for longer than the SLO (queue p95 {fmt_ms(queue)} ms) while "
-            f"{waiting:.1f} waited per pod: a backlog that has drained"
+            f"its requests queued for longer than the SLO (queue p95 {fmt_ms(queue)} ms) while {waiting:.2f} "
+            f"waited per pod, where a live queue that slow holds at least {held:.2f}: a backlog that has drained"
         )
 
     def _budget_relaxation(

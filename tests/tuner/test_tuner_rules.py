@@ -186,19 +186,37 @@ CASES = [
         says=["two mean prompts and a full batch (128 tokens) overflow the budget"],
     ),
     Case(
-        "TTFT over SLO from a drained backlog (queue p95 over the SLO, little waiting): the budget holds",
+        "TTFT over SLO from a drained backlog (waits over the SLO, fewer waiting than they need): the budget holds",
         colocated(**BACKLOG, waiting=0, current=settings(batch=8, timeout=0, budget=64)),
         unchanged=[("colocated", TOKEN_BUDGET)],
         says=[
             "mean prompt 100 tokens > budget 64, but its requests queued for longer than the SLO "
-            "(queue p95 3800 ms) while 0.0 waited per pod: a backlog that has drained"
+            "(queue p95 3800 ms) while 0.00 waited per pod, where a live queue that slow holds at least 3.80: "
+            "a backlog that has drained"
         ],
     ),
     Case(
         "the same backlog still waiting: the budget grows",
-        colocated(**BACKLOG, waiting=4, current=settings(batch=8, timeout=0, budget=64)),
+        colocated(**BACKLOG, waiting=6, current=settings(batch=8, timeout=0, budget=64)),
         expect={("colocated", TOKEN_BUDGET): (64, 128)},
         says=["mean prompt 100 tokens > budget 64 -> maxNumBatchedTokens 64 -> 128"],
+    ),
+    Case(
+        "a few long prompts, each waiting longer than the SLO, hold few in the queue: no backlog, the budget grows",
+        colocated(
+            ttft_ms=14000,
+            queue_ms=7000,
+            itl_ms=40,
+            rate=0.05,
+            prompt_tps=200,
+            gen_tps=2,
+            mean_batch=1,
+            step_tokens=256,
+            waiting=0.1,
+            current=settings(batch=8, timeout=0, budget=256),
+        ),
+        expect={("colocated", TOKEN_BUDGET): (256, 512)},
+        says=["mean prompt 4000 tokens > budget 256 -> maxNumBatchedTokens 256 -> 512"],
     ),
     Case(
         "prompts queue, but two of them fit the budget: it holds",
