@@ -148,13 +148,12 @@ class Autotuner:
         )
 
     async def _client_side(self, window_s: float) -> PoolMetrics | None:
-        """The router's snapshot (what its clients saw), for a disaggregated fleet whose router is
-        known; None otherwise. It has no engine gauges, so a source may call it stale for want of
-        them: only its latency histograms are read, and they are windowed like the pools'."""
+        """The router's snapshot (what its clients saw) where its ref was given (measured_pools
+        names it for a disaggregated fleet); None otherwise. It has no engine gauges, so a source
+        may call it stale for want of them: only its latency histograms are read, and they are
+        windowed like the pools'."""
         ref = self.pools.get(ROUTER)
-        if self.spec.mode != "disaggregated" or ref is None:
-            return None
-        return await self.source.snapshot(ref, window_s)
+        return None if ref is None else await self.source.snapshot(ref, window_s)
 
     def _status(
         self, decision: Decision, metrics: dict[str, PoolMetrics], client: PoolMetrics | None
