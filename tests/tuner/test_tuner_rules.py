@@ -32,6 +32,18 @@ QUEUED_SHORT_PROMPTS = dict(
 )
 # a queue that kept 100-token prompts waiting for longer than the TTFT SLO
 BACKLOG = dict(ttft_ms=4000, queue_ms=3800, itl_ms=40, rate=4, prompt_tps=400, gen_tps=80, mean_batch=4, step_tokens=60)
+# 4000-token prompts, one per 20 s, each waiting 3.5-7 s behind the one before: a live queue
+# that holds about 0.1 requests on average
+FEW_LONG_PROMPTS = dict(
+    ttft_ms=14000,
+    queue_ms=7000,
+    itl_ms=40,
+    rate=0.05,
+    prompt_tps=200,
+    gen_tps=2,
+    mean_batch=1,
+    step_tokens=256,
+)
 
 CASES = [
     Case(
@@ -203,18 +215,7 @@ CASES = [
     ),
     Case(
         "a few long prompts, each waiting longer than the SLO, hold few in the queue: no backlog, the budget grows",
-        colocated(
-            ttft_ms=14000,
-            queue_ms=7000,
-            itl_ms=40,
-            rate=0.05,
-            prompt_tps=200,
-            gen_tps=2,
-            mean_batch=1,
-            step_tokens=256,
-            waiting=0.1,
-            current=settings(batch=8, timeout=0, budget=256),
-        ),
+        colocated(**FEW_LONG_PROMPTS, waiting=0.1, current=settings(batch=8, timeout=0, budget=256)),
         expect={("colocated", TOKEN_BUDGET): (256, 512)},
         says=["mean prompt 4000 tokens > budget 256 -> maxNumBatchedTokens 256 -> 512"],
     ),
