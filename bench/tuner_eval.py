@@ -108,7 +108,7 @@ GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (64, 256, 2048), "ba
 QUICK_GRID = {"maxBatchSize": (8, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (20,)}
 # Waiting requests per pod, a 1-2-5 series. The low end matters: a pool of the right size averages
 # a small fraction of a request waiting per pod, and with nothing waiting the HPA wants no pods. On
-# chat, 0.2-5 swing between 1 and 8 pods and lose a third of the minutes or more; 0.1 meets them all.
+# chat, 0.2-5 fall to 1-2 pods, climb back to 8 and lose a third of the minutes or more; 0.1 meets all.
 HPA_TARGETS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 QUICK_HPA_TARGETS = (0.1, 0.5, 2.0)
 
