@@ -417,9 +417,7 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
             row["workload"],
             f"{mark(c['attainment'])} ({t['slo_attainment']:.0%})",
             f"{mark(c['vs_best_fixed'])} ({_ratio(row['ratios']['vs_best_fixed'])})",
-            f"{mark(c['vs_hpa'])} ({_ratio(row['ratios']['vs_hpa'])}"
-            + ("" if row["hpa"]["slo_attainment"] >= ATTAINMENT_TARGET else
-               f"; the HPA meets {row['hpa']['slo_minutes_met']}/{row['hpa']['slo_minutes']}") + ")",
+            f"{mark(c['vs_hpa'])} ({_ratio(row['ratios']['vs_hpa'])}{_hpa_note(row)})",
             f"{mark(c['one_direction_change_per_window'])} ({t['max_direction_changes_per_window']})",
             f"{mark(c['knobs_right_way'])} ({expect})",
         ])  # fmt: skip
@@ -432,6 +430,19 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
         "knobs the right way",
     ]
     print_table(header, table)
+
+
+def _hpa_note(row: dict[str, Any]) -> str:
+    """What makes the HPA target hard to read alone: an HPA baseline that misses minutes, or one
+    so close to the best fixed configuration that the target lies below it (no contender that
+    meets the SLOs spends less than the best fixed configuration)."""
+    hpa, fixed = row["hpa"], row["best_fixed"]
+    if hpa["slo_attainment"] < ATTAINMENT_TARGET:
+        return f"; the HPA meets {hpa['slo_minutes_met']}/{hpa['slo_minutes']}"
+    target = HPA_RATIO_TARGET * hpa["replica_minutes"]
+    if fixed and target < fixed["replica_minutes"]:
+        return f"; {HPA_RATIO_TARGET}x the HPA is {target / fixed['replica_minutes']:.2f}x best fixed"
+    return ""
 
 
 def save_plot(results: dict[str, Any], path: Path) -> None:
