@@ -150,8 +150,8 @@ class Autotuner:
     async def _client_side(self, window_s: float) -> PoolMetrics | None:
         """The router's snapshot (what its clients saw) where its ref was given (measured_pools
         names it for a disaggregated fleet); None otherwise. It has no engine gauges, so a source
-        may call it stale for want of them: only its latency histograms are read, and they are
-        windowed like the pools'."""
+        may call it stale for want of them: only its latency histograms are read, over the pools'
+        metric window (never widened: too few first tokens there and status adds the pools' p95s)."""
         ref = self.pools.get(ROUTER)
         return None if ref is None else await self.source.snapshot(ref, window_s)
 

@@ -29,10 +29,10 @@ snapshot. Each rule returns a Proposal; tuner.py stabilizes and gates it.
   x2; but not for the first tokens of a backlog that has drained (waits longer than the SLO,
   fewer requests waiting over the window than such a queue holds), which a bigger budget would
   not have served sooner and whose next burst it would slow, every step carrying more prompt.
-  TTFT met but the tighter SLO (>= 0.5x,
-  and above ITL's share), ITL < 0.8 SLO, and a budget that cannot take two mean prompts beside a
-  full batch: x2 as a relaxing move, which undoes the cuts an ITL excess made once. Neither the
-  batch nor the budget shrinks for ITL while TTFT is over its SLO too with requests waiting.
+  TTFT met but the tighter SLO (>= 0.5x, and above ITL's share), ITL < 0.8 SLO, and a budget
+  that cannot take two mean prompts beside a full batch: x2 as a relaxing move, which undoes the
+  cuts an ITL excess made once. Neither the batch nor the budget shrinks for ITL while TTFT is
+  over its SLO too with requests waiting.
 """
 
 from __future__ import annotations

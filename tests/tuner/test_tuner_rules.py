@@ -35,14 +35,7 @@ BACKLOG = dict(ttft_ms=4000, queue_ms=3800, itl_ms=40, rate=4, prompt_tps=400, g
 # 4000-token prompts, one per 20 s, each waiting 3.5-7 s behind the one before: a live queue
 # that holds about 0.1 requests on average
 FEW_LONG_PROMPTS = dict(
-    ttft_ms=14000,
-    queue_ms=7000,
-    itl_ms=40,
-    rate=0.05,
-    prompt_tps=200,
-    gen_tps=2,
-    mean_batch=1,
-    step_tokens=256,
+    ttft_ms=14000, queue_ms=7000, itl_ms=40, rate=0.05, prompt_tps=200, gen_tps=2, mean_batch=1, step_tokens=256
 )
 
 CASES = [
