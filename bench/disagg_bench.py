@@ -118,15 +118,19 @@ def run(args) -> int:
     threads = args.disagg_threads
     prefill_threads = max(1, threads // 2)
     decode_threads = max(1, threads - prefill_threads)
-    print(f"== colocated (1 server, {threads} threads) vs disaggregated (router + prefill {prefill_threads} "
-          f"+ decode {decode_threads} threads), {args.model}, {config.dtype}")  # fmt: skip
+    print(
+        f"== colocated (1 server, {threads} threads) vs disaggregated (router + prefill {prefill_threads} "
+        f"+ decode {decode_threads} threads), {args.model}, {config.dtype}"
+    )
     results: dict = {"model": args.model, "threads": threads, "engine": config.model_dump(mode="json")}
     rows = []
     for shape in shapes:
         workload, requests = _trace(shape, model_dir, args.disagg_rate_scale, args.disagg_requests)
-        print(f"-- {shape}: {workload.num_requests} requests, Poisson {workload.rate_per_s:g}/s, prompts "
-              f"{workload.prompt_len[0]}..{workload.prompt_len[1]}, outputs {workload.output_len[0]}.."
-              f"{workload.output_len[1]}")  # fmt: skip
+        print(
+            f"-- {shape}: {workload.num_requests} requests, Poisson {workload.rate_per_s:g}/s, prompts "
+            f"{workload.prompt_len[0]}..{workload.prompt_len[1]}, outputs {workload.output_len[0]}.."
+            f"{workload.output_len[1]}"
+        )
         _, warm = _trace(shape, model_dir, 1.0, 4, seed=1)  # other prompts: none of the trace's cached
         warmup = [(0.0, p, 4) for _, p, _ in warm]
         runs = {}
@@ -138,8 +142,18 @@ def run(args) -> int:
         with Servers(out) as servers:
             prefill = servers.start("prefill", prefill_threads, "--role", "prefill", *engine_args)
             decode = servers.start("decode", decode_threads, "--role", "decode", *engine_args)
-            router = servers.start("router", None, "--role", "router", "--served-model-name", "bench",
-                                   "--prefill-url", prefill, "--decode-url", decode)  # fmt: skip
+            router = servers.start(
+                "router",
+                None,
+                "--role",
+                "router",
+                "--served-model-name",
+                "bench",
+                "--prefill-url",
+                prefill,
+                "--decode-url",
+                decode,
+            )
             servers.wait_ready()
             asyncio.run(replay(router, warmup))
             runs["disaggregated"] = asyncio.run(replay(router, requests))

@@ -73,8 +73,9 @@ def grammar_overhead(engine, prompts, outputs, rounds: int = 2) -> dict[str, flo
     best = {"plain": float("inf"), "json_object": float("inf")}
     for _ in range(rounds):
         for name, structured in (("plain", None), ("json_object", StructuredOutput("json_object"))):
-            params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, structured=structured)
-                      for n in outputs]  # fmt: skip
+            params = [
+                SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, structured=structured) for n in outputs
+            ]
             start = time.perf_counter()
             engine.generate(prompts, params)
             best[name] = min(best[name], time.perf_counter() - start)
@@ -249,8 +250,11 @@ def warm_up_effect(model: str, dtype: str, rounds: int = 2) -> dict[str, float]:
             env = {**os.environ, "LLMFLEET_WARM_UP": switch}
             out = subprocess.run(
                 [sys.executable, "-m", "llmfleet.bench.warm_up_probe", model, dtype],
-                env=env, capture_output=True, text=True, check=True,
-            ).stdout  # fmt: skip
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     return {
         f"{name}_{key}": sum(r[key] for r in done) / len(done)
@@ -422,8 +426,9 @@ def run(args) -> int:
 
     if engine.runner.piecewise is not None:
         mixed = anyscale_online(args.rate, 64).requests()
-        ms = piecewise_graphs(engine, [prompt_tokens(s, i, vocab) for i, s in enumerate(mixed)],
-                              [s.output_len for s in mixed])  # fmt: skip
+        ms = piecewise_graphs(
+            engine, [prompt_tokens(s, i, vocab) for i, s in enumerate(mixed)], [s.output_len for s in mixed]
+        )
         results["piecewise_graphs_ms"] = ms
         print(
             f"== steps with prompt tokens (anyscale-online's 64 requests at once, 2048-token budget): "

@@ -75,10 +75,12 @@ async def replay(url: str, workload: Conversations, conversations: list[list[lis
 
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=workload.count + 4)) as http:
         start = time.monotonic()
-        runs = await asyncio.gather(*(
-            _converse(http, url, turns, workload.output_tokens, start, i * workload.stagger_s, workload.think_s)
-            for i, turns in enumerate(conversations)
-        ))  # fmt: skip
+        runs = await asyncio.gather(
+            *(
+                _converse(http, url, turns, workload.output_tokens, start, i * workload.stagger_s, workload.think_s)
+                for i, turns in enumerate(conversations)
+            )
+        )
         total = time.monotonic() - start
     return latency_summary([t for run in runs for t in run], total)
 
@@ -119,10 +121,12 @@ def run(args) -> int:
     config_file = out / "router_bench_engine.yaml"
     config_file.write_text(config.to_yaml())
     engine_args = ("--model", args.model, "--config", str(config_file), "--served-model-name", "bench")
-    print(f"== router policies on conversations: {workload.count} conversations x {workload.turns} turns, "
-          f"{workload.opening_tokens}-token openings, +{workload.turn_tokens} tokens a turn, "
-          f"{workload.output_tokens} out; {PREFILL_SERVERS} prefill + {DECODE_SERVERS} decode servers "
-          f"(1 thread each), {args.model}, {config.dtype}")  # fmt: skip
+    print(
+        f"== router policies on conversations: {workload.count} conversations x {workload.turns} turns, "
+        f"{workload.opening_tokens}-token openings, +{workload.turn_tokens} tokens a turn, "
+        f"{workload.output_tokens} out; {PREFILL_SERVERS} prefill + {DECODE_SERVERS} decode servers "
+        f"(1 thread each), {args.model}, {config.dtype}"
+    )
     results: dict = {"model": args.model, "workload": asdict(workload), "engine": config.model_dump(mode="json")}
     for policy in POLICIES:
         with Servers(out) as servers:
@@ -131,8 +135,9 @@ def run(args) -> int:
             urls = [a for url in prefill for a in ("--prefill-url", url)] + [
                 a for url in decode for a in ("--decode-url", url)
             ]
-            router = servers.start("router", None, "--role", "router", "--served-model-name", "bench",
-                                   "--router-policy", policy, *urls)  # fmt: skip
+            router = servers.start(
+                "router", None, "--role", "router", "--served-model-name", "bench", "--router-policy", policy, *urls
+            )
             servers.wait_ready()
             summary = asyncio.run(replay(router, workload, conversations))
             prefill_m, decode_m = scrape(prefill, SERVER_METRICS), scrape(decode, SERVER_METRICS)
@@ -144,8 +149,7 @@ def run(args) -> int:
         }
         results[policy] = summary
     rows = [_row(policy, results[policy], results["load"]) for policy in POLICIES]
-    print_table(["policy", "TTFT p50/p99", "e2e p50/p99", "prefill cache hits", "KV fetched", "KV tokens cached"],
-                rows)  # fmt: skip
+    print_table(["policy", "TTFT p50/p99", "e2e p50/p99", "prefill cache hits", "KV fetched", "KV tokens cached"], rows)
     (out / "router_bench.json").write_text(json.dumps(results, indent=2))
     print(f"wrote {out / 'router_bench.json'}")
     return 0

@@ -112,8 +112,10 @@ def run(args) -> int:
     outputs = [s.output_len for s in specs]
     config = EngineConfig(dtype=args.dtype, max_batch_size=args.clients, max_num_batched_tokens=2048)
     rounds = max(1, getattr(args, "rounds", 2))
-    print(f"== {workload.name}: {args.clients} streaming clients, prompts 64..256, outputs 32..96, {args.model}, "
-          f"{rounds} alternating rounds (best of each reported)")  # fmt: skip
+    print(
+        f"== {workload.name}: {args.clients} streaming clients, prompts 64..256, outputs 32..96, {args.model}, "
+        f"{rounds} alternating rounds (best of each reported)"
+    )
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,8 +137,10 @@ def run(args) -> int:
             prompts = _prompts(specs, vocab, seed=r)  # each round its own: no prefix cache hits on a round before
             local_runs.append(in_process(engine, prompts, outputs, f"r{r}"))
             remote_runs.append(asyncio.run(over_http(url, prompts, outputs)))
-            print(f"round {r + 1}: in-process {local_runs[-1]['throughput_tok_s']:.1f} tok/s, "
-                  f"server {remote_runs[-1]['throughput_tok_s']:.1f} tok/s")  # fmt: skip
+            print(
+                f"round {r + 1}: in-process {local_runs[-1]['throughput_tok_s']:.1f} tok/s, "
+                f"server {remote_runs[-1]['throughput_tok_s']:.1f} tok/s"
+            )
     finally:
         server.drain()
         server.proc.wait(60)

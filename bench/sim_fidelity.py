@@ -246,12 +246,14 @@ def sim_run(
     builtin = model.startswith("builtin:")
     source = {"builtin": model.split(":", 1)[1]} if builtin else {"path": str(Path(model).resolve())}
     engine = config.model_dump(by_alias=True, exclude_none=True)
-    spec = parse_spec({
-        "model": source,
-        "slo": {"ttftP95Ms": SLO_TTFT_S * 1000, "itlP95Ms": SLO_TPOT_S * 1000},
-        "pools": {"colocated": {"minReplicas": 1, "maxReplicas": 1, "replicas": 1, "engine": engine}},
-        "autotune": {"enabled": False},
-    })  # fmt: skip
+    spec = parse_spec(
+        {
+            "model": source,
+            "slo": {"ttftP95Ms": SLO_TTFT_S * 1000, "itlP95Ms": SLO_TPOT_S * 1000},
+            "pools": {"colocated": {"minReplicas": 1, "maxReplicas": 1, "replicas": 1, "engine": engine}},
+            "autotune": {"enabled": False},
+        }
+    )
     options = SimOptions(startup_s=0.0, tail_s=3600.0)
     started = time.perf_counter()
     fleet = Fleet(spec, cost, specs, options, None, name="fidelity")
@@ -356,10 +358,18 @@ def print_comparison(row: dict[str, Any]) -> None:
         return ("yes" if abs(value - 1) <= TOLERANCE else "NO") if key in TARGETS else "-"
 
     rows = [
-        [label, fmt(r[key]), fmt(s[key]), f"{ratio[key]:.2f}", mark(ratio[key], key),
-         fmt(s2[key]), f"{ratio2[key]:.2f}", mark(ratio2[key], key)]
+        [
+            label,
+            fmt(r[key]),
+            fmt(s[key]),
+            f"{ratio[key]:.2f}",
+            mark(ratio[key], key),
+            fmt(s2[key]),
+            f"{ratio2[key]:.2f}",
+            mark(ratio2[key], key),
+        ]
         for label, key, fmt in metrics
-    ]  # fmt: skip
+    ]
     within = f"within {TOLERANCE:.0%}"
     headers = ["metric", "real engine", "simulator", "sim/real", within, "at run speed", "sim/real", within]
     print_table(headers, rows)

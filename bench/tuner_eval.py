@@ -126,16 +126,22 @@ def add_arguments(parser) -> None:
 def spec_for(case: Case, engine: dict[str, Any] | None = None, replicas: int | None = None, autotune: bool = True):
     from llmfleet.operator.spec import parse_spec
 
-    pool: dict[str, Any] = {"minReplicas": 1, "maxReplicas": MAX_REPLICAS, "engine": engine or INITIAL_ENGINE,
-                            "bounds": BOUNDS}  # fmt: skip
+    pool: dict[str, Any] = {
+        "minReplicas": 1,
+        "maxReplicas": MAX_REPLICAS,
+        "engine": engine or INITIAL_ENGINE,
+        "bounds": BOUNDS,
+    }
     if replicas is not None:
         pool |= {"replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas}
-    return parse_spec({
-        "model": {"builtin": "small"},
-        "slo": {"ttftP95Ms": case.ttft_ms, "itlP95Ms": case.itl_ms},
-        "pools": {"colocated": pool},
-        "autotune": AUTOTUNE | {"enabled": autotune},
-    })  # fmt: skip
+    return parse_spec(
+        {
+            "model": {"builtin": "small"},
+            "slo": {"ttftP95Ms": case.ttft_ms, "itlP95Ms": case.itl_ms},
+            "pools": {"colocated": pool},
+            "autotune": AUTOTUNE | {"enabled": autotune},
+        }
+    )
 
 
 def run(args) -> int:
@@ -159,8 +165,10 @@ def run(args) -> int:
     print(f"== tuner evaluation in the simulator: {cost.model} {cost.dtype} on {cost.device}, profile {path}")
     print(f"   cost model: {cost.describe()}")
     print(f"   initial knobs {INITIAL_ENGINE}, bounds {BOUNDS}, replicas 1..{MAX_REPLICAS}")
-    print(f"   autotune {AUTOTUNE}; pods start {args.startup_s:g} s after a scale-up"
-          + ("" if seed is None else f"; traces drawn with seed {seed}"))  # fmt: skip
+    print(
+        f"   autotune {AUTOTUNE}; pods start {args.startup_s:g} s after a scale-up"
+        + ("" if seed is None else f"; traces drawn with seed {seed}")
+    )
     results: dict[str, Any] = {
         "profile": str(path),
         "cost_model": cost.describe(),
@@ -203,11 +211,13 @@ def evaluate(
     requests = with_warmup(workload, warmup)
     options = SimOptions(startup_s=startup_s)
 
-    tuner_result = simulate(spec_for(case), cost, requests, controller="tuner", options=options,
-                            name=case.workload, measure_from=warmup)  # fmt: skip
+    tuner_result = simulate(
+        spec_for(case), cost, requests, controller="tuner", options=options, name=case.workload, measure_from=warmup
+    )
     tuner = _brief(tuner_result, "tuner", knobs=_knob_moves(tuner_result), decisions_log=_decisions(tuner_result))
-    cold_result = simulate(spec_for(case), cost, workload.requests(), controller="tuner", options=options,
-                           name=case.workload)  # fmt: skip
+    cold_result = simulate(
+        spec_for(case), cost, workload.requests(), controller="tuner", options=options, name=case.workload
+    )
     cold = _brief(cold_result, "tuner from a cold start", knobs=_knob_moves(cold_result))
 
     grid = QUICK_GRID if quick else GRID
@@ -271,9 +281,21 @@ def _brief(result, label: str, **extra: Any) -> dict[str, Any]:
     from llmfleet.sim.report import summarize
 
     s = summarize(result)
-    keep = ("slo_attainment", "slo_minutes", "slo_minutes_met", "replica_minutes", "ttft_p95_s", "itl_p95_s",
-            "goodput_req_s", "throughput_tok_s", "max_direction_changes_per_window", "direction_changes",
-            "decisions", "status", "conserved")  # fmt: skip
+    keep = (
+        "slo_attainment",
+        "slo_minutes",
+        "slo_minutes_met",
+        "replica_minutes",
+        "ttft_p95_s",
+        "itl_p95_s",
+        "goodput_req_s",
+        "throughput_tok_s",
+        "max_direction_changes_per_window",
+        "direction_changes",
+        "decisions",
+        "status",
+        "conserved",
+    )
     return {"contender": label, **{k: s[k] for k in keep}, **extra}
 
 
@@ -284,8 +306,15 @@ def _fixed(case: Case, knobs: dict[str, Any], cost, requests, startup_s: float, 
 
     for replicas in range(1, MAX_REPLICAS + 1):
         spec = spec_for(case, knobs, replicas, autotune=False)
-        result = simulate(spec, cost, requests, controller="fixed", options=SimOptions(startup_s=startup_s),
-                          name=case.workload, measure_from=warmup)  # fmt: skip
+        result = simulate(
+            spec,
+            cost,
+            requests,
+            controller="fixed",
+            options=SimOptions(startup_s=startup_s),
+            name=case.workload,
+            measure_from=warmup,
+        )
         row = _brief(result, f"fixed {_knobs(knobs)} x{replicas}", knobs=knobs, replicas=replicas)
         if row["slo_attainment"] >= ATTAINMENT_TARGET:
             break
@@ -310,8 +339,16 @@ def _hpa(
     from llmfleet.sim.simulate import simulate
 
     options = SimOptions(startup_s=startup_s)
-    result = simulate(spec_for(case, knobs), cost, requests, controller="hpa", options=options, name=case.workload,
-                      hpa=HPAConfig(target_waiting_per_pod=target), measure_from=warmup)  # fmt: skip
+    result = simulate(
+        spec_for(case, knobs),
+        cost,
+        requests,
+        controller="hpa",
+        options=options,
+        name=case.workload,
+        hpa=HPAConfig(target_waiting_per_pod=target),
+        measure_from=warmup,
+    )
     which = "initial" if knobs == INITIAL_ENGINE else "best fixed"
     return _brief(result, f"hpa {target:g} waiting/pod, {which} knobs ({_knobs(knobs)})", target=target, knobs=knobs)
 
@@ -358,9 +395,11 @@ def print_workload(row: dict[str, Any]) -> None:
 
     slo = row["slo"]
     print(f"\n== {row['workload']}: {row['description']}")
-    print(f"   {row['why']}; SLO p95 TTFT {slo['ttft_p95_ms']:g} ms, ITL {slo['itl_p95_ms']:g} ms; "
-          f"{row['requests']} requests after a {row['warmup_s']:.0f} s warm-up at the opening rate (not counted); "
-          f"evaluated in {row['wall_s']:.0f} s")  # fmt: skip
+    print(
+        f"   {row['why']}; SLO p95 TTFT {slo['ttft_p95_ms']:g} ms, ITL {slo['itl_p95_ms']:g} ms; "
+        f"{row['requests']} requests after a {row['warmup_s']:.0f} s warm-up at the opening rate (not counted); "
+        f"evaluated in {row['wall_s']:.0f} s"
+    )
     best = row["best_fixed"]
     hpa = row["hpa"]
     hindsight = row["hpa_hindsight"]
@@ -375,31 +414,59 @@ def print_workload(row: dict[str, Any]) -> None:
     contenders = [r for _, r in rows if r]
     table = []
     for label, r in zip(labels, contenders, strict=True):
-        table.append([
-            label,
-            f"{r['slo_minutes_met']}/{r['slo_minutes']}",
-            f"{r['replica_minutes']:.1f}",
-            _ratio(r["replica_minutes"] / best["replica_minutes"]) if best else "-",
-            _ratio(r["replica_minutes"] / hpa["replica_minutes"]),
-            f"{r['ttft_p95_s'] * 1000:.0f}" if r["ttft_p95_s"] is not None else "-",
-            f"{r['itl_p95_s'] * 1000:.0f}" if r["itl_p95_s"] is not None else "-",
-            f"{r['goodput_req_s']:.2f}",
-            str(r["max_direction_changes_per_window"]),
-        ])  # fmt: skip
-    print_table(["contender", "SLO minutes", "replica-min", "vs best fixed", "vs HPA", "TTFT p95 ms", "ITL p95 ms",
-                 "goodput req/s", "dir. changes/window"], table)  # fmt: skip
+        table.append(
+            [
+                label,
+                f"{r['slo_minutes_met']}/{r['slo_minutes']}",
+                f"{r['replica_minutes']:.1f}",
+                _ratio(r["replica_minutes"] / best["replica_minutes"]) if best else "-",
+                _ratio(r["replica_minutes"] / hpa["replica_minutes"]),
+                f"{r['ttft_p95_s'] * 1000:.0f}" if r["ttft_p95_s"] is not None else "-",
+                f"{r['itl_p95_s'] * 1000:.0f}" if r["itl_p95_s"] is not None else "-",
+                f"{r['goodput_req_s']:.2f}",
+                str(r["max_direction_changes_per_window"]),
+            ]
+        )
+    print_table(
+        [
+            "contender",
+            "SLO minutes",
+            "replica-min",
+            "vs best fixed",
+            "vs HPA",
+            "TTFT p95 ms",
+            "ITL p95 ms",
+            "goodput req/s",
+            "dir. changes/window",
+        ],
+        table,
+    )
     others = sorted(row["fixed"], key=lambda r: r["replica_minutes"])
-    print("   fixed grid (fewest replicas meeting the SLOs per knob set): " + "; ".join(
-        f"{r['contender'].removeprefix('fixed ')} {r['replica_minutes']:.0f} rm"
-        + ("" if r["slo_attainment"] >= ATTAINMENT_TARGET else f" (misses: {r['slo_attainment']:.0%})")
-        for r in others))  # fmt: skip
-    print("   HPA runs: " + "; ".join(
-        f"{r['contender'].removeprefix('hpa ')}: {r['replica_minutes']:.1f} rm, "
-        f"{r['slo_minutes_met']}/{r['slo_minutes']} minutes" for r in row["hpa_runs"]))  # fmt: skip
+    print(
+        "   fixed grid (fewest replicas meeting the SLOs per knob set): "
+        + "; ".join(
+            f"{r['contender'].removeprefix('fixed ')} {r['replica_minutes']:.0f} rm"
+            + ("" if r["slo_attainment"] >= ATTAINMENT_TARGET else f" (misses: {r['slo_attainment']:.0%})")
+            for r in others
+        )
+    )
+    print(
+        "   HPA runs: "
+        + "; ".join(
+            f"{r['contender'].removeprefix('hpa ')}: {r['replica_minutes']:.1f} rm, "
+            f"{r['slo_minutes_met']}/{r['slo_minutes']} minutes"
+            for r in row["hpa_runs"]
+        )
+    )
     knobs = row["tuner"]["knobs"]
-    print("   tuner moves: " + "; ".join(
-        f"{knob} {_plain(m['from'])} -> {_plain(m['to'])} (range {_plain(m['range'][0])}..{_plain(m['range'][1])}, "
-        f"{m['moves']} moves)" for knob, m in knobs.items()))  # fmt: skip
+    print(
+        "   tuner moves: "
+        + "; ".join(
+            f"{knob} {_plain(m['from'])} -> {_plain(m['to'])} (range {_plain(m['range'][0])}..{_plain(m['range'][1])}, "
+            f"{m['moves']} moves)"
+            for knob, m in knobs.items()
+        )
+    )
 
 
 def print_targets(rows: list[dict[str, Any]]) -> None:
@@ -413,14 +480,16 @@ def print_targets(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         c, t = row["checks"], row["tuner"]
         expect = ", ".join(f"{k} {'up' if v > 0 else 'down'}" for k, v in row["expect"].items()) or "-"
-        table.append([
-            row["workload"],
-            f"{mark(c['attainment'])} ({t['slo_attainment']:.0%})",
-            f"{mark(c['vs_best_fixed'])} ({_ratio(row['ratios']['vs_best_fixed'])})",
-            f"{mark(c['vs_hpa'])} ({_ratio(row['ratios']['vs_hpa'])}{_hpa_note(row)})",
-            f"{mark(c['one_direction_change_per_window'])} ({t['max_direction_changes_per_window']})",
-            f"{mark(c['knobs_right_way'])} ({expect})",
-        ])  # fmt: skip
+        table.append(
+            [
+                row["workload"],
+                f"{mark(c['attainment'])} ({t['slo_attainment']:.0%})",
+                f"{mark(c['vs_best_fixed'])} ({_ratio(row['ratios']['vs_best_fixed'])})",
+                f"{mark(c['vs_hpa'])} ({_ratio(row['ratios']['vs_hpa'])}{_hpa_note(row)})",
+                f"{mark(c['one_direction_change_per_window'])} ({t['max_direction_changes_per_window']})",
+                f"{mark(c['knobs_right_way'])} ({expect})",
+            ]
+        )
     header = [
         "workload",
         f"SLO minutes >= {ATTAINMENT_TARGET:.0%}",
@@ -468,8 +537,14 @@ def save_plot(results: dict[str, Any], path: Path) -> None:
         knobs = ax.twinx()
         for knob, style in (("maxBatchSize", "--"), ("batchTimeoutMs", ":")):
             knobs.step(times, [p[knob] for p in row["timeline"]], where="post", ls=style, color="C1", label=knob)
-        knobs.step(times, [p["maxNumBatchedTokens"] / 64 for p in row["timeline"]], where="post", ls="-.",
-                   color="C4", label="maxNumBatchedTokens / 64")  # fmt: skip
+        knobs.step(
+            times,
+            [p["maxNumBatchedTokens"] / 64 for p in row["timeline"]],
+            where="post",
+            ls="-.",
+            color="C4",
+            label="maxNumBatchedTokens / 64",
+        )
         ax.legend(loc="upper left", fontsize=7)
         knobs.legend(loc="upper right", fontsize=7)
         ax.set_title(f"{row['workload']}: the tuner's replicas and knobs")

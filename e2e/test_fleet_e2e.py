@@ -139,8 +139,13 @@ def _batch_lowered(resource: dict) -> bool:
 def _mark_ready(kube: Kube) -> None:
     deployment = kube.get("Deployment", "tiny-colocated")
     n = deployment["spec"]["replicas"]
-    status = {"replicas": n, "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n,
-              "observedGeneration": deployment["metadata"]["generation"]}  # fmt: skip
+    status = {
+        "replicas": n,
+        "updatedReplicas": n,
+        "readyReplicas": n,
+        "availableReplicas": n,
+        "observedGeneration": deployment["metadata"]["generation"],
+    }
     kube.patch("Deployment", "tiny-colocated", {"status": status}, subresource="status")
 
 
@@ -192,10 +197,25 @@ def test_on_a_real_cluster(tmp_path):
         return result
 
     repository, tag = image_parts(image)
-    install = [helm, "upgrade", "--install", "llm-fleet-e2e", str(REPO / "charts" / "llm-fleet"),
-               "-n", f"{namespace}-system", "--create-namespace", "--wait", "--timeout", "5m",
-               "--set", f"watchNamespaces={{{namespace}}}",
-               "--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]  # fmt: skip
+    install = [
+        helm,
+        "upgrade",
+        "--install",
+        "llm-fleet-e2e",
+        str(REPO / "charts" / "llm-fleet"),
+        "-n",
+        f"{namespace}-system",
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+        "--set",
+        f"watchNamespaces={{{namespace}}}",
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+    ]
     run(kubectl, "apply", "--server-side", "-f", str(REPO / "crds"))
     run(kubectl, "create", "namespace", namespace, check=False)  # before the chart's Role lands in it
     run(*install)
@@ -207,8 +227,11 @@ def test_on_a_real_cluster(tmp_path):
         run(kubectl, "apply", "-f", str(manifest))
         run(kubectl, "wait", "-n", namespace, "llmis/tiny", "--for=condition=Ready", "--timeout=600s")
         local = free_port()
-        forward = subprocess.Popen([kubectl, "port-forward", "-n", namespace, "svc/tiny", f"{local}:8000"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        forward = subprocess.Popen(
+            [kubectl, "port-forward", "-n", namespace, "svc/tiny", f"{local}:8000"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{local}"
         eventually(lambda: httpx.get(f"{url}/v1/models", timeout=2).status_code == 200, timeout=60)
         deadline = time.monotonic() + 300

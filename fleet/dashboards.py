@@ -368,16 +368,37 @@ def pod_detail() -> dict[str, Any]:
         ),
         _panel("End-to-end latency", quantiles(E2E), "s", 0, 40),
         _panel("Queue time", quantiles(promql.QUEUE_TIME), "s", 12, 40),
-        _panel("Prompt length", quantiles(PROMPT_LENGTH), "short", 0, 48,
-               description="Tokens per finished request's prompt: the shape the budget and the pool ratio follow."),
-        _panel("Generation length", quantiles(GENERATION_LENGTH), "short", 12, 48,
-               description="Tokens generated per finished request: long outputs call for bigger batches."),
-        _panel("Prefix cache hit rate",
-               [(f"sum by (pod) (rate(vllm:prefix_cache_hits_total{{{s}}}[{RATE}])) / "
-                 f"sum by (pod) (rate(vllm:prefix_cache_queries_total{{{s}}}[{RATE}]))", "{{pod}}")],
-               "percentunit", 0, 56,
-               description="Prompt tokens found in the prefix cache, of those looked up: their KV is not computed."),
-    ]  # fmt: skip
+        _panel(
+            "Prompt length",
+            quantiles(PROMPT_LENGTH),
+            "short",
+            0,
+            48,
+            description="Tokens per finished request's prompt: the shape the budget and the pool ratio follow.",
+        ),
+        _panel(
+            "Generation length",
+            quantiles(GENERATION_LENGTH),
+            "short",
+            12,
+            48,
+            description="Tokens generated per finished request: long outputs call for bigger batches.",
+        ),
+        _panel(
+            "Prefix cache hit rate",
+            [
+                (
+                    f"sum by (pod) (rate(vllm:prefix_cache_hits_total{{{s}}}[{RATE}])) / "
+                    f"sum by (pod) (rate(vllm:prefix_cache_queries_total{{{s}}}[{RATE}]))",
+                    "{{pod}}",
+                )
+            ],
+            "percentunit",
+            0,
+            56,
+            description="Prompt tokens found in the prefix cache, of those looked up: their KV is not computed.",
+        ),
+    ]
     return _dashboard("llm-fleet-pod", "llm-fleet / Engine per pod", panels, pod=True)
 
 

@@ -181,8 +181,11 @@ def _latency(
     ttft_pool = "prefill" if disaggregated else "colocated"
     itl_pool = "decode" if disaggregated else "colocated"
     out: dict[str, Any] = {}
-    for key, pool, attr in (("ttftP95Ms", ttft_pool, "ttft"), ("itlP95Ms", itl_pool, "itl"),
-                            ("queueP95Ms", ttft_pool, "queue_time")):  # fmt: skip
+    for key, pool, attr in (
+        ("ttftP95Ms", ttft_pool, "ttft"),
+        ("itlP95Ms", itl_pool, "itl"),
+        ("queueP95Ms", ttft_pool, "queue_time"),
+    ):
         m = metrics.get(pool)
         value = getattr(m, attr).p95 if m is not None else None
         if value is not None:

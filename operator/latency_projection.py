@@ -144,8 +144,13 @@ class _StepLoad:
     @classmethod
     def of(cls, m: PoolMetrics, costs: StepCosts) -> _StepLoad | None:
         pods = m.ready_pods
-        values = (m.running, m.mean_batch_size, m.mean_step_tokens, m.generation_tokens_per_s,
-                  m.computed_prompt_tokens_per_s())  # fmt: skip
+        values = (
+            m.running,
+            m.mean_batch_size,
+            m.mean_step_tokens,
+            m.generation_tokens_per_s,
+            m.computed_prompt_tokens_per_s(),
+        )
         if not pods or not m.request_rate or any(v is None for v in values):
             return None
         running, seqs, tokens, generated, prompted = values

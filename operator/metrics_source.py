@@ -178,8 +178,11 @@ class PoolMetrics:
 
         judged = {}
         if self.slo_window_s:
-            judged = {"sloWindowS": self.slo_window_s, "ttftP95OverSloWindowMs": ms(self.judged_ttft.p95),
-                      "itlP95OverSloWindowMs": ms(self.judged_itl.p95)}  # fmt: skip
+            judged = {
+                "sloWindowS": self.slo_window_s,
+                "ttftP95OverSloWindowMs": ms(self.judged_ttft.p95),
+                "itlP95OverSloWindowMs": ms(self.judged_itl.p95),
+            }
         return {
             "ttftP95Ms": ms(self.ttft.p95),
             "itlP95Ms": ms(self.itl.p95),

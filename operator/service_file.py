@@ -12,9 +12,13 @@ from .crdgen import spec_schema
 from .spec import InferenceServiceSpec, parse_spec
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
-    "integer": (int,), "number": (int, float),
-}  # fmt: skip
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+}
 
 
 def read_service(source: Traversable, default_name: str) -> tuple[str, InferenceServiceSpec]:

@@ -28,8 +28,11 @@ ReasoningParserName = Literal["deepseek_r1", "qwen3"]  # the server's --reasonin
 REASONING_PARSERS = get_args(ReasoningParserName)
 RouterPolicy = Literal["load", "round-robin", "prefix"]  # the router's --router-policy choices
 ROUTER_POLICIES = get_args(RouterPolicy)
-TUNABLE_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
-                 "maxNumBatchedTokens": "max_num_batched_tokens"}  # fmt: skip
+TUNABLE_KNOBS = {
+    "maxBatchSize": "max_batch_size",
+    "batchTimeoutMs": "batch_timeout_ms",
+    "maxNumBatchedTokens": "max_num_batched_tokens",
+}
 
 
 def knob_range(knob: str, low: float, high: float) -> tuple[float, float]:

@@ -23,8 +23,11 @@ TUNER_ACTIVE = "TunerActive"
 CONDITION_ORDER = (READY, PROGRESSING, DEGRADED, TUNER_ACTIVE)
 
 # Knobs reported per pool (and shown by `kubectl get llmis`).
-REPORTED_KNOBS = {"maxBatchSize": "max_batch_size", "batchTimeoutMs": "batch_timeout_ms",
-                  "maxNumBatchedTokens": "max_num_batched_tokens"}  # fmt: skip
+REPORTED_KNOBS = {
+    "maxBatchSize": "max_batch_size",
+    "batchTimeoutMs": "batch_timeout_ms",
+    "maxNumBatchedTokens": "max_num_batched_tokens",
+}
 
 
 def now() -> str:

@@ -160,8 +160,9 @@ class Tuner:
             # pods the tuner added, ready since: the SLO window has yet to see them (fewer pods, not)
             added_since = capacity.pods_since if mem.key(name, REPLICAS).last_direction > 0 else None
             replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, added_since)
-            replicas, units = self._with_the_slots_coming(name, pool, targets, capacity, settings[name], proposals,
-                                                          mem, now, (replicas, units), added_since)  # fmt: skip
+            replicas, units = self._with_the_slots_coming(
+                name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), added_since
+            )
             if units is not None:
                 demand[name] = units
             before = settings[name]
@@ -281,15 +282,21 @@ class Tuner:
             elif units <= 0:
                 why += f"; SLO violated with {used} over a window whose traffic has ended: no replica for that"
             elif m.slo_window_s and latency <= 1.0:
-                why += (f"; SLO violated over {m.window_s:.0f} s with {used}, but met over its "
-                        f"{m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that")  # fmt: skip
+                why += (
+                    f"; SLO violated over {m.window_s:.0f} s with {used}, but met over its "
+                    f"{m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that"
+                )
             elif latency < c.override_ratio and added_since is not None and m.at - added_since < judged_s:
-                why += (f"; SLO violated with {used} ({latency:.2f}x), but {pods} pods are ready only "
-                        f"{m.at - added_since:.0f} s and the {judged_s:.0f} s window still holds the time before: "
-                        "no replica for that yet")  # fmt: skip
+                why += (
+                    f"; SLO violated with {used} ({latency:.2f}x), but {pods} pods are ready only "
+                    f"{m.at - added_since:.0f} s and the {judged_s:.0f} s window still holds the time before: "
+                    "no replica for that yet"
+                )
             elif itl_only and waiting < c.queue_per_pod:
-                why += (f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
-                        " more replicas would not lower it")  # fmt: skip
+                why += (
+                    f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
+                    " more replicas would not lower it"
+                )
             else:
                 needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas, capacity)
                 if needed is not None and needed > max(raw, cur):
@@ -397,8 +404,14 @@ class Tuner:
         if projected.ratio <= c.projected_latency_limit:
             return target, note
         fewer = range(lowest + 1, cur)
-        n = next((n for n in fewer if self._project(name, m, slo, units, cur, n, capacity).ratio
-                  <= c.projected_latency_limit), cur)  # fmt: skip
+        n = next(
+            (
+                n
+                for n in fewer
+                if self._project(name, m, slo, units, cur, n, capacity).ratio <= c.projected_latency_limit
+            ),
+            cur,
+        )
         slots = None if capacity.steps is None else capacity.steps.slots
         at = f"at {lowest}" + ("" if slots is None else f" with {MAX_BATCH} {slots}")
         return n, note + (
@@ -417,9 +430,14 @@ class Tuner:
         if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur:
             return None
         limit = self.config.scale_up_latency_limit
-        return next((n for n in range(cur + 1, most + 1)
-                     if self._project(name, m, slo, units, cur, n, capacity, busy=False).ratio <= limit),
-                    None)  # fmt: skip
+        return next(
+            (
+                n
+                for n in range(cur + 1, most + 1)
+                if self._project(name, m, slo, units, cur, n, capacity, busy=False).ratio <= limit
+            ),
+            None,
+        )
 
     def _project(
         self,

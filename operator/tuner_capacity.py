@@ -38,8 +38,11 @@ class PerReplica:
     steps: StepCosts | None = None  # for the latency projection; None without step times or a batch cap
 
     def summary(self) -> dict[str, Any]:
-        return {"promptTokensPerS": round(self.prompt_tps, 1), "generationTokensPerS": round(self.generation_tps, 1),
-                **({"basis": self.basis} if self.basis else {})}  # fmt: skip
+        return {
+            "promptTokensPerS": round(self.prompt_tps, 1),
+            "generationTokensPerS": round(self.generation_tps, 1),
+            **({"basis": self.basis} if self.basis else {}),
+        }
 
 
 class CapacityEstimator:
@@ -65,8 +68,9 @@ class CapacityEstimator:
         they would under-count (the window's tokens came from fewer pods), right after one left,
         over-count. Returns the capacity and whether this snapshot could measure it."""
         c, m = self.config, pool.metrics
-        capacity = mem.capacity.setdefault(name, Capacity(prompt_tps=c.prefill_capacity_tps,
-                                                          generation_tps=c.decode_capacity_tps))  # fmt: skip
+        capacity = mem.capacity.setdefault(
+            name, Capacity(prompt_tps=c.prefill_capacity_tps, generation_tps=c.decode_capacity_tps)
+        )
         pods = m.ready_pods or 0
         if pods <= 0 or (capacity.updated_at is not None and m.at <= capacity.updated_at):
             return capacity, False
@@ -148,11 +152,13 @@ class CapacityEstimator:
             capacity.scale = min(max(capacity.scale * factor, 0.1), 10.0)
             return
         if name != "decode":
-            capacity.prompt_tps = min(max(capacity.prompt_tps * factor, c.prefill_capacity_tps / 100),
-                                      c.prefill_capacity_tps * 100)  # fmt: skip
+            capacity.prompt_tps = min(
+                max(capacity.prompt_tps * factor, c.prefill_capacity_tps / 100), c.prefill_capacity_tps * 100
+            )
         if name != "prefill":
-            capacity.generation_tps = min(max(capacity.generation_tps * factor, c.decode_capacity_tps / 100),
-                                          c.decode_capacity_tps * 100)  # fmt: skip
+            capacity.generation_tps = min(
+                max(capacity.generation_tps * factor, c.decode_capacity_tps / 100), c.decode_capacity_tps * 100
+            )
 
     @staticmethod
     def _moved(name: str, before: PerReplica, after: PerReplica) -> str:

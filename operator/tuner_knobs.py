@@ -91,13 +91,23 @@ class KnobRules:
                 return Proposal(cur, f"{why}, but prefill chunks dominate the steps: {TOKEN_BUDGET} shrinks instead")
             crowded = self._ttft_over_with_a_queue(name, pool, slo)
             if crowded:
-                return Proposal(cur, f"{why}, but {crowded}: a smaller batch would move the excess onto TTFT",
-                                severity=itl / target_ms, exhausted=True, protects="itl")  # fmt: skip
+                return Proposal(
+                    cur,
+                    f"{why}, but {crowded}: a smaller batch would move the excess onto TTFT",
+                    severity=itl / target_ms,
+                    exhausted=True,
+                    protects="itl",
+                )
             base = cur if m.mean_batch_size is None else min(cur, float(math.ceil(m.mean_batch_size)))
             new = allowed.clamp(math.floor(base * c.batch_decrease_factor))
             if new >= cur:
-                return Proposal(cur, f"{why} with {MAX_BATCH} at its minimum {num(allowed.low)}",
-                                severity=itl / target_ms, exhausted=True, protects="itl")  # fmt: skip
+                return Proposal(
+                    cur,
+                    f"{why} with {MAX_BATCH} at its minimum {num(allowed.low)}",
+                    severity=itl / target_ms,
+                    exhausted=True,
+                    protects="itl",
+                )
             how = f"x{c.batch_decrease_factor:g}" + (f" of the observed batch {num(base)}" if base < cur else "")
             return Proposal(new, why, how, protective=True, severity=itl / target_ms, protects="itl")
         slots = self._slot_bound_ttft(pool, slo, budget) if name == "colocated" else None
@@ -234,15 +244,27 @@ class KnobRules:
             shrunk = cur * c.timeout_shrink_factor
             new = allowed.clamp(allowed.low if shrunk < c.timeout_snap_ms else round(shrunk, 1))
             if new >= cur:
-                return Proposal(cur, f"{why} with {TIMEOUT} at its minimum {num(allowed.low)}",
-                                severity=ttft / target_ms, exhausted=over, protects="ttft")  # fmt: skip
+                return Proposal(
+                    cur,
+                    f"{why} with {TIMEOUT} at its minimum {num(allowed.low)}",
+                    severity=ttft / target_ms,
+                    exhausted=over,
+                    protects="ttft",
+                )
             # A window adds at most its length to a TTFT: when the excess is longer, shrinking it
             # helps but cannot restore the SLO alone, so it does not stand in for replicas.
             short = over and cur < ttft - target_ms
             if short:
                 why += f", more than the whole {num(cur)} ms window"
-            return Proposal(new, why, f"x{c.timeout_shrink_factor:g}", protective=True, severity=ttft / target_ms,
-                            exhausted=short, protects="ttft")  # fmt: skip
+            return Proposal(
+                new,
+                why,
+                f"x{c.timeout_shrink_factor:g}",
+                protective=True,
+                severity=ttft / target_ms,
+                exhausted=short,
+                protects="ttft",
+            )
         step = c.timeout_step_ms
         if ttft + step >= c.ttft_low_water * target_ms:
             return Proposal(
@@ -290,8 +312,14 @@ class KnobRules:
             new = max(floor_, allowed.clamp(math.floor(cur * c.budget_decrease_factor)))
             if new >= cur:
                 return Proposal(cur, f"{why} with {TOKEN_BUDGET} at its floor {num(floor_)}")
-            return Proposal(new, why, f"x{c.budget_decrease_factor:g}", protective=True,
-                            severity=itl / slo.itl_p95_ms, protects="itl")  # fmt: skip
+            return Proposal(
+                new,
+                why,
+                f"x{c.budget_decrease_factor:g}",
+                protective=True,
+                severity=itl / slo.itl_p95_ms,
+                protects="itl",
+            )
         if ttft is None:
             return Proposal(cur, f"TTFT p95 unknown ({m.why_missing('ttft')})")
         if ttft <= slo.ttft_p95_ms:
@@ -322,8 +350,9 @@ class KnobRules:
                 f"free, and two mean prompts and a full batch ({pair:.0f} tokens) overflow the budget"
             )
         else:
-            return Proposal(cur, f"{why}, but prompts fit the budget (mean prompt {opt(prompt)} tokens, "
-                                 f"queue p95 {opt(queue)} ms)")  # fmt: skip
+            return Proposal(
+                cur, f"{why}, but prompts fit the budget (mean prompt {opt(prompt)} tokens, queue p95 {opt(queue)} ms)"
+            )
         drained = self._drained_backlog(pool, slo)
         if drained:
             return Proposal(cur, f"{why} and {evidence}, but {drained}")
@@ -380,16 +409,19 @@ class KnobRules:
         tight = ttft / slo.ttft_p95_ms
         if prompt is None or tight < c.ttft_low_water:
             return None
-        if name != "prefill" and (itl is None or itl >= c.itl_low_water * slo.itl_p95_ms or
-                                  itl / slo.itl_p95_ms > tight):  # fmt: skip
+        if name != "prefill" and (
+            itl is None or itl >= c.itl_low_water * slo.itl_p95_ms or itl / slo.itl_p95_ms > tight
+        ):
             return None
         pair = 2 * prompt + pool.current.knobs.get(MAX_BATCH, 0.0)
         new = allowed.clamp(math.floor(cur * c.budget_increase_factor))
         if pair <= cur or new <= cur:
             return None
         room = "" if itl is None else f", ITL p95 {fmt_ms(itl)} ms has room"
-        why = (f"TTFT p95 {fmt_ms(ttft)} ms is {tight:.0%} of its SLO{room}, and two mean prompts and a full batch "
-               f"({pair:.0f} tokens) overflow the budget")  # fmt: skip
+        why = (
+            f"TTFT p95 {fmt_ms(ttft)} ms is {tight:.0%} of its SLO{room}, and two mean prompts and a full batch "
+            f"({pair:.0f} tokens) overflow the budget"
+        )
         return Proposal(new, why, f"x{c.budget_increase_factor:g}")
 
     def _window_and_slots_clear(self, pool: PoolInput) -> bool:

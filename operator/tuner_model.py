@@ -222,8 +222,13 @@ class Change:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pool": self.pool, "knob": self.knob, "from": plain(self.old), "to": plain(self.new),
-                "reason": self.reason}  # fmt: skip
+        return {
+            "pool": self.pool,
+            "knob": self.knob,
+            "from": plain(self.old),
+            "to": plain(self.new),
+            "reason": self.reason,
+        }
 
     def __str__(self) -> str:
         return f"{self.pool}/{self.knob} {num(self.old)} -> {num(self.new)}"
@@ -262,8 +267,12 @@ class Decision:
     def condition(self) -> dict[str, str]:
         """The TunerActive condition (type, status, reason, message)."""
         if self.hold:
-            return {"type": "TunerActive", "status": "False", "reason": "MetricsUnavailable",
-                    "message": self.hold_reason}  # fmt: skip
+            return {
+                "type": "TunerActive",
+                "status": "False",
+                "reason": "MetricsUnavailable",
+                "message": self.hold_reason,
+            }
         reason = "Adjusted" if self.changes else "Steady"
         return {"type": "TunerActive", "status": "True", "reason": reason, "message": self._summary()}
 

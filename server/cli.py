@@ -107,19 +107,25 @@ def add_arguments(parser) -> None:
     router.add_argument("--decode-service", help="Kubernetes Service of the decode pods (EndpointSlices)")
     router.add_argument("--kube-api", help="Kubernetes API URL without credentials (default: in-cluster)")
     router.add_argument(
-        "--router-policy", default="load", choices=sorted(ROUTER_POLICIES),
+        "--router-policy",
+        default="load",
+        choices=sorted(ROUTER_POLICIES),
         help="load: least loaded; prefix: the server that took the longest prefix of the prompt, while "
         "its load is within 2 queued requests of the least loaded (its prefix cache hits)",
-    )  # fmt: skip
+    )
     router.add_argument(
         "--prefill-timeout",
         type=positive,
         default=120.0,
         help="seconds to wait for a prefill server's answer before trying another",
     )
-    router.add_argument("--decode-timeout", type=positive, default=120.0,
-                        help="seconds to wait for a decode server's next byte of a stream (a whole "
-                             "answer is waited for while the server answers its /load polls)")  # fmt: skip
+    router.add_argument(
+        "--decode-timeout",
+        type=positive,
+        default=120.0,
+        help="seconds to wait for a decode server's next byte of a stream (a whole "
+        "answer is waited for while the server answers its /load polls)",
+    )
 
 
 def run(args) -> int:

@@ -153,8 +153,14 @@ async def generate_load(args, total: Summary) -> None:
         async def one(prompt_words: int, max_tokens: int) -> None:
             for s in (total, window):
                 s.sent += 1
-            body = {"model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(prompt_words)),
-                    "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "temperature": 0}  # fmt: skip
+            body = {
+                "model": model,
+                "prompt": " ".join(rng.choice(WORDS) for _ in range(prompt_words)),
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "temperature": 0,
+            }
             began = last = time.monotonic()
             first = True
             try:

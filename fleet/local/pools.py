@@ -103,8 +103,10 @@ class LocalPool:
             if not server.ready:
                 self._failed_starts += 1
                 if self._failed_starts >= START_ATTEMPTS:
-                    raise StartFailed(f"{self.name} servers exit before they are ready; the last one said:\n"
-                                      f"{server.log_tail(5)}\n(full log: {server.log_path})")  # fmt: skip
+                    raise StartFailed(
+                        f"{self.name} servers exit before they are ready; the last one said:\n"
+                        f"{server.log_tail(5)}\n(full log: {server.log_path})"
+                    )
         if len(self.servers) != self.replicas:  # crashed servers replaced, or a new count from the tuner
             self.scale_to(self.replicas)
         return notes

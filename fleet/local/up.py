@@ -58,8 +58,11 @@ def run(args) -> int:
         return 2
     secret = spec.api_key_secret
     if secret is not None and not os.environ.get(API_KEY_ENV):
-        print(f"error: {args.file}: spec.apiKeySecret names Secret {secret.name} (key {secret.key}), which a local "
-              f"fleet cannot read: export {API_KEY_ENV}=<the key> to require it here", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {args.file}: spec.apiKeySecret names Secret {secret.name} (key {secret.key}), which a local "
+            f"fleet cannot read: export {API_KEY_ENV}=<the key> to require it here",
+            file=sys.stderr,
+        )
         return 2
     busy = bind_problem(args.host, args.port)
     if busy:
@@ -125,8 +128,14 @@ async def _serve(fleet, args, tui: bool) -> int:
     front = front_task = None
     if fleet.router is None:
         app = build_front(fleet.ready_backends)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off",
-                                timeout_keep_alive=SERVER_KEEP_ALIVE_S)  # fmt: skip
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+        )
         front = uvicorn.Server(config)
         front.capture_signals = contextlib.nullcontext  # ours handle Ctrl-C: the fleet drains first
         front_task = asyncio.create_task(front._serve())

@@ -27,8 +27,18 @@ def _against(seconds: float | None, slo_ms: float) -> Text:
 def render(fleet: LocalFleet, url: str) -> Group:
     slo = fleet.spec.slo
     table = Table(title=f"InferenceService {fleet.name} ({fleet.spec.mode}) at {url}", expand=True)
-    for column in ("pool", "ready/replicas", "maxBatchSize", "batchTimeoutMs", "tokenBudget",
-                   "TTFT p95 ms / SLO", "ITL p95 ms / SLO", "queue p95 ms", "req/s", "waiting"):  # fmt: skip
+    for column in (
+        "pool",
+        "ready/replicas",
+        "maxBatchSize",
+        "batchTimeoutMs",
+        "tokenBudget",
+        "TTFT p95 ms / SLO",
+        "ITL p95 ms / SLO",
+        "queue p95 ms",
+        "req/s",
+        "waiting",
+    ):
         table.add_column(column)
     for name, pool in fleet.pools.items():
         engine = effective_engine(fleet.spec, name, fleet.tuner_state)
@@ -48,13 +58,26 @@ def render(fleet: LocalFleet, url: str) -> Group:
         )
     client = fleet.view.last_metrics.get(ROUTER)
     if fleet.router is not None and client is not None:  # the latency its clients see, the whole wait
-        table.add_row(ROUTER, "1/1" if fleet.router.serving else "0/1", "-", "-", "-",
-                      _against(client.ttft.p95, slo.ttft_p95_ms), _against(client.itl.p95, slo.itl_p95_ms), "-",
-                      "-" if client.request_rate is None else f"{client.request_rate:.2f}", "-")  # fmt: skip
+        table.add_row(
+            ROUTER,
+            "1/1" if fleet.router.serving else "0/1",
+            "-",
+            "-",
+            "-",
+            _against(client.ttft.p95, slo.ttft_p95_ms),
+            _against(client.itl.p95, slo.itl_p95_ms),
+            "-",
+            "-" if client.request_rate is None else f"{client.request_rate:.2f}",
+            "-",
+        )
     decision = fleet.view.last_decision
     if decision is None:
-        last = Text(f"tuner: first run in {fleet.spec.autotune.interval_seconds} s" if fleet.spec.autotune.enabled
-                    else "tuner: disabled (spec.autotune.enabled: false)", style="dim")  # fmt: skip
+        last = Text(
+            f"tuner: first run in {fleet.spec.autotune.interval_seconds} s"
+            if fleet.spec.autotune.enabled
+            else "tuner: disabled (spec.autotune.enabled: false)",
+            style="dim",
+        )
     elif decision.hold:
         last = Text(f"tuner holds: {decision.hold_reason}", style="yellow")
     elif decision.changes:
@@ -64,8 +87,13 @@ def render(fleet: LocalFleet, url: str) -> Group:
     history = Text("\n".join(fleet.view.history[-8:]) or "-", style="dim")
     parts = [table]
     if fleet.spec.model.builtin:
-        parts.append(Text(f"model builtin:{fleet.spec.model.builtin}: random weights, its text is gibberish "
-                          "(point spec.model at a real model for words)", style="dim"))  # fmt: skip
+        parts.append(
+            Text(
+                f"model builtin:{fleet.spec.model.builtin}: random weights, its text is gibberish "
+                "(point spec.model at a real model for words)",
+                style="dim",
+            )
+        )
     parts.append(Text(f"configs and logs: {fleet.run_dir}", style="dim"))
     if fleet.router is not None:  # disaggregated: the client-facing router in front of both pools
         state = "ready" if fleet.router.serving else "starting"

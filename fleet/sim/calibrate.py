@@ -144,8 +144,14 @@ class _Bench:
         self.rng = random.Random(seed)
         longest = max(max(grid.contexts) * 3 // 2, max(grid.offsets) + max(grid.chunks))
         need_tokens = max(grid.max_decode_tokens * 3 // 2, longest) + 4096
-        config = EngineConfig(dtype=dtype, max_batch_size=max(grid.batches) + 1, max_num_batched_tokens=4096,
-                              num_kv_blocks=need_tokens // 16 + 1, kv_block_size=16, max_queue_len=4096)  # fmt: skip
+        config = EngineConfig(
+            dtype=dtype,
+            max_batch_size=max(grid.batches) + 1,
+            max_num_batched_tokens=4096,
+            num_kv_blocks=need_tokens // 16 + 1,
+            kv_block_size=16,
+            max_queue_len=4096,
+        )
         # started as a server starts, warmed up to the default budget (server/runner/warm_up.py):
         # the grid's larger steps are its first runs of a size (new_shape), as after the tuner
         # grows a server's budget

@@ -57,8 +57,12 @@ def run(args) -> int:
     from .simulate import read_service, simulate
     from .trace import TraceError, builtin_workload, describe, read_trace, with_warmup, write_trace
 
-    shaping = {"--workload": args.workload, "--duration": args.duration, "--rate-scale": args.rate_scale,
-               "--seed": args.seed}  # fmt: skip
+    shaping = {
+        "--workload": args.workload,
+        "--duration": args.duration,
+        "--rate-scale": args.rate_scale,
+        "--seed": args.seed,
+    }
     shapers = [flag for flag, value in shaping.items() if value is not None]
     if args.trace and shapers:
         print(f"{', '.join(shapers)} shape a built-in workload; a --trace is replayed as it is")
@@ -106,12 +110,21 @@ def run(args) -> int:
     if args.save_trace:
         write_trace(args.save_trace, requests)
     controller = args.controller or ("tuner" if spec.autotune.enabled else "fixed")
-    options = SimOptions(startup_s=args.startup_s, tail_s=args.tail_s,
-                         kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9 / 8)  # fmt: skip
+    options = SimOptions(
+        startup_s=args.startup_s, tail_s=args.tail_s, kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9 / 8
+    )
     print(f"== {name} ({spec.mode}, model {model}) on {source}")
     print(f"   cost profile {profile}: {cost.describe()}")
-    result = simulate(spec, cost, requests, controller=controller, options=options, name=name,
-                      hpa=HPAConfig(target_waiting_per_pod=args.hpa_target), measure_from=args.warmup)  # fmt: skip
+    result = simulate(
+        spec,
+        cost,
+        requests,
+        controller=controller,
+        options=options,
+        name=name,
+        hpa=HPAConfig(target_waiting_per_pod=args.hpa_target),
+        measure_from=args.warmup,
+    )
     result.notes["workload"] = source
     summary = summarize(result)
     print_summary(result, summary, args.decisions)

@@ -163,9 +163,7 @@ class Fleet:
         self.now = 0.0
         self.disaggregated = spec.mode == "disaggregated"
         self.entry = "prefill" if self.disaggregated else "colocated"
-        self.pools = {
-            p: SimPool(p, effective_engine(spec, p, None), PoolSeries(p)) for p in spec.active_pools
-        }  # fmt: skip
+        self.pools = {p: SimPool(p, effective_engine(spec, p, None), PoolSeries(p)) for p in spec.active_pools}
         self.records: list[RequestRecord] = []
         self.timeline: list[TimelinePoint] = []
         self.decisions: list[ControlRecord] = []
@@ -202,8 +200,11 @@ class Fleet:
                 break
         self._scrape()
         end = self.now
-        lifetimes = [(p.name, p.pool, p.created_at, p.stopped_at if p.stopped_at is not None else end)
-                     for pool in self.pools.values() for p in pool.pods]  # fmt: skip
+        lifetimes = [
+            (p.name, p.pool, p.created_at, p.stopped_at if p.stopped_at is not None else end)
+            for pool in self.pools.values()
+            for p in pool.pods
+        ]
         return SimResult(
             name=self.name,
             mode=self.spec.mode,
@@ -401,8 +402,9 @@ class Fleet:
         for _ in range(replicas - have):
             pool.created += 1
             startup = 0.0 if initial and self.options.initial_pods_ready else self.options.startup_s
-            pod = SimPod.create(f"{pool_name}-{pool.created}", pool_name, pool.config, self.cost,
-                                now=self.now, startup_s=startup)  # fmt: skip
+            pod = SimPod.create(
+                f"{pool_name}-{pool.created}", pool_name, pool.config, self.cost, now=self.now, startup_s=startup
+            )
             pool.pods.append(pod)
             if pod.state == PodState.STARTING:
                 self._push(pod.ready_at, "ready", pod)
@@ -438,8 +440,9 @@ class Fleet:
         point: dict[str, dict[str, float]] = {}
         for pool in self.pools.values():
             reporting = pool.with_state(PodState.READY, PodState.DRAINING)
-            gauges = [PodGauges(p.engine.scheduler.num_waiting, p.engine.scheduler.num_running, p.kv_usage)
-                      for p in reporting]  # fmt: skip
+            gauges = [
+                PodGauges(p.engine.scheduler.num_waiting, p.engine.scheduler.num_running, p.kv_usage) for p in reporting
+            ]
             pool.series.scrape(self.now, gauges)
             point[pool.name] = {
                 "ready": len(pool.with_state(PodState.READY)),

@@ -133,8 +133,14 @@ class SimPod:
         if cost.pads_steps:  # as the real runner, warmed up to its first budget (which may grow later)
             tokens = warm_up_tokens(config.max_num_batched_tokens, blocks, config.kv_block_size, max_model_len)
             warmed = frozenset(warm_up_sizes(tokens))
-        runner = CostModelRunner(cost, clock, num_kv_blocks=blocks, kv_block_size=config.kv_block_size,
-                                 max_model_len=max_model_len, warmed=warmed)  # fmt: skip
+        runner = CostModelRunner(
+            cost,
+            clock,
+            num_kv_blocks=blocks,
+            kv_block_size=config.kv_block_size,
+            max_model_len=max_model_len,
+            warmed=warmed,
+        )
         engine = LLMEngine(_uncached(config), runner, clock=clock)
         state = PodState.READY if startup_s <= 0 else PodState.STARTING
         return cls(name, pool, engine, clock, created_at=now, ready_at=now + max(0.0, startup_s), state=state)
@@ -201,8 +207,12 @@ class SimPod:
         self.busy_until = self.clock.now
         stats = self.engine.stats()
         features = runner.last_features
-        return StepRecord(self.clock.now, self.clock.now - now, stats.last_batch_size,
-                          features.tokens if features else stats.last_num_tokens)  # fmt: skip
+        return StepRecord(
+            self.clock.now,
+            self.clock.now - now,
+            stats.last_batch_size,
+            features.tokens if features else stats.last_num_tokens,
+        )
 
     def take_outputs(self) -> list[RequestOutput]:
         outputs, self.pending = self.pending, []

@@ -82,14 +82,16 @@ def per_minute(result: SimResult) -> list[dict[str, Any]]:
         met = None
         if active:
             met = (t95 is None or t95 <= result.slo_ttft_s) and (i95 is None or i95 <= result.slo_itl_s)
-        rows.append({
-            "minute": m,
-            "arrivals": len(ttft[m]),
-            "ttft_p95_s": _finite(t95),
-            "itl_p95_s": _finite(i95),
-            "met": met,
-            "replicas_mean": sum(replicas[m]) / len(replicas[m]) if replicas[m] else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "minute": m,
+                "arrivals": len(ttft[m]),
+                "ttft_p95_s": _finite(t95),
+                "itl_p95_s": _finite(i95),
+                "met": met,
+                "replicas_mean": sum(replicas[m]) / len(replicas[m]) if replicas[m] else None,
+            }
+        )
     return rows
 
 
@@ -211,16 +213,22 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
         return "-" if v is None else f"{v * 1000:.0f} ms"
 
     warm = f" after a {s['measured_from_s']:.0f} s warm-up" if s["measured_from_s"] else ""
-    print(f"== {s['name']}: {s['mode']}, controller {s['controller']}, {s['requests']} requests over "
-          f"{s['duration_s']:.0f} s{warm} (done at {s['end_s']:.0f} s): {s['status']}")  # fmt: skip
+    print(
+        f"== {s['name']}: {s['mode']}, controller {s['controller']}, {s['requests']} requests over "
+        f"{s['duration_s']:.0f} s{warm} (done at {s['end_s']:.0f} s): {s['status']}"
+    )
     print(f"   SLO p95 TTFT {ms(s['slo']['ttft_p95_s'])}, ITL {ms(s['slo']['itl_p95_s'])}: {_attainment(s)}")
-    print(f"   TTFT p50/p95/p99 {ms(s['ttft_p50_s'])}/{ms(s['ttft_p95_s'])}/{ms(s['ttft_p99_s'])}; "
-          f"ITL p50/p95/p99 {ms(s['itl_p50_s'])}/{ms(s['itl_p95_s'])}/{ms(s['itl_p99_s'])}; "
-          f"e2e p50 {ms(s['e2e_p50_s'])}")  # fmt: skip
-    print(f"   throughput {s['throughput_tok_s']:.1f} tok/s, goodput {s['goodput_req_s']:.2f} req/s, "
-          f"replica-minutes {s['replica_minutes']:.1f}{_pools(s['replica_minutes_by_pool'])}, "
-          f"{s['decisions']} decisions, at most {s['max_direction_changes_per_window']} direction change(s) "
-          f"per {s['stabilization_window_s']:.0f} s")  # fmt: skip
+    print(
+        f"   TTFT p50/p95/p99 {ms(s['ttft_p50_s'])}/{ms(s['ttft_p95_s'])}/{ms(s['ttft_p99_s'])}; "
+        f"ITL p50/p95/p99 {ms(s['itl_p50_s'])}/{ms(s['itl_p95_s'])}/{ms(s['itl_p99_s'])}; "
+        f"e2e p50 {ms(s['e2e_p50_s'])}"
+    )
+    print(
+        f"   throughput {s['throughput_tok_s']:.1f} tok/s, goodput {s['goodput_req_s']:.2f} req/s, "
+        f"replica-minutes {s['replica_minutes']:.1f}{_pools(s['replica_minutes_by_pool'])}, "
+        f"{s['decisions']} decisions, at most {s['max_direction_changes_per_window']} direction change(s) "
+        f"per {s['stabilization_window_s']:.0f} s"
+    )
     _print_reasons(s["reasons"])
     shown = result.decisions[-decisions:] if decisions else []
     if shown:
@@ -294,13 +302,25 @@ def save_plot(result: SimResult, path: str | Path, title: str = "") -> Path:
     ax = axes[2]
     for i, pool in enumerate(pools):
         for knob, style in (("maxBatchSize", "-"), ("batchTimeoutMs", "--")):
-            ax.step(times, [p.pools[pool][knob] for p in result.timeline], where="post", color=f"C{i}", ls=style,
-                    label=f"{pool} {knob}")  # fmt: skip
+            ax.step(
+                times,
+                [p.pools[pool][knob] for p in result.timeline],
+                where="post",
+                color=f"C{i}",
+                ls=style,
+                label=f"{pool} {knob}",
+            )
     ax.set_ylabel("batch size / window ms")
     budget = ax.twinx()
     for i, pool in enumerate(pools):
-        budget.step(times, [p.pools[pool]["maxNumBatchedTokens"] for p in result.timeline], where="post",
-                    color=f"C{i}", ls=":", label=f"{pool} maxNumBatchedTokens")  # fmt: skip
+        budget.step(
+            times,
+            [p.pools[pool]["maxNumBatchedTokens"] for p in result.timeline],
+            where="post",
+            color=f"C{i}",
+            ls=":",
+            label=f"{pool} maxNumBatchedTokens",
+        )
     budget.set_ylabel("token budget (dotted)")
     for d in result.decisions:
         ax.axvline((d.at - start) / 60.0, color="red" if d.hold else "green", alpha=0.15, lw=1)

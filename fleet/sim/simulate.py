@@ -65,6 +65,8 @@ def with_fixed(spec: InferenceServiceSpec, pool: str, replicas: int, knobs: dict
     for knob, value in knobs.items():  # keep the fixed value inside the bounds effective_engine applies
         if knob in bounds:
             low, high = bounds[knob].get("min"), bounds[knob].get("max")
-            bounds[knob] = {"min": value if low is None else min(low, value),
-                            "max": value if high is None else max(high, value)}  # fmt: skip
+            bounds[knob] = {
+                "min": value if low is None else min(low, value),
+                "max": value if high is None else max(high, value),
+            }
     return parse_spec(raw)

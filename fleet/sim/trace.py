@@ -137,8 +137,13 @@ def with_warmup(workload: Workload | PhasedWorkload, warmup_s: float, seed: int 
         return requests
     if isinstance(workload, PhasedWorkload):
         rate = workload.phases[0][1]
-        base = Workload("warm-up", 0, prompt_len=workload.prompt_len, output_len=workload.output_len,
-                        output_mean=workload.output_mean)  # fmt: skip
+        base = Workload(
+            "warm-up",
+            0,
+            prompt_len=workload.prompt_len,
+            output_len=workload.output_len,
+            output_mean=workload.output_mean,
+        )
     else:
         rate = workload.rate_per_s or 1.0
         base = workload

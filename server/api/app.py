@@ -102,8 +102,13 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
         if state.engine is None:
             return {"waiting": 0, "running": 0, "kv_usage": 0.0, "role": state.role, "draining": state.draining}
         s = state.engine.stats
-        return {"waiting": s.num_waiting, "running": s.num_running, "kv_usage": s.kv_usage, "role": state.role,
-                "draining": state.draining}  # fmt: skip
+        return {
+            "waiting": s.num_waiting,
+            "running": s.num_running,
+            "kv_usage": s.kv_usage,
+            "role": state.role,
+            "draining": state.draining,
+        }
 
     @app.get("/v1/models")
     async def models():

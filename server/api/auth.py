@@ -56,8 +56,16 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1") and not self._authorized(scope):
-            body = json.dumps({"error": {"message": "invalid or missing API key (Authorization: Bearer <key>)",
-                                         "type": "authentication_error", "param": None, "code": 401}})  # fmt: skip
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": "invalid or missing API key (Authorization: Bearer <key>)",
+                        "type": "authentication_error",
+                        "param": None,
+                        "code": 401,
+                    }
+                }
+            )
             headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
             await send({"type": "http.response.start", "status": 401, "headers": headers})
             await send({"type": "http.response.body", "body": body.encode()})

@@ -16,8 +16,14 @@ from ..core.request import SamplingParams
 
 FILE = "generation_config.json"
 # What the file may set, and its name in a request (vLLM reads the same keys)
-KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-        "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}  # fmt: skip
+KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
 class GenerationConfigError(ValueError):
@@ -71,8 +77,9 @@ def checked(values: dict[str, float], source: str) -> dict[str, float]:
     error, not every request's 400."""
     for key, low in (("top_k", -1), ("max_tokens", 1)):  # whole numbers in a request
         if key in values and (values[key] != int(values[key]) or values[key] < low):
-            raise GenerationConfigError(f"generation config ({source}): {key} must be a whole number >= {low}, "
-                                        f"got {values[key]!r}")  # fmt: skip
+            raise GenerationConfigError(
+                f"generation config ({source}): {key} must be a whole number >= {low}, got {values[key]!r}"
+            )
     try:
         SamplingParams(
             max_tokens=int(values.get("max_tokens", 1)),

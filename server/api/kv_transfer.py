@@ -198,9 +198,10 @@ def install_prefill_routes(app: FastAPI, state: ServerState) -> None:
         # the copy and the checksum read every byte (zlib lets go of the GIL): off the event loop
         header, payload = await asyncio.to_thread(_body, state, entry, first_block)
         return StreamingResponse(
-            _send(state, header, payload), media_type=KV_MEDIA_TYPE,
+            _send(state, header, payload),
+            media_type=KV_MEDIA_TYPE,
             headers={"Content-Length": str(len(header) + payload.nbytes)},
-        )  # fmt: skip
+        )
 
 
 def _body(state: ServerState, entry: _Held, first_block: int) -> tuple[bytes, memoryview]:

@@ -73,15 +73,21 @@ def install(app: FastAPI, state: ServerState) -> None:
         if results is None:
             return Response(status_code=CLIENT_GONE)
         if echo_only:
-            results = {i: replace(r, text="", finish_reason="length", token_ids=[], logprobs=[], num_output_tokens=0)
-                       for i, r in results.items()}  # fmt: skip
+            results = {
+                i: replace(r, text="", finish_reason="length", token_ids=[], logprobs=[], num_output_tokens=0)
+                for i, r in results.items()
+            }
         choices = []
         for sub in subs:
             result = results[sub.index]
             text = echo.get(sub.index, "")
-            choice = {"index": sub.index, "text": text + result.text, "logprobs": None,
-                      "finish_reason": result.finish_reason,
-                      "stop_reason": result.stop_reason}  # fmt: skip
+            choice = {
+                "index": sub.index,
+                "text": text + result.text,
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+                "stop_reason": result.stop_reason,
+            }
             if body.logprobs is not None:
                 generated = completion_logprobs(reply.names, result.token_ids, result.logprobs, len(text))
                 if body.echo:
@@ -114,8 +120,9 @@ def install(app: FastAPI, state: ServerState) -> None:
             raise in_responses_terms(exc) from exc
         assert isinstance(chunks, AsyncIterator)  # a streamed chat, with no transfer asked
         if body.stream:
-            return ClosingStreamingResponse(ResponseStream(body, chunks), media_type="text/event-stream",
-                                            headers=SSE_HEADERS)  # fmt: skip
+            return ClosingStreamingResponse(
+                ResponseStream(body, chunks), media_type="text/event-stream", headers=SSE_HEADERS
+            )
         answer = await unless_client_gone(raw, whole_response(body, chunks))
         return Response(status_code=CLIENT_GONE) if answer is None else answer
 
@@ -162,8 +169,15 @@ def install(app: FastAPI, state: ServerState) -> None:
             if body.echoed():  # streamed, the echo is the first chunk's content whatever follows
                 message["content"] = body.echoed() + (message["content"] or "")
             logprobs = chat_logprobs(reply.names, result) if body.logprobs else None
-            choices.append({"index": sub.index, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                            "stop_reason": result.stop_reason})  # fmt: skip
+            choices.append(
+                {
+                    "index": sub.index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "stop_reason": result.stop_reason,
+                }
+            )
             if body.return_token_ids:
                 choices[-1]["token_ids"] = result.token_ids
         extra = {"prompt_token_ids": subs[0].prompt} if body.return_token_ids else {}
@@ -322,8 +336,14 @@ class _Reply:
         self.continuous_usage = self.include_usage and options.continuous_usage_stats
 
     def envelope(self, obj: str, choices: list[dict], **extra) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.state.model_name,
-                "choices": choices, **extra}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": choices,
+            **extra,
+        }
 
     def chunk(self, obj: str, choice: dict, sub: SubRequest, completion: int = 0) -> dict:
         """One choice's chunk; with continuous usage stats, the usage of that choice so far (vLLM's)."""

@@ -286,11 +286,25 @@ def _with_parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
 
 
 # apply_chat_template's own parameters: chat_template_kwargs holds the template's variables only
-_TEMPLATE_PARAMETERS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})  # fmt: skip
+_TEMPLATE_PARAMETERS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
 class ChatTemplating(TextRequest):

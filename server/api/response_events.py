@@ -38,10 +38,13 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     thinking = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-    return {"input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": thinking},
-            "total_tokens": usage["total_tokens"]}  # fmt: skip
+    return {
+        "input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": thinking},
+        "total_tokens": usage["total_tokens"],
+    }
 
 
 def _logprobs(chat_logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -101,8 +104,11 @@ class ResponseEvents:
         events = [] if self.started else self._start({})
         message = str(error.get("message", "the stream failed"))
         events += self._close("incomplete")
-        events.append(self._event("error", code=str(error.get("type") or "server_error"), message=message,
-                                  param=error.get("param")))  # fmt: skip
+        events.append(
+            self._event(
+                "error", code=str(error.get("type") or "server_error"), message=message, param=error.get("param")
+            )
+        )
         failed = self._response("failed", error={"code": "server_error", "message": message})
         self.ended = True
         return [*events, self._event("response.failed", response=failed)]
@@ -113,14 +119,25 @@ class ResponseEvents:
             self.rid = response_id(chunk["id"])
         self.created = chunk.get("created", self.created)
         self.model = chunk.get("model", self.model)
-        return [self._event(f"response.{kind}", response=self._response("in_progress"))
-                for kind in ("created", "in_progress")]  # fmt: skip
+        return [
+            self._event(f"response.{kind}", response=self._response("in_progress"))
+            for kind in ("created", "in_progress")
+        ]
 
     def _response(self, status: str, incomplete=None, error=None) -> dict[str, Any]:
-        return {"id": self.rid, "object": "response", "created_at": self.created, "model": self.model,
-                "status": status, "completed_at": time.time() if status == "completed" else None,
-                "output": [dict(item) for item in self.output], "usage": _usage(self.usage),
-                "incomplete_details": incomplete, "error": error, **self.request.echoed()}  # fmt: skip
+        return {
+            "id": self.rid,
+            "object": "response",
+            "created_at": self.created,
+            "model": self.model,
+            "status": status,
+            "completed_at": time.time() if status == "completed" else None,
+            "output": [dict(item) for item in self.output],
+            "usage": _usage(self.usage),
+            "incomplete_details": incomplete,
+            "error": error,
+            **self.request.echoed(),
+        }
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -136,23 +153,35 @@ class ResponseEvents:
         if self.open is None or self.open["item"]["type"] != kind:
             events += self._close("completed")
             if kind == "message":
-                item = {"type": "message", "id": _item_id("msg"), "role": "assistant", "status": "in_progress",
-                        "content": []}  # fmt: skip
+                item = {
+                    "type": "message",
+                    "id": _item_id("msg"),
+                    "role": "assistant",
+                    "status": "in_progress",
+                    "content": [],
+                }
                 part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             else:
-                item = {"type": "reasoning", "id": _item_id("rs"), "summary": [], "status": "in_progress",
-                        "content": []}  # fmt: skip
+                item = {
+                    "type": "reasoning",
+                    "id": _item_id("rs"),
+                    "summary": [],
+                    "status": "in_progress",
+                    "content": [],
+                }
                 part = {"type": "reasoning_text", "text": ""}
             events += self._open(item, part)
-            events.append(self._event("response.content_part.added", **self._where(), content_index=0,
-                                      part=dict(part)))  # fmt: skip
+            events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=dict(part)))
         assert self.open is not None
         part = self.open["part"]
         part["text"] += text
         if kind == "message":
             part["logprobs"] = [*part["logprobs"], *logprobs]
-            events.append(self._event("response.output_text.delta", **self._where(), content_index=0, delta=text,
-                                      logprobs=list(logprobs)))  # fmt: skip
+            events.append(
+                self._event(
+                    "response.output_text.delta", **self._where(), content_index=0, delta=text, logprobs=list(logprobs)
+                )
+            )
         else:
             events.append(self._event("response.reasoning_text.delta", **self._where(), content_index=0, delta=text))
         return events
@@ -163,8 +192,14 @@ class ResponseEvents:
         function = call.get("function") or {}
         if index not in self.calls:
             events += self._close("completed")
-            item = {"type": "function_call", "id": _item_id("fc"), "call_id": call.get("id") or openai_call_id(),
-                    "name": function.get("name") or "", "arguments": "", "status": "in_progress"}  # fmt: skip
+            item = {
+                "type": "function_call",
+                "id": _item_id("fc"),
+                "call_id": call.get("id") or openai_call_id(),
+                "name": function.get("name") or "",
+                "arguments": "",
+                "status": "in_progress",
+            }
             events += self._open(item)
             self.calls[index] = item
         if arguments := function.get("arguments"):
@@ -188,8 +223,15 @@ class ResponseEvents:
         else:
             item["content"] = [part]
             if item["type"] == "message":
-                events.append(self._event("response.output_text.done", **where, content_index=0, text=part["text"],
-                                          logprobs=part["logprobs"]))  # fmt: skip
+                events.append(
+                    self._event(
+                        "response.output_text.done",
+                        **where,
+                        content_index=0,
+                        text=part["text"],
+                        logprobs=part["logprobs"],
+                    )
+                )
             else:
                 events.append(self._event("response.reasoning_text.done", **where, content_index=0, text=part["text"]))
             events.append(self._event("response.content_part.done", **where, content_index=0, part=dict(part)))

@@ -26,10 +26,28 @@ from .protocol import ChatCompletionRequest, TextRequest
 # response; the other chat fields (vLLM's sampling and structured-output extras, chat template
 # settings) pass through as given.
 OWNED = {
-    "messages", "model", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stream", "stream_options",
-    "logprobs", "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls", "user", "n",
-    "best_of", "echo", "prompt_logprobs", "return_token_ids", "kv_transfer_params",
-}  # fmt: skip
+    "messages",
+    "model",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "user",
+    "n",
+    "best_of",
+    "echo",
+    "prompt_logprobs",
+    "return_token_ids",
+    "kv_transfer_params",
+}
 PASSED_THROUGH = frozenset(ChatCompletionRequest.model_fields) - OWNED
 TEXT_PARTS = ("input_text", "output_text", "text")
 TOOL_CHOICES = ("none", "auto", "required")
@@ -39,13 +57,23 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # OpenAI's include values; those that need a hosted tool or an encrypted reasoning item ask for
 # what this server never makes, so they change nothing
 INCLUDABLE = {
-    LOGPROBS_INCLUDE, "reasoning.encrypted_content", "code_interpreter_call.outputs", "file_search_call.results",
-    "computer_call_output.output.image_url", "message.input_image.image_url", "web_search_call.action.sources",
+    LOGPROBS_INCLUDE,
+    "reasoning.encrypted_content",
+    "code_interpreter_call.outputs",
+    "file_search_call.results",
+    "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+    "web_search_call.action.sources",
     "web_search_call.results",
-}  # fmt: skip
+}
 # A chat error's field, named as the Responses request names it
-CHAT_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "prompt": "input",
-               "messages": "input", "response_format": "text"}  # fmt: skip
+CHAT_PARAMS = {
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "prompt": "input",
+    "messages": "input",
+    "response_format": "text",
+}
 
 
 class ResponsesRequest(TextRequest):
@@ -98,8 +126,13 @@ class ResponsesRequest(TextRequest):
         chat: dict[str, Any] = {key: value for key, value in (self.model_extra or {}).items() if key in PASSED_THROUGH}
         messages = self._messages()
         chat |= {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
-        optional = {"model": self.model, "temperature": self.temperature, "top_p": self.top_p,
-                    "max_completion_tokens": self.max_output_tokens, "user": self.user}  # fmt: skip
+        optional = {
+            "model": self.model,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_completion_tokens": self.max_output_tokens,
+            "user": self.user,
+        }
         chat |= {key: value for key, value in optional.items() if value is not None}
         if self._continues(messages):  # vLLM's: an unfinished last answer goes on
             chat |= {"add_generation_prompt": False, "continue_final_message": True}
@@ -117,25 +150,35 @@ class ResponsesRequest(TextRequest):
         return chat
 
     def _refuse_what_is_not_served(self) -> None:
-        stored = (("previous_response_id", self.previous_response_id), ("conversation", self.conversation),
-                  ("prompt", self.prompt))  # fmt: skip
+        stored = (
+            ("previous_response_id", self.previous_response_id),
+            ("conversation", self.conversation),
+            ("prompt", self.prompt),
+        )
         for field, value in stored:
             if value is not None:
-                raise APIError(400, f"{field} needs stored state, which this server does not keep: send the "
-                                    "whole conversation as input", param=field)  # fmt: skip
+                raise APIError(
+                    400,
+                    f"{field} needs stored state, which this server does not keep: send the "
+                    "whole conversation as input",
+                    param=field,
+                )
         if self.background:
-            raise APIError(400, "background responses need the response store, which this server does not keep",
-                           param="background")  # fmt: skip
+            raise APIError(
+                400, "background responses need the response store, which this server does not keep", param="background"
+            )
         if self.truncation == "auto":
-            raise APIError(400, "truncation 'auto' is not supported: an input past the context is refused "
-                                "('disabled')", param="truncation")  # fmt: skip
+            raise APIError(
+                400,
+                "truncation 'auto' is not supported: an input past the context is refused ('disabled')",
+                param="truncation",
+            )
         unknown = sorted(set(self.include or []) - INCLUDABLE)
         if unknown:
             raise APIError(400, f"include: unknown value(s) {', '.join(map(repr, unknown))}", param="include")
         for key, value in (self.metadata or {}).items():
             if len(key) > 64 or len(value) > 512:
-                raise APIError(400, "metadata keys are at most 64 characters and values at most 512",
-                               param="metadata")  # fmt: skip
+                raise APIError(400, "metadata keys are at most 64 characters and values at most 512", param="metadata")
 
     def _messages(self) -> list[dict[str, Any]]:
         """Chat messages, as vLLM builds them: an answer's reasoning, text and calls, given back as
@@ -159,21 +202,29 @@ class ResponsesRequest(TextRequest):
             elif kind == "message":
                 role = item.get("role")
                 if role not in ("user", "system", "developer"):
-                    raise APIError(400, f"{where}: role must be user, system, developer or assistant, not {role!r}",
-                                   param="input")  # fmt: skip
+                    raise APIError(
+                        400, f"{where}: role must be user, system, developer or assistant, not {role!r}", param="input"
+                    )
                 messages.append({"role": role, "content": _text(item.get("content"), where)})
                 answer = None
             elif kind == "function_call":
-                call = {"id": _field(item, "call_id", where), "type": "function",
-                        "function": {"name": _field(item, "name", where),
-                                     "arguments": _field(item, "arguments", where)}}  # fmt: skip
+                call = {
+                    "id": _field(item, "call_id", where),
+                    "type": "function",
+                    "function": {"name": _field(item, "name", where), "arguments": _field(item, "arguments", where)},
+                }
                 if answer is None:
                     answer = {"role": "assistant", "content": None}
                     messages.append(answer)
                 answer.setdefault("tool_calls", []).append(call)
             elif kind == "function_call_output":
-                messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where),
-                                 "content": _text(item.get("output"), where, "output")})  # fmt: skip
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": _field(item, "call_id", where),
+                        "content": _text(item.get("output"), where, "output"),
+                    }
+                )
                 answer = None
             elif kind == "reasoning":
                 thinking = _reasoning_text(item, where)
@@ -184,8 +235,9 @@ class ResponsesRequest(TextRequest):
                     messages.append(answer)
             else:
                 supported = "message, function_call, function_call_output and reasoning are"
-                raise APIError(400, f"{where}: input items of type {kind!r} are not supported ({supported})",
-                               param="input")  # fmt: skip
+                raise APIError(
+                    400, f"{where}: input items of type {kind!r} are not supported ({supported})", param="input"
+                )
         if not messages:
             raise APIError(400, "input holds no message", param="input")
         return messages
@@ -207,19 +259,24 @@ class ResponsesRequest(TextRequest):
             return {"type": "json_object"}
         if kind == "json_schema":
             if not isinstance(fmt.get("schema"), dict) or not isinstance(fmt.get("name"), str):
-                raise APIError(400, "text.format json_schema needs a name and its schema (a JSON Schema object)",
-                               param="text")  # fmt: skip
+                raise APIError(
+                    400, "text.format json_schema needs a name and its schema (a JSON Schema object)", param="text"
+                )
             schema = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
             return {"type": "json_schema", "json_schema": schema}
-        raise APIError(400, f"text.format type {kind!r} is not supported (text, json_object and "
-                            "json_schema are)", param="text")  # fmt: skip
+        raise APIError(
+            400, f"text.format type {kind!r} is not supported (text, json_object and json_schema are)", param="text"
+        )
 
     def _tool_fields(self) -> dict[str, Any]:
         choice = self.tool_choice
         named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str)
         if not (named or choice in TOOL_CHOICES):
-            raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
-                           param="tool_choice")  # fmt: skip
+            raise APIError(
+                400,
+                "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
+                param="tool_choice",
+            )
         if not self.tools:
             if choice not in ("none", "auto"):
                 raise APIError(400, "tool_choice asks for a call, but no tools are given", param="tool_choice")
@@ -227,8 +284,11 @@ class ResponsesRequest(TextRequest):
         tools = []
         for i, tool in enumerate(self.tools):
             if tool.get("type") != "function":
-                raise APIError(400, f"tools[{i}]: only function tools are supported, not {tool.get('type')!r} "
-                                    "(a hosted tool)", param="tools")  # fmt: skip
+                raise APIError(
+                    400,
+                    f"tools[{i}]: only function tools are supported, not {tool.get('type')!r} (a hosted tool)",
+                    param="tools",
+                )
             wrong = ("name", str, "a string"), ("description", str, "a string"), ("parameters", dict, "an object")
             for key, kind, what in wrong:
                 if (key == "name" or tool.get(key) is not None) and not isinstance(tool.get(key), kind):
@@ -241,13 +301,23 @@ class ResponsesRequest(TextRequest):
     def echoed(self) -> dict[str, Any]:
         """The request's settings, as a Response object repeats them."""
         return {
-            "instructions": self.instructions, "max_output_tokens": self.max_output_tokens,
-            "metadata": self.metadata or {}, "parallel_tool_calls": self.parallel_tool_calls,
-            "previous_response_id": None, "reasoning": self.reasoning, "store": False, "background": False,
-            "temperature": self.temperature, "top_p": self.top_p, "top_logprobs": self.top_logprobs,
-            "text": self.text or {"format": {"type": "text"}}, "tool_choice": self.tool_choice, "tools": self.tools,
-            "truncation": self.truncation, "user": self.user,
-        }  # fmt: skip
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            "metadata": self.metadata or {},
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "previous_response_id": None,
+            "reasoning": self.reasoning,
+            "store": False,
+            "background": False,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_logprobs": self.top_logprobs,
+            "text": self.text or {"format": {"type": "text"}},
+            "tool_choice": self.tool_choice,
+            "tools": self.tools,
+            "truncation": self.truncation,
+            "user": self.user,
+        }
 
 
 def _unwritten(answer: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
@@ -276,8 +346,12 @@ def _text(content: Any, where: str, name: str = "content") -> str | list[dict[st
         elif kind in TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         else:
-            raise APIError(400, f"{where}.{name}[{j}]: only text parts are supported (input_text, output_text), "
-                                f"not {kind!r}: the model reads text alone", param="input")  # fmt: skip
+            raise APIError(
+                400,
+                f"{where}.{name}[{j}]: only text parts are supported (input_text, output_text), "
+                f"not {kind!r}: the model reads text alone",
+                param="input",
+            )
     return parts
 
 
@@ -314,10 +388,17 @@ def install_stored_routes(app: Any) -> None:
     that says why, where a bare one would leave a client guessing at a wrong id."""
 
     async def not_stored(response_id: str) -> None:
-        raise APIError(404, f"response {response_id!r} is not stored: this server keeps no responses "
-                            "(store is not supported)", "not_found_error")  # fmt: skip
+        raise APIError(
+            404,
+            f"response {response_id!r} is not stored: this server keeps no responses (store is not supported)",
+            "not_found_error",
+        )
 
-    routes = (("retrieve", "GET", ""), ("delete", "DELETE", ""), ("cancel", "POST", "/cancel"),
-              ("input_items", "GET", "/input_items"))  # fmt: skip
+    routes = (
+        ("retrieve", "GET", ""),
+        ("delete", "DELETE", ""),
+        ("cancel", "POST", "/cancel"),
+        ("input_items", "GET", "/input_items"),
+    )
     for name, method, tail in routes:
         app.add_api_route(f"/v1/responses/{{response_id}}{tail}", not_stored, methods=[method], name=f"{name}_response")

@@ -65,8 +65,9 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=int(args.kv_export_limit_mb * 2**20))
     watcher = None
     if args.config:
-        watcher = ConfigWatcher.for_engine(args.config, state.engine, state.metrics, initial=config, defaults=flags,
-                                           baseline=loaded)  # fmt: skip
+        watcher = ConfigWatcher.for_engine(
+            args.config, state.engine, state.metrics, initial=config, defaults=flags, baseline=loaded
+        )
         watcher.start()
     return state, watcher
 

@@ -68,10 +68,17 @@ class ServerState:
     def model_list(self, max_model_len: int | None) -> dict:
         """/v1/models: a card per served name, each of the one model (as vLLM lists them)."""
         cards = [
-            {"id": name, "object": "model", "created": self.created, "owned_by": "llm-fleet",
-             "root": self.model_name, "parent": None, "max_model_len": max_model_len}
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "llm-fleet",
+                "root": self.model_name,
+                "parent": None,
+                "max_model_len": max_model_len,
+            }
             for name in self.model_names
-        ]  # fmt: skip
+        ]
         return {"object": "list", "data": cards}
 
     def unavailable_reason(self) -> str | None:

@@ -120,16 +120,20 @@ class StructuredOutputFields(BaseModel):
         if options is not None:
             if options.structural_tag is not None:
                 raise StructuredOutputError("structured_outputs.structural_tag is not supported", "structured_outputs")
-            named = [("json", _schema_text(options.json_, "structured_outputs.json")),
-                     ("regex", options.regex),
-                     ("choice", _choice_text(options.choice, "structured_outputs.choice")),
-                     ("grammar", options.grammar),
-                     ("json_object", "" if options.json_object else None)]  # fmt: skip
+            named = [
+                ("json", _schema_text(options.json_, "structured_outputs.json")),
+                ("regex", options.regex),
+                ("choice", _choice_text(options.choice, "structured_outputs.choice")),
+                ("grammar", options.grammar),
+                ("json_object", "" if options.json_object else None),
+            ]
             asked += [(f"structured_outputs.{kind}", kind, spec) for kind, spec in named if spec is not None]
-        legacy = [("guided_json", "json", _schema_text(self.guided_json, "guided_json")),
-                  ("guided_regex", "regex", self.guided_regex),
-                  ("guided_choice", "choice", _choice_text(self.guided_choice, "guided_choice")),
-                  ("guided_grammar", "grammar", self.guided_grammar)]  # fmt: skip
+        legacy = [
+            ("guided_json", "json", _schema_text(self.guided_json, "guided_json")),
+            ("guided_regex", "regex", self.guided_regex),
+            ("guided_choice", "choice", _choice_text(self.guided_choice, "guided_choice")),
+            ("guided_grammar", "grammar", self.guided_grammar),
+        ]
         return asked + [(field, kind, spec) for field, kind, spec in legacy if spec is not None]
 
 

@@ -48,10 +48,15 @@ class ForcedToolCalls:
         functions = _functions(tools)
         if choice == "required":
             array: dict[str, Any] = {"type": "array", "minItems": 1}
-            calls = [{"type": "object", "properties": {"name": {"enum": [name]},
-                                                       "parameters": _definitions_to(array, name, parameters)},
-                      "required": ["name", "parameters"], "additionalProperties": False}
-                     for name, parameters in functions.items()]  # fmt: skip
+            calls = [
+                {
+                    "type": "object",
+                    "properties": {"name": {"enum": [name]}, "parameters": _definitions_to(array, name, parameters)},
+                    "required": ["name", "parameters"],
+                    "additionalProperties": False,
+                }
+                for name, parameters in functions.items()
+            ]
             array["items"] = {"anyOf": calls}
             return cls(None, array | ({"maxItems": 1} if parallel is False else {}), call_id)
         name = _named(choice)

@@ -22,9 +22,11 @@ class RouterMetrics(ServerMetrics):
         super().__init__(model_name, "router")
         names = list(self.labels)
         self.retries = Counter(
-            "llmfleet_router_retries", "Requests sent again after a server failed.", [*names, "pool"],
+            "llmfleet_router_retries",
+            "Requests sent again after a server failed.",
+            [*names, "pool"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.fallbacks = Counter(
             "llmfleet_router_local_prefills",
             "Requests whose decode server computed the prompt itself (no prefill server could).",
@@ -32,9 +34,11 @@ class RouterMetrics(ServerMetrics):
             registry=self.registry,
         )
         self.broken_streams = Counter(
-            "llmfleet_router_broken_streams", "Streams ended with an error event after a server failed.", names,
+            "llmfleet_router_broken_streams",
+            "Streams ended with an error event after a server failed.",
+            names,
             registry=self.registry,
-        )  # fmt: skip
+        )
         for pool in ("prefill", "decode"):
             self.lab(self.retries, pool=pool)
         self.lab(self.fallbacks)
@@ -124,8 +128,9 @@ def _has_content(choice: dict) -> bool:
         return True
     delta = choice.get("delta") or {}
     # a reasoning model's thinking is output too (vLLM counts it for TTFT): no buffering through it
-    return bool(delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
-                or delta.get("reasoning"))  # fmt: skip
+    return bool(
+        delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning")
+    )
 
 
 _BOOL = TypeAdapter(bool)

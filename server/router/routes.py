@@ -148,8 +148,12 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return
         if state.model_name not in servers_names:
-            log.warning("the decode servers serve %s, not %s: requests for the router's names are sent under %r",
-                        servers_names, state.model_name, servers_names[0])  # fmt: skip
+            log.warning(
+                "the decode servers serve %s, not %s: requests for the router's names are sent under %r",
+                servers_names,
+                state.model_name,
+                servers_names[0],
+            )
 
     @app.get("/load")
     async def load():

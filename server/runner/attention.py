@@ -148,8 +148,10 @@ def paged_attention(
 ) -> tuple[torch.Tensor, None]:
     meta = llmfleet_meta
     if meta is None:
-        reason = (f"its layers do not pass their keyword arguments on to their attention ({type(module).__name__} "
-                  "got no llm-fleet step metadata)")  # fmt: skip
+        reason = (
+            f"its layers do not pass their keyword arguments on to their attention ({type(module).__name__} "
+            "got no llm-fleet step metadata)"
+        )
         raise refused(type(module).__module__.rsplit(".", 1)[-1].removeprefix("modeling_"), reason)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     scoring = Scoring(scale, sliding_window, softcap, s_aux)
@@ -205,9 +207,17 @@ def _decode(
 ) -> None:
     kv = (cache.keys[layer], cache.values[layer], cache.block_size)
     if cpu_kernels.paged_decode(
-        q, out, *kv, group.rows, group.blocks, group.lengths, scoring.scale, scoring.window, scoring.softcap,
+        q,
+        out,
+        *kv,
+        group.rows,
+        group.blocks,
+        group.lengths,
+        scoring.scale,
+        scoring.window,
+        scoring.softcap,
         scoring.sinks,
-    ):  # fmt: skip
+    ):
         return  # read in place by the C kernel (cpu_kernels.py)
     n = group.rows.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]

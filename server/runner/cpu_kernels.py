@@ -274,15 +274,31 @@ void llmfleet_paged_decode(
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _ARGTYPES = [
-    _PTR, _I64, _I64,  # q, its token and head strides
-    _PTR, _PTR, _I64,  # keys, values, slots per head
-    _PTR, _PTR, _I64, _PTR, _I64,  # rows, blocks, blocks per request, lengths, n
-    _PTR, _I64, _I64,  # out, its token and head strides
-    _I64, _I64, _I64, _I64,  # heads, kv heads, head dim, block size
-    ctypes.c_float, _I64,  # scale, window (0: none)
-    ctypes.c_float, _PTR,  # logit cap (0: none), sinks (float32 per head; NULL: none)
-    ctypes.c_int, ctypes.c_int,  # bf16, threads
-]  # fmt: skip
+    _PTR,
+    _I64,
+    _I64,  # q, its token and head strides
+    _PTR,
+    _PTR,
+    _I64,  # keys, values, slots per head
+    _PTR,
+    _PTR,
+    _I64,
+    _PTR,
+    _I64,  # rows, blocks, blocks per request, lengths, n
+    _PTR,
+    _I64,
+    _I64,  # out, its token and head strides
+    _I64,
+    _I64,
+    _I64,
+    _I64,  # heads, kv heads, head dim, block size
+    ctypes.c_float,
+    _I64,  # scale, window (0: none)
+    ctypes.c_float,
+    _PTR,  # logit cap (0: none), sinks (float32 per head; NULL: none)
+    ctypes.c_int,
+    ctypes.c_int,  # bf16, threads
+]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -382,13 +398,29 @@ def paged_decode(
     kv_heads, slots = keys.shape[0], keys.shape[1]
     sink_logits = None if sinks is None else sinks.detach().to(torch.float32).contiguous()  # alive for the call
     library.llmfleet_paged_decode(
-        q.data_ptr(), q.stride(0), q.stride(1),
-        keys.data_ptr(), values.data_ptr(), slots,
-        rows.data_ptr(), blocks.data_ptr(), blocks.numel() // n, lengths.data_ptr(), n,
-        out.data_ptr(), out.stride(0), out.stride(1),
-        heads, kv_heads, dim, block_size,
-        scale, window or 0,
-        softcap or 0.0, None if sink_logits is None else sink_logits.data_ptr(),
-        bf16, torch.get_num_threads(),
-    )  # fmt: skip
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        keys.data_ptr(),
+        values.data_ptr(),
+        slots,
+        rows.data_ptr(),
+        blocks.data_ptr(),
+        blocks.numel() // n,
+        lengths.data_ptr(),
+        n,
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        heads,
+        kv_heads,
+        dim,
+        block_size,
+        scale,
+        window or 0,
+        softcap or 0.0,
+        None if sink_logits is None else sink_logits.data_ptr(),
+        bf16,
+        torch.get_num_threads(),
+    )
     return True

@@ -24,8 +24,10 @@ class UnsupportedModel(ValueError):
     """A model the runner cannot serve exactly (a ValueError: the CLIs report it in one line)."""
 
 
-OWN_ATTENTION = ("it computes attention in its own code, not through transformers' attention interface, "
-                 "where llm-fleet's paged KV cache plugs in")  # fmt: skip
+OWN_ATTENTION = (
+    "it computes attention in its own code, not through transformers' attention interface, "
+    "where llm-fleet's paged KV cache plugs in"
+)
 
 
 def check_supported(model_dir: str | Path) -> str:
@@ -50,9 +52,11 @@ def unsupported_reason(config) -> str | None:
     model_class = _causal_lm_class(config)
     other = sorted(set(getattr(config, "layer_types", None) or ()) - SUPPORTED_LAYER_TYPES)
     if other:
-        return (f"its layer types include {', '.join(other)}: layers other than full or sliding-window attention "
-                "(recurrent, state-space, convolution, chunked or sparse), which llm-fleet's paged attention "
-                "does not implement")  # fmt: skip
+        return (
+            f"its layer types include {', '.join(other)}: layers other than full or sliding-window attention "
+            "(recurrent, state-space, convolution, chunked or sparse), which llm-fleet's paged attention "
+            "does not implement"
+        )
     if model_class is not None and getattr(model_class, "_is_stateful", False):
         return "its layers keep a recurrent state per sequence, which a paged KV cache does not hold"
     if getattr(config, "kv_lora_rank", None) or _values_differ_in_size(config):

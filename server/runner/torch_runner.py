@@ -260,8 +260,16 @@ def model_fingerprint(model) -> str:
     whatever path they loaded it from."""
     digest = hashlib.sha256()
     config = model.config
-    for key in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "rope_theta"):  # fmt: skip
+    for key in (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rope_theta",
+    ):
         digest.update(f"{key}={getattr(config, key, None)};".encode())
     params = list(model.parameters())
     for tensor in (params[0], params[-1]):

@@ -85,8 +85,15 @@ def test_any_image_tag_makes_valid_labels(render, tag: str) -> None:
 
 def test_dashboard_configmaps_keep_distinct_names_under_a_long_release_name(helm, tmp_path: Path) -> None:
     release = "ml-platform-inference-operator-prod-euw1-a"  # 42 characters: helm allows 53
-    out = helm("template", release, str(CHART), "--set", "grafana.dashboards.enabled=true",
-               "--set", "grafana.dashboards.labelValue=1").stdout  # fmt: skip
+    out = helm(
+        "template",
+        release,
+        str(CHART),
+        "--set",
+        "grafana.dashboards.enabled=true",
+        "--set",
+        "grafana.dashboards.labelValue=1",
+    ).stdout
     maps = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap"]
     names = [d["metadata"]["name"] for d in maps]
     assert len(names) == len(set(names)) == 2 and all(len(n) <= 63 for n in names), names

@@ -79,8 +79,9 @@ def test_the_service_monitor_scrapes_the_operator_service_keeping_the_series_lab
     # renames it exported_namespace and every dashboard's tuner panel comes up empty.
     assert endpoint["honorLabels"] is True
 
-    elsewhere = one(render({"metrics": {"serviceMonitor": {"enabled": True, "namespace": "monitoring"}}}),
-                    "ServiceMonitor")  # fmt: skip
+    elsewhere = one(
+        render({"metrics": {"serviceMonitor": {"enabled": True, "namespace": "monitoring"}}}), "ServiceMonitor"
+    )
     assert elsewhere["metadata"]["namespace"] == "monitoring"
     assert elsewhere["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
 

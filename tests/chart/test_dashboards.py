@@ -38,8 +38,15 @@ from .test_chart_manifests import crd_schemas
 
 LABELS = {"namespace": "test", "inference_service": "tiny", "pool": "colocated"}
 PODS = ("tiny-colocated-0", "tiny-colocated-1")
-VARIABLES = {"$namespace": "test", "$service": "tiny", "$pool": "colocated", "$pod": PODS[0],
-             "$__rate_interval": "20s", "$ttft_slo_ms": "500", "$itl_slo_ms": "100"}  # fmt: skip
+VARIABLES = {
+    "$namespace": "test",
+    "$service": "tiny",
+    "$pool": "colocated",
+    "$pod": PODS[0],
+    "$__rate_interval": "20s",
+    "$ttft_slo_ms": "500",
+    "$itl_slo_ms": "100",
+}
 # An ITL SLO no CPU meets and a TTFT SLO every request meets: the tuner must act, and of the
 # latency alerts exactly the ITL ones must match.
 SPEC = parse_spec(

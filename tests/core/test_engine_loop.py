@@ -489,8 +489,13 @@ def test_priority_preempts_the_lowest_priority():
 def test_a_prompt_chunk_short_of_blocks_preempts_a_lower_priority_decode_already_in_the_step():
     # Decodes are scheduled before prompt chunks; the victim is still the lowest priority of all
     # running requests, taken out of the step again, not the urgent prompt itself.
-    engine, runner, clock = make(num_blocks=4, max_num_batched_tokens=4, scheduling="priority",
-                                 priority_age_weight=0, enable_prefix_caching=False)  # fmt: skip
+    engine, runner, clock = make(
+        num_blocks=4,
+        max_num_batched_tokens=4,
+        scheduling="priority",
+        priority_age_weight=0,
+        enable_prefix_caching=False,
+    )
     engine.add_request("low", [1, 2], greedy(10), priority=0)
     events = engine.step()
     engine.add_request("high", list(range(12)), greedy(1), priority=10)

@@ -52,8 +52,17 @@ def engine_config(tmp: Path) -> Path:
 
 
 def server(tmp: Path, name: str, role: str, model: str = "builtin:tiny") -> ServerProcess:
-    return ServerProcess("--role", role, "--model", model, "--served-model-name", MODEL,
-                         config=engine_config(tmp), log_path=tmp / f"{name}.log", env=ONE_THREAD)  # fmt: skip
+    return ServerProcess(
+        "--role",
+        role,
+        "--model",
+        model,
+        "--served-model-name",
+        MODEL,
+        config=engine_config(tmp),
+        log_path=tmp / f"{name}.log",
+        env=ONE_THREAD,
+    )
 
 
 def router(tmp: Path, prefill: list, decode: list, *extra: str) -> ServerProcess:
@@ -200,8 +209,10 @@ def test_greedy_through_the_router_is_the_colocated_output(fleet):
         going_on = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
         assert chat(r.url, opened, True, going_on) == chat(s["colocated"].url, opened, True, going_on)
         scored = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 2, "temperature": 0, "echo": True, "logprobs": 1}
-        answers = [httpx.post(f"{url}/v1/completions", json=scored, timeout=60).json()["choices"][0]
-                   for url in (r.url, s["colocated"].url)]  # fmt: skip
+        answers = [
+            httpx.post(f"{url}/v1/completions", json=scored, timeout=60).json()["choices"][0]
+            for url in (r.url, s["colocated"].url)
+        ]
         assert answers[0]["text"] == answers[1]["text"]  # the decode server computes a scored prompt itself
         assert answers[0]["logprobs"]["token_logprobs"][1:] == pytest.approx(
             answers[1]["logprobs"]["token_logprobs"][1:], abs=1e-4
@@ -392,8 +403,10 @@ def test_roles_refuse_transfers_that_are_not_theirs_and_kv_is_taken_once(fleet):
     assert httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30).status_code == 404  # taken once
     assert held_kv(s["p1"]) <= before
 
-    gone = {**ask, "kv_transfer_params": {"do_remote_prefill": True, "remote_url": s["p1"].url,
-                                          "remote_kv_ids": [kv_id]}}  # fmt: skip
+    gone = {
+        **ask,
+        "kv_transfer_params": {"do_remote_prefill": True, "remote_url": s["p1"].url, "remote_kv_ids": [kv_id]},
+    }
     reply = httpx.post(f"{s['d1'].url}/v1/completions", json=gone, timeout=30)
     assert reply.status_code == 502 and "answered 404" in reply.json()["error"]["message"]
 
@@ -408,17 +421,30 @@ def test_the_router_follows_the_pools_endpoint_slices(fleet):
     slices = f"{running.url}/apis/discovery.k8s.io/v1/namespaces/ml/endpointslices"
 
     def endpoint_slice(service: str, server: ServerProcess, ready: bool) -> dict:
-        return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": f"{service}-x1", "namespace": "ml",
-                             "labels": {"kubernetes.io/service-name": service}},
-                "addressType": "IPv4", "ports": [{"name": "http", "port": server.port, "protocol": "TCP"}],
-                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}]}  # fmt: skip
+        return {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": f"{service}-x1", "namespace": "ml", "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": server.port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
+        }
 
     try:
         httpx.post(slices, json=endpoint_slice("rag-prefill", s["p1"], True)).raise_for_status()
         httpx.post(slices, json=endpoint_slice("rag-decode", s["d1"], True)).raise_for_status()
-        args = ["--role", "router", "--served-model-name", MODEL, "--prefill-service", "rag-prefill",
-                "--decode-service", "rag-decode", "--kube-api", running.url]  # fmt: skip
+        args = [
+            "--role",
+            "router",
+            "--served-model-name",
+            MODEL,
+            "--prefill-service",
+            "rag-prefill",
+            "--decode-service",
+            "rag-decode",
+            "--kube-api",
+            running.url,
+        ]
         with ServerProcess(*args, log_path=tmp / "router-slices.log", env={"POD_NAMESPACE": "ml"}) as r:
             prompt = PROMPTS[1]
             assert complete(r.url, prompt) == complete(s["colocated"].url, prompt)
@@ -487,10 +513,13 @@ def test_the_transfer_paths_take_only_the_fleets_token(tmp_path):
         assert httpx.post(f"{prefill.url}/v1/completions", json=held, timeout=30).status_code == 403
         token = {KV_TOKEN_HEADER: "fleet-secret"}
         (kv_id,) = httpx.post(f"{prefill.url}/v1/completions", json=held, headers=token, timeout=30).json()[
-            "kv_transfer_params"]["remote_kv_ids"]  # fmt: skip
+            "kv_transfer_params"
+        ]["remote_kv_ids"]
         assert httpx.get(f"{prefill.url}/v1/kv/{kv_id}", timeout=30).status_code == 403
-        forged = {**body, "kv_transfer_params": {"do_remote_prefill": True, "remote_url": prefill.url,
-                                                 "remote_kv_ids": [kv_id]}}  # fmt: skip
+        forged = {
+            **body,
+            "kv_transfer_params": {"do_remote_prefill": True, "remote_url": prefill.url, "remote_kv_ids": [kv_id]},
+        }
         refused = httpx.post(f"{decode.url}/v1/completions", json=forged, timeout=30)
         assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error"
         assert httpx.post(f"{decode.url}/v1/completions", json=forged, headers=token, timeout=30).status_code == 200

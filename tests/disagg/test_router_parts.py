@@ -91,8 +91,9 @@ def test_a_request_yet_to_start_weighs_more_than_one_decoding():
 
 def test_pick_prefers_healthy_falls_back_to_set_aside_and_never_draining():
     b = balancer()
-    b.servers["decode"] = servers(("a", {"healthy": False, "failures": 2}), ("b", {"healthy": False, "failures": 1}),
-                                  ("c", {"draining": True}))  # fmt: skip
+    b.servers["decode"] = servers(
+        ("a", {"healthy": False, "failures": 2}), ("b", {"healthy": False, "failures": 1}), ("c", {"draining": True})
+    )
     assert b.pick("decode").url == "b"  # nothing healthy: the one that failed least, not a 503
     assert b.pick("decode", exclude={"b"}).url == "a"
     assert b.pick("decode", exclude={"a", "b"}) is None  # the draining one is never chosen
@@ -377,8 +378,10 @@ async def test_a_request_counts_as_unstarted_until_its_first_content_and_assigne
     def handle(request: httpx.Request) -> httpx.Response:
         decode = b.servers["decode"]["http://d1:8000"]
         if request.url.host == "p1":
-            seen["during prefill: prefill, decode"] = (b.servers["prefill"]["http://p1:8000"].unstarted,
-                                                      decode.unstarted)  # fmt: skip
+            seen["during prefill: prefill, decode"] = (
+                b.servers["prefill"]["http://p1:8000"].unstarted,
+                decode.unstarted,
+            )
             return _kv_ids(request)
         return httpx.Response(200, stream=Stream(), headers={"content-type": "text/event-stream"})
 

@@ -108,9 +108,13 @@ def test_a_disaggregated_spec_serves_the_openai_client_through_the_router(tmp_pa
 
         # tool_choice 'auto' (tools alone): the decode server reads the call (a regex makes the model write one)
         regex = r'Sure[.] <tool_call>\{"name": "time", "arguments": \{"tz": "[A-Z]{3}"\}\}</tool_call>'
-        asked = {"messages": [{"role": "user", "content": "time?"}], "max_tokens": 120, "temperature": 0,
-                 "tools": [{"type": "function", "function": {"name": "time"}}],
-                 "extra_body": {"structured_outputs": {"regex": regex}}}  # fmt: skip
+        asked = {
+            "messages": [{"role": "user", "content": "time?"}],
+            "max_tokens": 120,
+            "temperature": 0,
+            "tools": [{"type": "function", "function": {"name": "time"}}],
+            "extra_body": {"structured_outputs": {"regex": regex}},
+        }
         routed = client.chat.completions.create(model="tiny-pd", **asked).choices[0]
         direct = local.chat.completions.create(model="builtin:tiny", **asked).choices[0]
         assert routed.finish_reason == "tool_calls" and routed.message.content == "Sure. "

@@ -265,8 +265,13 @@ def test_up_needs_the_key_of_an_api_key_secret(tmp_path, repo_root):
     keyed = tmp_path / "keyed.yaml"
     keyed.write_text(yaml.safe_dump(doc))
     env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    result = subprocess.run([sys.executable, "-m", "llmfleet.cli", "up", "-f", str(keyed), "--no-tui"],
-                            capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "llmfleet.cli", "up", "-f", str(keyed), "--no-tui"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode == 2 and "export VLLM_API_KEY" in result.stderr and "tiny-key" in result.stderr
 
 
@@ -301,10 +306,27 @@ def test_load_reports_what_its_clients_see(tmp_path):
     with ServerProcess(*args, log_path=tmp_path / "s.log", env=keyed) as server:
         port = server.url.rsplit(":", 1)[1]
         result = subprocess.run(
-            [sys.executable, "-m", "llmfleet.cli", "load", "--port", port, "--shape", "long-prompt", "--rate", "4",
-             "--duration", "4", "--report-every", "2"],
-            capture_output=True, text=True, timeout=120, env=keyed,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "llmfleet.cli",
+                "load",
+                "--port",
+                port,
+                "--shape",
+                "long-prompt",
+                "--rate",
+                "4",
+                "--duration",
+                "4",
+                "--report-every",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=keyed,
+        )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "note: prompts are cut to fit the model's context (600 tokens)"
@@ -320,8 +342,12 @@ def test_up_refuses_a_busy_port_before_loading_anything(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "llmfleet.cli", "up", "--port", str(port), "--no-tui"],
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "llmfleet.cli", "up", "--port", str(port), "--no-tui"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 2 and f"127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
 
 
@@ -344,8 +370,12 @@ def test_prometheus_url_reads_the_fleet_through_its_targets_file(tmp_path):
         fleet.supervise()
         (group,) = json.loads(fleet.targets_file.read_text())
         server = fleet.pools["colocated"].servers[0]  # one group per server, named as a pod is
-        assert group["labels"] == {"namespace": "local", "inference_service": "tiny", "pool": "colocated",
-                                   "pod": server.name}  # fmt: skip
+        assert group["labels"] == {
+            "namespace": "local",
+            "inference_service": "tiny",
+            "pool": "colocated",
+            "pod": server.name,
+        }
         with PrometheusProcess([], file_sd=[fleet.targets_file]) as prometheus, _traffic(fleet.ready_backends()[0]):
             deadline = time.monotonic() + 60
             while not prometheus.query('vllm:time_to_first_token_seconds_count{pool="colocated"} > 0'):

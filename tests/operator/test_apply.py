@@ -132,8 +132,12 @@ async def test_never_takes_over_another_controllers_object(running, client):
 async def test_never_takes_over_an_object_nobody_controls(running, client):
     """A Service made by hand (say, the vLLM one being replaced) keeps its selector and its life."""
     owner = await create_owner(client)
-    by_hand = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc", "namespace": "ml"},
-               "spec": {"selector": {"app": "vllm"}, "ports": [{"port": 8000}]}}  # fmt: skip
+    by_hand = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "svc", "namespace": "ml"},
+        "spec": {"selector": {"app": "vllm"}, "ports": [{"port": 8000}]},
+    }
     await client.request("POST", "/api/v1/namespaces/ml/services", body=by_hand)
     before = len(writes(running))
     with pytest.raises(OwnershipConflict, match="no InferenceService controls it"):
@@ -213,9 +217,13 @@ async def test_zero_values_the_api_server_drops_converge(running, client):
     spec = {
         **SPEC,
         "model": {"path": "/models/m", "volume": {"persistentVolumeClaim": {"claimName": "m", "readOnly": False}}},
-        "pools": {"colocated": {"resources": {"limits": {}, "requests": {"cpu": "1"}},
-                                "tolerations": [{"key": "gpu", "operator": "Exists", "value": ""}]}},
-    }  # fmt: skip
+        "pools": {
+            "colocated": {
+                "resources": {"limits": {}, "requests": {"cpu": "1"}},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "value": ""}],
+            }
+        },
+    }
     owner = await create_owner(client)
     objects = desired_objects(owner, parse_spec(spec))
     await apply(client, owner, objects)

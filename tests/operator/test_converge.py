@@ -73,8 +73,9 @@ async def test_an_edit_the_api_server_refuses_in_part_lands_in_none(running, cli
     await converge(client, body, pod_monitor=False)
     config_map = (await client.get(CONFIG_MAP, "ml", "svc-colocated-engine"))["data"]
     edit = {**SPEC, "pools": {"colocated": {"engine": {"maxBatchSize": 48}}}, "pod": {"env": [{"name": "A"}]}}
-    await client.request("PATCH", INFERENCE_SERVICE.path("ml", "svc"), body={"spec": edit},
-                         content_type="application/merge-patch+json")  # fmt: skip
+    await client.request(
+        "PATCH", INFERENCE_SERVICE.path("ml", "svc"), body={"spec": edit}, content_type="application/merge-patch+json"
+    )
     running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/deployments/", 422, times=1)))
     outcome = await converge(client, await fetch(client), pod_monitor=False)
     assert outcome.degraded is not None and outcome.degraded.reason == "ApplyFailed"

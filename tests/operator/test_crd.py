@@ -62,8 +62,18 @@ def test_crd_shape(crd):
     assert crd["spec"]["scope"] == "Namespaced"
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Mode", "Ready", "Reason", "Prefill", "Decode", "Batch", "TTFT-p95", "ITL-p95", "Age",
-                             "URL"]  # fmt: skip
+    assert list(columns) == [
+        "Mode",
+        "Ready",
+        "Reason",
+        "Prefill",
+        "Decode",
+        "Batch",
+        "TTFT-p95",
+        "ITL-p95",
+        "Age",
+        "URL",
+    ]
     wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
     assert wide == ["URL"]  # kubectl get -o wide
     schema = crdcheck.version_schema(crd)

@@ -119,8 +119,9 @@ def test_operator_with_a_busy_metrics_port_stops_before_kopf_starts(kopf_run):
         ("apiVersion: v1\nkind: Config\ncurrent-context: kind\ncontexts: []", "names 'kind' but does not define it"),
     ],
 )
-def test_operator_without_credentials_it_can_read_stops_before_kopf_starts(config, words, kopf_run, tmp_path,
-                                                                           monkeypatch):  # fmt: skip
+def test_operator_without_credentials_it_can_read_stops_before_kopf_starts(
+    config, words, kopf_run, tmp_path, monkeypatch
+):
     """kopf logged the failed startup with a traceback and retried it every minute, for ever."""
     path = tmp_path / "missing"
     if config is not None:
@@ -133,8 +134,9 @@ def test_operator_without_credentials_it_can_read_stops_before_kopf_starts(confi
 
 def test_operator_resync_seconds_that_are_no_number_are_one_line():
     env = {**os.environ, "LLMFLEET_OPERATOR_RESYNC_SECONDS": "1m"}
-    done = subprocess.run([sys.executable, "-c", "import llmfleet.operator.handlers"], env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import llmfleet.operator.handlers"], env=env, capture_output=True, text=True, timeout=60
+    )
     expected = "llm-fleet operator: LLMFLEET_OPERATOR_RESYNC_SECONDS: not a number: '1m' (seconds, e.g. 60)\n"
     assert done.returncode != 0 and done.stderr == expected
 

@@ -388,8 +388,14 @@ def test_a_pod_stuck_on_a_missing_secret_names_it_in_ready_until_it_runs(kube, o
     assert settle(kube, "tiny", 1) and kube.condition("tiny", "Ready")["reason"] == "PoolsNotReady"
     # play the kubelet: the pod cannot start without the Secret its env names
     labels = {"llmfleet.io/inference-service": "tiny", "llmfleet.io/pool": "colocated"}
-    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-colocated-abc", "namespace": NAMESPACE,
-                 "labels": labels}, "spec": {"containers": [{"name": "server", "image": "x"}]}})  # fmt: skip
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "tiny-colocated-abc", "namespace": NAMESPACE, "labels": labels},
+            "spec": {"containers": [{"name": "server", "image": "x"}]},
+        }
+    )
     waiting = {"reason": "CreateContainerConfigError", "message": 'secret "tiny-key" not found'}
     stuck = {"containerStatuses": [{"name": "server", "ready": False, "state": {"waiting": waiting}}]}
     kube.patch("Pod", "tiny-colocated-abc", {"status": stuck}, subresource="status")

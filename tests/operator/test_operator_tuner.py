@@ -24,10 +24,15 @@ from .test_operator_kopf import TINY
 # The usual tiny fleet, tuned every 5 s with no cooldown.
 SPEC = {
     **TINY,
-    "pools": {"colocated": {**TINY["pools"]["colocated"], "engine": {"maxBatchSize": 32, "kvCacheMemoryMb": 128},
-                            "bounds": {"maxBatchSize": {"min": 8, "max": 64}}}},
+    "pools": {
+        "colocated": {
+            **TINY["pools"]["colocated"],
+            "engine": {"maxBatchSize": 32, "kvCacheMemoryMb": 128},
+            "bounds": {"maxBatchSize": {"min": 8, "max": 64}},
+        }
+    },
     "autotune": {"intervalSeconds": 5, "cooldownSeconds": 0, "scaleUpStabilizationSeconds": 0},
-}  # fmt: skip
+}
 
 
 def snapshot(pool: PoolRef, *, itl_ms: float | None, stale: bool = False) -> PoolMetrics:
@@ -39,12 +44,26 @@ def snapshot(pool: PoolRef, *, itl_ms: float | None, stale: bool = False) -> Poo
         return LatencyQuantiles(p50=p95_ms / 2000, p95=p95_ms / 1000, p99=p95_ms / 1000, samples=500)
 
     return PoolMetrics(
-        pool=pool, at=0.0, window_s=30.0, ttft=q(200.0), itl=q(itl_ms), queue_time=q(20.0),
-        request_rate=40.0, prompt_tokens_per_s=4000.0, generation_tokens_per_s=1200.0,
-        waiting=12.0, running=32.0, kv_usage_mean=0.5, kv_usage_max=0.6, mean_batch_size=32.0,
-        mean_step_tokens=40.0, preemptions_per_s=0.0, ready_pods=1, stale=stale,
+        pool=pool,
+        at=0.0,
+        window_s=30.0,
+        ttft=q(200.0),
+        itl=q(itl_ms),
+        queue_time=q(20.0),
+        request_rate=40.0,
+        prompt_tokens_per_s=4000.0,
+        generation_tokens_per_s=1200.0,
+        waiting=12.0,
+        running=32.0,
+        kv_usage_mean=0.5,
+        kv_usage_max=0.6,
+        mean_batch_size=32.0,
+        mean_step_tokens=40.0,
+        preemptions_per_s=0.0,
+        ready_pods=1,
+        stale=stale,
         reason="colocated: no pods to scrape" if stale else "",
-    )  # fmt: skip
+    )
 
 
 class ScriptedSource:

@@ -202,12 +202,17 @@ POD_OPTIONS = {
     "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
     "annotations": {"team": "search"},
     "labels": {"team": "search", "app.kubernetes.io/name": "theirs"},
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]
+            }
+        }
+    },
     "startupTimeoutSeconds": 1800,  # a large model from a slow volume
     "maxSurge": 0,  # no spare GPU for one more pod
     "maxUnavailable": "25%",
-}  # fmt: skip
+}
 
 
 def test_pod_options_reach_the_pods_as_a_pod_spec_takes_them(repo_root):
@@ -291,8 +296,10 @@ def test_a_chat_template_the_server_would_refuse_is_refused_with_why(template, w
 
 def test_a_chat_template_is_checked_as_transformers_renders_it():
     # loop controls and transformers' {% generation %} block: the model server renders both
-    template = ("{% for m in messages %}{% if loop.index > 8 %}{% break %}{% endif %}"
-                "{% generation %}{{ m.content }}{% endgeneration %}\n{% endfor %}")  # fmt: skip
+    template = (
+        "{% for m in messages %}{% if loop.index > 8 %}{% break %}{% endif %}"
+        "{% generation %}{{ m.content }}{% endgeneration %}\n{% endfor %}"
+    )
     parse_spec({"model": {"builtin": "tiny", "chatTemplate": template}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}})
 
 

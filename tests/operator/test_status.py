@@ -63,8 +63,11 @@ def test_serving_conditions():
     assert st.ready_summary(ready) == "3/3"
     starting = [st.PoolState.of("decode", 2, deployment(ready=0))]
     conditions = st.serving_conditions(starting, None)
-    assert (conditions[0].status, conditions[0].reason, conditions[0].message) == ("False", "PoolsNotReady",
-                                                                                   "decode 0/2 ready")  # fmt: skip
+    assert (conditions[0].status, conditions[0].reason, conditions[0].message) == (
+        "False",
+        "PoolsNotReady",
+        "decode 0/2 ready",
+    )
     assert (conditions[1].status, conditions[1].reason) == ("True", "RollingOut")
     # a scale-up (the tuner's, say) waiting for its pod: still serving, so Ready does not flap
     scaling = st.serving_conditions([st.PoolState.of("decode", 3, deployment(3, ready=2, updated=3, current=3))], None)
@@ -118,16 +121,26 @@ def test_pods_the_deployment_cannot_create_say_why():
     quota = deployment(ready=0, current=0, updated=0)
     quota["status"]["conditions"] = [
         {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"},
-        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
-         "message": 'pods "rag-decode-x" is forbidden: exceeded quota: gpu-quota'},
-    ]  # fmt: skip
+        {
+            "type": "ReplicaFailure",
+            "status": "True",
+            "reason": "FailedCreate",
+            "message": 'pods "rag-decode-x" is forbidden: exceeded quota: gpu-quota',
+        },
+    ]
     ready, progressing = st.serving_conditions([st.PoolState.of("decode", 2, quota)], None)
     assert (ready.status, ready.reason) == ("False", "FailedCreate")
     assert "exceeded quota: gpu-quota" in ready.message and ready.message.startswith("decode 0/2 ready; decode")
     assert (progressing.status, progressing.reason) == ("False", "FailedCreate")
     late = deployment(ready=1)
-    late["status"]["conditions"] = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-                                     "message": 'ReplicaSet "rag-decode-7d9" has timed out progressing.'}]  # fmt: skip
+    late["status"]["conditions"] = [
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": 'ReplicaSet "rag-decode-7d9" has timed out progressing.',
+        }
+    ]
     ready, progressing = st.serving_conditions([st.PoolState.of("decode", 2, late)], None)
     assert (ready.status, ready.reason) == ("True", "Serving")
     assert (progressing.status, progressing.reason) == ("False", "ProgressDeadlineExceeded")

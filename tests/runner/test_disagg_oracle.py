@@ -61,8 +61,11 @@ def run(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:
 def test_decoding_imported_kv_matches_hf_generate(reference, case):  # noqa: F811
     name, prompts, max_tokens, _, expected = reference
     base = dict(dtype="float32", kv_block_size=4, max_batch_size=4)
-    prefill_engine, _ = build_engine(name, EngineConfig(**base, kv_cache_memory_mb=4, prefill_mode="chunked",
-                                                        max_num_batched_tokens=7), device=DEVICE)  # fmt: skip
+    prefill_engine, _ = build_engine(
+        name,
+        EngineConfig(**base, kv_cache_memory_mb=4, prefill_mode="chunked", max_num_batched_tokens=7),
+        device=DEVICE,
+    )
     decode_engine, _ = build_engine(name, EngineConfig(**base, kv_cache_memory_mb=4, **DECODE_CASES[case]), DEVICE)
     requests = {}
     for i, prompt in enumerate(prompts):
@@ -138,8 +141,11 @@ def test_an_import_that_leaves_out_cached_blocks_gives_hf_generates_output(refer
     for i, prompt in enumerate(prompts[:3]):
         cached = decode_engine.block_manager.cached_prefix_blocks(prompt[:-1])
         body = prefill(prefill_engine, prompt, f"p{i}", first_block=cached)
-        requests[str(i)] = (prompt, sampling, KVImport(len(prompt) - 1, decode(body, "m", layout, prompt[:-1], cached),
-                                                       cached))  # fmt: skip
+        requests[str(i)] = (
+            prompt,
+            sampling,
+            KVImport(len(prompt) - 1, decode(body, "m", layout, prompt[:-1], cached), cached),
+        )
     assert [requests[str(i)][2].first_block for i in range(3)] == [5, 6, 6]
     assert requests["2"][2].payload.nbytes == 0  # its 24 tokens are 6 full blocks, all cached
     if case == "evicted-before-admission":  # another prompt takes every block the cache held

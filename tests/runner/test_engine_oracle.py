@@ -171,12 +171,16 @@ def processing_reference():
     cases = [
         (SamplingParams(max_tokens=14, temperature=0, repetition_penalty=1.3), dict(repetition_penalty=1.3)),
         (SamplingParams(max_tokens=10, temperature=0, logit_bias=bias), dict(sequence_bias=sequence_bias)),
-        (SamplingParams(max_tokens=12, temperature=0, min_tokens=6, stop_token_ids=[stop], ignore_eos=True),
-         dict(min_new_tokens=6, eos_token_id=stop)),
+        (
+            SamplingParams(max_tokens=12, temperature=0, min_tokens=6, stop_token_ids=[stop], ignore_eos=True),
+            dict(min_new_tokens=6, eos_token_id=stop),
+        ),
         (SamplingParams(max_tokens=9, temperature=0), {}),
-        (SamplingParams(max_tokens=16, temperature=0, repetition_penalty=0.8, logit_bias=bias),
-         dict(repetition_penalty=0.8, sequence_bias=sequence_bias)),
-    ]  # fmt: skip
+        (
+            SamplingParams(max_tokens=16, temperature=0, repetition_penalty=0.8, logit_bias=bias),
+            dict(repetition_penalty=0.8, sequence_bias=sequence_bias),
+        ),
+    ]
     expected = [hf(prompts[i], max_new_tokens=s.max_tokens, **kw) for i, (s, kw) in enumerate(cases)]
     return prompts, [s for s, _ in cases], expected
 
@@ -271,8 +275,9 @@ def test_prefix_cache_hits_give_hf_generates_output(reference_model, case):
         ids = torch.tensor([prompt], device=DEVICE)
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10)
         expected.append(out[0, len(prompt) :].tolist())
-    config = EngineConfig(dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4,
-                          **PREFIX_CASES[case])  # fmt: skip
+    config = EngineConfig(
+        dtype="float32", kv_block_size=4, max_batch_size=4, kv_cache_memory_mb=4, **PREFIX_CASES[case]
+    )
     engine, _ = build_engine(name, config, device=DEVICE)
     sampling = SamplingParams(max_tokens=10, temperature=0)
     # the first request alone, then the rest while it is cached (and, with preemption, evicted in part)

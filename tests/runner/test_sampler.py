@@ -163,10 +163,17 @@ def test_rows_without_processing_share_the_batch_untouched(sampler):
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(min_p=1.5), dict(min_tokens=5, max_tokens=4), dict(presence_penalty=2.5), dict(frequency_penalty=-3),
-     dict(repetition_penalty=0.0), dict(logit_bias={-1: 1.0}), dict(allowed_token_ids=frozenset()),
-     dict(allowed_token_ids=frozenset({-1}))],
-)  # fmt: skip
+    [
+        dict(min_p=1.5),
+        dict(min_tokens=5, max_tokens=4),
+        dict(presence_penalty=2.5),
+        dict(frequency_penalty=-3),
+        dict(repetition_penalty=0.0),
+        dict(logit_bias={-1: 1.0}),
+        dict(allowed_token_ids=frozenset()),
+        dict(allowed_token_ids=frozenset({-1})),
+    ],
+)
 def test_out_of_range_processing_is_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)

@@ -29,8 +29,11 @@ def test_llmfleet_warm_up_0_skips_it(monkeypatch):
 def test_the_bench_probe_reports_its_passes():
     out = subprocess.run(
         [sys.executable, "-m", "llmfleet.bench.warm_up_probe", "builtin:tiny", "bfloat16"],
-        capture_output=True, text=True, check=True, timeout=120,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert set(result) == {"build_s", "first_pass_s", "second_pass_s"}
     assert all(seconds > 0 for seconds in result.values())

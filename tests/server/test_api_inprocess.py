@@ -262,8 +262,9 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens_as_vllm(client):
     short = client.post("/v1/completions", json=ask | {"prompt": "fgh"}).json()
     assert cut["choices"][0]["text"] == short["choices"][0]["text"]
     assert cut["usage"]["prompt_tokens"] == 3  # the usage counts the prompt the model was given
-    echoed = client.post("/v1/completions", json=ask | {"prompt": [1, 2, 3, 4], "truncate_prompt_tokens": 2,
-                                                        "echo": True}).json()  # fmt: skip
+    echoed = client.post(
+        "/v1/completions", json=ask | {"prompt": [1, 2, 3, 4], "truncate_prompt_tokens": 2, "echo": True}
+    ).json()
     assert echoed["choices"][0]["text"].startswith("#$")  # CharTokenizer: token t is chr(32 + t)
     long = client.post("/v1/completions", json=ask | {"prompt": "x" * 300, "truncate_prompt_tokens": 100}).json()
     assert long["usage"]["prompt_tokens"] == 100
@@ -305,8 +306,13 @@ def test_chat_refuses_what_vllm_refuses_and_takes_what_it_takes(client):
         ({"stop": ""}, "stop"),
     ):
         assert_openai_error(client.post("/v1/chat/completions", json=chat | extra), 400, param)
-    for extra in ({"stream_options": {}}, {"stream_options": None}, {"top_logprobs": 0}, {"stop": []},
-                  {"logprobs": True, "top_logprobs": 3}):  # fmt: skip
+    for extra in (
+        {"stream_options": {}},
+        {"stream_options": None},
+        {"top_logprobs": 0},
+        {"stop": []},
+        {"logprobs": True, "top_logprobs": 3},
+    ):
         assert client.post("/v1/chat/completions", json=chat | extra).status_code == 200, extra
 
 
@@ -332,8 +338,11 @@ def test_tool_choice_auto_needs_a_parser_and_forced_calls_need_their_tools(clien
     refused({"tools": tools}, "tool_choice", "needs a tool-call parser")  # tools alone mean 'auto'
     refused({"tools": tools, "tool_choice": "auto"}, "tool_choice", "needs a tool-call parser")
     refused({"tool_choice": "required"}, "tools", "has no tools")
-    refused({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice",
-            "'other', which is not in tools")  # fmt: skip
+    refused(
+        {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "other"}}},
+        "tool_choice",
+        "'other', which is not in tools",
+    )
     refused({"tools": tools, "tool_choice": "sometimes"}, "tool_choice", "must be 'none'")
     refused({"tools": [{"type": "function"}], "tool_choice": "none"}, "tools", "each tool must be")
     refused({"tools": tools, "tool_choice": "required", "guided_regex": "a+"}, "tool_choice", "only one kind")
@@ -390,8 +399,9 @@ def test_earlier_tool_calls_reach_the_template_with_their_arguments_as_a_mapping
     assert called.for_template()["tool_calls"][1] == call | {"function": {"name": "now"}}  # no arguments: as given
     empty = call | {"function": {"name": "now", "arguments": ""}}
     assert ChatMessage(role="assistant", tool_calls=[empty]).for_template()["tool_calls"][0]["function"] == {
-        "name": "now", "arguments": {}
-    }  # fmt: skip
+        "name": "now",
+        "arguments": {},
+    }
     assert "tool_calls" not in ChatMessage(role="assistant", content="hi", tool_calls=[]).for_template()
     broken = {"role": "assistant", "tool_calls": [call | {"function": {"name": "x", "arguments": "{oops"}}]}
     body = {"messages": [{"role": "user", "content": "hi"}, broken]}
@@ -571,8 +581,10 @@ def test_echo_prepends_the_prompt(client):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_request_id_becomes_the_answer_id_as_vllm(client, stream):
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": stream}
-    for path, body, prefix in (("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": stream}, "cmpl"),
-                               ("/v1/chat/completions", chat, "chatcmpl")):  # fmt: skip
+    for path, body, prefix in (
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": stream}, "cmpl"),
+        ("/v1/chat/completions", chat, "chatcmpl"),
+    ):
 
         def ids(response) -> set[str]:
             assert response.status_code == 200, response.text
@@ -666,9 +678,12 @@ def test_stop_reason_names_the_stop_string_or_token_as_vllm(client):
     stop_id = ord(text[3]) - 32  # CharTokenizer: token t is chr(32 + t)
     # of two stop strings the token completes, the first in the text (the detokenizer cuts there)
     stop = [text[6:8], text[5:7], text[4:5] + "\u00ff", text[4:7]]
-    asks = [({"stop": stop}, text[4:7]), ({"stop_token_ids": [stop_id]}, stop_id),
-            # a stop string in the first min_tokens tokens does not count: the later one ended it
-            ({"stop": [text[1], text[8]], "min_tokens": 5, "include_stop_str_in_output": True}, text[8])]  # fmt: skip
+    asks = [
+        ({"stop": stop}, text[4:7]),
+        ({"stop_token_ids": [stop_id]}, stop_id),
+        # a stop string in the first min_tokens tokens does not count: the later one ended it
+        ({"stop": [text[1], text[8]], "min_tokens": 5, "include_stop_str_in_output": True}, text[8]),
+    ]
     assert text[1] not in text[2:9] and text[8] not in text[:8]  # (the hash runner's text is fixed)
     for extra, expected in asks:
         ask = {"prompt": "q", "max_tokens": 12, "temperature": 0} | extra
@@ -764,24 +779,44 @@ async def test_a_drain_finishes_every_choice_of_a_call_it_caught_half_handed_ove
 
 # --- metrics ---------------------------------------------------------------------------------------
 HISTOGRAMS = [
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-    "vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
-    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-    "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens",
-    "vllm:request_generation_tokens", "vllm:request_params_max_tokens", "vllm:iteration_tokens_total",
-    "vllm:request_params_n", "vllm:request_max_num_generation_tokens",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_params_max_tokens",
+    "vllm:iteration_tokens_total",
+    "vllm:request_params_n",
+    "vllm:request_max_num_generation_tokens",
     "llmfleet_batch_size",
-    "llmfleet_step_duration_seconds", "llmfleet_scheduler_duration_seconds", "llmfleet_kv_transfer_bytes",
+    "llmfleet_step_duration_seconds",
+    "llmfleet_scheduler_duration_seconds",
+    "llmfleet_kv_transfer_bytes",
     "llmfleet_kv_transfer_seconds",
-]  # fmt: skip
+]
 COUNTERS = [
-    "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success", "vllm:num_preemptions",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:request_success",
+    "vllm:num_preemptions",
     "llmfleet_config_errors",
-]  # fmt: skip
+]
 GAUGES = [
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cache_config_info",
-    "llmfleet_config_generation", "llmfleet_config_knob", "llmfleet_role_info", "llmfleet_requests_in_flight",
-]  # fmt: skip
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:cache_config_info",
+    "llmfleet_config_generation",
+    "llmfleet_config_knob",
+    "llmfleet_role_info",
+    "llmfleet_requests_in_flight",
+]
 
 
 def test_metrics_names_types_and_labels(client):
@@ -809,8 +844,12 @@ def test_metrics_names_types_and_labels(client):
     (info,) = families["vllm:cache_config_info"].samples
     assert (info.labels["enable_prefix_caching"], info.labels["scheduling"]) == ("True", "fcfs")
     # request sizes, for vLLM's prompt and generation length heatmaps: one finished request
-    sizes = {s.name: s.value for name in ("vllm:request_generation_tokens", "vllm:request_params_max_tokens")
-             for s in families[name].samples if s.name.endswith(("_sum", "_count"))}  # fmt: skip
+    sizes = {
+        s.name: s.value
+        for name in ("vllm:request_generation_tokens", "vllm:request_params_max_tokens")
+        for s in families[name].samples
+        if s.name.endswith(("_sum", "_count"))
+    }
     assert sizes == {
         "vllm:request_generation_tokens_sum": 3.0,
         "vllm:request_generation_tokens_count": 1.0,
@@ -828,11 +867,18 @@ def test_every_series_exists_at_zero_before_the_first_request(client):
     for name in HISTOGRAMS:
         counts = [s.value for s in families[name].samples if s.name == f"{name}_count"]
         assert counts == [0.0], name
-    for name in (*COUNTERS, "llmfleet_batch_shed", "llmfleet_kv_transfer_cached_tokens",
-                 "llmfleet_kv_import_recomputed"):  # fmt: skip
+    for name in (
+        *COUNTERS,
+        "llmfleet_batch_shed",
+        "llmfleet_kv_transfer_cached_tokens",
+        "llmfleet_kv_import_recomputed",
+    ):
         assert [s.value for s in families[name].samples if s.name == f"{name}_total"], name
-    failures = {s.labels["reason"]: s.value for s in families["llmfleet_kv_transfer_failures"].samples
-                if s.name.endswith("_total")}  # fmt: skip
+    failures = {
+        s.labels["reason"]: s.value
+        for s in families["llmfleet_kv_transfer_failures"].samples
+        if s.name.endswith("_total")
+    }
     assert failures == {"fetch": 0.0, "mismatch": 0.0}
 
 
@@ -850,8 +896,11 @@ def test_parallel_sampling_histograms_observe_each_prompts_n_and_longest_choice(
     samples = families["vllm:request_params_n"].samples
     buckets = {s.labels["le"]: s.value for s in samples if s.name.endswith("_bucket")}
     assert buckets == {"1.0": 1.0, "2.0": 1.0, "5.0": 3.0, "10.0": 4.0, "20.0": 4.0, "+Inf": 4.0}
-    longest = {s.name: s.value for s in families["vllm:request_max_num_generation_tokens"].samples
-               if s.name.endswith(("_sum", "_count"))}  # fmt: skip
+    longest = {
+        s.name: s.value
+        for s in families["vllm:request_max_num_generation_tokens"].samples
+        if s.name.endswith(("_sum", "_count"))
+    }
     assert longest == {
         "vllm:request_max_num_generation_tokens_sum": 6 + 3 + 3 + 4.0,
         "vllm:request_max_num_generation_tokens_count": 4.0,
@@ -945,10 +994,20 @@ async def test_a_client_gone_while_the_opening_chunk_is_sent_aborts_the_requests
         if message["type"] == "http.response.body":
             await asyncio.sleep(0.1)  # the write outlasts the client
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
     await app(scope, receive, send)
     for _ in range(100):
         if state.engine.num_unfinished == 0:

@@ -14,8 +14,15 @@ from llmfleet.server.api.generation_defaults import GenerationConfigError, read_
 from llmfleet.server.api.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server.fakes import fake_state
 
-LLAMA_LIKE = {"bos_token_id": 1, "do_sample": True, "eos_token_id": 2, "temperature": 0.6, "top_p": 0.9,
-              "max_new_tokens": 5, "transformers_version": "4.45.0"}  # fmt: skip
+LLAMA_LIKE = {
+    "bos_token_id": 1,
+    "do_sample": True,
+    "eos_token_id": 2,
+    "temperature": 0.6,
+    "top_p": 0.9,
+    "max_new_tokens": 5,
+    "transformers_version": "4.45.0",
+}
 
 
 def write(folder, config) -> None:

@@ -125,8 +125,9 @@ def test_a_change_made_while_the_model_loads_is_applied(tmp_path):
     loaded = version_of(path)  # taken as the config is read
     state = fake_state(EngineConfig(max_batch_size=4))
     write(path, "max_batch_size: 12\n")  # the tuner's ConfigMap update lands during the load
-    watcher = ConfigWatcher.for_engine(path, state.engine, state.metrics, initial=EngineConfig(max_batch_size=4),
-                                       baseline=loaded)  # fmt: skip
+    watcher = ConfigWatcher.for_engine(
+        path, state.engine, state.metrics, initial=EngineConfig(max_batch_size=4), baseline=loaded
+    )
     try:
         assert watcher.check() == "applied"
         assert wait_until(lambda: state.engine.engine.config.max_batch_size == 12)

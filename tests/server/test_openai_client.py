@@ -18,8 +18,14 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     # vLLM's enable_in_reasoning: the random model writes no </think> of its own, so the tests'
     # grammars spell the whole reply, thinking included
-    parsers = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
-               "--structured-outputs-config.enable_in_reasoning=true")  # fmt: skip
+    parsers = (
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--reasoning-parser",
+        "qwen3",
+        "--structured-outputs-config.enable_in_reasoning=true",
+    )
     with ServerProcess("--model", "builtin:tiny", "--served-model-name", "tiny", *parsers, log_path=log) as proc:
         yield proc
 
@@ -82,8 +88,9 @@ def test_chat_stream_and_not(client):
 
 
 def test_streaming_n_choices_are_indexed(client):
-    stream = client.completions.create(model="tiny", prompt="abc", max_tokens=6, n=3, temperature=1.0, seed=3,
-                                       stream=True)  # fmt: skip
+    stream = client.completions.create(
+        model="tiny", prompt="abc", max_tokens=6, n=3, temperature=1.0, seed=3, stream=True
+    )
     texts, finish = {0: "", 1: "", 2: ""}, {}
     for chunk in stream:
         (choice,) = chunk.choices
@@ -138,8 +145,11 @@ def test_echo_with_logprobs_scores_the_prompt(client, server):
     assert alone.choices[0].text == prompt and alone.choices[0].finish_reason == "length"
     assert alone.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:n_prompt], abs=1e-5)
     assert alone.usage.completion_tokens == 0
-    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=2,
-                                            echo=True, stream=True))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == choice.text
     assert chunks[0].choices[0].text == prompt and len(chunks[0].choices[0].logprobs.tokens) == n_prompt
 
@@ -202,8 +212,7 @@ def test_stop_strings_cut_the_text(client):
     cut = client.completions.create(model="tiny", prompt="abc", max_tokens=24, temperature=0, stop=[stop])
     assert cut.choices[0].text == base[: base.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    stream = client.completions.create(model="tiny", prompt="abc", max_tokens=24, temperature=0, stop=stop,
-                                       stream=True)  # fmt: skip
+    stream = client.completions.create(model="tiny", prompt="abc", max_tokens=24, temperature=0, stop=stop, stream=True)
     chunks = [c.choices[0] for c in stream]
     assert "".join(c.text for c in chunks) == cut.choices[0].text  # never a retracted character
     assert chunks[-1].finish_reason == "stop"
@@ -221,8 +230,9 @@ def test_seed_determinism(client):
 
     def chat(seed):
         messages = [{"role": "user", "content": "tell me"}]
-        out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0.9,
-                                             top_p=0.95, seed=seed)  # fmt: skip
+        out = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=12, temperature=0.9, top_p=0.95, seed=seed
+        )
         return out.choices[0].message.content
 
     assert chat(11) == chat(11)
@@ -306,8 +316,9 @@ def test_structured_output_as_vllm_takes_it(client):
             texts[choice.index] = texts.get(choice.index, "") + choice.text
     assert [texts[i] for i in range(4)] == [c.text for c in sorted(picked.choices, key=lambda c: c.index)]
 
-    coded = client.completions.create(model="tiny", prompt="code:", max_tokens=16, temperature=0,
-                                      extra_body={"guided_regex": "[A-Z]{3}-[0-9]{3}"})  # fmt: skip
+    coded = client.completions.create(
+        model="tiny", prompt="code:", max_tokens=16, temperature=0, extra_body={"guided_regex": "[A-Z]{3}-[0-9]{3}"}
+    )
     assert re.fullmatch("[A-Z]{3}-[0-9]{3}", coded.choices[0].text)
 
     with pytest.raises(openai.BadRequestError, match="guided_regex") as refused:
@@ -334,8 +345,14 @@ def test_forced_tool_calls_as_vllm_serves_them(client):
     """A named function and 'required' hold the reply to the tools' schemas and come back as
     tool_calls, streamed (deltas joined) the same as not."""
     messages = [{"role": "user", "content": "weather in Oslo?"}]
-    asked = {"model": "tiny", "messages": messages, "max_tokens": 48, "temperature": 0, "tools": [WEATHER, TIME],
-             "extra_body": {"guided_whitespace_pattern": ""}}  # fmt: skip
+    asked = {
+        "model": "tiny",
+        "messages": messages,
+        "max_tokens": 48,
+        "temperature": 0,
+        "tools": [WEATHER, TIME],
+        "extra_body": {"guided_whitespace_pattern": ""},
+    }
     named = {"type": "function", "function": {"name": "weather"}}
     for tool_choice, parallel, finish in ((named, None, "stop"), ("required", False, "tool_calls")):
         reply = client.chat.completions.create(**asked, tool_choice=tool_choice, parallel_tool_calls=parallel)
@@ -349,8 +366,9 @@ def test_forced_tool_calls_as_vllm_serves_them(client):
         else:
             assert call.function.name == "time" and arguments == {}
 
-        chunks = list(client.chat.completions.create(**asked, tool_choice=tool_choice, parallel_tool_calls=parallel,
-                                                     stream=True))  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(**asked, tool_choice=tool_choice, parallel_tool_calls=parallel, stream=True)
+        )
         deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
         assert deltas[0].id and deltas[0].function.name == call.function.name
         assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
@@ -361,22 +379,42 @@ def test_required_takes_tools_whose_parameters_refer_to_their_own_definitions(cl
     """pydantic writes a nested model as ``$defs`` referred to from the parameters (the OpenAI SDK's
     ``pydantic_function_tool`` too); under 'required' they sit inside the array schema of all calls."""
     unit = {"enum": ["C", "F"]}
-    forecast = {"type": "function", "function": {"name": "forecast", "parameters": {
-        "type": "object", "$defs": {"Unit": unit}, "properties": {"unit": {"$ref": "#/$defs/Unit"}},
-        "required": ["unit"], "additionalProperties": False}}}  # fmt: skip
+    forecast = {
+        "type": "function",
+        "function": {
+            "name": "forecast",
+            "parameters": {
+                "type": "object",
+                "$defs": {"Unit": unit},
+                "properties": {"unit": {"$ref": "#/$defs/Unit"}},
+                "required": ["unit"],
+                "additionalProperties": False,
+            },
+        },
+    }
     now = {"type": "function", "function": {"name": "now", "parameters": None}}  # null: none, as vLLM takes it
     reply = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "forecast?"}], max_tokens=48, temperature=0,
-        tools=[forecast, now], tool_choice="required", extra_body={"guided_whitespace_pattern": ""},
-    )  # fmt: skip
+        model="tiny",
+        messages=[{"role": "user", "content": "forecast?"}],
+        max_tokens=48,
+        temperature=0,
+        tools=[forecast, now],
+        tool_choice="required",
+        extra_body={"guided_whitespace_pattern": ""},
+    )
     for call in reply.choices[0].message.tool_calls:
         arguments = json.loads(call.function.arguments)
         assert arguments == {} if call.function.name == "now" else arguments["unit"] in ("C", "F")
     kelvin = {"type": "object", "$defs": {"Unit": {"enum": ["K"]}}, "properties": {"u": {"$ref": "#/$defs/Unit"}}}
     clash = {"type": "function", "function": {"name": "other", "parameters": kelvin}}
     with pytest.raises(openai.BadRequestError, match="define \\$defs 'Unit' differently"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                       tools=[forecast, clash], tool_choice="required")  # fmt: skip
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            tools=[forecast, clash],
+            tool_choice="required",
+        )
 
 
 def test_auto_tool_choice_reads_the_calls_the_model_writes(client):
@@ -384,8 +422,13 @@ def test_auto_tool_choice_reads_the_calls_the_model_writes(client):
     and tool_calls, streamed the same as not. (A random model would not write a call by itself:
     a regex holds it to one.)"""
     call = r'<tool_call>\n\{"name": "weather", "arguments": \{"city": "(Oslo|Lima)", "days": [1-7]\}\}\n</tool_call>'
-    asked = {"model": "tiny", "messages": [{"role": "user", "content": "weather in Oslo?"}], "max_tokens": 200,
-             "temperature": 0, "tools": [WEATHER, TIME]}  # fmt: skip
+    asked = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "weather in Oslo?"}],
+        "max_tokens": 200,
+        "temperature": 0,
+        "tools": [WEATHER, TIME],
+    }
     held = asked | {"extra_body": {"structured_outputs": {"regex": "Checking[.]\n" + call}}}
     choice = client.chat.completions.create(**held).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking.\n"
@@ -459,10 +502,18 @@ def test_responses_are_the_chat_answer_whole_and_streamed(client, server):
 
     events = list(client.responses.create(**asked, stream=True))
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]  # fmt: skip
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.incomplete"]  # fmt: skip
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
     final = events[-1].response
@@ -481,8 +532,12 @@ def test_responses_hold_structured_output_tool_calls_and_reasoning_as_items(clie
     come back as function_call items and go back in as input; a reasoning parser's thinking is a
     reasoning item before the message."""
     pet = {"type": "json_schema", "name": "pet", "schema": PET, "strict": True}
-    asked = {"model": "tiny", "max_output_tokens": 64, "temperature": 0,
-             "extra_body": {"guided_whitespace_pattern": ""}}  # fmt: skip
+    asked = {
+        "model": "tiny",
+        "max_output_tokens": 64,
+        "temperature": 0,
+        "extra_body": {"guided_whitespace_pattern": ""},
+    }
     document = json.loads(client.responses.create(**asked, input="a pet", text={"format": pet}).output_text)
     assert set(document) == {"name", "legs"}
 
@@ -497,38 +552,56 @@ def test_responses_hold_structured_output_tool_calls_and_reasoning_as_items(clie
         streamed = stream.get_final_response()
     assert "".join(deltas) == streamed.output[0].arguments == call.arguments
 
-    turn = [{"role": "user", "content": "weather in Oslo?"},
-            {"type": "function_call", "call_id": call.call_id, "name": "weather", "arguments": call.arguments},
-            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]  # fmt: skip
-    as_chat = [turn[0], {"role": "assistant", "tool_calls": [{"id": call.call_id, "type": "function",
-               "function": {"name": "weather", "arguments": call.arguments}}]},
-               {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}]  # fmt: skip
+    turn = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": "weather", "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]
+    as_chat = [
+        turn[0],
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": call.call_id, "type": "function", "function": {"name": "weather", "arguments": call.arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"},
+    ]
     tokens = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "messages": as_chat}).json()
     answer = client.responses.create(model="tiny", input=turn, max_output_tokens=4, temperature=0)
     assert answer.usage.input_tokens == tokens["count"]  # the same prompt as the chat turn
 
     written = r'<tool_call>\n\{"name": "weather", "arguments": \{"city": "Oslo", "days": 2\}\}\n</tool_call>'
     call_then_words = written + r"\nDone[.]"
-    auto = {"model": "tiny", "input": "weather?", "tools": [weather], "max_output_tokens": 80, "temperature": 0,
-            "extra_body": {"structured_outputs": {"regex": call_then_words}}}  # fmt: skip
+    auto = {
+        "model": "tiny",
+        "input": "weather?",
+        "tools": [weather],
+        "max_output_tokens": 80,
+        "temperature": 0,
+        "extra_body": {"structured_outputs": {"regex": call_then_words}},
+    }
     items = [(i.type, i.status) for i in client.responses.create(**auto).output]
     with client.responses.stream(**auto) as stream:
         assert [(i.type, i.status) for i in stream.get_final_response().output] == items
     assert items == [("function_call", "completed"), ("message", "completed")]  # in the order written
 
     thinking = {"structured_outputs": {"regex": "<think>[a-z ]{4,16}</think>[A-Z][a-z]{2,8}[.]"}}
-    held = client.responses.create(model="tiny", input="2+2?", max_output_tokens=60, temperature=0,
-                                   extra_body=thinking)  # fmt: skip
+    held = client.responses.create(model="tiny", input="2+2?", max_output_tokens=60, temperature=0, extra_body=thinking)
     reasoning, message = held.output
     assert reasoning.type == "reasoning" and 4 <= len(reasoning.content[0].text) <= 16
     assert message.type == "message" and message.content[0].text[0].isupper() and held.status == "completed"
-    events = list(client.responses.create(model="tiny", input="2+2?", max_output_tokens=60, temperature=0,
-                                          extra_body=thinking, stream=True))  # fmt: skip
+    events = list(
+        client.responses.create(
+            model="tiny", input="2+2?", max_output_tokens=60, temperature=0, extra_body=thinking, stream=True
+        )
+    )
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
     assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
     thought = held.usage.output_tokens_details.reasoning_tokens  # the tokens between the tags, as vLLM counts
-    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": reasoning.content[0].text,
-                                                        "add_special_tokens": False}).json()["count"]  # fmt: skip
+    tokens = httpx.post(
+        f"{server.url}/tokenize", json={"prompt": reasoning.content[0].text, "add_special_tokens": False}
+    ).json()["count"]
     assert thought == tokens and events[-1].response.usage == held.usage
 
 

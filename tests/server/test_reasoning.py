@@ -130,15 +130,21 @@ def test_a_forced_call_comes_after_the_thinking(r1_client, tool_choice):
     no call (no empty arguments), streamed or not."""
     client, _ = r1_client
     lookup = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
-    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0,
-           "tools": [lookup], "tool_choice": tool_choice}  # fmt: skip
+    ask = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "tools": [lookup],
+        "tool_choice": tool_choice,
+    }
     reply = client.post("/v1/chat/completions", json=ask)
     assert reply.status_code == 200, reply.text
     (choice,) = reply.json()["choices"]
     message = choice["message"]
     assert choice["finish_reason"] == "length" and message["content"] is None and "tool_calls" not in message
     streamed = client.post("/v1/chat/completions", json=ask | {"stream": True})
-    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in streamed.text.splitlines()
-              if line.startswith("data: {")]  # fmt: skip
+    deltas = [
+        json.loads(line[6:])["choices"][0]["delta"] for line in streamed.text.splitlines() if line.startswith("data: {")
+    ]
     assert not any(d.get("tool_calls") or d.get("content") for d in deltas)
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == message["reasoning_content"]

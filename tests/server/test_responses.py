@@ -20,19 +20,32 @@ def request(**fields) -> ResponsesRequest:
 
 def chunk(delta: dict | None = None, finish: str | None = None, **extra) -> dict:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    return {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 7, "model": "m", "choices": choices,
-            **extra}  # fmt: skip
+    return {
+        "id": "chatcmpl-abc",
+        "object": "chat.completion.chunk",
+        "created": 7,
+        "model": "m",
+        "choices": choices,
+        **extra,
+    }
 
 
 def test_a_conversation_with_calls_becomes_chat_messages():
     calls = [{"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"} for i in (1, 2)]
     asked = request(
         instructions="be brief",
-        input=[{"role": "user", "content": "go"}, {"type": "reasoning", "id": "rs_1", "summary": []}, *calls,
-               {"type": "function_call_output", "call_id": "c1", "output": "one"},
-               {"role": "assistant", "content": [{"type": "output_text", "text": "done"}]}],
-        seed=3, structured_outputs={"regex": "a+"}, kv_transfer_params={"do_remote_prefill": True}, stream=True,
-    )  # fmt: skip
+        input=[
+            {"role": "user", "content": "go"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            *calls,
+            {"type": "function_call_output", "call_id": "c1", "output": "one"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+        ],
+        seed=3,
+        structured_outputs={"regex": "a+"},
+        kv_transfer_params={"do_remote_prefill": True},
+        stream=True,
+    )
     chat = asked.chat_request()
     roles = [m["role"] for m in chat["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "assistant"]  # earlier thinking left out
@@ -47,9 +60,11 @@ def test_an_answer_given_back_as_items_is_one_assistant_message():
     """As vLLM builds it: a Response's reasoning, message and function_call items, given back as
     input, are the one assistant message the chat that made them had; an unfinished last answer
     goes on."""
-    answer = [{"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
-              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]},
-              {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]  # fmt: skip
+    answer = [
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    ]
     chat = request(input=[{"role": "user", "content": "go"}, *answer]).chat_request()
     (turn,) = chat["messages"][1:]
     assert (turn["reasoning"], turn["content"][0]["text"], turn["tool_calls"][0]["id"]) == ("hm", "Let me see.", "c1")
@@ -112,8 +127,10 @@ class Source:
 def test_a_stream_broken_mid_way_ends_failed_with_what_came():
     """A router relaying a decode server that died: the chat stream's error event becomes the
     Responses error event and response.failed, after the text that came."""
-    source = Source(encode_event(chunk({"role": "assistant", "content": "Once"})).encode(),
-                    broken_stream_end("the decode server failed mid-stream"))  # fmt: skip
+    source = Source(
+        encode_event(chunk({"role": "assistant", "content": "Once"})).encode(),
+        broken_stream_end("the decode server failed mid-stream"),
+    )
 
     async def run() -> list[dict]:
         stream = ResponseStream(request(), chat_chunks(source.chunks()), source=source)
@@ -171,5 +188,7 @@ def test_an_aborted_generation_fails_and_a_cut_one_leaves_its_last_item_incomple
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": '}}
     cut = asyncio.run(whole_response(request(), answer(thinking, chunk({"tool_calls": [call]}, finish="length"))))
     assert (cut["status"], cut["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
-    assert [(i["type"], i["status"]) for i in cut["output"]] == [("reasoning", "completed"),
-                                                                  ("function_call", "incomplete")]  # fmt: skip
+    assert [(i["type"], i["status"]) for i in cut["output"]] == [
+        ("reasoning", "completed"),
+        ("function_call", "incomplete"),
+    ]

@@ -60,8 +60,11 @@ LLAMA3 = [
 PYTHONIC = [
     ("It is sunny.", "It is sunny.", []),
     ('[weather(city="Oslo", days=3)]', None, [("weather", {"city": "Oslo", "days": 3})]),
-    ("  [time(), weather(city='Lima', hourly=True, at=None, days=[1, 2])]\n", None,
-     [("time", {}), ("weather", {"city": "Lima", "hourly": True, "at": None, "days": [1, 2]})]),
+    (
+        "  [time(), weather(city='Lima', hourly=True, at=None, days=[1, 2])]\n",
+        None,
+        [("time", {}), ("weather", {"city": "Lima", "hourly": True, "at": None, "days": [1, 2]})],
+    ),
     ('[weather(city="Tōkyō", opts={"unit": "C"})]', None, [("weather", {"city": "Tōkyō", "opts": {"unit": "C"}})]),
     ("[weather(city=oslo)]", "[weather(city=oslo)]", []),  # not a literal
     ('[weather("Oslo")]', '[weather("Oslo")]', []),  # positional
@@ -69,20 +72,23 @@ PYTHONIC = [
     ("[]", "[]", []),
     ('[weather(city="Os', '[weather(city="Os', []),  # cut short
     ("[" * 400, "[" * 400, []),
-]  # fmt: skip
+]
 
 
 MISTRAL = [
     ("It is sunny.", "It is sunny.", []),
     (f"[TOOL_CALLS] [{WEATHER}, {TIME}]", None, [("weather", {"city": "Oslo", "days": 3}), ("time", {})]),
     (f"Let me look. [TOOL_CALLS][{TIME}]\n", "Let me look. ", [("time", {})]),
-    ('[TOOL_CALLS]weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get-time[ARGS]{}', None,
-     [("weather", {"city": "Oslo"}), ("get-time", {})]),  # v11
+    (
+        '[TOOL_CALLS]weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get-time[ARGS]{}',
+        None,
+        [("weather", {"city": "Oslo"}), ("get-time", {})],
+    ),  # v11
     ('[TOOL_CALLS]weather[ARGS]{"city": "Os', '[TOOL_CALLS]weather[ARGS]{"city": "Os', []),  # cut short
     ("[TOOL_CALLS] not a call", "[TOOL_CALLS] not a call", []),
     ("[TOOL_CALLS] []", "[TOOL_CALLS] []", []),
     ("a [TOOL", "a [TOOL", []),  # a tag's start that never became one
-]  # fmt: skip
+]
 
 
 def replied(parser: str, text: str, finish: str = "stop") -> tuple[dict, str]:

@@ -56,8 +56,14 @@ def test_tokenize_returns_the_token_strings_when_asked(tiny):
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_logprobs_carry_each_tokens_utf8_bytes(tiny, stream):
     _, client = tiny
-    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "logprobs": True,
-           "top_logprobs": 2, "stream": stream}  # fmt: skip
+    ask = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream": stream,
+    }
     response = client.post("/v1/chat/completions", json=ask)
     assert response.status_code == 200, response.text
     if stream:
@@ -81,8 +87,15 @@ def test_return_token_ids_gives_the_prompt_and_each_choice_s_ids(tiny, stream):
     # vLLM's return_token_ids: the ids the model saw and gave, for clients that must not re-tokenize
     state, client = tiny
     prompt = state.tokenizer.encode("hello world")
-    ask = {"prompt": "hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "n": 2,
-           "stream": stream, "return_token_ids": True}  # fmt: skip
+    ask = {
+        "prompt": "hello world",
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "n": 2,
+        "stream": stream,
+        "return_token_ids": True,
+    }
     plain = client.post("/v1/completions", json=ask | {"stream": False, "return_token_ids": False}).json()
     assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
     response = client.post("/v1/completions", json=ask)
@@ -99,8 +112,14 @@ def test_return_token_ids_gives_the_prompt_and_each_choice_s_ids(tiny, stream):
         assert prompt_ids == prompt and len(token_ids) == 6
         assert state.tokenizer.decode(token_ids) == plain["choices"][index]["text"]
 
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
-            "stream": stream, "return_token_ids": True}  # fmt: skip
+    chat = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+        "return_token_ids": True,
+    }
     response = client.post("/v1/chat/completions", json=chat)
     if stream:
         chunks = _events(response)
@@ -119,8 +138,16 @@ def test_return_token_ids_gives_the_prompt_and_each_choice_s_ids(tiny, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(tiny, stream):
     _, client = tiny
-    ask = {"prompt": "hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 2, "stream": stream,
-           "return_token_ids": True, "return_tokens_as_token_ids": True}  # fmt: skip
+    ask = {
+        "prompt": "hello",
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 2,
+        "stream": stream,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
     response = client.post("/v1/completions", json=ask)
     choices = [c for chunk in _events(response) for c in chunk["choices"]] if stream else response.json()["choices"]
     names = [t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]]
@@ -129,11 +156,20 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(tiny, stream):
     tops = [key for c in choices if c["logprobs"] for top in c["logprobs"]["top_logprobs"] for key in top]
     assert tops and all(key.startswith("token_id:") for key in tops)
 
-    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "ignore_eos": True,
-            "logprobs": True, "top_logprobs": 1, "stream": stream, "return_tokens_as_token_ids": True}  # fmt: skip
+    chat = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "stream": stream,
+        "return_tokens_as_token_ids": True,
+    }
     response = client.post("/v1/chat/completions", json=chat)
     chunks = _events(response) if stream else [response.json()]
     entries = [e for c in chunks for choice in c["choices"] for e in (choice["logprobs"] or {}).get("content", [])]
     assert len(entries) == 3
-    assert all(e["token"].startswith("token_id:") and e["top_logprobs"][0]["token"].startswith("token_id:")
-               for e in entries)  # fmt: skip
+    assert all(
+        e["token"].startswith("token_id:") and e["top_logprobs"][0]["token"].startswith("token_id:") for e in entries
+    )

@@ -58,11 +58,13 @@ def make_spec(
     if replicas is not None:
         pool["replicas"] = replicas
     pools = {"colocated": pool} if mode == "colocated" else {"prefill": dict(pool), "decode": dict(pool)}
-    return parse_spec({
-        "model": {"builtin": "small"},
-        "slo": {"ttftP95Ms": ttft_ms, "itlP95Ms": itl_ms},
-        "mode": mode,
-        "pools": pools,
-        "autotune": {"intervalSeconds": 10, "scaleDownStabilizationSeconds": 60, "cooldownSeconds": 30}
-        | (autotune or {}),
-    })  # fmt: skip
+    return parse_spec(
+        {
+            "model": {"builtin": "small"},
+            "slo": {"ttftP95Ms": ttft_ms, "itlP95Ms": itl_ms},
+            "mode": mode,
+            "pools": pools,
+            "autotune": {"intervalSeconds": 10, "scaleDownStabilizationSeconds": 60, "cooldownSeconds": 30}
+            | (autotune or {}),
+        }
+    )

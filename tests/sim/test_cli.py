@@ -18,8 +18,19 @@ def tiny_profile(tmp_path):
 
 def test_sim_on_the_local_example(tmp_path, capsys, repo_root) -> None:
     profile = tiny_profile(tmp_path)
-    code = main(["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(profile),
-                 "--duration", "120", "--out", str(tmp_path / "out")])  # fmt: skip
+    code = main(
+        [
+            "sim",
+            "-f",
+            str(repo_root / "examples/local.yaml"),
+            "--profile",
+            str(profile),
+            "--duration",
+            "120",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "SLO p95 TTFT 500 ms, ITL 100 ms: met in" in out and "replica-minutes" in out
@@ -30,8 +41,21 @@ def test_sim_on_the_local_example(tmp_path, capsys, repo_root) -> None:
 
 def test_sim_from_a_trace_with_the_hpa(tmp_path, capsys, repo_root) -> None:
     trace = write_trace(tmp_path / "chat.jsonl", builtin_workload("chat", 60.0).requests())
-    code = main(["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path)),
-                 "--trace", str(trace), "--controller", "hpa", "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "sim",
+            "-f",
+            str(repo_root / "examples/local.yaml"),
+            "--profile",
+            str(tiny_profile(tmp_path)),
+            "--trace",
+            str(trace),
+            "--controller",
+            "hpa",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     assert "controller hpa, 120 requests" in capsys.readouterr().out
     assert (tmp_path / "sim-tiny-chat-hpa.json").is_file()
@@ -39,8 +63,17 @@ def test_sim_from_a_trace_with_the_hpa(tmp_path, capsys, repo_root) -> None:
 
 def test_a_trace_is_replayed_as_it_is_and_its_warm_up_left_out_of_the_report(tmp_path, capsys, repo_root) -> None:
     trace = write_trace(tmp_path / "chat.jsonl", builtin_workload("chat", 120.0).requests())
-    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path)),
-            "--trace", str(trace), "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tiny_profile(tmp_path)),
+        "--trace",
+        str(trace),
+        "--out",
+        str(tmp_path),
+    ]
     assert main([*args, "--rate-scale", "2", "--seed", "3"]) == 2
     assert "--rate-scale, --seed shape a built-in workload" in capsys.readouterr().out
     assert main([*args, "--warmup", "60"]) == 0
@@ -62,8 +95,21 @@ def test_sim_explains_what_is_missing(tmp_path, capsys, repo_root, monkeypatch) 
 
 def test_bench_tuner_quick(tmp_path, capsys) -> None:
     profile = synthetic_profile().save(tmp_path / "small.json")
-    code = main(["bench", "tuner", "--quick", "--workloads", "chat", "--profile", str(profile),
-                 "--out", str(tmp_path), "--workers", "1"])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "tuner",
+            "--quick",
+            "--workloads",
+            "chat",
+            "--profile",
+            str(profile),
+            "--out",
+            str(tmp_path),
+            "--workers",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "== targets" in out and "best fixed" in out and "HPA baseline" in out
@@ -112,8 +158,15 @@ def test_sim_honours_the_pools_max_model_len_and_refuses_one_past_the_models(tmp
 
 def test_sim_refuses_a_run_with_nothing_to_report(tmp_path, capsys, repo_root, monkeypatch) -> None:
     monkeypatch.setattr("llmfleet.sim.simulate.simulate", _not_to_be_run)
-    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path)),
-            "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tiny_profile(tmp_path)),
+        "--out",
+        str(tmp_path),
+    ]
     for shape in (["--duration", "0.5"], ["--rate-scale", "0.00001"]):
         assert main([*args, *shape]) == 2
         assert "bursty generates no requests: give it a longer --duration or a larger --rate-scale" in (
@@ -126,8 +179,17 @@ def test_sim_refuses_a_run_with_nothing_to_report(tmp_path, capsys, repo_root, m
 
 def test_sim_checks_its_output_paths_before_simulating(tmp_path, capsys, repo_root, monkeypatch) -> None:
     monkeypatch.setattr("llmfleet.sim.simulate.simulate", _not_to_be_run)
-    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path)),
-            "--workload", "chat", "--duration", "10"]  # fmt: skip
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tiny_profile(tmp_path)),
+        "--workload",
+        "chat",
+        "--duration",
+        "10",
+    ]
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     for flags, message in (
@@ -143,8 +205,19 @@ def test_sim_checks_its_output_paths_before_simulating(tmp_path, capsys, repo_ro
 def test_sim_refuses_a_profile_it_cannot_run(tmp_path, capsys, repo_root) -> None:
     data = json.loads(tiny_profile(tmp_path).read_text()) | {"device": None}
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tmp_path / "bad.json"),
-            "--workload", "chat", "--duration", "10", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tmp_path / "bad.json"),
+        "--workload",
+        "chat",
+        "--duration",
+        "10",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 2
     assert f"bad cost profile {tmp_path / 'bad.json'}: device must be a non-empty string" in capsys.readouterr().out
 

@@ -22,8 +22,16 @@ from llmfleet.sim.cost_model import (
     nnls,
 )
 
-TRUE = {"intercept": 0.027, "tokens": 2.0e-4, "seqs": 2.0e-4, "decode_groups": 2.3e-3, "kv_read": 8.0e-9,
-        "prefill_attn": 1.4e-10, "prefills": 2.0e-4, "new_shape": 5.0e-3}  # fmt: skip
+TRUE = {
+    "intercept": 0.027,
+    "tokens": 2.0e-4,
+    "seqs": 2.0e-4,
+    "decode_groups": 2.3e-3,
+    "kv_read": 8.0e-9,
+    "prefill_attn": 1.4e-10,
+    "prefills": 2.0e-4,
+    "new_shape": 5.0e-3,
+}
 
 
 def request(prompt: int, computed: int, outputs: int = 0) -> Request:
@@ -34,12 +42,14 @@ def request(prompt: int, computed: int, outputs: int = 0) -> Request:
 
 
 def test_features_of_a_mixed_step() -> None:
-    out = SchedulerOutput([
-        ScheduledRequest(request(100, 0), 64),  # first chunk of a prompt
-        ScheduledRequest(request(100, 64), 36),  # its last chunk, after 64 tokens of context
-        ScheduledRequest(request(40, 40, outputs=1), 1),  # decode at context 41
-        ScheduledRequest(request(300, 304, outputs=5), 1),  # decode at context 305
-    ])  # fmt: skip
+    out = SchedulerOutput(
+        [
+            ScheduledRequest(request(100, 0), 64),  # first chunk of a prompt
+            ScheduledRequest(request(100, 64), 36),  # its last chunk, after 64 tokens of context
+            ScheduledRequest(request(40, 40, outputs=1), 1),  # decode at context 41
+            ScheduledRequest(request(300, 304, outputs=5), 1),  # decode at context 305
+        ]
+    )
     seen: set[int] = set()
     f = StepFeatures.of(out, block_size=16, seen=seen)
     assert (f.tokens, f.seqs, f.prefills) == (102, 4, 2)
@@ -155,8 +165,14 @@ def test_nnls_is_optimal_under_the_sign_constraint() -> None:
 
 
 def test_profile_round_trip(tmp_path) -> None:
-    model = CostModel(TRUE, model="builtin:small", dtype="bfloat16", threads=2, kv_bytes_per_token=36864,
-                      samples=[s.to_dict() for s in synthetic_samples(n=5)])  # fmt: skip
+    model = CostModel(
+        TRUE,
+        model="builtin:small",
+        dtype="bfloat16",
+        threads=2,
+        kv_bytes_per_token=36864,
+        samples=[s.to_dict() for s in synthetic_samples(n=5)],
+    )
     path = model.save(tmp_path / "p.json")
     loaded = CostModel.load(path)
     assert loaded.coefficients == TRUE and loaded.threads == 2 and loaded.dtype == "bfloat16"

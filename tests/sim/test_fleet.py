@@ -104,8 +104,9 @@ def test_a_drain_past_its_deadline_aborts_what_is_left(profile) -> None:
 
 
 def test_scale_down_cancels_starting_pods_first(profile) -> None:
-    fleet = Fleet(make_spec(replicas=2), profile, poisson(200, 4.0), SimOptions(startup_s=30.0),
-                  scripted([(10.0, 3), (15.0, 2)]))  # fmt: skip
+    fleet = Fleet(
+        make_spec(replicas=2), profile, poisson(200, 4.0), SimOptions(startup_s=30.0), scripted([(10.0, 3), (15.0, 2)])
+    )
     fleet.run()
     pods = {p.name: p for p in fleet.pools["colocated"].pods}
     assert pods["colocated-3"].stopped_at == pytest.approx(15.0, abs=1.0)
@@ -140,8 +141,9 @@ def test_hpa_recommendation(profile, waiting, pods, desired) -> None:
 
 
 def test_hpa_scales_up_on_a_queue_and_down_after_its_window(profile) -> None:
-    burst = PhasedWorkload("b", phases=((120.0, 12.0), (400.0, 0.2)), prompt_len=(64, 256), output_len=(16, 64),
-                           output_mean=None)  # fmt: skip
+    burst = PhasedWorkload(
+        "b", phases=((120.0, 12.0), (400.0, 0.2)), prompt_len=(64, 256), output_len=(16, 64), output_mean=None
+    )
     spec = make_spec(max_replicas=6, autotune={"scaleDownStabilizationSeconds": 120})
     result = simulate(spec, profile, burst.requests(), controller="hpa", hpa=HPAConfig(target_waiting_per_pod=1.0))
     moves = [(d.at, c["from"], c["to"]) for d in result.decisions for c in d.changes]

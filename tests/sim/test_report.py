@@ -16,9 +16,21 @@ def record(arrival: float, status: str, token_times: list[float], detail: str = 
 
 def result_of(records: list[RequestRecord], measure_from: float = 0.0) -> SimResult:
     last = max((r.arrival for r in records), default=0.0)
-    return SimResult(name="t", mode="colocated", slo_ttft_s=1.0, slo_itl_s=1.0, controller="fixed", end=last + 5.0,
-                     last_arrival=last, records=records, timeline=[], decisions=[], pod_lifetimes=[],
-                     options=SimOptions(), measure_from=measure_from)  # fmt: skip
+    return SimResult(
+        name="t",
+        mode="colocated",
+        slo_ttft_s=1.0,
+        slo_itl_s=1.0,
+        controller="fixed",
+        end=last + 5.0,
+        last_arrival=last,
+        records=records,
+        timeline=[],
+        decisions=[],
+        pod_lifetimes=[],
+        options=SimOptions(),
+        measure_from=measure_from,
+    )
 
 
 def test_a_request_rejected_or_aborted_after_its_first_token_misses_its_minute() -> None:

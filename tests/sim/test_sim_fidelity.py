@@ -44,7 +44,21 @@ def test_calibrate_first_measures_the_dtype_asked_for(tmp_path, monkeypatch, cap
     monkeypatch.setattr(calibrate, "calibrate", measured)
     monkeypatch.setattr(sim_fidelity, "wait_quiet", lambda *a: None)
     with pytest.raises(SystemExit):
-        main(["bench", "sim-fidelity", "--quick", "--calibrate", "--dtype", "float32", "--model", "builtin:tiny",
-              "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path)])  # fmt: skip
+        main(
+            [
+                "bench",
+                "sim-fidelity",
+                "--quick",
+                "--calibrate",
+                "--dtype",
+                "float32",
+                "--model",
+                "builtin:tiny",
+                "--profile",
+                str(tmp_path / "p.json"),
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert asked["dtype"] == "float32" and asked["grid"] is calibrate.GRIDS["quick"]
     assert "(quick grid, dtype float32)" in capsys.readouterr().out

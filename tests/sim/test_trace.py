@@ -32,8 +32,11 @@ def test_sorted_by_arrival_blank_lines_and_extra_keys(tmp_path) -> None:
 def test_arrivals_count_from_the_first_so_log_timestamps_replay_as_they_happened(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
     epoch = 1_764_000_000.5  # Unix seconds, as a log has them
-    path.write_text("".join(json.dumps({"arrival_s": epoch + i / 4, "prompt_tokens": 3, "output_tokens": 1}) + "\n"
-                            for i in range(3)))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"arrival_s": epoch + i / 4, "prompt_tokens": 3, "output_tokens": 1}) + "\n" for i in range(3)
+        )
+    )
     assert [r.arrival_s for r in read_trace(path)] == [0.0, 0.25, 0.5]
 
 
@@ -41,16 +44,20 @@ def test_arrivals_count_from_the_first_so_log_timestamps_replay_as_they_happened
 def test_a_trace_spanning_more_than_a_week_is_refused(tmp_path, last) -> None:
     # offsets from the start mixed with Unix timestamps would idle for decades of simulated seconds
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n"
-                            for t in (0.0, 1.5, last)))  # fmt: skip
+    path.write_text(
+        "".join(json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n" for t in (0.0, 1.5, last))
+    )
     with pytest.raises(TraceError, match=r"t.jsonl: its arrivals span .* days .*mix offsets .* with Unix timestamps"):
         read_trace(path)
 
 
 def test_a_trace_of_a_week_replays(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n"
-                            for t in (0.0, 7 * 86_400.0)))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n" for t in (0.0, 7 * 86_400.0)
+        )
+    )
     assert [r.arrival_s for r in read_trace(path)] == [0.0, 7 * 86_400.0]
 
 

@@ -32,8 +32,14 @@ def final_knobs(result) -> dict[str, float]:
     ],
 )
 def test_knobs_move_the_way_the_shape_calls_for(profile, workload, slo, knob, direction) -> None:
-    spec = make_spec(ttft_ms=slo[0], itl_ms=slo[1], engine=START, bounds=BOUNDS, max_replicas=6,
-                     autotune={"scaleDownStabilizationSeconds": 120})  # fmt: skip
+    spec = make_spec(
+        ttft_ms=slo[0],
+        itl_ms=slo[1],
+        engine=START,
+        bounds=BOUNDS,
+        max_replicas=6,
+        autotune={"scaleDownStabilizationSeconds": 120},
+    )
     requests = builtin_workload(workload, duration_s=300.0, rate_scale=2.0).requests()
     result = simulate(spec, profile, requests, controller="tuner", options=SimOptions(startup_s=30.0))
     moved = final_knobs(result)[knob] - START[knob]

@@ -99,10 +99,14 @@ async def test_a_value_the_spec_bounds_moved_past_is_corrected_and_recorded():
 async def test_the_series_of_a_pool_the_fleet_no_longer_runs_are_dropped():
     """After a switch to disaggregated mode, llmfleet_tuner_replicas{pool="colocated"} would stay
     on every dashboard at its last value."""
-    disaggregated = parse_spec({
-        "model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}, "mode": "disaggregated",
-        "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
-    })  # fmt: skip
+    disaggregated = parse_spec(
+        {
+            "model": {"builtin": "tiny"},
+            "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
+            "mode": "disaggregated",
+            "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
+        }
+    )
     for spec in (SPEC, disaggregated):
         refs = {pool: PoolRef("ns", "switching", pool) for pool in spec.active_pools}
         actuator = RecordingActuator(views_from_state(spec, None))
@@ -114,10 +118,14 @@ async def test_the_series_of_a_pool_the_fleet_no_longer_runs_are_dropped():
     assert 'pool="colocated"' not in exposed
 
 
-DISAGGREGATED = parse_spec({
-    "model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}, "mode": "disaggregated",
-    "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
-})  # fmt: skip
+DISAGGREGATED = parse_spec(
+    {
+        "model": {"builtin": "tiny"},
+        "slo": {"ttftP95Ms": 500, "itlP95Ms": 100},
+        "mode": "disaggregated",
+        "pools": {"prefill": {"maxReplicas": 4}, "decode": {"maxReplicas": 4}},
+    }
+)
 
 
 def test_a_disaggregated_fleets_ttft_column_is_the_routers_else_the_pools_added():
@@ -130,13 +138,19 @@ def test_a_disaggregated_fleets_ttft_column_is_the_routers_else_the_pools_added(
     pools["decode"] = metrics("decode", ttft_ms=150, itl_ms=30)
     router = metrics("router", ttft_ms=410, itl_ms=35)
     assert _latency(DISAGGREGATED, pools, router) == {
-        "ttftP95Ms": 410.0, "ttftFrom": "router", "itlP95Ms": 30.0, "queueP95Ms": 40.0
-    }  # fmt: skip
+        "ttftP95Ms": 410.0,
+        "ttftFrom": "router",
+        "itlP95Ms": 30.0,
+        "queueP95Ms": 40.0,
+    }
     too_few = metrics("router", ttft_ms=None).with_staleness(True, "router: 0 pods reporting")
     for client in (too_few, None):
         assert _latency(DISAGGREGATED, pools, client) == {
-            "ttftP95Ms": 450.0, "ttftFrom": "prefill+decode", "itlP95Ms": 30.0, "queueP95Ms": 40.0
-        }  # fmt: skip
+            "ttftP95Ms": 450.0,
+            "ttftFrom": "prefill+decode",
+            "itlP95Ms": 30.0,
+            "queueP95Ms": 40.0,
+        }
     pools["decode"] = metrics("decode", ttft_ms=None, itl_ms=30)
     assert _latency(DISAGGREGATED, pools)["ttftP95Ms"] == 300.0
     assert _latency(DISAGGREGATED, pools)["ttftFrom"] == "prefill"

@@ -21,8 +21,13 @@ class SparseSource:
         samples = 10 * window_s / 30
         if samples < 20:
             why = f"{{}}: {samples:.0f} observations in the {window_s:.0f} s window (< 20)"
-            return metrics(ttft_ms=None, itl_ms=None, queue_ms=None, prompt_tps=window_s,
-                           missing={k: why.format(k) for k in ("ttft", "itl", "queue_time")})  # fmt: skip
+            return metrics(
+                ttft_ms=None,
+                itl_ms=None,
+                queue_ms=None,
+                prompt_tps=window_s,
+                missing={k: why.format(k) for k in ("ttft", "itl", "queue_time")},
+            )
         return metrics(ttft_ms=900, itl_ms=80, queue_ms=300, prompt_tps=window_s)
 
 
@@ -47,8 +52,17 @@ def test_the_widening_stops_at_four_windows() -> None:
 def test_an_idle_pool_takes_no_latencies_from_traffic_that_has_ended() -> None:
     """Quantiles from up to 2 minutes back made the tuner add replicas to a pool nobody used."""
     source = SparseSource()
-    idle = metrics(ttft_ms=None, itl_ms=None, queue_ms=None, rate=0.0, prompt_tps=0, gen_tps=0, running=0, waiting=0,
-                   missing={"ttft": "ttft: 0 observations in the 30 s window (< 20)"})  # fmt: skip
+    idle = metrics(
+        ttft_ms=None,
+        itl_ms=None,
+        queue_ms=None,
+        rate=0.0,
+        prompt_tps=0,
+        gen_tps=0,
+        running=0,
+        waiting=0,
+        missing={"ttft": "ttft: 0 observations in the 30 s window (< 20)"},
+    )
 
     async def snapshot(pool: PoolRef, window_s: float) -> PoolMetrics:
         source.windows.append(window_s)

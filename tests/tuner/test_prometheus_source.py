@@ -16,16 +16,35 @@ from llmfleet.operator.prometheus_source import PrometheusSource
 REF = PoolRef("prod", "chat", "decode")
 NOW = 1_700_000_000.0
 HEALTHY = {
-    "ttft:0.5": 0.08, "ttft:0.95": 0.31, "ttft:0.99": 0.6, "ttft:samples": 600.0,
-    "itl:0.5": 0.02, "itl:0.95": 0.045, "itl:0.99": 0.09, "itl:samples": 40000.0,
-    "queue_time:0.5": 0.001, "queue_time:0.95": 0.05, "queue_time:0.99": 0.1, "queue_time:samples": 600.0,
-    "request_rate": 10.0, "prompt_tokens_per_s": 2560.0, "prefix_cache_hits_per_s": 512.0,
-    "generation_tokens_per_s": 1280.0, "preemptions_per_s": 0.0,
-    "steps_per_s": 90.0, "waiting_growth_per_s": -0.05, "waiting": 1.5, "running": 24.0, "kv_usage_mean": 0.3,
+    "ttft:0.5": 0.08,
+    "ttft:0.95": 0.31,
+    "ttft:0.99": 0.6,
+    "ttft:samples": 600.0,
+    "itl:0.5": 0.02,
+    "itl:0.95": 0.045,
+    "itl:0.99": 0.09,
+    "itl:samples": 40000.0,
+    "queue_time:0.5": 0.001,
+    "queue_time:0.95": 0.05,
+    "queue_time:0.99": 0.1,
+    "queue_time:samples": 600.0,
+    "request_rate": 10.0,
+    "prompt_tokens_per_s": 2560.0,
+    "prefix_cache_hits_per_s": 512.0,
+    "generation_tokens_per_s": 1280.0,
+    "preemptions_per_s": 0.0,
+    "steps_per_s": 90.0,
+    "waiting_growth_per_s": -0.05,
+    "waiting": 1.5,
+    "running": 24.0,
+    "kv_usage_mean": 0.3,
     "kv_usage_max": 0.55,
-    "mean_batch_size": 23.5, "mean_step_tokens": 60.0, "mean_step_seconds": 0.021, "ready_pods": 2.0,
+    "mean_batch_size": 23.5,
+    "mean_step_tokens": 60.0,
+    "mean_step_seconds": 0.021,
+    "ready_pods": 2.0,
     "newest_sample": NOW - 3.0,
-}  # fmt: skip
+}
 
 
 class FakePrometheus:

@@ -65,9 +65,20 @@ def test_pool_queries_cover_every_field() -> None:
     queries = promql.pool_queries(SEL, 60)
     for name in ("ttft", "itl", "queue_time"):
         assert {f"{name}:0.5", f"{name}:0.95", f"{name}:0.99", f"{name}:samples"} <= set(queries)
-    assert {"request_rate", "prompt_tokens_per_s", "generation_tokens_per_s", "preemptions_per_s", "waiting",
-            "running", "kv_usage_mean", "kv_usage_max", "mean_batch_size", "mean_step_tokens", "ready_pods",
-            "newest_sample"} <= set(queries)  # fmt: skip
+    assert {
+        "request_rate",
+        "prompt_tokens_per_s",
+        "generation_tokens_per_s",
+        "preemptions_per_s",
+        "waiting",
+        "running",
+        "kv_usage_mean",
+        "kv_usage_max",
+        "mean_batch_size",
+        "mean_step_tokens",
+        "ready_pods",
+        "newest_sample",
+    } <= set(queries)
     assert all(SEL in q for q in queries.values())
     assert queries["request_rate"] == f"sum(rate(vllm:request_success_total{{{SEL}}}[60s]))"
 
@@ -79,19 +90,23 @@ def test_a_pod_whose_series_stopped_is_not_reporting(tmp_path) -> None:
     running = 'vllm:num_requests_running{pool="decode",pod="%s"}'
     test = {
         "rule_files": [],
-        "tests": [{
-            "interval": "15s",
-            "input_series": [
-                {"series": running % "live", "values": "1x20"},  # to 5m
-                {"series": running % "gone", "values": "1x8"},  # to 2m, then nothing
-            ],
-            "promql_expr_test": [{
-                "expr": promql.pods_reporting('pool="decode"', fresh_s=60),
-                "eval_time": "4m",
-                "exp_samples": [{"labels": "{}", "value": 1}],
-            }],
-        }],
-    }  # fmt: skip
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": running % "live", "values": "1x20"},  # to 5m
+                    {"series": running % "gone", "values": "1x8"},  # to 2m, then nothing
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": promql.pods_reporting('pool="decode"', fresh_s=60),
+                        "eval_time": "4m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    }
+                ],
+            }
+        ],
+    }
     (tmp_path / "test.yaml").write_text(json.dumps(test))
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

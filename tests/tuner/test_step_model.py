@@ -77,8 +77,15 @@ def with_plane() -> TunerMemory:
 
 
 def decide(memory: TunerMemory, current, now: float = 1000.0, **kw):
-    kw = {"itl_ms": 90, "prompt_tps": 60, "gen_tps": 600, "rate": 1.0, "mean_batch": 8, "step_tokens": 8,
-          "step_ms": step_s(8) * 1000} | kw  # fmt: skip
+    kw = {
+        "itl_ms": 90,
+        "prompt_tps": 60,
+        "gen_tps": 600,
+        "rate": 1.0,
+        "mean_batch": 8,
+        "step_tokens": 8,
+        "step_ms": step_s(8) * 1000,
+    } | kw
     pools = {"colocated": pool_input(metrics("colocated", at=now, **kw), current)}
     return Tuner(ONE_SHOT).decide(pools, SLO, memory, now=now)
 
@@ -127,8 +134,9 @@ def test_with_a_plane_a_queue_is_not_read_as_the_capacity() -> None:
 
 @pytest.mark.parametrize(("growth", "counted"), [(0.5, True), (0.01, False)])
 def test_a_growing_queue_counts_as_demand(growth: float, counted: bool) -> None:
-    decision = decide(with_plane(), settings(batch=8, timeout=0), waiting=6, growth=growth, rate=2.0,
-                      prompt_tps=400, gen_tps=200)  # fmt: skip
+    decision = decide(
+        with_plane(), settings(batch=8, timeout=0), waiting=6, growth=growth, rate=2.0, prompt_tps=400, gen_tps=200
+    )
     reasons = " ".join(decision.reasons)
     assert ("queue growing" in reasons) is counted
     if counted:
@@ -143,8 +151,18 @@ def test_a_latency_cut_capacity_recovers_once_the_slos_are_met_with_margin(ttft_
     memory.capacity["colocated"] = Capacity(
         prompt_tps=4000.0, generation_tps=400.0, steps=model(), scale=0.5, measured=True, pods=2, pods_since=0.0
     )
-    m = metrics(ttft_ms=ttft_ms, queue_ms=20, itl_ms=40, prompt_tps=100, gen_tps=20, pods=2, waiting=0,
-                mean_batch=4, step_tokens=8, step_ms=1000 * step_s(4, 4))  # fmt: skip
+    m = metrics(
+        ttft_ms=ttft_ms,
+        queue_ms=20,
+        itl_ms=40,
+        prompt_tps=100,
+        gen_tps=20,
+        pods=2,
+        waiting=0,
+        mean_batch=4,
+        step_tokens=8,
+        step_ms=1000 * step_s(4, 4),
+    )
     pools = {"colocated": pool_input(m, settings(replicas=2, timeout=0))}
     decision = Tuner(ONE_SHOT).decide(pools, SLO, memory, now=1000.0)
     scale = decision.memory.capacity["colocated"].scale

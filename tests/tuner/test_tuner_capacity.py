@@ -25,8 +25,16 @@ def test_an_slo_broken_with_the_knob_at_its_limit_caps_the_capacity_at_the_pods_
     assert capacity.prompt_tps == pytest.approx(4000 * load) and capacity.generation_tps == pytest.approx(400 * load)
     assert any("saturated for latency: 1.60x the SLO with batchTimeoutMs at its limit" in r for r in first.reasons)
     # at that estimate the same traffic needs ceil(1 / 0.8) = 2 replicas: no scaling back to 1
-    later = decide(first.memory, now=1300.0, ttft_ms=300, queue_ms=100, prompt_tps=1000, gen_tps=200, pods=2,
-                   current=settings(replicas=2, timeout=0))  # fmt: skip
+    later = decide(
+        first.memory,
+        now=1300.0,
+        ttft_ms=300,
+        queue_ms=100,
+        prompt_tps=1000,
+        gen_tps=200,
+        pods=2,
+        current=settings(replicas=2, timeout=0),
+    )
     assert later.changed("colocated", REPLICAS) is None
 
 

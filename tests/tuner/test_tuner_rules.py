@@ -396,8 +396,9 @@ def test_capacity_is_measured_when_saturated() -> None:
     capacity = decision.memory.capacity["decode"]
     # the first measurement replaces the default guess (400) outright
     assert capacity.generation_tps == pytest.approx(450) and capacity.measured
-    assert any("400 -> 450 generation tok/s (saturated: 2.0 waiting per pod (first measurement" in r
-               for r in decision.reasons)  # fmt: skip
+    assert any(
+        "400 -> 450 generation tok/s (saturated: 2.0 waiting per pod (first measurement" in r for r in decision.reasons
+    )
     # the same snapshot again is not a second observation
     again = Tuner(ONE_SHOT).decide({"decode": decode}, SLO, decision.memory, now=1030.0)
     assert again.memory.capacity["decode"].generation_tps == capacity.generation_tps
@@ -425,8 +426,11 @@ def test_status_views() -> None:
     ]
     assert last["inputs"]["colocated"]["itlP95Ms"] == 142.0
     assert decision.condition() == {
-        "type": "TunerActive", "status": "True", "reason": "Adjusted", "message": decision.changes[0].reason,
-    }  # fmt: skip
+        "type": "TunerActive",
+        "status": "True",
+        "reason": "Adjusted",
+        "message": decision.changes[0].reason,
+    }
 
 
 def test_unknown_pool_is_an_error() -> None:
@@ -478,8 +482,18 @@ def test_a_tuned_pool_never_goes_below_one_replica() -> None:
     from llmfleet.operator.tuner import PoolLimits
 
     lim = PoolLimits.from_spec(Pool(minReplicas=0, maxReplicas=4))
-    idle = metrics(ttft_ms=None, itl_ms=None, queue_ms=None, rate=0.0, prompt_tps=0.0, gen_tps=0.0, running=0.0,
-                   kv_max=0.0, mean_batch=None, step_tokens=None)  # fmt: skip
+    idle = metrics(
+        ttft_ms=None,
+        itl_ms=None,
+        queue_ms=None,
+        rate=0.0,
+        prompt_tps=0.0,
+        gen_tps=0.0,
+        running=0.0,
+        kv_max=0.0,
+        mean_batch=None,
+        step_tokens=None,
+    )
     decision = Tuner(ONE_SHOT).decide({"colocated": pool_input(idle, settings(replicas=1), lim)}, SLO, None, now=1000.0)
     assert decision.settings["colocated"].replicas == 1, decision.reasons
     # a pool already at zero holds (nothing reports), but is brought back to one

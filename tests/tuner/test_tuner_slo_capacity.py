@@ -126,16 +126,24 @@ def _memory_with_change(knob: str, at: float) -> TunerMemory:
     ("memory", "current", "measured", "says"),
     [
         (TunerMemory(), settings(batch=8), True, "first measurement: replaces the default guess"),
-        (_memory_with_change(MAX_BATCH, 980.0), settings(batch=8), False,
-         "not the pool's capacity: maxBatchSize changed 20 s ago (< the 60 s window)"),
-        (_memory_with_change(TOKEN_BUDGET, 990.0), settings(batch=8), False,
-         "not the pool's capacity: maxNumBatchedTokens changed 10 s ago"),
+        (
+            _memory_with_change(MAX_BATCH, 980.0),
+            settings(batch=8),
+            False,
+            "not the pool's capacity: maxBatchSize changed 20 s ago (< the 60 s window)",
+        ),
+        (
+            _memory_with_change(TOKEN_BUDGET, 990.0),
+            settings(batch=8),
+            False,
+            "not the pool's capacity: maxNumBatchedTokens changed 10 s ago",
+        ),
         (_memory_with_change(MAX_BATCH, 900.0), settings(batch=8), True, "first measurement"),
         # a full batch with ITL to spare and a queue: the batch rises this run
         (TunerMemory(), settings(batch=8), False, "maxBatchSize rises this run (8 -> 12)"),
     ],
     ids=["steady knobs", "batch just changed", "budget just changed", "changed a window ago", "batch rising"],
-)  # fmt: skip
+)
 def test_saturation_measures_capacity_only_at_knobs_that_hold(memory, current, measured, says) -> None:
     kw = dict(SATURATED)
     if "rises" in says:
@@ -165,8 +173,9 @@ MEAN_LOAD = replace(ONE_SHOT, surge_sd=0.0)  # projected at the mean load, not a
 
 def _measured(prompt: float, generation: float) -> TunerMemory:
     memory = TunerMemory()
-    memory.capacity["colocated"] = Capacity(prompt_tps=prompt, generation_tps=generation, measured=True,
-                                            observations=1, pods=3, pods_since=0.0)  # fmt: skip
+    memory.capacity["colocated"] = Capacity(
+        prompt_tps=prompt, generation_tps=generation, measured=True, observations=1, pods=3, pods_since=0.0
+    )
     return memory
 
 
@@ -187,8 +196,9 @@ def _measured(prompt: float, generation: float) -> TunerMemory:
 )
 def test_scale_down_only_where_the_latency_projects_under_the_slo(ttft_ms, itl_ms, expect, says) -> None:
     pods = 3
-    m = metrics(ttft_ms=ttft_ms, queue_ms=10, itl_ms=itl_ms, prompt_tps=600, gen_tps=0.0, pods=pods,
-                mean_batch=2, waiting=0)  # fmt: skip
+    m = metrics(
+        ttft_ms=ttft_ms, queue_ms=10, itl_ms=itl_ms, prompt_tps=600, gen_tps=0.0, pods=pods, mean_batch=2, waiting=0
+    )
     pools = {"colocated": pool_input(m, settings(replicas=pods, timeout=0))}
     decision = Tuner(MEAN_LOAD).decide(pools, SLO, _measured(1000.0, 100.0), now=1000.0)
     change = decision.changed("colocated", REPLICAS)

@@ -47,9 +47,16 @@ def test_alternating_noise_flips_direction_at_most_once_per_window() -> None:
         itl = 105.0 if i % 4 == 0 else 60.0
         batch = current.knobs[MAX_BATCH]
         m = metrics(
-            itl_ms=itl, ttft_ms=300, mean_batch=batch, step_tokens=batch, waiting=2, prompt_tps=100, gen_tps=20,
-            pods=current.replicas, at=now,
-        )  # fmt: skip
+            itl_ms=itl,
+            ttft_ms=300,
+            mean_batch=batch,
+            step_tokens=batch,
+            waiting=2,
+            prompt_tps=100,
+            gen_tps=20,
+            pods=current.replicas,
+            at=now,
+        )
         return pool_input(m, current)
 
     decisions = run_loop(Tuner(config), noisy, runs=80)
@@ -115,15 +122,19 @@ def test_reversal_inside_the_window_needs_a_badly_violated_slo() -> None:
 
     slight = tuner.decide(
         {"colocated": pool_input(metrics(itl_ms=105, mean_batch=36, at=1060.0, **low), current)},
-        SLO, up.memory, 1060.0,
-    )  # fmt: skip
+        SLO,
+        up.memory,
+        1060.0,
+    )
     assert slight.changed("colocated", MAX_BATCH) is None
     assert any("reversing the rise begun 60 s ago" in r for r in slight.reasons)
 
     bad = tuner.decide(
         {"colocated": pool_input(metrics(itl_ms=150, mean_batch=36, at=1060.0, **low), current)},
-        SLO, up.memory, 1060.0,
-    )  # fmt: skip
+        SLO,
+        up.memory,
+        1060.0,
+    )
     change = bad.changed("colocated", MAX_BATCH)
     assert change is not None and change.new == 27
     assert "allowed: 1.50x over target (>= 1.2)" in change.reason
