@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 from llmfleet.arguments import bind_problem, port, positive, positive_int
-
-from .arguments import dtype
+from llmfleet.bench.arguments import dtype
 
 HELP = (
     "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "
@@ -17,7 +16,7 @@ HELP = (
 
 
 def add_arguments(parser) -> None:
-    from . import disagg_bench, router_bench, sim_fidelity, tuner_eval
+    from llmfleet.bench import disagg_bench, router_bench, sim_fidelity, tuner_eval
 
     parser.add_argument(
         "which",
@@ -53,26 +52,26 @@ def run(args) -> int:
         print(f"llm-fleet bench {args.which}: {problem}", file=sys.stderr)
         return 2
     if args.which == "server":
-        from .server_bench import run as run_server
+        from llmfleet.bench.server_bench import run as run_server
 
         return run_server(args)
     if args.which == "disagg":
-        from .disagg_bench import run as run_disagg
+        from llmfleet.bench.disagg_bench import run as run_disagg
 
         return run_disagg(args)
     if args.which == "router":
-        from .router_bench import run as run_router
+        from llmfleet.bench.router_bench import run as run_router
 
         return run_router(args)
     if args.which == "sim-fidelity":
-        from .sim_fidelity import run as run_fidelity
+        from llmfleet.bench.sim_fidelity import run as run_fidelity
 
         return run_fidelity(args)
     if args.which == "tuner":
-        from .tuner_eval import run as run_tuner
+        from llmfleet.bench.tuner_eval import run as run_tuner
 
         return run_tuner(args)
-    from .engine_bench import run as run_engine
+    from llmfleet.bench.engine_bench import run as run_engine
 
     return run_engine(args)
 
@@ -87,7 +86,7 @@ def _problem(args) -> str | None:
     if args.which == "tuner":  # simulated: no model, dtype or device of its own
         return None
     if args.which == "sim-fidelity":
-        from .sim_fidelity import profile_problem
+        from llmfleet.bench.sim_fidelity import profile_problem
 
         problem = profile_problem(args)
     return problem or _model_problem(args.model) or _device_problem(args.device) or _port_problem(args)

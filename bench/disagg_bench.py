@@ -26,11 +26,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from llmfleet.arguments import positive, positive_int
+from llmfleet.bench.report import latency_summary, print_table
+from llmfleet.bench.server_bench import stream_completion
 from llmfleet.local.processes import ServerProcess
 from llmfleet.workloads import SHAPES, prompt_tokens
-
-from .report import latency_summary, print_table
-from .server_bench import stream_completion
 
 WORKLOADS = ("chat", "long-prompt")
 

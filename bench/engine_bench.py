@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmfleet.bench.report import latency_summary, print_table, save_plot
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams, StructuredOutput
 from llmfleet.workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
-
-from .report import latency_summary, print_table, save_plot
 
 
 @dataclass

@@ -22,10 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmfleet.arguments import positive_int
-
-from .disagg_bench import Servers
-from .report import latency_summary, print_table
-from .server_bench import stream_completion
+from llmfleet.bench.disagg_bench import Servers
+from llmfleet.bench.report import latency_summary, print_table
+from llmfleet.bench.server_bench import stream_completion
 
 POLICIES = ("load", "prefix")
 PREFILL_SERVERS = DECODE_SERVERS = 2

@@ -18,13 +18,12 @@ import threading
 import time
 from pathlib import Path
 
+from llmfleet.bench.engine_bench import Trace
+from llmfleet.bench.report import latency_summary, print_table
 from llmfleet.local.processes import ServerProcess
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.workloads import Workload, prompt_tokens
-
-from .engine_bench import Trace
-from .report import latency_summary, print_table
 
 
 def _workload(clients: int) -> Workload:

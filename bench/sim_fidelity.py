@@ -33,15 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.arguments import non_negative, positive_int
+from llmfleet.bench.arguments import positive_floats
+from llmfleet.bench.machine import CPUPressure, describe, wait_quiet
+from llmfleet.bench.report import latency_summary, print_table
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.sim.cost_model import CostModel, StepFeatures, default_profile_path
 from llmfleet.sim.paths import file_problem
 from llmfleet.workloads import RequestSpec, Workload, anyscale_online, prompt_tokens
-
-from .arguments import positive_floats
-from .machine import CPUPressure, describe, wait_quiet
-from .report import latency_summary, print_table
 
 TOLERANCE = 0.15
 TARGETS = ("throughput_tok_s", "ttft_p50", "e2e_p50")

@@ -391,7 +391,7 @@ def _ratio(value: float | None) -> str:
 
 
 def print_workload(row: dict[str, Any]) -> None:
-    from .report import print_table
+    from llmfleet.bench.report import print_table
 
     slo = row["slo"]
     print(f"\n== {row['workload']}: {row['description']}")
@@ -470,7 +470,7 @@ def print_workload(row: dict[str, Any]) -> None:
 
 
 def print_targets(rows: list[dict[str, Any]]) -> None:
-    from .report import print_table
+    from llmfleet.bench.report import print_table
 
     def mark(value: bool | None) -> str:
         return "-" if value is None else ("met" if value else "MISSED")

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
+from llmfleet import __version__
 
 DESCRIPTION = "Serve, operate, simulate and benchmark LLM inference fleets (`llm-fleet COMMAND --help` for each)."
 SUBCOMMANDS: dict[str, str] = {

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from .kube import ApiError, KubeClient, ResourceKind, kind_of
+from llmfleet.operator.kube import ApiError, KubeClient, ResourceKind, kind_of
 
 APPLIED_HASH = "llmfleet.io/applied-hash"
 REPLICAS_OWNER = "llmfleet.io/replicas"  # EXTERNAL on a Deployment: the user's autoscaler owns its replicas

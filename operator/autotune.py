@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .metrics_source import MetricSource, PoolMetrics, PoolRef, snapshot_widening_latency
-from .reconcile import TunerState, effective_engine, effective_replicas
-from .spec import InferenceServiceSpec
-from .status import Condition
-from .tuner import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
-from .tuner_memory import TunerMemory
+from llmfleet.operator.metrics_source import MetricSource, PoolMetrics, PoolRef, snapshot_widening_latency
+from llmfleet.operator.reconcile import TunerState, effective_engine, effective_replicas
+from llmfleet.operator.spec import InferenceServiceSpec
+from llmfleet.operator.status import Condition
+from llmfleet.operator.tuner import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
+from llmfleet.operator.tuner_memory import TunerMemory
 
 
 @dataclass

@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers with kopf)
+    from llmfleet.operator import handlers  # noqa: F401  (registers the handlers with kopf)
 
     labels = {}
     for item in args.pod_monitor_label:
@@ -102,7 +102,7 @@ def credentials_problem() -> str | None:
     one it cannot read), or None. Later logins (a rotated token) are kopf's and the client's."""
     import yaml
 
-    from .kube import login
+    from llmfleet.operator.kube import login
 
     try:
         login()

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import status as st
-from .apply import ApplyResult, OwnershipConflict, apply_all, list_children
-from .handover import Handover, pending_handover
-from .kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
-from .kv_secret import ensure_kv_secret
-from .pod_trouble import PodTrouble, pod_trouble
-from .reconcile import (
+from llmfleet.operator import status as st
+from llmfleet.operator.apply import ApplyResult, OwnershipConflict, apply_all, list_children
+from llmfleet.operator.handover import Handover, pending_handover
+from llmfleet.operator.kube import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.kv_secret import ensure_kv_secret
+from llmfleet.operator.pod_trouble import PodTrouble, pod_trouble
+from llmfleet.operator.reconcile import (
     POOL_LABEL,
     Owner,
     TunerState,
@@ -29,7 +29,7 @@ from .reconcile import (
     pool_object_name,
     selector,
 )
-from .spec import InferenceServiceSpec, SpecError, parse_spec
+from llmfleet.operator.spec import InferenceServiceSpec, SpecError, parse_spec
 
 STATUS_ATTEMPTS = 3
 

@@ -15,11 +15,16 @@ from typing import Any
 
 import yaml
 
+from llmfleet.operator.reconcile import MAX_NAME_LENGTH, NAME_PATTERN
+from llmfleet.operator.spec import (
+    CHAT_TEMPLATE_MAX,
+    REASONING_PARSERS,
+    ROUTER_POLICIES,
+    TOOL_CALL_PARSERS,
+    TUNABLE_KNOBS,
+)
+from llmfleet.operator.spec import DNS_SUBDOMAIN as DNS_NAME
 from llmfleet.server.config import DTYPE_ALIASES, EngineConfig
-
-from .reconcile import MAX_NAME_LENGTH, NAME_PATTERN
-from .spec import CHAT_TEMPLATE_MAX, REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, TUNABLE_KNOBS
-from .spec import DNS_SUBDOMAIN as DNS_NAME
 
 GROUP = "llmfleet.io"
 VERSION = "v1alpha1"

@@ -31,15 +31,14 @@ from typing import Any
 import kopf
 
 from llmfleet.arguments import positive
-
-from . import tuner_metrics
-from .autotune import InvalidLimits
-from .converge import Outcome, converge
-from .kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
-from .kube import login as kube_login
-from .reconcile import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
-from .spec import InferenceServiceSpec, SpecError, parse_spec
-from .tuning import autotune_once, new_events, prepare_scale_down
+from llmfleet.operator import tuner_metrics
+from llmfleet.operator.autotune import InvalidLimits
+from llmfleet.operator.converge import Outcome, converge
+from llmfleet.operator.kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.kube import login as kube_login
+from llmfleet.operator.reconcile import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
+from llmfleet.operator.spec import InferenceServiceSpec, SpecError, parse_spec
+from llmfleet.operator.tuning import autotune_once, new_events, prepare_scale_down
 
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
 RESYNC_ENV = "LLMFLEET_OPERATOR_RESYNC_SECONDS"

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .reconcile import POOL_LABEL, Owner, pool_object_name
-from .spec import InferenceServiceSpec
+from llmfleet.operator.reconcile import POOL_LABEL, Owner, pool_object_name
+from llmfleet.operator.spec import InferenceServiceSpec
 
 
 @dataclass(frozen=True)

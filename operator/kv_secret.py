@@ -15,9 +15,9 @@ import base64
 import secrets
 from typing import Any
 
-from .kube import ApiError, KubeClient
-from .reconcile import Owner, generated_kv_secret, owner_labels
-from .spec import InferenceServiceSpec, KVTransferSecret
+from llmfleet.operator.kube import ApiError, KubeClient
+from llmfleet.operator.reconcile import Owner, generated_kv_secret, owner_labels
+from llmfleet.operator.spec import InferenceServiceSpec, KVTransferSecret
 
 TOKEN_BYTES = 32
 

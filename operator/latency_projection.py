@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .metrics_source import LatencyQuantiles, PoolMetrics
+from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics
 
 FULL = 0.95  # a batch or budget this full is queueing, not what the step model describes
 TAIL = 0.05  # p95

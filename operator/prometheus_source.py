@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from . import promql
-from .metrics_source import (
+from llmfleet.operator import promql
+from llmfleet.operator.metrics_source import (
     LATENCY_FIELDS,
     LOAD_FIELDS,
     RATE_FIELDS,

@@ -27,10 +27,8 @@ from typing import Any
 
 import yaml
 
-from llmfleet.server.config import EngineConfig, ValidationError
-
-from .apply import EXTERNAL, REPLICAS_OWNER
-from .spec import (
+from llmfleet.operator.apply import EXTERNAL, REPLICAS_OWNER
+from llmfleet.operator.spec import (
     MODELS_DIR,
     POOL_NAMES,
     TUNABLE_KNOBS,
@@ -40,6 +38,7 @@ from .spec import (
     Pool,
     knob_range,
 )
+from llmfleet.server.config import EngineConfig, ValidationError
 
 SERVER_PORT = 8000
 CONFIG_DIR = "/etc/llm-fleet"

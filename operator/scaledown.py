@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .kube import POD, ApiError, KubeClient
-from .reconcile import Owner, selector
+from llmfleet.operator.kube import POD, ApiError, KubeClient
+from llmfleet.operator.reconcile import Owner, selector
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 

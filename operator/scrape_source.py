@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import promql
-from .histogram_quantile import bucket_deltas, bucket_quantile, parse_le
-from .metrics_source import (
+from llmfleet.operator import promql
+from llmfleet.operator.histogram_quantile import bucket_deltas, bucket_quantile, parse_le
+from llmfleet.operator.metrics_source import (
     PoolMetrics,
     PoolRef,
     StalenessPolicy,

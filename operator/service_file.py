@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from .crdgen import spec_schema
-from .spec import InferenceServiceSpec, parse_spec
+from llmfleet.operator.crdgen import spec_schema
+from llmfleet.operator.spec import InferenceServiceSpec, parse_spec
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),

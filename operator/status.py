@@ -13,8 +13,8 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from .apply import is_subset
-from .pod_trouble import PodTrouble
+from llmfleet.operator.apply import is_subset
+from llmfleet.operator.pod_trouble import PodTrouble
 
 READY = "Ready"
 PROGRESSING = "Progressing"

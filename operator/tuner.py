@@ -69,12 +69,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .latency_projection import Projection, project, trusted_queue_s
-from .metrics_source import PoolMetrics
-from .tuner_capacity import CapacityEstimator, PerReplica
-from .tuner_knobs import KnobRules
-from .tuner_memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
-from .tuner_model import (
+from llmfleet.operator.latency_projection import Projection, project, trusted_queue_s
+from llmfleet.operator.metrics_source import PoolMetrics
+from llmfleet.operator.tuner_capacity import CapacityEstimator, PerReplica
+from llmfleet.operator.tuner_knobs import KnobRules
+from llmfleet.operator.tuner_memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
+from llmfleet.operator.tuner_model import (
     INTEGER_KNOBS,
     KNOB_FIELDS,
     MAX_BATCH,
@@ -91,8 +91,16 @@ from .tuner_model import (
     SLOTargets,
     TunerConfig,
 )
-from .tuner_model import num as _num
-from .tuner_proposal import Proposal, busy_kv_load, busy_surge, exhausted_knobs, fmt_ms, owned_latency_ratio, spent
+from llmfleet.operator.tuner_model import num as _num
+from llmfleet.operator.tuner_proposal import (
+    Proposal,
+    busy_kv_load,
+    busy_surge,
+    exhausted_knobs,
+    fmt_ms,
+    owned_latency_ratio,
+    spent,
+)
 
 __all__ = [
     "INTEGER_KNOBS",

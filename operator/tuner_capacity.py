@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .latency_projection import StepCosts
-from .tuner_memory import Capacity, TunerMemory
-from .tuner_model import MAX_BATCH, TOKEN_BUDGET, PoolInput, PoolSettings, SLOTargets, TunerConfig, num
-from .tuner_proposal import Proposal, exhausted_knobs, owned_latency_ratio, spent
+from llmfleet.operator.latency_projection import StepCosts
+from llmfleet.operator.tuner_memory import Capacity, TunerMemory
+from llmfleet.operator.tuner_model import MAX_BATCH, TOKEN_BUDGET, PoolInput, PoolSettings, SLOTargets, TunerConfig, num
+from llmfleet.operator.tuner_proposal import Proposal, exhausted_knobs, owned_latency_ratio, spent
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,18 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .latency_projection import StepCosts, project, slots_for
-from .tuner_model import MAX_BATCH, POOL_KNOBS, TIMEOUT, TOKEN_BUDGET, PoolInput, SLOTargets, TunerConfig, num
-from .tuner_proposal import (
+from llmfleet.operator.latency_projection import StepCosts, project, slots_for
+from llmfleet.operator.tuner_model import (
+    MAX_BATCH,
+    POOL_KNOBS,
+    TIMEOUT,
+    TOKEN_BUDGET,
+    PoolInput,
+    SLOTargets,
+    TunerConfig,
+    num,
+)
+from llmfleet.operator.tuner_proposal import (
     Proposal,
     busy_kv_load,
     busy_surge,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from .step_model import StepModel
+from llmfleet.operator.step_model import StepModel
 
 MAX_RECOMMENDATIONS = 64
 MAX_RECENT_DECISIONS = 10

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .autotune import AutotuneOutcome
-from .spec import SLO as SLO_SPEC
-from .tuner_model import REPLICAS as REPLICAS_KNOB
+from llmfleet.operator.autotune import AutotuneOutcome
+from llmfleet.operator.spec import SLO as SLO_SPEC
+from llmfleet.operator.tuner_model import REPLICAS as REPLICAS_KNOB
 
 REGISTRY = CollectorRegistry()
 

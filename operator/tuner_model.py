@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .metrics_source import PoolMetrics
-from .spec import TUNABLE_KNOBS, is_integer_knob, knob_range
-from .tuner_memory import TunerMemory
+from llmfleet.operator.metrics_source import PoolMetrics
+from llmfleet.operator.spec import TUNABLE_KNOBS, is_integer_knob, knob_range
+from llmfleet.operator.tuner_memory import TunerMemory
 
 MAX_BATCH, TIMEOUT, TOKEN_BUDGET, REPLICAS = "maxBatchSize", "batchTimeoutMs", "maxNumBatchedTokens", "replicas"
 KNOB_FIELDS = TUNABLE_KNOBS  # camelCase knob -> EngineConfig field

@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .latency_projection import surge, trusted_queue_s
-from .metrics_source import PoolMetrics
-from .tuner_model import PoolInput, SLOTargets, TunerConfig
+from llmfleet.operator.latency_projection import surge, trusted_queue_s
+from llmfleet.operator.metrics_source import PoolMetrics
+from llmfleet.operator.tuner_model import PoolInput, SLOTargets, TunerConfig
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,24 @@ from typing import Any
 
 import httpx
 
-from . import status as st
-from .autotune import AutotuneOutcome, Autotuner, InvalidLimits, PoolView, measured_pools, views_from_state
-from .converge import owner_of, tuner_state
-from .kube import INFERENCE_SERVICE, POD, KubeClient
-from .metrics_source import MetricSource, PoolRef
-from .prometheus_source import PrometheusSource
-from .reconcile import SERVER_PORT, TunerState, selector
-from .scaledown import rank_pods_for_scale_down
-from .scrape_source import ScrapeSource
-from .spec import InferenceServiceSpec
-from .tuner_memory import TunerMemory
+from llmfleet.operator import status as st
+from llmfleet.operator.autotune import (
+    AutotuneOutcome,
+    Autotuner,
+    InvalidLimits,
+    PoolView,
+    measured_pools,
+    views_from_state,
+)
+from llmfleet.operator.converge import owner_of, tuner_state
+from llmfleet.operator.kube import INFERENCE_SERVICE, POD, KubeClient
+from llmfleet.operator.metrics_source import MetricSource, PoolRef
+from llmfleet.operator.prometheus_source import PrometheusSource
+from llmfleet.operator.reconcile import SERVER_PORT, TunerState, selector
+from llmfleet.operator.scaledown import rank_pods_for_scale_down
+from llmfleet.operator.scrape_source import ScrapeSource
+from llmfleet.operator.spec import InferenceServiceSpec
+from llmfleet.operator.tuner_memory import TunerMemory
 
 
 @dataclass

@@ -6,12 +6,11 @@ import os
 import sys
 
 from llmfleet.arguments import bind_problem, non_negative, port, positive
-
-from .api.auth import API_KEY_ENV
-from .api.reasoning import REASONING_PARSERS
-from .api.tool_parsers import TOOL_CALL_PARSERS
-from .engine_flags import add_engine_flags
-from .router.policies import POLICIES as ROUTER_POLICIES
+from llmfleet.server.api.auth import API_KEY_ENV
+from llmfleet.server.api.reasoning import REASONING_PARSERS
+from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS
+from llmfleet.server.engine_flags import add_engine_flags
+from llmfleet.server.router.policies import POLICIES as ROUTER_POLICIES
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
 DEFAULT_MODEL = "builtin:tiny"
@@ -138,10 +137,10 @@ def run(args) -> int:
         print(f"llm-fleet serve: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
         return 2
     if args.role == "router":
-        from .router.serve import serve as serve_router
+        from llmfleet.server.router.serve import serve as serve_router
 
         return serve_router(args)
-    from .api.serve import serve
+    from llmfleet.server.api.serve import serve
 
     return serve(args)
 

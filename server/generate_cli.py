@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .engine_flags import add_engine_flags, engine_flags
+from llmfleet.server.engine_flags import add_engine_flags, engine_flags
 
 HELP = "generate text for prompts with the engine (no server); a quick demo of the built-in model"
 
@@ -21,10 +21,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .config import load_engine_config
-    from .core.request import SamplingParams
-    from .engine.build import LOAD_ERRORS, build_engine
-    from .engine.engine import InvalidRequestError
+    from llmfleet.server.config import load_engine_config
+    from llmfleet.server.core.request import SamplingParams
+    from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
+    from llmfleet.server.engine.engine import InvalidRequestError
 
     try:
         config = load_engine_config(args.config, engine_flags(args))

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from .support import free_port
+from tests.support import free_port
 
 
 @dataclass

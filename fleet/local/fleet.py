@@ -20,15 +20,14 @@ from pathlib import Path
 
 import yaml
 
+from llmfleet.local.pools import LocalPool
+from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
 from llmfleet.operator.autotune import ROUTER, Autotuner, PoolView, measured_pools, views_from_state
 from llmfleet.operator.metrics_source import MetricSource, PoolMetrics, PoolRef
 from llmfleet.operator.reconcile import POOL_LABEL, Owner, TunerState, desired_objects
 from llmfleet.operator.spec import InferenceServiceSpec
 from llmfleet.operator.tuner import Decision
 from llmfleet.server.api.auth import KV_TOKEN_ENV
-
-from .pools import LocalPool
-from .processes import START_ATTEMPTS, ServerProcess, StartFailed
 
 log = logging.getLogger(__name__)
 NAMESPACE = "local"

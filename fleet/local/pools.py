@@ -15,10 +15,9 @@ from pathlib import Path
 
 import httpx
 
+from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
 from llmfleet.operator.reconcile import DRAIN_SECONDS, TunerState, effective_engine, effective_replicas
 from llmfleet.operator.spec import InferenceServiceSpec
-
-from .processes import START_ATTEMPTS, ServerProcess, StartFailed
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,10 @@ def run(args) -> int:
     import tempfile
     from pathlib import Path
 
+    from llmfleet.local.fleet import LocalFleet
     from llmfleet.operator.reconcile import name_problem
     from llmfleet.operator.spec import SpecError
     from llmfleet.server.api.auth import API_KEY_ENV
-
-    from .fleet import LocalFleet
 
     try:
         name, spec = load_service(args.file)
@@ -96,14 +95,13 @@ async def _serve(fleet, args, tui: bool) -> int:
     from rich.console import Console
     from rich.live import Live
 
+    from llmfleet.local.front import build_front
+    from llmfleet.local.processes import StartFailed, reachable_url
+    from llmfleet.local.view import render
     from llmfleet.operator.prometheus_source import PrometheusSource
     from llmfleet.operator.reconcile import DRAIN_SECONDS
     from llmfleet.operator.scrape_source import ScrapeSource
     from llmfleet.server.api.keepalive import SERVER_KEEP_ALIVE_S
-
-    from .front import build_front
-    from .processes import StartFailed, reachable_url
-    from .view import render
 
     log = logging.getLogger("llmfleet.local")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape and request is noise

@@ -8,10 +8,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from llmfleet.local.fleet import LocalFleet
 from llmfleet.operator.autotune import ROUTER
 from llmfleet.operator.reconcile import effective_engine
-
-from .fleet import LocalFleet
 
 
 def _ms(seconds: float | None) -> str:

@@ -20,9 +20,16 @@ import time
 from dataclasses import dataclass, replace
 
 from llmfleet.arguments import positive_int
-
-from .cost_model import CPU_GROUP_COST_BLOCKS, FEATURES, CostModel, Sample, StepFeatures, default_profile_path, fit
-from .paths import file_problem
+from llmfleet.sim.cost_model import (
+    CPU_GROUP_COST_BLOCKS,
+    FEATURES,
+    CostModel,
+    Sample,
+    StepFeatures,
+    default_profile_path,
+    fit,
+)
+from llmfleet.sim.paths import file_problem
 
 REPLAY_SEED = 7
 HELP = "fit the simulator's step-time model to real engine measurements on this machine (torch)"

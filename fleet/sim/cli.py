@@ -14,7 +14,7 @@ HELP = "simulate an InferenceService on a workload trace: real scheduler and tun
 
 
 def add_arguments(parser) -> None:
-    from .trace import TRACE_NAMES
+    from llmfleet.sim.trace import TRACE_NAMES
 
     parser.add_argument("-f", "--file", required=True, help="InferenceService YAML (e.g. examples/local.yaml)")
     parser.add_argument("--workload", choices=TRACE_NAMES, help="built-in workload (default bursty)")
@@ -48,14 +48,13 @@ def run(args) -> int:
     from pathlib import Path
 
     from llmfleet.operator.spec import SpecError
-
-    from .cost_model import CostModel, default_profile_path
-    from .fleet import SimOptions, check_spec
-    from .hpa import HPAConfig
-    from .pod import PodConfigError
-    from .report import print_summary, save_plot, summarize, write_json
-    from .simulate import read_service, simulate
-    from .trace import TraceError, builtin_workload, describe, read_trace, with_warmup, write_trace
+    from llmfleet.sim.cost_model import CostModel, default_profile_path
+    from llmfleet.sim.fleet import SimOptions, check_spec
+    from llmfleet.sim.hpa import HPAConfig
+    from llmfleet.sim.pod import PodConfigError
+    from llmfleet.sim.report import print_summary, save_plot, summarize, write_json
+    from llmfleet.sim.simulate import read_service, simulate
+    from llmfleet.sim.trace import TraceError, builtin_workload, describe, read_trace, with_warmup, write_trace
 
     shaping = {
         "--workload": args.workload,
@@ -150,7 +149,7 @@ def _nothing_measured(args, requests, workload=None) -> str | None:
 
 def _output_problem(args) -> str | None:
     """Why the results could not be written, found before simulating, not after; or None."""
-    from .paths import directory_problem, file_problem
+    from llmfleet.sim.paths import directory_problem, file_problem
 
     if args.save_trace:
         problem = file_problem(args.save_trace)

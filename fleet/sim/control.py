@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
 from llmfleet.operator.reconcile import TunerState, effective_engine, effective_replicas
 from llmfleet.operator.tuner import Tuner, TunerConfig
-
-from .fleet import ControlRecord, Fleet
+from llmfleet.sim.fleet import ControlRecord, Fleet
 
 T = TypeVar("T")
 

@@ -42,8 +42,7 @@ from typing import Any
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.runner.builtin_models import cache_root
 from llmfleet.server.runner.step_shapes import padded_step_tokens, pads_steps
-
-from .paths import write_atomically
+from llmfleet.sim.paths import write_atomically
 
 FEATURES = ("intercept", "tokens", "seqs", "decode_groups", "kv_read", "prefill_attn", "prefills", "new_shape")
 PROFILE_VERSION = 2

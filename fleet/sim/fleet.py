@@ -39,11 +39,10 @@ from llmfleet.operator.tuner import KNOB_FIELDS
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.engine import InvalidRequestError, QueueFullError
 from llmfleet.server.router.policies import load_score
+from llmfleet.sim.cost_model import CostModel
+from llmfleet.sim.metrics import PodGauges, PoolSeries, RequestRecord, SimMetricSource
+from llmfleet.sim.pod import PodConfigError, PodState, SimPod, pod_max_model_len
 from llmfleet.workloads import RequestSpec
-
-from .cost_model import CostModel
-from .metrics import PodGauges, PoolSeries, RequestRecord, SimMetricSource
-from .pod import PodConfigError, PodState, SimPod, pod_max_model_len
 
 NAMESPACE = "sim"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .fleet import ControlRecord, Fleet
+from llmfleet.sim.fleet import ControlRecord, Fleet
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from llmfleet.server.core.kv_wire import KVImport
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, RequestOutput
 from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
-
-from .cost_model import CostModel, StepFeatures
+from llmfleet.sim.cost_model import CostModel, StepFeatures
 
 TOKEN = SampledToken(token_id=0)  # what every simulated sample "generates"; never a stop token
 MIN_STEP_S = 1e-6  # a step always takes some time, so simulated time always moves

@@ -28,8 +28,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .fleet import SimResult
-from .metrics import RequestRecord
+from llmfleet.sim.fleet import SimResult
+from llmfleet.sim.metrics import RequestRecord
 
 FAILED = ("rejected", "aborted")  # the statuses that come with a reason (RequestRecord.detail)
 REASONS_SHOWN = 5

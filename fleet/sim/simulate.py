@@ -9,12 +9,11 @@ from typing import Any, Literal
 from llmfleet.operator import service_file
 from llmfleet.operator.spec import InferenceServiceSpec, parse_spec
 from llmfleet.operator.tuner import TunerConfig
+from llmfleet.sim.control import TunerController
+from llmfleet.sim.cost_model import CostModel
+from llmfleet.sim.fleet import Fleet, SimOptions, SimResult
+from llmfleet.sim.hpa import HPAConfig, QueueLengthHPA
 from llmfleet.workloads import RequestSpec
-
-from .control import TunerController
-from .cost_model import CostModel
-from .fleet import Fleet, SimOptions, SimResult
-from .hpa import HPAConfig, QueueLengthHPA
 
 ControllerKind = Literal["tuner", "hpa", "fixed"]
 

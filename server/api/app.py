@@ -18,12 +18,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ... import __version__
-from . import kv_transfer, openai_routes
-from .auth import APIKeyMiddleware
-from .errors import APIError, error_body, error_response, install_error_handlers
-from .responses import install_stored_routes
-from .state import ServerState
+from llmfleet import __version__
+from llmfleet.server.api import kv_transfer, openai_routes
+from llmfleet.server.api.auth import APIKeyMiddleware
+from llmfleet.server.api.errors import APIError, error_body, error_response, install_error_handlers
+from llmfleet.server.api.responses import install_stored_routes
+from llmfleet.server.api.state import ServerState
 
 __all__ = ["APIError", "ServerState", "create_app", "error_body", "register_role"]
 

@@ -18,10 +18,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
-from ..config import EngineConfig
-from ..core.kv_wire import KVImport
-from ..core.request import SamplingParams
-from ..engine.engine import EngineStats, LLMEngine, RequestOutput, StepFailedError
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.kv_wire import KVImport
+from llmfleet.server.core.request import SamplingParams
+from llmfleet.server.engine.engine import EngineStats, LLMEngine, RequestOutput, StepFailedError
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
 
 
 def _error_event(request_id: str) -> RequestOutput:
-    from ..engine.engine import RequestMetrics
+    from llmfleet.server.engine.engine import RequestMetrics
 
     now = time.monotonic()
     return RequestOutput(request_id, [], "", True, "abort", 0, 0, None, RequestMetrics(now))

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import uvicorn
 
-from .app import create_app
-from .keepalive import SERVER_KEEP_ALIVE_S
-from .state import ServerState
+from llmfleet.server.api.app import create_app
+from llmfleet.server.api.keepalive import SERVER_KEEP_ALIVE_S
+from llmfleet.server.api.state import ServerState
 
 log = logging.getLogger("llmfleet.drain")
 

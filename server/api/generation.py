@@ -9,14 +9,14 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from ..core import grammar
-from ..core.batch import SampledToken
-from ..core.kv_wire import KVImport
-from ..core.request import SamplingParams, StructuredOutput
-from ..engine.engine import InvalidRequestError, QueueFullError, RequestOutput
-from .errors import APIError
-from .protocol import _Sampling
-from .state import ServerState
+from llmfleet.server.api.errors import APIError
+from llmfleet.server.api.protocol import _Sampling
+from llmfleet.server.api.state import ServerState
+from llmfleet.server.core import grammar
+from llmfleet.server.core.batch import SampledToken
+from llmfleet.server.core.kv_wire import KVImport
+from llmfleet.server.core.request import SamplingParams, StructuredOutput
+from llmfleet.server.engine.engine import InvalidRequestError, QueueFullError, RequestOutput
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.request import SamplingParams
+from llmfleet.server.core.request import SamplingParams
 
 FILE = "generation_config.json"
 # What the file may set, and its name in a request (vLLM reads the same keys)

@@ -33,7 +33,12 @@ import httpx
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 
-from ..core.kv_wire import (
+from llmfleet.server.api.auth import KV_TOKEN_HEADER, carries_kv_token
+from llmfleet.server.api.errors import APIError, error_fields
+from llmfleet.server.api.generation import EventStream, SubRequest, submit
+from llmfleet.server.api.protocol import KVTransferParams
+from llmfleet.server.api.state import ServerState
+from llmfleet.server.core.kv_wire import (
     KVCorruptError,
     KVImport,
     KVMismatchError,
@@ -42,12 +47,7 @@ from ..core.kv_wire import (
     leave_out_blocks,
     max_body_bytes,
 )
-from ..core.request import SamplingParams
-from .auth import KV_TOKEN_HEADER, carries_kv_token
-from .errors import APIError, error_fields
-from .generation import EventStream, SubRequest, submit
-from .protocol import KVTransferParams
-from .state import ServerState
+from llmfleet.server.core.request import SamplingParams
 
 KV_MEDIA_TYPE = "application/x-llmfleet-kv"
 _SEND_CHUNK = 4 << 20  # bytes per write of a KV body

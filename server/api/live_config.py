@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import EngineConfig, load_engine_config
+from llmfleet.server.config import EngineConfig, load_engine_config
 
 if TYPE_CHECKING:
-    from .async_engine import AsyncEngine
-    from .metrics import ServerMetrics
+    from llmfleet.server.api.async_engine import AsyncEngine
+    from llmfleet.server.api.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from ..config import EngineConfig
-from ..engine.engine import EngineStats, LLMEngine, RequestOutput
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.engine.engine import EngineStats, LLMEngine, RequestOutput
 
 # vLLM's buckets (seconds), each list a superset: every ``le`` a vLLM dashboard or alert names is
 # here, plus finer steps from 100 ms to 7.5 s where latency SLOs sit. histogram_quantile

@@ -14,11 +14,10 @@ from dataclasses import replace
 from fastapi import FastAPI, Request, Response
 from pydantic import ValidationError
 
-from ..core.batch import SampledToken
-from . import kv_transfer
-from .client_gone import CLIENT_GONE, unless_client_gone
-from .errors import APIError, invalid_request
-from .generation import (
+from llmfleet.server.api import kv_transfer
+from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
+from llmfleet.server.api.errors import APIError, invalid_request
+from llmfleet.server.api.generation import (
     EventStream,
     Result,
     Submission,
@@ -33,13 +32,20 @@ from .generation import (
     truncated_prompt,
     truncation,
 )
-from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .reasoning import Reasoning
-from .response_events import ResponseStream, whole_response
-from .responses import ResponsesRequest, in_responses_terms
-from .sse import SSE_HEADERS, ClosingStreamingResponse, EventStreamResponse
-from .state import ServerState
-from .tool_calls import AutoToolCalls, ForcedToolCalls
+from llmfleet.server.api.protocol import (
+    ERROR_RESPONSES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from llmfleet.server.api.reasoning import Reasoning
+from llmfleet.server.api.response_events import ResponseStream, whole_response
+from llmfleet.server.api.responses import ResponsesRequest, in_responses_terms
+from llmfleet.server.api.sse import SSE_HEADERS, ClosingStreamingResponse, EventStreamResponse
+from llmfleet.server.api.state import ServerState
+from llmfleet.server.api.tool_calls import AutoToolCalls, ForcedToolCalls
+from llmfleet.server.core.batch import SampledToken
 
 TokenNames = Callable[[int], str]  # a token id -> how logprobs show it
 

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from .structured import StructuredOutputFields
-from .tool_calls import AutoToolCalls, ForcedToolCalls, tool_call_replies
+from llmfleet.server.api.structured import StructuredOutputFields
+from llmfleet.server.api.tool_calls import AutoToolCalls, ForcedToolCalls, tool_call_replies
 
 
 class StreamOptions(BaseModel):

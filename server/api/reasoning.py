@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .tool_parsers import partial_suffix
+from llmfleet.server.api.tool_parsers import partial_suffix
 
 START, END = "<think>", "</think>"
 

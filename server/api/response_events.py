@@ -13,10 +13,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from .errors import APIError
-from .responses import ResponsesRequest
-from .sse import WholeEvents, encode_event, event_data
-from .tool_parsers import openai_call_id
+from llmfleet.server.api.errors import APIError
+from llmfleet.server.api.responses import ResponsesRequest
+from llmfleet.server.api.sse import WholeEvents, encode_event, event_data
+from llmfleet.server.api.tool_parsers import openai_call_id
 
 log = logging.getLogger(__name__)
 

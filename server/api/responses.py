@@ -19,8 +19,8 @@ from typing import Any, Literal, TypeGuard
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from .errors import APIError, invalid_request
-from .protocol import ChatCompletionRequest, TextRequest
+from llmfleet.server.api.errors import APIError, invalid_request
+from llmfleet.server.api.protocol import ChatCompletionRequest, TextRequest
 
 # The chat fields a Responses request sets in its own terms, or that have no place in one
 # response; the other chat fields (vLLM's sampling and structured-output extras, chat template

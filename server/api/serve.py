@@ -10,17 +10,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..config import file_overrides, load_engine_config, read_engine_file
-from ..core.chat_template import holds_jinja, template_problem
-from ..engine.build import LOAD_ERRORS, build_engine
-from ..engine_flags import FLAGS, SWITCHES, engine_flags
-from ..runner.builtin_models import resolve_model
-from .auth import kv_token_from_env
-from .drain import run_app
-from .generation_defaults import GenerationConfigError, read_generation_defaults
-from .kv_transfer import KVExportStore
-from .live_config import ConfigWatcher, version_of
-from .state import ServerState
+from llmfleet.server.api.auth import kv_token_from_env
+from llmfleet.server.api.drain import run_app
+from llmfleet.server.api.generation_defaults import GenerationConfigError, read_generation_defaults
+from llmfleet.server.api.kv_transfer import KVExportStore
+from llmfleet.server.api.live_config import ConfigWatcher, version_of
+from llmfleet.server.api.state import ServerState
+from llmfleet.server.config import file_overrides, load_engine_config, read_engine_file
+from llmfleet.server.core.chat_template import holds_jinja, template_problem
+from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
+from llmfleet.server.engine_flags import FLAGS, SWITCHES, engine_flags
+from llmfleet.server.runner.builtin_models import resolve_model
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .errors import error_body
+from llmfleet.server.api.errors import error_body
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..core.kv_wire import KVLayout
-from ..engine.engine import LLMEngine
-from .async_engine import AsyncEngine
-from .auth import fleet_headers
-from .keepalive import pooled
-from .metrics import ServerMetrics
+from llmfleet.server.api.async_engine import AsyncEngine
+from llmfleet.server.api.auth import fleet_headers
+from llmfleet.server.api.keepalive import pooled
+from llmfleet.server.api.metrics import ServerMetrics
+from llmfleet.server.core.kv_wire import KVLayout
+from llmfleet.server.engine.engine import LLMEngine
 
 if TYPE_CHECKING:
-    from .kv_transfer import KVExportStore
+    from llmfleet.server.api.kv_transfer import KVExportStore
 
 # Fetching a KV body from a prefill server: connecting is quick or the pod is gone; reading may
 # take a while for a long prompt on a slow network.

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core.grammar import CACHED_SPEC_CHARS, fits_cache
-from ..core.request import StructuredOutput
-from .errors import APIError
+from llmfleet.server.api.errors import APIError
+from llmfleet.server.core.grammar import CACHED_SPEC_CHARS, fits_cache
+from llmfleet.server.core.request import StructuredOutput
 
 
 class StructuredOutputError(APIError):

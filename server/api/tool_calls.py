@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .structured import StructuredOutputError as ToolChoiceError
-from .tool_parsers import TOOL_CALL_PARSERS, ToolCallParser, openai_call_id
+from llmfleet.server.api.structured import StructuredOutputError as ToolChoiceError
+from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS, ToolCallParser, openai_call_id
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .request import Request
+from llmfleet.server.core.request import Request
 
 
 @dataclass

@@ -22,7 +22,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from .request import Request
+from llmfleet.server.core.request import Request
 
 _ROOT = "llmfleet-prefix-cache"
 

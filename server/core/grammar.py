@@ -16,7 +16,7 @@ import json
 
 import llguidance
 
-from .request import StructuredOutput
+from llmfleet.server.core.request import StructuredOutput
 
 _THINKING = {  # THINKING_MODES -> the top grammar in front of the answer's
     "open": "start: think @answer\nthink[lazy]: /(?s:.*)<\\/think>/",

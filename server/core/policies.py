@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from ..config import EngineConfig, SchedulingOrder
-from .request import Request, RequestStatus
+from llmfleet.server.config import EngineConfig, SchedulingOrder
+from llmfleet.server.core.request import Request, RequestStatus
 
 
 class Ordering:

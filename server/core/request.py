@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from .kv_wire import KVImport
+from llmfleet.server.core.kv_wire import KVImport
 
 if TYPE_CHECKING:
-    from .batch import SampledToken
+    from llmfleet.server.core.batch import SampledToken
 
 
 class RequestStatus(StrEnum):

@@ -28,12 +28,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ..config import EngineConfig, Policy, PrefillMode
-from .batch import ScheduledRequest, SchedulerOutput
-from .block_manager import BlockManager
-from .kv_wire import KVImport
-from .policies import AdmissionGate, Ordering, make_ordering, oldest_arrival, window_expired
-from .request import Request, RequestStatus
+from llmfleet.server.config import EngineConfig, Policy, PrefillMode
+from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
+from llmfleet.server.core.block_manager import BlockManager
+from llmfleet.server.core.kv_wire import KVImport
+from llmfleet.server.core.policies import AdmissionGate, Ordering, make_ordering, oldest_arrival, window_expired
+from llmfleet.server.core.request import Request, RequestStatus
 
 
 class Scheduler:

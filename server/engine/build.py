@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..config import EngineConfig
-from ..runner.builtin_models import resolve_model
-from .engine import LLMEngine
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.engine.engine import LLMEngine
+from llmfleet.server.runner.builtin_models import resolve_model
 
 # What loading a model fails with for the user's input, to report in one line: a path that is no
 # model (OSError), limits beyond the model's or an unknown device (ValueError, RuntimeError), a
@@ -16,7 +16,7 @@ def build_engine(model: str, config: EngineConfig, device: str | None = None):
     """Returns ``(engine, tokenizer)``; the torch runner loads the weights with from_pretrained."""
     from transformers import AutoTokenizer
 
-    from ..runner.torch_runner import TorchModelRunner
+    from llmfleet.server.runner.torch_runner import TorchModelRunner
 
     path = resolve_model(model)
     tokenizer = AutoTokenizer.from_pretrained(path)

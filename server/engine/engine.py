@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import EngineConfig
-from ..core import grammar
-from ..core.batch import ModelRunner, SampledToken
-from ..core.block_manager import BlockManager
-from ..core.kv_wire import KVImport
-from ..core.request import Request, RequestStatus, SamplingParams
-from ..core.scheduler import Scheduler
-from .detokenizer import Decoder, IncrementalDetokenizer
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core import grammar
+from llmfleet.server.core.batch import ModelRunner, SampledToken
+from llmfleet.server.core.block_manager import BlockManager
+from llmfleet.server.core.kv_wire import KVImport
+from llmfleet.server.core.request import Request, RequestStatus, SamplingParams
+from llmfleet.server.core.scheduler import Scheduler
+from llmfleet.server.engine.detokenizer import Decoder, IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
 

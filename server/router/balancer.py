@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from .endpoints import POOLS, EndpointSource
-from .policies import POLICIES, PrefixAffinity, load_score
+from llmfleet.server.router.endpoints import POOLS, EndpointSource
+from llmfleet.server.router.policies import POLICIES, PrefixAffinity, load_score
 
 log = logging.getLogger(__name__)
 

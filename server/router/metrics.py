@@ -13,8 +13,8 @@ import time
 from prometheus_client import Counter
 from pydantic import TypeAdapter, ValidationError
 
-from ..api.metrics import ServerMetrics
-from ..api.sse import WholeEvents, event_data
+from llmfleet.server.api.metrics import ServerMetrics
+from llmfleet.server.api.sse import WholeEvents, event_data
 
 
 class RouterMetrics(ServerMetrics):

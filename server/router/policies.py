@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .balancer import Server
+    from llmfleet.server.router.balancer import Server
 
 Policy = Callable[["list[Server]", Sequence[int]], "Server"]  # candidates, the prompt's prefix hashes
 

@@ -14,16 +14,16 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..api.client_gone import CLIENT_GONE, unless_client_gone
-from ..api.errors import APIError
-from ..api.generation import check_model
-from ..api.protocol import ERROR_RESPONSES
-from ..api.response_events import ResponseStream, chat_chunks, whole_response
-from ..api.responses import ResponsesRequest, error_body_in_responses_terms
-from ..api.sse import SSE_HEADERS, ClosingStreamingResponse
-from ..api.state import ServerState
-from .balancer import Balancer
-from .proxy import Proxy, json_request
+from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
+from llmfleet.server.api.errors import APIError
+from llmfleet.server.api.generation import check_model
+from llmfleet.server.api.protocol import ERROR_RESPONSES
+from llmfleet.server.api.response_events import ResponseStream, chat_chunks, whole_response
+from llmfleet.server.api.responses import ResponsesRequest, error_body_in_responses_terms
+from llmfleet.server.api.sse import SSE_HEADERS, ClosingStreamingResponse
+from llmfleet.server.api.state import ServerState
+from llmfleet.server.router.balancer import Balancer
+from llmfleet.server.router.proxy import Proxy, json_request
 
 log = logging.getLogger(__name__)
 

@@ -7,16 +7,16 @@ from functools import partial
 
 import httpx
 
-from ..api.app import register_role
-from ..api.auth import fleet_headers, kv_token_from_env
-from ..api.drain import run_app
-from ..api.keepalive import pooled
-from ..api.state import ServerState
-from .balancer import Balancer
-from .endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints
-from .metrics import RouterMetrics
-from .proxy import Proxy, ProxySettings
-from .routes import install
+from llmfleet.server.api.app import register_role
+from llmfleet.server.api.auth import fleet_headers, kv_token_from_env
+from llmfleet.server.api.drain import run_app
+from llmfleet.server.api.keepalive import pooled
+from llmfleet.server.api.state import ServerState
+from llmfleet.server.router.balancer import Balancer
+from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints
+from llmfleet.server.router.metrics import RouterMetrics
+from llmfleet.server.router.proxy import Proxy, ProxySettings
+from llmfleet.server.router.routes import install
 
 
 def endpoint_source(args) -> EndpointSource:

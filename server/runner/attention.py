@@ -34,9 +34,9 @@ from typing import Protocol
 import torch
 from transformers import AttentionInterface
 
-from . import cpu_kernels
-from .kv_cache import PagedKVCache
-from .model_support import OWN_ATTENTION, UnsupportedModel, refused
+from llmfleet.server.runner import cpu_kernels
+from llmfleet.server.runner.kv_cache import PagedKVCache
+from llmfleet.server.runner.model_support import OWN_ATTENTION, UnsupportedModel, refused
 
 ATTN_IMPLEMENTATION = "llmfleet"
 

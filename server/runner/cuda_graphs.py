@@ -21,9 +21,9 @@ import logging
 
 import torch
 
-from ..core.batch import SchedulerOutput
-from .attention import DecodeGroup, StepMetadata, model_logits
-from .kv_cache import PagedKVCache
+from llmfleet.server.core.batch import SchedulerOutput
+from llmfleet.server.runner.attention import DecodeGroup, StepMetadata, model_logits
+from llmfleet.server.runner.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
 

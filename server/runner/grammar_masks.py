@@ -21,8 +21,8 @@ import llguidance.hf
 import numpy as np
 import torch
 
-from ..core.grammar import compile_grammar
-from ..core.request import Request
+from llmfleet.server.core.grammar import compile_grammar
+from llmfleet.server.core.request import Request
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import logging
 
 import torch
 
-from .attention import Scoring, attend, model_logits
-from .kv_cache import PagedKVCache
-from .step_inputs import StepInputs
+from llmfleet.server.runner.attention import Scoring, attend, model_logits
+from llmfleet.server.runner.kv_cache import PagedKVCache
+from llmfleet.server.runner.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 

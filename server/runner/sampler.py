@@ -25,9 +25,9 @@ import itertools
 
 import torch
 
-from ..core.batch import SampledToken
-from ..core.request import Request
-from .grammar_masks import GrammarMasks
+from llmfleet.server.core.batch import SampledToken
+from llmfleet.server.core.request import Request
+from llmfleet.server.runner.grammar_masks import GrammarMasks
 
 
 class Sampler:

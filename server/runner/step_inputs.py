@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.batch import SchedulerOutput
-from ..core.request import Request
-from .attention import DecodeGroup, PrefillSpan, StepMetadata
-from .kv_cache import PagedKVCache
+from llmfleet.server.core.batch import SchedulerOutput
+from llmfleet.server.core.request import Request
+from llmfleet.server.runner.attention import DecodeGroup, PrefillSpan, StepMetadata
+from llmfleet.server.runner.kv_cache import PagedKVCache
 
 # A decode group costs about 8 torch calls per layer (~80 us on this CPU); a padding block costs
 # its gather and matmul reads (~10 us per layer for builtin:small in float32). A new group is

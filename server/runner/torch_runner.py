@@ -18,20 +18,20 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..config import EngineConfig
-from ..core.batch import SampledToken, SchedulerOutput
-from ..core.kv_wire import KVLayout
-from . import attention, cpu_kernels
-from .cuda_graphs import DecodeGraphs
-from .grammar_masks import GrammarMasks
-from .host_memory import keep_freed_host_memory
-from .kv_cache import PagedKVCache
-from .model_support import OWN_ATTENTION, check_supported, refused
-from .piecewise_graphs import TOKEN_BUCKETS, PiecewiseGraphs, token_bucket
-from .sampler import Sampler, token_logprobs
-from .step_inputs import StepInputs, build_step_inputs
-from .step_shapes import padded_step_tokens, pads_steps
-from .warm_up import warm_up
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.batch import SampledToken, SchedulerOutput
+from llmfleet.server.core.kv_wire import KVLayout
+from llmfleet.server.runner import attention, cpu_kernels
+from llmfleet.server.runner.cuda_graphs import DecodeGraphs
+from llmfleet.server.runner.grammar_masks import GrammarMasks
+from llmfleet.server.runner.host_memory import keep_freed_host_memory
+from llmfleet.server.runner.kv_cache import PagedKVCache
+from llmfleet.server.runner.model_support import OWN_ATTENTION, check_supported, refused
+from llmfleet.server.runner.piecewise_graphs import TOKEN_BUCKETS, PiecewiseGraphs, token_bucket
+from llmfleet.server.runner.sampler import Sampler, token_logprobs
+from llmfleet.server.runner.step_inputs import StepInputs, build_step_inputs
+from llmfleet.server.runner.step_shapes import padded_step_tokens, pads_steps
+from llmfleet.server.runner.warm_up import warm_up
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from contextlib import contextmanager
 
 import torch
 
-from ..core.batch import ModelRunner, ScheduledRequest, SchedulerOutput
-from ..core.request import Request, SamplingParams
-from .step_shapes import warm_up_sizes, warm_up_tokens
+from llmfleet.server.core.batch import ModelRunner, ScheduledRequest, SchedulerOutput
+from llmfleet.server.core.request import Request, SamplingParams
+from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from .conftest import CHART, REPO
+from tests.chart.conftest import CHART, REPO
 
 SOURCE = REPO / "crds" / "inferenceservice.yaml"
 COPY = CHART / "crds" / "inferenceservice.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CHART, KUBE_VERSION, REPO, VARIANTS, values_args
+from tests.chart.conftest import CHART, KUBE_VERSION, REPO, VARIANTS, values_args
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .conftest import CHART, RELEASE, RELEASE_NAMESPACE, VARIANTS, WATCHED, by_kind, one
+from tests.chart.conftest import CHART, RELEASE, RELEASE_NAMESPACE, VARIANTS, WATCHED, by_kind, one
 
 VALIDATE_VERSION = "1.33"
 

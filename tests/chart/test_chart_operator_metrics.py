@@ -12,9 +12,8 @@ import kubernetes_validate
 import pytest
 
 from llmfleet.operator.cli import add_arguments
-
-from .conftest import CHART, RELEASE_NAMESPACE, by_kind, one, values_args
-from .test_chart_manifests import VALIDATE_VERSION, operator_container
+from tests.chart.conftest import CHART, RELEASE_NAMESPACE, by_kind, one, values_args
+from tests.chart.test_chart_manifests import VALIDATE_VERSION, operator_container
 
 MONITORED = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}}}}
 

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .conftest import CHART, RELEASE_NAMESPACE, VARIANTS, WATCHED, by_kind, rbac_rules_or_skip
+from tests.chart.conftest import CHART, RELEASE_NAMESPACE, VARIANTS, WATCHED, by_kind, rbac_rules_or_skip
 
 RULES_FILE = CHART / "files" / "rbac-rules.yaml"
 SYNC_HINT = "run `python scripts/chart-sync.py` to regenerate charts/llm-fleet/files/rbac-rules.yaml"

@@ -30,11 +30,10 @@ from llmfleet.operator.reconcile import TunerState
 from llmfleet.operator.spec import parse_spec
 from llmfleet.server.api.metrics import ServerMetrics
 from llmfleet.server.router.metrics import RouterMetrics
-
-from ..prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
-from ..support import ServerProcess, free_port
-from .conftest import CHART, VARIANTS, by_kind
-from .test_chart_manifests import crd_schemas
+from tests.chart.conftest import CHART, VARIANTS, by_kind
+from tests.chart.test_chart_manifests import crd_schemas
+from tests.prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
+from tests.support import ServerProcess, free_port
 
 LABELS = {"namespace": "test", "inference_service": "tiny", "pool": "colocated"}
 PODS = ("tiny-colocated-0", "tiny-colocated-1")

@@ -7,8 +7,7 @@ import pytest
 from llmfleet.server.config import EngineConfig, load_engine_config
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, QueueFullError, StepFailedError
-
-from .fakes import FakeClock, FakeRunner, reference_output
+from tests.core.fakes import FakeClock, FakeRunner, reference_output
 
 
 class LetterDecoder:

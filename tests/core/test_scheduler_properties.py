@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from llmfleet.server.config import EngineConfig, Policy, PrefillMode
 from llmfleet.server.core.request import RequestStatus, SamplingParams
 from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine
-
-from .fakes import FakeClock, FakeRunner, reference_output
+from tests.core.fakes import FakeClock, FakeRunner, reference_output
 
 configs = st.builds(
     EngineConfig,

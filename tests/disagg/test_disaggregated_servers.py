@@ -30,8 +30,7 @@ import openai
 import pytest
 
 from llmfleet.server.api.protocol import KVTransferParams
-
-from ..support import ServerProcess, free_port
+from tests.support import ServerProcess, free_port
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # six servers share two cores
 MODEL = "tiny"

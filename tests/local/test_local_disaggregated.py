@@ -20,8 +20,7 @@ from llmfleet.local.fleet import LocalFleet, router_args
 from llmfleet.local.up import load_service
 from llmfleet.operator.reconcile import DRAIN_SECONDS
 from llmfleet.server import cli as server_cli
-
-from ..support import ServerProcess, free_port
+from tests.support import ServerProcess, free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local-disaggregated.yaml"
 

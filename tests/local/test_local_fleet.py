@@ -25,8 +25,7 @@ from llmfleet.local.fleet import LocalFleet
 from llmfleet.local.up import load_service
 from llmfleet.local.view import render
 from llmfleet.operator.spec import SpecError
-
-from ..support import ServerProcess, free_port
+from tests.support import ServerProcess, free_port
 
 
 class FleetProcess:
@@ -355,8 +354,7 @@ def test_prometheus_url_reads_the_fleet_through_its_targets_file(tmp_path):
     """A Prometheus that reads the fleet's file_sd targets answers the tuner's PromQL, labels and
     all, as in the cluster: `up --prometheus-url` tunes from it."""
     from llmfleet.operator.prometheus_source import PrometheusSource
-
-    from ..prometheus_support import PrometheusProcess
+    from tests.prometheus_support import PrometheusProcess
 
     name, spec = load_service(None)
     fleet = LocalFleet(name, spec, tmp_path, free_port())

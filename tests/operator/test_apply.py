@@ -15,8 +15,7 @@ from llmfleet.operator.kube import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD
 from llmfleet.operator.reconcile import Owner, desired_objects, selector
 from llmfleet.operator.scaledown import DELETION_COST, rank_pods_for_scale_down
 from llmfleet.operator.spec import parse_spec
-
-from .emulator import Fault, kubeconfig
+from tests.operator.emulator import Fault, kubeconfig
 
 KINDS = tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}

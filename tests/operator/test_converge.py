@@ -12,8 +12,7 @@ from kmock import ResourceInfo
 from llmfleet.operator.apply import controller_uid
 from llmfleet.operator.converge import converge
 from llmfleet.operator.kube import CONFIG_MAP, DEPLOYMENT, INFERENCE_SERVICE, POD_MONITOR, SECRET, ApiError
-
-from .emulator import Fault
+from tests.operator.emulator import Fault
 
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
 

@@ -14,8 +14,7 @@ import yaml
 
 from llmfleet.operator import crdgen
 from llmfleet.operator.spec import SpecError, parse_spec
-
-from . import crdcheck
+from tests.operator import crdcheck
 
 EXAMPLES = ["local.yaml", "local-disaggregated.yaml", "colocated-chat.yaml", "disaggregated-long-prompt.yaml"]
 
@@ -208,7 +207,7 @@ def test_every_dtype_spelling_the_server_takes_passes_the_schema(crd, dtype):
 
 def test_pod_options_pass_the_schema_and_survive_its_pruning(crd):
     # a field the schema does not declare is dropped by the API server without a word
-    from .test_reconcile import POD_OPTIONS
+    from tests.operator.test_reconcile import POD_OPTIONS
 
     doc = document(with_("pod", POD_OPTIONS))
     assert crdcheck.validate(doc, crd) == []

@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from llmfleet.cli import main
-
-from .conftest import eventually, free_port, inference_service
-from .emulator import kubeconfig
+from tests.operator.conftest import eventually, free_port, inference_service
+from tests.operator.emulator import kubeconfig
 
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
 

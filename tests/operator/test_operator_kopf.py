@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from .conftest import NAMESPACE, eventually, inference_service, operator_running, settle
-from .emulator import Fault
+from tests.operator.conftest import NAMESPACE, eventually, inference_service, operator_running, settle
+from tests.operator.emulator import Fault
 
 TINY = {
     "model": {"builtin": "tiny"},

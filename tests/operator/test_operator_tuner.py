@@ -17,9 +17,8 @@ from llmfleet.operator.kube import INFERENCE_SERVICE
 from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, PoolRef
 from llmfleet.operator.spec import parse_spec
 from llmfleet.operator.tuner_metrics import REGISTRY
-
-from .conftest import eventually, inference_service, settle
-from .test_operator_kopf import TINY
+from tests.operator.conftest import eventually, inference_service, settle
+from tests.operator.test_operator_kopf import TINY
 
 # The usual tiny fleet, tuned every 5 s with no cooldown.
 SPEC = {

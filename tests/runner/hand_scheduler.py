@@ -12,8 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
-
-from .device import DEVICE
+from tests.runner.device import DEVICE
 
 
 @dataclass

@@ -16,9 +16,8 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.kv_wire import KVImport, decode, encode_header, leave_out_blocks
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.build import build_engine
-
-from .device import DEVICE
-from .test_engine_oracle import reference, reference_model  # noqa: F401 - the HF generate fixtures
+from tests.runner.device import DEVICE
+from tests.runner.test_engine_oracle import reference, reference_model  # noqa: F401 - the HF generate fixtures
 
 DECODE_CASES = {
     "chunked-5": dict(policy="continuous", prefill_mode="chunked", max_num_batched_tokens=5),

@@ -18,8 +18,7 @@ from llmfleet.server.engine.build import build_engine
 from llmfleet.server.engine.engine import InvalidRequestError
 from llmfleet.server.runner.builtin_models import resolve_model
 from llmfleet.server.runner.step_shapes import warm_up_sizes
-
-from .device import DEVICE
+from tests.runner.device import DEVICE
 
 MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 

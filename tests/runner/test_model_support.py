@@ -12,9 +12,8 @@ from transformers import AutoConfig
 
 from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir
 from llmfleet.server.runner.model_support import UnsupportedModel, check_supported, unsupported_reason
-
-from .hand_scheduler import HandScheduler, hf_greedy
-from .test_runner_oracle import make_runner, prompts_for
+from tests.runner.hand_scheduler import HandScheduler, hf_greedy
+from tests.runner.test_runner_oracle import make_runner, prompts_for
 
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 # Small windows, so that the window, the cap and the sinks all act on these short prompts; a cap of

@@ -18,9 +18,8 @@ from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir, res
 from llmfleet.server.runner.step_shapes import padded_step_tokens
 from llmfleet.server.runner.torch_runner import TorchModelRunner
 from llmfleet.server.runner.warm_up import warm_up
-
-from .device import DEVICE
-from .hand_scheduler import HandScheduler, hf_greedy
+from tests.runner.device import DEVICE
+from tests.runner.hand_scheduler import HandScheduler, hf_greedy
 
 MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 

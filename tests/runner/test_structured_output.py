@@ -22,8 +22,7 @@ from llmfleet.server.core.request import THINKING_MODES, SamplingParams, Structu
 from llmfleet.server.engine.build import build_engine
 from llmfleet.server.engine.engine import InvalidRequestError
 from llmfleet.server.runner.builtin_models import resolve_model
-
-from .device import DEVICE
+from tests.runner.device import DEVICE
 
 SCHEMA = {
     "type": "object",

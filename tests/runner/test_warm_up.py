@@ -11,8 +11,7 @@ import pytest
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.build import build_engine
 from llmfleet.server.runner.step_shapes import warm_up_sizes
-
-from .device import DEVICE
+from tests.runner.device import DEVICE
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="only a CPU runner pads and warms up")
 

@@ -12,8 +12,7 @@ from llmfleet.operator.reconcile import TunerState
 from llmfleet.operator.spec import Bound, parse_spec
 from llmfleet.operator.tuner_memory import TunerMemory
 from llmfleet.operator.tuning import _StatusActuator
-
-from .scenarios import metrics
+from tests.tuner.scenarios import metrics
 
 SPEC = parse_spec(
     {

@@ -16,9 +16,8 @@ from llmfleet.operator.metrics_source import PoolRef
 from llmfleet.operator.prometheus_source import PrometheusSource
 from llmfleet.operator.reconcile import TunerState, effective_engine
 from llmfleet.operator.spec import parse_spec
-
-from ..prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
-from ..support import ServerProcess
+from tests.prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
+from tests.support import ServerProcess
 
 pytestmark = pytest.mark.prometheus
 
