@@ -239,7 +239,7 @@ def sim_run(
 ) -> dict[str, Any]:
     """One simulated pod, the same engine config, no controller; it starts having run the step
     sizes the real engine process had run before its run (``new_shape``)."""
-    from llmfleet.operator.spec import parse_spec
+    from llmfleet.operator.resource.spec import parse_spec
     from llmfleet.sim.fleet import Fleet, SimOptions
 
     builtin = model.startswith("builtin:")

@@ -5,7 +5,7 @@ spec (printed: SLOs, initial knobs, bounds, autotune timing) runs in the simulat
 every pod the real scheduler and engine loop with the calibrated cost model, pods start
 ``--startup-s`` after a scale-up and drain on scale-down) under three kinds of control:
 
-- **tuner**: the real tuner (operator/tuner.py through operator/autotune.py) on simulated metrics,
+- **tuner**: the real tuner (operator/tuner/law.py through operator/tuner/run.py) on simulated metrics,
   moving knobs and replicas;
 - **fixed**: a grid of fixed configurations (knobs x replicas; per knob set, the fewest replicas
   that meet the SLOs). The *best fixed* configuration is the one with the fewest replica-minutes
@@ -124,7 +124,7 @@ def add_arguments(parser) -> None:
 
 
 def spec_for(case: Case, engine: dict[str, Any] | None = None, replicas: int | None = None, autotune: bool = True):
-    from llmfleet.operator.spec import parse_spec
+    from llmfleet.operator.resource.spec import parse_spec
 
     pool: dict[str, Any] = {
         "minReplicas": 1,
@@ -355,7 +355,7 @@ def _hpa(
 
 def _knob_moves(result) -> dict[str, dict[str, Any]]:
     """Per knob (and replicas): first and last value, net direction, number of moves."""
-    from llmfleet.operator.tuner import KNOB_FIELDS
+    from llmfleet.operator.tuner.law import KNOB_FIELDS
 
     first = result.timeline[0].pools["colocated"] if result.timeline else {}
     moves: dict[str, dict[str, Any]] = {}

@@ -9,5 +9,5 @@ __version__ = "0.1.0"
 # carry it as llmfleet/operator; in a source checkout (editable install) the repository root
 # joins this package's path so that `llmfleet.operator` resolves to the namespace directory.
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "operator", "crdgen.py")) and _root not in __path__:
+if _os.path.isfile(_os.path.join(_root, "operator", "handlers.py")) and _root not in __path__:
     __path__.append(_root)

@@ -102,7 +102,7 @@ def credentials_problem() -> str | None:
     one it cannot read), or None. Later logins (a rotated token) are kopf's and the client's."""
     import yaml
 
-    from llmfleet.operator.kube import login
+    from llmfleet.operator.reconcile.cluster import login
 
     try:
         login()

@@ -1,4 +1,4 @@
-"""kopf handlers: every trigger runs the same level-triggered pass (converge.py) for one
+"""kopf handlers: every trigger runs the same level-triggered pass (reconcile/converge.py) for one
 InferenceService, serialized per object.
 
 Triggers: create, update and resume (operator start) of an InferenceService; a periodic resync
@@ -9,7 +9,7 @@ only because timers need one; it removes it itself when the object goes.)
 
 Run: ``llm-fleet operator`` (cli.py) or ``kopf run --standalone -m llmfleet.operator.handlers``.
 
-The tuner (a daemon per InferenceService, tuning.py) writes its decision into ``status.tuner``
+The tuner (a daemon per InferenceService, daemon.py) writes its decision into ``status.tuner``
 ({replicas: {pool: n}, knobs: {pool: {maxBatchSize: ...}}}), then runs ``reconcile_now``.
 Knobs land in the engine ConfigMaps (pods apply them live), replicas in the Deployments; spec
 bounds and min/max replicas are enforced by reconcile, whatever the tuner asks.
@@ -31,14 +31,14 @@ from typing import Any
 import kopf
 
 from llmfleet.arguments import positive
-from llmfleet.operator import tuner_metrics
-from llmfleet.operator.autotune import InvalidLimits
-from llmfleet.operator.converge import Outcome, converge
-from llmfleet.operator.kube import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
-from llmfleet.operator.kube import login as kube_login
-from llmfleet.operator.reconcile import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
-from llmfleet.operator.spec import InferenceServiceSpec, SpecError, parse_spec
-from llmfleet.operator.tuning import autotune_once, new_events, prepare_scale_down
+from llmfleet.operator import decision_metrics
+from llmfleet.operator.daemon import autotune_once, new_events, prepare_scale_down
+from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.reconcile.cluster import login as kube_login
+from llmfleet.operator.reconcile.converge import Outcome, converge
+from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
+from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, parse_spec
+from llmfleet.operator.tuner.run import InvalidLimits
 
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
 RESYNC_ENV = "LLMFLEET_OPERATOR_RESYNC_SECONDS"
@@ -120,7 +120,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     if memo.get("metrics_port"):
         from prometheus_client import start_http_server
 
-        start_http_server(memo.metrics_port, registry=tuner_metrics.REGISTRY)
+        start_http_server(memo.metrics_port, registry=decision_metrics.REGISTRY)
         logger.info(f"tuner metrics on :{memo.metrics_port}/metrics")
     logger.info(f"llm-fleet operator ready (prometheus: {url or 'direct scraping'}, resync: {RESYNC_SECONDS}s)")
 
@@ -183,7 +183,7 @@ async def autotune(
         while not stopped:
             spec = _tunable_spec(body)
             if spec is None:
-                tuner_metrics.forget(*key)  # a tuner that is off has no last decision to plot or alert on
+                decision_metrics.forget(*key)  # a tuner that is off has no last decision to plot or alert on
                 await pause(stopped, SPEC_RECHECK_SECONDS)
                 continue
             due_in = last_run + spec.autotune.interval_seconds - loop.time()
@@ -194,7 +194,7 @@ async def autotune(
             await tune_now(copy.deepcopy(dict(body)), memo, logger)
     finally:
         state.tuner_sessions.pop(key, None)
-        tuner_metrics.forget(*key)
+        decision_metrics.forget(*key)
 
 
 async def pause(stopped: kopf.DaemonStopped, seconds: float) -> None:
@@ -237,7 +237,7 @@ async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger)
         except InvalidLimits as exc:  # in status as TunerActive=False; retrying now would fail the same way
             logger.warning(f"tuner run skipped: {exc}")
             return
-    tuner_metrics.record(meta["namespace"], meta["name"], outcome, spec.slo)
+    decision_metrics.record(meta["namespace"], meta["name"], outcome, spec.slo)
     for type_, reason, message in new_events(outcome, fresh.get("status") or {}):
         kopf.event(raw, type=type_, reason=reason, message=message)
     logger.info(f"tuner: {outcome.condition.reason}: {outcome.status['lastDecision']['reason']}")

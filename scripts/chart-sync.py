@@ -2,7 +2,7 @@
 """Keep the Helm chart's generated files in step with their sources:
 
   charts/llm-fleet/crds/inferenceservice.yaml  <- crds/inferenceservice.yaml (byte-identical copy)
-  charts/llm-fleet/files/rbac-rules.yaml       <- llmfleet.operator.rbac.RBAC_RULES
+  charts/llm-fleet/files/rbac-rules.yaml       <- llmfleet.operator.deploy.rbac.RBAC_RULES
 
     python scripts/chart-sync.py          # write both
     python scripts/chart-sync.py --check  # exit 1 and say what differs (tests/chart runs this logic)
@@ -30,7 +30,7 @@ CRD_SOURCE = REPO / "crds" / "inferenceservice.yaml"
 CRD_COPY = CHART / "crds" / "inferenceservice.yaml"
 RULES_FILE = CHART / "files" / "rbac-rules.yaml"
 RULES_HEADER = (
-    "# Generated from llmfleet.operator.rbac.RBAC_RULES by `python scripts/chart-sync.py`; do not edit.\n"
+    "# Generated from llmfleet.operator.deploy.rbac.RBAC_RULES by `python scripts/chart-sync.py`; do not edit.\n"
     "# templates/rbac.yaml grants exactly these (kopf.dev peering rules only when peering is enabled).\n"
 )
 
@@ -157,7 +157,7 @@ def rules_file_text(rules: Iterable[Any]) -> str:
 
 
 def load_rbac_rules() -> list[Any]:
-    from llmfleet.operator.rbac import RBAC_RULES  # the operator's own list of API calls
+    from llmfleet.operator.deploy.rbac import RBAC_RULES  # the operator's own list of API calls
 
     return list(RBAC_RULES)
 

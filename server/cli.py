@@ -6,10 +6,10 @@ import os
 import sys
 
 from llmfleet.arguments import bind_problem, non_negative, port, positive
-from llmfleet.server.api.auth import API_KEY_ENV
-from llmfleet.server.api.reasoning import REASONING_PARSERS
-from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS
 from llmfleet.server.engine_flags import add_engine_flags
+from llmfleet.server.http.auth import API_KEY_ENV
+from llmfleet.server.parsers.reasoning import REASONING_PARSERS
+from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS
 from llmfleet.server.router.policies import POLICIES as ROUTER_POLICIES
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
@@ -140,7 +140,7 @@ def run(args) -> int:
         from llmfleet.server.router.serve import serve as serve_router
 
         return serve_router(args)
-    from llmfleet.server.api.serve import serve
+    from llmfleet.server.serve import serve
 
     return serve(args)
 

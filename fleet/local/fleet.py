@@ -2,7 +2,7 @@
 
 It does what the operator and Kubernetes do in a cluster, with the same code where it can: the
 spec model and `effective_engine` (operator/) render each pool's engine.yaml, the tuner law
-(operator/tuner.py) decides from the pods' metrics (direct scrape, or a Prometheus), and its
+(operator/tuner/law.py) decides from the pods' metrics (direct scrape, or a Prometheus), and its
 decision lands as a config-file write (knobs, applied live) or as processes started and drained
 (replicas). The client-facing endpoint is the router (disaggregated) or a small front
 (colocated), on one port.
@@ -22,12 +22,12 @@ import yaml
 
 from llmfleet.local.pools import LocalPool
 from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
-from llmfleet.operator.autotune import ROUTER, Autotuner, PoolView, measured_pools, views_from_state
-from llmfleet.operator.metrics_source import MetricSource, PoolMetrics, PoolRef
-from llmfleet.operator.reconcile import POOL_LABEL, Owner, TunerState, desired_objects
-from llmfleet.operator.spec import InferenceServiceSpec
-from llmfleet.operator.tuner import Decision
-from llmfleet.server.api.auth import KV_TOKEN_ENV
+from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef
+from llmfleet.operator.reconcile.desired import POOL_LABEL, Owner, TunerState, desired_objects
+from llmfleet.operator.resource.spec import InferenceServiceSpec
+from llmfleet.operator.tuner.law import Decision
+from llmfleet.operator.tuner.run import ROUTER, Autotuner, PoolView, measured_pools, views_from_state
+from llmfleet.server.http.auth import KV_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 NAMESPACE = "local"
@@ -51,7 +51,7 @@ class LocalFleet:
         self.run_dir = run_dir
         self.port = port
         self.host = host
-        # The transfer paths are the fleet's own (server/api/auth.py): a token its processes share.
+        # The transfer paths are the fleet's own (server/http/auth.py): a token its processes share.
         self.env = {KV_TOKEN_ENV: secrets.token_hex(16)} if spec.mode == "disaggregated" else {}
         self.pools = {p: LocalPool(p, spec, name, run_dir, self.env) for p in spec.active_pools}
         self.tuner_state = TunerState()
@@ -172,7 +172,7 @@ class LocalFleet:
         return self.spec.autotune.enabled and time.monotonic() >= self._next_tune
 
     async def tune(self, source: MetricSource) -> Decision:
-        """One tuner run (operator/autotune.py, as in the cluster): measure, decide, apply."""
+        """One tuner run (operator/tuner/run.py, as in the cluster): measure, decide, apply."""
         self._next_tune = time.monotonic() + self.spec.autotune.interval_seconds
         if self.autotuner is None:
             refs = {name: self.pool_ref(name) for name in measured_pools(self.spec)}

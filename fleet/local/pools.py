@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 
 from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
-from llmfleet.operator.reconcile import DRAIN_SECONDS, TunerState, effective_engine, effective_replicas
-from llmfleet.operator.spec import InferenceServiceSpec
+from llmfleet.operator.reconcile.desired import DRAIN_SECONDS, TunerState, effective_engine, effective_replicas
+from llmfleet.operator.resource.spec import InferenceServiceSpec
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ def load_service(path: str | None) -> tuple[str, object]:
     from importlib import resources
     from pathlib import Path
 
-    from llmfleet.operator.service_file import read_service
+    from llmfleet.operator.resource.service_file import read_service
 
     source = Path(path) if path else resources.files("llmfleet.local").joinpath(DEFAULT_SPEC)
     return read_service(source, "local")
@@ -39,9 +39,9 @@ def run(args) -> int:
     from pathlib import Path
 
     from llmfleet.local.fleet import LocalFleet
-    from llmfleet.operator.reconcile import name_problem
-    from llmfleet.operator.spec import SpecError
-    from llmfleet.server.api.auth import API_KEY_ENV
+    from llmfleet.operator.reconcile.desired import name_problem
+    from llmfleet.operator.resource.spec import SpecError
+    from llmfleet.server.http.auth import API_KEY_ENV
 
     try:
         name, spec = load_service(args.file)
@@ -98,10 +98,10 @@ async def _serve(fleet, args, tui: bool) -> int:
     from llmfleet.local.front import build_front
     from llmfleet.local.processes import StartFailed, reachable_url
     from llmfleet.local.view import render
-    from llmfleet.operator.prometheus_source import PrometheusSource
-    from llmfleet.operator.reconcile import DRAIN_SECONDS
-    from llmfleet.operator.scrape_source import ScrapeSource
-    from llmfleet.server.api.keepalive import SERVER_KEEP_ALIVE_S
+    from llmfleet.operator.metrics.prometheus import PrometheusSource
+    from llmfleet.operator.metrics.scrape import ScrapeSource
+    from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
+    from llmfleet.server.wire.keepalive import SERVER_KEEP_ALIVE_S
 
     log = logging.getLogger("llmfleet.local")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape and request is noise

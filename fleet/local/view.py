@@ -9,8 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from llmfleet.local.fleet import LocalFleet
-from llmfleet.operator.autotune import ROUTER
-from llmfleet.operator.reconcile import effective_engine
+from llmfleet.operator.reconcile.desired import effective_engine
+from llmfleet.operator.tuner.run import ROUTER
 
 
 def _ms(seconds: float | None) -> str:

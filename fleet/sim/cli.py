@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from llmfleet.operator.spec import SpecError
+    from llmfleet.operator.resource.spec import SpecError
     from llmfleet.sim.cost_model import CostModel, default_profile_path
     from llmfleet.sim.fleet import SimOptions, check_spec
     from llmfleet.sim.hpa import HPAConfig

@@ -1,4 +1,4 @@
-"""The real tuner in the loop: operator/autotune.py's ``Autotuner`` (the same run the operator's
+"""The real tuner in the loop: operator/tuner/run.py's ``Autotuner`` (the same run the operator's
 daemon and the local fleet make) reads the simulated pools through ``SimMetricSource`` and acts
 through ``FleetActuator``: knobs become each pool's live engine config (as the ConfigMap write
 does), replicas start or drain pods (as the Deployment's scale does)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
-from llmfleet.operator.reconcile import TunerState, effective_engine, effective_replicas
-from llmfleet.operator.tuner import Tuner, TunerConfig
+from llmfleet.operator.reconcile.desired import TunerState, effective_engine, effective_replicas
+from llmfleet.operator.tuner.law import Tuner, TunerConfig
+from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
 from llmfleet.sim.fleet import ControlRecord, Fleet
 
 T = TypeVar("T")

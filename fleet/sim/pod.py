@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from llmfleet.server.api.errors import APIError
-from llmfleet.server.api.generation import check_context_length
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SampledToken, SchedulerOutput
 from llmfleet.server.core.kv_wire import KVImport
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, RequestOutput
+from llmfleet.server.http.errors import APIError
+from llmfleet.server.openai.submission import check_context_length
 from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
 from llmfleet.sim.cost_model import CostModel, StepFeatures
 
@@ -152,7 +152,7 @@ class SimPod:
         first, as the server's API does, for the whole request), queue full, more KV than the
         cache holds.
 
-        In disaggregated mode each pod runs its server's share (server/api/kv_transfer.py): a
+        In disaggregated mode each pod runs its server's share (server/openai/kv_transfer.py): a
         prefill pod computes all but the last prompt token and samples one token, which nobody
         sees; a decode pod imports the KV of those tokens, computes the last one and samples the
         client's tokens, the first of them too. A one-token prompt has nothing to transfer: its

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.sim.fleet import SimResult
-from llmfleet.sim.metrics import RequestRecord
+from llmfleet.sim.metric_source import RequestRecord
 
 FAILED = ("rejected", "aborted")  # the statuses that come with a reason (RequestRecord.detail)
 REASONS_SHOWN = 5

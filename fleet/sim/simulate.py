@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from llmfleet.operator import service_file
-from llmfleet.operator.spec import InferenceServiceSpec, parse_spec
-from llmfleet.operator.tuner import TunerConfig
+from llmfleet.operator.resource import service_file
+from llmfleet.operator.resource.spec import InferenceServiceSpec, parse_spec
+from llmfleet.operator.tuner.law import TunerConfig
 from llmfleet.sim.control import TunerController
 from llmfleet.sim.cost_model import CostModel
 from llmfleet.sim.fleet import Fleet, SimOptions, SimResult

@@ -39,12 +39,12 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response
 
-from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
-from llmfleet.server.api.errors import error_fields, error_response
-from llmfleet.server.api.sse import SSE_HEADERS, ClosingStreamingResponse, broken_stream_end
+from llmfleet.server.http.errors import error_fields, error_response
+from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse, broken_stream_end
 from llmfleet.server.router.balancer import Balancer, Server
-from llmfleet.server.router.metrics import RouterMetrics, StreamMeter, flag
 from llmfleet.server.router.policies import prefix_hashes
+from llmfleet.server.router.router_metrics import RouterMetrics, StreamMeter, flag
+from llmfleet.server.wire.client_gone import CLIENT_GONE, unless_client_gone
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -14,16 +14,16 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmfleet.server.api.client_gone import CLIENT_GONE, unless_client_gone
-from llmfleet.server.api.errors import APIError
-from llmfleet.server.api.generation import check_model
-from llmfleet.server.api.protocol import ERROR_RESPONSES
-from llmfleet.server.api.response_events import ResponseStream, chat_chunks, whole_response
-from llmfleet.server.api.responses import ResponsesRequest, error_body_in_responses_terms
-from llmfleet.server.api.sse import SSE_HEADERS, ClosingStreamingResponse
-from llmfleet.server.api.state import ServerState
+from llmfleet.server.http.errors import APIError
+from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
+from llmfleet.server.http.state import ServerState
+from llmfleet.server.openai.protocol import ERROR_RESPONSES
+from llmfleet.server.openai.response_events import ResponseStream, chat_chunks, whole_response
+from llmfleet.server.openai.responses import ResponsesRequest, error_body_in_responses_terms
+from llmfleet.server.openai.submission import check_model
 from llmfleet.server.router.balancer import Balancer
 from llmfleet.server.router.proxy import Proxy, json_request
+from llmfleet.server.wire.client_gone import CLIENT_GONE, unless_client_gone
 
 log = logging.getLogger(__name__)
 

@@ -7,16 +7,16 @@ from functools import partial
 
 import httpx
 
-from llmfleet.server.api.app import register_role
-from llmfleet.server.api.auth import fleet_headers, kv_token_from_env
-from llmfleet.server.api.drain import run_app
-from llmfleet.server.api.keepalive import pooled
-from llmfleet.server.api.state import ServerState
+from llmfleet.server.http.app import register_role
+from llmfleet.server.http.auth import fleet_headers, kv_token_from_env
+from llmfleet.server.http.drain import run_app
+from llmfleet.server.http.state import ServerState
 from llmfleet.server.router.balancer import Balancer
 from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints
-from llmfleet.server.router.metrics import RouterMetrics
 from llmfleet.server.router.proxy import Proxy, ProxySettings
+from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.routes import install
+from llmfleet.server.wire.keepalive import pooled
 
 
 def endpoint_source(args) -> EndpointSource:

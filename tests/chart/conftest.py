@@ -155,9 +155,11 @@ def chart_sync() -> ModuleType:
 
 
 def rbac_rules_or_skip(chart_sync: ModuleType) -> list[Any]:
-    """The operator's RBAC_RULES; skips (with the reason) until operator/rbac.py exists."""
-    if not (REPO / "operator" / "rbac.py").exists():
-        pytest.skip("operator/rbac.py (RBAC_RULES) does not exist yet: nothing to check the chart's RBAC against")
+    """The operator's RBAC_RULES; skips (with the reason) until operator/deploy/rbac.py exists."""
+    if not (REPO / "operator" / "deploy" / "rbac.py").exists():
+        pytest.skip(
+            "operator/deploy/rbac.py (RBAC_RULES) does not exist yet: nothing to check the chart's RBAC against"
+        )
     return chart_sync.load_rbac_rules()
 
 

@@ -1,5 +1,5 @@
 """Least-privilege RBAC: the chart grants exactly the operator's own list of API calls
-(llmfleet.operator.rbac.RBAC_RULES, via files/rbac-rules.yaml), nothing more and no wildcards,
+(llmfleet.operator.deploy.rbac.RBAC_RULES, via files/rbac-rules.yaml), nothing more and no wildcards,
 cluster-wide or per watched namespace."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dashboards and Prometheus rules: the committed files are what fleet/dashboards.py generates,
+"""Dashboards and Prometheus rules: the committed files are what operator/deploy/dashboards.py generates,
 the rules pass promtool's unit tests, the chart ships them, and every dashboard query runs against
 a real Prometheus that scraped real servers under load and a real tuner's metrics: it parses, and
 it returns data. The alert expressions run there too, and fire exactly where the data says so."""
@@ -21,15 +21,15 @@ import pytest
 import yaml
 from prometheus_client import generate_latest, start_http_server
 
-from llmfleet.dashboards import DASHBOARDS, all_queries, fleet_overview, rendered, rules_file
-from llmfleet.operator import tuner_metrics
-from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
-from llmfleet.operator.metrics_source import PoolRef
-from llmfleet.operator.prometheus_source import PrometheusSource
-from llmfleet.operator.reconcile import TunerState
-from llmfleet.operator.spec import parse_spec
-from llmfleet.server.api.metrics import ServerMetrics
-from llmfleet.server.router.metrics import RouterMetrics
+from llmfleet.operator import decision_metrics
+from llmfleet.operator.deploy.dashboards import DASHBOARDS, all_queries, fleet_overview, rendered, rules_file
+from llmfleet.operator.metrics.prometheus import PrometheusSource
+from llmfleet.operator.metrics.source import PoolRef
+from llmfleet.operator.reconcile.desired import TunerState
+from llmfleet.operator.resource.spec import parse_spec
+from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
+from llmfleet.server.http.server_metrics import ServerMetrics
+from llmfleet.server.router.router_metrics import RouterMetrics
 from tests.chart.conftest import CHART, VARIANTS, by_kind
 from tests.chart.test_chart_manifests import crd_schemas
 from tests.prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
@@ -66,7 +66,9 @@ def boards() -> dict[str, dict[str, Any]]:
 
 def test_committed_files_are_generated():
     for relative, text in rendered().items():
-        assert (CHART / relative).read_text() == text, f"{relative}: run `python -m llmfleet.dashboards`"
+        assert (CHART / relative).read_text() == text, (
+            f"{relative}: run `python -m llmfleet.operator.deploy.dashboards`"
+        )
 
 
 def test_rules_pass_promtool_unit_tests():
@@ -227,7 +229,7 @@ def _tune_and_export(tuner: Autotuner, actuator: StateActuator):
             await tuner.source.aclose()
 
     outcome = asyncio.run(run())
-    tuner_metrics.record(REF.namespace, REF.inference_service, outcome, SPEC.slo)
+    decision_metrics.record(REF.namespace, REF.inference_service, outcome, SPEC.slo)
     return outcome
 
 
@@ -253,8 +255,8 @@ def test_every_query_parses_and_returns_data_from_real_servers(tmp_path):
             stack.enter_context(server)
         # The operator's metrics endpoint (as `llm-fleet operator --metrics-port` serves it).
         operator_port = free_port()
-        exporter, _ = start_http_server(operator_port, addr="127.0.0.1", registry=tuner_metrics.REGISTRY)
-        stack.callback(tuner_metrics.forget, REF.namespace, REF.inference_service)
+        exporter, _ = start_http_server(operator_port, addr="127.0.0.1", registry=decision_metrics.REGISTRY)
+        stack.callback(decision_metrics.forget, REF.namespace, REF.inference_service)
         stack.callback(exporter.shutdown)
         targets = [
             TargetGroup([s.url.removeprefix("http://")], {**LABELS, "pod": pod})

@@ -11,9 +11,6 @@ import types
 import httpx
 import pytest
 
-from llmfleet.server.api.errors import APIError
-from llmfleet.server.api.kv_transfer import KVExportStore, receive
-from llmfleet.server.api.protocol import KVTransferParams
 from llmfleet.server.core.kv_wire import (
     MAX_HEADER_BYTES,
     PAYLOAD_ALIGN,
@@ -25,6 +22,9 @@ from llmfleet.server.core.kv_wire import (
     encode_header,
     leave_out_blocks,
 )
+from llmfleet.server.http.errors import APIError
+from llmfleet.server.openai.kv_transfer import KVExportStore, receive
+from llmfleet.server.openai.protocol import KVTransferParams
 
 LAYOUT = KVLayout(fingerprint="abc123", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=4, block_size=4)
 TOKENS = [5, 6, 7, 8, 9, 10]  # two blocks of four
@@ -219,7 +219,7 @@ def test_a_failed_kv_fetch_repeats_only_a_peers_error_message():
     of internal services for the client."""
     import httpx
 
-    from llmfleet.server.api.kv_transfer import _their_error
+    from llmfleet.server.openai.kv_transfer import _their_error
 
     ours = httpx.Response(404, json={"error": {"message": "no KV under id k (expired or taken)"}})
     assert _their_error(ours) == ": no KV under id k (expired or taken)"

@@ -13,8 +13,8 @@ import pytest
 
 from llmfleet.server.router.balancer import SLOW_POLLS, Balancer, Server
 from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, StaticEndpoints, ready_urls
-from llmfleet.server.router.metrics import RouterMetrics, StreamMeter
 from llmfleet.server.router.policies import CHUNK_CHARS, SLACK, PrefixAffinity, least_loaded, prefix_hashes, prompt_text
+from llmfleet.server.router.router_metrics import RouterMetrics, StreamMeter
 
 
 def test_ready_urls_follow_the_endpoint_conditions():
@@ -267,7 +267,7 @@ def test_a_scored_prompt_skips_the_prefill_pool():
 
 def test_our_clients_let_idle_connections_go_before_our_servers_do():
     """Else a pooled connection reused in the instant the server closes it fails before a byte."""
-    from llmfleet.server.api.keepalive import CLIENT_KEEPALIVE_EXPIRY_S, SERVER_KEEP_ALIVE_S, pooled
+    from llmfleet.server.wire.keepalive import CLIENT_KEEPALIVE_EXPIRY_S, SERVER_KEEP_ALIVE_S, pooled
 
     assert CLIENT_KEEPALIVE_EXPIRY_S < SERVER_KEEP_ALIVE_S
     assert pooled(max_connections=4).keepalive_expiry == CLIENT_KEEPALIVE_EXPIRY_S
@@ -446,7 +446,7 @@ async def test_a_clients_kv_transfer_params_never_reach_a_decode_server():
 
 @pytest.mark.parametrize(("value", "streams"), [("false", False), ("0", False), ("no", False), ("on", True), (1, True)])
 def test_stream_is_read_as_the_servers_read_it(value, streams):
-    from llmfleet.server.router.metrics import flag
+    from llmfleet.server.router.router_metrics import flag
 
     assert flag(value) is streams
     assert flag(None) is False and flag("maybe") is False  # the server's 400 says what is wrong
@@ -550,7 +550,7 @@ async def test_round_robin_takes_turns_between_requests_through_the_routes():
     took a round-robin turn, so every generation landed on the same decode server."""
     from fastapi import FastAPI
 
-    from llmfleet.server.api.state import ServerState
+    from llmfleet.server.http.state import ServerState
     from llmfleet.server.router.proxy import Proxy, ProxySettings
     from llmfleet.server.router.routes import install
 

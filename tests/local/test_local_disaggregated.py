@@ -18,7 +18,7 @@ import yaml
 
 from llmfleet.local.fleet import LocalFleet, router_args
 from llmfleet.local.up import load_service
-from llmfleet.operator.reconcile import DRAIN_SECONDS
+from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
 from llmfleet.server import cli as server_cli
 from tests.support import ServerProcess, free_port
 

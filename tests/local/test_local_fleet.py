@@ -24,7 +24,7 @@ from rich.console import Console
 from llmfleet.local.fleet import LocalFleet
 from llmfleet.local.up import load_service
 from llmfleet.local.view import render
-from llmfleet.operator.spec import SpecError
+from llmfleet.operator.resource.spec import SpecError
 from tests.support import ServerProcess, free_port
 
 
@@ -284,7 +284,7 @@ def test_the_view_renders_before_any_metrics(tmp_path):
 
 
 def test_the_view_shows_each_change_as_its_reason_says_it(tmp_path):
-    from llmfleet.operator.tuner_model import Change
+    from llmfleet.operator.tuner.decision import Change
 
     name, spec = load_service(None)
     fleet = LocalFleet(name, spec, tmp_path, 8000)
@@ -353,7 +353,7 @@ def test_up_refuses_a_busy_port_before_loading_anything(tmp_path):
 def test_prometheus_url_reads_the_fleet_through_its_targets_file(tmp_path):
     """A Prometheus that reads the fleet's file_sd targets answers the tuner's PromQL, labels and
     all, as in the cluster: `up --prometheus-url` tunes from it."""
-    from llmfleet.operator.prometheus_source import PrometheusSource
+    from llmfleet.operator.metrics.prometheus import PrometheusSource
     from tests.prometheus_support import PrometheusProcess
 
     name, spec = load_service(None)

@@ -140,7 +140,7 @@ def running() -> Iterator[RunningCluster]:
 
 @pytest.fixture
 async def client(running: RunningCluster):
-    from llmfleet.operator.kube import KubeClient
+    from llmfleet.operator.reconcile.cluster import KubeClient
 
     client = KubeClient(kopf.ConnectionInfo(server=running.url))
     yield client
@@ -184,8 +184,8 @@ def verbs_of(call: Call) -> set[str]:
 
 
 def assert_calls_covered_by_rbac(kube: Kube) -> None:
-    """Every request the operator (kopf's or ours) made is granted by llmfleet.operator.rbac."""
-    from llmfleet.operator.rbac import allows
+    """Every request the operator (kopf's or ours) made is granted by llmfleet.operator.deploy.rbac."""
+    from llmfleet.operator.deploy.rbac import allows
 
     made = {
         (call.group, call.resource, verb)

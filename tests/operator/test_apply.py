@@ -1,4 +1,4 @@
-"""apply.py against the emulated API server (no kopf): create, then nothing; change one field,
+"""reconcile/apply.py against the emulated API server (no kopf): create, then nothing; change one field,
 then exactly one write; a field we stop setting goes away; what is no longer desired is pruned;
 a same-named object another controller owns is never taken over. Plus the comparison rules."""
 
@@ -10,11 +10,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfleet.operator.apply import APPLIED_HASH, OwnershipConflict, apply_all, is_subset, list_children, quantity
-from llmfleet.operator.kube import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD_MONITOR, ApiError
-from llmfleet.operator.reconcile import Owner, desired_objects, selector
-from llmfleet.operator.scaledown import DELETION_COST, rank_pods_for_scale_down
-from llmfleet.operator.spec import parse_spec
+from llmfleet.operator.reconcile.apply import (
+    APPLIED_HASH,
+    OwnershipConflict,
+    apply_all,
+    is_subset,
+    list_children,
+    quantity,
+)
+from llmfleet.operator.reconcile.cluster import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD_MONITOR, ApiError
+from llmfleet.operator.reconcile.desired import Owner, desired_objects, selector
+from llmfleet.operator.reconcile.scaledown import DELETION_COST, rank_pods_for_scale_down
+from llmfleet.operator.resource.spec import parse_spec
 from tests.operator.emulator import Fault, kubeconfig
 
 KINDS = tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
@@ -145,7 +152,7 @@ async def test_never_takes_over_an_object_nobody_controls(running, client):
 
 
 async def test_client_errors_and_retries(running, client, monkeypatch):
-    monkeypatch.setattr("llmfleet.operator.kube.RETRY_BACKOFFS", (0.01, 0.01))
+    monkeypatch.setattr("llmfleet.operator.reconcile.cluster.RETRY_BACKOFFS", (0.01, 0.01))
     owner = await create_owner(client)
     objects = desired_objects(owner, parse_spec(SPEC))
     running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/deployments/", 500, times=2)))

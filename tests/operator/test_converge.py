@@ -1,4 +1,4 @@
-"""One reconcile pass (converge.py) against the emulated API server, without kopf: the status
+"""One reconcile pass (reconcile/converge.py) against the emulated API server, without kopf: the status
 write under an optimistic lock keeps the tuner's word, API rejections become Degraded with the
 server's message, server trouble is raised for kopf to retry, and recovery is announced."""
 
@@ -9,9 +9,9 @@ import base64
 import pytest
 from kmock import ResourceInfo
 
-from llmfleet.operator.apply import controller_uid
-from llmfleet.operator.converge import converge
-from llmfleet.operator.kube import CONFIG_MAP, DEPLOYMENT, INFERENCE_SERVICE, POD_MONITOR, SECRET, ApiError
+from llmfleet.operator.reconcile.apply import controller_uid
+from llmfleet.operator.reconcile.cluster import CONFIG_MAP, DEPLOYMENT, INFERENCE_SERVICE, POD_MONITOR, SECRET, ApiError
+from llmfleet.operator.reconcile.converge import converge
 from tests.operator.emulator import Fault
 
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
@@ -85,7 +85,7 @@ async def test_an_edit_the_api_server_refuses_in_part_lands_in_none(running, cli
 
 
 async def test_server_trouble_is_raised_for_a_retry(running, client, monkeypatch):
-    monkeypatch.setattr("llmfleet.operator.kube.RETRY_BACKOFFS", ())
+    monkeypatch.setattr("llmfleet.operator.reconcile.cluster.RETRY_BACKOFFS", ())
     body = await create(client)
     running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/configmaps/", 503, times=1)))
     with pytest.raises(ApiError) as err:

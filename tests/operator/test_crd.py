@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from llmfleet.operator import crdgen
-from llmfleet.operator.spec import SpecError, parse_spec
+from llmfleet.operator.resource.crd import render
+from llmfleet.operator.resource.spec import SpecError, parse_spec
 from tests.operator import crdcheck
 
 EXAMPLES = ["local.yaml", "local-disaggregated.yaml", "colocated-chat.yaml", "disaggregated-long-prompt.yaml"]
@@ -25,8 +25,9 @@ def crd(repo_root):
 
 
 def test_committed_crd_is_generated(repo_root):
-    assert (repo_root / "crds" / "inferenceservice.yaml").read_text() == crdgen.render(), (
-        "crds/inferenceservice.yaml is stale: run `python -m llmfleet.operator.crdgen > crds/inferenceservice.yaml`"
+    assert (repo_root / "crds" / "inferenceservice.yaml").read_text() == render(), (
+        "crds/inferenceservice.yaml is stale: "
+        "run `python -m llmfleet.operator.resource.crd > crds/inferenceservice.yaml`"
     )
 
 

@@ -195,7 +195,7 @@ async def test_the_tuner_daemons_pause_leaves_no_task_that_ends_in_an_error(monk
 
 def test_the_operator_never_loads_torch():
     code = (
-        "import sys, llmfleet.operator.handlers, llmfleet.operator.cli, llmfleet.operator.crdgen\n"
+        "import sys, llmfleet.operator.handlers, llmfleet.operator.cli, llmfleet.operator.resource.crd\n"
         "heavy = {'torch', 'transformers', 'numpy'} & set(sys.modules)\n"
         "assert not heavy, heavy"
     )

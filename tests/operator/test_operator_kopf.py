@@ -294,7 +294,7 @@ def test_deletion_does_not_wait_for_a_resync_in_flight(kube, monkeypatch):
 
 
 def test_restart_mid_way_converges_without_duplicates(kube, monkeypatch):
-    monkeypatch.setattr("llmfleet.operator.kube.RETRY_BACKOFFS", (0.05,))
+    monkeypatch.setattr("llmfleet.operator.reconcile.cluster.RETRY_BACKOFFS", (0.05,))
     fault = Fault("PATCH", "/deployments/", 500)
     kube.running.call(lambda: kube.cluster.faults.append(fault))
     kube.create(inference_service("tiny", TINY))

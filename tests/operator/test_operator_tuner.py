@@ -12,11 +12,12 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from llmfleet.operator import autotune, tuning
-from llmfleet.operator.kube import INFERENCE_SERVICE
-from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, PoolRef
-from llmfleet.operator.spec import parse_spec
-from llmfleet.operator.tuner_metrics import REGISTRY
+from llmfleet.operator import daemon
+from llmfleet.operator.decision_metrics import REGISTRY
+from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE
+from llmfleet.operator.resource.spec import parse_spec
+from llmfleet.operator.tuner import run as tuner_run
 from tests.operator.conftest import eventually, inference_service, settle
 from tests.operator.test_operator_kopf import TINY
 
@@ -80,7 +81,7 @@ class ScriptedSource:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    monkeypatch.setattr(tuning, "ScrapeSource", ScriptedSource)
+    monkeypatch.setattr(daemon, "ScrapeSource", ScriptedSource)
     ScriptedSource.itl_ms, ScriptedSource.stale = 250.0, False
     return ScriptedSource
 
@@ -177,7 +178,7 @@ def test_limits_the_tuner_cannot_work_within_hold_it_with_a_reason(kube, operato
         def from_spec(pool):
             raise ValueError("bounds.maxBatchSize: no valid value in [300, 256]")
 
-    monkeypatch.setattr(autotune, "PoolLimits", Unusable)
+    monkeypatch.setattr(tuner_run, "PoolLimits", Unusable)
     kube.create(inference_service("tiny", SPEC))
     settle(kube, "tiny", 1)
     eventually(lambda: (kube.condition("tiny", "TunerActive") or {}).get("reason") == "InvalidBounds", timeout=20)
@@ -193,7 +194,7 @@ async def test_a_stored_memory_it_cannot_read_starts_afresh(running, client, scr
     await client.patch_status(INFERENCE_SERVICE, "ml", "tiny", {"tuner": {"memory": unreadable}})
     body = await client.get(INFERENCE_SERVICE, "ml", "tiny")
 
-    outcome, _ = await tuning.autotune_once(client, {}, body, parse_spec(SPEC), None, now=1000.0)
+    outcome, _ = await daemon.autotune_once(client, {}, body, parse_spec(SPEC), None, now=1000.0)
     assert outcome.condition.reason == "Adjusted"
     memory = (await client.get(INFERENCE_SERVICE, "ml", "tiny"))["status"]["tuner"]["memory"]
     assert memory["version"] == 1 and memory["keys"]
@@ -270,7 +271,7 @@ async def test_a_run_replaces_what_earlier_runs_wrote(running, client, scripted)
 
     async def run(now: float) -> dict:
         body = await client.get(INFERENCE_SERVICE, "ml", "tiny")
-        _, returned = await tuning.autotune_once(client, sessions, body, parse_spec(SPEC), None, now=now)
+        _, returned = await daemon.autotune_once(client, sessions, body, parse_spec(SPEC), None, now=now)
         stored = (await client.get(INFERENCE_SERVICE, "ml", "tiny"))["status"]
         assert returned["status"] == stored  # what the converge pass after it reads
         return stored
@@ -296,7 +297,7 @@ def test_a_spec_edit_made_during_a_tuner_run_is_not_undone_by_it(kube, operator,
             await asyncio.sleep(1.0)
             return await super().snapshot(pool, window_s)
 
-    monkeypatch.setattr(tuning, "ScrapeSource", Slow)
+    monkeypatch.setattr(daemon, "ScrapeSource", Slow)
     kube.create(inference_service("tiny", SPEC))
     settle(kube, "tiny", 1)
     started.clear()

@@ -11,8 +11,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmfleet.operator.rbac import allows
-from llmfleet.operator.reconcile import (
+from llmfleet.operator.deploy.rbac import allows
+from llmfleet.operator.reconcile.desired import (
     GRACE_SECONDS,
     Owner,
     TunerState,
@@ -21,10 +21,10 @@ from llmfleet.operator.reconcile import (
     effective_engine,
     effective_replicas,
 )
-from llmfleet.operator.spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, SpecError, parse_spec
-from llmfleet.server.api.reasoning import REASONING_PARSERS as SERVER_REASONING
-from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS as SERVER_PARSERS
+from llmfleet.operator.resource.spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, SpecError, parse_spec
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.parsers.reasoning import REASONING_PARSERS as SERVER_REASONING
+from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS as SERVER_PARSERS
 from llmfleet.server.router.policies import POLICIES as SERVER_POLICIES
 
 EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt", "local-disaggregated"]
@@ -181,7 +181,7 @@ def test_the_model_volume_is_named_by_the_operator_whatever_its_source_says(repo
 
 
 def test_a_kv_transfer_secret_reaches_the_router_and_every_server(repo_root):
-    from llmfleet.server.api.auth import KV_TOKEN_ENV
+    from llmfleet.server.http.auth import KV_TOKEN_ENV
 
     owner, spec = load(repo_root, "disaggregated-long-prompt")
     raw = spec.model_dump(by_alias=True, exclude_none=True)

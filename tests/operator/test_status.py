@@ -3,8 +3,8 @@ alone, readiness and rollout come from the Deployments, and an unchanged status 
 
 from __future__ import annotations
 
-from llmfleet.operator import status as st
-from llmfleet.operator.pod_trouble import pod_trouble
+from llmfleet.operator.reconcile import status as st
+from llmfleet.operator.reconcile.pod_trouble import pod_trouble
 
 
 def deployment(replicas=2, ready=2, updated=2, current=2, generation=3, observed=3):

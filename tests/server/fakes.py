@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from llmfleet.server.api.state import ServerState
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.engine import LLMEngine
+from llmfleet.server.http.state import ServerState
 from tests.core.fakes import FakeRunner
 
 VOCAB = 95  # printable ASCII, one character per token

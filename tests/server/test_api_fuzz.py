@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from llmfleet.server.api.app import create_app
-from llmfleet.server.api.protocol import ChatCompletionRequest, CompletionRequest
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.http.app import create_app
+from llmfleet.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server.fakes import fake_state, real_tiny_state
 
 # a short context keeps every generated request cheap

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 import llmfleet
-from llmfleet.server.api.app import create_app
-from llmfleet.server.api.drain import drain
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.http.app import create_app
+from llmfleet.server.http.drain import drain
 from tests.server.fakes import CharTokenizer, fake_state
 
 
@@ -380,7 +380,7 @@ def test_chat_template_takes_tools_and_template_variables_as_vllm_does(client):
 
 
 def test_text_parts_reach_the_template_one_per_line_as_vllm_joins_them(client):
-    from llmfleet.server.api.protocol import ChatMessage
+    from llmfleet.server.openai.protocol import ChatMessage
 
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "World"}]
     assert ChatMessage(role="user", content=parts).for_template()["content"] == "Hello\nWorld"
@@ -391,7 +391,7 @@ def test_text_parts_reach_the_template_one_per_line_as_vllm_joins_them(client):
 def test_earlier_tool_calls_reach_the_template_with_their_arguments_as_a_mapping(client):
     """The API carries a call's arguments as a JSON string; chat templates read a mapping (as
     vLLM and transformers pass it), and an empty list of calls is left out."""
-    from llmfleet.server.api.protocol import ChatMessage
+    from llmfleet.server.openai.protocol import ChatMessage
 
     call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
     called = ChatMessage(role="assistant", content=None, tool_calls=[call, call | {"function": {"name": "now"}}])
@@ -411,7 +411,7 @@ def test_earlier_tool_calls_reach_the_template_with_their_arguments_as_a_mapping
 def test_an_earlier_answers_thinking_reaches_the_template_under_both_names():
     """vLLM's ``reasoning`` (or the older ``reasoning_content``) on an assistant message: templates
     read one or the other (Qwen3's, reasoning_content)."""
-    from llmfleet.server.api.protocol import ChatMessage
+    from llmfleet.server.openai.protocol import ChatMessage
 
     for name in ("reasoning", "reasoning_content"):
         message = ChatMessage.model_validate({"role": "assistant", "content": "4", name: "2+2"}).for_template()
@@ -520,7 +520,7 @@ def test_text_that_is_not_valid_unicode_is_a_400(client, path, body):
 
 
 def test_an_error_quoting_a_lone_surrogate_still_renders():
-    from llmfleet.server.api.errors import error_response
+    from llmfleet.server.http.errors import error_response
 
     body = error_response(404, "model 'm\ud800' is not served", "not_found_error").body
     assert json.loads(body)["error"]["message"] == "model 'm\\ud800' is not served"  # escaped
@@ -754,7 +754,7 @@ async def test_a_drain_finishes_every_choice_of_a_call_it_caught_half_handed_ove
     began between two adds flushed once, the engine launched the first choice alone and ended its
     flush, and the second then waited for a batch that never came: aborted at the drain timeout
     (or, had the first finished before it came, the drain returned and left it behind)."""
-    from llmfleet.server.api import async_engine
+    from llmfleet.server.engine import async_engine
 
     state = make_state(EngineConfig(policy="static", max_batch_size=8), step_seconds=0.01)
     scheduler = state.engine.engine.scheduler
@@ -1019,7 +1019,7 @@ async def test_a_client_gone_while_the_opening_chunk_is_sent_aborts_the_requests
 async def test_a_drain_ends_even_if_an_aborted_request_never_reports(monkeypatch):
     from types import SimpleNamespace
 
-    from llmfleet.server.api import drain as draining
+    from llmfleet.server.http import drain as draining
 
     monkeypatch.setattr(draining, "_ABORT_GRACE_S", 0.2)
     stuck = SimpleNamespace(num_unfinished=1, alive=True, flush=lambda: None, abort_all=lambda: 1)

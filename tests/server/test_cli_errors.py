@@ -65,8 +65,8 @@ class _Loaded(Exception):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    import llmfleet.server.api.serve as serve_module
     import llmfleet.server.router.serve as router_module
+    import llmfleet.server.serve as serve_module
 
     def loaded(*args, **kwargs):
         raise _Loaded
@@ -120,7 +120,7 @@ def test_serve_timeouts_and_limits_out_of_range_are_argument_errors(argv, words,
 
 
 def test_the_model_may_come_first_as_vllm_serve_takes_it(monkeypatch):
-    import llmfleet.server.api.serve as serve_module
+    import llmfleet.server.serve as serve_module
 
     loading = []
 
@@ -157,9 +157,9 @@ def test_a_chat_template_given_at_start_renders_every_chat(tmp_path):
     import argparse
 
     from llmfleet.server import cli as server_cli
-    from llmfleet.server.api.openai_routes import chat_prompt_text
-    from llmfleet.server.api.protocol import ChatCompletionRequest
-    from llmfleet.server.api.serve import local_engine_state
+    from llmfleet.server.openai.protocol import ChatCompletionRequest
+    from llmfleet.server.openai.routes import chat_prompt_text
+    from llmfleet.server.serve import local_engine_state
 
     template = tmp_path / "plain.jinja"  # with a loop control, as transformers renders templates
     template.write_text(

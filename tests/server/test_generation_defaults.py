@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from llmfleet.server.api.generation import build_subrequests
-from llmfleet.server.api.generation_defaults import GenerationConfigError, read_generation_defaults
-from llmfleet.server.api.protocol import ChatCompletionRequest, CompletionRequest
+from llmfleet.server.openai.generation_defaults import GenerationConfigError, read_generation_defaults
+from llmfleet.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from llmfleet.server.openai.submission import build_subrequests
 from tests.server.fakes import fake_state
 
 LLAMA_LIKE = {
@@ -84,8 +84,8 @@ def test_serve_reads_the_models_generation_config(tmp_path):
     import argparse
 
     from llmfleet.server import cli as server_cli
-    from llmfleet.server.api.serve import local_engine_state
     from llmfleet.server.runner.builtin_models import resolve_model
+    from llmfleet.server.serve import local_engine_state
 
     model = tmp_path / "tiny"
     shutil.copytree(resolve_model("builtin:tiny"), model)

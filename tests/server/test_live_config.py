@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from llmfleet.server.api.live_config import ConfigWatcher
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.live_config import ConfigWatcher
 from tests.server.fakes import fake_state
 
 
@@ -78,7 +78,7 @@ def test_a_valid_change_applies_and_bumps_the_generation(served):
 def test_an_invalid_file_keeps_the_last_good_config_and_counts(served, text, caplog):
     path, state, watcher = served
     engine = state.engine.engine
-    with caplog.at_level(logging.WARNING, logger="llmfleet.server.api.live_config"):
+    with caplog.at_level(logging.WARNING, logger="llmfleet.server.live_config"):
         write(path, text)
         assert watcher.check() == "invalid"
     assert "keeping the last good engine config" in caplog.text
@@ -118,7 +118,7 @@ def test_a_file_emptied_for_good_resets_the_knobs_as_at_start_up(served):
 def test_a_change_made_while_the_model_loads_is_applied(tmp_path):
     """The server reads its config, then loads the model (minutes, for a real one) and only then
     starts watching: a change in between must not pass for the version already running."""
-    from llmfleet.server.api.live_config import version_of
+    from llmfleet.server.live_config import version_of
 
     path = tmp_path / "engine.yaml"
     write(path, "max_batch_size: 4\n")

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmfleet.server import cli as server_cli
-from llmfleet.server.api.app import create_app
-from llmfleet.server.api.reasoning import REASONING_PARSERS, Reasoning
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.http.app import create_app
+from llmfleet.server.parsers.reasoning import REASONING_PARSERS, Reasoning
 from tests.server.fakes import real_tiny_state
 
 SPLITS = [  # (text, split starting outside a think block, split starting inside one)

@@ -1,4 +1,4 @@
-"""The Responses API's translation (server/api/responses.py), without a server: requests into chat
+"""The Responses API's translation (server/openai/responses.py), without a server: requests into chat
 requests, and chat chunks into the Responses stream's events."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from llmfleet.server.api.errors import APIError
-from llmfleet.server.api.response_events import ResponseEvents, ResponseStream, chat_chunks, whole_response
-from llmfleet.server.api.responses import ResponsesRequest
-from llmfleet.server.api.sse import broken_stream_end, encode_event
+from llmfleet.server.http.errors import APIError
+from llmfleet.server.http.sse import broken_stream_end, encode_event
+from llmfleet.server.openai.response_events import ResponseEvents, ResponseStream, chat_chunks, whole_response
+from llmfleet.server.openai.responses import ResponsesRequest
 
 
 def request(**fields) -> ResponsesRequest:

@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmfleet.server import cli as server_cli
-from llmfleet.server.api.app import create_app
-from llmfleet.server.api.serve import local_engine_state
-from llmfleet.server.api.tool_calls import AutoToolCalls
-from llmfleet.server.api.tool_parsers import TOOL_CALL_PARSERS
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.http.app import create_app
+from llmfleet.server.openai.tool_calls import AutoToolCalls
+from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS
+from llmfleet.server.serve import local_engine_state
 from tests.server.fakes import real_tiny_state
 
 WEATHER = '{"name": "weather", "arguments": {"city": "Oslo", "days": 3}}'

@@ -9,8 +9,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from llmfleet.server.api.app import create_app
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.http.app import create_app
 from tests.server.fakes import real_tiny_state
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from llmfleet.operator.spec import InferenceServiceSpec, parse_spec
+from llmfleet.operator.resource.spec import InferenceServiceSpec, parse_spec
 from llmfleet.sim.cost_model import CostModel
 
 # Shaped like builtin:small in bfloat16 on a 2-core CPU (llm-fleet calibrate), rounded.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
+from llmfleet.operator.metrics.source import PoolMetrics, PoolRef
 from llmfleet.sim.fleet import Fleet, SimOptions
 from llmfleet.sim.hpa import HPAConfig, QueueLengthHPA
 from llmfleet.sim.pod import PodConfigError, PodState
@@ -255,7 +255,7 @@ def test_the_plot_counts_minutes_from_the_warm_ups_end_on_every_panel(profile, t
 
 def test_a_prefill_pod_refuses_what_its_decode_pod_would(profile) -> None:
     # 4000 prompt tokens fit builtin:small's 4096 positions, 4000 + 200 do not: the real prefill
-    # server checks the client's max_tokens (server/api/generation.py), not its own one token
+    # server checks the client's max_tokens (server/openai/submission.py), not its own one token
     spec = make_spec(mode="disaggregated", replicas=1)
     result = simulate(spec, profile, [RequestSpec(0.0, 4000, 200), RequestSpec(1.0, 64, 8)], controller="fixed")
     long, short = result.records

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from llmfleet.sim.fleet import SimOptions, SimResult
-from llmfleet.sim.metrics import RequestRecord
+from llmfleet.sim.metric_source import RequestRecord
 from llmfleet.sim.report import per_minute, print_summary, summarize, write_json
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet.operator.metrics_source import PoolRef
-from llmfleet.sim.metrics import PodGauges, PoolSeries, SimMetricSource
+from llmfleet.operator.metrics.source import PoolRef
+from llmfleet.sim.metric_source import PodGauges, PoolSeries, SimMetricSource
 
 
 def test_step_times_and_queue_growth_over_the_window() -> None:

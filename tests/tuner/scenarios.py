@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, PoolRef
-from llmfleet.operator.tuner import (
+from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.tuner.law import (
     MAX_BATCH,
     TIMEOUT,
     TOKEN_BUDGET,

@@ -1,17 +1,17 @@
-"""One tuner run around the law (operator/autotune.py): what reaches the actuator, and what the
+"""One tuner run around the law (operator/tuner/run.py): what reaches the actuator, and what the
 run reports for status, the TunerActive condition and Events."""
 
 from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from llmfleet.operator import tuner_metrics
-from llmfleet.operator.autotune import Autotuner, PoolView, measured_pools, views_from_state
-from llmfleet.operator.metrics_source import PoolMetrics, PoolRef
-from llmfleet.operator.reconcile import TunerState
-from llmfleet.operator.spec import Bound, parse_spec
-from llmfleet.operator.tuner_memory import TunerMemory
-from llmfleet.operator.tuning import _StatusActuator
+from llmfleet.operator import decision_metrics
+from llmfleet.operator.daemon import _StatusActuator
+from llmfleet.operator.metrics.source import PoolMetrics, PoolRef
+from llmfleet.operator.reconcile.desired import TunerState
+from llmfleet.operator.resource.spec import Bound, parse_spec
+from llmfleet.operator.tuner.memory import TunerMemory
+from llmfleet.operator.tuner.run import Autotuner, PoolView, measured_pools, views_from_state
 from tests.tuner.scenarios import metrics
 
 SPEC = parse_spec(
@@ -110,9 +110,9 @@ async def test_the_series_of_a_pool_the_fleet_no_longer_runs_are_dropped():
         refs = {pool: PoolRef("ns", "switching", pool) for pool in spec.active_pools}
         actuator = RecordingActuator(views_from_state(spec, None))
         outcome = await Autotuner(spec, FixedSource(metrics()), refs).step(actuator, now=1000.0)
-        tuner_metrics.record("ns", "switching", outcome, spec.slo)
-    exposed = generate_latest(tuner_metrics.REGISTRY).decode()
-    tuner_metrics.forget("ns", "switching")
+        decision_metrics.record("ns", "switching", outcome, spec.slo)
+    exposed = generate_latest(decision_metrics.REGISTRY).decode()
+    decision_metrics.forget("ns", "switching")
     assert 'inference_service="switching",namespace="ns",pool="decode"' in exposed
     assert 'pool="colocated"' not in exposed
 
@@ -131,7 +131,7 @@ def test_a_disaggregated_fleets_ttft_column_is_the_routers_else_the_pools_added(
     """Clients wait for the prefill, then for the decode server's first token. The router times
     that whole wait; while it has too few first tokens in its window, the column shows the two
     pools' p95s added, as the tuner judges them, not the prefill server's alone."""
-    from llmfleet.operator.autotune import _latency
+    from llmfleet.operator.tuner.run import _latency
 
     pools = {"prefill": metrics("prefill", ttft_ms=300, queue_ms=40)}
     pools["decode"] = metrics("decode", ttft_ms=150, itl_ms=30)

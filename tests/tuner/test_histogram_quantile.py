@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmfleet.operator.histogram_quantile import bucket_deltas, bucket_quantile, parse_le
+from llmfleet.operator.metrics.quantile import bucket_deltas, bucket_quantile, parse_le
 
 INF = math.inf
 # 10 observations <= 0.1, 10 more <= 0.5, 10 more <= 1, none above

@@ -1,4 +1,4 @@
-"""The latency projection behind scale-down and latency scale-up (operator/latency_projection.py):
+"""The latency projection behind scale-down and latency scale-up (operator/tuner/projection.py):
 steps that lengthen with the load a pod carries, ITL's tail as steps with prompt work grow common,
 the wait for a batch slot (Erlang C), a busy window's surge, and the M/M/1 fallback where no step
 times are reported."""
@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from llmfleet.operator.latency_projection import StepCosts, erlang_c, itl_tail, project, surge
-from llmfleet.operator.metrics_source import LatencyQuantiles
+from llmfleet.operator.metrics.source import LatencyQuantiles
+from llmfleet.operator.tuner.projection import StepCosts, erlang_c, itl_tail, project, surge
 from tests.tuner.scenarios import latency, metrics
 
 # Four pods, each busy 20% of the time with its sequences' and prompt tokens' work:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llmfleet.operator.metrics_source import PoolMetrics, PoolRef, snapshot_widening_latency
+from llmfleet.operator.metrics.source import PoolMetrics, PoolRef, snapshot_widening_latency
 from tests.tuner.scenarios import metrics
 
 POOL = PoolRef("default", "svc", "colocated")

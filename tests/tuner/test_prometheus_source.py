@@ -9,9 +9,9 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from llmfleet.operator import promql
-from llmfleet.operator.metrics_source import MetricSource, PoolRef, StalenessPolicy
-from llmfleet.operator.prometheus_source import PrometheusSource
+from llmfleet.operator.metrics import promql
+from llmfleet.operator.metrics.prometheus import PrometheusSource
+from llmfleet.operator.metrics.source import MetricSource, PoolRef, StalenessPolicy
 
 REF = PoolRef("prod", "chat", "decode")
 NOW = 1_700_000_000.0

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from llmfleet.operator import promql
-from llmfleet.operator.metrics_source import PoolRef
+from llmfleet.operator.metrics import promql
+from llmfleet.operator.metrics.source import PoolRef
 
 REF = PoolRef("prod", "chat", "decode")
 SEL = 'inference_service="chat",namespace="prod",pool="decode"'

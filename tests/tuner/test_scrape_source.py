@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llmfleet.operator.histogram_quantile import bucket_quantile
-from llmfleet.operator.metrics_source import PoolRef, StalenessPolicy
-from llmfleet.operator.scrape_source import ScrapeSource, parse_exposition
+from llmfleet.operator.metrics.quantile import bucket_quantile
+from llmfleet.operator.metrics.scrape import ScrapeSource, parse_exposition
+from llmfleet.operator.metrics.source import PoolRef, StalenessPolicy
 
 REF = PoolRef("local", "fleet", "colocated")
 LABELS = 'model_name="m",role="colocated"'
@@ -423,7 +423,7 @@ async def test_real_http_scrape_on_loopback() -> None:
 async def test_a_routers_exposition_gives_the_ttft_its_clients_saw() -> None:
     """The router exports vLLM's latency histograms under role="router" and no engine gauges: its
     TTFT quantiles come through (what status shows a disaggregated fleet's clients waited)."""
-    from llmfleet.server.router.metrics import RouterMetrics
+    from llmfleet.server.router.router_metrics import RouterMetrics
 
     router = RouterMetrics("pd")
     ref = PoolRef("default", "svc", "router")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet.operator.step_model import MAX_POINTS, StepModel
-from llmfleet.operator.tuner import MAX_BATCH, REPLICAS, Tuner
-from llmfleet.operator.tuner_memory import Capacity, TunerMemory
+from llmfleet.operator.tuner.law import MAX_BATCH, REPLICAS, Tuner
+from llmfleet.operator.tuner.memory import Capacity, TunerMemory
+from llmfleet.operator.tuner.step_model import MAX_POINTS, StepModel
 from tests.tuner.scenarios import ONE_SHOT, SLO, metrics, pool_input, settings
 
 # a CPU-like step: 25 ms, 1.5 ms per decoding sequence, 0.2 ms per prompt token

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet.operator.tuner import REPLICAS, TIMEOUT, Tuner
-from llmfleet.operator.tuner_memory import TunerMemory
+from llmfleet.operator.tuner.law import REPLICAS, TIMEOUT, Tuner
+from llmfleet.operator.tuner.memory import TunerMemory
 from tests.tuner.scenarios import ONE_SHOT, SLO, metrics, pool_input, settings
 
 

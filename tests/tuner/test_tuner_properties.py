@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from llmfleet.operator.metrics_source import LatencyQuantiles, PoolMetrics, PoolRef
-from llmfleet.operator.tuner import (
+from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.tuner.law import (
     INTEGER_KNOBS,
     KNOB_FIELDS,
     MAX_BATCH,
@@ -22,7 +22,7 @@ from llmfleet.operator.tuner import (
     Tuner,
     TunerConfig,
 )
-from llmfleet.operator.tuner_memory import TunerMemory
+from llmfleet.operator.tuner.memory import TunerMemory
 
 
 def opt(strategy: st.SearchStrategy[float]) -> st.SearchStrategy[float | None]:

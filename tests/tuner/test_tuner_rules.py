@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llmfleet.operator.tuner import MAX_BATCH, REPLICAS, TIMEOUT, TOKEN_BUDGET, PoolInput, Tuner, TunerConfig
-from llmfleet.operator.tuner_memory import TunerMemory
+from llmfleet.operator.tuner.law import MAX_BATCH, REPLICAS, TIMEOUT, TOKEN_BUDGET, PoolInput, Tuner, TunerConfig
+from llmfleet.operator.tuner.memory import TunerMemory
 from tests.tuner.scenarios import ONE_SHOT, SLO, limits, metrics, pool_input, settings
 
 
@@ -439,7 +439,7 @@ def test_unknown_pool_is_an_error() -> None:
 
 
 def test_config_from_spec_autotune() -> None:
-    from llmfleet.operator.spec import Autotune
+    from llmfleet.operator.resource.spec import Autotune
 
     config = TunerConfig.from_autotune(Autotune(scaleDownStabilizationSeconds=120, cooldownSeconds=45, headroom=0.3))
     assert config.scale_down_stabilization_s == 120 and config.flap_window_s == 120
@@ -448,8 +448,8 @@ def test_config_from_spec_autotune() -> None:
 
 
 def test_limits_from_spec_pool() -> None:
-    from llmfleet.operator.spec import Pool
-    from llmfleet.operator.tuner import PoolLimits, Range
+    from llmfleet.operator.resource.spec import Pool
+    from llmfleet.operator.tuner.law import PoolLimits, Range
 
     pool = Pool(minReplicas=1, maxReplicas=3, engine={"max_batch_size": 512}, bounds={"batchTimeoutMs": {"max": 40}})
     lim = PoolLimits.from_spec(pool)
@@ -470,16 +470,16 @@ def test_limits_from_spec_pool() -> None:
     ],
 )
 def test_a_one_sided_bound_outside_the_default_range_still_leaves_a_range(knob, bound, expected) -> None:
-    from llmfleet.operator.spec import Pool
-    from llmfleet.operator.tuner import PoolLimits, Range
+    from llmfleet.operator.resource.spec import Pool
+    from llmfleet.operator.tuner.law import PoolLimits, Range
 
     assert PoolLimits.from_spec(Pool(bounds={knob: bound})).knob(knob) == Range(*expected)
 
 
 def test_a_tuned_pool_never_goes_below_one_replica() -> None:
     """minReplicas 0 with autotune on: a pool of no pods reports nothing, so it could never come back."""
-    from llmfleet.operator.spec import Pool
-    from llmfleet.operator.tuner import PoolLimits
+    from llmfleet.operator.resource.spec import Pool
+    from llmfleet.operator.tuner.law import PoolLimits
 
     lim = PoolLimits.from_spec(Pool(minReplicas=0, maxReplicas=4))
     idle = metrics(

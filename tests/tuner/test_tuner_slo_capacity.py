@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from llmfleet.operator.tuner import MAX_BATCH, REPLICAS, TOKEN_BUDGET, Tuner
-from llmfleet.operator.tuner_memory import Capacity, TunerMemory
+from llmfleet.operator.tuner.law import MAX_BATCH, REPLICAS, TOKEN_BUDGET, Tuner
+from llmfleet.operator.tuner.memory import Capacity, TunerMemory
 from tests.tuner.scenarios import ONE_SHOT, SLO, metrics, pool_input, settings
 
 # SLO: TTFT p95 500 ms, ITL p95 100 ms. Slot-bound TTFT: queueing dominates, ITL has room, the

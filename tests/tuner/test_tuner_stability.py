@@ -5,8 +5,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from llmfleet.operator.tuner import MAX_BATCH, REPLICAS, TIMEOUT, Decision, PoolInput, PoolSettings, Tuner, TunerConfig
-from llmfleet.operator.tuner_memory import TunerMemory
+from llmfleet.operator.tuner.law import (
+    MAX_BATCH,
+    REPLICAS,
+    TIMEOUT,
+    Decision,
+    PoolInput,
+    PoolSettings,
+    Tuner,
+    TunerConfig,
+)
+from llmfleet.operator.tuner.memory import TunerMemory
 from tests.tuner.scenarios import SLO, metrics, pool_input, settings
 
 INTERVAL = 30.0

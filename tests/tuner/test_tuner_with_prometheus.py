@@ -11,11 +11,11 @@ import httpx
 import pytest
 import yaml
 
-from llmfleet.operator.autotune import Autotuner, PoolView, views_from_state
-from llmfleet.operator.metrics_source import PoolRef
-from llmfleet.operator.prometheus_source import PrometheusSource
-from llmfleet.operator.reconcile import TunerState, effective_engine
-from llmfleet.operator.spec import parse_spec
+from llmfleet.operator.metrics.prometheus import PrometheusSource
+from llmfleet.operator.metrics.source import PoolRef
+from llmfleet.operator.reconcile.desired import TunerState, effective_engine
+from llmfleet.operator.resource.spec import parse_spec
+from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
 from tests.prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
 from tests.support import ServerProcess
 

@@ -56,7 +56,7 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
-{{/* The operator's RBAC rules, split by scope: generated from llmfleet.operator.rbac.RBAC_RULES
+{{/* The operator's RBAC rules, split by scope: generated from llmfleet.operator.deploy.rbac.RBAC_RULES
      into files/rbac-rules.yaml by scripts/chart-sync.py, so the chart never drifts from the code. */}}
 {{- define "llm-fleet.rbacRules" -}}
 {{- .Files.Get "files/rbac-rules.yaml" }}

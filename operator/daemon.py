@@ -1,0 +1,185 @@
+"""The tuner in the operator: one run for one InferenceService, called by a kopf daemon every
+``spec.autotune.intervalSeconds``.
+
+A run measures the pools (Prometheus when a URL is configured, else the pods' /metrics scraped
+directly), lets the law decide (tuner/run.py), writes the result into ``status`` (``tuner``,
+``lastDecision``, ``latency`` and the ``TunerActive`` condition), and then runs the same converge
+pass as every other trigger, so knob changes land in the engine ConfigMaps (applied live by the
+pods) and replica changes in the Deployments. The tuner never writes a child object itself: the
+reconcile path stays the only writer, and spec bounds win there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from llmfleet.operator.metrics.prometheus import PrometheusSource
+from llmfleet.operator.metrics.scrape import ScrapeSource
+from llmfleet.operator.metrics.source import MetricSource, PoolRef
+from llmfleet.operator.reconcile import status as st
+from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, POD, KubeClient
+from llmfleet.operator.reconcile.converge import owner_of, tuner_state
+from llmfleet.operator.reconcile.desired import SERVER_PORT, TunerState, selector
+from llmfleet.operator.reconcile.scaledown import rank_pods_for_scale_down
+from llmfleet.operator.resource.spec import InferenceServiceSpec
+from llmfleet.operator.tuner.memory import TunerMemory
+from llmfleet.operator.tuner.run import (
+    AutotuneOutcome,
+    Autotuner,
+    InvalidLimits,
+    PoolView,
+    measured_pools,
+    views_from_state,
+)
+
+
+@dataclass
+class _StatusActuator:
+    """The tuner state in status: what the tuner decides here, converge applies to the objects."""
+
+    spec: InferenceServiceSpec
+    state: TunerState
+    changed: bool = False
+
+    def observe(self) -> dict[str, PoolView]:
+        """What runs, but the tuner's own values as it set them: one the spec's bounds have since
+        moved past (reconcile already clamps it) reaches the law unclamped, so its correction is
+        recorded and explained like any other change."""
+        views = views_from_state(self.spec, self.state)
+        for pool, view in views.items():
+            if pool in self.state.replicas:
+                view.replicas = int(self.state.replicas[pool])
+            set_by_tuner = self.state.knobs.get(pool) or {}
+            view.knobs |= {knob: set_by_tuner[knob] for knob in view.knobs if set_by_tuner.get(knob) is not None}
+        return views
+
+    def apply(self, pool: str, replicas: int | None, knobs: dict[str, float]) -> None:
+        if replicas is not None:
+            self.state.replicas[pool] = replicas
+        if knobs:
+            self.state.knobs[pool] = {**self.state.knobs.get(pool, {}), **knobs}
+        self.changed = True
+
+
+@dataclass
+class _PodTargets:
+    """The pods' /metrics URLs per pool, refreshed before each run (read by ScrapeSource)."""
+
+    urls: dict[PoolRef, list[str]] = field(default_factory=dict)
+
+    def __call__(self, pool: PoolRef) -> list[str]:
+        return self.urls.get(pool, [])
+
+
+@dataclass
+class TunerSession:
+    """What one InferenceService's tuner keeps between runs in the operator process."""
+
+    source: MetricSource
+    targets: _PodTargets | None  # None when the source is Prometheus
+    source_key: str
+
+
+def _source_key(spec: InferenceServiceSpec, default_url: str | None) -> str:
+    return spec.autotune.prometheus_url or default_url or "scrape"
+
+
+def _session(sessions: dict, key: tuple[str, str], spec: InferenceServiceSpec, default_url: str | None):
+    wanted = _source_key(spec, default_url)
+    session = sessions.get(key)
+    if session is None or session.source_key != wanted:
+        if wanted == "scrape":
+            targets = _PodTargets()
+            session = TunerSession(ScrapeSource(targets), targets, wanted)
+        else:
+            session = TunerSession(PrometheusSource(wanted), None, wanted)
+        sessions[key] = session
+    return session
+
+
+async def _refresh_targets(client: KubeClient, targets: _PodTargets, body: dict, spec: InferenceServiceSpec) -> None:
+    owner = owner_of(body)
+    for pool in measured_pools(spec):
+        pods = await client.list(POD, owner.namespace, selector(owner, pool))
+        urls = []
+        for pod in pods:
+            status = pod.get("status") or {}
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+            if ready and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
+                urls.append(f"http://{status['podIP']}:{SERVER_PORT}/metrics")
+        targets.urls[PoolRef(owner.namespace, owner.name, pool)] = urls
+
+
+async def autotune_once(
+    client: KubeClient,
+    sessions: dict,
+    body: dict[str, Any],
+    spec: InferenceServiceSpec,
+    default_prometheus_url: str | None,
+    now: float | None = None,
+) -> tuple[AutotuneOutcome, dict[str, Any]]:
+    """Run the tuner once and write its status. Returns the outcome and the body with that status.
+    Raises InvalidLimits, after setting TunerActive=False (InvalidBounds), when the spec leaves a
+    knob no valid value."""
+    owner = owner_of(body)
+    current = body.get("status") or {}
+    session = _session(sessions, (owner.namespace, owner.name), spec, default_prometheus_url)
+    if session.targets is not None:
+        await _refresh_targets(client, session.targets, body, spec)
+    memory = TunerMemory.load((current.get("tuner") or {}).get("memory"))  # unreadable: start afresh
+    refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in measured_pools(spec)}
+    actuator = _StatusActuator(spec, tuner_state(spec, current) or TunerState())
+    generation = body["metadata"].get("generation")
+    try:
+        outcome = await Autotuner(spec, session.source, refs, memory=memory).step(actuator, now or time.time())
+    except InvalidLimits as exc:  # hold, and say why where users look
+        condition = st.Condition(st.TUNER_ACTIVE, "False", "InvalidBounds", str(exc))
+        conditions = st.merge_conditions(current.get("conditions") or [], [condition], generation, st.now())
+        await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, {"conditions": conditions})
+        raise
+    patch = {
+        # whole: what an earlier run wrote and this one did not (a pool of the old mode, a
+        # quantity it could not measure, a hold's reason) must not stay beside this run's word
+        **{key: st.replacing(current.get(key), value) for key, value in outcome.status.items()},
+        "conditions": st.merge_conditions(current.get("conditions") or [], [outcome.condition], generation, st.now()),
+    }
+    await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, patch)
+    return outcome, {**body, "status": st.merge_patched(current, patch)}
+
+
+def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The run's Events, less a hold warning already given for the same reason."""
+    was = st.condition_of(previous_status, st.TUNER_ACTIVE) or {}
+    repeated = was.get("reason") == outcome.condition.reason and was.get("message") == outcome.condition.message
+    return [e for e in outcome.events if not (e[1] == "TunerHolding" and repeated)]
+
+
+async def prepare_scale_down(client: KubeClient, body: dict[str, Any], outcome: AutotuneOutcome) -> None:
+    """For each pool the run scales down: mark its pods' in-flight work as their deletion cost, so
+    the ReplicaSet removes the idlest (each then drains on SIGTERM)."""
+    owner = owner_of(body)
+    for change in outcome.decision.changes:
+        if change.knob != "replicas" or change.new >= change.old:
+            continue
+        pods = await client.list(POD, owner.namespace, selector(owner, change.pool))
+        loads = await asyncio.gather(*(_in_flight(pod) for pod in pods))
+        in_flight = {pod["metadata"]["name"]: n for pod, n in zip(pods, loads, strict=True) if n is not None}
+        await rank_pods_for_scale_down(client, owner, change.pool, in_flight)
+
+
+async def _in_flight(pod: dict[str, Any]) -> float | None:
+    """Running plus waiting requests from the pod's /load; None if it cannot say (it then goes first)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    try:
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            load = (await http.get(f"http://{ip}:{SERVER_PORT}/load")).json()
+        return float(load["running"]) + float(load["waiting"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None

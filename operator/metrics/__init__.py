@@ -1,0 +1,1 @@
+"""Metric sources: what the tuner reads about each pool, from Prometheus or from the pods directly."""

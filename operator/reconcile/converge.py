@@ -1,0 +1,267 @@
+"""One reconcile pass for one InferenceService: parse the spec, compute the desired objects
+(desired.py), apply the differences (apply.py), and write the status only if it changed.
+
+No kopf here: handlers.py calls this from kopf's handlers and posts the returned events. The tuner
+calls it too, after it has written its decision into ``status.tuner`` (see handlers.reconcile_now).
+Level-triggered: a pass over an unchanged spec and unchanged cluster makes no write at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmfleet.operator.reconcile import status as st
+from llmfleet.operator.reconcile.apply import ApplyResult, OwnershipConflict, apply_all, list_children
+from llmfleet.operator.reconcile.cluster import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.reconcile.desired import (
+    POOL_LABEL,
+    Owner,
+    TunerState,
+    client_url,
+    desired_objects,
+    effective_engine,
+    name_problem,
+    pool_object_name,
+    selector,
+)
+from llmfleet.operator.reconcile.handover import Handover, pending_handover
+from llmfleet.operator.reconcile.kv_secret import ensure_kv_secret
+from llmfleet.operator.reconcile.pod_trouble import PodTrouble, pod_trouble
+from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, parse_spec
+
+STATUS_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    applied: ApplyResult | None = None
+    degraded: st.Condition | None = None
+    status_patch: dict[str, Any] | None = None  # what was written to status (None: nothing)
+    events: list[Event] = field(default_factory=list)
+
+
+def owner_of(body: dict[str, Any]) -> Owner:
+    meta = body["metadata"]
+    return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+def tuner_state(spec: InferenceServiceSpec, status: dict[str, Any]) -> TunerState | None:
+    """The tuner's replicas and knobs count only while autotuning is on."""
+    return TunerState.from_status(status) if spec.autotune.enabled else None
+
+
+async def converge(
+    client: KubeClient, body: dict[str, Any], *, pod_monitor: bool, pod_monitor_labels: dict[str, str] | None = None
+) -> Outcome:
+    owner = owner_of(body)
+    status = body.get("status") or {}
+    generation = body["metadata"].get("generation")
+    problem = name_problem(owner.name)
+    if problem is not None:  # the CRD's rule rejects it where the API server runs CEL (1.25+)
+        return await _degrade(client, owner, body, "InvalidName", problem)
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError as err:
+        return await _degrade(client, owner, body, err.reason, str(err), stops_tuner=True)
+
+    tuner = tuner_state(spec, status)
+    kinds = CHILD_KINDS if pod_monitor else tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
+    try:
+        live = await list_children(client, owner.namespace, selector(owner), kinds)
+        handover = pending_handover(owner, spec, live, status.get("handoverPool"))
+        objects = desired_objects(
+            owner,
+            spec,
+            tuner,
+            pod_monitor=pod_monitor,
+            pod_monitor_labels=pod_monitor_labels,
+            serving=handover.serving if handover else None,
+            scaled=_replicas(live),
+        )
+        secret = await ensure_kv_secret(client, owner, spec)  # before the pods that read it
+        applied = await apply_all(client, owner.namespace, owner.uid, live, objects, prune=handover is None)
+        if secret is not None:
+            applied.created.insert(0, secret)
+    except OwnershipConflict as err:
+        return await _degrade(client, owner, body, "NameConflict", str(err))
+    except ApiError as err:
+        if err.retryable:
+            raise
+        return await _degrade(client, owner, body, "ApplyFailed", f"{err.reason}: {err.message}")
+
+    pools = _pool_states(owner, spec, applied)
+    trouble = await _pods_trouble(client, owner, pools)
+    serving = st.serving_conditions(
+        pools, applied.summary() if applied.changed else None, trouble, handover.message if handover else None
+    )
+    serving.append(st.Condition(st.DEGRADED, "False", "AsExpected", ""))
+
+    def build(current: dict[str, Any]) -> dict[str, Any]:
+        conditions = serving + _tuner_condition(spec, current)
+        # A tuner turned off lets go of what it owned: turned on again, it starts from the spec's
+        # values, not from what it had set back then (applied at once, with no run to explain it).
+        # Its latencies go too: nobody measures them any more, yet kubectl get would show them.
+        # lastDecision stays, with its time: what it last did.
+        released = {key: None for key in ("tuner", "latency") if not spec.autotune.enabled and current.get(key)}
+        return {
+            "observedGeneration": generation,
+            "conditions": st.merge_conditions(current.get("conditions") or [], conditions, generation, st.now()),
+            "ready": st.ready_summary(pools),
+            "url": client_url(owner),
+            "pools": _pool_status(owner, spec, tuner, pools),
+            "batch": _batch(spec, tuner),
+            **released,
+            **_handover_record(handover, current),
+        }
+
+    outcome = Outcome(applied=applied)
+    outcome.status_patch = await _write_status(client, owner, body, build)
+    if applied.reverted:
+        outcome.events.append(Event("Warning", "EditReverted", _reverted_message(spec, applied.reverted)))
+    if applied.changed:
+        outcome.events.append(Event("Normal", "Applied", applied.summary()))
+    was = st.condition_of(status, st.DEGRADED)
+    if was and was.get("status") == "True":
+        outcome.events.append(Event("Normal", "Recovered", f"no longer degraded ({was.get('reason')})"))
+    return outcome
+
+
+def _handover_record(handover: Handover | None, current: dict[str, Any]) -> dict[str, Any]:
+    """status.handoverPool while a mode switch holds (handover.py), removed once it is over."""
+    if handover is not None:
+        return {"handoverPool": handover.serving}
+    return {"handoverPool": None} if current.get("handoverPool") else {}
+
+
+async def _degrade(
+    client: KubeClient, owner: Owner, body: dict[str, Any], reason: str, message: str, *, stops_tuner: bool = False
+) -> Outcome:
+    """Report a spec or object the operator cannot serve; existing objects keep serving.
+    ``stops_tuner``: the spec cannot be read, so the tuner does not run either."""
+    generation = body["metadata"].get("generation")
+    degraded = st.Condition(st.DEGRADED, "True", reason, message)
+
+    def build(current: dict[str, Any]) -> dict[str, Any]:
+        updates = [degraded, st.Condition(st.PROGRESSING, "False", reason, "waiting for a servable spec")]
+        if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
+            updates.append(st.Condition(st.TUNER_ACTIVE, "False", reason, "the tuner waits for a servable spec"))
+        if st.condition_of(current, st.READY) is None:
+            updates.append(st.Condition(st.READY, "False", reason, "nothing deployed yet"))
+        return {
+            "observedGeneration": generation,
+            "conditions": st.merge_conditions(current.get("conditions") or [], updates, generation, st.now()),
+        }
+
+    outcome = Outcome(degraded=degraded)
+    outcome.status_patch = await _write_status(client, owner, body, build)
+    was = st.condition_of(body.get("status"), st.DEGRADED) or {}
+    if (was.get("status"), was.get("reason"), was.get("message")) != ("True", reason, message):
+        outcome.events.append(Event("Warning", reason, message))
+    return outcome
+
+
+async def _write_status(
+    client: KubeClient, owner: Owner, body: dict[str, Any], build: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any] | None:
+    """Write build(status) if it differs, under an optimistic lock (the resourceVersion we read):
+    the tuner writes status too, and a blind write could drop its latest word. On a conflict,
+    read again and rebuild from the fresh status."""
+    current = body
+    for attempt in range(STATUS_ATTEMPTS):
+        status = current.get("status") or {}
+        patch = st.status_patch(status, build(status))
+        if patch is None:
+            return None
+        version = current["metadata"].get("resourceVersion")
+        try:
+            await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, patch, resource_version=version)
+            return patch
+        except ApiError as err:
+            if err.status != 409 or attempt == STATUS_ATTEMPTS - 1:
+                raise
+        fresh = await client.get(INFERENCE_SERVICE, owner.namespace, owner.name)
+        if fresh is None or fresh["metadata"].get("uid") != owner.uid:
+            return None  # deleted meanwhile
+        current = fresh
+    return None
+
+
+def _replicas(live: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Each live Deployment's replica count, by pool."""
+    return {
+        obj["metadata"]["labels"][POOL_LABEL]: int(obj["spec"].get("replicas", 1))
+        for obj in live.values()
+        if obj["kind"] == "Deployment" and POOL_LABEL in (obj["metadata"].get("labels") or {})
+    }
+
+
+def _reverted_message(spec: InferenceServiceSpec, reverted: list[str]) -> str:
+    owner = (
+        "the tuner owns replicas and knobs while spec.autotune.enabled is true: steer it through the spec "
+        "(slo, minReplicas/maxReplicas, bounds)"
+        if spec.autotune.enabled
+        else "the InferenceService's spec owns them: edit it instead"
+    )
+    return f"set back what was edited outside the InferenceService ({'; '.join(reverted)}); {owner}"
+
+
+def _pool_states(owner: Owner, spec: InferenceServiceSpec, applied: ApplyResult) -> list[st.PoolState]:
+    states = []
+    for pool in spec.deployed_pools:
+        deployment = applied.live.get(f"Deployment/{pool_object_name(owner, pool)}")
+        replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
+        states.append(st.PoolState.of(pool, replicas, deployment))
+    return states
+
+
+async def _pods_trouble(client: KubeClient, owner: Owner, pools: list[st.PoolState]) -> PodTrouble | None:
+    """Why the first pool short of ready pods is stuck, read from its pods (None: only starting)."""
+    for pool in pools:
+        if pool.ready >= pool.replicas:
+            continue
+        try:
+            pods = await client.list(POD, owner.namespace, selector(owner, pool.name))
+        except ApiError as err:
+            if err.retryable:
+                raise
+            return None  # the counts alone still say it is not ready
+        trouble = pod_trouble(pool.name, pods)
+        if trouble is not None:
+            return trouble
+    return None
+
+
+def _pool_status(
+    owner: Owner, spec: InferenceServiceSpec, tuner: TunerState | None, pools: list[st.PoolState]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pool in pools:
+        entry: dict[str, Any] = {"replicas": pool.replicas, "readyReplicas": pool.ready}
+        if pool.name != "router":
+            engine = effective_engine(spec, pool.name, tuner)
+            entry["knobs"] = {knob: getattr(engine, attr) for knob, attr in st.REPORTED_KNOBS.items()}
+        out[pool.name] = entry
+    return out
+
+
+def _batch(spec: InferenceServiceSpec, tuner: TunerState | None) -> int:
+    pool = "decode" if spec.mode == "disaggregated" else "colocated"
+    return effective_engine(spec, pool, tuner).max_batch_size
+
+
+def _tuner_condition(spec: InferenceServiceSpec, status: dict[str, Any]) -> list[st.Condition]:
+    if not spec.autotune.enabled:
+        return [st.Condition(st.TUNER_ACTIVE, "False", "Disabled", "spec.autotune.enabled is false")]
+    current = st.condition_of(status, st.TUNER_ACTIVE)
+    if current is None or current.get("reason") == "Disabled":
+        return [st.Condition(st.TUNER_ACTIVE, "Unknown", "AwaitingMetrics", "the tuner has not reported yet")]
+    return []  # the tuner's own word stands

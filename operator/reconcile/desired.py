@@ -1,0 +1,493 @@
+"""Reconcile: a pure function from an InferenceService (spec plus tuner state) to the objects
+that should exist. No API calls here; apply.py writes the difference.
+
+Per serving pool (colocated, or prefill and decode): an engine ConfigMap, a Deployment, a headless
+Service (one DNS record per ready pod: how the router and direct scraping find pods) and a
+PodDisruptionBudget. Disaggregated adds the router Deployment and its PDB, and the router's own
+ServiceAccount with a Role that reads the pools' EndpointSlices (how it finds the prefill and
+decode pods that are ready, as they come and go); every role of it reads the KV-transfer token
+from the spec's Secret or, where it names none, from the one kv_secret.py makes. The Service named like
+the InferenceService is the client endpoint (colocated pods, or the router). A PodMonitor comes
+along when the Prometheus operator is installed.
+
+Knob changes only touch each pool's engine ConfigMap, which pods watch and apply live; the pod
+template carries a checksum of the start-up-only fields alone, so a knob change never restarts
+a pod. Replica changes only touch Deployment.spec.replicas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from llmfleet.operator.reconcile.apply import EXTERNAL, REPLICAS_OWNER
+from llmfleet.operator.resource.spec import (
+    MODELS_DIR,
+    POOL_NAMES,
+    TUNABLE_KNOBS,
+    InferenceServiceSpec,
+    KVTransferSecret,
+    PodOptions,
+    Pool,
+    knob_range,
+)
+from llmfleet.server.config import EngineConfig, ValidationError
+
+SERVER_PORT = 8000
+CONFIG_DIR = "/etc/llm-fleet"
+CONFIG_KEY = "engine.yaml"
+DRAIN_SECONDS = 30  # `serve --drain-timeout`: in-flight streams get this long after SIGTERM
+PRE_STOP_SECONDS = 5  # endpoints drop the pod before it stops accepting
+STARTUP_PROBE_PERIOD = 5  # seconds between /ready checks while a server loads
+# The servers' probes past start-up (the local fleet plays them too); timeoutSeconds is 1 where unset
+READINESS_PROBE = {"periodSeconds": 5, "failureThreshold": 2}
+LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
+GRACE_SECONDS = PRE_STOP_SECONDS + DRAIN_SECONDS + 10
+RUN_AS_USER = 65532
+
+OWNER_LABEL = "llmfleet.io/inference-service"
+POOL_LABEL = "llmfleet.io/pool"
+MANAGED_BY = "llm-fleet-operator"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+RESTART_CHECKSUM = "llmfleet.io/restart-checksum"
+
+# Children are named "<name>" and "<name>-<pool>"; Services among them, whose names must be
+# DNS-1035 labels (a letter first, no dots, at most 63 characters). KServe asks the same of its names.
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = 63 - max(len(f"-{pool}") for pool in (*POOL_NAMES, "router"))
+
+
+@dataclass
+class TunerState:
+    """What the tuner owns: current replicas and knobs per pool (spec bounds still win).
+
+    It lives in the InferenceService's ``status.tuner``: {replicas: {pool: n}, knobs: {pool:
+    {maxBatchSize: 48, batchTimeoutMs: 5, maxNumBatchedTokens: 2048}}}.
+    """
+
+    replicas: dict[str, int] = field(default_factory=dict)
+    knobs: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> camelCase knob -> value
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any] | None) -> TunerState:
+        tuner = (status or {}).get("tuner") or {}
+        return cls(replicas=dict(tuner.get("replicas") or {}), knobs=dict(tuner.get("knobs") or {}))
+
+
+@dataclass(frozen=True)
+class Owner:
+    name: str
+    namespace: str
+    uid: str
+    api_version: str = "llmfleet.io/v1alpha1"
+    kind: str = "InferenceService"
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def owner_labels(owner: Owner) -> dict[str, str]:
+    """On every child: how the operator lists what it owns."""
+    return {
+        "app.kubernetes.io/name": "llm-fleet",
+        "app.kubernetes.io/instance": owner.name,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        OWNER_LABEL: owner.name,
+    }
+
+
+def labels(owner: Owner, pool: str) -> dict[str, str]:
+    return {**owner_labels(owner), "app.kubernetes.io/component": pool, POOL_LABEL: pool}
+
+
+def selector(owner: Owner, pool: str | None = None) -> dict[str, str]:
+    """Pod selector of one pool, or (pool=None) the label query for all of the owner's children."""
+    return {OWNER_LABEL: owner.name} if pool is None else {OWNER_LABEL: owner.name, POOL_LABEL: pool}
+
+
+def name_problem(name: str) -> str | None:
+    """Why an InferenceService cannot have this name (its Services would be rejected), or None."""
+    if re.fullmatch(NAME_PATTERN, name) and len(name) <= MAX_NAME_LENGTH:
+        return None
+    return (
+        f"name {name!r} cannot name this fleet's Services: use at most {MAX_NAME_LENGTH} characters "
+        "(lower-case letters, digits and '-', a letter first, no dots)"
+    )
+
+
+def pool_object_name(owner: Owner, pool: str) -> str:
+    return f"{owner.name}-{pool}"
+
+
+def generated_kv_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferSecret | None:
+    """The KV-transfer token Secret the operator makes (kv_secret.py): a disaggregated fleet's
+    whose spec names none; None otherwise (a colocated fleet makes no transfers)."""
+    if spec.kv_transfer_secret is not None or spec.mode != "disaggregated":
+        return None
+    return KVTransferSecret(name=f"{owner.name}-kv-transfer")
+
+
+def kv_transfer_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferSecret | None:
+    """Where the pods read their KV-transfer token: the spec's Secret, else the generated one."""
+    return spec.kv_transfer_secret or generated_kv_secret(owner, spec)
+
+
+def effective_engine(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> EngineConfig:
+    """The pool's engine config: spec knobs, overridden by the tuner's, clamped to spec bounds."""
+    pool_spec = spec.pool(pool)
+    config = pool_spec.engine_config()  # validate_assignment: each setattr below is checked
+    tuned = (tuner.knobs.get(pool) if tuner else None) or {}
+    for knob, attr in TUNABLE_KNOBS.items():
+        for value in (tuned.get(knob), getattr(config, attr)):  # the tuner's value, else the spec's
+            if value is None:
+                continue
+            bound = pool_spec.bounds.get(knob)
+            try:
+                if bound is not None:  # whole numbers within a fractional bound, as the tuner reads it
+                    low, high = knob_range(knob, *bound.limits())
+                    value = min(max(value, low), high)
+                setattr(config, attr, type(getattr(config, attr))(value))
+                break
+            except (ValidationError, TypeError, ValueError):  # outside what the engine accepts
+                continue
+    return config
+
+
+def effective_replicas(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> int:
+    pool_spec = spec.pool(pool)
+    wanted = tuner.replicas.get(pool) if tuner and pool in tuner.replicas else pool_spec.initial_replicas
+    return max(pool_spec.min_replicas, min(pool_spec.max_replicas, int(wanted)))
+
+
+def desired_objects(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    tuner: TunerState | None = None,
+    *,
+    pod_monitor: bool = False,
+    pod_monitor_labels: dict[str, str] | None = None,
+    serving: str | None = None,
+    scaled: Mapping[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Every object the InferenceService needs. ``pod_monitor``: add a PodMonitor (the Prometheus
+    operator is installed), with ``pod_monitor_labels`` on it (how that Prometheus selects them,
+    e.g. ``release: kube-prometheus-stack``). ``serving``: the pool the client Service selects
+    instead of the spec's entry pool (handover.py). ``scaled``: each existing Deployment's replicas
+    per pool, which stand where an external autoscaler owns them (spec.externalAutoscaler)."""
+    objects: list[dict[str, Any]] = []
+    for pool in spec.active_pools:
+        engine = effective_engine(spec, pool, tuner)
+        objects.append(_config_map(owner, pool, engine))
+        objects.append(_deployment(owner, spec, pool, engine, effective_replicas(spec, pool, tuner)))
+        objects.append(_service(owner, pool_object_name(owner, pool), pool, headless=True))
+        objects.append(_pdb(owner, pool))
+    if spec.mode == "disaggregated":
+        objects.extend(_router_account(owner))
+        objects.append(_router_deployment(owner, spec))
+        objects.append(_pdb(owner, "router"))
+    # the client endpoint: the entry pool, or the old mode's while a mode switch hands over
+    objects.append(_service(owner, owner.name, serving or spec.entry_pool, headless=False))
+    if pod_monitor:
+        objects.append(_pod_monitor(owner, pod_monitor_labels or {}))
+    if spec.external_autoscaler:
+        for deployment in (o for o in objects if o["kind"] == "Deployment"):
+            _scaled_externally(deployment, (scaled or {}).get(deployment["metadata"]["labels"][POOL_LABEL]))
+    return objects
+
+
+def _scaled_externally(deployment: dict[str, Any], replicas: int | None) -> None:
+    """Replicas as the autoscaler left them (the spec's only for a new Deployment), marked so that
+    the applied hash leaves them out: its scaling is no edit to revert, nor a change to apply."""
+    deployment["metadata"]["annotations"] = {REPLICAS_OWNER: EXTERNAL}
+    if replicas is not None:
+        deployment["spec"]["replicas"] = replicas
+
+
+def _meta(owner: Owner, name: str, object_labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": object_labels,
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def _config_map(owner: Owner, pool: str, engine: EngineConfig) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, f"{pool_object_name(owner, pool)}-engine", labels(owner, pool)),
+        "data": {CONFIG_KEY: engine.to_yaml()},
+    }
+
+
+def restart_checksum(engine: EngineConfig) -> str:
+    """Hash of the start-up-only fields: the only engine change that must roll the pods."""
+    fields = {name: getattr(engine, name) for name in sorted(EngineConfig.restart_fields())}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _server_container(
+    owner: Owner, spec: InferenceServiceSpec, role: str, args: list[str], resources: dict
+) -> dict[str, Any]:
+    def http_get(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}}
+
+    return {
+        "name": "server",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["llm-fleet"],
+        "args": ["serve", "--role", role, "--host", "0.0.0.0", "--port", str(SERVER_PORT), *args],
+        "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
+        # Loading weights can take minutes: the startup probe holds liveness off until /ready.
+        "startupProbe": {
+            **http_get("/ready"),
+            "periodSeconds": STARTUP_PROBE_PERIOD,
+            "failureThreshold": math.ceil(spec.pod.startup_timeout_seconds / STARTUP_PROBE_PERIOD),
+        },
+        "readinessProbe": {**http_get("/ready"), **READINESS_PROBE},
+        "livenessProbe": {**http_get("/health"), **LIVENESS_PROBE},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
+        "resources": resources,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "env": [
+            {"name": "LLMFLEET_CACHE", "value": "/tmp/llm-fleet"},  # built-in models are created here
+            {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *_secret_env(owner, spec),
+            *spec.pod.env,
+        ],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def _secret_env(owner: Owner, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """From Secrets, for every role: VLLM_API_KEY (its --api-key) and the fleet's KV-transfer token."""
+    named = (("VLLM_API_KEY", spec.api_key_secret), ("LLMFLEET_KV_TRANSFER_TOKEN", kv_transfer_secret(owner, spec)))
+    return [
+        {"name": env, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
+        for env, secret in named
+        if secret is not None
+    ]
+
+
+def _pod_template(
+    owner: Owner, pool: str, container: dict, volumes: list[dict], pool_spec: Pool | None, pod: PodOptions
+) -> dict:
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
+        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,  # the engine servers never call the API
+        # Spread replicas over nodes where possible: one node going away takes few of them.
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector(owner, pool)},
+            }
+        ],
+    }
+    if pool_spec is not None and pool_spec.node_selector:
+        spec["nodeSelector"] = dict(pool_spec.node_selector)
+    if pool_spec is not None and pool_spec.tolerations:
+        spec["tolerations"] = [dict(t) for t in pool_spec.tolerations]
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in pod.image_pull_secrets]
+    if pod.priority_class_name:
+        spec["priorityClassName"] = pod.priority_class_name
+    if pod.affinity:
+        spec["affinity"] = dict(pod.affinity)
+    if pool != "router":  # the router reads EndpointSlices with an account of its own, and needs no GPU
+        if pod.service_account_name:
+            spec["serviceAccountName"] = pod.service_account_name
+        if pod.runtime_class_name:
+            spec["runtimeClassName"] = pod.runtime_class_name
+    metadata: dict[str, Any] = {"labels": {**pod.labels, **labels(owner, pool)}}
+    if pod.annotations:
+        metadata["annotations"] = dict(pod.annotations)
+    return {"metadata": metadata, "spec": spec}
+
+
+def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict, pod: PodOptions) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, pool_object_name(owner, pool), labels(owner, pool)),
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector(owner, pool)},
+            # By default never below the serving capacity: new pods start before old ones drain.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": pod.max_unavailable, "maxSurge": pod.max_surge},
+            },
+            "template": template,
+        },
+    }
+
+
+def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: EngineConfig, replicas: int) -> dict:
+    pool_spec = spec.pool(pool)
+    args = [
+        *spec.model.server_args,
+        "--served-model-name",
+        spec.model.name or owner.name,
+        "--config",
+        f"{CONFIG_DIR}/{CONFIG_KEY}",
+        "--drain-timeout",
+        str(DRAIN_SECONDS),
+    ]
+    container = _server_container(owner, spec, pool, args, pool_spec.resources)
+    container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
+    volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]
+    if spec.model.volume:
+        source = {key: value for key, value in spec.model.volume.items() if key != "name"}  # the mount names it
+        volumes.append({"name": "models", **source})
+        container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
+    template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod)
+    template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)
+    return _deployment_object(owner, pool, replicas, template, spec.pod)
+
+
+def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    args = [
+        "--served-model-name",
+        spec.model.name or owner.name,
+        "--prefill-service",
+        pool_object_name(owner, "prefill"),
+        "--decode-service",
+        pool_object_name(owner, "decode"),
+        "--router-policy",
+        spec.router.policy,
+        "--drain-timeout",
+        str(DRAIN_SECONDS),
+    ]
+    container = _server_container(owner, spec, "router", args, spec.router.resources)
+    template = _pod_template(owner, "router", container, [], None, spec.pod)
+    # Only the router calls the API (EndpointSlices), with a token of its own account.
+    template["spec"]["serviceAccountName"] = router_account_name(owner)
+    template["spec"]["automountServiceAccountToken"] = True
+    return _deployment_object(owner, "router", spec.router.replicas, template, spec.pod)
+
+
+def router_account_name(owner: Owner) -> str:
+    return pool_object_name(owner, "router")
+
+
+def _router_account(owner: Owner) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding: the router may read EndpointSlices, nothing else."""
+    name = router_account_name(owner)
+    meta = _meta(owner, name, labels(owner, "router"))
+    rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        },
+    ]
+
+
+def client_url(owner: Owner) -> str:
+    """Where clients in the cluster send requests: the client Service (KServe's status.url)."""
+    return f"http://{owner.name}.{owner.namespace}.svc.cluster.local:{SERVER_PORT}"
+
+
+def _service(owner: Owner, name: str, pool: str, *, headless: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": selector(owner, pool),
+        "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http", "protocol": "TCP"}],
+    }
+    if headless:
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(owner, name, labels(owner, pool)), "spec": spec}
+
+
+def _pdb(owner: Owner, pool: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, pool_object_name(owner, pool), labels(owner, pool)),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector(owner, pool)},
+            # A pod that never became ready may always be evicted (it serves nothing).
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def _pod_monitor(owner: Owner, extra_labels: dict[str, str]) -> dict[str, Any]:
+    def copy_label(source: str, target: str) -> dict[str, Any]:
+        return {"sourceLabels": [source], "targetLabel": target, "action": "replace"}
+
+    relabelings = [
+        copy_label("__meta_kubernetes_pod_label_llmfleet_io_inference_service", "inference_service"),
+        copy_label("__meta_kubernetes_pod_label_llmfleet_io_pool", "pool"),
+        copy_label("__meta_kubernetes_namespace", "namespace"),
+        copy_label("__meta_kubernetes_pod_name", "pod"),
+    ]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _meta(owner, owner.name, {**extra_labels, **owner_labels(owner)}),
+        "spec": {
+            "selector": {"matchLabels": selector(owner)},
+            "podMetricsEndpoints": [
+                {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabelings}
+            ],
+        },
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Readable manifests: no YAML anchors, multi-line strings (engine.yaml) as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(objects: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False)

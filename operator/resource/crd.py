@@ -1,0 +1,592 @@
+"""Generate crds/inferenceservice.yaml. The engine knob schema comes from the server's
+EngineConfig, so the CRD can never drift from what the pods accept.
+
+    python -m llmfleet.operator.resource.crd > crds/inferenceservice.yaml
+
+Every field has a type and a description (`kubectl explain llmis.spec.pools.decode.bounds`);
+cross-field rules are CEL `x-kubernetes-validations`, enforced by the API server (1.25+). The
+operator re-checks what it needs (spec.py) and reports a Degraded condition instead of crashing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from llmfleet.operator.reconcile.desired import MAX_NAME_LENGTH, NAME_PATTERN
+from llmfleet.operator.resource.spec import (
+    CHAT_TEMPLATE_MAX,
+    REASONING_PARSERS,
+    ROUTER_POLICIES,
+    TOOL_CALL_PARSERS,
+    TUNABLE_KNOBS,
+)
+from llmfleet.operator.resource.spec import DNS_SUBDOMAIN as DNS_NAME
+from llmfleet.server.config import DTYPE_ALIASES, EngineConfig
+
+GROUP = "llmfleet.io"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SHORT_NAMES = ["llmis", "llmsvc"]
+DEFAULT_IMAGE = "ghcr.io/llm-fleet/llm-fleet:0.1.0"
+MIN_LE_MAX = "!has(self.min) || !has(self.max) || self.min <= self.max"
+
+
+def _obj(description: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "description": description, "properties": properties, **extra}
+
+
+def _int(description: str, minimum: int | None = None, default: int | None = None, **extra: Any) -> dict:
+    out: dict[str, Any] = {"type": "integer", "description": description, **extra}
+    if minimum is not None:
+        out["minimum"] = minimum
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def _str(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+# The API server's rules for the names a pod refers to (a Secret, a ServiceAccount, a class) and for
+# a Secret's keys: refused here, by kubectl apply, rather than in the Deployment after other objects.
+DNS_SUBDOMAIN = {"pattern": f"^{DNS_NAME}$", "maxLength": 253}
+SECRET_KEY = {"pattern": r"^[-._a-zA-Z0-9]+$", "maxLength": 253}
+
+
+def _name(description: str, **extra: Any) -> dict[str, Any]:
+    return _str(description, **DNS_SUBDOMAIN, **extra)
+
+
+def _map(description: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "description": description, "additionalProperties": values}
+
+
+def _preserve(description: str) -> dict[str, Any]:
+    return {"type": "object", "description": description, "x-kubernetes-preserve-unknown-fields": True}
+
+
+# -- engine knobs ---------------------------------------------------------------------------------
+
+
+def engine_schema() -> dict[str, Any]:
+    """EngineConfig's fields as a structural schema (camelCase, no $refs, no nulls)."""
+    source = EngineConfig.model_json_schema(by_alias=True)
+    defs = source.get("$defs", {})
+    props = {name: _structural(field, defs) for name, field in source["properties"].items()}
+    props["dtype"]["enum"] = [*props["dtype"]["enum"], *DTYPE_ALIASES]  # vLLM's spellings, as the server takes them
+    return _obj(
+        "Initial engine knobs of this pool (the server's EngineConfig, camelCase). The operator writes "
+        "them to the pool's engine ConfigMap; pods apply live knobs at their next step, without a restart. "
+        "Start-up-only knobs roll the pods.",
+        props,
+    )
+
+
+def _structural(field: dict, defs: dict) -> dict:
+    field = dict(field)
+    if "$ref" in field:
+        field = {**defs[field.pop("$ref").split("/")[-1]], **field}
+    if "anyOf" in field:  # Optional[X]: keep X (absent means default)
+        options = [o for o in field.pop("anyOf") if o.get("type") != "null"]
+        field = {**_structural(options[0], defs), **field}
+    out: dict[str, Any] = {}
+    for key in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "description"):
+        if key in field:
+            out[key] = field[key]
+    if "const" in field:
+        out["enum"] = [field["const"]]
+    if "default" in field and field["default"] is not None:
+        out["default"] = field["default"]
+    if field.get("restart"):
+        out["description"] = out.get("description", "") + " Start-up only: changing it restarts the pool's pods."
+    if out.get("type") == "number" and isinstance(out.get("default"), int):
+        out["default"] = float(out["default"])
+    return out
+
+
+def _bounds() -> dict[str, Any]:
+    def bound(knob: str) -> dict[str, Any]:
+        return _obj(
+            f"Range of {knob} (inclusive). A side left out is the tuner's default (widened to take in the "
+            "initial value), or the engine's own limit where the given side lies beyond that default; the "
+            "range must hold a value the engine accepts.",
+            {"min": {"type": "number", "minimum": 0}, "max": {"type": "number", "minimum": 0}},
+            **{"x-kubernetes-validations": [{"rule": MIN_LE_MAX, "message": "min must be <= max"}]},
+        )
+
+    return _obj(
+        "Range each tunable knob must stay within: the tuner never crosses it, and an initial knob outside "
+        "it is clamped.",
+        {knob: bound(knob) for knob in TUNABLE_KNOBS},
+    )
+
+
+# -- Kubernetes types the spec embeds -------------------------------------------------------------
+
+_QUANTITY = {
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "x-kubernetes-int-or-string": True,
+    # The API server's own quantity pattern, as in the built-in types' CRD schemas.
+    "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+}
+
+
+def _resources(what: str) -> dict[str, Any]:
+    return _obj(
+        f"Compute resources of {what} (a Kubernetes ResourceRequirements), e.g. limits nvidia.com/gpu: 1.",
+        {
+            "limits": _map("Maximum amount of each resource.", _QUANTITY),
+            "requests": _map("Amount of each resource the scheduler reserves.", _QUANTITY),
+        },
+    )
+
+
+TAINT_EFFECTS = ["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+def _tolerations() -> dict[str, Any]:
+    toleration = _obj(
+        "A Kubernetes toleration.",
+        {
+            "key": _str("Taint key; empty with operator Exists matches all taints."),
+            "operator": _str("How key and value match.", enum=["Exists", "Equal"]),
+            "value": _str("Taint value (operator Equal)."),
+            "effect": _str("Taint effect to tolerate (empty: all).", enum=TAINT_EFFECTS),
+            "tolerationSeconds": _int("How long a NoExecute taint is tolerated."),
+        },
+    )
+    description = "Tolerations for this pool's pods (e.g. GPU node taints)."
+    return {"type": "array", "description": description, "items": toleration}
+
+
+def _pod_options() -> dict[str, Any]:
+    env_var = {
+        **_preserve("A Kubernetes EnvVar: name with value or valueFrom (e.g. a secretKeyRef for HF_TOKEN)."),
+        "properties": {"name": _str("The variable's name.")},
+        "required": ["name"],
+    }
+    return _obj(
+        "Settings of the server pods the operator leaves to you, as in a pod spec; they apply to every pod it "
+        "runs, except serviceAccountName and runtimeClassName, which apply to the engine pools (the router keeps "
+        "its own account and needs no GPU).",
+        {
+            "imagePullSecrets": {
+                "type": "array",
+                "description": "Secrets (names) for pulling the image from a private registry.",
+                "items": {"type": "string", **DNS_SUBDOMAIN},
+                "x-kubernetes-list-type": "set",
+            },
+            "serviceAccountName": _name("ServiceAccount of the engine pods, e.g. for a cloud workload identity."),
+            "priorityClassName": _name("PriorityClass of the pods."),
+            "runtimeClassName": _name("RuntimeClass of the engine pods, e.g. nvidia."),
+            "env": {
+                "type": "array",
+                "description": "More env for the server containers.",
+                "items": env_var,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+            "annotations": _map("Annotations of the pods.", {"type": "string"}),
+            "labels": _map("More labels of the pods (not under llmfleet.io/, the operator's).", {"type": "string"}),
+            "affinity": _preserve("A Kubernetes Affinity for the pods (node, pod and anti-affinity)."),
+            "startupTimeoutSeconds": _int(
+                "How long a server may take to load the model and become ready before the kubelet restarts it "
+                "(the startup probe's budget). Raise it for large models on slow volumes.",
+                minimum=10,
+                default=600,
+            ),
+            "maxSurge": _pods_or_percent(
+                "Pods a rollout may start above the desired count (the Deployments' strategy).", 1
+            ),
+            "maxUnavailable": _pods_or_percent(
+                "Pods a rollout may take below the desired count; with maxSurge 0 and maxUnavailable 1, a "
+                "rollout needs no room (a GPU) for an extra pod.",
+                0,
+            ),
+        },
+        **{
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.maxSurge) && has(self.maxUnavailable)) || "
+                    "!(string(self.maxSurge).matches('^0+%?$') && string(self.maxUnavailable).matches('^0+%?$'))",
+                    "message": "maxSurge and maxUnavailable cannot both be 0",
+                }
+            ]
+        },
+    )
+
+
+def _pods_or_percent(description: str, default: int) -> dict[str, Any]:
+    return {
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "x-kubernetes-int-or-string": True,
+        "minimum": 0,  # for a count; the pattern for a percentage
+        "pattern": "^[0-9]+%$",
+        "description": description,
+        "default": default,
+    }
+
+
+# -- spec -----------------------------------------------------------------------------------------
+
+
+def pool_schema(role: str) -> dict[str, Any]:
+    schema = _obj(
+        f"The {role} pool: one Deployment of `llm-fleet serve --role {role}`.",
+        {
+            "minReplicas": _int(
+                "Fewest replicas the tuner may run; it never runs fewer than 1 (a pool of none reports no "
+                "metrics to bring it back): 0 scales to zero only with autotune disabled.",
+                minimum=0,
+                default=1,
+            ),
+            "maxReplicas": _int("Most replicas the tuner may run.", minimum=1, default=4),
+            "replicas": _int("Initial replicas (default: minReplicas); the tuner moves it within min/max.", 0),
+            "resources": _resources("each server container"),
+            "engine": engine_schema(),
+            "bounds": _bounds(),
+            "nodeSelector": _map("Node labels the pods must run on.", {"type": "string"}),
+            "tolerations": _tolerations(),
+        },
+    )
+    schema["x-kubernetes-validations"] = [
+        {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must be <= maxReplicas"},
+        {
+            "rule": "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
+            "message": "replicas must lie within [minReplicas, maxReplicas]",
+        },
+    ]
+    return schema
+
+
+def spec_schema() -> dict[str, Any]:
+    model = _obj(
+        "What to serve: a built-in test model, or a model directory (usually on a mounted volume).",
+        {
+            "name": _str("Model id in the OpenAI API (default: the InferenceService's name)."),
+            "builtin": _str(
+                "A built-in random-weight model, created in the pod (for trying the stack).", enum=["tiny", "small"]
+            ),
+            "path": _str("Model directory inside the container, e.g. /models/llama-3 (under /models with a volume)."),
+            "volume": _preserve(
+                "A Kubernetes volume source holding the model, mounted read-only at /models, e.g. "
+                "{persistentVolumeClaim: {claimName: llama}}, {hostPath: {path: /data/models}} or {emptyDir: {}}."
+            ),
+            "toolCallParser": _str(
+                "The model's tool-call format, as vLLM's --tool-call-parser: with it, tool_choice 'auto' (the "
+                "default when a request gives tools) returns the calls the model writes as tool_calls. hermes: "
+                "Hermes 2 Pro, Qwen 2.5 and 3; llama3_json: Llama 3.1 and later; pythonic: Llama 3.2 and 4 with their "
+                "pythonic template; mistral: Mistral 7B v0.3, Nemo, Small. Unset, 'auto' is refused.",
+                enum=list(TOOL_CALL_PARSERS),
+            ),
+            "reasoningParser": _str(
+                "The model's thinking format, as vLLM's --reasoning-parser: with it, chat replies carry the "
+                "<think> text as reasoning_content, apart from the content, and a structured-output grammar holds "
+                "the answer after the thinking. deepseek_r1: DeepSeek R1, its distills, QwQ; qwen3: Qwen3.",
+                enum=list(REASONING_PARSERS),
+            ),
+            "chatTemplate": _str(
+                "The chat template (Jinja), as vLLM's --chat-template: replaces the tokenizer's own, for a model "
+                "that ships none or one you need to change. Unset, the model's template applies.",
+                minLength=1,
+                maxLength=CHAT_TEMPLATE_MAX,
+            ),
+        },
+    )
+    model["x-kubernetes-validations"] = [
+        {"rule": "has(self.builtin) != has(self.path)", "message": "set exactly one of builtin or path"},
+        {
+            "rule": "!has(self.volume) || !has(self.path) || self.path == '/models' "
+            "|| self.path.startsWith('/models/')",
+            "message": "with a volume, path must lie under /models, where the volume is mounted",
+        },
+    ]
+    slo = _obj(
+        "Latency objectives the tuner holds the fleet to, at the lowest cost.",
+        {
+            "ttftP95Ms": {"type": "number", "minimum": 1, "description": "p95 time to first token, milliseconds."},
+            "itlP95Ms": {"type": "number", "minimum": 1, "description": "p95 inter-token latency, milliseconds."},
+            "windowSeconds": _int(
+                "The window each p95 is judged over (as an SLO's evaluation period): the tuner adds or keeps "
+                "replicas for latency read over it, while its knobs react to its shorter metric window.",
+                minimum=10,
+                default=60,
+            ),
+        },
+        required=["ttftP95Ms", "itlP95Ms"],
+    )
+    autotune = _obj(
+        "The tuner: batch size, batching window and replicas from live metrics, within the bounds.",
+        {
+            "enabled": {"type": "boolean", "default": True, "description": "Off: the spec's values stand as written."},
+            "intervalSeconds": _int("How often the tuner decides.", minimum=5, default=30),
+            "scaleUpStabilizationSeconds": _int("Look-back window before scaling up (as HPA behavior).", 0, 0),
+            "scaleDownStabilizationSeconds": _int("Look-back window before scaling down (as HPA behavior).", 0, 300),
+            "cooldownSeconds": _int("Least time between two changes of the same pool.", minimum=0, default=60),
+            "headroom": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 0.9,
+                "default": 0.2,
+                "description": "Spare capacity kept above measured demand (0.2: plan for 20% more).",
+            },
+            "prometheusUrl": _str("Prometheus API URL for this service (default: the operator's --prometheus-url)."),
+        },
+    )
+    router = _obj(
+        "The router in front of the prefill and decode pools (disaggregated mode only).",
+        {
+            "replicas": _int("Router replicas.", minimum=1, default=1),
+            "policy": _str(
+                "How the router picks pods: load (the least loaded), round-robin, or prefix (the pod that took the "
+                "longest prefix of the prompt, while its load stays within two queued requests of the least loaded: "
+                "its prefix cache hits).",
+                enum=list(ROUTER_POLICIES),
+                default="load",
+            ),
+            "resources": _resources("each router container"),
+        },
+    )
+    schema = _obj(
+        "The desired serving fleet.",
+        {
+            "model": model,
+            "image": _str("Server image (runs `llm-fleet serve`).", default=DEFAULT_IMAGE, minLength=1),
+            "imagePullPolicy": _str(
+                "Image pull policy.", enum=["Always", "IfNotPresent", "Never"], default="IfNotPresent"
+            ),
+            "slo": slo,
+            "mode": _str(
+                "colocated: one pool does prefill and decode. disaggregated: prefill and decode pools scaled "
+                "apart, with a router in front.",
+                enum=["colocated", "disaggregated"],
+                default="colocated",
+            ),
+            "pools": _obj(
+                "The serving pools: colocated, or prefill and decode.",
+                {role: pool_schema(role) for role in ("colocated", "prefill", "decode")},
+                default={},
+            ),
+            "autotune": {**autotune, "default": {}},
+            "router": {**router, "default": {}},
+            "pod": {**_pod_options(), "default": {}},
+            "externalAutoscaler": {
+                "type": "boolean",
+                "default": False,
+                "description": "An HPA, KEDA or kubectl scale owns the replica counts of the Deployments "
+                "(pools and router): the operator sets them only when it creates one (replicas, else "
+                "minReplicas) and never reverts them. Needs autotune.enabled false.",
+            },
+            "apiKeySecret": _obj(
+                "A Secret key holding an API key, as vLLM's --api-key: clients send it as "
+                "'Authorization: Bearer <key>' on /v1 paths, and the pods' own calls to each other carry "
+                "it. Probes and Prometheus scrapes need none.",
+                {
+                    "name": _name("The Secret, in the InferenceService's namespace."),
+                    "key": _str("The key within it.", default="api-key", **SECRET_KEY),
+                },
+                required=["name"],
+            ),
+            "kvTransferSecret": _obj(
+                "A Secret key holding a random token the router and the prefill and decode servers share: "
+                "KV transfers (kv_transfer_params, /v1/kv) then need it, so a client holding the API key "
+                "cannot send a decode server KV of its own making or have it fetch from another URL. "
+                "Unset, a disaggregated fleet gets one of its own: the operator makes the Secret "
+                "<name>-kv-transfer (key token) once, with a random token.",
+                {
+                    "name": _name("The Secret, in the InferenceService's namespace."),
+                    "key": _str("The key within it.", default="token", **SECRET_KEY),
+                },
+                required=["name"],
+            ),
+        },
+        required=["model", "slo"],
+    )
+    schema["x-kubernetes-validations"] = [
+        {
+            "rule": "self.mode != 'disaggregated' || (has(self.pools.prefill) && has(self.pools.decode))",
+            "message": "disaggregated mode needs pools.prefill and pools.decode",
+        },
+        {
+            "rule": "!has(self.externalAutoscaler) || !self.externalAutoscaler || "
+            "(has(self.autotune) && has(self.autotune.enabled) && !self.autotune.enabled)",
+            "message": "externalAutoscaler needs autotune.enabled: false (the tuner scales the pools itself)",
+        },
+    ]
+    return schema
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+def status_schema() -> dict[str, Any]:
+    condition = _obj(
+        "Ready, Progressing, Degraded or TunerActive.",
+        {
+            "type": _str("Condition type."),
+            "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": _str("Machine-readable reason, CamelCase."),
+            "message": _str("Human-readable details."),
+            "lastTransitionTime": _str("When status last changed.", format="date-time"),
+            "observedGeneration": _int("The metadata.generation this condition describes."),
+        },
+        required=["type", "status"],
+    )
+    knobs = _obj(
+        "Live values of the tunable knobs.",
+        {knob: {"type": "number", "description": f"Current {knob}."} for knob in TUNABLE_KNOBS},
+    )
+    pool = _obj(
+        "One pool as it runs now.",
+        {
+            "replicas": _int("Desired replicas."),
+            "readyReplicas": _int("Replicas passing their readiness probe."),
+            "knobs": knobs,
+        },
+    )
+    tuner = _obj(
+        "What the tuner owns; reconcile applies it within the spec's bounds and min/max replicas.",
+        {
+            "replicas": _map("Replicas per pool.", {"type": "integer", "minimum": 0}),
+            "knobs": _map("Knobs per pool.", {"type": "object", "additionalProperties": {"type": "number"}}),
+            "memory": _preserve("The tuner's own bookkeeping between runs (stabilization history); opaque."),
+        },
+    )
+    latency = _obj(
+        "The last measured p95 latencies, milliseconds.",
+        {
+            "ttftP95Ms": {"type": "number", "description": "p95 time to first token, as clients see it."},
+            "ttftFrom": _str(
+                "Where ttftP95Ms was read: the router (disaggregated: it times the whole wait), the prefill "
+                "and decode pools' p95s added (while the router has too few first tokens in its window), the "
+                "prefill pool alone (the decode pool's unknown too), or the colocated pool.",
+                enum=["router", "prefill+decode", "prefill", "colocated"],
+            ),
+            "itlP95Ms": {"type": "number", "description": "p95 inter-token latency."},
+            "queueP95Ms": {"type": "number", "description": "p95 time waiting in the queue."},
+            "at": _str("When they were measured.", format="date-time"),
+        },
+    )
+    decision = _obj(
+        "The tuner's last decision.",
+        {
+            "time": _str("When it was made.", format="date-time"),
+            "changes": {
+                "type": "array",
+                "description": "What changed: pool, knob or replicas, from and to.",
+                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+            "reason": _str("Why, in words."),
+            "inputs": _preserve("The numbers it decided from."),
+        },
+    )
+    return _obj(
+        "What the operator and the tuner observed.",
+        {
+            "conditions": {
+                "type": "array",
+                "description": "Ready, Progressing, Degraded, TunerActive.",
+                "items": condition,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "observedGeneration": _int("The metadata.generation the operator last acted on."),
+            "ready": _str("Ready replicas / desired replicas, all pools."),
+            "url": _str("Where clients in the cluster send OpenAI API requests: the client Service."),
+            "batch": _int("maxBatchSize of the decode (or colocated) pool."),
+            "pools": _map("Per pool: colocated, prefill, decode, router.", pool),
+            "handoverPool": _str(
+                "During a mode switch: the old mode's entry pool, which clients stay on until the new pools are ready."
+            ),
+            "tuner": tuner,
+            "latency": latency,
+            "lastDecision": decision,
+        },
+    )
+
+
+def crd() -> dict[str, Any]:
+    columns = [
+        ("Mode", "string", ".spec.mode", "colocated or disaggregated"),
+        ("Ready", "string", ".status.ready", "ready / desired replicas"),
+        ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason', "why Ready is what it is"),
+        ("Prefill", "integer", ".status.pools.prefill.replicas", "prefill replicas"),
+        ("Decode", "integer", ".status.pools.decode.replicas", "decode replicas"),
+        ("Batch", "integer", ".status.batch", "decode (or colocated) maxBatchSize"),
+        ("TTFT-p95", "number", ".status.latency.ttftP95Ms", "measured p95 time to first token, ms"),
+        ("ITL-p95", "number", ".status.latency.itlP95Ms", "measured p95 inter-token latency, ms"),
+        ("Age", "date", ".metadata.creationTimestamp", ""),
+        ("URL", "string", ".status.url", "the OpenAI API endpoint in the cluster", 1),  # -o wide
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/name": "llm-fleet"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": SHORT_NAMES,
+                "categories": ["llm-fleet"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": n, "type": t, "jsonPath": p, **({"description": d} if d else {})}
+                        | ({"priority": wide[0]} if wide else {})
+                        for n, t, p, d, *wide in columns
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": _obj(
+                            "An LLM serving fleet held to latency SLOs at the lowest cost.",
+                            {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": _metadata(),
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                            required=["spec"],
+                            **{"x-kubernetes-validations": [_NAME_RULE]},
+                        )
+                    },
+                }
+            ],
+        },
+    }
+
+
+# The operator names Services after the InferenceService (reconcile/desired.py): it must be a DNS-1035
+# label, short enough for the longest suffix. maxLength also bounds the rule's CEL cost.
+_NAME_RULE = {
+    "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{NAME_PATTERN}')",
+    "message": f"the name must be at most {MAX_NAME_LENGTH} characters of lower-case letters, digits and '-', "
+    "starting with a letter, with no dots: the operator names Services after it",
+}
+
+
+def _metadata() -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"type": "string", "maxLength": MAX_NAME_LENGTH}}}
+
+
+def render() -> str:
+    header = "# Generated by `python -m llmfleet.operator.resource.crd`; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

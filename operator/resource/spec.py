@@ -1,0 +1,385 @@
+"""The InferenceService spec as the operator reads it (mirrors crds/inferenceservice.yaml).
+
+The CRD schema rejects most bad input at the API server; ``SpecError`` covers what it lets
+through but the operator cannot serve. Its message becomes a Degraded condition's message.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal, get_args
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.chat_template import template_problem
+
+POOL_NAMES = ("colocated", "prefill", "decode")
+MODELS_DIR = "/models"  # where model.volume is mounted
+# A container argument is at most 128 KiB (the kernel's MAX_ARG_STRLEN): 32 Ki characters of
+# up to 4 UTF-8 bytes each fit in it.
+CHAT_TEMPLATE_MAX = 32768
+ToolCallParserName = Literal["hermes", "llama3_json", "mistral", "pythonic"]  # the server's --tool-call-parser choices
+TOOL_CALL_PARSERS = get_args(ToolCallParserName)
+ReasoningParserName = Literal["deepseek_r1", "qwen3"]  # the server's --reasoning-parser choices
+REASONING_PARSERS = get_args(ReasoningParserName)
+RouterPolicy = Literal["load", "round-robin", "prefix"]  # the router's --router-policy choices
+ROUTER_POLICIES = get_args(RouterPolicy)
+TUNABLE_KNOBS = {
+    "maxBatchSize": "max_batch_size",
+    "batchTimeoutMs": "batch_timeout_ms",
+    "maxNumBatchedTokens": "max_num_batched_tokens",
+}
+
+
+def knob_range(knob: str, low: float, high: float) -> tuple[float, float]:
+    """[low, high] cut to what EngineConfig accepts for the knob, to whole numbers for an integer
+    knob. May come out empty (low > high): no value the engine takes lies in it."""
+    field = EngineConfig.model_fields[TUNABLE_KNOBS[knob]]
+    for item in field.metadata:
+        low = max(low, float(getattr(item, "ge", low)))
+        high = min(high, float(getattr(item, "le", high)))
+    if is_integer_knob(knob):
+        low, high = float(math.ceil(low)), float(math.floor(high))
+    return low, high
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot serve: reason (CamelCase) and a readable message."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class ModelSource(_Model):
+    name: str | None = None
+    builtin: Literal["tiny", "small"] | None = None
+    path: str | None = None
+    volume: dict[str, Any] | None = None
+    tool_call_parser: ToolCallParserName | None = None  # tool_choice 'auto', as vLLM's flag
+    reasoning_parser: ReasoningParserName | None = None  # thinking apart in chat replies, as vLLM's flag
+    chat_template: str | None = Field(None, min_length=1, max_length=CHAT_TEMPLATE_MAX)  # as vLLM's flag
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_parses(cls, value: str | None) -> str | None:
+        problem = None if value is None else template_problem(value)
+        if problem is not None:
+            raise ValueError(f"model.chatTemplate is no chat template: {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if (self.builtin is None) == (self.path is None):
+            raise ValueError("set exactly one of model.builtin or model.path")
+        if self.path is not None and not self.path.startswith("/"):
+            raise ValueError(f"model.path must be absolute inside the container, got {self.path!r}")
+        if self.volume and self.path is not None and not (self.path + "/").startswith(MODELS_DIR + "/"):
+            raise ValueError(f"model.path {self.path!r} is outside the model volume, which is mounted at {MODELS_DIR}")
+        return self
+
+    @property
+    def server_arg(self) -> str:
+        """The server's --model."""
+        return f"builtin:{self.builtin}" if self.builtin else str(self.path)
+
+    @property
+    def server_args(self) -> list[str]:
+        """What a model server is started with to serve this model."""
+        args = ["--model", self.server_arg]
+        if self.tool_call_parser:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        if self.reasoning_parser:
+            args += ["--reasoning-parser", self.reasoning_parser]
+        if self.chat_template:
+            args += ["--chat-template", self.chat_template]
+        return args
+
+
+class Bound(_Model):
+    min: float | None = None
+    max: float | None = None
+
+    def limits(self) -> tuple[float, float]:
+        """(min, max), a missing side unbounded."""
+        return (-math.inf if self.min is None else self.min, math.inf if self.max is None else self.max)
+
+
+def is_integer_knob(knob: str) -> bool:
+    return EngineConfig.model_fields[TUNABLE_KNOBS[knob]].annotation is int
+
+
+class Pool(_Model):
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    replicas: int | None = Field(None, ge=0)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    engine: dict[str, Any] = Field(default_factory=dict)
+    bounds: dict[str, Bound] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Pool:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas {self.min_replicas} > maxReplicas {self.max_replicas}")
+        for knob, bound in self.bounds.items():
+            if knob not in TUNABLE_KNOBS:
+                raise ValueError(f"bounds.{knob}: not a tunable knob (one of {sorted(TUNABLE_KNOBS)})")
+            if bound.min is not None and bound.max is not None and bound.min > bound.max:
+                raise ValueError(f"bounds.{knob}: min {bound.min} > max {bound.max}")
+            low, high = knob_range(knob, *bound.limits())
+            if low > high:  # e.g. {min: 10.2, max: 10.8} on an integer knob, or {min: 5000} on maxBatchSize
+                engine_low, engine_high = knob_range(knob, -math.inf, math.inf)
+                raise ValueError(
+                    f"bounds.{knob}: no value the engine accepts lies within it "
+                    f"({'whole numbers ' if is_integer_knob(knob) else ''}from {engine_low:g} to {engine_high:g})"
+                )
+        return self
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.model_validate(self.engine)
+
+    @property
+    def initial_replicas(self) -> int:
+        return self.min_replicas if self.replicas is None else self.replicas
+
+
+class SLO(_Model):
+    ttft_p95_ms: float = Field(gt=0)
+    itl_p95_ms: float = Field(gt=0)
+    window_seconds: int = Field(60, ge=10)  # each p95 is judged over this window
+
+
+class Autotune(_Model):
+    enabled: bool = True
+    interval_seconds: int = Field(30, ge=5)
+    scale_up_stabilization_seconds: int = Field(0, ge=0)
+    scale_down_stabilization_seconds: int = Field(300, ge=0)
+    cooldown_seconds: int = Field(60, ge=0)
+    headroom: float = Field(0.2, ge=0, le=0.9)
+    prometheus_url: str | None = None
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        # a URL no request can be sent to would fail every tuner run; a spec error says so once
+        if value is None:
+            return value
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"prometheusUrl {value!r} is not a URL: {exc}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"prometheusUrl {value!r} is not an http(s) URL like http://prometheus.monitoring:9090")
+        return value
+
+
+class Router(_Model):
+    replicas: int = Field(1, ge=1)
+    policy: RouterPolicy = "load"
+    resources: dict[str, Any] = Field(default_factory=dict)
+
+
+# Env the operator sets on every server container itself (reconcile/desired.py): a pod option may not set them.
+RESERVED_ENV = frozenset(
+    {"LLMFLEET_CACHE", "HOME", "POD_NAME", "POD_NAMESPACE", "VLLM_API_KEY", "LLMFLEET_KV_TRANSFER_TOKEN"}
+)
+RESERVED_LABEL_PREFIX = "llmfleet.io/"  # the operator's selector labels
+
+
+class PodOptions(_Model):
+    """Settings of the pods that the operator has no opinion on, as KServe's pod spec takes them: a
+    private registry, a workload identity, a GPU runtime class, a token in the env, scheduling."""
+
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    service_account_name: str | None = None  # the engine pools (the router keeps its own account)
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None  # the engine pools (the router needs no GPU)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    # Loading weights can take many minutes: how long a server may take to become ready before the
+    # kubelet restarts it (the startup probe's budget).
+    startup_timeout_seconds: int = Field(600, ge=10)
+    # The Deployments' rollout: new pods start before old ones drain, unless there is no room for
+    # one more (a GPU pool on a full node pool: maxSurge 0, maxUnavailable 1).
+    max_surge: int | str = 1
+    max_unavailable: int | str = 0
+
+    @field_validator("max_surge", "max_unavailable")
+    @classmethod
+    def _count_or_percent(cls, value: int | str) -> int | str:
+        count = isinstance(value, int) and value >= 0
+        if not count and not (isinstance(value, str) and re.fullmatch(r"[0-9]+%", value)):
+            raise ValueError(f"{value!r}: a count of pods (0 or more) or a percentage such as '25%'")
+        return value
+
+    @model_validator(mode="after")
+    def _rollout_moves(self) -> PodOptions:
+        # as the API server reads them: numbers ("00%" is 0), and no more than all pods unavailable
+        if _amount(self.max_surge) == 0 and _amount(self.max_unavailable) == 0:
+            raise ValueError("maxSurge and maxUnavailable cannot both be 0: a rollout could never move")
+        if str(self.max_unavailable).endswith("%") and _amount(self.max_unavailable) > 100:
+            raise ValueError(f"maxUnavailable {self.max_unavailable}: at most 100%")
+        return self
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _pull_secrets_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) < len(value):  # a list the API server keys by name: a duplicate fails the apply
+            raise ValueError(f"imagePullSecrets names a Secret twice: {value}")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _own_names(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen: set[str] = set()
+        for item in value:
+            name = item.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError("every env entry needs a name")
+            if name in seen:  # a list the API server keys by name: a duplicate fails the apply
+                raise ValueError(f"env {name} is given twice")
+            seen.add(name)
+            if name in RESERVED_ENV:
+                raise ValueError(
+                    f"env {name} is set by the operator (use apiKeySecret for VLLM_API_KEY, "
+                    "kvTransferSecret for LLMFLEET_KV_TRANSFER_TOKEN)"
+                )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _not_ours(cls, value: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in value if k.startswith(RESERVED_LABEL_PREFIX))
+        if taken:
+            raise ValueError(f"labels {taken}: the {RESERVED_LABEL_PREFIX} prefix holds the operator's selector labels")
+        for key, text in value.items():
+            if problem := _metadata_key_problem(key) or _label_value_problem(text):
+                raise ValueError(f"label {key}: {problem}")
+        return value
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotation_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if problem := _metadata_key_problem(key):
+                raise ValueError(f"annotation {key}: {problem}")
+        return value
+
+
+# The API server's rules for label and annotation keys and label values: checked here, so a bad
+# one is a condition on the InferenceService, not a write refused after others have landed.
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"  # the CRD's names too
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
+
+
+def _metadata_key_problem(key: str) -> str | None:
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return "the key's prefix must be a DNS subdomain (lower-case letters, digits, '-' and '.')"
+    if not (len(name) <= 63 and _QUALIFIED_NAME.fullmatch(name)):
+        return "the key's name must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+    return None
+
+
+def _label_value_problem(value: str) -> str | None:
+    if value == "" or (len(value) <= 63 and _QUALIFIED_NAME.fullmatch(value)):
+        return None
+    return f"value {value!r} must be at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+
+
+def _amount(value: int | str) -> int:
+    return int(str(value).rstrip("%"))
+
+
+class SecretKey(_Model):
+    """One key of a Secret in the InferenceService's namespace."""
+
+    name: str = Field(min_length=1)
+    key: str = Field("api-key", min_length=1)
+
+
+class KVTransferSecret(SecretKey):
+    key: str = Field("token", min_length=1)
+
+
+class InferenceServiceSpec(_Model):
+    model: ModelSource
+    image: str = "ghcr.io/llm-fleet/llm-fleet:0.1.0"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    slo: SLO
+    mode: Literal["colocated", "disaggregated"] = "colocated"
+    pools: dict[str, Pool] = Field(default_factory=dict)
+    autotune: Autotune = Field(default_factory=Autotune)
+    router: Router = Field(default_factory=Router)
+    api_key_secret: SecretKey | None = None  # vLLM's --api-key for every pod, from this Secret
+    # the token of the fleet's own KV-transfer paths (server/http/auth.py), for every pod
+    kv_transfer_secret: KVTransferSecret | None = None
+    pod: PodOptions = Field(default_factory=PodOptions)
+    # An HPA, KEDA or `kubectl scale` owns the Deployments' replicas: set only at creation
+    external_autoscaler: bool = False
+
+    @model_validator(mode="after")
+    def _one_scaler(self) -> InferenceServiceSpec:
+        if self.external_autoscaler and self.autotune.enabled:
+            raise ValueError("externalAutoscaler needs autotune.enabled: false (the tuner scales the pools itself)")
+        return self
+
+    @model_validator(mode="after")
+    def _pools_for_mode(self) -> InferenceServiceSpec:
+        unknown = set(self.pools) - set(POOL_NAMES)
+        if unknown:
+            raise ValueError(f"unknown pools {sorted(unknown)}; use {list(POOL_NAMES)}")
+        if self.mode == "disaggregated":
+            missing = [p for p in ("prefill", "decode") if p not in self.pools]
+            if missing:
+                raise ValueError(f"disaggregated mode needs pools {missing}")
+        return self
+
+    @property
+    def active_pools(self) -> list[str]:
+        return ["prefill", "decode"] if self.mode == "disaggregated" else ["colocated"]
+
+    @property
+    def entry_pool(self) -> str:
+        """The pool the client Service sends requests to."""
+        return "router" if self.mode == "disaggregated" else "colocated"
+
+    @property
+    def deployed_pools(self) -> list[str]:
+        """Every pool with a Deployment: the engine pools, and the router in disaggregated mode."""
+        return [*self.active_pools, *(["router"] if self.mode == "disaggregated" else [])]
+
+    def pool(self, name: str) -> Pool:
+        return self.pools.get(name) or Pool()
+
+
+def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:
+    """Validate a spec dict, raising SpecError(reason, message) on anything unservable."""
+    try:
+        spec = InferenceServiceSpec.model_validate(raw)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+        raise SpecError("InvalidSpec", "; ".join(parts)) from exc
+    for name in spec.active_pools:
+        try:
+            spec.pool(name).engine_config()
+        except ValidationError as exc:
+            msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise SpecError("InvalidEngineConfig", f"pools.{name}.engine: {msgs}") from exc
+    return spec

@@ -1,0 +1,568 @@
+"""The tuner's control law: metrics in, a decision out. Pure and deterministic (the clock is an
+argument); the kopf timer, the simulator and the tests all call ``Tuner.decide`` the same way.
+
+Per pool, every run (pools: ``colocated`` does everything; in disaggregated mode ``prefill``
+owns TTFT and ``decode`` owns ITL; clients get their first token from the decode server, so
+``prefill`` is held to the TTFT SLO less what a decode server adds to every request):
+
+- **Spec bounds win.** A current value outside its spec range (a manual edit, a narrowed spec)
+  is first brought inside it. Nothing the tuner proposes ever leaves the range.
+- **Stale or missing data holds everything.** If any pool's snapshot is stale (no pod
+  reporting, samples too old, source down), nothing moves and ``hold_reason`` says why. A single
+  quantile resting on too few requests holds only the knobs that read it.
+- **The knobs** (knobs.py): maxBatchSize by AIMD against the ITL SLO, batchTimeoutMs (the
+  prefill coalescing window) against TTFT and queue time, maxNumBatchedTokens (the step's token
+  budget) between the two.
+- **Replicas cover demand**: ``ceil(demand / (1 - headroom))`` replica-equivalents, where demand
+  is prompt tokens/s over per-replica prefill capacity (prefill; less the tokens a prefix-cache
+  hit covered), generated tokens/s over per-replica decode capacity (decode), or both summed
+  (colocated). The prefill:decode ratio follows from the two, as in NVIDIA Dynamo's planner.
+  Per-replica capacity is learned from the snapshots (capacity.py: the step-time plane
+  where pods report step times). Demand is served throughput, so a saturated pool
+  (served/capacity ~ pods) still grows by the headroom; a queue that grows by g requests/s adds
+  g requests/s of demand (arrivals above what is served), and the waiting requests' tokens count
+  too, as demand to drain within ``backlog_drain_s`` (60).
+  **Latency** sizes the pool too, judged over the SLO's window (``slo.windowSeconds``, the
+  knobs react to the shorter metric window): an owned SLO violated there with its knob at its
+  limit scales to the fewest pods its latency projects back within it, else one more (for ITL,
+  only with a queue: otherwise more replicas would not help; not while another knob protects the
+  same SLO this run). It aims at the SLO itself, not below it: the window that broke the SLO
+  reads high, as the next minute's p95 regresses toward the mean. Pods the tuner added that
+  became ready within the SLO's window have not shown in it yet: until they have, an excess
+  under 1.2x adds none (in chat, 40 s after 4 -> 5, with the fifth pod ready for 10 s, the tuner
+  went on to 7).
+  A scale-down goes only as low as the owned latencies project within their SLOs at the load of
+  a busy window (arrivals 2 sd above the mean: a count chosen at the mean holds through its
+  surges), so a pool near its TTFT SLO keeps its pods even when throughput says fewer would do,
+  and only as low as the busiest pod's KV usage, spread alike, stays under 95%. The projection
+  (projection.py) takes steps to lengthen with the share of a pod's time their work
+  fills and adds the wait for a batch slot (Erlang C); without step times, M/M/1 on the demand.
+  **Pods and slots are one decision**: where the batch cap's recommendation is above the cap
+  (held by its relaxation window), the replica count is also judged at that cap, and a
+  scale-down that needs it goes with it, raising the cap in the same run. Then
+  ``[minReplicas, maxReplicas]``.
+  The floor is 1 even with ``minReplicas: 0`` (PoolLimits.from_spec): a pool at zero replicas
+  reports nothing, so the tuner would hold it there for good.
+- **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
+  move happens only if every recommendation of its window agrees (rise: the lowest, fall: the
+  highest), and a non-zero window must be covered first. Replicas rise over
+  ``scaleUpStabilizationSeconds`` and fall over ``scaleDownStabilizationSeconds``; the knobs'
+  SLO-protecting moves (batch down, window down, budget either way) are immediate and their
+  relaxing moves (batch up, window up, budget up with TTFT met) wait
+  ``knob_relax_stabilization_s``.
+- **Cooldown and anti-flapping.** A quantity that changed does not move again the same way for
+  ``cooldown_s``, so the metric window sees the new setting first. It reverses direction at most
+  once per ``flap_window_s`` (the scale-down stabilization window), unless the reversal protects
+  an SLO that is at least ``override_ratio`` (1.2) times over (or, for replicas, demand 1.2x what
+  the pool can serve); never for the token budget, whose two directions protect the two SLOs
+  (their trading it back and forth is a lack of capacity). Spec-bound corrections count as moves
+  for both.
+
+Every change and every hold comes with a reason that cites its numbers, e.g.
+``decode: ITL p95 142 ms > SLO 100 ms -> maxBatchSize 32 -> 24 (x0.75)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from llmfleet.operator.metrics.source import PoolMetrics
+from llmfleet.operator.tuner.capacity import CapacityEstimator, PerReplica
+from llmfleet.operator.tuner.decision import (
+    INTEGER_KNOBS,
+    KNOB_FIELDS,
+    MAX_BATCH,
+    POOL_ORDER,
+    REPLICAS,
+    TIMEOUT,
+    TOKEN_BUDGET,
+    Change,
+    Decision,
+    PoolInput,
+    PoolLimits,
+    PoolSettings,
+    Range,
+    SLOTargets,
+    TunerConfig,
+)
+from llmfleet.operator.tuner.decision import num as _num
+from llmfleet.operator.tuner.knobs import KnobRules
+from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
+from llmfleet.operator.tuner.projection import Projection, project, trusted_queue_s
+from llmfleet.operator.tuner.proposal import (
+    Proposal,
+    busy_kv_load,
+    busy_surge,
+    exhausted_knobs,
+    fmt_ms,
+    owned_latency_ratio,
+    spent,
+)
+
+__all__ = [
+    "INTEGER_KNOBS",
+    "KNOB_FIELDS",
+    "MAX_BATCH",
+    "REPLICAS",
+    "TIMEOUT",
+    "TOKEN_BUDGET",
+    "Change",
+    "Decision",
+    "PoolInput",
+    "PoolLimits",
+    "PoolSettings",
+    "Range",
+    "SLOTargets",
+    "Tuner",
+    "TunerConfig",
+    "TunerMemory",
+]
+
+
+# --- the law -----------------------------------------------------------------------------------
+
+
+class Tuner:
+    def __init__(self, config: TunerConfig | None = None) -> None:
+        self.config = config or TunerConfig()
+        self.knob_rules = KnobRules(self.config)
+        self.estimator = CapacityEstimator(self.config)
+
+    def decide(
+        self, pools: Mapping[str, PoolInput], slo: SLOTargets, memory: TunerMemory | None, now: float
+    ) -> Decision:
+        unknown = set(pools) - set(POOL_ORDER)
+        if unknown:
+            raise ValueError(f"unknown pools {sorted(unknown)}; the tuner knows {list(POOL_ORDER)}")
+        names = [p for p in POOL_ORDER if p in pools]
+        mem = (memory or TunerMemory()).model_copy(deep=True)
+        settings = {name: pools[name].current for name in names}
+        changes: list[Change] = []
+        lines: list[str] = []
+
+        for name in names:
+            settings[name] = self._enforce_bounds(name, pools[name], mem, now, changes, lines)
+        inputs = {name: pools[name].metrics.summary() for name in names}
+
+        stale = [pools[n].metrics.reason or f"{n}: metrics stale" for n in names if pools[n].metrics.stale]
+        if stale:
+            hold_reason = "holding every knob and replica count: " + "; ".join(stale)
+            lines.append(hold_reason)
+            return self._finish(now, changes, lines, True, hold_reason, settings, mem, inputs)
+
+        demand: dict[str, tuple[float, str]] = {}
+        pool_slo = {name: slo for name in names} | self._prefill_ttft_budget(pools, slo, lines)
+        for name in names:
+            targets = pool_slo[name]  # the SLOs as this pool is held to them
+            pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits)
+            known = mem.capacity.get(name)  # the step costs at today's knobs, as earlier runs learned them
+            steps = None if known is None else self.estimator.per_replica(name, known, pool.current).steps
+            proposals = self.knob_rules.propose(name, pool, targets, steps)
+            capacity, measurable = self.estimator.update(name, pool, targets, mem, lines, proposals)
+            for knob, proposal in proposals.items():
+                settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
+            per_replica = self.estimator.per_replica(name, capacity, settings[name])  # at the knobs this run leaves
+            # pods the tuner added, ready since: the SLO window has yet to see them (fewer pods, not)
+            added_since = capacity.pods_since if mem.key(name, REPLICAS).last_direction > 0 else None
+            replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, added_since)
+            replicas, units = self._with_the_slots_coming(
+                name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), added_since
+            )
+            if units is not None:
+                demand[name] = units
+            before = settings[name]
+            settings[name] = self._act(name, REPLICAS, before, replicas, mem, now, changes, lines)
+            settings[name] = self._slots_with_the_pods(name, before, settings[name], replicas, mem, now, changes, lines)
+            if measurable:
+                self.estimator.latency_saturation(name, pool, targets, capacity, proposals, lines)
+            inputs[name]["capacity"] = per_replica.summary()
+        if "prefill" in demand and "decode" in demand:
+            lines.append(
+                f"P:D demand {demand['prefill'][0]:.2f}:{demand['decode'][0]:.2f} replica-equivalents "
+                f"({demand['prefill'][1]} vs {demand['decode'][1]}) -> "
+                f"{settings['prefill'].replicas}:{settings['decode'].replicas} replicas"
+            )
+        return self._finish(now, changes, lines, False, "", settings, mem, inputs)
+
+    def _prefill_ttft_budget(
+        self, pools: Mapping[str, PoolInput], slo: SLOTargets, lines: list[str]
+    ) -> dict[str, SLOTargets]:
+        """The prefill pool's TTFT target where a decode pool adds to what clients wait: the SLO
+        less what a decode server adds to every request (the router relays its first token):
+        its TTFT p95, the KV fetch, the step in flight it joins after and its first step, less
+        any wait for a batch slot beyond that step, which is not the prefill pool's to clear
+        (decode's demand, its queue's growth and backlog, scales decode for it). Two p95s added
+        overstate the p95 of the sum where the slow prefills and the slow decode starts are not
+        the same requests (in the simulator, 0.43 s against the clients' 0.40-0.41 s), a margin
+        on the safe side. Nothing changes without a known decode TTFT."""
+        if "prefill" not in pools or "decode" not in pools:
+            return {}
+        decode = pools["decode"].metrics
+        ttft = decode.ttft.p95
+        if ttft is None:
+            return {}
+        slot_wait = max(0.0, (trusted_queue_s(decode) or 0.0) - (decode.mean_step_seconds or 0.0))
+        added = ttft - min(slot_wait, ttft)
+        floor = slo.ttft_p95_ms * self.config.prefill_ttft_min_share
+        budget = max(floor, slo.ttft_p95_ms - added * 1000.0)
+        lines.append(
+            f"prefill: TTFT held to {fmt_ms(budget)} ms: the SLO {fmt_ms(slo.ttft_p95_ms)} ms less the "
+            f"{fmt_ms(added * 1000.0)} ms a decode server adds (its TTFT p95 {fmt_ms(ttft * 1000.0)} ms"
+            + (f" less {fmt_ms(slot_wait * 1000.0)} ms of waiting for a batch slot" if slot_wait else "")
+            + ")"
+            + (f", at least {self.config.prefill_ttft_min_share:.0%} of the SLO" if budget == floor else "")
+        )
+        return {"prefill": replace(slo, ttft_p95_ms=budget)}
+
+    # -- bounds ---------------------------------------------------------------------------------
+
+    def _enforce_bounds(
+        self, name: str, pool: PoolInput, mem: TunerMemory, now: float, changes: list[Change], lines: list[str]
+    ) -> PoolSettings:
+        current, limits = pool.current, pool.limits
+        replicas = Range(limits.min_replicas, limits.max_replicas)
+        checks = [(REPLICAS, replicas, "minReplicas/maxReplicas (at least 1 while tuned)")]
+        checks += [(knob, limits.knob(knob), f"bounds.{knob}") for knob in KNOB_FIELDS if knob in current.knobs]
+        for knob, allowed, source in checks:
+            old = current.value(knob)
+            if old in allowed:
+                continue
+            new = allowed.clamp(old)
+            reason = (
+                f"{name}: {knob} {_num(old)} is outside spec {source} [{_num(allowed.low)}, {_num(allowed.high)}]"
+                f" -> {_num(new)} (spec bounds win)"
+            )
+            changes.append(Change(name, knob, old, new, reason))
+            lines.append(reason)
+            current = current.with_value(knob, new)
+            mem.key(name, knob).moved(now, 1 if new > old else -1)  # cooldown and anti-flap count it too
+        return current
+
+    # -- replicas -------------------------------------------------------------------------------
+
+    def _replica_proposal(
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        capacity: PerReplica,
+        knobs: Mapping[str, Proposal],
+        added_since: float | None,
+    ) -> tuple[Proposal, tuple[float, str] | None]:
+        c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
+        parts: list[tuple[float | None, float, str]] = []
+        if name in ("colocated", "prefill"):
+            parts.append((m.uncached_prompt_tokens_per_s(), capacity.prompt_tps, "prompt"))
+        if name in ("colocated", "decode"):
+            parts.append((m.generation_tokens_per_s, capacity.generation_tps, "generation"))
+        unknown = [label for rate, _, label in parts if rate is None]
+        if unknown:
+            fields = {"prompt": "prompt_tokens_per_s", "generation": "generation_tokens_per_s"}
+            why = "; ".join(m.why_missing(fields[label]) for label in unknown)
+            return Proposal(cur, f"demand unknown ({why})"), None
+        units = sum(rate / cap for rate, cap, _ in parts)  # type: ignore[operator]
+        detail = " + ".join(f"{label} {rate:.0f} tok/s / {cap:.0f} per replica" for rate, cap, label in parts)
+        for extra in (self._growth_units(m, parts), self._backlog_units(m, parts)):
+            if extra is not None:
+                units += extra[0]
+                detail += f" + {extra[1]}"
+        if capacity.basis:
+            detail += f"; per replica {capacity.basis}"
+        if not math.isfinite(units):  # e.g. a near-zero request rate under a queue: no usable estimate
+            return Proposal(cur, f"demand not finite ({detail}): replicas hold"), None
+        raw = math.ceil(units / (1.0 - c.headroom) - 1e-9)
+        why = f"demand {units:.2f} replicas ({detail}) / (1 - headroom {c.headroom:g}) = {raw}"
+
+        latency = owned_latency_ratio(name, m, slo)
+        judged_s = m.slo_window_s or m.window_s
+        exhausted = exhausted_knobs(pool, knobs)
+        if exhausted:
+            pods = m.ready_pods or 0
+            waiting = (m.waiting or 0.0) / max(pods, 1)
+            itl_only = all(k == MAX_BATCH for k in exhausted)
+            used = spent(pool, knobs, exhausted)
+            if pods < cur:  # none fewer either: the pods still starting are what the SLO waits for
+                raw = max(raw, int(cur))
+                why += f"; SLO violated with {used}, but {pods} of {_num(cur)} pods ready: waiting for them"
+            elif units <= 0:
+                why += f"; SLO violated with {used} over a window whose traffic has ended: no replica for that"
+            elif m.slo_window_s and latency <= 1.0:
+                why += (
+                    f"; SLO violated over {m.window_s:.0f} s with {used}, but met over its "
+                    f"{m.slo_window_s:.0f} s window ({latency:.2f}x): no replica for that"
+                )
+            elif latency < c.override_ratio and added_since is not None and m.at - added_since < judged_s:
+                why += (
+                    f"; SLO violated with {used} ({latency:.2f}x), but {pods} pods are ready only "
+                    f"{m.at - added_since:.0f} s and the {judged_s:.0f} s window still holds the time before: "
+                    "no replica for that yet"
+                )
+            elif itl_only and waiting < c.queue_per_pod:
+                why += (
+                    f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
+                    " more replicas would not lower it"
+                )
+            else:
+                needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas, capacity)
+                if needed is not None and needed > max(raw, cur):
+                    raw = needed
+                    why += f"; SLO violated with {used} -> {needed}, where the owned latency projects within it"
+                elif raw <= cur:
+                    raw = int(cur) + 1
+                    why += f"; SLO violated with {used} -> one more replica"
+        if raw < cur:
+            raw, note = self._projected_scale_down(name, m, slo, units, int(cur), raw, capacity)
+            why += note
+        target = pool.limits.min_replicas if raw < pool.limits.min_replicas else raw
+        target = min(target, pool.limits.max_replicas)
+        if target != raw:
+            why += f", within [{pool.limits.min_replicas}, {pool.limits.max_replicas}] -> {target}"
+        over = units / cur if cur > 0 else (math.inf if units > 0 else 0.0)
+        proposal = Proposal(float(target), why, protective=target > cur, severity=max(latency, over))
+        return proposal, (units, detail)
+
+    def _with_the_slots_coming(
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        capacity: Capacity,
+        leaves: PoolSettings,
+        knobs: Mapping[str, Proposal],
+        mem: TunerMemory,
+        now: float,
+        proposal: tuple[Proposal, tuple[float, str] | None],
+        added_since: float | None,
+    ) -> tuple[Proposal, tuple[float, str] | None]:
+        """The replica proposal at the batch cap this run recommends, where that is more than the
+        cap it leaves and lets fewer pods go: pods and slots are one decision. The cap's own
+        relaxation window holds the cap a while, and a scale-down judged at today's cap would
+        keep pods only for want of slots (and decode throughput) that are coming. The proposal
+        then counts on them, and a scale-down that goes brings them (_slots_with_the_pods); one
+        whose window saw recommendations without them keeps the pods, since it takes the highest.
+        Never where the cap fell within the anti-flap window, and never to weaken a rise."""
+        batch, cap = knobs.get(MAX_BATCH), leaves.knobs.get(MAX_BATCH)
+        if batch is None or cap is None or batch.target <= cap:
+            return proposal
+        if mem.key(name, MAX_BATCH).reverses_within(now, 1, self.config.flap_window_s):
+            return proposal
+        then = leaves.with_value(MAX_BATCH, batch.target)
+        at_then = self.estimator.per_replica(name, capacity, then)
+        alt, units = self._replica_proposal(name, pool, slo, at_then, knobs, added_since)
+        if alt.target >= min(proposal[0].target, pool.current.replicas):
+            return proposal
+        return replace(alt, slots=int(batch.target)), units
+
+    def _slots_with_the_pods(
+        self,
+        name: str,
+        before: PoolSettings,
+        after: PoolSettings,
+        replicas: Proposal,
+        mem: TunerMemory,
+        now: float,
+        changes: list[Change],
+        lines: list[str],
+    ) -> PoolSettings:
+        """A scale-down that counted on a bigger batch cap raises the cap with it (no cooldown:
+        the two are one move, stabilized as the scale-down)."""
+        cap = after.knobs.get(MAX_BATCH)
+        if replicas.slots is None or cap is None or after.replicas >= before.replicas or replicas.slots <= cap:
+            return after
+        mem.key(name, MAX_BATCH).moved(now, 1)
+        earlier = next((c for c in changes if c.pool == name and c.knob == MAX_BATCH), None)
+        old = cap if earlier is None else earlier.old
+        if earlier is not None:
+            changes.remove(earlier)  # one change per knob and run
+        reason = (
+            f"{name}: replicas {_num(before.replicas)} -> {_num(after.replicas)} counted on {MAX_BATCH} "
+            f"{replicas.slots}, which comes with them -> {MAX_BATCH} {_num(old)} -> {replicas.slots}"
+        )
+        changes.append(Change(name, MAX_BATCH, old, float(replicas.slots), reason))
+        lines.append(reason)
+        return after.with_value(MAX_BATCH, float(replicas.slots))
+
+    def _projected_scale_down(
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, target: int, capacity: PerReplica
+    ) -> tuple[int, str]:
+        """The fewest replicas, from ``target`` up to ``cur``, at which the owned latencies are
+        projected (projection.py) within ``projected_latency_limit`` of their SLOs, and a
+        note when that is more. Capacity estimated from throughput says nothing about latency (a
+        pod can be well under its token throughput and still break a TTFT SLO): this asks the
+        latency measured now whether fewer pods would hold. Nor does it say whether their
+        sequences fit the fewer pods' KV caches: the busiest pod's usage, spread alike, must stay
+        under ``kv_pressure``, or the scale-down would only preempt."""
+        ratio = owned_latency_ratio(name, m, slo)
+        pods = m.ready_pods or 0
+        if ratio <= 0 or pods != cur or units <= 0:
+            return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
+        c = self.config
+        lowest, note = max(target, 1), ""  # a demand that rounds to zero replicas is judged at one
+        kv = busy_kv_load(m, cur, c)
+        kv_floor = math.floor(kv / c.kv_pressure) + 1
+        if lowest < kv_floor:
+            lowest = target = min(kv_floor, cur)
+            note = f"; the KV cache would run {kv / max(target - 1, 1):.0%} full with fewer than {target} -> {target}"
+            if lowest >= cur:
+                return cur, note
+        projected = self._project(name, m, slo, units, cur, lowest, capacity)
+        if projected.ratio <= c.projected_latency_limit:
+            return target, note
+        fewer = range(lowest + 1, cur)
+        n = next(
+            (
+                n
+                for n in fewer
+                if self._project(name, m, slo, units, cur, n, capacity).ratio <= c.projected_latency_limit
+            ),
+            cur,
+        )
+        slots = None if capacity.steps is None else capacity.steps.slots
+        at = f"at {lowest}" + ("" if slots is None else f" with {MAX_BATCH} {slots}")
+        return n, note + (
+            f"; {at} the owned latency is projected at {projected.ratio:.2f}x its SLO ({projected.how}; now "
+            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {c.projected_latency_limit:g})"
+            f" -> {n}"
+        )
+
+    def _latency_replicas(
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int, capacity: PerReplica
+    ) -> int | None:
+        """The fewest replicas above ``cur`` (up to ``most``) at which the owned latencies, over
+        their SLOs now, are projected back within them (``scale_up_latency_limit``); None when
+        none is (a prefill that alone takes longer than the SLO is not helped by pods) or nothing
+        says how loaded the pods are."""
+        if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur:
+            return None
+        limit = self.config.scale_up_latency_limit
+        return next(
+            (
+                n
+                for n in range(cur + 1, most + 1)
+                if self._project(name, m, slo, units, cur, n, capacity, busy=False).ratio <= limit
+            ),
+            None,
+        )
+
+    def _project(
+        self,
+        name: str,
+        m: PoolMetrics,
+        slo: SLOTargets,
+        units: float,
+        cur: int,
+        n: int,
+        capacity: PerReplica,
+        busy: bool = True,
+    ) -> Projection:
+        """The owned latencies at ``n`` pods. A scale-down is judged at the load of a busy window
+        (``busy``), so that a count chosen at the mean holds through its surges; a scale-up for an
+        SLO broken now is not: the window that broke it already carries its surge."""
+        k = cur / n * (busy_surge(m, self.config) if busy else 1.0)
+        return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, units / cur, k, capacity.steps)
+
+    def _growth_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
+        """Replica-equivalents of the arrivals the pool is not keeping up with: served throughput
+        stops growing once a pool saturates, while a queue that grows by g requests/s says the
+        arrival rate is g above it. Counting them scales a step up in one move, before the
+        backlog they build gets long (a pod takes a while to start). Only a queue that grew by at
+        least one request over the window counts; smaller slopes are noise."""
+        growth = m.waiting_growth_per_s
+        if growth is None or growth * m.window_s < 1.0 or not m.request_rate:
+            return None
+        units = sum(growth * (rate or 0.0) / m.request_rate / cap for rate, cap, _ in parts)
+        return units, f"queue growing {growth:.2f} req/s = {units:.2f}"
+
+    def _backlog_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
+        """Replica-equivalents to drain the queue within ``backlog_drain_s``: served throughput
+        under-counts demand once requests wait, so the waiting requests' tokens are added."""
+        c = self.config
+        if not m.waiting or m.waiting < 1 or not m.request_rate:
+            return None
+        units = 0.0
+        for rate, cap, _ in parts:
+            if rate is not None:
+                units += m.waiting * (rate / m.request_rate) / cap / c.backlog_drain_s
+        return units, f"backlog {m.waiting:.0f} waiting drained in {c.backlog_drain_s:.0f} s = {units:.2f}"
+
+    # -- stabilization, cooldown, anti-flap -----------------------------------------------------
+
+    def _act(
+        self,
+        name: str,
+        knob: str,
+        current: PoolSettings,
+        proposal: Proposal,
+        mem: TunerMemory,
+        now: float,
+        changes: list[Change],
+        lines: list[str],
+    ) -> PoolSettings:
+        old = current.value(knob)
+        history = mem.key(name, knob)
+        history.record(now, proposal.target, self.config.memory_horizon_s)
+        if any(c.pool == name and c.knob == knob for c in changes):
+            lines.append(f"{name}: {proposal.why}: {knob} stays {_num(old)}, just brought within spec bounds")
+            return current
+        rise, fall = self.config.windows(knob)
+        if proposal.protective and knob != REPLICAS:  # a knob protecting an SLO does not wait for a relaxation's window
+            rise, fall = (0.0, fall) if proposal.target > old else (rise, 0.0)
+        new, held_by = stabilize(history, now, old, rise, fall)
+        if new == old:
+            if proposal.target == old:
+                lines.append(f"{name}: {proposal.why}: {knob} stays {_num(old)}")
+            else:
+                lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(proposal.target)} held: {held_by}")
+            return current
+        # Both budget moves protect an SLO (down: ITL, up: TTFT): one reversing the other within the
+        # window means the two trade off, which only replicas resolve, so no excess overrides it.
+        gate, note = self._gate(history, now, new > old, proposal, overridable=knob != TOKEN_BUDGET)
+        if gate:
+            lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(new)} held: {gate}")
+            return current
+        history.moved(now, 1 if new > old else -1)
+        how = proposal.how if new == proposal.target else f"stabilized over {_num(rise if new > old else fall)} s"
+        reason = f"{name}: {proposal.why} -> {knob} {_num(old)} -> {_num(new)}" + (f" ({how})" if how else "")
+        reason += f"; {note}" if note else ""
+        changes.append(Change(name, knob, old, new, reason))
+        lines.append(reason)
+        return current.with_value(knob, new)
+
+    def _gate(
+        self, history: KeyHistory, now: float, rising: bool, proposal: Proposal, overridable: bool = True
+    ) -> tuple[str, str]:
+        """(why the move is blocked, or ''; a note when an SLO overrides anti-flapping)."""
+        c = self.config
+        direction = 1 if rising else -1
+        reverses = history.last_direction not in (0, direction)
+        if not reverses and history.last_change_at is not None and now - history.last_change_at < c.cooldown_s:
+            return f"cooldown, last changed {now - history.last_change_at:.0f} s ago (< {c.cooldown_s:.0f} s)", ""
+        if history.reverses_within(now, direction, c.flap_window_s):
+            flap = (
+                f"reversing the {'rise' if history.last_direction > 0 else 'fall'} begun "
+                f"{now - history.direction_since:.0f} s ago "
+                f"(one direction change per {c.flap_window_s:.0f} s)"
+            )
+            if overridable and proposal.protective and proposal.severity >= c.override_ratio:
+                return "", f"{flap} allowed: {proposal.severity:.2f}x over target (>= {c.override_ratio:g})"
+            return flap, ""
+        return "", ""
+
+    def _finish(
+        self,
+        now: float,
+        changes: list[Change],
+        lines: list[str],
+        hold: bool,
+        hold_reason: str,
+        settings: dict[str, PoolSettings],
+        mem: TunerMemory,
+        inputs: dict[str, dict[str, Any]],
+    ) -> Decision:
+        mem.remember(DecisionRecord(at=now, hold=hold, changes=[str(c) for c in changes]))
+        if not lines:
+            lines.append("no pools to tune")
+        return Decision(now, tuple(changes), tuple(lines), hold, hold_reason, settings, mem, inputs)

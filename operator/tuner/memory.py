@@ -1,0 +1,154 @@
+"""What the tuner remembers between runs, and the HPA-style stabilization it applies with it.
+
+``TunerMemory`` is small and JSON-serializable (it is stored on the InferenceService, in an
+annotation or status). For every controlled quantity, keyed ``pool/knob`` (``decode/maxBatchSize``,
+``prefill/replicas``), it keeps the recommendations of recent runs, when the quantity last changed
+and in which direction, and when that direction last flipped. Per pool it keeps the measured
+per-replica capacity. A memory that cannot be read back starts fresh: the tuner then only acts
+once new recommendations span its stabilization windows, so forgetting errs on the side of holding.
+
+This is not reconcile's ``TunerState`` (the replicas and knobs the tuner owns, in ``status.tuner``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from llmfleet.operator.tuner.step_model import StepModel
+
+MAX_RECOMMENDATIONS = 64
+MAX_RECENT_DECISIONS = 10
+
+
+class KeyHistory(BaseModel):
+    """One controlled quantity: recent recommendations and its change history."""
+
+    recommendations: list[tuple[float, float]] = Field(default_factory=list)  # (time, value)
+    last_change_at: float | None = None
+    last_direction: Literal[-1, 0, 1] = 0
+    direction_since: float | None = None  # when the current run of moves in last_direction began
+    direction_changes: int = 0
+
+    def record(self, now: float, value: float, keep_s: float) -> None:
+        """Add this run's recommendation, dropping those too old to matter."""
+        self.recommendations = [(t, v) for t, v in self.recommendations if now - t <= keep_s and t < now]
+        self.recommendations.append((now, value))
+        del self.recommendations[:-MAX_RECOMMENDATIONS]
+
+    def reverses_within(self, now: float, direction: int, window_s: float) -> bool:
+        """Would a move in ``direction`` reverse a run of moves begun less than ``window_s`` ago?"""
+        since = self.direction_since
+        return self.last_direction not in (0, direction) and since is not None and now - since < window_s
+
+    def moved(self, now: float, direction: int) -> bool:
+        """Note a change; True when it reversed the previous direction."""
+        reversed_ = self.last_direction not in (0, direction)
+        if self.last_direction != direction:
+            self.direction_since = now
+        if reversed_:
+            self.direction_changes += 1
+        self.last_direction = direction  # type: ignore[assignment]
+        self.last_change_at = now
+        return reversed_
+
+
+class Capacity(BaseModel):
+    """What one replica of a pool sustains (tokens/s).
+
+    Where the pods report their step times, ``steps`` learns the step-time plane and the
+    capacity at any knobs is that plane's throughput times ``scale`` (what saturated or
+    SLO-breaking windows showed the plane to miss: KV limits, gaps between steps). Elsewhere
+    ``prompt_tps`` and ``generation_tps`` are the estimate itself, seeded with a default guess.
+    """
+
+    prompt_tps: float
+    generation_tps: float
+    steps: StepModel = Field(default_factory=StepModel)
+    scale: float = 1.0
+    observations: int = 0
+    measured: bool = False  # a saturated pool or a broken SLO has replaced the default guess
+    updated_at: float | None = None
+    pods: int | None = None  # ready pods at the last run, and since when (per-pod rates need a steady count)
+    pods_since: float | None = None
+
+
+class DecisionRecord(BaseModel):
+    at: float
+    hold: bool
+    changes: list[str] = Field(default_factory=list)  # "decode/maxBatchSize 32 -> 24"
+
+
+class TunerMemory(BaseModel):
+    version: Literal[1] = 1
+    keys: dict[str, KeyHistory] = Field(default_factory=dict)
+    capacity: dict[str, Capacity] = Field(default_factory=dict)
+    recent: list[DecisionRecord] = Field(default_factory=list)
+
+    def key(self, pool: str, knob: str) -> KeyHistory:
+        return self.keys.setdefault(f"{pool}/{knob}", KeyHistory())
+
+    def remember(self, record: DecisionRecord) -> None:
+        self.recent.append(record)
+        del self.recent[:-MAX_RECENT_DECISIONS]
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def load(cls, raw: str | dict[str, Any] | None) -> TunerMemory:
+        """Read a stored memory; anything unreadable (or absent) gives a fresh one."""
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw) if isinstance(raw, str) else raw
+            return cls.model_validate(data)
+        except (ValueError, ValidationError):
+            return cls()
+
+
+def stabilize(
+    history: KeyHistory, now: float, current: float, rise_window_s: float, fall_window_s: float
+) -> tuple[float, str]:
+    """HPA ``behavior`` stabilization over recorded recommendations (this run's included).
+
+    Rising takes the lowest recommendation of the rise window, falling the highest of the fall
+    window: a move happens only if every recommendation in its window agrees. A window longer
+    than zero must also be covered by recommendations (after a restart or a stale spell the tuner
+    first collects a window's worth). Returns the value and, when it holds back, why.
+    """
+    recs = history.recommendations
+    latest = recs[-1][1] if recs else current
+
+    def within(window: float) -> list[float]:
+        # A recommendation stands until the next one, so the one in force at the window's start counts.
+        if window <= 0:
+            return [latest]
+        inside = [v for t, v in recs if t > now - window]
+        return inside + [v for t, v in recs if t <= now - window][-1:]
+
+    def covered(window: float) -> bool:
+        return window <= 0 or (bool(recs) and recs[0][0] <= now - window)
+
+    rise_to = min(within(rise_window_s), default=current)
+    fall_to = max(within(fall_window_s), default=current)
+    if rise_to > current and covered(rise_window_s):
+        return rise_to, ""
+    if fall_to < current and covered(fall_window_s):
+        return fall_to, ""
+    if latest > current:
+        if not covered(rise_window_s):
+            return current, f"recommendations span less than the {rise_window_s:.0f} s stabilization window"
+        return current, f"lowest recommendation over {rise_window_s:.0f} s is {_num(rise_to)}"
+    if latest < current:
+        if not covered(fall_window_s):
+            return current, f"recommendations span less than the {fall_window_s:.0f} s stabilization window"
+        return current, f"highest recommendation over {fall_window_s:.0f} s is {_num(fall_to)}"
+    return current, ""
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if math.isfinite(value) and value == int(value) else f"{value:.1f}"

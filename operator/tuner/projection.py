@@ -1,0 +1,257 @@
+"""How a pool's owned latencies would move if its load were spread over another pod count.
+
+The tuner asks this before a scale-down (would fewer pods still hold the SLOs?) and when an SLO
+no knob can restore needs replicas (how many bring it back?). Throughput capacity cannot answer:
+a chat pool may run its pods at a third of their token throughput and still sit near its TTFT
+SLO, because a chat TTFT is a few engine steps, and steps lengthen with load.
+
+**With step times** (the pods report them and the step plane is fitted), a pod's load is taken
+apart as the engine carries it:
+
+- *Steps.* The plane's per-sequence and per-prompt-token costs times the pod's token rates give
+  ``u``, the share of its time that work fills. A step costs the fixed overhead plus that work
+  for the arrivals of one step, so it takes ``overhead / (1 - u)``: with each pod's load x ``k``,
+  steps lengthen by ``(1 - u) / (1 - k u)``, as a processor-sharing server's response time does.
+  TTFT (the residual step before a request's first, its prefill steps) and ITL grow with them,
+  and a prefill's wait for room in the token budget grows as one server's at
+  ``prompt tokens per step / budget``.
+- *Batch slots.* A request also waits for a free slot once the batch cap fills: an M/M/c queue
+  with ``c = maxBatchSize`` servers, the requests running (on average over time) as its busy
+  servers and a request's life in the batch (Little's law) as its service time. Its p95 wait,
+  from Erlang C, is part of TTFT at both counts; where the queue time measured now is shorter
+  than the model's wait (lives in a batch vary less than exponentially), both waits scale down
+  by that ratio. ``slots_for`` inverts it: the cap at which that wait stays rare.
+
+**Without step times**, or where the pod is full now (its time, its batch or its budget), TTFT
+is queue time plus a held prefill, the wait growing as an M/M/1 queue's ``rho / (1 - rho)`` with
+``rho`` the demand per pod over capacity, and ITL as ``(1 - rho) / (1 - rho')``; an unknown
+queue time counts TTFT as all wait.
+
+``surge`` is the load factor of a busy window (Poisson arrivals some standard deviations above
+their mean), which the tuner applies before a scale-down.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics
+
+FULL = 0.95  # a batch or budget this full is queueing, not what the step model describes
+TAIL = 0.05  # p95
+BEYOND_P99 = 50  # observations above a p99 before its tail says more than noise (5000 gaps in the window)
+
+
+@dataclass(frozen=True)
+class Projection:
+    ratio: float  # the owned latency over its SLO (the larger of TTFT's and ITL's)
+    how: str  # the model and its numbers, for reasons
+
+
+def project(
+    pool: str, m: PoolMetrics, ttft_slo_ms: float, itl_slo_ms: float, rho: float, k: float, steps: StepCosts | None
+) -> Projection:
+    """The owned latency over its SLO with each pod's load x ``k`` (``cur / n`` to spread it over
+    ``n`` pods instead of ``cur``, times any surge to allow for); ``rho`` is the demand per pod
+    now over capacity (for the M/M/1 fallback)."""
+    owns_ttft, owns_itl = pool in ("colocated", "prefill"), pool in ("colocated", "decode")
+    ttft = m.judged_ttft.p95 if owns_ttft else None
+    itl = m.judged_itl if owns_itl and m.judged_itl.known else None
+    load = _StepLoad.of(m, steps) if steps is not None else None
+    if load is None:
+        itl_p95 = None if itl is None else itl.p95
+        return Projection(_queueing(ttft, itl_p95, trusted_queue_s(m), ttft_slo_ms, itl_slo_ms, rho, rho * k), "M/M/1")
+    spread = load.spread(k)
+    if spread is None:
+        return Projection(math.inf, f"{load.saturation(k)}: saturated")
+    step, wait_now, wait_then, budget_growth = spread
+    measured = trusted_queue_s(m) or ttft
+    if wait_now > 0 and measured is not None and measured < wait_now:
+        # M/M/c takes a request's life in the batch as exponential; lives less spread wait less.
+        # What the queue measures now scales the model's waits down alike.
+        wait_then *= measured / wait_now
+        wait_now = measured
+    ratios = [0.0]
+    if ttft is not None:
+        ratios.append((max(ttft - wait_now, 0.0) * step * budget_growth + wait_then) * 1000.0 / ttft_slo_ms)
+    if itl is not None:
+        ratios.append(itl_tail(itl, k * step) * step * 1000.0 / itl_slo_ms)
+    how = f"pods busy {load.work:.0%} -> {load.work * k:.0%} of the time, steps x{step:.2f}"
+    how += f", slot wait p95 {wait_then * 1000:.0f} ms" if wait_then > 0 else ""
+    return Projection(max(ratios), how)
+
+
+def itl_tail(itl: LatencyQuantiles, growth: float) -> float:
+    """ITL's p95 once the gaps in its tail are ``growth`` times as common, at today's step times.
+
+    The slow gaps are the steps that carry prompt work beside the decodes; the share of steps that
+    do grows with the prompts that arrive per step (arrivals per pod x step time). So tomorrow's
+    p95 is today's quantile at a tail of ``5% / growth``, read off the measured p50, p95 and p99
+    (linear in the tail's mass, as histogram_quantile is within a bucket). Scaling the p95 alone
+    missed the jump where that share crosses 5%: 4 -> 3 chat pods (growth 1.5) took ITL p95 from
+    0.143 to 0.198 s, their p96.7 times the step ratio, where p95 x the step ratio said 0.16.
+    A p99 that a handful of gaps decide (a quiet pool's) is noise: then the p95 stands, as before."""
+    tail = TAIL / growth if growth > 0 else 1.0
+    if tail < TAIL and itl.p99 is not None and (itl.samples or 0) * 0.01 >= BEYOND_P99:
+        return itl.p95 + (itl.p99 - itl.p95) * (TAIL - tail) / (TAIL - 0.01)  # past p99: the same slope
+    return itl.p95
+
+
+def slots_for(m: PoolMetrics, steps: StepCosts, k: float) -> int | None:
+    """The fewest batch slots at which a pod carrying its load x ``k`` rarely makes a request
+    wait for one (Erlang C <= 5%); None when the step model cannot say (saturated, no data)."""
+    load = _StepLoad.of(m, replace(steps, slots=None))
+    ratio = None if load is None else load.step_ratio(k)
+    if ratio is None:
+        return None
+    busy = load.running * k * ratio
+    slots = max(1, math.ceil(busy))
+    while erlang_c(slots, busy) > TAIL:
+        slots += 1
+    return slots
+
+
+def surge(request_rate: float | None, period_s: float, sd: float) -> float:
+    """The load factor of a busy period: Poisson arrivals over ``period_s`` run ``sd`` standard
+    deviations above their mean about one period in six (sd 1), far more so at low rates."""
+    expected = (request_rate or 0.0) * period_s
+    return 1.0 + sd / math.sqrt(expected) if expected >= 1.0 else 1.0 + sd
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The step plane's costs at the knobs the pool will run (the tuner's fit, with the measured
+    scale folded in), and those knobs."""
+
+    per_seq_s: float
+    per_prompt_token_s: float
+    slots: int | None  # maxBatchSize, where the pool has it
+    budget: float | None  # maxNumBatchedTokens, where the pool has it
+
+
+@dataclass(frozen=True)
+class _StepLoad:
+    """What one pod carries now, per the pods' metrics and the step costs."""
+
+    work: float  # the share of a pod's time its sequences' and prompt tokens' work takes
+    running: float  # requests in the batch, on average over time (busy batch slots)
+    prompt_tokens: float  # mean prompt tokens per step
+    requests_per_s: float  # per pod
+    slots: int | None
+    budget: float | None
+
+    @classmethod
+    def of(cls, m: PoolMetrics, costs: StepCosts) -> _StepLoad | None:
+        pods = m.ready_pods
+        values = (
+            m.running,
+            m.mean_batch_size,
+            m.mean_step_tokens,
+            m.generation_tokens_per_s,
+            m.computed_prompt_tokens_per_s(),
+        )
+        if not pods or not m.request_rate or any(v is None for v in values):
+            return None
+        running, seqs, tokens, generated, prompted = values
+        work = (costs.per_seq_s * generated + costs.per_prompt_token_s * prompted) / pods
+        # What fills the budget is the prompt tokens that come in while a step runs: a step's mean
+        # where pods step back to back, a fraction of it where they idle between prompts (a
+        # prefill pod's lone prompt fills its step whatever the load; more load fills the gaps)
+        per_step = max(tokens - seqs, 0.0) * _busy_share(m, pods)
+        load = cls(work, running / pods, per_step, m.request_rate / pods, costs.slots, costs.budget)
+        if work >= FULL or load._slot_share(1.0) >= FULL or load._budget_share(1.0) >= FULL:
+            return None  # saturated now: queueing dominates, which M/M/1 on the demand describes better
+        return load
+
+    def step_ratio(self, k: float) -> float | None:
+        """How much longer steps take with each pod's arrivals x ``k``; None when the pods' time
+        would fill."""
+        if self.work * k >= FULL:
+            return None
+        return (1.0 - self.work) / (1.0 - self.work * k)
+
+    def spread(self, k: float) -> tuple[float, float, float, float] | None:
+        """With each pod's arrivals x ``k``: (step time ratio, p95 slot wait now, then, growth of
+        the wait for budget), or None when that load would saturate the pod."""
+        ratio = self.step_ratio(k)
+        if ratio is None or self._slot_share(k * ratio) >= FULL or self._budget_share(k * ratio) >= FULL:
+            return None
+        growth = (1.0 - self._budget_share(1.0)) / (1.0 - self._budget_share(k * ratio))
+        return ratio, self._slot_wait(1.0, 1.0), self._slot_wait(k, ratio), growth
+
+    def saturation(self, k: float) -> str:
+        """What would run full at arrivals x ``k``: the pods' time, the batch slots or the budget."""
+        ratio = self.step_ratio(k)
+        if ratio is None:
+            return f"pods busy {self.work * k:.0%} of the time"
+        if self._slot_share(k * ratio) >= FULL:
+            return f"{self.running * k * ratio:.1f} of {self.slots} batch slots busy"
+        return f"{self.prompt_tokens * k * ratio:.0f} of {self.budget:g} budget tokens per step"
+
+    def _slot_share(self, scale: float) -> float:
+        return 0.0 if not self.slots else self.running * scale / self.slots
+
+    def _budget_share(self, scale: float) -> float:
+        return 0.0 if not self.budget else self.prompt_tokens * scale / self.budget
+
+    def _slot_wait(self, k: float, ratio: float) -> float:
+        """p95 wait for a batch slot (M/M/c, Erlang C) at arrivals x ``k`` and steps x ``ratio``."""
+        if not self.slots:
+            return 0.0
+        busy = self.running * k * ratio
+        life = self.running * ratio / self.requests_per_s  # Little: busy slots / arrivals, at the new step
+        waits = erlang_c(self.slots, busy)
+        if waits <= TAIL:
+            return 0.0
+        return life / (self.slots - busy) * math.log(waits / TAIL)
+
+
+def _busy_share(m: PoolMetrics, pods: int) -> float:
+    """The share of a pod's time it runs steps (1 where the metrics cannot say)."""
+    if m.steps_per_s is None or m.mean_step_seconds is None:
+        return 1.0
+    return min(1.0, m.steps_per_s / pods * m.mean_step_seconds)
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """The probability that an arrival waits in an M/M/c queue with ``offered`` Erlangs of load."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    blocked = 1.0  # Erlang B, by its recurrence over the servers
+    for k in range(1, servers + 1):
+        blocked = offered * blocked / (k + offered * blocked)
+    return servers * blocked / (servers - offered * (1.0 - blocked))
+
+
+def _queueing(
+    ttft: float | None,
+    itl: float | None,
+    queue: float | None,
+    ttft_slo_ms: float,
+    itl_slo_ms: float,
+    rho: float,
+    after: float,
+) -> float:
+    if rho >= 1.0 or after >= 1.0:
+        return math.inf
+    ratios = [0.0]
+    if ttft is not None:
+        wait = ttft if queue is None else min(queue, ttft)
+        grows = (after / (1.0 - after)) / (rho / (1.0 - rho)) if rho > 0 else 1.0
+        ratios.append((ttft - wait + wait * grows) * 1000.0 / ttft_slo_ms)
+    if itl is not None:
+        ratios.append(itl * (1.0 - rho) / (1.0 - after) * 1000.0 / itl_slo_ms)
+    return max(ratios)
+
+
+def trusted_queue_s(m: PoolMetrics) -> float | None:
+    """Queue time p95, or None when it cannot be right: every request's queue time is part of its
+    TTFT, so a queue p95 above the TTFT p95 only comes from interpolating inside coarse histogram
+    buckets (vLLM's queue-time buckets start at 300 ms) and says nothing about the share."""
+    queue, ttft = m.queue_time.p95, m.ttft.p95
+    if queue is None or ttft is None or queue > ttft:
+        return None
+    return queue

@@ -1,0 +1,101 @@
+"""What the tuner's rules share: a rule's recommendation (``Proposal``), the readings several
+rules take of the same snapshot, and how numbers are written in reasons."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from llmfleet.operator.metrics.source import PoolMetrics
+from llmfleet.operator.tuner.decision import PoolInput, SLOTargets, TunerConfig
+from llmfleet.operator.tuner.projection import surge, trusted_queue_s
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One rule's recommendation for one quantity, before stabilization, cooldown and anti-flap."""
+
+    target: float
+    why: str  # the condition, with its numbers
+    how: str = ""  # the step taken, e.g. "x0.75"
+    protective: bool = False  # moves to protect an SLO (may override anti-flap when badly violated)
+    severity: float = 0.0  # p95 / SLO (or demand / capacity) of what it protects
+    exhausted: bool = False  # the SLO is violated and this knob is already at its limit
+    protects: str = ""  # the SLO a protective or exhausted proposal is about: "ttft" or "itl"
+    slots: int | None = None  # replicas: the batch cap a scale-down counts on, where above the current one
+
+
+def exhausted_knobs(pool: PoolInput, knobs: Mapping[str, Proposal]) -> list[str]:
+    """Knobs that cannot restore a violated SLO (at their limit, or short of the excess) that no
+    other knob is protecting this run."""
+    moving = {
+        p.protects for k, p in knobs.items() if p.protective and not p.exhausted and p.target != pool.current.value(k)
+    }
+    return [k for k, p in knobs.items() if p.exhausted and p.protects not in moving]
+
+
+def spent(pool: PoolInput, knobs: Mapping[str, Proposal], exhausted: list[str]) -> str:
+    """'batchTimeoutMs at its limit' or '... short of the excess', for each knob that cannot
+    restore its SLO."""
+    return ", ".join(
+        f"{k} at its limit" if knobs[k].target == pool.current.value(k) else f"{k} short of the excess"
+        for k in exhausted
+    )
+
+
+def owned_latency_ratio(name: str, m: PoolMetrics, slo: SLOTargets) -> float:
+    """The owned latencies over their SLOs, as judged over the SLO's window (replicas follow
+    these; the knobs react to the shorter metric window)."""
+    ratios = [0.0]
+    ttft, itl = m.judged_ttft.p95, m.judged_itl.p95
+    if name in ("colocated", "prefill") and ttft is not None:
+        ratios.append(ttft * 1000.0 / slo.ttft_p95_ms)
+    if name in ("colocated", "decode") and itl is not None:
+        ratios.append(itl * 1000.0 / slo.itl_p95_ms)
+    return max(ratios)
+
+
+def busy_surge(m: PoolMetrics, config: TunerConfig) -> float:
+    """The load factor of a busy window as long as the one the latencies are judged over."""
+    return surge(m.request_rate, m.slo_window_s or m.latency_window_s or m.window_s, config.surge_sd)
+
+
+def kv_under_pressure(m: PoolMetrics, config: TunerConfig) -> bool:
+    """The KV cache is (nearly) full or preempting: a bigger batch would only preempt."""
+    return (m.kv_usage_max or 0.0) >= config.kv_pressure or (m.preemptions_per_s or 0.0) > 0
+
+
+def busy_kv_load(m: PoolMetrics, pods: int, config: TunerConfig) -> float:
+    """The busiest pod's KV usage at a busy window's load, in pods' worth: spread alike over n
+    pods, each runs ``busy_kv_load / n`` full, which must stay under ``kv_pressure``."""
+    return (m.kv_usage_max or 0.0) * pods * busy_surge(m, config)
+
+
+def cap_out_of_reach(mean_batch: float, cap: float) -> bool:
+    """The batch cap is above the mean batch + 3 sd (Poisson-like: sd = sqrt(mean)): it is
+    (almost) never what a waiting request waits for."""
+    return mean_batch + 3.0 * math.sqrt(mean_batch) < cap
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def queue_ms(m: PoolMetrics) -> float | None:
+    return ms(trusted_queue_s(m))
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"
+
+
+def opt(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.1f}"
+
+
+def pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.0%}"

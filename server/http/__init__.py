@@ -1,0 +1,1 @@
+"""HTTP plumbing every role shares: the app factory, its state, errors, SSE responses, auth and drain."""

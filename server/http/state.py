@@ -1,0 +1,115 @@
+"""What the HTTP handlers of every role share: the engine handle, the model's identity, metrics,
+and the drain flag."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from llmfleet.server.core.kv_wire import KVLayout
+from llmfleet.server.engine.async_engine import AsyncEngine
+from llmfleet.server.engine.engine import LLMEngine
+from llmfleet.server.http.auth import fleet_headers
+from llmfleet.server.http.server_metrics import ServerMetrics
+from llmfleet.server.wire.keepalive import pooled
+
+if TYPE_CHECKING:
+    from llmfleet.server.openai.kv_transfer import KVExportStore
+
+# Fetching a KV body from a prefill server: connecting is quick or the pod is gone; reading may
+# take a while for a long prompt on a slow network.
+KV_FETCH_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine | None  # None for roles without a local engine (the router)
+    tokenizer: object
+    model_name: str  # in every answer and metric; requests may name it or one of model_aliases
+    max_model_len: int
+    metrics: ServerMetrics
+    role: str = "colocated"
+    draining: bool = False
+    # Most tokens (prompt + output) one request can hold in the KV cache; caps the default max_tokens
+    max_request_tokens: int | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    # Disaggregation: the cache layout a KV transfer must match, the prefill role's held KV
+    kv_layout: KVLayout | None = None
+    kv_store: KVExportStore | None = None
+    in_flight: int = 0  # API calls being answered (a drain waits for them)
+    # A role's own readiness condition: why it cannot serve yet (the router: no decode server)
+    not_ready: Callable[[], str | None] | None = None
+    model_aliases: tuple[str, ...] = ()  # --served-model-name's other names, as vLLM serves them
+    api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
+    kv_token: str | None = None  # LLMFLEET_KV_TRANSFER_TOKEN: what the transfer paths need (auth.py)
+    tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: 'auto' is served
+    reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
+    # --structured-outputs-config.enable_in_reasoning: a grammar holds the thinking too (vLLM's flag)
+    structured_outputs_in_reasoning: bool = False
+    # --generation-config: what a request that leaves a sampling field out gets (generation_defaults.py)
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
+    _http: Any = None
+
+    def http_client(self) -> httpx.AsyncClient:
+        """One pooled client per server for its calls to other servers (KV fetches)."""
+        if self._http is None:
+            headers = fleet_headers(self.api_key, self.kv_token)
+            self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled(), headers=headers)
+        return self._http
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.model_aliases)
+
+    def model_list(self, max_model_len: int | None) -> dict:
+        """/v1/models: a card per served name, each of the one model (as vLLM lists them)."""
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "llm-fleet",
+                "root": self.model_name,
+                "parent": None,
+                "max_model_len": max_model_len,
+            }
+            for name in self.model_names
+        ]
+        return {"object": "list", "data": cards}
+
+    def unavailable_reason(self) -> str | None:
+        """Why this replica must not take new requests now (readiness fails), or None."""
+        if self.draining:
+            return "server is draining; retry on another replica"
+        if self.engine is not None and not self.engine.alive:
+            return "engine loop is not running"
+        return self.not_ready() if self.not_ready is not None else None
+
+    @classmethod
+    def for_engine(cls, engine: LLMEngine, tokenizer, model_name: str, role: str = "colocated") -> ServerState:
+        """Wire a built engine for serving: metrics observe every step and config change, and the
+        engine loop starts in its own thread."""
+        runner = engine.runner
+        metrics = ServerMetrics(model_name, role, runner.max_model_len)
+
+        def publish_config(e: LLMEngine) -> None:
+            metrics.set_config(e.config, e.config_generation, runner)
+
+        publish_config(engine)
+        async_engine = AsyncEngine(engine, observers=[metrics.on_step])
+        async_engine.config_observers.append(publish_config)
+        async_engine.start()
+        return cls(
+            async_engine,
+            tokenizer,
+            model_name,
+            runner.max_model_len,
+            metrics,
+            role=role,
+            max_request_tokens=runner.num_kv_blocks * runner.kv_block_size,
+            kv_layout=getattr(runner, "kv_layout", None),
+        )

@@ -1,0 +1,289 @@
+"""KV cache transfer between a prefill and a decode server, over plain HTTP.
+
+The router asks a prefill server (``kv_transfer_params.do_remote_decode``) to compute each
+prompt's KV: the server runs ``prompt[:-1]`` as a one-token request whose final event carries
+the KV copied out of its blocks (the blocks are freed at once), and keeps it in its
+``KVExportStore`` under a fresh id. It answers with those ids. The router then sends the client's
+request to a decode server with ``do_remote_prefill``, the prefill server's URL and the ids; the
+decode server fetches each body (``GET /v1/kv/{id}``, one-shot), checks it against its own model,
+layout and tokenization (server/core/kv_wire.py), and queues the request with the KV imported:
+it computes only the last prompt token, then decodes. Its greedy output is the colocated one.
+
+A decode server fetches only the blocks it lacks (``?first_block=N``): the leading full blocks
+already in its prefix cache, such as a system prompt every request shares, or the earlier turns of
+a conversation it served, stay out of the transfer, as vLLM's decode side looks up its own
+prefix cache before it pulls the rest.
+
+Why pull, not push or relay: the KV goes prefill -> decode directly, never through the router,
+and the prefill server holds it in host memory only until the decode server took it, or a TTL
+ran out, so an abandoned transfer never pins memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import StreamingResponse
+
+from llmfleet.server.core.kv_wire import (
+    KVCorruptError,
+    KVImport,
+    KVMismatchError,
+    decode,
+    encode_header,
+    leave_out_blocks,
+    max_body_bytes,
+)
+from llmfleet.server.core.request import SamplingParams
+from llmfleet.server.http.auth import KV_TOKEN_HEADER, carries_kv_token
+from llmfleet.server.http.errors import APIError, error_fields
+from llmfleet.server.http.state import ServerState
+from llmfleet.server.openai.protocol import KVTransferParams
+from llmfleet.server.openai.submission import EventStream, SubRequest, submit
+
+KV_MEDIA_TYPE = "application/x-llmfleet-kv"
+_SEND_CHUNK = 4 << 20  # bytes per write of a KV body
+_PARAM = "kv_transfer_params"
+
+
+@dataclass
+class _Held:
+    token_ids: list[int]  # the prompt tokens the KV covers
+    payload: memoryview  # all of their blocks
+    expires: float
+
+    @property
+    def nbytes(self) -> int:
+        return self.payload.nbytes
+
+
+class KVExportStore:
+    """A prefill server's exported KV, waiting for decode servers to fetch it.
+
+    Each entry is taken once. Entries older than ``ttl_s`` are dropped, and past ``limit_bytes``
+    the oldest go first: a decode server that comes too late gets 404 and its router retries the
+    whole request, which is cheaper than letting abandoned transfers fill the host's memory."""
+
+    def __init__(self, ttl_s: float = 60.0, limit_bytes: int = 2 << 30, clock=time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.limit_bytes = limit_bytes
+        self.clock = clock
+        self._held: OrderedDict[str, _Held] = OrderedDict()
+        self.held_bytes = 0
+        self.dropped = 0  # expired or evicted before anyone took them
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def put(self, token_ids: list[int], payload: memoryview) -> str | None:
+        """Hold ``payload``; its id, or None for KV larger than the whole store, which the decode
+        server then computes itself (an id for KV already evicted would fail the request)."""
+        if payload.nbytes > self.limit_bytes:
+            self.dropped += 1
+            return None
+        kv_id = uuid.uuid4().hex
+        entry = _Held(token_ids, payload, self.clock() + self.ttl_s)
+        self._held[kv_id] = entry
+        self.held_bytes += entry.nbytes
+        self.expire()
+        self._expire_later()
+        return kv_id
+
+    def get(self, kv_id: str) -> _Held | None:
+        self.expire()
+        return self._held.get(kv_id)
+
+    def take(self, kv_id: str) -> _Held | None:
+        self.expire()
+        entry = self._held.pop(kv_id, None)
+        if entry is not None:
+            self.held_bytes -= entry.nbytes
+        return entry
+
+    def _expire_later(self) -> None:
+        """Drop the oldest entry when its TTL runs out, though nothing touches the store then (no
+        request, no scrape): an abandoned transfer must not pin host memory until the next one."""
+        if self._timer is not None or not self._held:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # the store used outside a server (its tests): each call expires
+            return
+        oldest = next(iter(self._held.values()))
+        self._timer = loop.call_later(max(0.0, oldest.expires - self.clock()) + 0.01, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.expire()
+        self._expire_later()
+
+    def expire(self) -> None:
+        now = self.clock()
+        while self._held:
+            kv_id, oldest = next(iter(self._held.items()))
+            if oldest.expires > now and self.held_bytes <= self.limit_bytes:
+                return
+            del self._held[kv_id]
+            self.held_bytes -= oldest.nbytes
+            self.dropped += 1
+
+
+# --- the prefill side ------------------------------------------------------------------------------
+async def prefill_for_remote_decode(
+    state: ServerState, prompts: list[list[int]], priority: int, arrival: float
+) -> dict:
+    """Compute and hold the KV of every prompt but its last token; answer the ids to fetch."""
+    if state.role != "prefill" or state.kv_store is None:
+        raise APIError(400, f"do_remote_decode needs a prefill server; this one is {state.role}", param=_PARAM)
+    one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    subs = [
+        SubRequest(i, f"prefill-{uuid.uuid4().hex}-{i}", prompt[:-1], one_token)
+        for i, prompt in enumerate(prompts)
+        if len(prompt) > 1  # a one-token prompt has nothing to transfer: the decode server computes it
+    ]
+    ids: list[str | None] = [None] * len(prompts)
+    if subs:
+        submission = await submit(state, subs, priority, arrival, export_kv=True)
+        events = EventStream(state, submission)
+        try:
+            async for owner, event in events:
+                if event.finished:
+                    if event.kv_export is None:  # aborted (a drain timeout): no KV to hand over
+                        raise APIError(503, "the prefill was aborted; retry on another server", "unavailable")
+                    ids[owner.index] = state.kv_store.put(owner.prompt, event.kv_export)
+        finally:
+            await events.aclose()
+    state.metrics.set_kv_held(state.kv_store.held_bytes)
+    prompt_tokens = sum(len(p) for p in prompts)
+    return {
+        "id": f"prefill-{uuid.uuid4().hex}",
+        "object": "kv_transfer",
+        "model": state.model_name,
+        "kv_transfer_params": {"do_remote_prefill": True, "remote_kv_ids": ids},
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
+    }
+
+
+def require_kv_token(state: ServerState, raw: Request) -> None:
+    """The transfer paths are the fleet's own (auth.py): a 403 for a request without its token."""
+    if not carries_kv_token(raw.headers, state.kv_token):
+        message = f"KV transfers are the fleet's own: this server takes them only with its {KV_TOKEN_HEADER}"
+        raise APIError(403, message, "permission_error", param=_PARAM)
+
+
+def install_prefill_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/v1/kv/{kv_id}")
+    async def fetch_kv(raw: Request, kv_id: str, first_block: int = Query(0, ge=0)):
+        """The KV body of one prefilled prompt, once: the decode server's fetch, from block
+        ``first_block`` on (the ones before it are in the decode server's prefix cache)."""
+        require_kv_token(state, raw)
+        entry = state.kv_store.get(kv_id)
+        if entry is None:
+            raise APIError(404, f"no KV {kv_id} here: expired, evicted or already taken", "not_found_error")
+        full_blocks = state.kv_layout.full_blocks(len(entry.token_ids))
+        if first_block > full_blocks:
+            message = f"first_block {first_block} is past the KV's {full_blocks} full blocks"
+            raise APIError(400, message, param="first_block")
+        state.kv_store.take(kv_id)
+        state.metrics.set_kv_held(state.kv_store.held_bytes)
+        # the copy and the checksum read every byte (zlib lets go of the GIL): off the event loop
+        header, payload = await asyncio.to_thread(_body, state, entry, first_block)
+        return StreamingResponse(
+            _send(state, header, payload),
+            media_type=KV_MEDIA_TYPE,
+            headers={"Content-Length": str(len(header) + payload.nbytes)},
+        )
+
+
+def _body(state: ServerState, entry: _Held, first_block: int) -> tuple[bytes, memoryview]:
+    payload = leave_out_blocks(entry.payload, state.kv_layout, len(entry.token_ids), first_block)
+    return encode_header(state.model_name, state.kv_layout, entry.token_ids, payload, first_block), payload
+
+
+async def _send(state: ServerState, header: bytes, payload: memoryview) -> AsyncIterator[bytes]:
+    started = time.perf_counter()
+    yield header
+    for start in range(0, payload.nbytes, _SEND_CHUNK):
+        yield bytes(payload[start : start + _SEND_CHUNK])
+    state.metrics.observe_kv_transfer(len(header) + payload.nbytes, time.perf_counter() - started)
+
+
+# --- the decode side -------------------------------------------------------------------------------
+async def receive(state: ServerState, params: KVTransferParams, prompts: list[list[int]]) -> list[KVImport | None]:
+    """Fetch and check the KV of every prompt from the prefill server named in ``params``.
+
+    A body that does not fit this server (another model, layout or tokenization) is a 409 that
+    says what differs; a prefill server that cannot be reached, or no longer holds the KV, is a
+    502 the router answers by retrying the request elsewhere."""
+    if state.role != "decode":
+        raise APIError(400, f"do_remote_prefill needs a decode server; this one is {state.role}", param=_PARAM)
+    ids = params.remote_kv_ids
+    if not params.remote_url or ids is None or len(ids) != len(prompts):
+        raise APIError(400, "do_remote_prefill needs remote_url and one remote_kv_ids entry per prompt", param=_PARAM)
+    base = params.remote_url.rstrip("/")
+    client = state.http_client()
+
+    async def one(kv_id: str | None, prompt: list[int]) -> KVImport | None:
+        if kv_id is None:
+            return None
+        started = time.perf_counter()
+        cached = state.engine.cached_prefix_blocks(prompt[:-1])
+        query = f"?first_block={cached}" if cached else ""
+        limit = max_body_bytes(state.kv_layout, len(prompt) - 1, cached)
+        try:
+            async with client.stream("GET", f"{base}/v1/kv/{kv_id}{query}") as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise _transfer_failed(
+                        f"the prefill server at {base} answered {response.status_code}{_their_error(response)}"
+                    )
+                body = await _read_at_most(response, limit)
+        except httpx.HTTPError as exc:
+            raise _transfer_failed(f"cannot fetch the KV from the prefill server at {base}: {exc!r}") from exc
+        try:
+            if len(body) > limit:
+                with contextlib.suppress(KVCorruptError):  # its header still shows another layout's (a 409)
+                    decode(memoryview(body)[:limit], state.model_name, state.kv_layout, prompt[:-1], cached)
+                raise KVCorruptError(f"KV body is over the {limit} bytes a body for this prompt can have")
+            payload = await asyncio.to_thread(decode, body, state.model_name, state.kv_layout, prompt[:-1], cached)
+        except KVMismatchError as exc:
+            state.metrics.count_kv_failure("mismatch")
+            raise APIError(409, f"KV from {base} does not fit this server: {exc}", "kv_transfer_mismatch") from exc
+        except KVCorruptError as exc:
+            raise _transfer_failed(f"KV from {base} is unusable: {exc}") from exc
+        state.metrics.observe_kv_transfer(len(body), time.perf_counter() - started)
+        state.metrics.count_kv_cached_tokens(cached * state.kv_layout.block_size)
+        return KVImport(len(prompt) - 1, payload, cached)
+
+    def _transfer_failed(message: str) -> APIError:
+        state.metrics.count_kv_failure("fetch")
+        return APIError(502, message, "kv_transfer_failed")
+
+    return list(await asyncio.gather(*(one(kv_id, prompt) for kv_id, prompt in zip(ids, prompts, strict=True))))
+
+
+def _their_error(response: httpx.Response) -> str:
+    """A peer's OpenAI-style error message, and nothing else of its body: the URL may not be one of
+    our servers (a forged request), and what it answers is not the client's to read."""
+    message = (error_fields(response.content) or (None,))[0]
+    return f": {message[:200]}" if isinstance(message, str) else ""
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytearray:
+    """The body, or its first bytes past ``limit`` where it is longer: a bad peer cannot make this
+    server hold more than one body's worth."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            break
+    return body

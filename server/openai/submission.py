@@ -1,0 +1,370 @@
+"""From an API call to engine requests and back: one engine request per (prompt, choice), all
+feeding one event queue; leaving the event stream early aborts whatever is unfinished."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from llmfleet.server.core import grammar
+from llmfleet.server.core.batch import SampledToken
+from llmfleet.server.core.kv_wire import KVImport
+from llmfleet.server.core.request import SamplingParams, StructuredOutput
+from llmfleet.server.engine.engine import InvalidRequestError, QueueFullError, RequestOutput
+from llmfleet.server.http.errors import APIError
+from llmfleet.server.http.state import ServerState
+from llmfleet.server.openai.protocol import _Sampling
+
+
+@dataclass
+class SubRequest:
+    """One engine request behind one API choice."""
+
+    index: int  # the choice index: prompt_index * n + j
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    kv_import: KVImport | None = None  # KV of the first prompt tokens, from a prefill server
+
+
+@dataclass
+class Result:
+    text: str
+    finish_reason: str | None
+    token_ids: list[int]
+    logprobs: list[SampledToken]
+    num_output_tokens: int
+    prompt_logprobs: list[SampledToken] | None = None  # where asked: prompt tokens 1.. (see Request)
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
+
+
+@dataclass
+class Submission:
+    subs: list[SubRequest]
+    events: asyncio.Queue  # RequestOutput of every sub-request, as produced
+    by_id: dict[str, SubRequest] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_id = {s.request_id: s for s in self.subs}
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The n choices of one prompt share it: count it once."""
+        return sum(len(p) for p in {id(s.prompt): s.prompt for s in self.subs}.values())
+
+
+def check_serving(state: ServerState, model: str | None) -> None:
+    reason = state.unavailable_reason()
+    if reason is not None:
+        raise APIError(503, reason, "unavailable")
+    check_model(state, model)
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model not in state.model_names:
+        served = ", ".join(f"`{name}`" for name in state.model_names)
+        raise APIError(404, f"The model `{model}` does not exist. Served: {served}.", "NotFoundError", "model")
+
+
+async def build_subrequests(
+    state: ServerState,
+    prompts: list[list[int]],
+    body: _Sampling,
+    max_tokens: int | None,
+    logprobs: int | None,
+    imports: list[KVImport | None] | None = None,
+    prompt_logprobs: int | None = None,
+    thinking: str | None = None,
+) -> list[SubRequest]:
+    """One engine request per (prompt, choice); ``imports``: per prompt, KV received for it
+    (the n choices of a prompt each write their own copy into their own blocks); ``thinking``:
+    where a reasoning model's thinking runs free of the request's structured output (core/request.py)."""
+    subs = []
+    base = uuid.uuid4().hex
+    limit_tokens = state.max_model_len
+    if state.max_request_tokens is not None:
+        limit_tokens = min(limit_tokens, state.max_request_tokens)
+    _check_queue_capacity(state, len(prompts) * body.n)
+    logit_bias = body.logit_bias_ids()
+    check_in_vocab(state, logit_bias, "logit_bias", "logit_bias token ids")
+    allowed = None
+    if body.allowed_token_ids is not None:  # the sampler masks every other token of the logits
+        check_in_vocab(state, body.allowed_token_ids, "allowed_token_ids", "allowed_token_ids")
+        allowed = frozenset(body.allowed_token_ids)
+    structured = await _structured_output(body, thinking)
+    defaults = state.sampling_defaults
+
+    def given(value, key: str, neutral: float):  # the request's value, else the model's, else neutral
+        return value if value is not None else defaults.get(key, neutral)
+
+    for p_index, prompt in enumerate(prompts):
+        if not prompt:
+            raise APIError(400, "prompt must contain at least one token", param="prompt")
+        check_context_length(state.max_model_len, len(prompt), max_tokens)
+        # no max_tokens: the rest of the context, as far as the KV cache can hold it
+        limit = max_tokens if max_tokens is not None else max(1, limit_tokens - len(prompt))
+        if max_tokens is None and "max_tokens" in defaults:  # the model's max_new_tokens, as vLLM takes it
+            limit = max(1, min(limit, int(defaults["max_tokens"])))
+        for j in range(body.n):
+            try:
+                sampling = SamplingParams(
+                    max_tokens=limit,
+                    temperature=given(body.temperature, "temperature", 1.0),
+                    top_p=given(body.top_p, "top_p", 1.0),
+                    top_k=max(0, int(given(body.top_k, "top_k", 0))),
+                    seed=None if body.seed is None else body.seed + j,  # n choices differ, reproducibly
+                    stop=body.stop_list(),
+                    include_stop_str_in_output=body.include_stop_str_in_output,
+                    skip_special_tokens=body.skip_special_tokens,
+                    stop_token_ids=list(body.stop_token_ids or []),
+                    ignore_eos=body.ignore_eos,
+                    logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
+                    min_p=given(body.min_p, "min_p", 0.0),
+                    min_tokens=body.min_tokens,
+                    presence_penalty=body.presence_penalty or 0.0,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    repetition_penalty=given(body.repetition_penalty, "repetition_penalty", 1.0),
+                    logit_bias=logit_bias,
+                    allowed_token_ids=allowed,
+                    structured=structured,
+                )
+            except ValueError as exc:
+                raise APIError(400, str(exc), param=_param_of(str(exc))) from exc
+            index = p_index * body.n + j
+            kv = imports[p_index] if imports is not None else None
+            subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
+    return subs
+
+
+def check_in_vocab(state: ServerState, ids: Iterable[int], param: str, what: str = "token ids") -> None:
+    """Token ids a request names (a prompt's, logit_bias's keys, allowed_token_ids) lie within the
+    tokenizer's vocabulary, or a 400 says so."""
+    vocab = len(state.tokenizer)
+    if any(not 0 <= token < vocab for token in ids):
+        raise APIError(400, f"{what} must be in [0, {vocab})", param=param)
+
+
+def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> list[int]:
+    """``truncate_prompt_tokens`` as vLLM applies it: the prompt's last k tokens (-1: the context
+    length); more than the context length is a 400."""
+    keep = truncation(state, body)
+    if keep is None:
+        return prompt
+    return prompt[-keep:] if keep else []
+
+
+def truncation(state: ServerState, body: object) -> int | None:
+    """How many of a prompt's last tokens ``truncate_prompt_tokens`` keeps (None: all); more than
+    the context length is a 400, found before the prompt is tokenized."""
+    keep = getattr(body, "truncate_prompt_tokens", None)
+    if keep is None:
+        return None
+    if keep <= -1:
+        return state.max_model_len
+    if keep > state.max_model_len:
+        raise APIError(
+            400,
+            f"truncate_prompt_tokens value ({keep}) is greater than max_model_len ({state.max_model_len}). "
+            "Please, select a smaller truncation size.",
+            param="truncate_prompt_tokens",
+        )
+    return keep
+
+
+def _check_queue_capacity(state: ServerState, requests: int) -> None:
+    """n choices of each prompt are as many engine requests, all queued at once: more than the
+    waiting queue holds could never be admitted, and its 429 would send the client retrying forever."""
+    if state.engine is None:
+        return
+    capacity = state.engine.engine.config.max_queue_len
+    if requests > capacity:
+        raise APIError(
+            400,
+            f"n x prompts asks for {requests} sequences; this server queues at most {capacity} (its --max-queue-len)",
+            param="n",
+        )
+
+
+def check_context_length(max_model_len: int, prompt_len: int, max_tokens: int | None) -> None:
+    """A prompt that leaves no room, or one with max_tokens past the context: a 400 in vLLM's
+    words (clients parse them to shorten the request and retry)."""
+    if prompt_len >= max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+            param="prompt",
+        )
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {prompt_len} input tokens "
+            f"({max_tokens} > {max_model_len} - {prompt_len}).",
+            param="max_tokens",
+        )
+
+
+async def _structured_output(body: _Sampling, thinking: str | None) -> StructuredOutput | None:
+    """The request's structured output, its grammar checked here so that a 400 names the field."""
+    asked = body.structured_output()  # a StructuredOutputError is that 400 already
+    if asked is None:
+        return None
+    structured, field = asked
+    structured = replace(structured, thinking=thinking)
+    # compiling a large grammar takes a while: not on the event loop, which serves every request
+    error = await asyncio.to_thread(grammar.check, structured)
+    if error is not None:
+        raise APIError(400, f"{field}: invalid {structured.kind} for structured output: {error}", param=field)
+    return structured
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a SamplingParams error names (its messages start with it)."""
+    name = message.split(" ", 1)[0]
+    return name if name.isidentifier() else None
+
+
+async def submit(
+    state: ServerState, subs: list[SubRequest], priority: int, arrival_time: float, export_kv: bool = False
+) -> Submission:
+    """Hand every sub-request to the engine, or none: a rejection aborts those already in.
+    ``export_kv``: each one's final event carries its KV (a prefill server's work)."""
+    events: asyncio.Queue = asyncio.Queue()
+    added: list[SubRequest] = []
+    engine = state.engine
+    try:
+        for sub in subs:
+            # vLLM's API: lower priority values are served first; the engine serves larger first
+            await engine.add(
+                sub.request_id, sub.prompt, sub.sampling, -priority, arrival_time, events, sub.kv_import, export_kv
+            )
+            added.append(sub)
+    except InvalidRequestError as exc:
+        _abort(state, added)
+        raise APIError(400, str(exc), param="max_tokens" if "max_tokens" in str(exc) else "prompt") from exc
+    except QueueFullError as exc:
+        _abort(state, added)
+        raise APIError(429, str(exc), "rate_limit_exceeded") from exc
+    except RuntimeError as exc:  # the engine loop is gone
+        _abort(state, added)
+        raise APIError(503, str(exc), "unavailable") from exc
+    except BaseException:
+        _abort(state, added)
+        raise
+    return Submission(subs, events)
+
+
+def _abort(state: ServerState, subs: list[SubRequest]) -> None:
+    for sub in subs:
+        state.engine.abort(sub.request_id)
+
+
+class EventStream:
+    """Events of all sub-requests as produced: ``async for owner, event in stream``. Closing it
+    (``aclose``) aborts the unfinished ones, which frees their KV blocks before the engine's
+    next step; a plain class rather than a generator, so that a stream closed before its first
+    event (the client left during the opening chunks) aborts them too.
+
+    A consumer that falls behind the engine (a slow client, a busy event loop) gets the events
+    that piled up merged into one per request, as vLLM does: fewer, larger chunks instead of a
+    backlog that grows with the engine's speed."""
+
+    def __init__(self, state: ServerState, sub: Submission) -> None:
+        self._state = state
+        self._queue = sub.events
+        self._unfinished = dict(sub.by_id)
+        self._ready: deque[tuple[SubRequest, RequestOutput]] = deque()
+        # per prompt (its n choices share one list), for vLLM's parallel-sampling histograms: its n,
+        # how many are unfinished, and the most tokens one has generated
+        self._n = Counter(id(s.prompt) for s in sub.subs)
+        self._left = dict(self._n)
+        self._most: dict[int, int] = {}
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> tuple[SubRequest, RequestOutput]:
+        while not self._ready:
+            if not self._unfinished:
+                raise StopAsyncIteration
+            pending = [await self._queue.get()]
+            while not self._queue.empty():
+                pending.append(self._queue.get_nowait())
+            for event in merge_events(pending):
+                owner = self._unfinished.get(event.request_id)
+                if owner is None:
+                    continue
+                if event.finished:
+                    del self._unfinished[event.request_id]
+                    self._observe_finished(owner, event.num_output_tokens)
+                self._ready.append((owner, event))
+        return self._ready.popleft()
+
+    def _observe_finished(self, owner: SubRequest, generated: int) -> None:
+        key = id(owner.prompt)
+        self._most[key] = max(self._most.get(key, 0), generated)
+        self._left[key] -= 1
+        if not self._left[key]:
+            self._state.metrics.observe_parallel_sampling(self._n[key], self._most[key])
+
+    async def aclose(self) -> None:
+        _abort(self._state, list(self._unfinished.values()))
+        self._unfinished.clear()
+
+
+def merge_events(events: list[RequestOutput]) -> list[RequestOutput]:
+    """One event per request, in first-seen order: tokens, text and logprobs concatenated; the
+    state (finished, reason, counts, timings) of the latest."""
+    merged: dict[str, RequestOutput] = {}
+    for event in events:
+        into = merged.get(event.request_id)
+        if into is None:
+            merged[event.request_id] = event
+            continue
+        logprobs = None
+        if into.logprobs is not None or event.logprobs is not None:
+            logprobs = (into.logprobs or []) + (event.logprobs or [])
+        merged[event.request_id] = replace(
+            event,
+            new_token_ids=into.new_token_ids + event.new_token_ids,
+            new_text=into.new_text + event.new_text,
+            logprobs=logprobs,
+            prompt_logprobs=into.prompt_logprobs if into.prompt_logprobs is not None else event.prompt_logprobs,
+        )
+    return list(merged.values())
+
+
+async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
+    """Wait for every sub-request's last event; returns choice index -> result."""
+    text: dict[int, list[str]] = {s.index: [] for s in sub.subs}
+    tokens: dict[int, list[int]] = {s.index: [] for s in sub.subs}
+    lps: dict[int, list] = {s.index: [] for s in sub.subs}
+    prompt_lps: dict[int, list[SampledToken]] = {}
+    done: dict[int, tuple[str | None, int, str | int | None]] = {}
+    events = EventStream(state, sub)
+    try:
+        async for owner, event in events:
+            text[owner.index].append(event.new_text)
+            tokens[owner.index].extend(event.new_token_ids)
+            lps[owner.index].extend(event.logprobs or [])
+            if event.prompt_logprobs is not None:
+                prompt_lps[owner.index] = event.prompt_logprobs
+            if event.finished:
+                done[owner.index] = (api_finish_reason(event.finish_reason), event.num_output_tokens, event.stop_reason)
+    finally:
+        await events.aclose()
+    return {
+        i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1], prompt_lps.get(i), done[i][2])
+        for i in text
+    }
+
+
+def api_finish_reason(reason: str | None) -> str | None:
+    # "stop" | "length"; "abort" (as vLLM reports it) only when the engine failed under the
+    # request or a drain timed out: the text is cut, and the client must be able to tell
+    return reason

@@ -1,0 +1,110 @@
+"""Process wiring for `llm-fleet serve`: engine, metrics, config watcher, app, uvicorn, drain.
+
+Roles with a local engine (colocated, prefill, decode) share :func:`local_engine_state`; every
+role, the router included (``llmfleet.server.router.serve``), runs its app through
+:func:`.drain.run_app`, which gives it the SIGTERM drain and exit code 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from llmfleet.server.config import file_overrides, load_engine_config, read_engine_file
+from llmfleet.server.core.chat_template import holds_jinja, template_problem
+from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
+from llmfleet.server.engine_flags import FLAGS, SWITCHES, engine_flags
+from llmfleet.server.http.auth import kv_token_from_env
+from llmfleet.server.http.drain import run_app
+from llmfleet.server.http.state import ServerState
+from llmfleet.server.live_config import ConfigWatcher, version_of
+from llmfleet.server.openai.generation_defaults import GenerationConfigError, read_generation_defaults
+from llmfleet.server.openai.kv_transfer import KVExportStore
+from llmfleet.server.runner.builtin_models import resolve_model
+
+log = logging.getLogger(__name__)
+
+
+def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
+    """Load the model, start the engine thread and, with ``--config``, the live-config watcher."""
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("llm-fleet serve: --enable-auto-tool-choice needs --tool-call-parser")
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    flags = engine_flags(args)
+    loaded = version_of(args.config) if args.config else None  # before reading it: see ConfigWatcher
+    try:
+        config = load_engine_config(args.config, flags)
+    except ValueError as exc:  # a bad file at start-up has no last good config to fall back on
+        raise SystemExit(f"llm-fleet serve: {exc}") from exc
+    if args.config:
+        warn_of_overridden_flags(args.config, flags)
+    try:
+        engine, tokenizer = build_engine(args.model, config, device=args.device)
+    except LOAD_ERRORS as exc:
+        raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
+    if template is not None:
+        tokenizer.chat_template = template
+    try:
+        defaults = read_generation_defaults(
+            args.generation_config, resolve_model(args.model), args.override_generation_config
+        )
+    except GenerationConfigError as exc:
+        raise SystemExit(f"llm-fleet serve: {exc}") from exc
+    if defaults:
+        log.info("requests that leave them out get the generation config's %s", defaults)
+    name, *aliases = args.served_model_name or [args.model]
+    state = ServerState.for_engine(engine, tokenizer, name, args.role)
+    state.model_aliases = tuple(aliases)
+    state.api_key = args.api_key
+    state.kv_token = kv_token_from_env()
+    state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
+    state.reasoning_parser = args.reasoning_parser
+    state.structured_outputs_in_reasoning = args.structured_outputs_in_reasoning
+    state.sampling_defaults = defaults
+    if args.role == "prefill":
+        state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=int(args.kv_export_limit_mb * 2**20))
+    watcher = None
+    if args.config:
+        watcher = ConfigWatcher.for_engine(
+            args.config, state.engine, state.metrics, initial=config, defaults=flags, baseline=loaded
+        )
+        watcher.start()
+    return state, watcher
+
+
+def read_chat_template(value: str) -> str:
+    """``--chat-template`` as vLLM reads it: a file's text, or else the template itself where the
+    value holds Jinja's characters; checked to parse before the model loads."""
+    try:
+        text = Path(value).read_text()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte, or undecodable text
+        if not holds_jinja(value):
+            why = "no such file, and no Jinja template either" if isinstance(exc, FileNotFoundError) else exc
+            raise SystemExit(f"llm-fleet serve: --chat-template {value}: {why}") from exc
+        text = value
+    problem = template_problem(text) if holds_jinja(text) else None  # a file may be plain
+    if problem is not None:
+        raise SystemExit(f"llm-fleet serve: --chat-template: {problem}")
+    return text
+
+
+def warn_of_overridden_flags(path: str, flags: dict) -> None:
+    """A --config file's keys win over the engine flags (so that live reloads keep them): say so
+    once, at start, for each flag given that the file sets too, rather than drop it unseen."""
+    flag_of = {field: flag for flag, (field, *_) in [*FLAGS.items(), *SWITCHES.items()]}
+    overridden = file_overrides(read_engine_file(path), flags)
+    if overridden:
+        named = ", ".join(f"{flag_of[field]}={flags[field]} ({field}: {value})" for field, value in overridden.items())
+        log.warning("--config %s sets what these flags set, and its keys win: %s", path, named)
+
+
+def serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state, watcher = local_engine_state(args)
+
+    def stop() -> None:
+        if watcher is not None:
+            watcher.stop()
+        state.engine.shutdown()
+
+    return run_app(state, args, on_exit=stop)
