@@ -1,12 +1,15 @@
 """argparse types for numbers that must be positive or not negative, and for ports: a wrong value
 is the parser's one-line error, not a traceback or a run that never ends (a negative rate, a zero
-divisor); and whether a port can be listened on, checked before a model loads, not after."""
+divisor); and whether a port can be listened on, checked before a model loads, not after; the
+log levels every command takes."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import socket
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, as vLLM's --uvicorn-log-level
 
 
 def positive(text: str) -> float:

@@ -24,9 +24,11 @@ from llmfleet.operator.metrics.source import MetricSource, PoolRef
 from llmfleet.operator.reconcile import status as st
 from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, POD, KubeClient
 from llmfleet.operator.reconcile.converge import owner_of, tuner_state
-from llmfleet.operator.reconcile.desired import SERVER_PORT, TunerState, selector
+from llmfleet.operator.reconcile.desired import SERVER_PORT, selector
 from llmfleet.operator.reconcile.scaledown import rank_pods_for_scale_down
+from llmfleet.operator.resource.conditions import TUNER_ACTIVE, Condition, condition_of, merge_conditions
 from llmfleet.operator.resource.spec import InferenceServiceSpec
+from llmfleet.operator.resource.tuner_state import TunerState
 from llmfleet.operator.tuner.memory import TunerMemory
 from llmfleet.operator.tuner.run import (
     AutotuneOutcome,
@@ -138,15 +140,15 @@ async def autotune_once(
     try:
         outcome = await Autotuner(spec, session.source, refs, memory=memory).step(actuator, now or time.time())
     except InvalidLimits as exc:  # hold, and say why where users look
-        condition = st.Condition(st.TUNER_ACTIVE, "False", "InvalidBounds", str(exc))
-        conditions = st.merge_conditions(current.get("conditions") or [], [condition], generation, st.now())
+        condition = Condition(TUNER_ACTIVE, "False", "InvalidBounds", str(exc))
+        conditions = merge_conditions(current.get("conditions") or [], [condition], generation, st.now())
         await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, {"conditions": conditions})
         raise
     patch = {
         # whole: what an earlier run wrote and this one did not (a pool of the old mode, a
         # quantity it could not measure, a hold's reason) must not stay beside this run's word
         **{key: st.replacing(current.get(key), value) for key, value in outcome.status.items()},
-        "conditions": st.merge_conditions(current.get("conditions") or [], [outcome.condition], generation, st.now()),
+        "conditions": merge_conditions(current.get("conditions") or [], [outcome.condition], generation, st.now()),
     }
     await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, patch)
     return outcome, {**body, "status": st.merge_patched(current, patch)}
@@ -154,7 +156,7 @@ async def autotune_once(
 
 def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The run's Events, less a hold warning already given for the same reason."""
-    was = st.condition_of(previous_status, st.TUNER_ACTIVE) or {}
+    was = condition_of(previous_status, TUNER_ACTIVE) or {}
     repeated = was.get("reason") == outcome.condition.reason and was.get("message") == outcome.condition.message
     return [e for e in outcome.events if not (e[1] == "TunerHolding" and repeated)]
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import os
 import sys
 
-from llmfleet.arguments import bind_problem, non_negative, port, positive
+from llmfleet.arguments import LOG_LEVELS, bind_problem, non_negative, port, positive
 from llmfleet.server.engine_flags import add_engine_flags
-from llmfleet.server.http.auth import API_KEY_ENV
 from llmfleet.server.parsers.reasoning import REASONING_PARSERS
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS
 from llmfleet.server.router.policies import POLICIES as ROUTER_POLICIES
+from llmfleet.server.wire.auth import API_KEY_ENV
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
 DEFAULT_MODEL = "builtin:tiny"
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, as vLLM's --uvicorn-log-level
 
 
 def add_arguments(parser) -> None:

@@ -23,8 +23,8 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from llmfleet.server.config import load_engine_config
     from llmfleet.server.core.request import SamplingParams
+    from llmfleet.server.core.validation import InvalidRequestError
     from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
-    from llmfleet.server.engine.engine import InvalidRequestError
 
     try:
         config = load_engine_config(args.config, engine_flags(args))

@@ -2,7 +2,7 @@
 
 Roles with a local engine (colocated, prefill, decode) share :func:`local_engine_state`; every
 role, the router included (``llmfleet.server.router.serve``), runs its app through
-:func:`.drain.run_app`, which gives it the SIGTERM drain and exit code 0.
+:func:`llmfleet.server.http.drain.run_app`, which gives it the SIGTERM drain and exit code 0.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from llmfleet.server.config import file_overrides, load_engine_config, read_engi
 from llmfleet.server.core.chat_template import holds_jinja, template_problem
 from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
 from llmfleet.server.engine_flags import FLAGS, SWITCHES, engine_flags
-from llmfleet.server.http.auth import kv_token_from_env
 from llmfleet.server.http.drain import run_app
+from llmfleet.server.http.kv_store import KVExportStore
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.live_config import ConfigWatcher, version_of
+from llmfleet.server.openai.app import create_app
 from llmfleet.server.openai.generation_defaults import GenerationConfigError, read_generation_defaults
-from llmfleet.server.openai.kv_transfer import KVExportStore
 from llmfleet.server.runner.builtin_models import resolve_model
+from llmfleet.server.wire.auth import kv_token_from_env
 
 log = logging.getLogger(__name__)
 
@@ -107,4 +108,4 @@ def serve(args) -> int:
             watcher.stop()
         state.engine.shutdown()
 
-    return run_app(state, args, on_exit=stop)
+    return run_app(create_app(state), state, args, on_exit=stop)

@@ -23,11 +23,12 @@ import yaml
 from llmfleet.local.pools import LocalPool
 from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
 from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef
-from llmfleet.operator.reconcile.desired import POOL_LABEL, Owner, TunerState, desired_objects
+from llmfleet.operator.reconcile.desired import POOL_LABEL, Owner, desired_objects
 from llmfleet.operator.resource.spec import InferenceServiceSpec
+from llmfleet.operator.resource.tuner_state import TunerState
 from llmfleet.operator.tuner.law import Decision
 from llmfleet.operator.tuner.run import ROUTER, Autotuner, PoolView, measured_pools, views_from_state
-from llmfleet.server.http.auth import KV_TOKEN_ENV
+from llmfleet.server.wire.auth import KV_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 NAMESPACE = "local"

@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmfleet.server.http.sse import WholeEvents, broken_stream_end
-from llmfleet.server.router.policies import load_score
-from llmfleet.server.router.router_metrics import StreamMeter, flag
+from llmfleet.server.router.load import load_score
+from llmfleet.server.router.stream_meter import StreamMeter, flag
 from llmfleet.server.wire.client_gone import CLIENT_GONE, unless_client_gone
 from llmfleet.server.wire.keepalive import pooled
+from llmfleet.server.wire.sse import WholeEvents, broken_stream_end
 
 log = logging.getLogger(__name__)
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}

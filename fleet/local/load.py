@@ -63,7 +63,7 @@ async def served_model(client) -> str:
     """The first model id in the endpoint's /v1/models, or a LoadError that says why there is none."""
     import os
 
-    from llmfleet.server.http.auth import API_KEY_ENV
+    from llmfleet.server.wire.auth import API_KEY_ENV
 
     response = await client.get("/v1/models")
     if response.status_code == 401:
@@ -141,7 +141,7 @@ async def generate_load(args, total: Summary) -> None:
     start_rate = args.rate or shape.rate_per_s or 1.0
     peak = args.peak_rate or start_rate
     window = Summary()
-    from llmfleet.server.http.auth import API_KEY_ENV, bearer
+    from llmfleet.server.wire.auth import API_KEY_ENV, bearer
 
     key = bearer(os.environ.get(API_KEY_ENV))  # a fleet that requires a key (vLLM's --api-key)
     async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(300.0, connect=5.0), headers=key) as client:

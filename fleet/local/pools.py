@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 
 from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
-from llmfleet.operator.reconcile.desired import DRAIN_SECONDS, TunerState, effective_engine, effective_replicas
+from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
 from llmfleet.operator.resource.spec import InferenceServiceSpec
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
 
 log = logging.getLogger(__name__)
 

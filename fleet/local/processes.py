@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from llmfleet.operator.reconcile.desired import LIVENESS_PROBE, READINESS_PROBE
-from llmfleet.server.http.drain import PARENT_PID_ENV
+from llmfleet.server.wire.parent import PARENT_PID_ENV
 
 # A server that exits before it ever answered /ready this many times in a row will not start:
 # a bad model path, a role this build lacks. Retrying forever would hide the reason.

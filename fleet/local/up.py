@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from llmfleet.arguments import bind_problem, port
-from llmfleet.server.cli import LOG_LEVELS
+from llmfleet.arguments import LOG_LEVELS, bind_problem, port
 
 HELP = "run an InferenceService file as a local fleet of server processes, with the tuner"
 DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as examples/local.yaml
@@ -39,9 +38,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from llmfleet.local.fleet import LocalFleet
-    from llmfleet.operator.reconcile.desired import name_problem
-    from llmfleet.operator.resource.spec import SpecError
-    from llmfleet.server.http.auth import API_KEY_ENV
+    from llmfleet.operator.resource.spec import SpecError, name_problem
+    from llmfleet.server.wire.auth import API_KEY_ENV
 
     try:
         name, spec = load_service(args.file)

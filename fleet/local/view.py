@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmfleet.local.fleet import LocalFleet
-from llmfleet.operator.reconcile.desired import effective_engine
+from llmfleet.operator.resource.tuner_state import effective_engine
 from llmfleet.operator.tuner.run import ROUTER
 
 

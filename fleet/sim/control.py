@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from llmfleet.operator.reconcile.desired import TunerState, effective_engine, effective_replicas
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
 from llmfleet.operator.tuner.law import Tuner, TunerConfig
 from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
 from llmfleet.sim.fleet import ControlRecord, Fleet

@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from llmfleet.cache import cache_root
 from llmfleet.server.core.batch import SchedulerOutput
-from llmfleet.server.runner.builtin_models import cache_root
 from llmfleet.server.runner.step_shapes import padded_step_tokens, pads_steps
 from llmfleet.sim.paths import write_atomically
 

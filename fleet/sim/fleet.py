@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmfleet.operator.metrics.source import PoolRef
-from llmfleet.operator.reconcile.desired import DRAIN_SECONDS, effective_engine, effective_replicas
+from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
 from llmfleet.operator.resource.spec import InferenceServiceSpec
+from llmfleet.operator.resource.tuner_state import effective_engine, effective_replicas
 from llmfleet.operator.tuner.law import KNOB_FIELDS
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.engine.engine import InvalidRequestError, QueueFullError
-from llmfleet.server.router.policies import load_score
+from llmfleet.server.core.validation import InvalidRequestError
+from llmfleet.server.engine.engine import QueueFullError
+from llmfleet.server.router.load import load_score
 from llmfleet.sim.cost_model import CostModel
 from llmfleet.sim.metric_source import PodGauges, PoolSeries, RequestRecord, SimMetricSource
 from llmfleet.sim.pod import PodConfigError, PodState, SimPod, pod_max_model_len

@@ -30,8 +30,8 @@ from llmfleet.operator.metrics.source import (
     least_squares_slope,
     stale_snapshot,
 )
-from llmfleet.server.http.server_metrics import ITL_BUCKETS as SERVER_ITL_BUCKETS
-from llmfleet.server.http.server_metrics import REQUEST_BUCKETS, TTFT_BUCKETS
+from llmfleet.server.metric_buckets import ITL_BUCKETS as SERVER_ITL_BUCKETS
+from llmfleet.server.metric_buckets import REQUEST_BUCKETS, TTFT_BUCKETS
 
 LATENCY_BUCKETS = {"ttft": TTFT_BUCKETS, "itl": SERVER_ITL_BUCKETS, "queue_time": REQUEST_BUCKETS}
 COUNTERS = (

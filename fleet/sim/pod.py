@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.core.batch import SampledToken, SchedulerOutput
+from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVImport
-from llmfleet.server.core.request import Request, SamplingParams
-from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, RequestOutput
-from llmfleet.server.http.errors import APIError
-from llmfleet.server.openai.submission import check_context_length
+from llmfleet.server.core.request import Request, SampledToken, SamplingParams
+from llmfleet.server.core.validation import check_context_length
+from llmfleet.server.engine.engine import LLMEngine, RequestOutput
 from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
 from llmfleet.sim.cost_model import CostModel, StepFeatures
 
@@ -157,10 +156,8 @@ class SimPod:
         sees; a decode pod imports the KV of those tokens, computes the last one and samples the
         client's tokens, the first of them too. A one-token prompt has nothing to transfer: its
         decode pod computes it."""
-        try:  # before the filler prompt is built: a prompt of 1e11 tokens is refused, not allocated
-            check_context_length(self.max_model_len, prompt_len, output_len)
-        except APIError as exc:
-            raise InvalidRequestError(exc.message) from None
+        # before the filler prompt is built: a prompt of 1e11 tokens is refused, not allocated
+        check_context_length(self.max_model_len, prompt_len, output_len)
         kv_import = None
         if self.pool == "prefill":
             prompt_len, output_len = prompt_len - 1, 1

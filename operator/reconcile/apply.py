@@ -20,10 +20,9 @@ from decimal import Decimal
 from typing import Any
 
 from llmfleet.operator.reconcile.cluster import ApiError, KubeClient, ResourceKind, kind_of
+from llmfleet.operator.reconcile.desired import EXTERNAL, REPLICAS_OWNER
 
 APPLIED_HASH = "llmfleet.io/applied-hash"
-REPLICAS_OWNER = "llmfleet.io/replicas"  # EXTERNAL on a Deployment: the user's autoscaler owns its replicas
-EXTERNAL = "external"
 
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 _SUFFIX = {

@@ -18,18 +18,25 @@ from llmfleet.operator.reconcile.cluster import CHILD_KINDS, INFERENCE_SERVICE, 
 from llmfleet.operator.reconcile.desired import (
     POOL_LABEL,
     Owner,
-    TunerState,
     client_url,
     desired_objects,
-    effective_engine,
-    name_problem,
     pool_object_name,
     selector,
 )
 from llmfleet.operator.reconcile.handover import Handover, pending_handover
 from llmfleet.operator.reconcile.kv_secret import ensure_kv_secret
 from llmfleet.operator.reconcile.pod_trouble import PodTrouble, pod_trouble
-from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, parse_spec
+from llmfleet.operator.resource.conditions import (
+    DEGRADED,
+    PROGRESSING,
+    READY,
+    TUNER_ACTIVE,
+    Condition,
+    condition_of,
+    merge_conditions,
+)
+from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, name_problem, parse_spec
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine
 
 STATUS_ATTEMPTS = 3
 
@@ -44,7 +51,7 @@ class Event:
 @dataclass
 class Outcome:
     applied: ApplyResult | None = None
-    degraded: st.Condition | None = None
+    degraded: Condition | None = None
     status_patch: dict[str, Any] | None = None  # what was written to status (None: nothing)
     events: list[Event] = field(default_factory=list)
 
@@ -103,7 +110,7 @@ async def converge(
     serving = st.serving_conditions(
         pools, applied.summary() if applied.changed else None, trouble, handover.message if handover else None
     )
-    serving.append(st.Condition(st.DEGRADED, "False", "AsExpected", ""))
+    serving.append(Condition(DEGRADED, "False", "AsExpected", ""))
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
         conditions = serving + _tuner_condition(spec, current)
@@ -114,7 +121,7 @@ async def converge(
         released = {key: None for key in ("tuner", "latency") if not spec.autotune.enabled and current.get(key)}
         return {
             "observedGeneration": generation,
-            "conditions": st.merge_conditions(current.get("conditions") or [], conditions, generation, st.now()),
+            "conditions": merge_conditions(current.get("conditions") or [], conditions, generation, st.now()),
             "ready": st.ready_summary(pools),
             "url": client_url(owner),
             "pools": _pool_status(owner, spec, tuner, pools),
@@ -129,7 +136,7 @@ async def converge(
         outcome.events.append(Event("Warning", "EditReverted", _reverted_message(spec, applied.reverted)))
     if applied.changed:
         outcome.events.append(Event("Normal", "Applied", applied.summary()))
-    was = st.condition_of(status, st.DEGRADED)
+    was = condition_of(status, DEGRADED)
     if was and was.get("status") == "True":
         outcome.events.append(Event("Normal", "Recovered", f"no longer degraded ({was.get('reason')})"))
     return outcome
@@ -148,22 +155,22 @@ async def _degrade(
     """Report a spec or object the operator cannot serve; existing objects keep serving.
     ``stops_tuner``: the spec cannot be read, so the tuner does not run either."""
     generation = body["metadata"].get("generation")
-    degraded = st.Condition(st.DEGRADED, "True", reason, message)
+    degraded = Condition(DEGRADED, "True", reason, message)
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
-        updates = [degraded, st.Condition(st.PROGRESSING, "False", reason, "waiting for a servable spec")]
+        updates = [degraded, Condition(PROGRESSING, "False", reason, "waiting for a servable spec")]
         if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
-            updates.append(st.Condition(st.TUNER_ACTIVE, "False", reason, "the tuner waits for a servable spec"))
-        if st.condition_of(current, st.READY) is None:
-            updates.append(st.Condition(st.READY, "False", reason, "nothing deployed yet"))
+            updates.append(Condition(TUNER_ACTIVE, "False", reason, "the tuner waits for a servable spec"))
+        if condition_of(current, READY) is None:
+            updates.append(Condition(READY, "False", reason, "nothing deployed yet"))
         return {
             "observedGeneration": generation,
-            "conditions": st.merge_conditions(current.get("conditions") or [], updates, generation, st.now()),
+            "conditions": merge_conditions(current.get("conditions") or [], updates, generation, st.now()),
         }
 
     outcome = Outcome(degraded=degraded)
     outcome.status_patch = await _write_status(client, owner, body, build)
-    was = st.condition_of(body.get("status"), st.DEGRADED) or {}
+    was = condition_of(body.get("status"), DEGRADED) or {}
     if (was.get("status"), was.get("reason"), was.get("message")) != ("True", reason, message):
         outcome.events.append(Event("Warning", reason, message))
     return outcome
@@ -258,10 +265,10 @@ def _batch(spec: InferenceServiceSpec, tuner: TunerState | None) -> int:
     return effective_engine(spec, pool, tuner).max_batch_size
 
 
-def _tuner_condition(spec: InferenceServiceSpec, status: dict[str, Any]) -> list[st.Condition]:
+def _tuner_condition(spec: InferenceServiceSpec, status: dict[str, Any]) -> list[Condition]:
     if not spec.autotune.enabled:
-        return [st.Condition(st.TUNER_ACTIVE, "False", "Disabled", "spec.autotune.enabled is false")]
-    current = st.condition_of(status, st.TUNER_ACTIVE)
+        return [Condition(TUNER_ACTIVE, "False", "Disabled", "spec.autotune.enabled is false")]
+    current = condition_of(status, TUNER_ACTIVE)
     if current is None or current.get("reason") == "Disabled":
-        return [st.Condition(st.TUNER_ACTIVE, "Unknown", "AwaitingMetrics", "the tuner has not reported yet")]
+        return [Condition(TUNER_ACTIVE, "Unknown", "AwaitingMetrics", "the tuner has not reported yet")]
     return []  # the tuner's own word stands

@@ -20,25 +20,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from llmfleet.operator.reconcile.apply import EXTERNAL, REPLICAS_OWNER
 from llmfleet.operator.resource.spec import (
     MODELS_DIR,
-    POOL_NAMES,
-    TUNABLE_KNOBS,
     InferenceServiceSpec,
     KVTransferSecret,
     PodOptions,
     Pool,
-    knob_range,
 )
-from llmfleet.server.config import EngineConfig, ValidationError
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
+from llmfleet.server.config import EngineConfig
 
 SERVER_PORT = 8000
 CONFIG_DIR = "/etc/llm-fleet"
@@ -57,28 +53,8 @@ POOL_LABEL = "llmfleet.io/pool"
 MANAGED_BY = "llm-fleet-operator"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 RESTART_CHECKSUM = "llmfleet.io/restart-checksum"
-
-# Children are named "<name>" and "<name>-<pool>"; Services among them, whose names must be
-# DNS-1035 labels (a letter first, no dots, at most 63 characters). KServe asks the same of its names.
-NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
-MAX_NAME_LENGTH = 63 - max(len(f"-{pool}") for pool in (*POOL_NAMES, "router"))
-
-
-@dataclass
-class TunerState:
-    """What the tuner owns: current replicas and knobs per pool (spec bounds still win).
-
-    It lives in the InferenceService's ``status.tuner``: {replicas: {pool: n}, knobs: {pool:
-    {maxBatchSize: 48, batchTimeoutMs: 5, maxNumBatchedTokens: 2048}}}.
-    """
-
-    replicas: dict[str, int] = field(default_factory=dict)
-    knobs: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> camelCase knob -> value
-
-    @classmethod
-    def from_status(cls, status: dict[str, Any] | None) -> TunerState:
-        tuner = (status or {}).get("tuner") or {}
-        return cls(replicas=dict(tuner.get("replicas") or {}), knobs=dict(tuner.get("knobs") or {}))
+REPLICAS_OWNER = "llmfleet.io/replicas"  # EXTERNAL on a Deployment: the user's autoscaler owns its replicas
+EXTERNAL = "external"
 
 
 @dataclass(frozen=True)
@@ -119,16 +95,6 @@ def selector(owner: Owner, pool: str | None = None) -> dict[str, str]:
     return {OWNER_LABEL: owner.name} if pool is None else {OWNER_LABEL: owner.name, POOL_LABEL: pool}
 
 
-def name_problem(name: str) -> str | None:
-    """Why an InferenceService cannot have this name (its Services would be rejected), or None."""
-    if re.fullmatch(NAME_PATTERN, name) and len(name) <= MAX_NAME_LENGTH:
-        return None
-    return (
-        f"name {name!r} cannot name this fleet's Services: use at most {MAX_NAME_LENGTH} characters "
-        "(lower-case letters, digits and '-', a letter first, no dots)"
-    )
-
-
 def pool_object_name(owner: Owner, pool: str) -> str:
     return f"{owner.name}-{pool}"
 
@@ -144,33 +110,6 @@ def generated_kv_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferS
 def kv_transfer_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferSecret | None:
     """Where the pods read their KV-transfer token: the spec's Secret, else the generated one."""
     return spec.kv_transfer_secret or generated_kv_secret(owner, spec)
-
-
-def effective_engine(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> EngineConfig:
-    """The pool's engine config: spec knobs, overridden by the tuner's, clamped to spec bounds."""
-    pool_spec = spec.pool(pool)
-    config = pool_spec.engine_config()  # validate_assignment: each setattr below is checked
-    tuned = (tuner.knobs.get(pool) if tuner else None) or {}
-    for knob, attr in TUNABLE_KNOBS.items():
-        for value in (tuned.get(knob), getattr(config, attr)):  # the tuner's value, else the spec's
-            if value is None:
-                continue
-            bound = pool_spec.bounds.get(knob)
-            try:
-                if bound is not None:  # whole numbers within a fractional bound, as the tuner reads it
-                    low, high = knob_range(knob, *bound.limits())
-                    value = min(max(value, low), high)
-                setattr(config, attr, type(getattr(config, attr))(value))
-                break
-            except (ValidationError, TypeError, ValueError):  # outside what the engine accepts
-                continue
-    return config
-
-
-def effective_replicas(spec: InferenceServiceSpec, pool: str, tuner: TunerState | None) -> int:
-    pool_spec = spec.pool(pool)
-    wanted = tuner.replicas.get(pool) if tuner and pool in tuner.replicas else pool_spec.initial_replicas
-    return max(pool_spec.min_replicas, min(pool_spec.max_replicas, int(wanted)))
 
 
 def desired_objects(

@@ -15,12 +15,11 @@ from typing import Any
 
 from llmfleet.operator.reconcile.apply import is_subset
 from llmfleet.operator.reconcile.pod_trouble import PodTrouble
-
-READY = "Ready"
-PROGRESSING = "Progressing"
-DEGRADED = "Degraded"
-TUNER_ACTIVE = "TunerActive"
-CONDITION_ORDER = (READY, PROGRESSING, DEGRADED, TUNER_ACTIVE)
+from llmfleet.operator.resource.conditions import (
+    PROGRESSING,
+    READY,
+    Condition,
+)
 
 # Knobs reported per pool (and shown by `kubectl get llmis`).
 REPORTED_KNOBS = {
@@ -32,39 +31,6 @@ REPORTED_KNOBS = {
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-@dataclass(frozen=True)
-class Condition:
-    type: str
-    status: str  # "True" | "False" | "Unknown"
-    reason: str
-    message: str = ""
-
-
-def merge_conditions(
-    previous: list[dict[str, Any]], updates: list[Condition], generation: int | None, at: str
-) -> list[dict[str, Any]]:
-    """The previous conditions with `updates` applied; others (e.g. the tuner's) kept as they are."""
-    by_type = {c.get("type"): dict(c) for c in previous or [] if c.get("type")}
-    for update in updates:
-        old = by_type.get(update.type, {})
-        new = {
-            "type": update.type,
-            "status": update.status,
-            "reason": update.reason,
-            "message": update.message,
-            "lastTransitionTime": old.get("lastTransitionTime", at) if old.get("status") == update.status else at,
-        }
-        if generation is not None:
-            new["observedGeneration"] = generation
-        by_type[update.type] = new
-    ordered = [by_type.pop(t) for t in CONDITION_ORDER if t in by_type]
-    return ordered + [by_type[t] for t in sorted(by_type)]
-
-
-def condition_of(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
-    return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), None)
 
 
 @dataclass(frozen=True)

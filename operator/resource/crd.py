@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
-from llmfleet.operator.reconcile.desired import MAX_NAME_LENGTH, NAME_PATTERN
 from llmfleet.operator.resource.spec import (
     CHAT_TEMPLATE_MAX,
+    MAX_NAME_LENGTH,
+    NAME_PATTERN,
     REASONING_PARSERS,
     ROUTER_POLICIES,
     TOOL_CALL_PARSERS,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import re
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -175,10 +175,11 @@ class Autotune(_Model):
         if value is None:
             return value
         try:
-            url = httpx.URL(value)
-        except httpx.InvalidURL as exc:
+            url = urlsplit(value)
+            url.port  # noqa: B018 - a port that is no number raises here
+        except ValueError as exc:
             raise ValueError(f"prometheusUrl {value!r} is not a URL: {exc}") from None
-        if url.scheme not in ("http", "https") or not url.host:
+        if url.scheme not in ("http", "https") or not url.hostname or any(c.isspace() for c in value):
             raise ValueError(f"prometheusUrl {value!r} is not an http(s) URL like http://prometheus.monitoring:9090")
         return value
 
@@ -383,3 +384,19 @@ def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:
             msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise SpecError("InvalidEngineConfig", f"pools.{name}.engine: {msgs}") from exc
     return spec
+
+
+# Children are named "<name>" and "<name>-<pool>"; Services among them, whose names must be
+# DNS-1035 labels (a letter first, no dots, at most 63 characters). KServe asks the same of its names.
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = 63 - max(len(f"-{pool}") for pool in (*POOL_NAMES, "router"))
+
+
+def name_problem(name: str) -> str | None:
+    """Why an InferenceService cannot have this name (its Services would be rejected), or None."""
+    if re.fullmatch(NAME_PATTERN, name) and len(name) <= MAX_NAME_LENGTH:
+        return None
+    return (
+        f"name {name!r} cannot name this fleet's Services: use at most {MAX_NAME_LENGTH} characters "
+        "(lower-case letters, digits and '-', a letter first, no dots)"
+    )

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef, snapshot_widening_latency
-from llmfleet.operator.reconcile.desired import TunerState, effective_engine, effective_replicas
-from llmfleet.operator.reconcile.status import Condition
+from llmfleet.operator.resource.conditions import Condition
 from llmfleet.operator.resource.spec import InferenceServiceSpec
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
 from llmfleet.operator.tuner.law import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
 from llmfleet.operator.tuner.memory import TunerMemory
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmfleet.server.core.request import Request
+from llmfleet.server.core.request import Request, SampledToken
 
 
 @dataclass
@@ -46,14 +46,6 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
-
-
-@dataclass
-class SampledToken:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: dict[int, float] | None = None
-    rank: int | None = None  # the token's place in its distribution (1: the most likely), where computed
 
 
 class ModelRunner(Protocol):

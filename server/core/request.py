@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmfleet.server.core.kv_wire import KVImport
-
-if TYPE_CHECKING:
-    from llmfleet.server.core.batch import SampledToken
+from llmfleet.server.core.validation import InvalidRequestError
 
 
 class RequestStatus(StrEnum):
@@ -31,6 +29,15 @@ class RequestStatus(StrEnum):
 
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: dict[int, float] | None = None
+    rank: int | None = None  # the token's place in its distribution (1: the most likely), where computed
+
 
 # OpenAI / vLLM finish_reason strings
 FINISH_REASON = {
@@ -99,29 +106,37 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}", "temperature")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}", "top_k")
         if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+            raise InvalidRequestError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}", "min_tokens"
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}", name)
         if any(t < 0 for t in self.logit_bias):
-            raise ValueError(f"logit_bias token ids must be non-negative, got {min(self.logit_bias)}")
+            raise InvalidRequestError(
+                f"logit_bias token ids must be non-negative, got {min(self.logit_bias)}", "logit_bias"
+            )
         if self.allowed_token_ids is not None and not (self.allowed_token_ids and min(self.allowed_token_ids) >= 0):
-            raise ValueError("allowed_token_ids must hold at least one token id, and no negative ones")
+            raise InvalidRequestError(
+                "allowed_token_ids must hold at least one token id, and no negative ones", "allowed_token_ids"
+            )
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise InvalidRequestError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}", "repetition_penalty"
+            )
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise InvalidRequestError(f"{name} must be >= 0, got {getattr(self, name)}", name)
 
     def stop_ids(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
         """The tokens that end the request: ``stop_token_ids``, and the model's EOS unless ignored."""

@@ -15,18 +15,15 @@ from typing import Any
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core import grammar
-from llmfleet.server.core.batch import ModelRunner, SampledToken
+from llmfleet.server.core.batch import ModelRunner
 from llmfleet.server.core.block_manager import BlockManager
 from llmfleet.server.core.kv_wire import KVImport
-from llmfleet.server.core.request import Request, RequestStatus, SamplingParams
+from llmfleet.server.core.request import Request, RequestStatus, SampledToken, SamplingParams
 from llmfleet.server.core.scheduler import Scheduler
+from llmfleet.server.core.validation import InvalidRequestError, check_context_length, check_token_ids
 from llmfleet.server.engine.detokenizer import Decoder, IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
-
-
-class InvalidRequestError(ValueError):
-    """Bad input: the API answers 400 with this message."""
 
 
 class StepFailedError(RuntimeError):
@@ -166,35 +163,25 @@ class LLMEngine:
         if not 0 < kv.num_tokens < num_prompt_tokens:
             raise InvalidRequestError(
                 f"imported KV covers {kv.num_tokens} tokens; it must cover fewer than the "
-                f"{num_prompt_tokens} prompt tokens (the last one is computed here)"
+                f"{num_prompt_tokens} prompt tokens (the last one is computed here)",
+                "kv_transfer_params",
             )
         if not 0 <= kv.first_block <= kv.num_tokens // self.block_manager.block_size:
-            raise InvalidRequestError(f"imported KV's first block {kv.first_block} is not one of its full blocks")
+            raise InvalidRequestError(
+                f"imported KV's first block {kv.first_block} is not one of its full blocks", "kv_transfer_params"
+            )
 
     def _validate(self, request_id: str, prompt: list[int], sampling: SamplingParams) -> None:
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not prompt:
-            raise InvalidRequestError("prompt must contain at least one token")
-        if min(prompt) < 0:
-            raise InvalidRequestError(f"prompt token ids must be non-negative, got {min(prompt)}")
+            raise InvalidRequestError("prompt must contain at least one token", "prompt")
         vocab = self.runner.vocab_size
-        if vocab is not None:
-            if max(prompt) >= vocab:
-                raise InvalidRequestError(
-                    f"prompt token ids must be below the vocabulary size {vocab}, got {max(prompt)}"
-                )
-            if any(token >= vocab for token in sampling.logit_bias):
-                raise InvalidRequestError(f"logit_bias token ids must be below the vocabulary size {vocab}")
+        check_token_ids(prompt, vocab, "prompt", "prompt token ids")
+        check_token_ids(sampling.logit_bias, vocab, "logit_bias", "logit_bias token ids")
         if sampling.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
-        limit = self.runner.max_model_len
-        if len(prompt) + sampling.max_tokens > limit:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt) + sampling.max_tokens} tokens ({len(prompt)} in the prompt, "
-                f"{sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens."
-            )
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {sampling.max_tokens}", "max_tokens")
+        check_context_length(self.runner.max_model_len, len(prompt), sampling.max_tokens)
         if sampling.structured is not None:
             if not self.runner.structured_output:
                 raise InvalidRequestError("structured output is not available on this server's runner")
@@ -205,7 +192,8 @@ class LLMEngine:
         if blocks > self.block_manager.num_blocks:
             raise InvalidRequestError(
                 f"request needs {blocks} KV cache blocks but the cache has only "
-                f"{self.block_manager.num_blocks}; reduce the prompt or max_tokens"
+                f"{self.block_manager.num_blocks}; reduce the prompt or max_tokens",
+                "max_tokens",
             )
 
     def abort_request(self, request_id: str) -> bool:

@@ -1,11 +1,10 @@
-"""The HTTP app: the endpoints every role serves (health, readiness, version, metrics, models, load) plus
-the role's own routes, OpenAI-style errors and an in-flight request gauge.
+"""The HTTP app of every role: the endpoints all of them serve (health, readiness, version, metrics,
+models, load) plus the role's own routes, OpenAI-style errors and an in-flight request gauge.
 
-Roles plug in through :func:`register_role`: a route installer ``(app, state) -> None``, installed
-before the common routes so that a role can answer one of them its own way (the router's
-``/v1/models`` and ``/load``). Colocated and decode servers serve the OpenAI endpoints on a local
-engine (:mod:`llmfleet.server.openai.routes`); a prefill server also hands out the KV it computed
-(:mod:`.kv_transfer`); the router lives in ``llmfleet.server.router``.
+A role hands its routes in as an installer ``(app, state) -> None``, installed before the common
+routes so that it can answer one of them its own way (the router's ``/v1/models`` and ``/load``).
+Engine-backed roles get theirs from :mod:`llmfleet.server.openai.app`; the router's are in
+:mod:`llmfleet.server.router.routes`.
 """
 
 from __future__ import annotations
@@ -20,38 +19,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmfleet import __version__
 from llmfleet.server.http.auth import APIKeyMiddleware
-from llmfleet.server.http.errors import APIError, error_body, error_response, install_error_handlers
+from llmfleet.server.http.errors import error_response, install_error_handlers
 from llmfleet.server.http.state import ServerState
-from llmfleet.server.openai import kv_transfer
-from llmfleet.server.openai import routes as openai_routes
-from llmfleet.server.openai.responses import install_stored_routes
-
-__all__ = ["APIError", "ServerState", "create_app", "error_body", "register_role"]
+from llmfleet.server.wire.errors import error_body
 
 RouteInstaller = Callable[[FastAPI, ServerState], None]
 
 
-def _prefill_routes(app: FastAPI, state: ServerState) -> None:
-    openai_routes.install(app, state)
-    kv_transfer.install_prefill_routes(app, state)
-
-
-_ROLE_ROUTES: dict[str, RouteInstaller] = {
-    "colocated": openai_routes.install,
-    "prefill": _prefill_routes,
-    "decode": openai_routes.install,
-}
-
-
-def register_role(role: str, install: RouteInstaller) -> None:
-    """Make ``create_app`` serve ``role`` with the routes ``install`` adds."""
-    _ROLE_ROUTES[role] = install
-
-
-def create_app(state: ServerState) -> FastAPI:
-    install_role = _ROLE_ROUTES.get(state.role)
-    if install_role is None:
-        raise ValueError(f"role {state.role!r} has no routes in this build; known: {sorted(_ROLE_ROUTES)}")
+def build_app(state: ServerState, install_role: RouteInstaller) -> FastAPI:
+    """The app serving ``state``'s role: ``install_role`` adds the role's own routes."""
     app = FastAPI(title="llm-fleet", version=__version__, description=f"OpenAI-compatible LLM serving ({state.role})")
     app.state.server = state
     install_error_handlers(app)
@@ -60,7 +36,6 @@ def create_app(state: ServerState) -> FastAPI:
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)  # outermost: before anything counts it
     install_role(app, state)
     _install_common_routes(app, state)
-    install_stored_routes(app)  # every role that answers /v1/responses
     _document_400_not_422(app)
     return app
 

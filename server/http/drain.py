@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 
 import uvicorn
+from fastapi import FastAPI
 
-from llmfleet.server.http.app import create_app
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.wire.keepalive import SERVER_KEEP_ALIVE_S
+from llmfleet.server.wire.parent import exit_with_parent
 
 log = logging.getLogger("llmfleet.drain")
 
@@ -28,11 +27,6 @@ _ABORT_GRACE_S = 5.0
 
 # After the engine work is done: time for the last SSE bytes to leave the socket
 _FLUSH_S = 0.2
-
-# Set by a parent that starts servers (the local fleet): once that process is gone, killed
-# beyond its own clean-up, the server drains and exits rather than live on unowned.
-PARENT_PID_ENV = "LLMFLEET_PARENT_PID"
-_PARENT_POLL_S = 1.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -106,28 +100,12 @@ async def _hand_over_kv(state: ServerState, deadline: float) -> None:
         await asyncio.sleep(0.05)
 
 
-def exit_with_parent() -> None:
-    """Drain (SIGTERM to ourselves) once the process named by ``PARENT_PID_ENV`` is no longer
-    our parent: its death re-parents us."""
-    parent = os.environ.get(PARENT_PID_ENV, "")
-    if not parent.isdigit():
-        return
-
-    def watch() -> None:
-        while os.getppid() == int(parent):
-            time.sleep(_PARENT_POLL_S)
-        log.warning("process %s, which started this server, is gone: draining", parent)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def run_app(state: ServerState, args, on_exit: Callable[[], None] | None = None) -> int:
-    """Serve ``state``'s role over HTTP until SIGTERM/SIGINT, then drain and return 0."""
+def run_app(app: FastAPI, state: ServerState, args, on_exit: Callable[[], None] | None = None) -> int:
+    """Serve ``app`` (``state``'s role) over HTTP until SIGTERM/SIGINT, then drain and return 0."""
     exit_with_parent()
     server = DrainingServer(
         uvicorn.Config(
-            create_app(state),
+            app,
             host=args.host,
             port=args.port,
             log_level=args.log_level.lower(),

@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llmfleet.server.core.validation import InvalidRequestError
+from llmfleet.server.wire.errors import error_body
 
 log = logging.getLogger(__name__)
 
@@ -26,21 +27,10 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type_, param
 
-
-def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:
-    # A message quoting the request (a model name, say) may hold a lone surrogate, which JSON
-    # cannot be rendered from as UTF-8: it goes out escaped.
-    message = message.encode("utf-8", "backslashreplace").decode()
-    return {"error": {"message": message, "type": type_, "param": param, "code": status}}
-
-
-def error_fields(content: bytes) -> tuple[Any, str | None] | None:
-    """A peer's OpenAI-style error body's message and type, as sent; None for any other body."""
-    try:
-        error = json.loads(content)["error"]
-        return error["message"], error.get("type")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
+    @classmethod
+    def invalid(cls, exc: InvalidRequestError) -> APIError:
+        """The 400 for a request the shared checks refused (core/validation.py)."""
+        return cls(400, str(exc), param=exc.param)
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
@@ -82,6 +72,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
         return error_response(exc.status, exc.message, exc.type, exc.param)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid_request(_: Request, exc: InvalidRequestError):
+        return error_response(400, str(exc), "invalid_request_error", exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError):

@@ -9,57 +9,17 @@ send, and never waits for garbage collection.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from llmfleet.server.http.errors import error_body
+from llmfleet.server.wire.errors import error_body
+from llmfleet.server.wire.sse import encode_event
 
 log = logging.getLogger(__name__)
-
-
-def encode_event(chunk: dict | str) -> str:
-    data = chunk if isinstance(chunk, str) else json.dumps(chunk, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {data}\n\n"
-
-
-class WholeEvents:
-    """Cuts a relayed event stream at event boundaries: a server that breaks off mid-event
-    leaves no half event in the client's stream for the error event to be glued onto."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, raw: bytes) -> bytes:
-        """Read ``raw``; returns the whole events it completes."""
-        self._buffer += raw
-        end = self._buffer.rfind(b"\n\n") + 2
-        if end < 2:
-            return b""
-        whole, self._buffer = self._buffer[:end], self._buffer[end:]
-        return whole
-
-    def rest(self) -> bytes:
-        """What the stream left after its last whole event."""
-        rest, self._buffer = self._buffer, b""
-        return rest
-
-
-def event_data(whole: bytes) -> Iterator[bytes]:
-    """The ``data:`` payloads of whole events (what ``WholeEvents.feed`` returns), in order."""
-    for event in whole[:-2].split(b"\n\n"):
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
-
-
-def broken_stream_end(message: str) -> bytes:
-    """How a relayed stream ends when its server fails mid-way: an OpenAI-style error event, then [DONE]."""
-    return (encode_event(error_body(message, "bad_gateway", 502)) + encode_event("[DONE]")).encode()
 
 
 class ClosingStreamingResponse(StreamingResponse):

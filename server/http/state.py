@@ -6,19 +6,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from llmfleet.server.core.kv_wire import KVLayout
 from llmfleet.server.engine.async_engine import AsyncEngine
 from llmfleet.server.engine.engine import LLMEngine
-from llmfleet.server.http.auth import fleet_headers
+from llmfleet.server.http.errors import APIError
+from llmfleet.server.http.kv_store import KVExportStore
 from llmfleet.server.http.server_metrics import ServerMetrics
+from llmfleet.server.wire.auth import fleet_headers
 from llmfleet.server.wire.keepalive import pooled
-
-if TYPE_CHECKING:
-    from llmfleet.server.openai.kv_transfer import KVExportStore
 
 # Fetching a KV body from a prefill server: connecting is quick or the pod is gone; reading may
 # take a while for a long prompt on a slow network.
@@ -113,3 +112,16 @@ class ServerState:
             max_request_tokens=runner.num_kv_blocks * runner.kv_block_size,
             kv_layout=getattr(runner, "kv_layout", None),
         )
+
+
+def check_serving(state: ServerState, model: str | None) -> None:
+    reason = state.unavailable_reason()
+    if reason is not None:
+        raise APIError(503, reason, "unavailable")
+    check_model(state, model)
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model not in state.model_names:
+        served = ", ".join(f"`{name}`" for name in state.model_names)
+        raise APIError(404, f"The model `{model}` does not exist. Served: {served}.", "NotFoundError", "model")

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from llmfleet.server.http.errors import APIError
-from llmfleet.server.http.sse import WholeEvents, encode_event, event_data
 from llmfleet.server.openai.responses import ResponsesRequest
 from llmfleet.server.parsers.tools import openai_call_id
+from llmfleet.server.wire.sse import WholeEvents, encode_event, event_data
 
 log = logging.getLogger(__name__)
 

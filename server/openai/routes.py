@@ -14,10 +14,11 @@ from dataclasses import replace
 from fastapi import FastAPI, Request, Response
 from pydantic import ValidationError
 
-from llmfleet.server.core.batch import SampledToken
+from llmfleet.server.core.request import SampledToken
+from llmfleet.server.core.validation import InvalidRequestError, check_prompt_chars, check_token_ids, truncation_length
 from llmfleet.server.http.errors import APIError, invalid_request
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse, EventStreamResponse
-from llmfleet.server.http.state import ServerState
+from llmfleet.server.http.state import ServerState, check_model, check_serving
 from llmfleet.server.openai import kv_transfer
 from llmfleet.server.openai.protocol import (
     ERROR_RESPONSES,
@@ -35,13 +36,9 @@ from llmfleet.server.openai.submission import (
     SubRequest,
     api_finish_reason,
     build_subrequests,
-    check_in_vocab,
-    check_model,
-    check_serving,
     collect,
     submit,
     truncated_prompt,
-    truncation,
 )
 from llmfleet.server.openai.tool_calls import AutoToolCalls, ForcedToolCalls
 from llmfleet.server.parsers.reasoning import Reasoning
@@ -124,6 +121,8 @@ def install(app: FastAPI, state: ServerState) -> None:
             raise in_responses_terms(invalid_request(exc)) from exc
         except APIError as exc:
             raise in_responses_terms(exc) from exc
+        except InvalidRequestError as exc:
+            raise in_responses_terms(APIError.invalid(exc)) from exc
         assert isinstance(chunks, AsyncIterator)  # a streamed chat, with no transfer asked
         if body.stream:
             return ClosingStreamingResponse(
@@ -208,7 +207,7 @@ def install(app: FastAPI, state: ServerState) -> None:
     @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(body: DetokenizeRequest):
         check_model(state, body.model)
-        check_in_vocab(state, body.tokens, "tokens")
+        check_token_ids(body.tokens, len(state.tokenizer), "tokens")
         return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
@@ -274,7 +273,7 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
             ids = encoded(state, item, body.add_special_tokens, body)
         else:
             ids = list(item)
-        check_in_vocab(state, ids, "prompt")
+        check_token_ids(ids, len(state.tokenizer), "prompt", "prompt token ids")
         given = len(ids)
         ids = truncated_prompt(state, body, ids)
         ids_list.append(ids)
@@ -283,27 +282,17 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
     return ids_list, texts
 
 
-# No tokenizer's tokens average more characters than this: longer text cannot fit the context,
-# and is refused before the tokenizer spends seconds on it. Not with truncate_prompt_tokens: a
-# long document cut to its last tokens is what a client asks for then (as vLLM takes it).
-_MAX_CHARS_PER_TOKEN = 32
-
-
-def check_prompt_chars(state: ServerState, chars: int, body: object = None, param: str = "prompt") -> None:
-    limit = state.max_model_len * _MAX_CHARS_PER_TOKEN
-    if chars > limit and truncation(state, body) is None:
-        raise APIError(
-            400,
-            f"The prompt is longer ({chars} characters) than this model's maximum context length of "
-            f"{state.max_model_len} tokens can hold (at most {limit} characters). Please reduce the length "
-            "of the input.",
-            param=param,
-        )
+def _check_prompt_chars(state: ServerState, chars: int, body: object, param: str = "prompt") -> None:
+    """Text too long for the context, refused before it is tokenized; not with
+    ``truncate_prompt_tokens``: a long document cut to its last tokens is what a client asks for
+    then (as vLLM takes it)."""
+    if truncation_length(getattr(body, "truncate_prompt_tokens", None), state.max_model_len) is None:
+        check_prompt_chars(chars, state.max_model_len, param)
 
 
 def encoded(state: ServerState, text: str, add_special_tokens: bool, body: object = None) -> list[int]:
     """A prompt's token ids (slow for a long text: call it off the event loop)."""
-    check_prompt_chars(state, len(text), body)
+    _check_prompt_chars(state, len(text), body)
     return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
@@ -314,7 +303,7 @@ def chat_prompt(state: ServerState, body: ChatCompletionRequest | TokenizeReques
 def chat_prompt_text(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> str:
     conversation = [m.for_template() for m in body.messages or []]
     # the messages' text alone too long: refused before the template renders it all
-    check_prompt_chars(state, sum(len(m["content"]) for m in conversation), body, "messages")
+    _check_prompt_chars(state, sum(len(m["content"]) for m in conversation), body, "messages")
     try:
         return state.tokenizer.apply_chat_template(conversation, tokenize=False, **body.template_arguments())
     except Exception as exc:  # a template that rejects the conversation is the client's error

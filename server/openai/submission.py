@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from llmfleet.server.core import grammar
-from llmfleet.server.core.batch import SampledToken
 from llmfleet.server.core.kv_wire import KVImport
-from llmfleet.server.core.request import SamplingParams, StructuredOutput
-from llmfleet.server.engine.engine import InvalidRequestError, QueueFullError, RequestOutput
+from llmfleet.server.core.request import SampledToken, SamplingParams, StructuredOutput
+from llmfleet.server.core.validation import (
+    InvalidRequestError,
+    check_context_length,
+    check_sequences,
+    check_token_ids,
+    truncation_length,
+)
+from llmfleet.server.engine.engine import QueueFullError, RequestOutput
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.openai.protocol import _Sampling
@@ -56,19 +61,6 @@ class Submission:
         return sum(len(p) for p in {id(s.prompt): s.prompt for s in self.subs}.values())
 
 
-def check_serving(state: ServerState, model: str | None) -> None:
-    reason = state.unavailable_reason()
-    if reason is not None:
-        raise APIError(503, reason, "unavailable")
-    check_model(state, model)
-
-
-def check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model not in state.model_names:
-        served = ", ".join(f"`{name}`" for name in state.model_names)
-        raise APIError(404, f"The model `{model}` does not exist. Served: {served}.", "NotFoundError", "model")
-
-
 async def build_subrequests(
     state: ServerState,
     prompts: list[list[int]],
@@ -87,12 +79,14 @@ async def build_subrequests(
     limit_tokens = state.max_model_len
     if state.max_request_tokens is not None:
         limit_tokens = min(limit_tokens, state.max_request_tokens)
-    _check_queue_capacity(state, len(prompts) * body.n)
+    if state.engine is not None:
+        check_sequences(len(prompts) * body.n, state.engine.engine.config.max_queue_len)
+    vocab_size = len(state.tokenizer)
     logit_bias = body.logit_bias_ids()
-    check_in_vocab(state, logit_bias, "logit_bias", "logit_bias token ids")
+    check_token_ids(logit_bias, vocab_size, "logit_bias", "logit_bias token ids")
     allowed = None
     if body.allowed_token_ids is not None:  # the sampler masks every other token of the logits
-        check_in_vocab(state, body.allowed_token_ids, "allowed_token_ids", "allowed_token_ids")
+        check_token_ids(body.allowed_token_ids, vocab_size, "allowed_token_ids", "allowed_token_ids")
         allowed = frozenset(body.allowed_token_ids)
     structured = await _structured_output(body, thinking)
     defaults = state.sampling_defaults
@@ -132,81 +126,21 @@ async def build_subrequests(
                     allowed_token_ids=allowed,
                     structured=structured,
                 )
-            except ValueError as exc:
-                raise APIError(400, str(exc), param=_param_of(str(exc))) from exc
+            except InvalidRequestError as exc:
+                raise APIError.invalid(exc) from exc
             index = p_index * body.n + j
             kv = imports[p_index] if imports is not None else None
             subs.append(SubRequest(index, f"{base}-{index}", prompt, sampling, kv))
     return subs
 
 
-def check_in_vocab(state: ServerState, ids: Iterable[int], param: str, what: str = "token ids") -> None:
-    """Token ids a request names (a prompt's, logit_bias's keys, allowed_token_ids) lie within the
-    tokenizer's vocabulary, or a 400 says so."""
-    vocab = len(state.tokenizer)
-    if any(not 0 <= token < vocab for token in ids):
-        raise APIError(400, f"{what} must be in [0, {vocab})", param=param)
-
-
 def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> list[int]:
     """``truncate_prompt_tokens`` as vLLM applies it: the prompt's last k tokens (-1: the context
     length); more than the context length is a 400."""
-    keep = truncation(state, body)
+    keep = truncation_length(body.truncate_prompt_tokens, state.max_model_len)
     if keep is None:
         return prompt
     return prompt[-keep:] if keep else []
-
-
-def truncation(state: ServerState, body: object) -> int | None:
-    """How many of a prompt's last tokens ``truncate_prompt_tokens`` keeps (None: all); more than
-    the context length is a 400, found before the prompt is tokenized."""
-    keep = getattr(body, "truncate_prompt_tokens", None)
-    if keep is None:
-        return None
-    if keep <= -1:
-        return state.max_model_len
-    if keep > state.max_model_len:
-        raise APIError(
-            400,
-            f"truncate_prompt_tokens value ({keep}) is greater than max_model_len ({state.max_model_len}). "
-            "Please, select a smaller truncation size.",
-            param="truncate_prompt_tokens",
-        )
-    return keep
-
-
-def _check_queue_capacity(state: ServerState, requests: int) -> None:
-    """n choices of each prompt are as many engine requests, all queued at once: more than the
-    waiting queue holds could never be admitted, and its 429 would send the client retrying forever."""
-    if state.engine is None:
-        return
-    capacity = state.engine.engine.config.max_queue_len
-    if requests > capacity:
-        raise APIError(
-            400,
-            f"n x prompts asks for {requests} sequences; this server queues at most {capacity} (its --max-queue-len)",
-            param="n",
-        )
-
-
-def check_context_length(max_model_len: int, prompt_len: int, max_tokens: int | None) -> None:
-    """A prompt that leaves no room, or one with max_tokens past the context: a 400 in vLLM's
-    words (clients parse them to shorten the request and retry)."""
-    if prompt_len >= max_model_len:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
-            param="prompt",
-        )
-    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
-        raise APIError(
-            400,
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
-            f"context length is {max_model_len} tokens and your request has {prompt_len} input tokens "
-            f"({max_tokens} > {max_model_len} - {prompt_len}).",
-            param="max_tokens",
-        )
 
 
 async def _structured_output(body: _Sampling, thinking: str | None) -> StructuredOutput | None:
@@ -221,12 +155,6 @@ async def _structured_output(body: _Sampling, thinking: str | None) -> Structure
     if error is not None:
         raise APIError(400, f"{field}: invalid {structured.kind} for structured output: {error}", param=field)
     return structured
-
-
-def _param_of(message: str) -> str | None:
-    """The request field a SamplingParams error names (its messages start with it)."""
-    name = message.split(" ", 1)[0]
-    return name if name.isidentifier() else None
 
 
 async def submit(
@@ -244,9 +172,9 @@ async def submit(
                 sub.request_id, sub.prompt, sub.sampling, -priority, arrival_time, events, sub.kv_import, export_kv
             )
             added.append(sub)
-    except InvalidRequestError as exc:
+    except InvalidRequestError:
         _abort(state, added)
-        raise APIError(400, str(exc), param="max_tokens" if "max_tokens" in str(exc) else "prompt") from exc
+        raise
     except QueueFullError as exc:
         _abort(state, added)
         raise APIError(429, str(exc), "rate_limit_exceeded") from exc

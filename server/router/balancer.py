@@ -20,12 +20,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import httpx
 
 from llmfleet.server.router.endpoints import POOLS, EndpointSource
-from llmfleet.server.router.policies import POLICIES, PrefixAffinity, load_score
+from llmfleet.server.router.load import Server
+from llmfleet.server.router.policies import POLICIES, PrefixAffinity
 
 log = logging.getLogger(__name__)
 
@@ -33,45 +33,6 @@ POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 2.0
 SLOW_POLLS = 3  # timeouts in a row that set a server aside
 DISCOVERY_INTERVAL_S = 1.0
-
-
-@dataclass
-class Server:
-    url: str
-    pool: str
-    waiting: int = 0
-    running: int = 0
-    kv_usage: float = 0.0
-    assigned: int = 0  # requests this router sent and that have not finished yet
-    unstarted: int = 0  # of those, the ones whose first token (or whole answer) has not come yet
-    others: int = 0  # requests the last poll found beyond this router's own: other routers'
-    healthy: bool = True  # a new server is tried at once; a failure sets it aside until a poll succeeds
-    draining: bool = False  # its /load says so: it takes no new request
-    failures: int = 0
-    slow_polls: int = 0
-    polling: bool = False
-    polled_at: float | None = None
-
-    @property
-    def score(self) -> float:
-        return load_score(self.assigned + self.others, self.unstarted, self.kv_usage)
-
-    def hold(self, n: int) -> None:
-        """Count ``n`` (+1 or -1) requests sent here that have yet to produce their first token."""
-        self.assigned += n
-        self.unstarted += n
-
-    def as_dict(self) -> dict:
-        return {
-            "url": self.url,
-            "healthy": self.healthy,
-            "draining": self.draining,
-            "waiting": self.waiting,
-            "running": self.running,
-            "kv_usage": round(self.kv_usage, 4),
-            "assigned": self.assigned,
-            "unstarted": self.unstarted,
-        }
 
 
 class Balancer:

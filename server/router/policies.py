@@ -21,31 +21,15 @@ import itertools
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from llmfleet.server.router.balancer import Server
+from llmfleet.server.router.load import UNSTARTED_WEIGHT, Server
 
 Policy = Callable[["list[Server]", Sequence[int]], "Server"]  # candidates, the prompt's prefix hashes
 
 CHUNK_CHARS = 128  # about 30-60 tokens: a few KV blocks
 MAX_PREFIXES = 100_000  # remembered prefix hashes: about 14 MB, some 125 prompts of 100k characters
-# A request still waiting for its first token weighs four that decode: a new prompt queues behind
-# the prefills ahead of it, while decoding sequences only share the steps with it. (Simulated,
-# 4 pods of the tuner bench's chat trace, three draws: the worst minute's TTFT p95 0.30-0.31 s
-# ranked so, 0.40-0.42 s ranked by requests held alone.)
-UNSTARTED_WEIGHT = 3.0
-# A server near a full KV cache preempts (recomputes) and slows everyone on it, worth several
-# queued requests.
-KV_WEIGHT = 4.0
 SLACK = 2 * (1 + UNSTARTED_WEIGHT)  # load score units: two requests yet to start
-
-
-def load_score(in_flight: float, unstarted: float, kv_usage: float) -> float:
-    """How far back a new request would stand on a server, in decoding requests: those it
-    holds, ``UNSTARTED_WEIGHT`` more for each that has yet to produce its first token, and its KV
-    usage (0..1). The router and the simulator rank servers by it."""
-    return in_flight + UNSTARTED_WEIGHT * unstarted + KV_WEIGHT * kv_usage
 
 
 def least_loaded(candidates: list[Server], prefixes: Sequence[int] = ()) -> Server:

@@ -39,12 +39,16 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response
 
-from llmfleet.server.http.errors import error_fields, error_response
-from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse, broken_stream_end
-from llmfleet.server.router.balancer import Balancer, Server
+from llmfleet.server.http.errors import error_response
+from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
+from llmfleet.server.router.balancer import Balancer
+from llmfleet.server.router.load import Server
 from llmfleet.server.router.policies import prefix_hashes
-from llmfleet.server.router.router_metrics import RouterMetrics, StreamMeter, flag
+from llmfleet.server.router.router_metrics import RouterMetrics
+from llmfleet.server.router.stream_meter import StreamMeter, flag
 from llmfleet.server.wire.client_gone import CLIENT_GONE, unless_client_gone
+from llmfleet.server.wire.errors import error_fields
+from llmfleet.server.wire.sse import broken_stream_end
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,11 +16,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
-from llmfleet.server.http.state import ServerState
+from llmfleet.server.http.state import ServerState, check_model
 from llmfleet.server.openai.protocol import ERROR_RESPONSES
 from llmfleet.server.openai.response_events import ResponseStream, chat_chunks, whole_response
-from llmfleet.server.openai.responses import ResponsesRequest, error_body_in_responses_terms
-from llmfleet.server.openai.submission import check_model
+from llmfleet.server.openai.responses import ResponsesRequest, error_body_in_responses_terms, install_stored_routes
 from llmfleet.server.router.balancer import Balancer
 from llmfleet.server.router.proxy import Proxy, json_request
 from llmfleet.server.wire.client_gone import CLIENT_GONE, unless_client_gone
@@ -159,3 +158,5 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
     async def load():
         """The router's own in-flight requests and its view of every server."""
         return {"role": "router", "in_flight": state.in_flight, "servers": balancer.snapshot()}
+
+    install_stored_routes(app)

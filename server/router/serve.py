@@ -7,8 +7,7 @@ from functools import partial
 
 import httpx
 
-from llmfleet.server.http.app import register_role
-from llmfleet.server.http.auth import fleet_headers, kv_token_from_env
+from llmfleet.server.http.app import build_app
 from llmfleet.server.http.drain import run_app
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.router.balancer import Balancer
@@ -16,6 +15,7 @@ from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, Endp
 from llmfleet.server.router.proxy import Proxy, ProxySettings
 from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.routes import install
+from llmfleet.server.wire.auth import fleet_headers, kv_token_from_env
 from llmfleet.server.wire.keepalive import pooled
 
 
@@ -52,5 +52,4 @@ def serve(args) -> int:
     proxy = Proxy(balancer, client, metrics, settings)
     state.not_ready = balancer.not_ready  # /ready fails until a decode server is known
     logging.getLogger("llmfleet.router").info("router for %s: servers from %s", model_name, source.description)
-    register_role("router", partial(install, proxy=proxy, balancer=balancer))
-    return run_app(state, args)
+    return run_app(build_app(state, partial(install, proxy=proxy, balancer=balancer)), state, args)

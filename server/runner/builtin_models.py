@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from llmfleet.cache import cache_root
 
 BUILTIN_PREFIX = "builtin:"
 # Bump when _build changes what it writes: cached copies made by an older build are remade.
@@ -59,11 +60,6 @@ BUILTINS: dict[str, BuiltinSpec] = {
     # ~125M parameters, Llama-shaped, for benchmarks
     "small": BuiltinSpec("llama", 8192, 768, 12, 12, 12, 3072, 4096, 0.04, 4567),
 }
-
-
-def cache_root() -> Path:
-    """``$LLMFLEET_CACHE``, default ``~/.cache/llm-fleet``: built-in models, compiled kernels."""
-    return Path(os.environ.get("LLMFLEET_CACHE") or Path.home() / ".cache" / "llm-fleet")
 
 
 def cache_dir() -> Path:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from llmfleet.server.runner.builtin_models import cache_root
+from llmfleet.cache import cache_root
 
 log = logging.getLogger(__name__)
 

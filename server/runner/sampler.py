@@ -25,8 +25,7 @@ import itertools
 
 import torch
 
-from llmfleet.server.core.batch import SampledToken
-from llmfleet.server.core.request import Request
+from llmfleet.server.core.request import Request, SampledToken
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 
 

@@ -19,8 +19,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.core.batch import SampledToken, SchedulerOutput
+from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVLayout
+from llmfleet.server.core.request import SampledToken
 from llmfleet.server.runner import attention, cpu_kernels
 from llmfleet.server.runner.cuda_graphs import DecodeGraphs
 from llmfleet.server.runner.grammar_masks import GrammarMasks

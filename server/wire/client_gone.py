@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from fastapi import Request
+from starlette.requests import Request
 
 T = TypeVar("T")
 

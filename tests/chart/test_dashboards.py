@@ -25,8 +25,8 @@ from llmfleet.operator import decision_metrics
 from llmfleet.operator.deploy.dashboards import DASHBOARDS, all_queries, fleet_overview, rendered, rules_file
 from llmfleet.operator.metrics.prometheus import PrometheusSource
 from llmfleet.operator.metrics.source import PoolRef
-from llmfleet.operator.reconcile.desired import TunerState
 from llmfleet.operator.resource.spec import parse_spec
+from llmfleet.operator.resource.tuner_state import TunerState
 from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
 from llmfleet.server.http.server_metrics import ServerMetrics
 from llmfleet.server.router.router_metrics import RouterMetrics

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmfleet.server.core.batch import SampledToken, SchedulerOutput
+from llmfleet.server.core.batch import SchedulerOutput
+from llmfleet.server.core.request import SampledToken
 
 
 def expected_next(tokens: list[int], vocab: int) -> int:

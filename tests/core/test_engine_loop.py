@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from llmfleet.server.config import EngineConfig, load_engine_config
 from llmfleet.server.core.request import SamplingParams
-from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine, QueueFullError, StepFailedError
+from llmfleet.server.core.validation import InvalidRequestError
+from llmfleet.server.engine.engine import LLMEngine, QueueFullError, StepFailedError
 from tests.core.fakes import FakeClock, FakeRunner, reference_output
 
 
@@ -379,9 +382,10 @@ def test_a_failing_kv_export_aborts_its_request_only():
 
 def test_token_ids_outside_the_vocabulary_are_rejected():
     engine, runner, clock = make()
-    with pytest.raises(InvalidRequestError, match="non-negative"):
+    vocab = re.escape(f"must be in [0, {runner.vocab_size})")
+    with pytest.raises(InvalidRequestError, match=f"{vocab}, got -2"):
         engine.add_request("a", [1, -2], greedy(1))
-    with pytest.raises(InvalidRequestError, match=f"below the vocabulary size {runner.vocab_size}, got 1000"):
+    with pytest.raises(InvalidRequestError, match=f"{vocab}, got 1000"):
         engine.add_request("b", [1, runner.vocab_size], greedy(1))
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         engine.add_request("c", [1], SamplingParams(max_tokens=1, logit_bias={runner.vocab_size: 1.0}))

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from llmfleet.server.config import EngineConfig, Policy, PrefillMode
 from llmfleet.server.core.request import RequestStatus, SamplingParams
-from llmfleet.server.engine.engine import InvalidRequestError, LLMEngine
+from llmfleet.server.core.validation import InvalidRequestError
+from llmfleet.server.engine.engine import LLMEngine
 from tests.core.fakes import FakeClock, FakeRunner, reference_output
 
 configs = st.builds(

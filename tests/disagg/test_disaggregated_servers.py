@@ -494,7 +494,7 @@ def test_an_api_key_guards_v1_and_rides_every_hop(tmp_path):
 def test_the_transfer_paths_take_only_the_fleets_token(tmp_path):
     """A client holding the API key could send a decode server KV of its own making (it entered
     the prefix cache other requests read) or have it fetch from any URL and path."""
-    from llmfleet.server.http.auth import KV_TOKEN_ENV, KV_TOKEN_HEADER
+    from llmfleet.server.wire.auth import KV_TOKEN_ENV, KV_TOKEN_HEADER
 
     fleet_env = ONE_THREAD | {KV_TOKEN_ENV: "fleet-secret"}
     common = ("--served-model-name", MODEL, "--config", str(engine_config(tmp_path)))

@@ -23,7 +23,8 @@ from llmfleet.server.core.kv_wire import (
     leave_out_blocks,
 )
 from llmfleet.server.http.errors import APIError
-from llmfleet.server.openai.kv_transfer import KVExportStore, receive
+from llmfleet.server.http.kv_store import KVExportStore
+from llmfleet.server.openai.kv_transfer import receive
 from llmfleet.server.openai.protocol import KVTransferParams
 
 LAYOUT = KVLayout(fingerprint="abc123", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=4, block_size=4)

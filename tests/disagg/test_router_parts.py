@@ -11,10 +11,12 @@ import math
 import httpx
 import pytest
 
-from llmfleet.server.router.balancer import SLOW_POLLS, Balancer, Server
+from llmfleet.server.router.balancer import SLOW_POLLS, Balancer
 from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, StaticEndpoints, ready_urls
+from llmfleet.server.router.load import Server
 from llmfleet.server.router.policies import CHUNK_CHARS, SLACK, PrefixAffinity, least_loaded, prefix_hashes, prompt_text
-from llmfleet.server.router.router_metrics import RouterMetrics, StreamMeter
+from llmfleet.server.router.router_metrics import RouterMetrics
+from llmfleet.server.router.stream_meter import StreamMeter
 
 
 def test_ready_urls_follow_the_endpoint_conditions():
@@ -446,7 +448,7 @@ async def test_a_clients_kv_transfer_params_never_reach_a_decode_server():
 
 @pytest.mark.parametrize(("value", "streams"), [("false", False), ("0", False), ("no", False), ("on", True), (1, True)])
 def test_stream_is_read_as_the_servers_read_it(value, streams):
-    from llmfleet.server.router.router_metrics import flag
+    from llmfleet.server.router.stream_meter import flag
 
     assert flag(value) is streams
     assert flag(None) is False and flag("maybe") is False  # the server's 400 says what is wrong

@@ -12,16 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmfleet.operator.deploy.rbac import allows
-from llmfleet.operator.reconcile.desired import (
-    GRACE_SECONDS,
-    Owner,
-    TunerState,
-    desired_objects,
-    dump,
-    effective_engine,
-    effective_replicas,
-)
+from llmfleet.operator.reconcile.desired import GRACE_SECONDS, Owner, desired_objects, dump
 from llmfleet.operator.resource.spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, SpecError, parse_spec
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.parsers.reasoning import REASONING_PARSERS as SERVER_REASONING
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS as SERVER_PARSERS
@@ -181,7 +174,7 @@ def test_the_model_volume_is_named_by_the_operator_whatever_its_source_says(repo
 
 
 def test_a_kv_transfer_secret_reaches_the_router_and_every_server(repo_root):
-    from llmfleet.server.http.auth import KV_TOKEN_ENV
+    from llmfleet.server.wire.auth import KV_TOKEN_ENV
 
     owner, spec = load(repo_root, "disaggregated-long-prompt")
     raw = spec.model_dump(by_alias=True, exclude_none=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from llmfleet.operator.reconcile import status as st
 from llmfleet.operator.reconcile.pod_trouble import pod_trouble
+from llmfleet.operator.resource.conditions import Condition, merge_conditions
 
 
 def deployment(replicas=2, ready=2, updated=2, current=2, generation=3, observed=3):
@@ -21,7 +22,7 @@ def deployment(replicas=2, ready=2, updated=2, current=2, generation=3, observed
 
 
 def test_transition_time_moves_only_on_a_flip():
-    first = st.merge_conditions([], [st.Condition("Ready", "False", "PoolsNotReady", "0/1")], 1, "T1")
+    first = merge_conditions([], [Condition("Ready", "False", "PoolsNotReady", "0/1")], 1, "T1")
     assert first == [
         {
             "type": "Ready",
@@ -32,16 +33,16 @@ def test_transition_time_moves_only_on_a_flip():
             "observedGeneration": 1,
         }
     ]
-    same = st.merge_conditions(first, [st.Condition("Ready", "False", "PoolsNotReady", "0/2")], 2, "T2")
+    same = merge_conditions(first, [Condition("Ready", "False", "PoolsNotReady", "0/2")], 2, "T2")
     assert same[0]["lastTransitionTime"] == "T1" and same[0]["message"] == "0/2"
-    flipped = st.merge_conditions(same, [st.Condition("Ready", "True", "AllPoolsReady", "")], 2, "T3")
+    flipped = merge_conditions(same, [Condition("Ready", "True", "AllPoolsReady", "")], 2, "T3")
     assert flipped[0]["lastTransitionTime"] == "T3"
 
 
 def test_others_conditions_are_kept_in_order():
     tuner = {"type": "TunerActive", "status": "True", "reason": "Tuning", "lastTransitionTime": "T0"}
     custom = {"type": "Zeta", "status": "True"}
-    merged = st.merge_conditions([custom, tuner], [st.Condition("Degraded", "False", "AsExpected")], 4, "T1")
+    merged = merge_conditions([custom, tuner], [Condition("Degraded", "False", "AsExpected")], 4, "T1")
     assert [c["type"] for c in merged] == ["Degraded", "TunerActive", "Zeta"]
     assert merged[1] == tuner
 

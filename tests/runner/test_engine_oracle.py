@@ -7,6 +7,7 @@ policy, prefill mode, chunk size, batch mix, priority order, preemption or arriv
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -14,8 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
+from llmfleet.server.core.validation import InvalidRequestError
 from llmfleet.server.engine.build import build_engine
-from llmfleet.server.engine.engine import InvalidRequestError
 from llmfleet.server.runner.builtin_models import resolve_model
 from llmfleet.server.runner.step_shapes import warm_up_sizes
 from tests.runner.device import DEVICE
@@ -107,7 +108,7 @@ def test_seed_gives_the_same_text_whatever_the_batch():
 def test_token_ids_the_model_does_not_embed_are_rejected_before_a_step():
     engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4), device=DEVICE)
     vocab = engine.runner.model.get_input_embeddings().num_embeddings
-    with pytest.raises(InvalidRequestError, match=f"vocabulary size {vocab}"):
+    with pytest.raises(InvalidRequestError, match=re.escape(f"must be in [0, {vocab}), got {vocab}")):
         engine.add_request("oov", [3, vocab], SamplingParams(max_tokens=2, temperature=0))
     assert engine.generate([[3, vocab - 1]], SamplingParams(max_tokens=2, temperature=0))[0]
 

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, L
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.grammar import compile_grammar
 from llmfleet.server.core.request import THINKING_MODES, SamplingParams, StructuredOutput
+from llmfleet.server.core.validation import InvalidRequestError
 from llmfleet.server.engine.build import build_engine
-from llmfleet.server.engine.engine import InvalidRequestError
 from llmfleet.server.runner.builtin_models import resolve_model
 from tests.runner.device import DEVICE
 

@@ -15,7 +15,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.http.app import create_app
+from llmfleet.server.openai.app import create_app
 from llmfleet.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server.fakes import fake_state, real_tiny_state
 

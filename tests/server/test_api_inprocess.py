@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import llmfleet
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.http.app import create_app
 from llmfleet.server.http.drain import drain
+from llmfleet.server.openai.app import create_app
 from tests.server.fakes import CharTokenizer, fake_state
 
 

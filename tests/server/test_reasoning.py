@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from llmfleet.server import cli as server_cli
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.http.app import create_app
+from llmfleet.server.openai.app import create_app
 from llmfleet.server.parsers.reasoning import REASONING_PARSERS, Reasoning
 from tests.server.fakes import real_tiny_state
 

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from llmfleet.server.http.errors import APIError
-from llmfleet.server.http.sse import broken_stream_end, encode_event
 from llmfleet.server.openai.response_events import ResponseEvents, ResponseStream, chat_chunks, whole_response
 from llmfleet.server.openai.responses import ResponsesRequest
+from llmfleet.server.wire.sse import broken_stream_end, encode_event
 
 
 def request(**fields) -> ResponsesRequest:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from llmfleet.server import cli as server_cli
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.http.app import create_app
+from llmfleet.server.openai.app import create_app
 from llmfleet.server.openai.tool_calls import AutoToolCalls
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS
 from llmfleet.server.serve import local_engine_state

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.http.app import create_app
+from llmfleet.server.openai.app import create_app
 from tests.server.fakes import real_tiny_state
 
 

@@ -8,8 +8,8 @@ from prometheus_client import generate_latest
 from llmfleet.operator import decision_metrics
 from llmfleet.operator.daemon import _StatusActuator
 from llmfleet.operator.metrics.source import PoolMetrics, PoolRef
-from llmfleet.operator.reconcile.desired import TunerState
 from llmfleet.operator.resource.spec import Bound, parse_spec
+from llmfleet.operator.resource.tuner_state import TunerState
 from llmfleet.operator.tuner.memory import TunerMemory
 from llmfleet.operator.tuner.run import Autotuner, PoolView, measured_pools, views_from_state
 from tests.tuner.scenarios import metrics

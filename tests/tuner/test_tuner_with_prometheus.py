@@ -13,8 +13,8 @@ import yaml
 
 from llmfleet.operator.metrics.prometheus import PrometheusSource
 from llmfleet.operator.metrics.source import PoolRef
-from llmfleet.operator.reconcile.desired import TunerState, effective_engine
 from llmfleet.operator.resource.spec import parse_spec
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine
 from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
 from tests.prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
 from tests.support import ServerProcess
