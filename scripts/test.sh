@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, then lint, import layering and the whole test suite.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/core -x`.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/server/core -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test

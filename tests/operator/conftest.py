@@ -19,8 +19,8 @@ import kopf
 import pytest
 import yaml
 
-from tests.operator import crdcheck
 from tests.operator.emulator import INFERENCE_SERVICES, Call, RunningCluster, kubeconfig, make_cluster, serve
+from tests.operator.resource import crdcheck
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "inferenceservice.yaml"
 

@@ -9,7 +9,7 @@ import time
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.engine import LLMEngine
 from llmfleet.server.http.state import ServerState
-from tests.core.fakes import FakeRunner
+from tests.server.core.fakes import FakeRunner
 
 VOCAB = 95  # printable ASCII, one character per token
 

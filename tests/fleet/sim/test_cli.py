@@ -1,0 +1,232 @@
+"""`llm-fleet sim` and `llm-fleet bench tuner` end to end on a tiny synthetic profile."""
+
+from __future__ import annotations
+
+import json
+
+from llmfleet.cli import main
+from llmfleet.sim.trace import builtin_workload, write_trace
+from llmfleet.workloads import RequestSpec
+from tests.fleet.sim.conftest import synthetic_profile
+
+
+def tiny_profile(tmp_path):
+    profile = synthetic_profile(intercept=0.002, tokens=5e-6, seqs=3e-5)
+    profile.model, profile.max_model_len, profile.kv_bytes_per_token = "builtin:tiny", 2048, 512
+    return profile.save(tmp_path / "tiny.json")
+
+
+def test_sim_on_the_local_example(tmp_path, capsys, repo_root) -> None:
+    profile = tiny_profile(tmp_path)
+    code = main(
+        [
+            "sim",
+            "-f",
+            str(repo_root / "examples/local.yaml"),
+            "--profile",
+            str(profile),
+            "--duration",
+            "120",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "SLO p95 TTFT 500 ms, ITL 100 ms: met in" in out and "replica-minutes" in out
+    report = json.loads((tmp_path / "out/sim-tiny-bursty-tuner.json").read_text())
+    assert report["summary"]["conserved"] and report["per_minute"] and report["timeline"]
+    assert (tmp_path / "out/sim-tiny-bursty-tuner.png").stat().st_size > 10_000
+
+
+def test_sim_from_a_trace_with_the_hpa(tmp_path, capsys, repo_root) -> None:
+    trace = write_trace(tmp_path / "chat.jsonl", builtin_workload("chat", 60.0).requests())
+    code = main(
+        [
+            "sim",
+            "-f",
+            str(repo_root / "examples/local.yaml"),
+            "--profile",
+            str(tiny_profile(tmp_path)),
+            "--trace",
+            str(trace),
+            "--controller",
+            "hpa",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    assert "controller hpa, 120 requests" in capsys.readouterr().out
+    assert (tmp_path / "sim-tiny-chat-hpa.json").is_file()
+
+
+def test_a_trace_is_replayed_as_it_is_and_its_warm_up_left_out_of_the_report(tmp_path, capsys, repo_root) -> None:
+    trace = write_trace(tmp_path / "chat.jsonl", builtin_workload("chat", 120.0).requests())
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tiny_profile(tmp_path)),
+        "--trace",
+        str(trace),
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*args, "--rate-scale", "2", "--seed", "3"]) == 2
+    assert "--rate-scale, --seed shape a built-in workload" in capsys.readouterr().out
+    assert main([*args, "--warmup", "60"]) == 0
+    assert "reported after its first 60 s" in capsys.readouterr().out
+    report = json.loads((tmp_path / "sim-tiny-chat-tuner.json").read_text())
+    assert report["summary"]["measured_from_s"] == 60.0
+
+
+def test_sim_explains_what_is_missing(tmp_path, capsys, repo_root, monkeypatch) -> None:
+    monkeypatch.setenv("LLMFLEET_CACHE", str(tmp_path / "cache"))
+    assert main(["sim", "-f", str(repo_root / "examples/local.yaml")]) == 2
+    assert "run `llm-fleet calibrate --model builtin:tiny --quick` first" in capsys.readouterr().out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_s": 0}\n')
+    profile = str(tiny_profile(tmp_path))
+    assert main(["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", profile, "--trace", str(bad)]) == 2
+    assert "bad.jsonl:1: missing prompt_tokens, output_tokens" in capsys.readouterr().out
+
+
+def test_bench_tuner_quick(tmp_path, capsys) -> None:
+    profile = synthetic_profile().save(tmp_path / "small.json")
+    code = main(
+        [
+            "bench",
+            "tuner",
+            "--quick",
+            "--workloads",
+            "chat",
+            "--profile",
+            str(profile),
+            "--out",
+            str(tmp_path),
+            "--workers",
+            "1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "== targets" in out and "best fixed" in out and "HPA baseline" in out
+    result = json.loads((tmp_path / "tuner_eval.json").read_text())
+    row = result["workloads"][0]
+    assert row["workload"] == "chat" and set(row["checks"]) >= {"attainment", "vs_best_fixed", "vs_hpa"}
+    assert (tmp_path / "tuner_eval.png").is_file()
+
+
+def test_the_tuner_bench_defaults_to_the_reference_profile() -> None:
+    """The profile the tuner bench's SLOs were set for ships with the package and loads."""
+    from llmfleet.bench.tuner_eval import REFERENCE_PROFILE
+    from llmfleet.sim.cost_model import CostModel
+
+    cost = CostModel.load(REFERENCE_PROFILE)
+    assert (cost.model, cost.dtype, cost.device) == ("builtin:small", "float32", "cpu")
+    assert cost.describe().startswith("59.80 ms + 1824.9 us/token")
+
+
+def local_example_with(tmp_path, repo_root, **engine) -> str:
+    """examples/local.yaml with more engine fields in its pool."""
+    import yaml
+
+    service = yaml.safe_load((repo_root / "examples/local.yaml").read_text())
+    service["spec"]["pools"]["colocated"]["engine"].update(engine)
+    path = tmp_path / "service.yaml"
+    path.write_text(yaml.safe_dump(service))
+    return str(path)
+
+
+def test_sim_honours_the_pools_max_model_len_and_refuses_one_past_the_models(tmp_path, capsys, repo_root) -> None:
+    profile = str(tiny_profile(tmp_path))  # max_model_len 2048
+    trace = write_trace(tmp_path / "t.jsonl", [RequestSpec(0.0, 500, 10), RequestSpec(1.0, 100, 10)])
+    service = local_example_with(tmp_path, repo_root, maxModelLen=256)
+    assert main(["sim", "-f", service, "--profile", profile, "--trace", str(trace), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "{'rejected': 1, 'finished': 1}" in out
+    assert "why: 1 rejected: 400 from colocated-1: This model's maximum context length is 256 tokens" in out
+    report = json.loads((tmp_path / "sim-tiny-t-tuner.json").read_text())
+    assert [r["count"] for r in report["summary"]["reasons"]] == [1]
+
+    service = local_example_with(tmp_path, repo_root, maxModelLen=4096)
+    assert main(["sim", "-f", service, "--profile", profile, "--trace", str(trace), "--out", str(tmp_path)]) == 2
+    assert "pool colocated: engine.maxModelLen 4096 exceeds the model's limit 2048" in capsys.readouterr().out
+
+
+def test_sim_refuses_a_run_with_nothing_to_report(tmp_path, capsys, repo_root, monkeypatch) -> None:
+    monkeypatch.setattr("llmfleet.sim.simulate.simulate", _not_to_be_run)
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tiny_profile(tmp_path)),
+        "--out",
+        str(tmp_path),
+    ]
+    for shape in (["--duration", "0.5"], ["--rate-scale", "0.00001"]):
+        assert main([*args, *shape]) == 2
+        assert "bursty generates no requests: give it a longer --duration or a larger --rate-scale" in (
+            capsys.readouterr().out
+        )
+    trace = write_trace(tmp_path / "one.jsonl", [RequestSpec(0.0, 100, 10)])
+    assert main([*args, "--trace", str(trace), "--warmup", "5"]) == 2
+    assert "--warmup 5 covers the whole trace" in capsys.readouterr().out
+
+
+def test_sim_checks_its_output_paths_before_simulating(tmp_path, capsys, repo_root, monkeypatch) -> None:
+    monkeypatch.setattr("llmfleet.sim.simulate.simulate", _not_to_be_run)
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tiny_profile(tmp_path)),
+        "--workload",
+        "chat",
+        "--duration",
+        "10",
+    ]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for flags, message in (
+        (["--save-trace", str(tmp_path)], f"cannot write --save-trace {tmp_path}: {tmp_path} is a directory"),
+        (["--out", str(a_file)], f"cannot write --out {a_file}: {a_file} is a file, not a directory"),
+        (["--out", str(a_file / "results")], f"cannot write --out {a_file / 'results'}: cannot write into"),
+    ):
+        assert main([*args, *flags]) == 2
+        out = capsys.readouterr().out
+        assert message in out and "Traceback" not in out
+
+
+def test_sim_refuses_a_profile_it_cannot_run(tmp_path, capsys, repo_root) -> None:
+    data = json.loads(tiny_profile(tmp_path).read_text()) | {"device": None}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    args = [
+        "sim",
+        "-f",
+        str(repo_root / "examples/local.yaml"),
+        "--profile",
+        str(tmp_path / "bad.json"),
+        "--workload",
+        "chat",
+        "--duration",
+        "10",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(args) == 2
+    assert f"bad cost profile {tmp_path / 'bad.json'}: device must be a non-empty string" in capsys.readouterr().out
+
+
+def test_calibrate_checks_its_output_path_before_measuring(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("llmfleet.sim.calibrate.calibrate", _not_to_be_run)
+    assert main(["calibrate", "--quick", "--out", str(tmp_path)]) == 2
+    assert f"llm-fleet calibrate: cannot write the profile: {tmp_path} is a directory" in capsys.readouterr().out
+
+
+def _not_to_be_run(*args, **kwargs):
+    raise AssertionError("ran before its arguments were checked")

@@ -1,0 +1,174 @@
+"""The tuner over time: stabilization windows, cooldowns, anti-flapping, and memory round trips."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from llmfleet.operator.tuner.law import (
+    MAX_BATCH,
+    REPLICAS,
+    TIMEOUT,
+    Decision,
+    PoolInput,
+    PoolSettings,
+    Tuner,
+    TunerConfig,
+)
+from llmfleet.operator.tuner.memory import TunerMemory
+from tests.operator.tuner.scenarios import SLO, metrics, pool_input, settings
+
+INTERVAL = 30.0
+
+
+def run_loop(
+    tuner: Tuner,
+    make: Callable[[int, float, PoolSettings], PoolInput],
+    runs: int,
+    start: PoolSettings | None = None,
+    pool: str = "colocated",
+) -> list[Decision]:
+    """Closed loop on one pool: each run sees the settings and memory the previous run left."""
+    current, memory, decisions = start or settings(), TunerMemory(), []
+    for i in range(runs):
+        now = 1000.0 + i * INTERVAL
+        decision = tuner.decide({pool: make(i, now, current)}, SLO, memory, now)
+        decisions.append(decision)
+        current, memory = decision.settings[pool], TunerMemory.load(decision.memory.to_json())
+    return decisions
+
+
+def moves(decisions: list[Decision], knob: str) -> list[tuple[float, int]]:
+    """(time, direction) of every change of one knob."""
+    return [(d.at, 1 if c.new > c.old else -1) for d in decisions for c in d.changes if c.knob == knob]
+
+
+def direction_change_times(history: list[tuple[float, int]]) -> list[float]:
+    return [t for (_, prev), (t, d) in itertools.pairwise(history) if d != prev]
+
+
+def test_alternating_noise_flips_direction_at_most_once_per_window() -> None:
+    """ITL is now and then just over the SLO, otherwise well under it with a full batch: the batch
+    goes down and up, but never reverses twice within the stabilization (anti-flap) window."""
+    config = TunerConfig()
+
+    def noisy(i: int, now: float, current: PoolSettings) -> PoolInput:
+        itl = 105.0 if i % 4 == 0 else 60.0
+        batch = current.knobs[MAX_BATCH]
+        m = metrics(
+            itl_ms=itl,
+            ttft_ms=300,
+            mean_batch=batch,
+            step_tokens=batch,
+            waiting=2,
+            prompt_tps=100,
+            gen_tps=20,
+            pods=current.replicas,
+            at=now,
+        )
+        return pool_input(m, current)
+
+    decisions = run_loop(Tuner(config), noisy, runs=80)
+    for knob in (MAX_BATCH, TIMEOUT, REPLICAS):
+        flips = direction_change_times(moves(decisions, knob))
+        gaps = [b - a for a, b in itertools.pairwise(flips)]
+        assert all(gap >= config.flap_window_s for gap in gaps), (knob, flips)
+    assert moves(decisions, MAX_BATCH), "the batch should still move under sustained pressure"
+    assert any("one direction change per 300 s" in r for d in decisions for r in d.reasons)
+
+
+def test_relaxing_moves_wait_for_the_stabilization_window() -> None:
+    config = TunerConfig(knob_relax_stabilization_s=60.0)
+
+    def spare(i: int, now: float, current: PoolSettings) -> PoolInput:
+        return pool_input(metrics(itl_ms=50, ttft_ms=300, waiting=3, prompt_tps=100, gen_tps=20, at=now), current)
+
+    decisions = run_loop(Tuner(config), spare, runs=4)
+    batch_moves = [(d.at, c.old, c.new) for d in decisions for c in d.changes if c.knob == MAX_BATCH]
+    assert batch_moves[0] == (1060.0, 32, 36)  # the first run that has 60 s of agreeing recommendations
+    assert any("span less than the 60 s stabilization window" in r for r in decisions[0].reasons)
+
+
+def test_protective_moves_are_immediate_then_cool_down() -> None:
+    config = TunerConfig(cooldown_s=60.0)
+
+    def over(i: int, now: float, current: PoolSettings) -> PoolInput:
+        batch = current.knobs[MAX_BATCH]
+        return pool_input(metrics(itl_ms=150, mean_batch=batch, prompt_tps=100, gen_tps=20, at=now), current)
+
+    decisions = run_loop(Tuner(config), over, runs=5)
+    batch_moves = [(d.at, c.old, c.new) for d in decisions for c in d.changes if c.knob == MAX_BATCH]
+    assert batch_moves == [(1000.0, 32, 24), (1060.0, 24, 18), (1120.0, 18, 13)]
+    assert any("cooldown, last changed 30 s ago (< 60 s)" in r for r in decisions[1].reasons)
+
+
+def test_replicas_scale_up_at_once_and_down_after_the_window() -> None:
+    """HPA behaviour: scale-up takes the lowest recommendation of a 0 s window (now); scale-down
+    the highest of the last 300 s, so a dip must last the whole window."""
+    config = TunerConfig(scale_up_stabilization_s=0.0, scale_down_stabilization_s=300.0, cooldown_s=60.0)
+
+    def demand(i: int, now: float, current: PoolSettings) -> PoolInput:
+        pods = current.replicas
+        prompt = 6000.0 if i < 4 else 400.0  # high for 2 minutes, then low
+        return pool_input(metrics(prompt_tps=prompt, gen_tps=10, pods=pods, at=now), current)
+
+    decisions = run_loop(Tuner(config), demand, runs=30, start=settings(replicas=1))
+    replica_moves = [(d.at, c.old, c.new) for d in decisions for c in d.changes if c.knob == REPLICAS]
+    assert replica_moves[0][0] == 1000.0 and replica_moves[0][2] > 1  # up at once
+    downs = [m for m in replica_moves if m[2] < m[1]]
+    assert downs, replica_moves
+    last_high = 1000.0 + 3 * INTERVAL
+    assert downs[0][0] >= last_high + 300.0, (downs, replica_moves)
+
+
+def test_reversal_inside_the_window_needs_a_badly_violated_slo() -> None:
+    config = TunerConfig(knob_relax_stabilization_s=0.0, cooldown_s=30.0, flap_window_s=300.0)
+    tuner = Tuner(config)
+    low = dict(prompt_tps=100, gen_tps=20, ttft_ms=300)
+    up = tuner.decide({"colocated": pool_input(metrics(itl_ms=50, waiting=3, at=1000.0, **low))}, SLO, None, 1000.0)
+    assert up.changed("colocated", MAX_BATCH).new == 36
+    current = up.settings["colocated"]
+
+    slight = tuner.decide(
+        {"colocated": pool_input(metrics(itl_ms=105, mean_batch=36, at=1060.0, **low), current)},
+        SLO,
+        up.memory,
+        1060.0,
+    )
+    assert slight.changed("colocated", MAX_BATCH) is None
+    assert any("reversing the rise begun 60 s ago" in r for r in slight.reasons)
+
+    bad = tuner.decide(
+        {"colocated": pool_input(metrics(itl_ms=150, mean_batch=36, at=1060.0, **low), current)},
+        SLO,
+        up.memory,
+        1060.0,
+    )
+    change = bad.changed("colocated", MAX_BATCH)
+    assert change is not None and change.new == 27
+    assert "allowed: 1.50x over target (>= 1.2)" in change.reason
+
+
+def test_identical_inputs_give_identical_decisions() -> None:
+    pools = {"colocated": pool_input(metrics(itl_ms=142, mean_batch=32, at=5.0))}
+    memory = TunerMemory()
+    first = Tuner().decide(pools, SLO, memory, 5.0)
+    second = Tuner().decide(pools, SLO, memory, 5.0)
+    assert first == second
+    assert memory == TunerMemory()  # the input memory is never mutated
+
+
+def test_memory_round_trips_through_json_and_bad_memory_starts_fresh() -> None:
+    decisions = run_loop(
+        Tuner(),
+        lambda i, now, cur: pool_input(metrics(itl_ms=150, mean_batch=32, at=now), cur),
+        runs=3,
+    )
+    memory = decisions[-1].memory
+    text = memory.to_json()
+    assert TunerMemory.load(text) == memory
+    assert TunerMemory.load(memory.model_dump(mode="json")) == memory
+    assert len(text) < 8000  # small enough for an annotation
+    assert [r.at for r in memory.recent] == [1000.0, 1030.0, 1060.0]
+    for bad in ("{not json", '{"version": 7}', "", None, {"keys": "nope"}):
+        assert TunerMemory.load(bad) == TunerMemory()
