@@ -16,7 +16,7 @@ every pod the real scheduler and engine loop with the calibrated cost model, pod
   the SLOs, else the one with the best attainment. Shown too, not a target: the HPA with the
   best fixed configuration's knobs, chosen in hindsight.
 
-Targets (the issue): the tuner meets the p95 TTFT and ITL SLOs in >= 99% of minutes, uses <= 1.1x
+What it checks: the tuner meets the p95 TTFT and ITL SLOs in >= 99% of minutes, uses <= 1.1x
 the replica-minutes of the best fixed configuration and <= 0.7x the HPA baseline's, changes a
 quantity's direction at most once per stabilization window, and moves the knobs the way the
 workload's shape calls for (long prompts: a bigger token budget; long outputs: bigger batches;

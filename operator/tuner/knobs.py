@@ -1,39 +1,7 @@
 """The knob rules: per pool, what each engine knob should be for the SLOs, from one metrics
-snapshot. Each rule returns a Proposal; law.py stabilizes and gates it.
-
-- **maxBatchSize, AIMD against the ITL SLO** (colocated, decode). ITL p95 > SLO: multiplicative
-  decrease, x0.75 of the batch that actually ran (``min(current, observed mean batch)``, as TCP
-  decreases from the flight size), unless TTFT is over its SLO too with requests waiting: a
-  smaller batch would only move the excess onto TTFT, so the batch holds and replicas come.
-  ITL p95 < 0.8 SLO and the batch is the limit (mean batch >= 90% of the cap, or requests
-  waiting): additive increase, +4; or, at a busy window's load, requests would wait for a slot
-  (projection.slots_for) with the pods there are, or with the fewest pods whose time
-  would allow it (and whose KV caches would hold the sequences): straight to that many slots, in
-  steps of 4, so that the scale-down can follow. Not while the KV cache is under pressure (usage
-  >= 95% or preemptions), since a bigger batch would only preempt.
-  **Slot-bound TTFT** (colocated): queue >= 50% of a TTFT p95 >= 0.5 SLO, ITL < 0.8 SLO, steps
-  that leave the token budget unfilled and a cap the batch reaches at times (mean + 3 sd, the
-  spread of an M/G/inf occupancy): prompts wait for a batch slot, so +4 at once (protective, no
-  relaxation window) and the window's exhaustion does not add a replica this run.
-- **batchTimeoutMs (the prefill coalescing window) against TTFT and queue time** (colocated,
-  prefill). TTFT p95 > SLO, or queue time >= 50% of TTFT while TTFT >= 0.5 SLO: halve it (below
-  1 ms: its minimum). TTFT p95 plus one step still < 0.5 SLO and ITL < 0.8 SLO: +5 ms (more
-  coalescing), but only while prompts arrive often enough to coalesce (at least 0.2 more per
-  pod expected within the window): a window that holds nothing back only adds latency. Short
-  prompts (chat) make queueing the bulk of TTFT, so their window shrinks. A queue p95 above the
-  TTFT p95 (possible only through coarse histogram buckets) is not read as a queue share.
-- **maxNumBatchedTokens, the step's token budget** (colocated, prefill). ITL over SLO with
-  prefill-heavy steps (tokens per step >= 2x running sequences): x0.75, never below the batch
-  size, instead of shrinking the batch. TTFT over SLO with prompts longer than the budget, steps
-  that fill it, or short prompts queueing behind a budget too small for two, and ITL to spare:
-  x2; but not for the first tokens of a backlog that has drained (waits longer than the SLO,
-  fewer requests waiting over the window than such a queue holds), which a bigger budget would
-  not have served sooner and whose next burst it would slow, every step carrying more prompt.
-  TTFT met but the tighter SLO (>= 0.5x, and above ITL's share), ITL < 0.8 SLO, and a budget
-  that cannot take two mean prompts beside a full batch: x2 as a relaxing move, which undoes the
-  cuts an ITL excess made once. Neither the batch nor the budget shrinks for ITL while TTFT is
-  over its SLO too with requests waiting.
-"""
+snapshot. ``maxBatchSize`` follows AIMD against the ITL SLO, ``batchTimeoutMs`` (the prefill
+coalescing window) answers TTFT and queue time, and ``maxNumBatchedTokens`` (the step's token
+budget) trades between the two. Each rule returns a Proposal; law.py stabilizes and gates it."""
 
 from __future__ import annotations
 
@@ -89,6 +57,11 @@ class KnobRules:
     def _batch_rule(
         self, name: str, pool: PoolInput, slo: SLOTargets, budget: Proposal | None, steps: StepCosts | None
     ) -> Proposal:
+        """AIMD against the ITL SLO (colocated, decode). Over the SLO: x0.75 of the batch that
+        actually ran, as TCP decreases from the flight size, unless TTFT is over too with requests
+        waiting (a smaller batch would only move the excess onto TTFT). Under 0.8 SLO with the
+        batch the limit: +4, or straight to the slots a busy window needs. Never up while the KV
+        cache is under pressure: a bigger batch would only preempt."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
         itl, target_ms = ms(m.itl.p95), slo.itl_p95_ms
@@ -234,6 +207,10 @@ class KnobRules:
         return Proposal(new, why, f"+{num(new - cur)}", protective=True, severity=ttft / target_ms, protects="ttft")
 
     def _timeout_rule(self, name: str, pool: PoolInput, slo: SLOTargets) -> Proposal:
+        """The coalescing window against TTFT and queue time (colocated, prefill): halved while
+        TTFT is over its SLO or mostly queueing; +5 ms while TTFT has more than half its SLO to
+        spare and prompts arrive often enough to coalesce (a window that holds nothing back only
+        adds latency)."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TIMEOUT], pool.limits.knob(TIMEOUT)
         ttft, target_ms = ms(m.ttft.p95), slo.ttft_p95_ms
@@ -305,6 +282,10 @@ class KnobRules:
         return Proposal(new, why, f"+{num(round(new - cur, 1))} ms")
 
     def _budget_rule(self, name: str, pool: PoolInput, slo: SLOTargets) -> Proposal:
+        """The step's token budget (colocated, prefill): x0.75 when prefill-heavy steps break the
+        ITL SLO (never below the batch), x2 when TTFT is over with prompts the budget cannot take
+        and ITL has room, but not for the first tokens of a backlog that already drained, which a
+        bigger budget would not have served sooner."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
         ttft, itl = ms(m.ttft.p95), ms(m.itl.p95) if name != "prefill" else None

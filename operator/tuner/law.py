@@ -1,66 +1,13 @@
 """The tuner's control law: metrics in, a decision out. Pure and deterministic (the clock is an
-argument); the kopf timer, the simulator and the tests all call ``Tuner.decide`` the same way.
+argument); the operator's daemon, the local fleet, the simulator and the tests all call
+``Tuner.decide`` the same way.
 
-Per pool, every run (pools: ``colocated`` does everything; in disaggregated mode ``prefill``
-owns TTFT and ``decode`` owns ITL; clients get their first token from the decode server, so
-``prefill`` is held to the TTFT SLO less what a decode server adds to every request):
-
-- **Spec bounds win.** A current value outside its spec range (a manual edit, a narrowed spec)
-  is first brought inside it. Nothing the tuner proposes ever leaves the range.
-- **Stale or missing data holds everything.** If any pool's snapshot is stale (no pod
-  reporting, samples too old, source down), nothing moves and ``hold_reason`` says why. A single
-  quantile resting on too few requests holds only the knobs that read it.
-- **The knobs** (knobs.py): maxBatchSize by AIMD against the ITL SLO, batchTimeoutMs (the
-  prefill coalescing window) against TTFT and queue time, maxNumBatchedTokens (the step's token
-  budget) between the two.
-- **Replicas cover demand**: ``ceil(demand / (1 - headroom))`` replica-equivalents, where demand
-  is prompt tokens/s over per-replica prefill capacity (prefill; less the tokens a prefix-cache
-  hit covered), generated tokens/s over per-replica decode capacity (decode), or both summed
-  (colocated). The prefill:decode ratio follows from the two, as in NVIDIA Dynamo's planner.
-  Per-replica capacity is learned from the snapshots (capacity.py: the step-time plane
-  where pods report step times). Demand is served throughput, so a saturated pool
-  (served/capacity ~ pods) still grows by the headroom; a queue that grows by g requests/s adds
-  g requests/s of demand (arrivals above what is served), and the waiting requests' tokens count
-  too, as demand to drain within ``backlog_drain_s`` (60).
-  **Latency** sizes the pool too, judged over the SLO's window (``slo.windowSeconds``, the
-  knobs react to the shorter metric window): an owned SLO violated there with its knob at its
-  limit scales to the fewest pods its latency projects back within it, else one more (for ITL,
-  only with a queue: otherwise more replicas would not help; not while another knob protects the
-  same SLO this run). It aims at the SLO itself, not below it: the window that broke the SLO
-  reads high, as the next minute's p95 regresses toward the mean. Pods the tuner added that
-  became ready within the SLO's window have not shown in it yet: until they have, an excess
-  under 1.2x adds none (in chat, 40 s after 4 -> 5, with the fifth pod ready for 10 s, the tuner
-  went on to 7).
-  A scale-down goes only as low as the owned latencies project within their SLOs at the load of
-  a busy window (arrivals 2 sd above the mean: a count chosen at the mean holds through its
-  surges), so a pool near its TTFT SLO keeps its pods even when throughput says fewer would do,
-  and only as low as the busiest pod's KV usage, spread alike, stays under 95%. The projection
-  (projection.py) takes steps to lengthen with the share of a pod's time their work
-  fills and adds the wait for a batch slot (Erlang C); without step times, M/M/1 on the demand.
-  **Pods and slots are one decision**: where the batch cap's recommendation is above the cap
-  (held by its relaxation window), the replica count is also judged at that cap, and a
-  scale-down that needs it goes with it, raising the cap in the same run. Then
-  ``[minReplicas, maxReplicas]``.
-  The floor is 1 even with ``minReplicas: 0`` (PoolLimits.from_spec): a pool at zero replicas
-  reports nothing, so the tuner would hold it there for good.
-- **Stabilization, as HPA ``behavior``.** Every run records each quantity's recommendation. A
-  move happens only if every recommendation of its window agrees (rise: the lowest, fall: the
-  highest), and a non-zero window must be covered first. Replicas rise over
-  ``scaleUpStabilizationSeconds`` and fall over ``scaleDownStabilizationSeconds``; the knobs'
-  SLO-protecting moves (batch down, window down, budget either way) are immediate and their
-  relaxing moves (batch up, window up, budget up with TTFT met) wait
-  ``knob_relax_stabilization_s``.
-- **Cooldown and anti-flapping.** A quantity that changed does not move again the same way for
-  ``cooldown_s``, so the metric window sees the new setting first. It reverses direction at most
-  once per ``flap_window_s`` (the scale-down stabilization window), unless the reversal protects
-  an SLO that is at least ``override_ratio`` (1.2) times over (or, for replicas, demand 1.2x what
-  the pool can serve); never for the token budget, whose two directions protect the two SLOs
-  (their trading it back and forth is a lack of capacity). Spec-bound corrections count as moves
-  for both.
-
-Every change and every hold comes with a reason that cites its numbers, e.g.
-``decode: ITL p95 142 ms > SLO 100 ms -> maxBatchSize 32 -> 24 (x0.75)``.
-"""
+Per pool and run: spec bounds win; stale data holds everything; the knob rules (knobs.py)
+propose; replicas cover demand over per-replica capacity (capacity.py) with headroom, and the
+owned latencies, projected at another pod count (projection.py), size the pool too; then HPA-
+style stabilization, cooldowns and anti-flapping gate every move (memory.py). Every change and
+every hold carries a reason that cites its numbers. The rules, and why each is as it is, are in
+docs/tuner.md."""
 
 from __future__ import annotations
 

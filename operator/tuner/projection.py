@@ -1,35 +1,11 @@
-"""How a pool's owned latencies would move if its load were spread over another pod count.
+"""How a pool's owned latencies would move if its load were spread over another pod count: the
+question a scale-down asks (would fewer pods hold the SLOs?) and one an SLO no knob restores
+asks (how many pods bring it back?). Throughput cannot answer it: a chat pool can sit near its
+TTFT SLO at a third of its token throughput, because steps lengthen with load.
 
-The tuner asks this before a scale-down (would fewer pods still hold the SLOs?) and when an SLO
-no knob can restore needs replicas (how many bring it back?). Throughput capacity cannot answer:
-a chat pool may run its pods at a third of their token throughput and still sit near its TTFT
-SLO, because a chat TTFT is a few engine steps, and steps lengthen with load.
-
-**With step times** (the pods report them and the step plane is fitted), a pod's load is taken
-apart as the engine carries it:
-
-- *Steps.* The plane's per-sequence and per-prompt-token costs times the pod's token rates give
-  ``u``, the share of its time that work fills. A step costs the fixed overhead plus that work
-  for the arrivals of one step, so it takes ``overhead / (1 - u)``: with each pod's load x ``k``,
-  steps lengthen by ``(1 - u) / (1 - k u)``, as a processor-sharing server's response time does.
-  TTFT (the residual step before a request's first, its prefill steps) and ITL grow with them,
-  and a prefill's wait for room in the token budget grows as one server's at
-  ``prompt tokens per step / budget``.
-- *Batch slots.* A request also waits for a free slot once the batch cap fills: an M/M/c queue
-  with ``c = maxBatchSize`` servers, the requests running (on average over time) as its busy
-  servers and a request's life in the batch (Little's law) as its service time. Its p95 wait,
-  from Erlang C, is part of TTFT at both counts; where the queue time measured now is shorter
-  than the model's wait (lives in a batch vary less than exponentially), both waits scale down
-  by that ratio. ``slots_for`` inverts it: the cap at which that wait stays rare.
-
-**Without step times**, or where the pod is full now (its time, its batch or its budget), TTFT
-is queue time plus a held prefill, the wait growing as an M/M/1 queue's ``rho / (1 - rho)`` with
-``rho`` the demand per pod over capacity, and ITL as ``(1 - rho) / (1 - rho')``; an unknown
-queue time counts TTFT as all wait.
-
-``surge`` is the load factor of a busy window (Poisson arrivals some standard deviations above
-their mean), which the tuner applies before a scale-down.
-"""
+With step times, steps stretch as a processor-sharing server's response time does and the wait
+for a batch slot follows Erlang C; without them, an M/M/1 queue on the demand. The derivation
+is in docs/tuner.md."""
 
 from __future__ import annotations
 

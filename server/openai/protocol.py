@@ -55,7 +55,7 @@ def _not_unicode(value: Any) -> bool:
         return any(_not_unicode(key) or _not_unicode(item) for key, item in value.items())
     if isinstance(value, list):
         if not _TEXT_HOLDERS.intersection(map(type, value)):
-            return False  # token ids: one pass in C, not a call per id (100k ids: 1.6 ms, not 10)
+            return False  # token ids: one pass in C, not a call per id
         return any(_not_unicode(item) for item in value)
     return False
 

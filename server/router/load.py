@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # A request still waiting for its first token weighs four that decode: a new prompt queues behind
-# the prefills ahead of it, while decoding sequences only share the steps with it. (Simulated,
-# 4 pods of the tuner bench's chat trace, three draws: the worst minute's TTFT p95 0.30-0.31 s
-# ranked so, 0.40-0.42 s ranked by requests held alone.)
+# the prefills ahead of it, while decoding sequences only share the steps with it.
 UNSTARTED_WEIGHT = 3.0
 # A server near a full KV cache preempts (recomputes) and slows everyone on it, worth several
 # queued requests.

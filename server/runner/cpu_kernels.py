@@ -1,9 +1,8 @@
 """Paged decode attention for CPUs, in C, read straight from the paged cache.
 
 The torch path (attention._decode) gathers every decoding request's blocks into a padded copy
-before two batched matmuls: at batch 32 on this 2-core CPU that copy was 21 ms of a 75 ms
-builtin:small step, the matmuls over it 10 ms more. This kernel walks each request's block table
-instead, reading each key and value once: per (request, KV head) it scores the queries of that
+before two batched matmuls, and the copy costs more than the matmuls. This kernel walks each
+request's block table instead, reading each key and value once: per (request, KV head) it scores the queries of that
 head's group, takes a float32 softmax over the context (the sliding window, Gemma 2's logit cap
 and gpt-oss's sinks honoured), and sums the values, all in float32 whatever the cache's dtype
 (float32 or bfloat16).
@@ -12,11 +11,7 @@ It is bound by memory: between layers the matmuls evict the cache, so keys and v
 DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So each block's
 successor is prefetched, and the arithmetic is kept under the reads: keys are scored sixteen at a
 time (sixteen vector partial sums, then their lane sums, not a horizontal sum per key), and the
-softmax takes its exponentials sixteen at a time. Against the per-key loop before it, in bfloat16
-on this machine's 2 cores (DRAM reads about 30 GB/s): a call 1.2x faster with a fresh engine's
-block tables and 1.4-1.5x with scattered ones, 1.07-1.18x within builtin:small's decode steps,
-and decode 1.03x faster at batch 32 of 192-token contexts, 1.08x at 768-1024 tokens. Float32,
-already near the DRAM ceiling, gains up to 1.1x with scattered blocks.
+softmax takes its exponentials sixteen at a time.
 
 It is compiled on first use with the system's C compiler (``$CC``, default ``cc``) for this CPU
 (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command and the

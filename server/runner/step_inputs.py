@@ -12,13 +12,12 @@ from llmfleet.server.core.request import Request
 from llmfleet.server.runner.attention import DecodeGroup, PrefillSpan, StepMetadata
 from llmfleet.server.runner.kv_cache import PagedKVCache
 
-# A decode group costs about 8 torch calls per layer (~80 us on this CPU); a padding block costs
-# its gather and matmul reads (~10 us per layer for builtin:small in float32). A new group is
-# started only when it saves more than this many padding blocks, a conservative estimate.
+# A decode group costs about 8 torch calls per layer; a padding block costs its gather and matmul
+# reads, several times less. A new group is started only when it saves more than this many
+# padding blocks, a conservative estimate.
 GROUP_COST_BLOCKS = 16
-# On a GPU the same calls are kernel launches that cost more than the padding they save (H100,
-# builtin:small, batch 32 with contexts spread over 256 tokens: 11 groups 58 ms/step, 1 group 14):
-# there every decode goes into one group.
+# On a GPU the same calls are kernel launches that cost more than the padding they save: there
+# every decode goes into one group.
 GPU_GROUP_COST_BLOCKS = None
 
 

@@ -75,8 +75,8 @@ class TorchModelRunner:
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             # cuDNN attention (SDPA's first choice for bf16 on Hopper) builds a plan for each new
-            # shape, and nearly every prompt chunk is one: on an H100 mixed steps took 102 ms
-            # instead of 21 until every shape had been seen. Flash and memory-efficient need none.
+            # shape, and nearly every prompt chunk is one: mixed steps ran several times slower
+            # until every shape had been seen. Flash and memory-efficient need no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.pad_steps = pads_steps(self.device.type, _DTYPE_NAMES[self.dtype])  # oneDNN's per-shape kernels
