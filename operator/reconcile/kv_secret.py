@@ -30,7 +30,7 @@ async def ensure_kv_secret(client: KubeClient, owner: Owner, spec: InferenceServ
     Secret is there, made on an earlier pass (or by someone who may create Secrets in the
     namespace, and so may read them too). One deleted by hand is made again with a new token:
     servers still holding the old one fall back to computing prompts themselves until they
-    restart (README, on the transfer paths)."""
+    restart (docs/disaggregation.md, on the KV-transfer token)."""
     wanted = generated_kv_secret(owner, spec)
     if wanted is None:
         return None

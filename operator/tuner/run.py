@@ -3,7 +3,7 @@ measure every pool through a ``MetricSource``, decide, hand the new replicas and
 ``Actuator``, and describe the run for status, Events and logs. A disaggregated fleet's router is
 measured too, for the TTFT its clients see (status only: the law holds each pool to its share).
 
-Ownership rule while autotune is on (documented in the README): spec bounds win, the tuner owns
+Ownership rule while autotune is on (documented in docs/tuner.md): spec bounds win, the tuner owns
 the current value. A manual `kubectl scale` or ConfigMap edit is overwritten with the tuner's value
 at the next reconcile; users steer through the spec (bounds, min/max replicas, SLOs). A value
 outside the spec's bounds is first brought inside them, and that correction is recorded like any
