@@ -1,6 +1,6 @@
 """`llm-fleet operator`: run the kopf operator that serves InferenceServices.
 
-kopf, aiohttp and the handlers are imported in run(), so `llm-fleet --help` stays light.
+kopf, the Kubernetes client and the handlers are imported in run(), so `llm-fleet --help` stays light.
 """
 
 from __future__ import annotations
@@ -102,17 +102,15 @@ def credentials_problem() -> str | None:
     one it cannot read), or None. Later logins (a rotated token) are kopf's and the client's."""
     import yaml
 
-    from llmfleet.operator.reconcile.cluster import login
+    from llmfleet.operator.reconcile.cluster import load_configuration
 
     try:
-        login()
+        load_configuration()
     except OSError as exc:
         return f"{exc.strerror or exc}: {exc.filename or ''} (KUBECONFIG={os.environ.get('KUBECONFIG', '')})"
     except yaml.YAMLError as exc:
         return f"the kubeconfig is no YAML ({str(exc).splitlines()[0]})"
-    except KeyError as exc:
-        return f"the kubeconfig names {exc} but does not define it"
-    except Exception as exc:  # kopf.LoginError, and whatever else a kubeconfig's contents can raise
+    except Exception as exc:  # the client's ConfigException, and whatever else a kubeconfig's contents can raise
         return str(exc)
     return None
 

@@ -33,8 +33,13 @@ import kopf
 from llmfleet.arguments import positive
 from llmfleet.operator import decision_metrics
 from llmfleet.operator.daemon import autotune_once, new_events, prepare_scale_down
-from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, POD_MONITOR, ApiError, KubeClient
-from llmfleet.operator.reconcile.cluster import login as kube_login
+from llmfleet.operator.reconcile.cluster import (
+    INFERENCE_SERVICE,
+    POD_MONITOR,
+    ApiError,
+    KubeClient,
+    load_configuration,
+)
 from llmfleet.operator.reconcile.converge import Outcome, converge
 from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
 from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, parse_spec
@@ -101,14 +106,36 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 
 @kopf.on.login()
-def login(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> kopf.ConnectionInfo | None:
-    """The same credentials as our own client, looked up when kopf logs in (again, on a 401),
-    not when this module is imported: $KUBECONFIG, else the service account, else ~/.kube/config."""
+def login(logger: logging.Logger, **_: Any) -> kopf.ConnectionInfo | None:
+    """kopf's connection, with the same credentials as our client (cluster.load_configuration),
+    looked up when kopf logs in (again, on a 401), not when this module is imported."""
     try:
-        return kube_login(settings)
-    except kopf.LoginError as exc:
-        logger.error(str(exc))
+        configuration = load_configuration()
+    except Exception as exc:  # no credentials, or a kubeconfig it cannot read (cli.py checks at start)
+        logger.error(f"no Kubernetes credentials: {exc}")
         return None
+    return connection_info(configuration)
+
+
+def connection_info(configuration: Any) -> kopf.ConnectionInfo:
+    """A kubernetes.client.Configuration in kopf's terms, read as kopf's own login_via_client
+    reads it: the token through get_api_key_with_prefix, where refresh hooks and auth plugins
+    put it; files the loader wrote (inline certificates) are temporary files."""
+    header = configuration.get_api_key_with_prefix("BearerToken") or ""
+    scheme, _, token = header.partition(" ")
+    if not token:  # a bare token, no scheme
+        scheme, token = "", scheme
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
 
 
 @kopf.on.startup()
@@ -116,7 +143,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     configure(settings)
     url = memo.get("prometheus_url") or os.environ.get("LLMFLEET_PROMETHEUS_URL") or None
     labels = dict(memo.get("pod_monitor_labels") or {})
-    memo.llmfleet = OperatorState(KubeClient.from_environment(settings), url, pod_monitor_labels=labels)
+    client = await asyncio.to_thread(KubeClient.from_environment)  # reads files, may run a kubeconfig's exec plugin
+    memo.llmfleet = OperatorState(client, url, pod_monitor_labels=labels)
     if memo.get("metrics_port"):
         from prometheus_client import start_http_server
 

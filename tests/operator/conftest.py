@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import kopf
 import pytest
 import yaml
 
@@ -140,9 +139,12 @@ def running() -> Iterator[RunningCluster]:
 
 @pytest.fixture
 async def client(running: RunningCluster):
+    """Our API client on the emulator, anonymous (the emulator asks for no credentials)."""
+    from kubernetes.client import Configuration
+
     from llmfleet.operator.reconcile.cluster import KubeClient
 
-    client = KubeClient(kopf.ConnectionInfo(server=running.url))
+    client = KubeClient(lambda: Configuration(host=running.url))
     yield client
     await client.close()
 

@@ -10,7 +10,9 @@ the operator's own client to behave as against a real API server:
 - PATCH speaks JSON patch (a failed test is 422), merge patch, strategic merge (as merge) and
   server-side apply; the status subresource only touches status, the main resource never does;
 - PUT replaces (409 on a stale resourceVersion); DELETE honours finalizers, and the garbage
-  collector removes dependents whose owner is gone (background propagation).
+  collector removes dependents whose owner is gone (background propagation);
+- injected faults (Fault) answer as the API server's errors do, with a Retry-After header when
+  asked: kmock's KubernetesError carries none.
 
 Server-side apply is modelled for a single field manager: fields the manager applied before and
 no longer applies are removed; everything else merges. That is exactly SSA's outcome when the
@@ -47,6 +49,13 @@ def _conflict(message: str) -> KubernetesError:
 
 def _not_found(what: str) -> KubernetesError:
     return KubernetesError(status=404, reason="NotFound", message=f"{what} not found")
+
+
+@attrs.frozen
+class _InjectedError(KubernetesError):
+    """A Fault's answer: kmock's KubernetesError carries no headers, this one a Retry-After."""
+
+    retry_after: int | None = None
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -110,12 +119,14 @@ class Change:
 
 @dataclass
 class Fault:
-    """Answer matching writes with an error (a flaky or failing API server)."""
+    """Answer matching writes with an error (a flaky or failing API server), with a Retry-After
+    header when `retry_after` is set (as the API server throttles: 429 and seconds)."""
 
     method: str
     path_part: str
     status: int = 500
     times: int = 1_000_000
+    retry_after: int | None = None
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and method == self.method and self.path_part in path
@@ -226,6 +237,12 @@ class Cluster(KubernetesEmulator):
             obj.pop("status", None)
         return obj
 
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        response = await super()._render_error(exc)
+        if isinstance(exc, _InjectedError) and exc.retry_after is not None:
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
+
     # -- reads -----------------------------------------------------------------------------------
 
     def _matching(self, res_key: str, namespace: str | None, selector: str | None) -> list[dict[str, Any]]:
@@ -286,7 +303,12 @@ class Cluster(KubernetesEmulator):
         for fault in self.faults:
             if fault.matches(method, request.url.path):
                 fault.times -= 1
-                raise KubernetesError(status=fault.status, reason="InjectedFault", message="injected by the test")
+                raise _InjectedError(
+                    status=fault.status,
+                    reason="InjectedFault",
+                    message="injected by the test",
+                    retry_after=fault.retry_after,
+                )
         # Skip KubernetesEmulator's own bookkeeping: every write is handled here.
         try:
             status, body = self._write(method, request)

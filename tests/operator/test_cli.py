@@ -114,8 +114,8 @@ def test_operator_with_a_busy_metrics_port_stops_before_kopf_starts(kopf_run):
     [
         (None, "No such file or directory"),
         ("{{{", "the kubeconfig is no YAML"),
-        ("apiVersion: v1\nkind: Config\n", "Current context is not set"),
-        ("apiVersion: v1\nkind: Config\ncurrent-context: kind\ncontexts: []", "names 'kind' but does not define it"),
+        ("apiVersion: v1\nkind: Config\n", "Expected key current-context"),
+        ("apiVersion: v1\nkind: Config\ncurrent-context: kind\ncontexts: []", "Expected object with name kind"),
     ],
 )
 def test_operator_without_credentials_it_can_read_stops_before_kopf_starts(

@@ -22,7 +22,7 @@ from llmfleet.operator.reconcile.cluster import CHILD_KINDS, CONFIG_MAP, DEPLOYM
 from llmfleet.operator.reconcile.desired import Owner, desired_objects, selector
 from llmfleet.operator.reconcile.scaledown import DELETION_COST, rank_pods_for_scale_down
 from llmfleet.operator.resource.spec import parse_spec
-from tests.operator.emulator import Fault, kubeconfig
+from tests.operator.emulator import Fault
 
 KINDS = tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
@@ -285,15 +285,3 @@ async def test_a_pod_gone_since_the_list_is_left_out_of_the_ranking(running, cli
 
     monkeypatch.setattr(client, "patch_merge", gone_first)
     assert await rank_pods_for_scale_down(client, owner, "decode", {"a": 7, "b": 3}) == ["b"]
-
-
-async def test_an_expired_token_logs_in_again(running, client, tmp_path, monkeypatch):
-    config = tmp_path / "kubeconfig"
-    config.write_text(kubeconfig(running.url))
-    monkeypatch.setenv("KUBECONFIG", str(config))
-    owner = await create_owner(client)
-    running.call(lambda: running.cluster.faults.append(Fault("PATCH", "/configmaps/", 401, times=1)))
-    result = await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
-    assert "ConfigMap/svc-colocated-engine" in result.created
-    auth = [r.headers.get("Authorization") for r in running.call(lambda: list(running.cluster._requests))]
-    assert auth[0] is None and auth[-1] == "Bearer test-token"  # anonymous before, the kubeconfig's token after
