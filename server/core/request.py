@@ -7,6 +7,7 @@ and recompute-after-preemption are all the same mechanism.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -37,6 +38,9 @@ class SampledToken:
     logprob: float | None = None
     top_logprobs: dict[int, float] | None = None
     rank: int | None = None  # the token's place in its distribution (1: the most likely), where computed
+    # Why no token could be sampled for the request (NaN or inf probabilities, no candidate left,
+    # a grammar that cannot go on): the engine ends that request alone, with this as its error
+    error: str | None = None
 
 
 # OpenAI / vLLM finish_reason strings
@@ -48,6 +52,10 @@ FINISH_REASON = {
 
 
 _GREEDY_EPS = 1e-5
+# A repetition penalty divides (or multiplies) logits: far outside this range it only overflows
+# float32 logits to inf (vLLM's check, > 0, lets 1e-300 through to NaN probabilities)
+MIN_REPETITION_PENALTY = 1e-4
+MAX_REPETITION_PENALTY = 1e4
 
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 # Where a reasoning model's thinking runs free before the constraint holds (vLLM's default: the
@@ -107,6 +115,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise InvalidRequestError(f"{name} must be a finite number, got {getattr(self, name)}", name)
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}", "temperature")
         if not 0 < self.top_p <= 1:
@@ -130,10 +141,14 @@ class SamplingParams:
             raise InvalidRequestError(
                 "allowed_token_ids must hold at least one token id, and no negative ones", "allowed_token_ids"
             )
-        if self.repetition_penalty <= 0:
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise InvalidRequestError(
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}", "repetition_penalty"
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}], got "
+                f"{self.repetition_penalty}",
+                "repetition_penalty",
             )
+        if any(not math.isfinite(b) for b in self.logit_bias.values()):
+            raise InvalidRequestError("logit_bias values must be finite numbers", "logit_bias")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise InvalidRequestError(f"{name} must be >= 0, got {getattr(self, name)}", name)

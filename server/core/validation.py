@@ -83,3 +83,33 @@ def check_sequences(sequences: int, queue_capacity: int) -> None:
             "(its --max-queue-len)",
             "n",
         )
+
+
+def check_can_sample(
+    stop_ids: frozenset[int], allowed: frozenset[int] | None, min_tokens: int, vocab_size: int
+) -> None:
+    """A request whose first tokens can have no candidate at all: ``min_tokens`` keeps its stop
+    tokens (``stop_ids``: stop_token_ids and EOS, unless ignored) out of them, and nothing else is
+    left, because every allowed token stops it, or the stop tokens cover the vocabulary. Refused
+    here: in a step, its sampler row would hold no probability at all."""
+    if min_tokens <= 0:
+        return
+    if allowed is not None and not (allowed - stop_ids):
+        raise InvalidRequestError(
+            f"every token in allowed_token_ids is a stop token (stop_token_ids or EOS), which min_tokens={min_tokens} "
+            "forbids: no token could be sampled",
+            "allowed_token_ids",
+        )
+    if sum(1 for t in stop_ids if 0 <= t < vocab_size) >= vocab_size:
+        raise InvalidRequestError(
+            f"stop_token_ids and EOS cover the whole vocabulary of {vocab_size} tokens, which min_tokens={min_tokens} "
+            "forbids: no token could be sampled",
+            "stop_token_ids",
+        )
+
+
+def check_id_list(ids: list[int], limit: int, param: str) -> None:
+    """A list of token ids no longer than ``limit`` (the vocabulary: more would repeat ids), checked
+    before any per-id work."""
+    if len(ids) > limit:
+        raise InvalidRequestError(f"{param} holds {len(ids)} token ids; at most {limit} are accepted", param)

@@ -20,7 +20,12 @@ from llmfleet.server.core.block_manager import BlockManager
 from llmfleet.server.core.kv_wire import KVImport
 from llmfleet.server.core.request import Request, RequestStatus, SampledToken, SamplingParams
 from llmfleet.server.core.scheduler import Scheduler
-from llmfleet.server.core.validation import InvalidRequestError, check_context_length, check_token_ids
+from llmfleet.server.core.validation import (
+    InvalidRequestError,
+    check_can_sample,
+    check_context_length,
+    check_token_ids,
+)
 from llmfleet.server.engine.detokenizer import Decoder, IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,9 @@ class RequestOutput:
     # vLLM's: what stopped it, on the final event: the stop string, or a stop_token_ids token
     # (None at EOS, at the length, or aborted)
     stop_reason: str | int | None = None
+    # Why the request ended on its own failure (finish_reason "abort"): no token could be sampled
+    # for it (see SampledToken.error). The API hands it to the client as an error.
+    error: str | None = None
 
 
 @dataclass
@@ -179,6 +187,10 @@ class LLMEngine:
         vocab = self.runner.vocab_size
         check_token_ids(prompt, vocab, "prompt", "prompt token ids")
         check_token_ids(sampling.logit_bias, vocab, "logit_bias", "logit_bias token ids")
+        if sampling.allowed_token_ids is not None:
+            check_token_ids(sampling.allowed_token_ids, vocab, "allowed_token_ids", "allowed_token_ids")
+        stop_ids = sampling.stop_ids(self.runner.eos_token_ids)
+        check_can_sample(stop_ids, sampling.allowed_token_ids, sampling.min_tokens, vocab)
         if sampling.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {sampling.max_tokens}", "max_tokens")
         check_context_length(self.runner.max_model_len, len(prompt), sampling.max_tokens)
@@ -257,7 +269,12 @@ class LLMEngine:
             request.num_computed_tokens += item.num_tokens
             request.kv_import = None  # the runner wrote it into the request's blocks
             self.block_manager.cache_computed(request)
-            if token is not None:
+            if token is not None and token.error is not None:
+                # Its sampler row failed (NaN, no candidate, a grammar that cannot go on): that
+                # request ends with the reason, the step's others go on
+                log.warning("request %s failed in step %d: %s", request.request_id, out.step, token.error)
+                events.append(self._abort_now(request, token.error))
+            elif token is not None:
                 try:
                     events.append(self._append_token(request, token, now))
                 except Exception:
@@ -311,10 +328,12 @@ class LLMEngine:
             event.prompt_logprobs = list(request.prompt_logprobs)
         return event
 
-    def _abort_now(self, request: Request) -> RequestOutput:
+    def _abort_now(self, request: Request, error: str | None = None) -> RequestOutput:
         if not request.status.is_finished:
             self._finish(request, RequestStatus.FINISHED_ABORTED)
-        return self._event(request, [], "", None)
+        event = self._event(request, [], "", None)
+        event.error = error
+        return event
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         tracked = self._requests.get(request.request_id)

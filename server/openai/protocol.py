@@ -100,7 +100,7 @@ class _Sampling(StructuredOutputFields, TextRequest):
     # Logits processing (OpenAI's ranges; min_p, min_tokens and repetition_penalty as in vLLM)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, ge=1e-4, le=1e4)  # wider only overflows float32 logits
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     min_tokens: int = Field(0, ge=0)
     logit_bias: dict[str, float] | None = Field(None, description="Token id -> bias, clamped to [-100, 100].")

@@ -294,7 +294,8 @@ async def whole_response(request: ResponsesRequest, chunks: AsyncIterator[dict],
     final = last[-1]["response"]
     if final["status"] == "failed":
         error = events.error or {}
-        status = error.get("code") if isinstance(error.get("code"), int) and error["code"] >= 500 else 500
+        code = error.get("code")
+        status = code if isinstance(code, int) and 400 <= code < 600 else 500  # a request's own failure: its 400
         raise APIError(status, final["error"]["message"], str(error.get("type") or "internal_error"))
     return final
 

@@ -37,6 +37,7 @@ from llmfleet.server.openai.submission import (
     api_finish_reason,
     build_subrequests,
     collect,
+    request_error,
     submit,
     truncated_prompt,
 )
@@ -91,6 +92,8 @@ def install(app: FastAPI, state: ServerState) -> None:
                 "finish_reason": result.finish_reason,
                 "stop_reason": result.stop_reason,
             }
+            if result.error is not None:
+                choice["error"] = request_error(result.error)["error"]
             if body.logprobs is not None:
                 generated = completion_logprobs(reply.names, result.token_ids, result.logprobs, len(text))
                 if body.echo:
@@ -183,6 +186,8 @@ def install(app: FastAPI, state: ServerState) -> None:
                     "stop_reason": result.stop_reason,
                 }
             )
+            if result.error is not None:
+                choices[-1]["error"] = request_error(result.error)["error"]
             if body.return_token_ids:
                 choices[-1]["token_ids"] = result.token_ids
         extra = {"prompt_token_ids": subs[0].prompt} if body.return_token_ids else {}
@@ -412,6 +417,8 @@ class _Reply:
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
                 choice = _text_choice(owner.index, event.new_text, logprobs, finish, event.stop_reason)
                 yield self.chunk("text_completion", choice, owner, event.num_output_tokens)
+                if event.error is not None:
+                    yield request_error(event.error, owner.index)
         finally:
             await events.aclose()
         if self.include_usage:
@@ -460,6 +467,8 @@ class _Reply:
                 if (calls or splitters) and not (delta or finish or logprobs):
                     continue  # held: a tag or a call not yet told apart
                 yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens, event.stop_reason)
+                if event.error is not None:
+                    yield request_error(event.error, owner.index)
         finally:
             await events.aclose()
         if self.include_usage:

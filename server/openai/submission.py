@@ -22,6 +22,7 @@ from llmfleet.server.engine.engine import QueueFullError, RequestOutput
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.openai.protocol import _Sampling
+from llmfleet.server.wire.errors import error_body
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Result:
     num_output_tokens: int
     prompt_logprobs: list[SampledToken] | None = None  # where asked: prompt tokens 1.. (see Request)
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
+    error: str | None = None  # why it ended on its own failure (finish_reason "abort"): request_error()
 
 
 @dataclass
@@ -273,7 +275,7 @@ async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
     tokens: dict[int, list[int]] = {s.index: [] for s in sub.subs}
     lps: dict[int, list] = {s.index: [] for s in sub.subs}
     prompt_lps: dict[int, list[SampledToken]] = {}
-    done: dict[int, tuple[str | None, int, str | int | None]] = {}
+    done: dict[int, tuple[str | None, int, str | int | None, str | None]] = {}
     events = EventStream(state, sub)
     try:
         async for owner, event in events:
@@ -283,16 +285,32 @@ async def collect(state: ServerState, sub: Submission) -> dict[int, Result]:
             if event.prompt_logprobs is not None:
                 prompt_lps[owner.index] = event.prompt_logprobs
             if event.finished:
-                done[owner.index] = (api_finish_reason(event.finish_reason), event.num_output_tokens, event.stop_reason)
+                reason = api_finish_reason(event.finish_reason)
+                done[owner.index] = (reason, event.num_output_tokens, event.stop_reason, event.error)
     finally:
         await events.aclose()
     return {
-        i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1], prompt_lps.get(i), done[i][2])
+        i: Result("".join(text[i]), done[i][0], tokens[i], lps[i], done[i][1], prompt_lps.get(i), *done[i][2:])
         for i in text
     }
 
 
 def api_finish_reason(reason: str | None) -> str | None:
     # "stop" | "length"; "abort" (as vLLM reports it) only when the engine failed under the
-    # request or a drain timed out: the text is cut, and the client must be able to tell
+    # request, the request failed on its own (request_error) or a drain timed out: the text is
+    # cut, and the client must be able to tell
     return reason
+
+
+GENERATION_ERROR = "generation_error"
+
+
+def request_error(message: str, index: int | None = None) -> dict:
+    """What a client reads of a request that failed on its own mid-generation (no token could be
+    sampled for it, its constraint could not go on): beside finish_reason "abort", the choice's
+    ``error`` in a whole answer, or an error event after the choice's last chunk in a stream. Code
+    400: only its own parameters fail it; other requests in its step go on."""
+    body = error_body(f"the generation failed: {message}", GENERATION_ERROR, 400)
+    if index is not None:
+        body["error"]["choice_index"] = index
+    return body

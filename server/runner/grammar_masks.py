@@ -8,7 +8,9 @@ keeps the request's output tokens, so its matcher stays where it was; a request 
 output already (none does today) is replayed into its new matcher.
 
 The engine refuses a request whose grammar does not compile (``core.grammar.check``). A matcher that
-still errs (a resource limit) allows EOS only: the request ends at its next token, and it is logged.
+still errs (a resource limit met mid-way), or whose grammar allows no token at all, fails its row:
+the request ends with finish_reason "abort" and the reason as its error, never with a "stop" on
+text the constraint did not hold. Only that request: the rest of the step goes on.
 """
 
 from __future__ import annotations
@@ -37,16 +39,33 @@ class GrammarMasks:
         self._tokenizer: llguidance.LLTokenizer | None = None  # built at the first constrained request
         self._matchers: dict[str, llguidance.LLMatcher] = {}
 
-    def constrain(self, logits: torch.Tensor, fallback: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def constrain(
+        self, logits: torch.Tensor, fallback: torch.Tensor, requests: list[Request], failed: dict[int, str]
+    ) -> torch.Tensor:
         """``logits`` (a row per request) with every token its request's grammar forbids at -inf:
         written into ``logits`` where it is the sampler's processed copy, into a copy where it is
         the raw ``fallback`` itself (kept for the logprobs). Where nothing else would be left
         (``min_tokens`` forbids the EOS that completes the text), the grammar wins: its tokens
-        take their ``fallback`` (raw) logits."""
-        rows = [i for i, request in enumerate(requests) if request.sampling.structured is not None]
+        take their ``fallback`` (raw) logits. A request whose grammar cannot go on is recorded in
+        ``failed``."""
+        rows, masks = [], []
+        for i, request in enumerate(requests):
+            if request.sampling.structured is None or i in failed:
+                continue
+            try:
+                matcher = self._matcher(request)
+                mask = matcher.compute_bitmask()
+            except Exception as exc:  # llguidance refused it at the vocabulary (a limit): this request only
+                failed[i] = f"its structured output cannot be followed: {exc}"
+                continue
+            if matcher.is_error():
+                failed[i] = f"its structured output cannot be followed: {matcher.get_error()}"
+                continue
+            rows.append(i)
+            masks.append(np.frombuffer(mask, np.uint8))
         if not rows:
             return logits
-        words = np.stack([np.frombuffer(self._matcher(requests[i]).compute_bitmask(), np.uint8) for i in rows])
+        words = np.stack(masks)
         # the packed bits travel (a GPU gets 1/8 of the bytes), then unpack there: bit b of byte k is token 8k + b
         packed = torch.from_numpy(words).to(logits.device)
         bits = (packed.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=logits.device)) & 1
@@ -56,18 +75,21 @@ class GrammarMasks:
         empty = torch.isneginf(masked).all(dim=-1)
         if empty.any():
             masked[empty] = fallback[index][empty].masked_fill(forbidden[empty], float("-inf"))
+        for k in torch.nonzero(forbidden.all(dim=-1)).flatten().tolist():
+            failed[rows[k]] = "its structured output allows no further token"
         out = logits.clone() if logits is fallback else logits  # a copy already where any row was processed
         out[index] = masked
         return out
 
-    def accept(self, requests: list[Request], token_ids: list[int]) -> None:
-        """Advance each constrained request's matcher by the token sampled for it."""
-        for request, token in zip(requests, token_ids, strict=True):
-            if request.sampling.structured is None:
+    def accept(self, requests: list[Request], token_ids: list[int], failed: dict[int, str]) -> None:
+        """Advance each constrained request's matcher by the token sampled for it; one the grammar
+        does not take fails its request (recorded in ``failed``)."""
+        for i, (request, token) in enumerate(zip(requests, token_ids, strict=True)):
+            if request.sampling.structured is None or i in failed:
                 continue
             matcher = self._matchers[request.request_id]
             if not matcher.is_stopped() and not matcher.consume_token(token):
-                log.warning("request %s: token %d left its grammar: %s", request.request_id, token, matcher.get_error())
+                failed[i] = f"its structured output cannot take the token sampled: {matcher.get_error()}"
 
     def release(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)

@@ -46,51 +46,51 @@ class Sampler:
             self.grammars.release(request_id)
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
-        """``logits``: (N, vocab), one row per request in ``requests``."""
+        """``logits``: (N, vocab), one row per request in ``requests``. A row that cannot be sampled
+        (its processing raised, NaN or inf left in it, no candidate token, a grammar that cannot go
+        on) comes back as a token with ``error`` set: only its own request fails."""
         logits = logits.float()
-        processed = self._process(logits, requests)
+        failed: dict[int, str] = {}
+        processed = self._process(logits, requests, failed)
         if self.grammars is not None:
-            processed = self.grammars.constrain(processed, logits, requests)
+            processed = self.grammars.constrain(processed, logits, requests, failed)
+        processed = _set_aside_bad_rows(processed, logits, failed)
         tokens = torch.argmax(processed, dim=-1)
-        random_rows = [i for i, r in enumerate(requests) if not r.sampling.greedy]
+        random_rows = [i for i, r in enumerate(requests) if not r.sampling.greedy and i not in failed]
         if random_rows:
-            drawn = self._draw(processed[random_rows], [requests[i] for i in random_rows])
+            drawn = self._draw(processed[random_rows], [requests[i] for i in random_rows], random_rows, failed)
             tokens[random_rows] = drawn
         ids = tokens.tolist()
         if self.grammars is not None:
-            self.grammars.accept(requests, ids)
+            self.grammars.accept(requests, ids, failed)
         out = [SampledToken(token) for token in ids]
-        logprob_rows = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
+        logprob_rows = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None and i not in failed]
         if logprob_rows:
             self._add_logprobs(logits, logprob_rows, requests, out)
+        for i, why in failed.items():
+            out[i] = SampledToken(-1, error=why)
         return out
 
-    def _process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor, requests: list[Request], failed: dict[int, str]) -> torch.Tensor:
         """``logits`` with each row's min_tokens mask, logit bias and penalties applied (a copy
-        when any row has one: the raw logits still give the logprobs)."""
+        when any row has one: the raw logits still give the logprobs). A row whose processing
+        raises is recorded in ``failed``."""
         rows = [i for i, r in enumerate(requests) if _processed(r)]
         if not rows:
             return logits
         processed = logits.clone()
-        vocab = logits.shape[-1]
         for i in rows:
-            request, row = requests[i], processed[i]
-            params = request.sampling
-            if params.allowed_token_ids is not None:  # everything else masked, before any bias
-                keep = torch.tensor([t for t in params.allowed_token_ids if t < vocab], device=row.device)
-                allowed = row[keep]
-                row.fill_(float("-inf")).index_copy_(0, keep, allowed)
-            if request.num_output_tokens < params.min_tokens:
-                row[[t for t in params.stop_ids(self.eos_token_ids) if 0 <= t < vocab]] = float("-inf")
-            bias = {t: b for t, b in params.logit_bias.items() if t < vocab}  # the API checked the ids
-            if bias:
-                ids, values = torch.tensor(list(bias)), torch.tensor(list(bias.values()))
-                row.index_add_(0, ids.to(row.device), values.to(row.device))
-            if params.penalized:
-                _penalize(row, request)
+            try:
+                _process_row(processed[i], requests[i], self.eos_token_ids)
+            except Exception as exc:  # one request's parameters must not fail the others' step
+                failed[i] = f"its sampling parameters could not be applied: {exc}"
         return processed
 
-    def _draw(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _draw(
+        self, logits: torch.Tensor, requests: list[Request], rows: list[int], failed: dict[int, str]
+    ) -> torch.Tensor:
+        """A token drawn for each of ``requests`` (the batch's ``rows``); a row whose probabilities
+        are not a distribution (NaN, inf, nothing left) is recorded in ``failed``."""
         params = [r.sampling for r in requests]
         temperature = torch.tensor([p.temperature for p in params], device=logits.device)
         probs = torch.softmax(logits / temperature[:, None], dim=-1)
@@ -99,6 +99,11 @@ class Sampler:
             probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
         if any(0 < p.top_k < logits.shape[-1] or p.top_p < 1.0 for p in params):
             probs = _top_k_top_p(probs, params)
+        bad = (~torch.isfinite(probs).all(dim=-1) | ~(probs.sum(dim=-1) > 0)).tolist()
+        if any(bad):
+            for k in (k for k, is_bad in enumerate(bad) if is_bad):
+                failed[rows[k]] = "no token could be drawn: its probabilities are NaN, infinite or all zero"
+            probs = probs.masked_fill(torch.tensor(bad, device=probs.device)[:, None], 1.0)  # drawn, then dropped
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
         shared = [i for i, p in enumerate(params) if p.seed is None]
         if shared:
@@ -141,6 +146,40 @@ def token_logprobs(logits: torch.Tensor, targets: list[int], top_n: int, ranks: 
         values, ids = logprobs.topk(top_n, dim=-1)
         for entry, row_ids, row_values in zip(out, ids.tolist(), values.tolist(), strict=True):
             entry.top_logprobs = dict(zip(row_ids, row_values, strict=True))
+    return out
+
+
+def _process_row(row: torch.Tensor, request: Request, eos_token_ids: frozenset[int]) -> None:
+    """One request's logits processing, in place (vLLM's order: see the module's docstring)."""
+    params, vocab = request.sampling, row.shape[-1]
+    if params.allowed_token_ids is not None:  # everything else masked, before any bias
+        keep = torch.tensor([t for t in params.allowed_token_ids if t < vocab], dtype=torch.long, device=row.device)
+        allowed = row[keep]
+        row.fill_(float("-inf")).index_copy_(0, keep, allowed)
+    if request.num_output_tokens < params.min_tokens:
+        row[[t for t in params.stop_ids(eos_token_ids) if 0 <= t < vocab]] = float("-inf")
+    bias = {t: b for t, b in params.logit_bias.items() if t < vocab}  # the API checked the ids
+    if bias:
+        ids, values = torch.tensor(list(bias)), torch.tensor(list(bias.values()))
+        row.index_add_(0, ids.to(row.device), values.to(row.device, row.dtype))
+    if params.penalized:
+        _penalize(row, request)
+
+
+def _set_aside_bad_rows(processed: torch.Tensor, logits: torch.Tensor, failed: dict[int, str]) -> torch.Tensor:
+    """Record in ``failed`` each row that holds NaN or +inf, or no candidate at all (every token at
+    -inf), and zero every failed row so that the batch's argmax and draws run on (their tokens are
+    dropped). A copy where ``processed`` is still the raw ``logits``."""
+    bad = torch.isnan(processed).any(dim=-1) | torch.isposinf(processed).any(dim=-1)
+    empty = torch.isneginf(processed).all(dim=-1)
+    for i in torch.nonzero(bad | empty).flatten().tolist():
+        failed.setdefault(
+            i, "no token is left to sample: its logits hold NaN or inf" if bad[i] else "no token is left to sample"
+        )
+    if not failed:
+        return processed
+    out = processed.clone() if processed is logits else processed
+    out[list(failed)] = 0.0
     return out
 
 

@@ -132,14 +132,14 @@ def test_repetition_penalty_is_hf_s_over_prompt_and_output(sampler):
     r = Request("r", [3, 9, 9, 17], SamplingParams(temperature=0, repetition_penalty=1.7))
     r.output_token_ids += [17, 25, 31]
     want = RepetitionPenaltyLogitsProcessor(1.7)(torch.tensor([[3, 9, 9, 17, 17, 25, 31]]), logits[None].clone())
-    assert torch.allclose(sampler._process(logits[None], [r])[0], want[0])
+    assert torch.allclose(sampler._process(logits[None], [r], {})[0], want[0])
 
 
 def test_frequency_and_presence_penalties_count_generated_tokens_only(sampler):
     logits = torch.zeros(8)
     r = Request("f", [4, 4, 4], SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=0.25))
     r.output_token_ids += [1, 1, 6]
-    got = sampler._process(logits[None], [r])[0]
+    got = sampler._process(logits[None], [r], {})[0]
     want = torch.zeros(8)
     want[1] = -(0.5 * 2 + 0.25)
     want[6] = -(0.5 * 1 + 0.25)
