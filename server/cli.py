@@ -7,6 +7,7 @@ import sys
 
 from llmfleet.arguments import LOG_LEVELS, bind_problem, non_negative, port, positive
 from llmfleet.server.engine_flags import add_engine_flags
+from llmfleet.server.http.body_guard import DEFAULT_MAX_BODY_MB
 from llmfleet.server.parsers.reasoning import REASONING_PARSERS
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS
 from llmfleet.server.router.policies import POLICIES as ROUTER_POLICIES
@@ -38,6 +39,12 @@ def add_arguments(parser) -> None:
         "--api-key",
         default=os.environ.get(API_KEY_ENV),
         help=f"as vLLM's: /v1 paths need 'Authorization: Bearer <key>' (default: ${API_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--max-request-body-mb",
+        type=positive,
+        default=DEFAULT_MAX_BODY_MB,
+        help=f"larger request bodies get 413 before more of them is read (default {DEFAULT_MAX_BODY_MB:g})",
     )
     parser.add_argument(
         "--enable-auto-tool-choice",

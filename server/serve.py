@@ -57,6 +57,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     state = ServerState.for_engine(engine, tokenizer, name, args.role)
     state.model_aliases = tuple(aliases)
     state.api_key = args.api_key
+    state.max_body_bytes = int(args.max_request_body_mb * 2**20)
     state.kv_token = kv_token_from_env()
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     state.reasoning_parser = args.reasoning_parser

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 # No tokenizer's tokens average more characters than this: a longer text cannot fit the context,
 # and is refused before the tokenizer spends seconds on it.
 MAX_CHARS_PER_TOKEN = 32
+TRUNCATION_MARGIN_CHARS = 256
 
 
 class InvalidRequestError(ValueError):
@@ -56,6 +57,14 @@ def check_prompt_chars(chars: int, max_model_len: int, param: str = "prompt") ->
             "of the input.",
             param,
         )
+
+
+def truncation_chars(keep: int) -> int:
+    """How much of a long text's end to tokenize for its last ``keep`` tokens
+    (``truncate_prompt_tokens``): at most ``MAX_CHARS_PER_TOKEN`` characters a token, and a margin
+    for the token the cut splits. Tokenizing the whole text instead costs time and memory in
+    proportion to a length nothing else bounds."""
+    return keep * MAX_CHARS_PER_TOKEN + TRUNCATION_MARGIN_CHARS
 
 
 def truncation_length(keep: int | None, max_model_len: int) -> int | None:

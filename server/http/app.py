@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmfleet import __version__
 from llmfleet.server.http.auth import APIKeyMiddleware
+from llmfleet.server.http.body_guard import BodyGuardMiddleware, GuardedRoute
 from llmfleet.server.http.errors import error_response, install_error_handlers
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.wire.errors import error_body
@@ -30,8 +31,10 @@ def build_app(state: ServerState, install_role: RouteInstaller) -> FastAPI:
     """The app serving ``state``'s role: ``install_role`` adds the role's own routes."""
     app = FastAPI(title="llm-fleet", version=__version__, description=f"OpenAI-compatible LLM serving ({state.role})")
     app.state.server = state
+    app.router.route_class = GuardedRoute  # before any route: each reads the body the guard parsed
     install_error_handlers(app)
     app.add_middleware(InFlightMiddleware, state=state)
+    app.add_middleware(BodyGuardMiddleware, max_bytes=state.max_body_bytes)  # inside the key check
     if state.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)  # outermost: before anything counts it
     install_role(app, state)

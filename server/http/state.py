@@ -3,6 +3,7 @@ and the drain flag."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import httpx
 from llmfleet.server.core.kv_wire import KVLayout
 from llmfleet.server.engine.async_engine import AsyncEngine
 from llmfleet.server.engine.engine import LLMEngine
+from llmfleet.server.http.body_guard import DEFAULT_MAX_BODY_MB
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.kv_store import KVExportStore
 from llmfleet.server.http.server_metrics import ServerMetrics
@@ -22,6 +24,7 @@ from llmfleet.server.wire.keepalive import pooled
 # Fetching a KV body from a prefill server: connecting is quick or the pod is gone; reading may
 # take a while for a long prompt on a slow network.
 KV_FETCH_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+LARGE_PROMPT_SLOTS = 1
 
 
 @dataclass
@@ -51,6 +54,10 @@ class ServerState:
     structured_outputs_in_reasoning: bool = False
     # --generation-config: what a request that leaves a sampling field out gets (generation_defaults.py)
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    # --max-request-body-mb: larger bodies get 413 before they are read further (body_guard.py)
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20)
+    # Prompts past prompt_work.LARGE_CHARS templated and tokenized at once (small ones never wait)
+    large_prompts: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(LARGE_PROMPT_SLOTS))
     _http: Any = None
 
     def http_client(self) -> httpx.AsyncClient:

@@ -15,11 +15,18 @@ from fastapi import FastAPI, Request, Response
 from pydantic import ValidationError
 
 from llmfleet.server.core.request import SampledToken
-from llmfleet.server.core.validation import InvalidRequestError, check_prompt_chars, check_token_ids, truncation_length
+from llmfleet.server.core.validation import (
+    InvalidRequestError,
+    check_prompt_chars,
+    check_token_ids,
+    truncation_chars,
+    truncation_length,
+)
 from llmfleet.server.http.errors import APIError, invalid_request
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse, EventStreamResponse
 from llmfleet.server.http.state import ServerState, check_model, check_serving
 from llmfleet.server.openai import kv_transfer
+from llmfleet.server.openai.prompt_work import off_loop
 from llmfleet.server.openai.protocol import (
     ERROR_RESPONSES,
     ChatCompletionRequest,
@@ -55,7 +62,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         check_serving(state, body.model)
         if body.max_tokens == 0 and not body.echo:
             raise APIError(400, "max_tokens 0 returns the prompt alone: it needs echo", param="max_tokens")
-        prompts, prompt_texts = await asyncio.to_thread(_completion_prompts, state, body)  # seconds for a long one
+        chars = _prompt_size(body.prompt)
+        prompts, prompt_texts = await off_loop(state, chars, _completion_prompts, state, body)  # seconds for a long one
         # As vLLM (and lm-evaluation-harness's loglikelihood): echo with logprobs scores the prompt too
         scored = _most(body.prompt_logprobs, body.logprobs if body.echo else None)
         generate = max(body.max_tokens, 1)  # 0: one token, not shown
@@ -142,8 +150,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         if isinstance(tool_calls, AutoToolCalls) and tool_calls.parser.keeps_special_tokens:
             body = body.model_copy(update={"skip_special_tokens": False})  # its tags are special tokens
         # templating and tokenizing a long conversation take seconds: not on the event loop
-        prompt_text = await asyncio.to_thread(chat_prompt_text, state, body)
-        prompt = await asyncio.to_thread(encoded, state, prompt_text, body.special_tokens(), body)
+        chars = sum(_prompt_size(m.content) for m in body.messages)
+        prompt_text = await off_loop(state, chars, chat_prompt_text, state, body)
+        prompt = await off_loop(state, len(prompt_text), encoded, state, prompt_text, body.special_tokens(), body)
         prompt = truncated_prompt(state, body, prompt)
         reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.include_reasoning)
         # vLLM's default: a grammar holds the answer, after the thinking
@@ -203,9 +212,10 @@ def install(app: FastAPI, state: ServerState) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
-            ids = await asyncio.to_thread(encoded, state, body.prompt, body.special_tokens())
+            ids = await off_loop(state, len(body.prompt), encoded, state, body.prompt, body.special_tokens())
         else:
-            ids = await asyncio.to_thread(chat_prompt, state, body)
+            chars = sum(_prompt_size(m.content) for m in body.messages)
+            ids = await off_loop(state, chars, chat_prompt, state, body)
         strs = _token_strs(state.tokenizer, ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
 
@@ -214,6 +224,19 @@ def install(app: FastAPI, state: ServerState) -> None:
         check_model(state, body.model)
         check_token_ids(body.tokens, len(state.tokenizer), "tokens")
         return {"prompt": state.tokenizer.decode(body.tokens)}
+
+
+def _prompt_size(prompt) -> int:
+    """A prompt's size as the work it makes: characters of text, one per token id."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        if not prompt or type(prompt[0]) is int:  # token ids (the model checked they all are)
+            return len(prompt)
+        return sum(_prompt_size(item) for item in prompt)
+    if isinstance(prompt, dict):
+        return len(str(prompt.get("text", "")))
+    return 0
 
 
 def _token_strs(tokenizer, ids: list[int]) -> list[str]:
@@ -278,9 +301,9 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
             ids = encoded(state, item, body.add_special_tokens, body)
         else:
             ids = list(item)
-        check_token_ids(ids, len(state.tokenizer), "prompt", "prompt token ids")
         given = len(ids)
-        ids = truncated_prompt(state, body, ids)
+        ids = truncated_prompt(state, body, ids)  # first: the ids it drops need no check
+        check_token_ids(ids, len(state.tokenizer), "prompt", "prompt token ids")
         ids_list.append(ids)
         if body.echo:  # what the model was given: a truncated prompt echoes its kept tokens
             texts.append(item if isinstance(item, str) and len(ids) == given else state.tokenizer.decode(ids))
@@ -290,14 +313,24 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
 def _check_prompt_chars(state: ServerState, chars: int, body: object, param: str = "prompt") -> None:
     """Text too long for the context, refused before it is tokenized; not with
     ``truncate_prompt_tokens``: a long document cut to its last tokens is what a client asks for
-    then (as vLLM takes it)."""
-    if truncation_length(getattr(body, "truncate_prompt_tokens", None), state.max_model_len) is None:
+    then (as vLLM takes it), and only its tail is tokenized (``encoded``)."""
+    if _kept_tokens(state, body) is None:
         check_prompt_chars(chars, state.max_model_len, param)
 
 
+def _kept_tokens(state: ServerState, body: object) -> int | None:
+    return truncation_length(getattr(body, "truncate_prompt_tokens", None), state.max_model_len)
+
+
 def encoded(state: ServerState, text: str, add_special_tokens: bool, body: object = None) -> list[int]:
-    """A prompt's token ids (slow for a long text: call it off the event loop)."""
-    _check_prompt_chars(state, len(text), body)
+    """A prompt's token ids (slow for a long text: call it off the event loop). Text too long for
+    the context is refused; with ``truncate_prompt_tokens`` only the tail that can hold the kept
+    tokens is tokenized (truncation_chars), so no text costs more than the context's worth."""
+    keep = _kept_tokens(state, body)
+    if keep is None:
+        check_prompt_chars(len(text), state.max_model_len)
+    elif len(text) > truncation_chars(keep):
+        text = text[-truncation_chars(keep) :]
     return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from llmfleet.server.core.grammar import CACHED_SPEC_CHARS, fits_cache
 from llmfleet.server.core.request import StructuredOutput
 from llmfleet.server.http.errors import APIError
+from llmfleet.server.wire import json_depth
 
 
 class StructuredOutputError(APIError):
@@ -141,7 +142,7 @@ def _schema_text(schema: dict[str, Any] | str | None, field: str) -> str | None:
     if schema is None or isinstance(schema, dict):
         return None if schema is None else json.dumps(schema)
     try:
-        parsed = json.loads(schema)
+        parsed = json_depth.loads(schema)
     except ValueError as exc:
         message = f"{field} must be a JSON schema (an object, or its JSON text): {exc}"
         raise StructuredOutputError(message, field) from None

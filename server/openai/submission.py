@@ -14,6 +14,7 @@ from llmfleet.server.core.request import SampledToken, SamplingParams, Structure
 from llmfleet.server.core.validation import (
     InvalidRequestError,
     check_context_length,
+    check_id_list,
     check_sequences,
     check_token_ids,
     truncation_length,
@@ -84,6 +85,8 @@ async def build_subrequests(
     if state.engine is not None:
         check_sequences(len(prompts) * body.n, state.engine.engine.config.max_queue_len)
     vocab_size = len(state.tokenizer)
+    for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):  # none needs more ids than there are
+        check_id_list(getattr(body, name) or [], vocab_size, name)
     logit_bias = body.logit_bias_ids()
     check_token_ids(logit_bias, vocab_size, "logit_bias", "logit_bias token ids")
     allowed = None

@@ -6,7 +6,6 @@ with the router's view of every server."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -14,6 +13,7 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from llmfleet.server.http.body_guard import parsed_body
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
 from llmfleet.server.http.state import ServerState, check_model
@@ -44,7 +44,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         if reason is not None:
             raise APIError(503, reason, "unavailable")
         try:
-            body = json.loads(await raw.body())
+            body = await parsed_body(raw)
         except ValueError as exc:
             raise APIError(400, f"invalid request: the body is not JSON ({exc})") from exc
         if not isinstance(body, dict):

@@ -43,6 +43,7 @@ def serve(args) -> int:
     state = ServerState(
         None, None, model_name, 0, metrics, role="router", api_key=args.api_key, model_aliases=tuple(aliases)
     )
+    state.max_body_bytes = int(args.max_request_body_mb * 2**20)
     # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
     limits = pooled(max_connections=2048, max_keepalive_connections=256)
     # the servers share the key, and the transfer token only our hops carry
