@@ -11,7 +11,7 @@ from llmfleet.server.http.body_guard import DEFAULT_MAX_BODY_MB
 from llmfleet.server.parsers.reasoning import REASONING_PARSERS
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS
 from llmfleet.server.router.policies import POLICIES as ROUTER_POLICIES
-from llmfleet.server.wire.auth import API_KEY_ENV
+from llmfleet.server.wire.auth import API_KEY_ENV, KV_TOKEN_ENV
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
 DEFAULT_MODEL = "builtin:tiny"
@@ -104,10 +104,30 @@ def add_arguments(parser) -> None:
         default=2048,
         help="host memory for KV waiting to be fetched; the oldest goes first (default 2048)",
     )
-    router = parser.add_argument_group("router role")
-    router.add_argument("--prefill-url", action="append", help="a prefill server (repeatable)")
+    transfer = parser.add_argument_group("KV transfer (prefill, decode and router roles)")
+    transfer.add_argument(
+        "--insecure-kv-transfer",
+        action="store_true",
+        help=f"serve the prefill or decode role without ${KV_TOKEN_ENV}: anyone who reaches a server may then "
+        "use its transfer paths, and KV bodies carry no secret MAC (refused without this flag)",
+    )
+    transfer.add_argument(
+        "--prefill-host",
+        metavar="HOST:PORT",
+        help="decode role: the prefill servers are the addresses HOST resolves to (the prefill pool's "
+        "headless Service), each at PORT",
+    )
+    router = parser.add_argument_group("router role (and the decode role's prefill servers)")
+    router.add_argument(
+        "--prefill-url",
+        action="append",
+        help="a prefill server (repeatable); on a decode server, one it may fetch KV from (it fetches from no other)",
+    )
     router.add_argument("--decode-url", action="append", help="a decode server (repeatable)")
-    router.add_argument("--endpoints-file", help="YAML {prefill: [url], decode: [url]}, re-read when it changes")
+    router.add_argument(
+        "--endpoints-file",
+        help="YAML {prefill: [url], decode: [url]}, re-read when it changes (a decode server reads its prefill list)",
+    )
     router.add_argument("--prefill-service", help="Kubernetes Service of the prefill pods (EndpointSlices)")
     router.add_argument("--decode-service", help="Kubernetes Service of the decode pods (EndpointSlices)")
     router.add_argument("--kube-api", help="Kubernetes API URL without credentials (default: in-cluster)")

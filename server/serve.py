@@ -16,12 +16,14 @@ from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
 from llmfleet.server.engine_flags import FLAGS, SWITCHES, engine_flags
 from llmfleet.server.http.drain import run_app
 from llmfleet.server.http.kv_store import KVExportStore
+from llmfleet.server.http.prefill_peers import PrefillPeers
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.live_config import ConfigWatcher, version_of
 from llmfleet.server.openai.app import create_app
 from llmfleet.server.openai.generation_defaults import GenerationConfigError, read_generation_defaults
 from llmfleet.server.runner.builtin_models import resolve_model
-from llmfleet.server.wire.auth import kv_token_from_env
+from llmfleet.server.wire.auth import KV_TOKEN_ENV, kv_token_from_env
+from llmfleet.server.wire.endpoints import EndpointsFile, EndpointSource, ServiceDNS, StaticEndpoints
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     """Load the model, start the engine thread and, with ``--config``, the live-config watcher."""
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("llm-fleet serve: --enable-auto-tool-choice needs --tool-call-parser")
+    transfer_token(args)  # before the model loads: a refusal takes a second, not a load
     template = read_chat_template(args.chat_template) if args.chat_template else None
     flags = engine_flags(args)
     loaded = version_of(args.config) if args.config else None  # before reading it: see ConfigWatcher
@@ -58,7 +61,10 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     state.model_aliases = tuple(aliases)
     state.api_key = args.api_key
     state.max_body_bytes = int(args.max_request_body_mb * 2**20)
-    state.kv_token = kv_token_from_env()
+    state.kv_token = transfer_token(args)
+    if args.role == "decode":
+        state.prefill_peers = PrefillPeers(prefill_source(args))
+        log.info("KV is fetched only from the prefill servers of %s", state.prefill_peers.description)
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     state.reasoning_parser = args.reasoning_parser
     state.structured_outputs_in_reasoning = args.structured_outputs_in_reasoning
@@ -72,6 +78,46 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         )
         watcher.start()
     return state, watcher
+
+
+def transfer_token(args) -> str | None:
+    """The fleet's KV-transfer token. The prefill and decode roles refuse to start without one,
+    unless told to with ``--insecure-kv-transfer``: without it anyone who reaches them may hand a
+    decode server KV of their making, which then serves other clients' requests."""
+    token = kv_token_from_env()
+    if token is None and args.role in ("prefill", "decode"):
+        if not args.insecure_kv_transfer:
+            raise SystemExit(
+                f"llm-fleet serve: the {args.role} role needs {KV_TOKEN_ENV}, one random value shared by the "
+                "router and every prefill and decode server (e.g. `export "
+                f"{KV_TOKEN_ENV}=$(openssl rand -hex 16)`), or --insecure-kv-transfer"
+            )
+        log.warning(
+            "INSECURE: --insecure-kv-transfer: no %s, so anyone who reaches this %s server may use its KV "
+            "transfer paths, and KV bodies carry no secret MAC",
+            KV_TOKEN_ENV,
+            args.role,
+        )
+    return token
+
+
+def prefill_source(args) -> EndpointSource | None:
+    """Where a decode server finds the prefill servers it may fetch KV from; None: nowhere (it
+    computes every prompt itself), which it says."""
+    if args.prefill_host:
+        host, _, port = args.prefill_host.rpartition(":")
+        if not host or not port.isdigit():
+            raise SystemExit(f"llm-fleet serve: --prefill-host {args.prefill_host}: expected HOST:PORT")
+        return ServiceDNS("prefill", host.strip("[]"), int(port))
+    if args.endpoints_file:
+        return EndpointsFile(args.endpoints_file)
+    if args.prefill_url:
+        return StaticEndpoints(args.prefill_url, [])
+    log.warning(
+        "no prefill servers given (--prefill-url, --prefill-host, --endpoints-file): this decode server takes "
+        "no KV transfer and computes every prompt itself"
+    )
+    return None
 
 
 def read_chat_template(value: str) -> str:

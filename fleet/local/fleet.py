@@ -54,11 +54,13 @@ class LocalFleet:
         self.host = host
         # The transfer paths are the fleet's own (server/http/auth.py): a token its processes share.
         self.env = {KV_TOKEN_ENV: secrets.token_hex(16)} if spec.mode == "disaggregated" else {}
-        self.pools = {p: LocalPool(p, spec, name, run_dir, self.env) for p in spec.active_pools}
+        self.endpoints_file = run_dir / "endpoints.yaml"
+        # the decode servers fetch KV only from the prefill servers this file lists, as the router reads it
+        extra = {"decode": ["--endpoints-file", str(self.endpoints_file)]}
+        self.pools = {p: LocalPool(p, spec, name, run_dir, self.env, extra.get(p)) for p in spec.active_pools}
         self.tuner_state = TunerState()
         self.autotuner: Autotuner | None = None
         self.router: ServerProcess | None = None
-        self.endpoints_file = run_dir / "endpoints.yaml"
         # Prometheus file_sd targets, labelled as the PodMonitor labels pods in the cluster: a
         # Prometheus reading this file serves `--prometheus-url` the same PromQL as in the cluster.
         self.targets_file = run_dir / "prometheus-targets.json"

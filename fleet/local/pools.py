@@ -25,10 +25,17 @@ log = logging.getLogger(__name__)
 
 class LocalPool:
     def __init__(
-        self, name: str, spec: InferenceServiceSpec, service: str, run_dir: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        spec: InferenceServiceSpec,
+        service: str,
+        run_dir: Path,
+        env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.name = name
         self.env = env or {}  # for every server it starts
+        self.extra_args = extra_args or []  # and arguments (the decode servers' prefill servers)
         self.spec = spec
         self.service = service
         self.run_dir = run_dir
@@ -67,6 +74,7 @@ class LocalPool:
             str(self.config_path),
             "--drain-timeout",
             str(DRAIN_SECONDS),
+            *self.extra_args,
         ]
 
     def scale_to(self, replicas: int) -> None:

@@ -306,6 +306,8 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         "--drain-timeout",
         str(DRAIN_SECONDS),
     ]
+    if pool == "decode":  # the only servers it fetches KV from: the prefill pool's ready pods, by DNS
+        args += ["--prefill-host", f"{pool_object_name(owner, 'prefill')}:{SERVER_PORT}"]
     container = _server_container(owner, spec, pool, args, pool_spec.resources)
     container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
     volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]

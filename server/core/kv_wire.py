@@ -2,7 +2,13 @@
 
 One body per request (per prompt)::
 
-    b"LLMFKV" | version: u16 LE | header length: u32 LE | header (UTF-8 JSON) | payload
+    b"LLMFKV" | version: u16 LE | header length: u32 LE | header (UTF-8 JSON) | payload | MAC
+
+The MAC is HMAC-SHA256 over everything before it, keyed by the fleet's transfer token
+(LLMFLEET_KV_TRANSFER_TOKEN), which only the fleet's own servers hold: a body anyone else made or
+altered is refused before a byte of it is trusted, so forged KV never reaches a cache that other
+clients' requests read. (A CRC32 alone, which a forger recomputes, let it in.) Without a token
+(``--insecure-kv-transfer``) the key is a constant: the MAC then only catches corruption.
 
 The header names everything the receiver must agree with before it writes a single byte into its
 cache: the model (served name and a fingerprint of its weights), dtype, layers, KV heads, head
@@ -19,6 +25,8 @@ conversation. The last block is only partly filled; the receiver overwrites the 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import struct
 import zlib
@@ -26,12 +34,14 @@ from array import array
 from dataclasses import asdict, dataclass
 
 MAGIC = b"LLMFKV"
-VERSION = 2  # 2: first_block (a body may leave out the blocks the receiver has cached)
+VERSION = 3  # 2: first_block (a body may leave out the blocks the receiver has cached); 3: the MAC
 _PREFIX = struct.Struct("<6sHI")  # magic, version, header length
 MAX_HEADER_BYTES = 64 * 1024
 PAYLOAD_ALIGN = 64  # the payload starts at a multiple of this offset, so it can be viewed as floats
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+MAC_BYTES = 32  # HMAC-SHA256
+UNKEYED = b"llmfleet-kv-transfer-without-a-token"  # the key of --insecure-kv-transfer: no secret
 
 
 class KVMismatchError(ValueError):
@@ -40,6 +50,23 @@ class KVMismatchError(ValueError):
 
 class KVCorruptError(ValueError):
     """The KV body is malformed or its checksum fails: answer 4xx, never write it."""
+
+
+class KVForgedError(KVCorruptError):
+    """The KV body's MAC fails: not made by a holder of the transfer token, or altered since."""
+
+
+def kv_key(token: str | None) -> bytes:
+    """The MAC key of a fleet's transfer token (None: the constant of ``--insecure-kv-transfer``)."""
+    return UNKEYED if token is None else token.encode()
+
+
+def body_mac(key: bytes, *parts: bytes | memoryview) -> bytes:
+    """HMAC-SHA256 of the body's ``parts`` (prefix and header, then the payload), in order."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
 
 
 @dataclass(frozen=True)
@@ -109,7 +136,7 @@ def payload_bytes(layout: KVLayout, num_tokens: int, first_block: int = 0) -> in
 def max_body_bytes(layout: KVLayout, num_tokens: int, first_block: int = 0) -> int:
     """The most bytes a body for ``num_tokens`` tokens from ``first_block`` on can have here: a
     receiver reads no further (a longer body is another layout's, or corrupt)."""
-    return _PREFIX.size + MAX_HEADER_BYTES + payload_bytes(layout, num_tokens, first_block)
+    return _PREFIX.size + MAX_HEADER_BYTES + payload_bytes(layout, num_tokens, first_block) + MAC_BYTES
 
 
 def leave_out_blocks(payload: memoryview, layout: KVLayout, num_tokens: int, first_block: int) -> memoryview:
@@ -142,25 +169,27 @@ def encode_header(
 
 
 def decode(
-    body: bytes | bytearray | memoryview, model: str, layout: KVLayout, token_ids: list[int], first_block: int = 0
+    body: bytes | bytearray | memoryview,
+    model: str,
+    layout: KVLayout,
+    token_ids: list[int],
+    first_block: int = 0,
+    key: bytes = UNKEYED,
 ) -> memoryview:
-    """Check a received body against this server, the prompt it will serve and the first block it
-    asked for; return the payload.
+    """Check a received body's MAC (``key``: ``kv_key`` of the fleet's token), then the body
+    against this server, the prompt it will serve and the first block it asked for; return the
+    payload.
 
-    Raises KVCorruptError (malformed, truncated, checksum) or KVMismatchError (another model,
-    layout or prompt), each with a message that says what differs."""
-    view = memoryview(body)
-    if view.nbytes < _PREFIX.size:
-        raise KVCorruptError(f"KV body too short ({view.nbytes} bytes)")
-    magic, version, header_len = _PREFIX.unpack_from(view)
-    if magic != MAGIC:
-        raise KVCorruptError("not a KV transfer body (bad magic)")
-    if version != VERSION:
-        raise KVMismatchError(f"KV format version {version}; this server reads version {VERSION}")
-    if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > view.nbytes:
-        raise KVCorruptError(f"KV header length {header_len} does not fit the {view.nbytes}-byte body")
-    header = KVHeader.from_json(bytes(view[_PREFIX.size : _PREFIX.size + header_len]))
-    payload = view[_PREFIX.size + header_len :]
+    Raises KVForgedError (the MAC fails), KVCorruptError (malformed, truncated, checksum) or
+    KVMismatchError (another model, layout or prompt), each with a message that says what differs."""
+    signed = memoryview(body)
+    if signed.nbytes < _PREFIX.size + MAC_BYTES:
+        raise KVCorruptError(f"KV body too short ({signed.nbytes} bytes)")
+    view, mac = signed[:-MAC_BYTES], signed[-MAC_BYTES:]
+    _check_prefix(view)  # before the MAC: an older sender's body has none
+    if not hmac.compare_digest(body_mac(key, view), mac):
+        raise KVForgedError("KV body fails its MAC: not made with this fleet's transfer token, or altered")
+    header, payload = _header(view)
     check_header(header, model, layout, token_ids)
     if header.first_block != first_block:
         raise KVCorruptError(f"KV starts at block {header.first_block}; block {first_block} was asked for")
@@ -169,6 +198,38 @@ def decode(
     if zlib.crc32(payload) != header.payload_crc32:
         raise KVCorruptError("KV payload checksum mismatch: the transfer was corrupted")
     return payload
+
+
+def why_it_does_not_fit(
+    start: bytes | bytearray | memoryview, model: str, layout: KVLayout, token_ids: list[int]
+) -> None:
+    """Raise KVMismatchError where the first bytes of a body too long to take (``start``) show
+    another model's or layout's header: the 409 that names the difference, not a bare refusal.
+    Nothing of it is used."""
+    view = memoryview(start)
+    try:
+        _check_prefix(view)
+        header, _ = _header(view)
+    except KVCorruptError:
+        return
+    check_header(header, model, layout, token_ids)
+
+
+def _check_prefix(view: memoryview) -> None:
+    magic, version, _ = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise KVCorruptError("not a KV transfer body (bad magic)")
+    if version != VERSION:
+        raise KVMismatchError(f"KV format version {version}; this server reads version {VERSION}")
+
+
+def _header(view: memoryview) -> tuple[KVHeader, memoryview]:
+    """The body's header, and the payload after it."""
+    header_len = _PREFIX.unpack_from(view)[2]
+    if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > view.nbytes:
+        raise KVCorruptError(f"KV header length {header_len} does not fit the {view.nbytes}-byte body")
+    header = KVHeader.from_json(bytes(view[_PREFIX.size : _PREFIX.size + header_len]))
+    return header, view[_PREFIX.size + header_len :]
 
 
 def check_header(header: KVHeader, model: str, layout: KVLayout, token_ids: list[int]) -> None:
@@ -206,3 +267,17 @@ class KVImport:
     num_tokens: int
     payload: memoryview
     first_block: int = 0
+
+
+def encode_body(
+    model: str,
+    layout: KVLayout,
+    token_ids: list[int],
+    payload: memoryview,
+    first_block: int = 0,
+    key: bytes = UNKEYED,
+) -> bytes:
+    """A whole body in one piece: header, payload and MAC (a sender that streams the payload
+    sends ``encode_header``, the payload, then ``body_mac`` of both)."""
+    header = encode_header(model, layout, token_ids, payload, first_block)
+    return header + bytes(payload) + body_mac(key, header, payload)

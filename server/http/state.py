@@ -17,6 +17,7 @@ from llmfleet.server.engine.engine import LLMEngine
 from llmfleet.server.http.body_guard import DEFAULT_MAX_BODY_MB
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.kv_store import KVExportStore
+from llmfleet.server.http.prefill_peers import PrefillPeers
 from llmfleet.server.http.server_metrics import ServerMetrics
 from llmfleet.server.wire.auth import fleet_headers
 from llmfleet.server.wire.keepalive import pooled
@@ -58,6 +59,8 @@ class ServerState:
     max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20)
     # Prompts past prompt_work.LARGE_CHARS templated and tokenized at once (small ones never wait)
     large_prompts: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(LARGE_PROMPT_SLOTS))
+    # The decode role's prefill pool: the only servers it fetches KV from (prefill_peers.py)
+    prefill_peers: PrefillPeers | None = None
     _http: Any = None
 
     def http_client(self) -> httpx.AsyncClient:

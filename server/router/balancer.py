@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import httpx
 
-from llmfleet.server.router.endpoints import POOLS, EndpointSource
 from llmfleet.server.router.load import Server
 from llmfleet.server.router.policies import POLICIES, PrefixAffinity
+from llmfleet.server.wire.endpoints import POOLS, EndpointSource
 
 log = logging.getLogger(__name__)
 

@@ -310,11 +310,12 @@ def _refusal(server: Server, status: int, content: bytes) -> ServerFailed | Answ
     if status in (429, 503) or status >= 500:
         kv_lost = server.pool == "decode" and kind == "kv_transfer_failed"
         return ServerFailed(server, f"{where} answered {status}: {message}", status, kv_lost=kv_lost)
-    if status == 403 and kind == "permission_error":  # our transfer token, not the client's doing
-        # (a rollout that set or rotated it): a prefill server is skipped; a decode server is asked
-        # again without the transfer, and computes the prompt itself
-        log.error("%s refuses the router's KV-transfer token: %s", where, message)
-        return ServerFailed(server, f"{where} refuses the router's KV-transfer token", 502, token_refused=True)
+    if status == 403 and kind == "permission_error":  # our transfer, not the client's doing (a
+        # rollout that set or rotated the token, a decode server that does not know the prefill
+        # server): a prefill server is skipped; a decode server is asked again without the
+        # transfer, and computes the prompt itself
+        log.error("%s refuses the router's KV transfer: %s", where, message)
+        return ServerFailed(server, f"{where} refuses the router's KV transfer", 502, token_refused=True)
     if status == 409 and server.pool == "decode":
         return Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
     return Answered(Response(content, status, media_type="application/json"))

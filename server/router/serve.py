@@ -11,11 +11,11 @@ from llmfleet.server.http.app import build_app
 from llmfleet.server.http.drain import run_app
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.router.balancer import Balancer
-from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints
 from llmfleet.server.router.proxy import Proxy, ProxySettings
 from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.routes import install
-from llmfleet.server.wire.auth import fleet_headers, kv_token_from_env
+from llmfleet.server.wire.auth import KV_TOKEN_ENV, fleet_headers, kv_token_from_env
+from llmfleet.server.wire.endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints
 from llmfleet.server.wire.keepalive import pooled
 
 
@@ -47,7 +47,12 @@ def serve(args) -> int:
     # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
     limits = pooled(max_connections=2048, max_keepalive_connections=256)
     # the servers share the key, and the transfer token only our hops carry
-    client = httpx.AsyncClient(limits=limits, headers=fleet_headers(args.api_key, kv_token_from_env()))
+    token = kv_token_from_env()
+    if token is None:
+        logging.getLogger("llmfleet.router").warning(
+            "no %s: prefill and decode servers started with one refuse this router's transfers", KV_TOKEN_ENV
+        )
+    client = httpx.AsyncClient(limits=limits, headers=fleet_headers(args.api_key, token))
     balancer = Balancer(source, args.router_policy, client)
     settings = ProxySettings(prefill_timeout_s=args.prefill_timeout, decode_timeout_s=args.decode_timeout)
     proxy = Proxy(balancer, client, metrics, settings)

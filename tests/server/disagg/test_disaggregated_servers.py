@@ -30,9 +30,12 @@ import openai
 import pytest
 
 from llmfleet.server.openai.protocol import KVTransferParams
+from llmfleet.server.wire.auth import KV_TOKEN_ENV, KV_TOKEN_HEADER
 from tests.support import ServerProcess, free_port
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # six servers share two cores
+TOKEN = {KV_TOKEN_HEADER: "test-fleet-token"}  # what the fleet's own hops carry
+FLEET_ENV = ONE_THREAD | {KV_TOKEN_ENV: TOKEN[KV_TOKEN_HEADER]}
 MODEL = "tiny"
 PROMPTS = [
     "a",
@@ -50,18 +53,30 @@ def engine_config(tmp: Path) -> Path:
     return path
 
 
+def prefill_pool(tmp: Path) -> Path:
+    """The decode servers' prefill pool: every prefill server the tests start (a decode server
+    fetches KV from no other)."""
+    return tmp / "prefill-pool.yaml"
+
+
 def server(tmp: Path, name: str, role: str, model: str = "builtin:tiny") -> ServerProcess:
-    return ServerProcess(
+    pool = ["--endpoints-file", str(prefill_pool(tmp))] if role == "decode" else []
+    started = ServerProcess(
         "--role",
         role,
         "--model",
         model,
         "--served-model-name",
         MODEL,
+        *pool,
         config=engine_config(tmp),
         log_path=tmp / f"{name}.log",
-        env=ONE_THREAD,
+        env=FLEET_ENV,
     )
+    if role == "prefill":
+        known = prefill_pool(tmp).read_text() if prefill_pool(tmp).exists() else "prefill:\n"
+        prefill_pool(tmp).write_text(known + f"- {started.url}\n")
+    return started
 
 
 def router(tmp: Path, prefill: list, decode: list, *extra: str) -> ServerProcess:
@@ -70,7 +85,8 @@ def router(tmp: Path, prefill: list, decode: list, *extra: str) -> ServerProcess
         args += ["--prefill-url", p.url]
     for d in decode:
         args += ["--decode-url", d.url]
-    return ServerProcess(*args, *extra, log_path=tmp / f"router-{len(list(tmp.glob('router*')))}.log").wait_ready(30)
+    log = tmp / f"router-{len(list(tmp.glob('router*')))}.log"
+    return ServerProcess(*args, *extra, log_path=log, env=FLEET_ENV).wait_ready(30)
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +296,7 @@ def test_a_router_with_its_own_model_name_relays_under_the_servers_name(fleet):
     tmp, s = fleet
     for names in (("--served-model-name", "team-model", "alias"), ()):
         args = ["--role", "router", *names, "--prefill-url", s["p1"].url, "--decode-url", s["d1"].url]
-        with ServerProcess(*args, log_path=tmp / f"router-names-{len(names)}.log") as r:
+        with ServerProcess(*args, log_path=tmp / f"router-names-{len(names)}.log", env=FLEET_ENV) as r:
             r.wait_ready(30)
             name = names[1] if names else "builtin:tiny"
             client = openai.OpenAI(base_url=f"{r.url}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -387,27 +403,27 @@ def test_kv_from_another_model_is_refused_with_a_clear_error(fleet):
 def test_roles_refuse_transfers_that_are_not_theirs_and_kv_is_taken_once(fleet):
     _, s = fleet
     ask = {"model": MODEL, "prompt": "hello there", "kv_transfer_params": {"do_remote_decode": True}}
-    refused = httpx.post(f"{s['d1'].url}/v1/completions", json=ask, timeout=30)
+    refused = httpx.post(f"{s['d1'].url}/v1/completions", json=ask, headers=TOKEN, timeout=30)
     assert refused.status_code == 400 and "needs a prefill server" in refused.json()["error"]["message"]
 
     # a prefill the timeout test gave up on may still wait for its TTL, or expire meanwhile
     before = held_kv(s["p1"])
-    held = httpx.post(f"{s['p1'].url}/v1/completions", json=ask, timeout=30).json()
+    held = httpx.post(f"{s['p1'].url}/v1/completions", json=ask, headers=TOKEN, timeout=30).json()
     (kv_id,) = held["kv_transfer_params"]["remote_kv_ids"]
     assert held_kv(s["p1"]) > 0
-    past = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}?first_block=9", timeout=30)  # "hello there": one partial block
+    past = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}?first_block=9", headers=TOKEN, timeout=30)  # one partial block
     assert past.status_code == 400 and past.json()["error"]["param"] == "first_block"
-    fetched = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30)  # a refused fetch took nothing
+    fetched = httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", headers=TOKEN, timeout=30)  # a refused fetch took nothing
     assert fetched.status_code == 200 and fetched.content.startswith(b"LLMFKV")
-    assert httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", timeout=30).status_code == 404  # taken once
+    assert httpx.get(f"{s['p1'].url}/v1/kv/{kv_id}", headers=TOKEN, timeout=30).status_code == 404  # taken once
     assert held_kv(s["p1"]) <= before
 
     gone = {
         **ask,
         "kv_transfer_params": {"do_remote_prefill": True, "remote_url": s["p1"].url, "remote_kv_ids": [kv_id]},
     }
-    reply = httpx.post(f"{s['d1'].url}/v1/completions", json=gone, timeout=30)
-    assert reply.status_code == 502 and "answered 404" in reply.json()["error"]["message"]
+    reply = httpx.post(f"{s['d1'].url}/v1/completions", json=gone, headers=TOKEN, timeout=30)
+    assert reply.status_code == 502 and "could not hand over" in reply.json()["error"]["message"]
 
 
 def test_the_router_follows_the_pools_endpoint_slices(fleet):
@@ -444,7 +460,7 @@ def test_the_router_follows_the_pools_endpoint_slices(fleet):
             "--kube-api",
             running.url,
         ]
-        with ServerProcess(*args, log_path=tmp / "router-slices.log", env={"POD_NAMESPACE": "ml"}) as r:
+        with ServerProcess(*args, log_path=tmp / "router-slices.log", env=FLEET_ENV | {"POD_NAMESPACE": "ml"}) as r:
             prompt = PROMPTS[1]
             assert complete(r.url, prompt) == complete(s["colocated"].url, prompt)
             servers = httpx.get(f"{r.url}/load", timeout=5).json()["servers"]
@@ -466,10 +482,11 @@ def test_the_router_follows_the_pools_endpoint_slices(fleet):
 def test_an_api_key_guards_v1_and_rides_every_hop(tmp_path):
     """vLLM's --api-key, here from VLLM_API_KEY for every role: clients need it on /v1 paths, and
     the router's requests and the decode server's KV fetch carry it; probes and scrapes do not."""
-    keyed = ONE_THREAD | {"VLLM_API_KEY": "sesame"}
+    keyed = FLEET_ENV | {"VLLM_API_KEY": "sesame"}
     common = ("--served-model-name", MODEL, "--config", str(engine_config(tmp_path)))
     prefill = ServerProcess("--role", "prefill", *common, log_path=tmp_path / "p.log", env=keyed)
-    decode = ServerProcess("--role", "decode", *common, log_path=tmp_path / "d.log", env=keyed)
+    pool = ("--prefill-url", prefill.url)
+    decode = ServerProcess("--role", "decode", *common, *pool, log_path=tmp_path / "d.log", env=keyed)
     with prefill, decode:
         urls = ("--prefill-url", prefill.url, "--decode-url", decode.url)
         routing = ServerProcess(
@@ -494,12 +511,11 @@ def test_an_api_key_guards_v1_and_rides_every_hop(tmp_path):
 def test_the_transfer_paths_take_only_the_fleets_token(tmp_path):
     """A client holding the API key could send a decode server KV of its own making (it entered
     the prefix cache other requests read) or have it fetch from any URL and path."""
-    from llmfleet.server.wire.auth import KV_TOKEN_ENV, KV_TOKEN_HEADER
-
     fleet_env = ONE_THREAD | {KV_TOKEN_ENV: "fleet-secret"}
     common = ("--served-model-name", MODEL, "--config", str(engine_config(tmp_path)))
     prefill = ServerProcess("--role", "prefill", *common, log_path=tmp_path / "p.log", env=fleet_env)
-    decode = ServerProcess("--role", "decode", *common, log_path=tmp_path / "d.log", env=fleet_env)
+    pool = ("--prefill-url", prefill.url)
+    decode = ServerProcess("--role", "decode", *common, *pool, log_path=tmp_path / "d.log", env=fleet_env)
     with prefill, decode:
         urls = ("--prefill-url", prefill.url, "--decode-url", decode.url)
         args = ("--role", "router", "--served-model-name", MODEL, *urls)

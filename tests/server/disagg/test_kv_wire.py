@@ -12,35 +12,69 @@ import httpx
 import pytest
 
 from llmfleet.server.core.kv_wire import (
+    MAC_BYTES,
     MAX_HEADER_BYTES,
     PAYLOAD_ALIGN,
+    UNKEYED,
     VERSION,
     KVCorruptError,
+    KVForgedError,
+    KVHeader,
     KVLayout,
     KVMismatchError,
+    body_mac,
     decode,
+    encode_body,
     encode_header,
+    kv_key,
     leave_out_blocks,
 )
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.kv_store import KVExportStore
+from llmfleet.server.http.prefill_peers import PrefillPeers
 from llmfleet.server.openai.kv_transfer import receive
 from llmfleet.server.openai.protocol import KVTransferParams
+from llmfleet.server.wire.endpoints import StaticEndpoints
 
 LAYOUT = KVLayout(fingerprint="abc123", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=4, block_size=4)
 TOKENS = [5, 6, 7, 8, 9, 10]  # two blocks of four
 
 
-def body(layout: KVLayout = LAYOUT, tokens: list[int] = TOKENS, model: str = "m") -> bytes:
+def body(layout: KVLayout = LAYOUT, tokens: list[int] = TOKENS, model: str = "m", key: bytes = UNKEYED) -> bytes:
     payload = bytes(range(256)) * (layout.num_blocks(len(tokens)) * layout.block_bytes // 256)
-    return encode_header(model, layout, tokens, memoryview(payload)) + payload
+    return encode_body(model, layout, tokens, memoryview(payload), key=key)
+
+
+def signed(raw: bytes, key: bytes = UNKEYED) -> bytes:
+    """``raw`` with the MAC a holder of ``key`` gives it."""
+    return raw + body_mac(key, raw)
 
 
 def test_a_body_round_trips_and_its_payload_is_aligned():
     raw = body()
     payload = decode(raw, "m", LAYOUT, TOKENS)
     assert payload.nbytes == 2 * LAYOUT.block_bytes
-    assert (len(raw) - payload.nbytes) % PAYLOAD_ALIGN == 0
+    assert (len(raw) - MAC_BYTES - payload.nbytes) % PAYLOAD_ALIGN == 0
+
+
+def test_a_body_made_or_altered_without_the_token_is_refused_as_forged():
+    """The forger can recompute every checksum in the header (CRC32 only, once): not the MAC."""
+    key = kv_key("the-fleets-token")
+    assert bytes(decode(body(key=key), "m", LAYOUT, TOKENS, key=key)) == bytes(decode(body(), "m", LAYOUT, TOKENS))
+    with pytest.raises(KVForgedError, match="MAC"):  # made with another key, or none
+        decode(body(key=kv_key("a guess")), "m", LAYOUT, TOKENS, key=key)
+    with pytest.raises(KVForgedError, match="MAC"):
+        decode(body(), "m", LAYOUT, TOKENS, key=key)
+    # the payload altered and its CRC32 recomputed into the header, the old MAC kept
+    raw = body(key=key)
+    header_len = struct.unpack_from("<6sHI", raw)[2]
+    header = KVHeader.from_json(raw[12 : 12 + header_len])
+    payload = bytearray(raw[12 + header_len : -MAC_BYTES])
+    payload[0] ^= 0xFF
+    forged_header = encode_header("m", LAYOUT, TOKENS, memoryview(bytes(payload)))
+    assert KVHeader.from_json(forged_header[12:]).payload_crc32 != header.payload_crc32
+    with pytest.raises(KVForgedError, match="MAC"):
+        decode(forged_header + bytes(payload) + raw[-MAC_BYTES:], "m", LAYOUT, TOKENS, key=key)
 
 
 @pytest.mark.parametrize(
@@ -71,20 +105,24 @@ def test_another_model_or_prompt_is_refused():
 
 def test_corruption_is_refused():
     raw = bytearray(body())
-    raw[-1] ^= 0xFF
-    with pytest.raises(KVCorruptError, match="checksum"):
+    raw[-MAC_BYTES - 1] ^= 0xFF
+    with pytest.raises(KVForgedError, match="MAC"):
         decode(raw, "m", LAYOUT, TOKENS)
+    unsigned = body()[:-MAC_BYTES]
+    with pytest.raises(KVCorruptError, match="checksum"):  # corrupted before it was signed
+        decode(signed(unsigned[:-1] + bytes([unsigned[-1] ^ 0xFF])), "m", LAYOUT, TOKENS)
     with pytest.raises(KVCorruptError, match="payload has"):
-        decode(body()[:-8], "m", LAYOUT, TOKENS)
+        decode(signed(unsigned[:-8]), "m", LAYOUT, TOKENS)
     with pytest.raises(KVCorruptError, match="magic"):
-        decode(b"HTTP/1.1 200 OK\r\n\r\n", "m", LAYOUT, TOKENS)
+        decode(b"HTTP/1.1 200 OK\r\n\r\n" + b" " * MAC_BYTES, "m", LAYOUT, TOKENS)
     with pytest.raises(KVCorruptError, match="too short"):
         decode(b"LL", "m", LAYOUT, TOKENS)
     with pytest.raises(KVCorruptError, match="header"):
-        decode(b"LLMFKV" + struct.pack("<HI", VERSION, 50) + b"{not json" + b" " * 41, "m", LAYOUT, TOKENS)
+        decode(signed(b"LLMFKV" + struct.pack("<HI", VERSION, 50) + b"{not json" + b" " * 41), "m", LAYOUT, TOKENS)
     for not_an_object in (b'"x"', b"null", b"42"):
         with pytest.raises(KVCorruptError, match="header"):
-            decode(b"LLMFKV" + struct.pack("<HI", VERSION, len(not_an_object)) + not_an_object, "m", LAYOUT, TOKENS)
+            raw = signed(b"LLMFKV" + struct.pack("<HI", VERSION, len(not_an_object)) + not_an_object)
+            decode(raw, "m", LAYOUT, TOKENS)
     future = bytearray(body())
     future[6:8] = struct.pack("<H", VERSION + 1)
     with pytest.raises(KVMismatchError, match=f"version {VERSION + 1}"):
@@ -97,13 +135,13 @@ def test_a_body_may_leave_out_the_blocks_the_receiver_has_cached():
     row = b"".join(bytes([b]) * (LAYOUT.block_bytes // 8) for b in range(3))
     tail = leave_out_blocks(memoryview(row * 8), LAYOUT, len(tokens), first_block=1)
     assert bytes(tail) == row[len(row) // 3 :] * 8  # blocks 1 and 2 of every row
-    raw = encode_header("m", LAYOUT, tokens, tail, first_block=1) + bytes(tail)
+    raw = encode_body("m", LAYOUT, tokens, tail, first_block=1)
     assert bytes(decode(raw, "m", LAYOUT, tokens, first_block=1)) == bytes(tail)
     with pytest.raises(KVCorruptError, match="starts at block 1; block 0 was asked for"):
         decode(raw, "m", LAYOUT, tokens)
     with pytest.raises(KVMismatchError, match="tokenizer"):  # the whole prompt is still checked
         decode(raw, "m", LAYOUT, [99, *tokens[1:]], first_block=1)
-    empty = encode_header("m", LAYOUT, TOKENS[:4] * 2, memoryview(b""), first_block=2)  # all cached
+    empty = encode_body("m", LAYOUT, TOKENS[:4] * 2, memoryview(b""), first_block=2)  # all cached
     assert decode(empty, "m", LAYOUT, TOKENS[:4] * 2, first_block=2).nbytes == 0
     with pytest.raises(ValueError, match="first block 3"):  # the partial block always travels
         encode_header("m", LAYOUT, tokens, memoryview(b""), first_block=3)
@@ -181,8 +219,9 @@ def decode_state(chunks):
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(200, content=stream())))
     engine = types.SimpleNamespace(cached_prefix_blocks=lambda tokens: 0)
-    state = types.SimpleNamespace(role="decode", model_name="m", kv_layout=LAYOUT, engine=engine)
+    state = types.SimpleNamespace(role="decode", model_name="m", kv_layout=LAYOUT, engine=engine, kv_token=None)
     state.metrics, state.http_client = FetchMetrics(), lambda: client
+    state.prefill_peers = PrefillPeers(StaticEndpoints(["http://p"], []))
     return state, sent
 
 
@@ -202,7 +241,7 @@ def test_the_decode_side_stops_reading_a_body_longer_than_any_for_its_prompt():
     state, sent = decode_state(itertools.chain([body()], itertools.repeat(b"\0" * 65536)))
     with pytest.raises(APIError) as raised:
         fetch(state)
-    assert raised.value.status == 502 and "over the" in raised.value.message
+    assert raised.value.status == 502 and "could not hand over" in raised.value.message
     assert sum(sent) < len(body()) + 3 * 65536 + MAX_HEADER_BYTES
     assert state.metrics.failures == ["fetch"]
 
@@ -215,9 +254,8 @@ def test_an_oversized_body_from_another_layout_is_still_named_a_mismatch():
     assert raised.value.status == 409 and "num_layers" in raised.value.message
 
 
-def test_a_failed_kv_fetch_repeats_only_a_peers_error_message():
-    """The URL comes in the request: a forged one must not turn the decode server into a reader
-    of internal services for the client."""
+def test_a_failed_kv_fetch_logs_only_a_peers_error_message():
+    """What a peer said goes to the log, and of it only an OpenAI-style error's message."""
     import httpx
 
     from llmfleet.server.openai.kv_transfer import _their_error
@@ -248,3 +286,32 @@ def test_a_transfer_names_a_servers_url_and_nothing_that_steers_the_fetch(url, t
             KVTransferParams.model_validate(params)
     with pytest.raises(ValueError):
         KVTransferParams.model_validate(params | {"remote_url": "http://p", "remote_kv_ids": ["../../admin"]})
+
+
+def test_the_decode_side_fetches_from_its_prefill_servers_only_and_tells_nothing_of_them():
+    """A URL outside the pool is refused with no connection made; a peer's failure is a generic 502."""
+    connections = []
+
+    def peer(request):
+        connections.append(str(request.url))
+        return httpx.Response(404, json={"error": {"message": "INTERNAL: the peer's own words"}})
+
+    state, _ = decode_state([])
+    state.http_client = lambda: httpx.AsyncClient(transport=httpx.MockTransport(peer))
+    for url in ("http://127.0.0.1:22", "http://p:80", "https://p", "http://metadata.internal"):
+        params = KVTransferParams(do_remote_prefill=True, remote_url=url, remote_kv_ids=["0" * 32])
+        with pytest.raises(APIError) as raised:
+            asyncio.run(receive(state, params, [[*TOKENS, 11]]))
+        assert raised.value.status == 403 and "prefill servers" in raised.value.message
+    assert connections == [] and state.metrics.failures == ["unknown_peer"] * 4
+    with pytest.raises(APIError) as raised:
+        fetch(state)
+    assert raised.value.status == 502 and "INTERNAL" not in raised.value.message and len(connections) == 1
+
+
+def test_forged_kv_from_a_known_peer_is_refused_and_counted():
+    state, _ = decode_state([body(key=kv_key("not the fleet's"))])
+    state.kv_token = "the fleet's"
+    with pytest.raises(APIError) as raised:
+        fetch(state)
+    assert raised.value.status == 502 and state.metrics.failures == ["forged", "fetch"]

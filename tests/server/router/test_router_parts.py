@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from llmfleet.server.router.balancer import SLOW_POLLS, Balancer
-from llmfleet.server.router.endpoints import EndpointsFile, EndpointSlices, StaticEndpoints, ready_urls
 from llmfleet.server.router.load import Server
 from llmfleet.server.router.policies import CHUNK_CHARS, SLACK, PrefixAffinity, least_loaded, prefix_hashes, prompt_text
 from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.stream_meter import StreamMeter
+from llmfleet.server.wire.endpoints import EndpointsFile, EndpointSlices, StaticEndpoints, ready_urls
 
 
 def test_ready_urls_follow_the_endpoint_conditions():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from llmfleet.server.config import EngineConfig
-from llmfleet.server.core.kv_wire import KVImport, decode, encode_header, leave_out_blocks
+from llmfleet.server.core.kv_wire import KVImport, decode, encode_body, leave_out_blocks
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.build import build_engine
 from tests.server.runner.device import DEVICE
@@ -42,7 +42,7 @@ def prefill(engine, prompt: list[int], request_id: str, first_block: int = 0) ->
     assert exported is not None
     layout = engine.runner.kv_layout
     sent = leave_out_blocks(exported, layout, len(prompt) - 1, first_block)
-    return encode_header("m", layout, prompt[:-1], sent, first_block) + bytes(sent)
+    return encode_body("m", layout, prompt[:-1], sent, first_block)
 
 
 def run(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:

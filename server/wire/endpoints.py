@@ -1,11 +1,16 @@
 """Where the router finds the prefill and decode servers: a static list, a file the local fleet
-keeps current, or the EndpointSlices of the pools' Services in Kubernetes. Each source answers
-``await source.fetch() -> {"prefill": [url, ...], "decode": [url, ...]}``; the router polls it."""
+keeps current, or the EndpointSlices of the pools' Services in Kubernetes; and where a decode
+server finds the prefill servers it may fetch KV from: the same, or the addresses of the prefill
+pool's headless Service in DNS. Each source answers
+``await source.fetch() -> {"prefill": [url, ...], "decode": [url, ...]}``; the router polls it.
+Every URL is written as ``url()`` writes it, so that one source's URL equals another's."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote
@@ -129,6 +134,32 @@ def ready_urls(slices: list[dict], port_name: str = "http") -> list[str]:
                 host = f"[{address}]" if ":" in address else address
                 urls.append(f"http://{host}:{port}")
     return sorted(set(urls))
+
+
+class ServiceDNS:
+    """The prefill servers as the addresses ``host`` resolves to, each at ``port``: a headless
+    Service's name gives one address per ready pod, as its EndpointSlices list them, with no
+    Kubernetes API access (a decode pod has none)."""
+
+    def __init__(self, pool: str, host: str, port: int) -> None:
+        self.pool, self.host, self.port = pool, host, port
+        self.description = f"DNS {host}:{port}"
+
+    async def fetch(self) -> Endpoints:
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log.warning("cannot resolve %s: %s", self.host, exc)
+            found = []
+        addresses = sorted({info[4][0] for info in found})
+        urls = [f"http://[{a}]:{self.port}" if ":" in a else f"http://{a}:{self.port}" for a in addresses]
+        return {pool: urls if pool == self.pool else [] for pool in POOLS}
+
+
+def url(value: str) -> str:
+    """A server's URL as every source writes it: a scheme (http:// where none is given), no
+    trailing slash."""
+    return _url(value)
 
 
 def _url(value: str) -> str:
