@@ -18,7 +18,7 @@ from llmfleet.server.core import grammar
 from llmfleet.server.core.batch import ModelRunner
 from llmfleet.server.core.block_manager import BlockManager
 from llmfleet.server.core.kv_wire import KVImport
-from llmfleet.server.core.request import Request, RequestStatus, SampledToken, SamplingParams
+from llmfleet.server.core.request import Request, RequestStatus, SampledToken, SamplingParams, StructuredOutput
 from llmfleet.server.core.scheduler import Scheduler
 from llmfleet.server.core.validation import (
     InvalidRequestError,
@@ -207,6 +207,13 @@ class LLMEngine:
                 f"{self.block_manager.num_blocks}; reduce the prompt or max_tokens",
                 "max_tokens",
             )
+
+    def structured_problem(self, structured: StructuredOutput) -> str | None:
+        """Why ``structured`` could not be followed on this model (its grammar breaks a limit of the
+        grammar engine, or allows no text), or None; the runner's check, where it has one. Seconds
+        for a pathological grammar, and safe off the engine thread: the API calls it there."""
+        check = getattr(self.runner, "structured_problem", None)
+        return None if check is None else check(structured)
 
     def abort_request(self, request_id: str) -> bool:
         tracked = self._requests.get(request_id)

@@ -22,6 +22,7 @@ from llmfleet.server.core.validation import (
 from llmfleet.server.engine.engine import QueueFullError, RequestOutput
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.state import ServerState
+from llmfleet.server.openai.prompt_work import heavy
 from llmfleet.server.openai.protocol import _Sampling
 from llmfleet.server.wire.errors import error_body
 
@@ -93,7 +94,7 @@ async def build_subrequests(
     if body.allowed_token_ids is not None:  # the sampler masks every other token of the logits
         check_token_ids(body.allowed_token_ids, vocab_size, "allowed_token_ids", "allowed_token_ids")
         allowed = frozenset(body.allowed_token_ids)
-    structured = await _structured_output(body, thinking)
+    structured = await _structured_output(state, body, thinking)
     defaults = state.sampling_defaults
 
     def given(value, key: str, neutral: float):  # the request's value, else the model's, else neutral
@@ -148,7 +149,7 @@ def truncated_prompt(state: ServerState, body: _Sampling, prompt: list[int]) -> 
     return prompt[-keep:] if keep else []
 
 
-async def _structured_output(body: _Sampling, thinking: str | None) -> StructuredOutput | None:
+async def _structured_output(state: ServerState, body: _Sampling, thinking: str | None) -> StructuredOutput | None:
     """The request's structured output, its grammar checked here so that a 400 names the field."""
     asked = body.structured_output()  # a StructuredOutputError is that 400 already
     if asked is None:
@@ -159,6 +160,11 @@ async def _structured_output(body: _Sampling, thinking: str | None) -> Structure
     error = await asyncio.to_thread(grammar.check, structured)
     if error is not None:
         raise APIError(400, f"{field}: invalid {structured.kind} for structured output: {error}", param=field)
+    if state.engine is not None:  # followed a step or two on the model's vocabulary: a limit shows there
+        problem = await heavy(state, state.engine.engine.structured_problem, structured)
+        if problem is not None:
+            message = f"{field}: the {structured.kind} constraint cannot be followed: {problem}"
+            raise APIError(400, message, param=field)
     return structured
 
 

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 from llmfleet.server.core.grammar import compile_grammar
-from llmfleet.server.core.request import Request
+from llmfleet.server.core.request import Request, StructuredOutput
 
 log = logging.getLogger(__name__)
+PROBE_STEPS = 2  # tokens a new constraint is followed at admission (problem())
 
 
 class GrammarMasks:
@@ -56,10 +57,10 @@ class GrammarMasks:
                 matcher = self._matcher(request)
                 mask = matcher.compute_bitmask()
             except Exception as exc:  # llguidance refused it at the vocabulary (a limit): this request only
-                failed[i] = f"its structured output cannot be followed: {exc}"
+                failed[i] = f"its structured output cannot be followed: {_first_line(str(exc))}"
                 continue
             if matcher.is_error():
-                failed[i] = f"its structured output cannot be followed: {matcher.get_error()}"
+                failed[i] = f"its structured output cannot be followed: {_first_line(matcher.get_error())}"
                 continue
             rows.append(i)
             masks.append(np.frombuffer(mask, np.uint8))
@@ -89,10 +90,32 @@ class GrammarMasks:
                 continue
             matcher = self._matchers[request.request_id]
             if not matcher.is_stopped() and not matcher.consume_token(token):
-                failed[i] = f"its structured output cannot take the token sampled: {matcher.get_error()}"
+                failed[i] = f"its structured output cannot take the token sampled: {_first_line(matcher.get_error())}"
 
     def release(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
+
+    def problem(self, structured: StructuredOutput) -> str | None:
+        """Why a request held to ``structured`` could not be followed from its start, or None,
+        found on a matcher of its own: the grammar fails at the vocabulary, allows no token, or
+        breaks one of llguidance's limits within its first ``PROBE_STEPS`` tokens (a regex of a
+        million states does at the second). Any thread may call it; it may take a second."""
+        try:
+            matcher = llguidance.LLMatcher(self._ll_tokenizer(), compile_grammar(structured), log_level=0)
+            for _ in range(PROBE_STEPS):
+                allowed = np.flatnonzero(
+                    np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little")
+                )
+                if matcher.is_error():
+                    return _first_line(matcher.get_error())
+                text = [int(t) for t in allowed[allowed < self._vocab_size] if t not in (self._eos or ())]
+                if not text:
+                    return None if len(allowed) else "it allows no token at all"
+                if not matcher.consume_token(text[0]):
+                    return _first_line(matcher.get_error())
+        except Exception as exc:  # a limit met while compiling against the vocabulary
+            return _first_line(str(exc))
+        return None
 
     def _matcher(self, request: Request) -> llguidance.LLMatcher:
         matcher = self._matchers.get(request.request_id)
@@ -112,3 +135,8 @@ class GrammarMasks:
             vocab = max(self._vocab_size, len(self._hf_tokenizer))
             self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=vocab, eos_token=self._eos)
         return self._tokenizer
+
+
+def _first_line(error: str) -> str:
+    """llguidance's error, without the parser state dump that follows its first line."""
+    return error.strip().split("\n", 1)[0]

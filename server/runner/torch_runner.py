@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVLayout
-from llmfleet.server.core.request import SampledToken
+from llmfleet.server.core.request import SampledToken, StructuredOutput
 from llmfleet.server.runner import attention, cpu_kernels
 from llmfleet.server.runner.cuda_graphs import DecodeGraphs
 from llmfleet.server.runner.grammar_masks import GrammarMasks
@@ -189,6 +189,11 @@ class TorchModelRunner:
 
     def release(self, request_id: str) -> None:
         self.sampler.release(request_id)
+
+    def structured_problem(self, structured: StructuredOutput) -> str | None:
+        """Why ``structured`` cannot be followed on this model's vocabulary (GrammarMasks.problem)."""
+        grammars = self.sampler.grammars
+        return "structured output is not available on this runner" if grammars is None else grammars.problem(structured)
 
     def export_kv(self, block_table: list[int], num_tokens: int) -> memoryview:
         blocks = block_table[: self.kv_layout.num_blocks(num_tokens)]

@@ -219,3 +219,27 @@ def test_only_small_specs_stay_cached():
     for structured in (big, small):
         assert grammar.check(structured) is None and compile_grammar(structured)
     assert grammar._compile_cached.cache_info().currsize == grammar._check_cached.cache_info().currsize == 1
+
+
+TOO_LARGE = StructuredOutput("regex", "(a{1000}){1000}")  # a million states: llguidance's lexer gives up
+UNSATISFIABLE = StructuredOutput("json", '{"$ref": "#"}')  # a schema only itself satisfies: no text
+
+
+@pytest.mark.parametrize("structured", [TOO_LARGE, UNSATISFIABLE], ids=["too-large", "no-text"])
+def test_a_constraint_that_cannot_be_followed_is_refused_or_fails_alone(structured):
+    """Never a 'stop' on text the constraint did not hold: the runner's probe names why it cannot
+    be followed (the API's 400); admitted past it, the request ends with abort and its error at
+    the token where the grammar gave up, and the greedy request beside it is untouched."""
+    engine, _ = build_engine("builtin:tiny", EngineConfig(dtype="float32", kv_cache_memory_mb=4), device=DEVICE)
+    assert engine.structured_problem(structured)
+    (alone,) = engine.generate([[7, 8, 9]], SamplingParams(max_tokens=6, temperature=0))
+    engine.add_request("held", [5, 6], SamplingParams(max_tokens=8, temperature=0, structured=structured))
+    engine.add_request("victim", [7, 8, 9], SamplingParams(max_tokens=6, temperature=0))
+    tokens, final = {"held": [], "victim": []}, {}
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            tokens[event.request_id] += event.new_token_ids
+            if event.finished:
+                final[event.request_id] = event
+    assert final["held"].finish_reason == "abort" and "structured output" in final["held"].error
+    assert tokens["victim"] == alone and final["victim"].finish_reason == "length"
