@@ -8,6 +8,7 @@ every other field applies live at the engine's next step.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -191,11 +192,34 @@ def load_engine_config(path: str | Path | None, defaults: Mapping[str, Any] | No
         raise ValueError(f"invalid engine config: {_short_errors(exc)}") from exc
 
 
+# An engine config is a screenful of keys; a larger file is refused unread (20 MB of YAML took 16 s
+# to parse, and every reload of the watcher would parse it again)
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def config_file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be an engine config file, without reading it: not a regular file (a
+    directory, say), or larger than ``MAX_CONFIG_BYTES``; None where it may be one."""
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        return f"cannot read engine config {path}: {exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"engine config {path} is not a file" + (" (a directory)" if stat.S_ISDIR(st.st_mode) else "")
+    if st.st_size > MAX_CONFIG_BYTES:
+        return f"engine config {path} has {st.st_size} bytes; at most {MAX_CONFIG_BYTES} are read"
+    return None
+
+
 def read_engine_file(path: str | Path) -> dict[str, Any]:
-    """An engine config file's keys, as written. Raises ``ValueError`` on a missing or malformed file."""
+    """An engine config file's keys, as written. Raises ``ValueError`` on a missing, unreadable,
+    oversized or malformed file (or a directory in its place)."""
+    problem = config_file_problem(path)
+    if problem is not None:
+        raise ValueError(problem)
     try:
         text = Path(path).read_text()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read engine config {path}: {exc}") from exc
     try:
         loaded = yaml.safe_load(text)

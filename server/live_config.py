@@ -4,7 +4,9 @@ Polls every ``interval_s`` (ConfigMap updates arrive as symlink swaps, which ino
 poorly): a cheap ``stat`` first, and the content hash only when the stat changed. A valid new
 version goes to the engine, which applies it before its next step and bumps
 ``llmfleet_config_generation``; an invalid one keeps the last good config, is logged with the
-reason and counted in ``llmfleet_config_errors_total``.
+reason and counted in ``llmfleet_config_errors_total``. So is what cannot be a config at all: a
+directory in the file's place, a file it may not read, or one past ``MAX_CONFIG_BYTES`` (refused
+unread).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmfleet.server.config import EngineConfig, load_engine_config
+from llmfleet.server.config import EngineConfig, config_file_problem, load_engine_config
 
 if TYPE_CHECKING:
     from llmfleet.server.engine.async_engine import AsyncEngine
@@ -114,6 +116,13 @@ class ConfigWatcher:
         self._missing_logged = False
         if stat == self._stat:
             return "unchanged"
+        problem = config_file_problem(self.path)
+        if problem is None and not os.access(self.path, os.R_OK):
+            problem = f"cannot read engine config {self.path}: permission denied"
+        if problem is not None:  # reported once per change, as an invalid file is
+            self._stat, self._digest = stat, None
+            self._reject(problem)
+            return "invalid"
         data = _read(self.path)
         if data is None or _stat(self.path) != stat or (not data.strip() and stat != self._empty_stat):
             # a writer is mid-way (truncated, or changing under us): look again at the next poll. An

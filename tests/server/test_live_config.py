@@ -205,3 +205,25 @@ def test_command_line_engine_flags_are_start_values_under_the_file(tmp_path):
     lengths = parser.parse_args(["--max-model-len", "32K", "--max-num-batched-tokens", "2.5k"])
     assert engine_flags(lengths) == {"max_model_len": 32768, "max_num_batched_tokens": 2500}
     assert parser.parse_args(["--served-model-name", "a", "b"]).served_model_name == ["a", "b"]
+
+
+def test_what_cannot_be_a_config_is_reported_as_invalid_and_an_oversized_file_is_not_read(served, caplog, monkeypatch):
+    """A directory in the file's place, or a file past MAX_CONFIG_BYTES (refused unread: 20 MB of
+    YAML once delayed reloads 16 s), is logged and counted once, and the last good config stays."""
+    from llmfleet.server import config
+
+    path, state, watcher = served
+    path.unlink()
+    path.mkdir()
+    with caplog.at_level(logging.WARNING, logger="llmfleet.server.live_config"):
+        assert watcher.check() == "invalid"
+        assert watcher.check() == "unchanged"  # reported once, not at every poll
+    assert "not a file (a directory)" in caplog.text
+    assert metric(state, "config_errors") == 1
+    path.rmdir()
+    reads = []
+    monkeypatch.setattr(config.Path, "read_text", lambda self, *a, **k: reads.append(self) or "")
+    path.write_bytes(b"max_batch_size: 5\n" + b"#" * config.MAX_CONFIG_BYTES)
+    assert watcher.check() == "invalid" and reads == []
+    assert metric(state, "config_errors") == 2
+    assert state.engine.engine.config.max_batch_size == 4
