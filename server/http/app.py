@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -37,9 +37,9 @@ def build_app(state: ServerState, install_role: RouteInstaller) -> FastAPI:
     app.add_middleware(BodyGuardMiddleware, max_bytes=state.max_body_bytes)  # inside the key check
     if state.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)  # outermost: before anything counts it
+    _document_400_not_422(app)  # first: a role may document more on top of it (the router's bodies)
     install_role(app, state)
     _install_common_routes(app, state)
-    _document_400_not_422(app)
     return app
 
 
@@ -66,7 +66,7 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
     async def version():
         return {"version": __version__}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
         if state.engine is not None:
             state.metrics.set_load(state.engine.stats)  # fresh gauges even while the engine idles

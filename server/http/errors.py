@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from llmfleet.server.core.validation import InvalidRequestError
 from llmfleet.server.wire.errors import error_body
@@ -33,9 +34,11 @@ class APIError(Exception):
         return cls(400, str(exc), param=exc.param)
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in RETRYABLE else None
-    return JSONResponse(error_body(message, type_, status, param), status, headers=headers)
+def error_response(
+    status: int, message: str, type_: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    headers = {**(headers or {}), **({"Retry-After": str(RETRY_AFTER_S)} if status in RETRYABLE else {})}
+    return JSONResponse(error_body(message, type_, status, param), status, headers=headers or None)
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -68,6 +71,16 @@ def _clean(msg: str) -> str:
     return msg.removeprefix("Value error, ")
 
 
+def _allowed_methods(request: Request) -> str:
+    """The methods of every route on the request's path: one route per method (``/ping``, a
+    stored response's GET and DELETE) leaves Starlette naming only the first's."""
+    methods = set()
+    for route in request.app.router.routes:
+        if getattr(route, "methods", None) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
@@ -83,9 +96,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, message, "invalid_request_error", param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException):
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, str(exc.detail), type_)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # RFC 9110: Allow names every method the path takes
+            headers["Allow"] = _allowed_methods(request)
+        return error_response(exc.status_code, str(exc.detail), type_, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):

@@ -438,7 +438,7 @@ class TokenizeRequest(ChatTemplating):
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Annotated[int, Field(ge=0)]]
 
 
 class ErrorDetail(BaseModel):
@@ -452,10 +452,33 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-# Documented in the OpenAPI schema of every generation endpoint
+# Documented in the OpenAPI schema of every endpoint that takes a body
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Invalid request (types, ranges, context length)"},
+    400: {"model": ErrorResponse, "description": "Invalid request (types, ranges, context length, JSON depth)"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
+    413: {"model": ErrorResponse, "description": "Body larger than --max-request-body-mb"},
     429: {"model": ErrorResponse, "description": "Waiting queue full; see Retry-After"},
     503: {"model": ErrorResponse, "description": "Draining or engine down; see Retry-After"},
+}
+# /tokenize's ids are what /detokenize takes: a link, for clients and stateful tests that follow one
+TOKENIZE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    200: {
+        "description": "The prompt's token ids",
+        "links": {"detokenize": {"operationId": "detokenize", "requestBody": {"tokens": "$response.body#/tokens"}}},
+    },
+}
+# One server-sent event, as an OpenAPI document describes each event of a stream
+SSE_EVENT = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
+# ... and of the generation endpoints, which stream server-sent events when asked (``stream``)
+GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    200: {
+        "description": "The answer; with stream: true, server-sent events (data: {chunk}, then data: [DONE])",
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    },
 }

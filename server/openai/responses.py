@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeGuard
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from llmfleet.server.http.errors import APIError, invalid_request
-from llmfleet.server.openai.protocol import ChatCompletionRequest, TextRequest
+from llmfleet.server.openai.protocol import ChatCompletionRequest, ErrorResponse, TextRequest
 
 # The chat fields a Responses request sets in its own terms, or that have no place in one
 # response; the other chat fields (vLLM's sampling and structured-output extras, chat template
@@ -92,7 +92,7 @@ class ResponsesRequest(TextRequest):
     stream: bool = False
     text: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    tool_choice: str | dict[str, Any] = "auto"
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] = "auto"
     parallel_tool_calls: bool = True
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
@@ -401,4 +401,10 @@ def install_stored_routes(app: Any) -> None:
         ("input_items", "GET", "/input_items"),
     )
     for name, method, tail in routes:
-        app.add_api_route(f"/v1/responses/{{response_id}}{tail}", not_stored, methods=[method], name=f"{name}_response")
+        app.add_api_route(
+            f"/v1/responses/{{response_id}}{tail}",
+            not_stored,
+            methods=[method],
+            name=f"{name}_response",
+            responses={404: {"model": ErrorResponse, "description": "No response is stored here"}},
+        )

@@ -29,6 +29,8 @@ from llmfleet.server.openai import kv_transfer
 from llmfleet.server.openai.prompt_work import off_loop
 from llmfleet.server.openai.protocol import (
     ERROR_RESPONSES,
+    GENERATION_RESPONSES,
+    TOKENIZE_RESPONSES,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -56,7 +58,7 @@ TokenNames = Callable[[int], str]  # a token id -> how logprobs show it
 
 
 def install(app: FastAPI, state: ServerState) -> None:
-    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(body: CompletionRequest, raw: Request):
         arrival = state.engine.now()
         check_serving(state, body.model)
@@ -116,12 +118,12 @@ def install(app: FastAPI, state: ServerState) -> None:
             choices.append(choice)
         return reply.envelope("text_completion", choices, usage=reply.usage(results))
 
-    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat(body: ChatCompletionRequest, raw: Request):
         answer = await chat_answer(body, raw)
         return EventStreamResponse(answer) if isinstance(answer, AsyncIterator) else answer
 
-    @app.post("/v1/responses", responses=ERROR_RESPONSES)
+    @app.post("/v1/responses", responses=GENERATION_RESPONSES)
     async def responses(body: ResponsesRequest, raw: Request):
         """OpenAI's Responses API, answered from a streamed chat completion (responses.py)."""
         check_serving(state, body.model)
@@ -206,7 +208,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         usage = reply.usage(results) | (await reply.reasoning_usage(thoughts) if reasoning else {})
         return reply.envelope("chat.completion", choices, usage=usage, **extra)
 
-    @app.post("/tokenize", responses=ERROR_RESPONSES)
+    @app.post("/tokenize", responses=TOKENIZE_RESPONSES, operation_id="tokenize")
     async def tokenize(body: TokenizeRequest):
         check_model(state, body.model)
         if (body.prompt is None) == (body.messages is None):
@@ -219,7 +221,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         strs = _token_strs(state.tokenizer, ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
 
-    @app.post("/detokenize", responses=ERROR_RESPONSES)
+    @app.post("/detokenize", responses=ERROR_RESPONSES, operation_id="detokenize")
     async def detokenize(body: DetokenizeRequest):
         check_model(state, body.model)
         check_token_ids(body.tokens, len(state.tokenizer), "tokens")

@@ -17,7 +17,16 @@ from llmfleet.server.http.body_guard import parsed_body
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
 from llmfleet.server.http.state import ServerState, check_model
-from llmfleet.server.openai.protocol import ERROR_RESPONSES
+from llmfleet.server.openai.protocol import (
+    ERROR_RESPONSES,
+    GENERATION_RESPONSES,
+    TOKENIZE_RESPONSES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ErrorResponse,
+    TokenizeRequest,
+)
 from llmfleet.server.openai.response_events import ResponseStream, chat_chunks, whole_response
 from llmfleet.server.openai.responses import ResponsesRequest, error_body_in_responses_terms, install_stored_routes
 from llmfleet.server.router.balancer import Balancer
@@ -25,6 +34,10 @@ from llmfleet.server.router.proxy import Proxy, json_request
 from llmfleet.server.wire.client_gone import CLIENT_GONE, unless_client_gone
 
 log = logging.getLogger(__name__)
+# The servers' answers, and the router's own when no server behind it could answer
+BAD_GATEWAY = {502: {"model": ErrorResponse, "description": "No server behind the router could answer"}}
+RELAYED = {**ERROR_RESPONSES, **BAD_GATEWAY}
+RELAYED_GENERATION = {**GENERATION_RESPONSES, **BAD_GATEWAY}
 
 
 def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) -> None:
@@ -81,16 +94,16 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         except (httpx.HTTPError, ValueError) as exc:
             raise APIError(502, f"decode server {server.url} failed: {exc}", "bad_gateway") from exc
 
-    @app.post("/v1/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/completions", responses=RELAYED_GENERATION)
     async def completions(raw: Request):
         """As a colocated server's: the request goes through a prefill and a decode server."""
         return await relay("/v1/completions", raw)
 
-    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+    @app.post("/v1/chat/completions", responses=RELAYED_GENERATION)
     async def chat(raw: Request):
         return await relay("/v1/chat/completions", raw)
 
-    @app.post("/v1/responses", responses=ERROR_RESPONSES)
+    @app.post("/v1/responses", responses=RELAYED_GENERATION)
     async def responses(raw: Request):
         """OpenAI's Responses API: relayed as a streamed chat completion, whose chunks become the
         Response or its events."""
@@ -115,11 +128,11 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
             return Response(status_code=CLIENT_GONE)
         return whole
 
-    @app.post("/tokenize", responses=ERROR_RESPONSES)
+    @app.post("/tokenize", responses={**RELAYED, **TOKENIZE_RESPONSES}, operation_id="tokenize")
     async def tokenize(raw: Request):
         return await ask_a_decode_server("/tokenize", raw)
 
-    @app.post("/detokenize", responses=ERROR_RESPONSES)
+    @app.post("/detokenize", responses=RELAYED, operation_id="detokenize")
     async def detokenize(raw: Request):
         return await ask_a_decode_server("/detokenize", raw)
 
@@ -160,3 +173,37 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         return {"role": "router", "in_flight": state.in_flight, "servers": balancer.snapshot()}
 
     install_stored_routes(app)
+    _document_bodies(app)
+
+
+# What the router relays, unparsed: the servers' request models, named in its OpenAPI document too
+_BODIES = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/responses": ResponsesRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+}
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """The router's routes read their bodies raw (the servers validate them), so FastAPI cannot
+    see their models: its OpenAPI document gets them from the servers' models, so that it says
+    what the router takes as the servers' document does."""
+    plain, documented = app.openapi, []
+
+    def openapi() -> dict:
+        schema = plain()
+        if not documented:
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for path, model in _BODIES.items():
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+                ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+                content = {"application/json": {"schema": ref}}
+                schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
+            documented.append(True)
+        return schema
+
+    app.openapi = openapi

@@ -1,5 +1,8 @@
-"""No input may produce a 5xx: schemathesis drives the app's own OpenAPI schema (positive and
-negative cases), hypothesis drives the request models and the app with arbitrary JSON."""
+"""No input may produce a 5xx, and every answer is one the OpenAPI document promises (status,
+content type, body and headers): schemathesis drives the app's own OpenAPI schema (positive and
+negative cases), hypothesis drives the request models and the app with arbitrary JSON.
+(tests/robustness runs schemathesis's whole CLI, stateful phase included, on real server and
+router processes.)"""
 
 from __future__ import annotations
 
@@ -12,7 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.openai.app import create_app
@@ -45,11 +54,22 @@ _config.projects.default.generation.update(modes=[GenerationMode.POSITIVE, Gener
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(FAKE_STATE), config=_config)
 
 
+# Every check on the answers; not the checks of how strictly a request is read (pydantic reads
+# "true" as true, and the schema cannot say a token id must be under the vocabulary's size)
+CONFORMANCE = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
+
+
 @schema.parametrize()
 @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_gives_a_server_error(case):
     response = case.call()
-    case.validate_response(response, checks=[not_a_server_error])
+    case.validate_response(response, checks=CONFORMANCE)
     assert response.status_code < 500, response.text
     assert response.status_code != 422, response.text
     if response.status_code >= 400:
@@ -211,3 +231,39 @@ def test_schema_documents_400_not_422(app):
     schema = app.openapi()
     responses = schema["paths"]["/v1/completions"]["post"]["responses"]
     assert "400" in responses and "422" not in responses
+
+
+@pytest.mark.parametrize("depth", [65, 330, 1000, 100_000])
+@pytest.mark.parametrize(
+    "path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"]
+)
+def test_json_of_any_depth_is_a_400(client, path, depth, caplog):
+    """Even inside an unknown field, and on /tokenize, which needs no API key: a 400 and one log
+    line, never pydantic's recursion."""
+    body = '{"prompt": "hi", "unknown": ' + "[" * depth + "]" * depth + "}"
+    with caplog.at_level("WARNING", logger="llmfleet.server.http.body_guard"):
+        response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "nested deeper than 64" in response.json()["error"]["message"]
+    assert len([r for r in caplog.records if "nested too deep" in r.getMessage()]) == 1
+
+
+def test_a_body_past_the_limit_is_a_413_before_it_is_read(app):
+    state = app.state.server
+    limit, state_limit = 64 * 1024, state.max_body_bytes
+    try:
+        with TestClient(create_app_with_limit(state, limit)) as small:
+            response = small.post("/v1/completions", json={"prompt": "x" * limit})
+            assert response.status_code == 413 and set(response.json()["error"]) == {"message", "type", "param", "code"}
+            assert small.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+    finally:
+        state.max_body_bytes = state_limit
+
+
+def create_app_with_limit(state, limit: int):
+    state.max_body_bytes = limit
+    return create_app(state)
+
+
+def test_a_405_names_every_method_its_path_takes(client):
+    response = client.request("TRACE", "/ping")
+    assert response.status_code == 405 and response.headers["allow"] == "GET, POST"
