@@ -2,7 +2,11 @@
 with an OpenAI-style error, before any more of it is read), and a JSON body is parsed once here,
 deeper nesting than ``MAX_JSON_DEPTH`` refused with a 400 and one log line, before any parser or
 validator can recurse into it. The endpoints get the parsed value (``GuardedRoute`` hands it to
-FastAPI's own body reading; the router reads ``parsed_body``), so no body is parsed twice."""
+FastAPI's own body reading; the router reads ``parsed_body``), so no body is parsed twice.
+
+Bodies past ``LARGE_BODY_BYTES`` are taken one at a time, from their first byte until their
+endpoint has its prompt (``done_with_body``) or answers: a small request then waits behind one
+large body's work at most, never behind all of them, and only one is in memory at once."""
 
 from __future__ import annotations
 
@@ -20,11 +24,12 @@ from llmfleet.server.wire.errors import error_body
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_MB = 8.0
-# A body past this is read and parsed one at a time: parsing holds the event loop (a megabyte of
-# token ids takes tens of ms), and each body's copies are megabytes
+DEFAULT_MAX_BODY_MB = 4.0
+# A body past this is worked on one at a time: parsing and validating it hold the event loop (a
+# megabyte of token ids takes tens of ms), and each body's copies are megabytes
 LARGE_BODY_BYTES = 1 << 20
 _PARSED = "llmfleet.parsed_body"  # the scope key the parsed JSON body travels under
+_RELEASE = "llmfleet.release_large_body"  # and the large-body slot's release
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -46,14 +51,23 @@ class BodyGuardMiddleware:
         if declared.isdigit() and int(declared) > self.max_bytes:
             await self._too_large(scope, send, int(declared))
             return
-        large = not declared.isdigit() or int(declared) > LARGE_BODY_BYTES
-        if large:
-            async with self._large:
-                body = await self._read(scope, receive, send)
-        else:
+        if declared.isdigit() and int(declared) <= LARGE_BODY_BYTES:
             body = await self._read(scope, receive, send)
-        if body is not None:
-            await self.app(scope, _replay(body, receive), send)
+            if body is not None:
+                await self.app(scope, _replay(body, receive), send)
+            return
+        # A large body holds the slot from its first byte read until its endpoint is done with
+        # the prompt (done_with_body) or answers: its parsing, validation and tokenizing hold the
+        # event loop in turns, and its copies are megabytes. Generation does not hold it.
+        await self._large.acquire()
+        release = _Once(self._large.release)
+        scope[_RELEASE] = release
+        try:
+            body = await self._read(scope, receive, send)
+            if body is not None:
+                await self.app(scope, _replay(body, receive), _releasing(send, release))
+        finally:
+            release()
 
     async def _read(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The body, its JSON parsed into the scope; None where it was answered here (too
@@ -91,6 +105,34 @@ class BodyGuardMiddleware:
         )
         message = f"the request body is larger than this server's limit of {limit_mb:g} MiB (--max-request-body-mb)"
         await _answer(send, 413, error_body(message, "invalid_request_error", 413))
+
+
+class _Once:
+    """A call made at most once, by whichever comes first: the endpoint, the answer, the end."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __call__(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call()
+
+
+def _releasing(send: Send, release: _Once) -> Send:
+    async def sent(message: Message) -> None:
+        release()  # an answer (or its start): nothing of the body is worked on any more
+        await send(message)
+
+    return sent
+
+
+def done_with_body(raw: Request) -> None:
+    """The endpoint has what it needs of a large body (its prompt's tokens): the next large body
+    may be read."""
+    release = raw.scope.get(_RELEASE)
+    if release is not None:
+        release()
 
 
 def _is_json(content_type: bytes | None) -> bool:

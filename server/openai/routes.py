@@ -22,6 +22,7 @@ from llmfleet.server.core.validation import (
     truncation_chars,
     truncation_length,
 )
+from llmfleet.server.http.body_guard import done_with_body
 from llmfleet.server.http.errors import APIError, invalid_request
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse, EventStreamResponse
 from llmfleet.server.http.state import ServerState, check_model, check_serving
@@ -66,6 +67,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             raise APIError(400, "max_tokens 0 returns the prompt alone: it needs echo", param="max_tokens")
         chars = _prompt_size(body.prompt)
         prompts, prompt_texts = await off_loop(state, chars, _completion_prompts, state, body)  # seconds for a long one
+        done_with_body(raw)
         # As vLLM (and lm-evaluation-harness's loglikelihood): echo with logprobs scores the prompt too
         scored = _most(body.prompt_logprobs, body.logprobs if body.echo else None)
         generate = max(body.max_tokens, 1)  # 0: one token, not shown
@@ -155,6 +157,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         chars = sum(_prompt_size(m.content) for m in body.messages)
         prompt_text = await off_loop(state, chars, chat_prompt_text, state, body)
         prompt = await off_loop(state, len(prompt_text), encoded, state, prompt_text, body.special_tokens(), body)
+        done_with_body(raw)
         prompt = truncated_prompt(state, body, prompt)
         reasoning = Reasoning.of(state.reasoning_parser, prompt_text, body.include_reasoning)
         # vLLM's default: a grammar holds the answer, after the thinking
@@ -293,7 +296,7 @@ async def _received_kv(state: ServerState, body, prompts: list[list[int]], score
 def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
     """Token ids per prompt (and the prompt texts, for echo)."""
     prompt = body.prompt
-    if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):  # the model checked the rest
         prompt = [prompt]
     if not prompt:
         raise APIError(400, "prompt must not be empty", param="prompt")
@@ -302,9 +305,9 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> tuple[li
         if isinstance(item, str):
             ids = encoded(state, item, body.add_special_tokens, body)
         else:
-            ids = list(item)
+            ids = item
         given = len(ids)
-        ids = truncated_prompt(state, body, ids)  # first: the ids it drops need no check
+        ids = list(truncated_prompt(state, body, ids))  # first: the ids it drops need no copy nor check
         check_token_ids(ids, len(state.tokenizer), "prompt", "prompt token ids")
         ids_list.append(ids)
         if body.echo:  # what the model was given: a truncated prompt echoes its kept tokens

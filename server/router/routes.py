@@ -13,7 +13,7 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmfleet.server.http.body_guard import parsed_body
+from llmfleet.server.http.body_guard import done_with_body, parsed_body
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
 from llmfleet.server.http.state import ServerState, check_model
@@ -64,6 +64,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
             raise APIError(400, "invalid request: the body must be a JSON object")
         if isinstance(model := body.get("model"), str):  # another type is the server's 400 to give
             check_model(state, model)
+        done_with_body(raw)  # the router reads nothing more of it: the next large body may come in
         return body
 
     async def relay(path: str, raw: Request):

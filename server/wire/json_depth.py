@@ -46,6 +46,7 @@ def loads(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
         value = json.loads(text)
     except RecursionError as exc:
         raise TooDeepError(limit) from exc
-    if depth(value, limit) > limit:
-        raise TooDeepError(limit)
+    opened = "[{" if isinstance(text, str) else b"[{"
+    if text.count(opened[0:1]) + text.count(opened[1:2]) > limit and depth(value, limit) > limit:
+        raise TooDeepError(limit)  # (fewer brackets than the limit cannot nest past it: no walk)
     return value

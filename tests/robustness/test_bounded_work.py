@@ -1,6 +1,6 @@
 """Bounded work per request on a real server: a body past --max-request-body-mb is a 413 before it
 is read, a prompt longer than the context can hold is a 400 before it is tokenized (/tokenize
-too), and while several of the largest requests the server accepts are in flight (8 MiB bodies:
+too), and while several of the largest requests the server accepts are in flight (4 MiB bodies:
 text cut with truncate_prompt_tokens, or token ids), a small request waits at most a second more
 than alone and the server's memory grows by at most a few hundred MB."""
 
