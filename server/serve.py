@@ -32,7 +32,9 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     """Load the model, start the engine thread and, with ``--config``, the live-config watcher."""
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("llm-fleet serve: --enable-auto-tool-choice needs --tool-call-parser")
-    transfer_token(args)  # before the model loads: a refusal takes a second, not a load
+    # before the model loads: a refusal takes a second, not a load
+    token = transfer_token(args)
+    peers = PrefillPeers(prefill_source(args)) if args.role == "decode" else None
     template = read_chat_template(args.chat_template) if args.chat_template else None
     flags = engine_flags(args)
     loaded = version_of(args.config) if args.config else None  # before reading it: see ConfigWatcher
@@ -61,10 +63,10 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     state.model_aliases = tuple(aliases)
     state.api_key = args.api_key
     state.max_body_bytes = int(args.max_request_body_mb * 2**20)
-    state.kv_token = transfer_token(args)
-    if args.role == "decode":
-        state.prefill_peers = PrefillPeers(prefill_source(args))
-        log.info("KV is fetched only from the prefill servers of %s", state.prefill_peers.description)
+    state.kv_token = token
+    state.prefill_peers = peers
+    if peers is not None:
+        log.info("KV is fetched only from the prefill servers of %s", peers.description)
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     state.reasoning_parser = args.reasoning_parser
     state.structured_outputs_in_reasoning = args.structured_outputs_in_reasoning

@@ -16,6 +16,8 @@ REFRESH_S = 1.0  # the pool read again at most this often (a URL it lacks forces
 
 
 class PrefillPeers:
+    """A decode server's prefill pool, as its source lists it, read again as servers come."""
+
     def __init__(self, source: EndpointSource | None, clock=time.monotonic) -> None:
         """``source``: where the pool's URLs come from; None, no pool: every transfer is refused."""
         self.source = source
@@ -25,7 +27,9 @@ class PrefillPeers:
 
     @property
     def description(self) -> str:
-        return self.source.description if self.source is not None else "none (no --prefill-url or --prefill-host)"
+        if self.source is None:
+            return "none (no --prefill-url, --prefill-host or --endpoints-file)"
+        return self.source.description
 
     async def knows(self, address: str) -> bool:
         """Whether ``address`` is one of the pool's prefill servers; the pool is read again when
