@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from llmfleet.arguments import positive, positive_int
 from llmfleet.bench.report import latency_summary, print_table
 from llmfleet.bench.server_bench import stream_completion
 from llmfleet.local.processes import ServerProcess
+from llmfleet.server.wire.auth import KV_TOKEN_ENV
 from llmfleet.workloads import SHAPES, prompt_tokens
 
 WORKLOADS = ("chat", "long-prompt")
@@ -47,14 +49,16 @@ def add_arguments(parser) -> None:
 
 
 class Servers:
-    """The servers of one contender, drained (and waited for) on exit."""
+    """The servers of one contender, drained (and waited for) on exit; they share a KV-transfer
+    token of their own, as a fleet's servers do."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.servers: list[ServerProcess] = []
+        self.env = {KV_TOKEN_ENV: secrets.token_hex(16)}
 
     def start(self, name: str, threads: int | None, *args: str) -> str:
-        env = {"OMP_NUM_THREADS": str(threads)} if threads is not None else None
+        env = self.env | ({"OMP_NUM_THREADS": str(threads)} if threads is not None else {})
         server = ServerProcess(name, ["--log-level", "warning", *args], self.out / f"disagg-{name}.log", env=env)
         self.servers.append(server)
         return server.url
@@ -140,7 +144,7 @@ def run(args) -> int:
             runs["colocated"] = asyncio.run(replay(url, requests))
         with Servers(out) as servers:
             prefill = servers.start("prefill", prefill_threads, "--role", "prefill", *engine_args)
-            decode = servers.start("decode", decode_threads, "--role", "decode", *engine_args)
+            decode = servers.start("decode", decode_threads, "--role", "decode", "--prefill-url", prefill, *engine_args)
             router = servers.start(
                 "router",
                 None,

@@ -130,7 +130,8 @@ def run(args) -> int:
     for policy in POLICIES:
         with Servers(out) as servers:
             prefill = [servers.start(f"prefill{i}", 1, "--role", "prefill", *engine_args) for i in range(2)]
-            decode = [servers.start(f"decode{i}", 1, "--role", "decode", *engine_args) for i in range(2)]
+            pool = [a for url in prefill for a in ("--prefill-url", url)]  # the only ones decode fetches from
+            decode = [servers.start(f"decode{i}", 1, "--role", "decode", *pool, *engine_args) for i in range(2)]
             urls = [a for url in prefill for a in ("--prefill-url", url)] + [
                 a for url in decode for a in ("--decode-url", url)
             ]
