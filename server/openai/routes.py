@@ -487,7 +487,7 @@ class _Reply:
                     completion += event.num_output_tokens
                 if not self._worth_a_chunk(event):
                     continue
-                text, delta = event.new_text, {}
+                text, thought = event.new_text, {}
                 logprobs = None
                 if self.want_logprobs and event.logprobs:
                     logprobs = {"content": _chat_token_logprobs(self.names, event.new_token_ids, event.logprobs)}
@@ -495,16 +495,25 @@ class _Reply:
                 if splitters:
                     thinking, text = splitters[owner.index].feed(text, final=event.finished)
                     if thinking:
-                        delta |= reasoning.fields(thinking)
+                        thought = reasoning.fields(thinking)
                         thoughts[owner.index] = thoughts.get(owner.index, "") + thinking
                 if calls:
-                    answer, finish = calls[owner.index].delta(text, finish)
-                    delta |= answer
-                elif text:
-                    delta["content"] = text
-                if (calls or splitters) and not (delta or finish or logprobs):
+                    deltas, finish = calls[owner.index].deltas(text, finish)
+                else:
+                    deltas = [{"content": text}] if text else []
+                deltas = [thought | first for first in deltas[:1]] + deltas[1:] if deltas else [thought]
+                if (calls or splitters) and not (deltas[0] or finish or logprobs):
                     continue  # held: a tag or a call not yet told apart
-                yield self._chat_chunk(owner, delta, logprobs, finish, event.num_output_tokens, event.stop_reason)
+                for i, delta in enumerate(deltas):  # one chunk each: words and calls keep their order
+                    last = i == len(deltas) - 1
+                    yield self._chat_chunk(
+                        owner,
+                        delta,
+                        logprobs if i == 0 else None,
+                        finish if last else None,
+                        event.num_output_tokens,
+                        event.stop_reason if last else None,
+                    )
                 if event.error is not None:
                     yield request_error(event.error, owner.index)
         finally:

@@ -98,10 +98,12 @@ class AutoToolCalls:
     parallel: bool = True  # False: the first call only
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
-        delta, finish = self.stream().delta(text, finish_reason or "stop")
-        message = {"role": "assistant", "content": delta.get("content") or None}
-        if "tool_calls" in delta:
-            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in delta["tool_calls"]]
+        deltas, finish = self.stream().deltas(text, finish_reason or "stop")
+        content = "".join(d.get("content", "") for d in deltas)
+        calls = [{k: v for k, v in c.items() if k != "index"} for d in deltas for c in d.get("tool_calls", [])]
+        message = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = calls
         return message, finish
 
     def stream(self) -> AutoToolCallStream:
@@ -140,17 +142,24 @@ class AutoToolCallStream:
         self._limit = None if auto.parallel else 1
         self._calls = 0
 
-    def delta(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
-        content, calls = self._parser.feed(text, final=finish_reason is not None)
-        if self._limit is not None:
-            calls = calls[: max(0, self._limit - self._calls)]
-        delta: dict[str, Any] = {"content": content} if content else {}
-        if calls:
-            first, self._calls = self._calls, self._calls + len(calls)
-            delta["tool_calls"] = [
-                {"index": first + i, **_call(c.name, c.arguments, self._call_id())} for i, c in enumerate(calls)
-            ]
-        return delta, "tool_calls" if finish_reason == "stop" and self._calls else finish_reason
+    def deltas(self, text: str, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """The deltas newly generated ``text`` makes, in the order it was written (words and calls
+        apart: a chunk that held both would lose which came first), and the finish reason."""
+        deltas: list[dict[str, Any]] = []
+        for part in self._parser.feed(text, final=finish_reason is not None):
+            if isinstance(part, str):
+                if deltas and "content" in deltas[-1]:
+                    deltas[-1]["content"] += part
+                else:
+                    deltas.append({"content": part})
+            elif self._limit is None or self._calls < self._limit:
+                call = {"index": self._calls, **_call(part.name, part.arguments, self._call_id())}
+                self._calls += 1
+                if deltas and "tool_calls" in deltas[-1]:
+                    deltas[-1]["tool_calls"].append(call)
+                else:
+                    deltas.append({"tool_calls": [call]})
+        return deltas, "tool_calls" if finish_reason == "stop" and self._calls else finish_reason
 
 
 class ToolCallStream:
@@ -160,6 +169,12 @@ class ToolCallStream:
         self.forced = forced
         self._text = ""  # "required": the array so far
         self._opened = False
+
+    def deltas(self, text: str, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """The deltas for newly generated ``text`` (none, or one), with the choice's finish reason
+        once it ends: the same shape as AutoToolCallStream's."""
+        delta, finish = self.delta(text, finish_reason)
+        return ([delta] if delta else []), finish
 
     def delta(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The delta for newly generated ``text`` (with the choice's finish reason once it ends)."""

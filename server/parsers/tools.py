@@ -53,9 +53,10 @@ class ToolCallParser(Protocol):
     keeps_special_tokens: ClassVar[bool]  # its tags are special tokens, which the reply's text must keep
     call_id: ClassVar[Callable[[], str]]  # a new call's id, in the form the model's chat template takes back
 
-    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+    def feed(self, text: str, final: bool) -> list[str | ParsedCall]:
         """Take newly generated ``text`` (``final``: generation has ended) and return the content
-        and the calls that can be told apart now; text that may still become a call is held."""
+        and the calls that can be told apart now, in the order the model wrote them; text that may
+        still become a call is held."""
         ...
 
 
@@ -70,10 +71,9 @@ class HermesParser:
         self._between = ""  # whitespace after a call: content only if words follow it
         self._called = False
 
-    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+    def feed(self, text: str, final: bool) -> list[str | ParsedCall]:
         self._held += text
-        content: list[str] = []
-        calls: list[ParsedCall] = []
+        parts: list[str | ParsedCall] = []
         while True:
             if self._in_block:
                 end = self._held.find(self.CLOSE)
@@ -84,23 +84,23 @@ class HermesParser:
                 self._in_block = False
                 call = _hermes_call(body)
                 if call is None:
-                    content.append(self.OPEN + body + (self.CLOSE if closed else ""))
+                    parts.append(self.OPEN + body + (self.CLOSE if closed else ""))
                 else:
-                    calls.append(call)
+                    parts.append(call)
                     self._called = True
                 continue
             start = self._held.find(self.OPEN)
             if start >= 0:
-                content.append(self._outside(self._held[:start], boundary=True))
+                parts.append(self._outside(self._held[:start], boundary=True))
                 self._held = self._held[start + len(self.OPEN) :]
                 self._in_block = True
                 continue
             keep = 0 if final else partial_suffix(self._held, self.OPEN)
             cut = len(self._held) - keep
-            content.append(self._outside(self._held[:cut], boundary=final))
+            parts.append(self._outside(self._held[:cut], boundary=final))
             self._held = self._held[cut:]
             break
-        return "".join(content), calls
+        return [part for part in parts if part != ""]
 
     def _outside(self, text: str, boundary: bool) -> str:
         """Text outside the blocks. Before the first call it is content as it comes; after one,
@@ -128,22 +128,19 @@ class _WholeReplyParser:
         self._text = ""
         self._calls: bool | None = None  # unknown until the first word
 
-    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+    def feed(self, text: str, final: bool) -> list[str | ParsedCall]:
         self._text += text
         if self._calls is None:
             head = self._text.lstrip()
             opens = self.opens(head)
             if opens is None and not final:  # nothing yet, or maybe an opening's start
-                return "", []
+                return []
             self._calls = bool(opens)
-        if not self._calls:
-            out, self._text = self._text, ""
-            return out, []
-        if not final:
-            return "", []  # the calls are read once the reply is whole
-        calls = self.parse(self._text)
-        out, self._text = ("", "") if calls else (self._text, "")
-        return out, calls or []
+        if not self._calls or final:
+            whole, self._text = self._text, ""
+            calls = self.parse(whole) if self._calls else None
+            return list(calls) if calls else [whole] if whole else []
+        return []  # the calls are read once the reply is whole
 
     def opens(self, head: str) -> bool | None:
         """Whether a reply starting with ``head`` is calls (None: cannot tell yet)."""
@@ -188,7 +185,7 @@ class MistralParser:
         self._held = ""
         self._in_calls = False
 
-    def feed(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
+    def feed(self, text: str, final: bool) -> list[str | ParsedCall]:
         self._held += text
         content = ""
         if not self._in_calls:
@@ -196,15 +193,15 @@ class MistralParser:
             if start < 0:
                 cut = len(self._held) - (0 if final else partial_suffix(self._held, self.TAG))
                 content, self._held = self._held[:cut], self._held[cut:]
-                return content, []
+                return [content] if content else []
             content, self._held, self._in_calls = self._held[:start], self._held[start:], True
         if not final:
-            return content, []
+            return [content] if content else []
         calls = _mistral_calls(self._held)
         if calls is None:
             content += self._held
         self._held = ""
-        return content, calls or []
+        return ([content] if content else []) + list(calls or [])
 
 
 TOOL_CALL_PARSERS: dict[str, type[ToolCallParser]] = {

@@ -131,12 +131,13 @@ def streamed(parser: str, pieces: list[str], parallel: bool = True) -> tuple[dic
     stream = AutoToolCalls(TOOL_CALL_PARSERS[parser], parallel).stream()
     content, calls, finish = "", [], None
     for i, piece in enumerate(pieces):
-        delta, finish = stream.delta(piece, "stop" if i == len(pieces) - 1 else None)
+        deltas, finish = stream.deltas(piece, "stop" if i == len(pieces) - 1 else None)
         assert finish is None or i == len(pieces) - 1
-        content += delta.get("content", "")
-        for call in delta.get("tool_calls", []):
-            assert call.pop("index") == len(calls)
-            calls.append(call)
+        for delta in deltas:
+            content += delta.get("content", "")
+            for call in delta.get("tool_calls", []):
+                assert call.pop("index") == len(calls)
+                calls.append(call)
     message = {"role": "assistant", "content": content or None} | ({"tool_calls": calls} if calls else {})
     return message, finish
 
@@ -158,12 +159,12 @@ def test_a_stream_cut_anywhere_joins_up_to_the_whole_reply(case, cuts, parallel)
 
 def test_words_go_out_as_they_come_and_a_call_once_it_is_whole():
     stream = AutoToolCalls(TOOL_CALL_PARSERS["hermes"]).stream()
-    assert stream.delta("Let me ", None) == ({"content": "Let me "}, None)
-    assert stream.delta("look.<tool", None) == ({"content": "look."}, None)  # '<tool' may open a block
-    assert stream.delta('_call>{"name": "time", ', None) == ({}, None)
-    delta, _ = stream.delta('"arguments": {}}</tool_call>', None)
+    assert stream.deltas("Let me ", None) == ([{"content": "Let me "}], None)
+    assert stream.deltas("look.<tool", None) == ([{"content": "look."}], None)  # '<tool' may open a block
+    assert stream.deltas('_call>{"name": "time", ', None) == ([], None)
+    (delta,), _ = stream.deltas('"arguments": {}}</tool_call>', None)
     assert [c["function"] for c in delta["tool_calls"]] == [{"name": "time", "arguments": "{}"}]
-    assert stream.delta("", "stop") == ({}, "tool_calls")
+    assert stream.deltas("", "stop") == ([], "tool_calls")
 
 
 def test_auto_tool_choice_without_a_parser_stops_the_server_before_it_loads_the_model():
@@ -200,3 +201,12 @@ def test_special_tokens_stay_in_the_text_when_asked_and_under_the_mistral_parser
             assert text("/v1/chat/completions", chat | {"tool_choice": "auto"}) == "<|pad|>" * 4
     finally:
         state.engine.shutdown()
+
+
+def test_a_piece_holding_words_and_a_call_keeps_them_in_the_order_written():
+    """A consumer that falls behind the engine gets its tokens merged into one piece: the call
+    and the words after it must still come out in that order (the Responses API's items do)."""
+    stream = AutoToolCalls(TOOL_CALL_PARSERS["hermes"]).stream()
+    deltas, finish = stream.deltas(f"Hi <tool_call>{TIME}</tool_call>\nDone.", "stop")
+    assert [list(delta) for delta in deltas] == [["content"], ["tool_calls"], ["content"]]
+    assert deltas[0]["content"] == "Hi " and deltas[2]["content"] == "\nDone." and finish == "tool_calls"
