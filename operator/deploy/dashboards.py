@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m llmfleet.operator.deploy.dashboards", description="Write the Grafana dashboards."
     )
-    default = Path(__file__).resolve().parents[1] / "charts" / "llm-fleet"
+    default = Path(__file__).resolve().parents[2] / "charts" / "llm-fleet"  # the repository root
     parser.add_argument("chart", nargs="?", type=Path, default=default, help="chart directory (default: %(default)s)")
     chart = parser.parse_args(argv).chart
     for relative, text in rendered().items():
