@@ -28,6 +28,7 @@ DEFAULT_MAX_BODY_MB = 4.0
 # A body past this is worked on one at a time: parsing and validating it hold the event loop (a
 # megabyte of token ids takes tens of ms), and each body's copies are megabytes
 LARGE_BODY_BYTES = 1 << 20
+OFF_LOOP_BYTES = 256 * 2**10  # bodies parsed off the event loop from this size
 _PARSED = "llmfleet.parsed_body"  # the scope key the parsed JSON body travels under
 _RELEASE = "llmfleet.release_large_body"  # and the large-body slot's release
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -89,7 +90,10 @@ class BodyGuardMiddleware:
         del chunks
         if body and _is_json(dict(scope["headers"]).get(b"content-type")):
             try:
-                scope[_PARSED] = json_depth.loads(body, self.max_depth)
+                if size < OFF_LOOP_BYTES:
+                    scope[_PARSED] = json_depth.loads(body, self.max_depth)
+                else:  # tens of ms per MiB: in a thread, so small requests get the loop meanwhile
+                    scope[_PARSED] = await asyncio.to_thread(json_depth.loads, body, self.max_depth)
             except json_depth.TooDeepError as exc:
                 log.warning("%s %s: refused a body nested too deep (%d bytes)", scope["method"], scope["path"], size)
                 await _answer(send, 400, error_body(f"invalid request: {exc}", "invalid_request_error", 400))
