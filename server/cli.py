@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from llmfleet.arguments import LOG_LEVELS, bind_problem, non_negative, port, positive
+from llmfleet.arguments import LOG_LEVELS, bind_problem, non_negative, port, port_or_off, positive, positive_int
 from llmfleet.server.engine_flags import add_engine_flags
 from llmfleet.server.http.body_guard import DEFAULT_MAX_BODY_MB
 from llmfleet.server.parsers.reasoning import REASONING_PARSERS
@@ -26,6 +26,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--role", default="colocated", choices=["colocated", "prefill", "decode", "router"])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port, default=8000)
+    parser.add_argument(
+        "--metrics-port",
+        type=port_or_off,
+        default=0,
+        help="also serve /metrics, /load, the probes and /version (only those) on this port; 0: none",
+    )
     parser.add_argument(
         "--served-model-name",
         nargs="+",
@@ -158,9 +164,13 @@ def run(args) -> int:
         print(f"llm-fleet serve: two models given: {args.model_tag} and --model {args.model}", file=sys.stderr)
         return 2
     args.model = args.model_tag or args.model or DEFAULT_MODEL
-    problem = bind_problem(args.host, args.port)
-    if problem:
-        print(f"llm-fleet serve: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
+    for listen in (args.port, args.metrics_port):
+        problem = listen and bind_problem(args.host, listen)
+        if problem:
+            print(f"llm-fleet serve: cannot listen on {args.host}:{listen}: {problem}", file=sys.stderr)
+            return 2
+    if args.metrics_port == args.port:
+        print("llm-fleet serve: --metrics-port must differ from --port", file=sys.stderr)
         return 2
     if args.role == "router":
         from llmfleet.server.router.serve import serve as serve_router

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
+from llmfleet.server.http.metrics_port import MetricsPortOnly
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.wire.keepalive import SERVER_KEEP_ALIVE_S
 from llmfleet.server.wire.parent import exit_with_parent
@@ -101,23 +102,27 @@ async def _hand_over_kv(state: ServerState, deadline: float) -> None:
 
 
 def run_app(app: FastAPI, state: ServerState, args, on_exit: Callable[[], None] | None = None) -> int:
-    """Serve ``app`` (``state``'s role) over HTTP until SIGTERM/SIGINT, then drain and return 0."""
+    """Serve ``app`` (``state``'s role) over HTTP until SIGTERM/SIGINT, then drain and return 0.
+    With ``args.metrics_port``, the read-only paths are served on that port too (metrics_port.py)."""
     exit_with_parent()
-    server = DrainingServer(
-        uvicorn.Config(
-            app,
+    metrics_port = getattr(args, "metrics_port", 0) or 0
+    served = MetricsPortOnly(app, metrics_port) if metrics_port else app
+
+    def config(port: int) -> uvicorn.Config:
+        return uvicorn.Config(
+            served,
             host=args.host,
-            port=args.port,
+            port=port,
             log_level=args.log_level.lower(),
             access_log=False,
             timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
             timeout_keep_alive=SERVER_KEEP_ALIVE_S,  # longer than our clients pool connections
-        ),
-        state,
-        args.drain_timeout,
-    )
+        )
+
+    server = DrainingServer(config(args.port), state, args.drain_timeout)
+    sockets = [server.config.bind_socket(), config(metrics_port).bind_socket()] if metrics_port else None
     try:
-        server.run()
+        server.run(sockets)
     finally:
         if on_exit is not None:
             on_exit()
