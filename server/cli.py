@@ -124,6 +124,7 @@ def add_arguments(parser) -> None:
         "headless Service), each at PORT",
     )
     router = parser.add_argument_group("router role (and the decode role's prefill servers)")
+    router.add_argument("--colocated-url", action="append", help="a colocated server (repeatable)")
     router.add_argument(
         "--prefill-url",
         action="append",
@@ -132,11 +133,34 @@ def add_arguments(parser) -> None:
     router.add_argument("--decode-url", action="append", help="a decode server (repeatable)")
     router.add_argument(
         "--endpoints-file",
-        help="YAML {prefill: [url], decode: [url]}, re-read when it changes (a decode server reads its prefill list)",
+        help="YAML {colocated: [url]} or {prefill: [url], decode: [url]}, re-read when it changes "
+        "(a decode server reads its prefill list)",
     )
+    router.add_argument(
+        "--router-mode",
+        choices=["colocated", "disaggregated"],
+        default="disaggregated",
+        help="which pools --endpoints-file names (the other flags say it themselves)",
+    )
+    router.add_argument("--colocated-service", help="Kubernetes Service of the colocated pods (EndpointSlices)")
     router.add_argument("--prefill-service", help="Kubernetes Service of the prefill pods (EndpointSlices)")
     router.add_argument("--decode-service", help="Kubernetes Service of the decode pods (EndpointSlices)")
     router.add_argument("--kube-api", help="Kubernetes API URL without credentials (default: in-cluster)")
+    router.add_argument(
+        "--hold-timeout",
+        type=non_negative,
+        default=0.0,
+        help="seconds a request waits for a server while its pool has none (scaled to zero, a rollout's gap); "
+        "0 (the default): a 503 at once",
+    )
+    router.add_argument(
+        "--max-held", type=positive_int, default=256, help="requests held at once; more get a 503 (default 256)"
+    )
+    router.add_argument(
+        "--wake-inference-service",
+        metavar="NAME",
+        help="ask for servers while holding by stamping llmfleet.io/wake-requested-at on this InferenceService",
+    )
     router.add_argument(
         "--router-policy",
         default="load",

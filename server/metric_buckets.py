@@ -106,6 +106,27 @@ BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # vLLM's: steps reach the budget
 BYTES_BUCKETS = [2**k for k in range(10, 34, 2)]
 N_BUCKETS = [1, 2, 5, 10, 20]  # vLLM's, for request_params_n
+# A pool's start from zero: a process on loopback takes seconds, a pod pulling an image and
+# loading a model minutes.
+COLD_START_BUCKETS = [
+    0.5,
+    1.0,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    45.0,
+    60.0,
+    90.0,
+    120.0,
+    180.0,
+    300.0,
+    600.0,
+]
 
 
 def length_buckets(max_model_len: int | None) -> list[float]:

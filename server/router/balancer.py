@@ -1,4 +1,4 @@
-"""Which prefill and which decode server takes the next request.
+"""Which server takes the next request: a colocated server, or a prefill and a decode server.
 
 The router keeps a table of the servers its endpoint source names, polls each one's ``/load``
 (waiting and running requests, KV usage) twice a second, and counts the requests it has itself
@@ -25,7 +25,7 @@ import httpx
 
 from llmfleet.server.router.load import Server
 from llmfleet.server.router.policies import POLICIES, PrefixAffinity
-from llmfleet.server.wire.endpoints import POOLS, EndpointSource
+from llmfleet.server.wire.endpoints import MODE_POOLS, EndpointSource
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +36,40 @@ DISCOVERY_INTERVAL_S = 1.0
 
 
 class Balancer:
-    def __init__(self, source: EndpointSource, policy: str, client: httpx.AsyncClient) -> None:
+    """``mode``: ``colocated`` (one pool, each request relayed to one server) or
+    ``disaggregated`` (a prefill and a decode pool)."""
+
+    def __init__(
+        self, source: EndpointSource, policy: str, client: httpx.AsyncClient, mode: str = "disaggregated"
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown router policy {policy!r}; known: {sorted(POLICIES)}")
         self.source = source
-        self.policies = {pool: POLICIES[policy]() for pool in POOLS}
+        self.mode = mode
+        self.pools = MODE_POOLS[mode]
+        self.policies = {pool: POLICIES[policy]() for pool in self.pools}
         self.reads_prefixes = any(isinstance(p, PrefixAffinity) for p in self.policies.values())
         self.client = client
-        self.servers: dict[str, dict[str, Server]] = {pool: {} for pool in POOLS}
+        self.servers: dict[str, dict[str, Server]] = {pool: {} for pool in self.pools}
         self._tasks: list[asyncio.Task] = []
         self._polls: set[asyncio.Task] = set()
 
+    @property
+    def serving_pool(self) -> str:
+        """The pool no request can be answered without: the colocated or the decode pool."""
+        return self.pools[-1]
+
     # --- choosing ------------------------------------------------------------------------------
+    def has_open(self, pool: str) -> bool:
+        """Some server of ``pool`` takes new requests (known and not draining)."""
+        return any(not s.draining for s in self.servers[pool].values())
+
     def not_ready(self) -> str | None:
-        """Why the router cannot serve now: it knows no decode server that takes requests."""
-        if any(not s.draining for s in self.servers["decode"].values()):
+        """Why the router cannot serve now: it knows no server of its serving pool that takes
+        requests. (A router that holds requests for an empty pool is ready regardless.)"""
+        if self.has_open(self.serving_pool):
             return None
-        return f"no decode server is ready yet (servers from {self.source.description})"
+        return f"no {self.serving_pool} server is ready yet (servers from {self.source.description})"
 
     def pick(
         self, pool: str, exclude: set[str] = frozenset(), prefixes: Sequence[int] = (), healthy_only: bool = False
@@ -103,7 +120,7 @@ class Balancer:
     async def refresh(self) -> None:
         """Apply the endpoint source's current lists (new servers in, departed ones out)."""
         endpoints = await self.source.fetch()
-        for pool in POOLS:
+        for pool in self.pools:
             urls = set(endpoints.get(pool, []))
             table = self.servers[pool]
             for url in urls - table.keys():

@@ -1,4 +1,8 @@
-"""One client request through the disaggregated fleet: prefill server, then decode server.
+"""One client request through the fleet: to a colocated server, or a prefill server, then a decode
+server.
+
+A colocated router relays the request to the server its policy picks and the answer back, with
+the retries below (a colocated server fails as a decode server does). A disaggregated one:
 
 1. A prefill server computes the prompt's KV (``kv_transfer_params.do_remote_decode``) and
    answers the ids it holds it under.
@@ -22,7 +26,8 @@ Faults, and what the client sees:
   409 from the decode server (the prefill server's KV does not fit it: another model or layout)
   is a deployment error: 502 with its message.
 
-The router never holds KV: it only passes ids.
+The router never holds KV: it only passes ids. A request that finds no server of the serving
+pool (the colocated or decode pool) at all waits for one first (hold.py).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from fastapi.responses import Response
 from llmfleet.server.http.errors import error_response
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
 from llmfleet.server.router.balancer import Balancer
+from llmfleet.server.router.hold import Holding, HoldSettings
 from llmfleet.server.router.load import Server
 from llmfleet.server.router.policies import prefix_hashes
 from llmfleet.server.router.router_metrics import RouterMetrics
@@ -96,12 +102,18 @@ class _Opened:
 
 class Proxy:
     def __init__(
-        self, balancer: Balancer, client: httpx.AsyncClient, metrics: RouterMetrics, settings: ProxySettings
+        self,
+        balancer: Balancer,
+        client: httpx.AsyncClient,
+        metrics: RouterMetrics,
+        settings: ProxySettings,
+        holding: Holding | None = None,
     ) -> None:
         self.balancer = balancer
         self.client = client
         self.metrics = metrics
         self.settings = settings
+        self.holding = holding or Holding(balancer, HoldSettings(), metrics)
 
     async def serve(self, path: str, body: dict, raw: Request) -> Response:
         started = time.monotonic()
@@ -122,20 +134,25 @@ class Proxy:
         # Transfer parameters are the router's to set: a client's would reach the decode server
         # whenever it prefills itself, and have it fetch "KV" from any URL the client names.
         body = {key: value for key, value in body.items() if key != "kv_transfer_params"}
-        tried = {"prefill": set(), "decode": set()}
+        serving = self.balancer.serving_pool
+        refused = await self.holding.wait(serving)  # a pool with no server: wait for its first
+        if refused is not None:
+            return refused
+        tried: dict[str, set[str]] = {pool: set() for pool in self.balancer.pools}
         last: ServerFailed | None = None
         prefixes = prefix_hashes(body) if self.balancer.reads_prefixes else []  # only a prefix policy reads them
         for attempt in range(self.settings.attempts):
-            decode = await self.balancer.pick_or_rediscover("decode", tried["decode"], prefixes)
+            decode = await self.balancer.pick_or_rediscover(serving, tried[serving], prefixes)
             if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
                 break
             prefill = None
             try:
-                decode.hold(+1)  # from the pick: a burst spreads before its prefills return
-                try:
-                    prefill = await self._prefill(path, body, tried, prefixes)
-                finally:
-                    decode.hold(-1)  # _decode takes it over, with no await in between
+                if "prefill" in tried:
+                    decode.hold(+1)  # from the pick: a burst spreads before its prefills return
+                    try:
+                        prefill = await self._prefill(path, body, tried, prefixes)
+                    finally:
+                        decode.hold(-1)  # _decode takes it over, with no await in between
                 params = None if prefill is None else prefill[0]
                 try:
                     return await self._decode(decode, path, body, params, stream, started)
@@ -152,7 +169,7 @@ class Proxy:
             except Answered as answer:
                 return answer.response
         if last is None:
-            return error_response(503, "no decode server is available; retry later", "unavailable")
+            return error_response(503, f"no {serving} server is available; retry later", "unavailable")
         status = last.status if last.status in (429, 503) else 502
         made = attempt + (decode is not None)  # the last round may have found no server to try
         message = f"no server could take the request after {made} attempt{'s' * (made > 1)}; last: {last.message}"
@@ -235,7 +252,7 @@ class Proxy:
             server.assigned -= 1
             if response is not None:
                 await response.aclose()
-            raise ServerFailed(server, f"decode server {server.url}: {exc!r}") from exc
+            raise ServerFailed(server, f"{server.pool} server {server.url}: {exc!r}") from exc
         except BaseException:
             server.assigned -= 1
             if response is not None:
@@ -287,8 +304,8 @@ class _Relay:
                 raise httpx.RemoteProtocolError("the stream ended without [DONE]")
         except httpx.HTTPError as exc:
             self.metrics.lab(self.metrics.broken_streams).inc()
-            log.warning("decode server %s failed mid-stream: %r", opened.server.url, exc)
-            message = f"the decode server failed mid-stream ({exc!r}); the answer is incomplete"
+            log.warning("%s server %s failed mid-stream: %r", opened.server.pool, opened.server.url, exc)
+            message = f"the {opened.server.pool} server failed mid-stream ({exc!r}); the answer is incomplete"
             yield broken_stream_end(message)
             meter.finish_reason = meter.finish_reason or "abort"
 

@@ -1,7 +1,8 @@
-"""The router's HTTP endpoints: the OpenAI generation endpoints (relayed through a prefill and a
-decode server; ``/v1/responses`` as a chat completion), ``/tokenize`` and ``/detokenize`` as a
-decode server answers them, ``/v1/models`` as the decode servers describe the model, and ``/load``
-with the router's view of every server."""
+"""The router's HTTP endpoints: the OpenAI generation endpoints (relayed to a colocated server, or
+through a prefill and a decode server; ``/v1/responses`` as a chat completion), ``/tokenize`` and
+``/detokenize`` as a server of the serving pool (colocated or decode) answers them, ``/v1/models``
+as those servers describe the model, and ``/load`` with the router's view of every server and the
+requests it holds."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         try:
             yield
         finally:
+            await proxy.holding.stop()
             await balancer.stop()
             await proxy.client.aclose()
 
@@ -82,22 +84,27 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
             if servers_names and model not in servers_names:
                 body["model"] = servers_names[0]
 
-    async def ask_a_decode_server(path: str, raw: Request) -> JSONResponse:
-        """One plain call answered by any decode server (they all hold the model's tokenizer)."""
+    async def ask_a_server(path: str, raw: Request) -> JSONResponse:
+        """One plain call answered by any server of the serving pool (they all hold the model's
+        tokenizer)."""
         body = await json_body(raw)
+        pool = balancer.serving_pool
+        refused = await proxy.holding.wait(pool)
+        if refused is not None:
+            return refused
         await in_the_servers_name(body)
-        server = balancer.pick("decode")
+        server = balancer.pick(pool)
         if server is None:
-            raise APIError(503, "no decode server is ready", "unavailable")
+            raise APIError(503, f"no {pool} server is ready", "unavailable")
         try:
             response = await proxy.client.post(f"{server.url}{path}", **json_request(body), timeout=10.0)
             return JSONResponse(response.json(), response.status_code)
         except (httpx.HTTPError, ValueError) as exc:
-            raise APIError(502, f"decode server {server.url} failed: {exc}", "bad_gateway") from exc
+            raise APIError(502, f"{pool} server {server.url} failed: {exc}", "bad_gateway") from exc
 
     @app.post("/v1/completions", responses=RELAYED_GENERATION)
     async def completions(raw: Request):
-        """As a colocated server's: the request goes through a prefill and a decode server."""
+        """As a colocated server's: relayed to a colocated server, or through a prefill and a decode server."""
         return await relay("/v1/completions", raw)
 
     @app.post("/v1/chat/completions", responses=RELAYED_GENERATION)
@@ -131,26 +138,28 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
 
     @app.post("/tokenize", responses={**RELAYED, **TOKENIZE_RESPONSES}, operation_id="tokenize")
     async def tokenize(raw: Request):
-        return await ask_a_decode_server("/tokenize", raw)
+        return await ask_a_server("/tokenize", raw)
 
     @app.post("/detokenize", responses=RELAYED, operation_id="detokenize")
     async def detokenize(raw: Request):
-        return await ask_a_decode_server("/detokenize", raw)
+        return await ask_a_server("/detokenize", raw)
 
     @app.get("/v1/models")
     async def models():
         await _describe_servers()
         return state.model_list(state.max_model_len or None)
 
-    servers_names: list[str] = []  # what the decode servers call the model
+    servers_names: list[str] = []  # what the servers call the model
 
     async def _describe_servers() -> None:
-        """The model as the decode servers serve it (they run every token): its context length, and
-        its names, which the router's own (--served-model-name) may differ from; asked until one
-        answers."""
+        """The model as the serving pool's servers serve it (they run every token): its context
+        length, and its names, which the router's own (--served-model-name) may differ from; asked
+        until one answers."""
         if servers_names:
             return
-        server = balancer.any_server("decode")  # not the policy's pick: that would take a turn of round-robin
+        server = balancer.any_server(
+            balancer.serving_pool
+        )  # not the policy's pick: that would take a turn of round-robin
         if server is None:
             return
         try:
@@ -162,7 +171,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
             return
         if state.model_name not in servers_names:
             log.warning(
-                "the decode servers serve %s, not %s: requests for the router's names are sent under %r",
+                "the servers serve %s, not %s: requests for the router's names are sent under %r",
                 servers_names,
                 state.model_name,
                 servers_names[0],
@@ -170,8 +179,17 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
 
     @app.get("/load")
     async def load():
-        """The router's own in-flight requests and its view of every server."""
-        return {"role": "router", "in_flight": state.in_flight, "servers": balancer.snapshot()}
+        """The router's own in-flight requests, those of them held for a pool with no server, the
+        last cold start they waited through, and its view of every server."""
+        return {
+            "role": "router",
+            "mode": balancer.mode,
+            "in_flight": state.in_flight,
+            "held": proxy.holding.held,
+            "last_cold_start_s": proxy.holding.last_cold_start_s,
+            "draining": state.draining,
+            "servers": balancer.snapshot(),
+        }
 
     install_stored_routes(app)
     _document_bodies(app)

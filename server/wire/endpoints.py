@@ -1,9 +1,9 @@
-"""Where the router finds the prefill and decode servers: a static list, a file the local fleet
-keeps current, or the EndpointSlices of the pools' Services in Kubernetes; and where a decode
-server finds the prefill servers it may fetch KV from: the same, or the addresses of the prefill
-pool's headless Service in DNS. Each source answers
-``await source.fetch() -> {"prefill": [url, ...], "decode": [url, ...]}``; the router polls it.
-Every URL is written as ``url()`` writes it, so that one source's URL equals another's."""
+"""Where the router finds its servers: a static list, a file the local fleet keeps current, or
+the EndpointSlices of the pools' Services in Kubernetes; and where a decode server finds the
+prefill servers it may fetch KV from: the same, or the addresses of the prefill pool's headless
+Service in DNS. Each source answers ``await source.fetch() -> {pool: [url, ...]}`` for the pools
+of its mode (``colocated``, or ``prefill`` and ``decode``); the router polls it. Every URL is
+written as ``url()`` writes it, so that one source's URL equals another's."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ import yaml
 
 log = logging.getLogger(__name__)
 
-POOLS = ("prefill", "decode")
+POOLS = ("colocated", "prefill", "decode")
+# The pools a router of each mode relays to; the last one is the pool it cannot serve without.
+MODE_POOLS = {"colocated": ("colocated",), "disaggregated": ("prefill", "decode")}
 Endpoints = dict[str, list[str]]
 
 
@@ -31,17 +33,22 @@ class EndpointSource(Protocol):
 
 
 class StaticEndpoints:
-    def __init__(self, prefill: list[str], decode: list[str]) -> None:
-        self.endpoints = {"prefill": [_url(u) for u in prefill], "decode": [_url(u) for u in decode]}
-        self.description = f"static: {len(prefill)} prefill, {len(decode)} decode"
+    def __init__(self, prefill: list[str], decode: list[str], colocated: list[str] = ()) -> None:
+        self.endpoints = {
+            "colocated": [_url(u) for u in colocated],
+            "prefill": [_url(u) for u in prefill],
+            "decode": [_url(u) for u in decode],
+        }
+        counts = ", ".join(f"{len(urls)} {pool}" for pool, urls in self.endpoints.items() if urls)
+        self.description = f"static: {counts or 'no servers'}"
 
     async def fetch(self) -> Endpoints:
         return self.endpoints
 
 
 class EndpointsFile:
-    """A YAML mapping ``{prefill: [url, ...], decode: [url, ...]}``, re-read when it changes (the
-    local fleet rewrites it atomically as servers become ready or drain)."""
+    """A YAML mapping ``{pool: [url, ...]}`` (``colocated``, or ``prefill`` and ``decode``), re-read
+    when it changes (the local fleet rewrites it atomically as servers become ready or drain)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -83,22 +90,8 @@ class EndpointSlices:
 
     @classmethod
     def in_cluster(cls, services: dict[str, str], api_url: str | None = None) -> EndpointSlices:
-        """From inside a pod: the API server, token, CA and namespace of the service account.
-        ``api_url`` (tests, ``kubectl proxy``) talks to that URL without credentials."""
-        if api_url is not None:
-            namespace = os.environ.get("POD_NAMESPACE", "default")
-            return cls(services, namespace, httpx.AsyncClient(base_url=api_url, timeout=5.0))
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host or not (SERVICE_ACCOUNT / "token").exists():
-            raise SystemExit("--prefill-service/--decode-service need a pod's service account (or --kube-api URL)")
-        namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
-        token = (SERVICE_ACCOUNT / "token").read_text().strip()
-        client = httpx.AsyncClient(
-            base_url=f"https://{host}:{port}",
-            verify=str(SERVICE_ACCOUNT / "ca.crt"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=5.0,
-        )
+        """From inside a pod (see ``kube_api``)."""
+        client, namespace = kube_api(api_url)
         return cls(services, namespace, client)
 
     async def fetch(self) -> Endpoints:
@@ -115,6 +108,26 @@ class EndpointSlices:
                 found[pool] = self._last.get(pool, [])
         self._last = found
         return found
+
+
+def kube_api(api_url: str | None = None) -> tuple[httpx.AsyncClient, str]:
+    """A client of the Kubernetes API and the pod's namespace: from inside a pod, the API server,
+    token, CA and namespace of its service account; with ``api_url`` (tests, ``kubectl proxy``),
+    that URL without credentials and ``$POD_NAMESPACE``."""
+    if api_url is not None:
+        return httpx.AsyncClient(base_url=api_url, timeout=5.0), os.environ.get("POD_NAMESPACE", "default")
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host or not (SERVICE_ACCOUNT / "token").exists():
+        raise SystemExit("--*-service and --wake-inference-service need a pod's service account (or --kube-api URL)")
+    namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
+    token = (SERVICE_ACCOUNT / "token").read_text().strip()
+    client = httpx.AsyncClient(
+        base_url=f"https://{host}:{port}",
+        verify=str(SERVICE_ACCOUNT / "ca.crt"),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5.0,
+    )
+    return client, namespace
 
 
 def ready_urls(slices: list[dict], port_name: str = "http") -> list[str]:

@@ -58,9 +58,10 @@ def test_endpoint_slices_are_listed_per_service_and_kept_on_errors():
 def test_the_endpoints_file_is_reread_when_it_changes(tmp_path):
     path = tmp_path / "endpoints.yaml"
     source = EndpointsFile(path)
-    assert asyncio.run(source.fetch()) == {"prefill": [], "decode": []}  # not written yet
+    assert asyncio.run(source.fetch()) == {"colocated": [], "prefill": [], "decode": []}  # not written yet
     path.write_text("prefill: ['127.0.0.1:1']\ndecode: ['http://127.0.0.1:2/']\n")
-    assert asyncio.run(source.fetch()) == {"prefill": ["http://127.0.0.1:1"], "decode": ["http://127.0.0.1:2"]}
+    want = {"colocated": [], "prefill": ["http://127.0.0.1:1"], "decode": ["http://127.0.0.1:2"]}
+    assert asyncio.run(source.fetch()) == want
     path.write_text("prefill: [unclosed")
     assert asyncio.run(source.fetch())["decode"] == ["http://127.0.0.1:2"]  # unreadable: the last good list
 
