@@ -157,9 +157,10 @@ def add_arguments(parser) -> None:
         "--max-held", type=positive_int, default=256, help="requests held at once; more get a 503 (default 256)"
     )
     router.add_argument(
-        "--wake-inference-service",
+        "--wake-config-map",
         metavar="NAME",
-        help="ask for servers while holding by stamping llmfleet.io/wake-requested-at on this InferenceService",
+        help="ask for servers while holding by stamping llmfleet.io/wake-requested-at on this ConfigMap "
+        "(the operator's wake request)",
     )
     router.add_argument(
         "--router-policy",

@@ -15,7 +15,7 @@ from llmfleet.server.router.hold import Holding, HoldSettings
 from llmfleet.server.router.proxy import Proxy, ProxySettings
 from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.routes import install
-from llmfleet.server.router.wake import InferenceServiceWaker, NoWaker, Waker
+from llmfleet.server.router.wake import ConfigMapWaker, NoWaker, Waker
 from llmfleet.server.wire.auth import KV_TOKEN_ENV, fleet_headers, kv_token_from_env
 from llmfleet.server.wire.endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints, kube_api
 from llmfleet.server.wire.keepalive import pooled
@@ -54,10 +54,10 @@ def endpoint_source(args) -> EndpointSource:
 
 
 def waker(args) -> Waker:
-    if not args.wake_inference_service:
+    if not args.wake_config_map:
         return NoWaker()
     api, namespace = kube_api(args.kube_api)
-    return InferenceServiceWaker(api, namespace, args.wake_inference_service)
+    return ConfigMapWaker(api, namespace, args.wake_config_map)
 
 
 def serve(args) -> int:

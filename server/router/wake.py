@@ -1,7 +1,8 @@
 """How a router asks for servers when its serving pool has none (scaled to zero): in a cluster it
-stamps the wake annotation on its InferenceService (its Role may get and patch that one object,
-nothing else), which the operator answers at once; elsewhere nobody needs asking (the local fleet
-reads the router's held requests from its ``/load``)."""
+stamps the wake annotation on its fleet's wake ConfigMap (its Role may get and patch that one
+object: not the InferenceService, whose spec says what pods run), which the operator answers at
+once; elsewhere nobody needs asking (the local fleet reads the router's held requests from its
+``/load``)."""
 
 from __future__ import annotations
 
@@ -32,13 +33,13 @@ class NoWaker:
         return None
 
 
-class InferenceServiceWaker:
-    """A merge patch of the wake annotation on ``inferenceservices/<name>``."""
+class ConfigMapWaker:
+    """A merge patch of the wake annotation on ``configmaps/<name>``."""
 
     def __init__(self, api: httpx.AsyncClient, namespace: str, name: str) -> None:
         self.api = api
-        self.path = f"/apis/llmfleet.io/v1alpha1/namespaces/{namespace}/inferenceservices/{name}"
-        self.description = f"the {WAKE_ANNOTATION} annotation of InferenceService {namespace}/{name}"
+        self.path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+        self.description = f"the {WAKE_ANNOTATION} annotation of ConfigMap {namespace}/{name}"
 
     async def wake(self) -> None:
         patch = {"metadata": {"annotations": {WAKE_ANNOTATION: wake_stamp()}}}

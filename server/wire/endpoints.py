@@ -118,7 +118,7 @@ def kube_api(api_url: str | None = None) -> tuple[httpx.AsyncClient, str]:
         return httpx.AsyncClient(base_url=api_url, timeout=5.0), os.environ.get("POD_NAMESPACE", "default")
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host or not (SERVICE_ACCOUNT / "token").exists():
-        raise SystemExit("--*-service and --wake-inference-service need a pod's service account (or --kube-api URL)")
+        raise SystemExit("--*-service and --wake-config-map need a pod's service account (or --kube-api URL)")
     namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
     token = (SERVICE_ACCOUNT / "token").read_text().strip()
     client = httpx.AsyncClient(

@@ -1,6 +1,6 @@
-"""Asking for servers when a pool has none: the one annotation a router writes on its
-InferenceService and the operator answers by scaling the pools at zero back to one at once, not
-at the tuner's next run. The value is the time of the request (RFC 3339, UTC, milliseconds), so
+"""Asking for servers when a pool has none: the one annotation a router writes on its fleet's
+wake ConfigMap and the operator answers by scaling the pools at zero back to one at once, not at
+the tuner's next run. The value is the time of the request (RFC 3339, UTC, milliseconds), so
 each request is a change the operator's watch sees."""
 
 from __future__ import annotations

@@ -134,8 +134,8 @@ async def test_a_client_that_leaves_while_held_is_no_longer_counted():
     assert proxy.holding.last_cold_start_s is None and proxy.holding._watch is None
 
 
-async def test_the_wake_annotation_is_a_merge_patch_of_the_inference_service():
-    from llmfleet.server.router.wake import InferenceServiceWaker
+async def test_the_wake_annotation_is_a_merge_patch_of_the_wake_config_map():
+    from llmfleet.server.router.wake import ConfigMapWaker
     from llmfleet.server.wire.wake import WAKE_ANNOTATION, parse_wake_stamp
 
     seen = []
@@ -145,11 +145,11 @@ async def test_the_wake_annotation_is_a_merge_patch_of_the_inference_service():
         return httpx.Response(200, json={})
 
     api = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="https://api")
-    await InferenceServiceWaker(api, "ml", "chat").wake()
+    await ConfigMapWaker(api, "ml", "chat-wake").wake()
     ((method, path, kind, body),) = seen
     assert (method, path, kind) == (
         "PATCH",
-        "/apis/llmfleet.io/v1alpha1/namespaces/ml/inferenceservices/chat",
+        "/api/v1/namespaces/ml/configmaps/chat-wake",
         "application/merge-patch+json",
     )
     assert parse_wake_stamp(body["metadata"]["annotations"][WAKE_ANNOTATION]) is not None
