@@ -63,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="label on the PodMonitors it creates, the one your Prometheus selects them by "
         "(kube-prometheus-stack: release=<its release name>); repeatable",
     )
+    parser.add_argument(
+        "--metrics-namespace-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the servers' metrics port takes scrapes only from pods of namespaces with these labels "
+        "(their NetworkPolicies; where Prometheus and this operator run); repeatable; none: every namespace",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
 
@@ -72,12 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     from llmfleet.operator import handlers  # noqa: F401  (registers the handlers with kopf)
 
-    labels = {}
-    for item in args.pod_monitor_label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--pod-monitor-label wants KEY=VALUE, got {item!r}")
-        labels[key] = value
+    labels = key_values("--pod-monitor-label", args.pod_monitor_label)
+    peers = key_values("--metrics-namespace-label", args.metrics_namespace_label)
     busy = args.metrics_port and bind_problem("0.0.0.0", args.metrics_port)  # where the metrics server listens
     if busy:  # kopf would retry the startup that binds it every minute, for ever
         raise SystemExit(f"llm-fleet operator: cannot serve metrics on --metrics-port {args.metrics_port}: {busy}")
@@ -92,9 +96,25 @@ def run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         priority=args.priority if args.priority is not None else default_priority(),
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(prometheus_url=args.prometheus_url, metrics_port=args.metrics_port, pod_monitor_labels=labels),
+        memo=kopf.Memo(
+            prometheus_url=args.prometheus_url,
+            metrics_port=args.metrics_port,
+            pod_monitor_labels=labels,
+            metrics_peers=peers,
+        ),
     )
     return 0
+
+
+def key_values(flag: str, items: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` flags as a mapping; a malformed one stops the operator with one line."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{flag} wants KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
 
 
 def credentials_problem() -> str | None:

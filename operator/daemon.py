@@ -24,7 +24,7 @@ from llmfleet.operator.metrics.source import MetricSource, PoolRef
 from llmfleet.operator.reconcile import status as st
 from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, POD, KubeClient
 from llmfleet.operator.reconcile.converge import owner_of, tuner_state
-from llmfleet.operator.reconcile.desired import SERVER_PORT, selector
+from llmfleet.operator.reconcile.desired import METRICS_PORT, selector
 from llmfleet.operator.reconcile.scaledown import rank_pods_for_scale_down
 from llmfleet.operator.resource.conditions import TUNER_ACTIVE, Condition, condition_of, merge_conditions
 from llmfleet.operator.resource.spec import InferenceServiceSpec
@@ -113,7 +113,7 @@ async def _refresh_targets(client: KubeClient, targets: _PodTargets, body: dict,
             status = pod.get("status") or {}
             ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
             if ready and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
-                urls.append(f"http://{status['podIP']}:{SERVER_PORT}/metrics")
+                urls.append(f"http://{status['podIP']}:{METRICS_PORT}/metrics")
         targets.urls[PoolRef(owner.namespace, owner.name, pool)] = urls
 
 
@@ -181,7 +181,7 @@ async def _in_flight(pod: dict[str, Any]) -> float | None:
         return None
     try:
         async with httpx.AsyncClient(timeout=1.0) as http:
-            load = (await http.get(f"http://{ip}:{SERVER_PORT}/load")).json()
+            load = (await http.get(f"http://{ip}:{METRICS_PORT}/load")).json()
         return float(load["running"]) + float(load["waiting"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None

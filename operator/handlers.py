@@ -2,8 +2,9 @@
 InferenceService, serialized per object.
 
 Triggers: create, update and resume (operator start) of an InferenceService; a periodic resync
-timer that repairs drift (e.g. a deleted Service); and changes of the Deployments it owns, so
-status follows readiness and a deleted Deployment comes back. Deletion needs no handler: every
+timer that repairs drift (e.g. a deleted Service); changes of the Deployments it owns, so status
+follows readiness and a deleted Deployment comes back; and a router's wake request (its fleet's
+wake ConfigMap stamped), which brings pools at zero back at once. Deletion needs no handler: every
 child carries an owner reference and the garbage collector removes it. (kopf adds its finalizer
 only because timers need one; it removes it itself when the object goes.)
 
@@ -41,9 +42,11 @@ from llmfleet.operator.reconcile.cluster import (
     load_configuration,
 )
 from llmfleet.operator.reconcile.converge import Outcome, converge
-from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL
+from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, POOL_LABEL
+from llmfleet.operator.reconcile.wake import wake_patch
 from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, parse_spec
 from llmfleet.operator.tuner.run import InvalidLimits
+from llmfleet.server.wire.wake import WAKE_ANNOTATION
 
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
 RESYNC_ENV = "LLMFLEET_OPERATOR_RESYNC_SECONDS"
@@ -73,6 +76,7 @@ class OperatorState:
     client: KubeClient
     prometheus_url: str | None = None
     pod_monitor_labels: dict[str, str] = field(default_factory=dict)
+    metrics_peers: dict[str, str] = field(default_factory=dict)  # namespace labels that may scrape the servers
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     tuner_sessions: dict[tuple[str, str], Any] = field(default_factory=dict)  # metric sources kept between runs
     _pod_monitor: tuple[float, bool] | None = None
@@ -143,8 +147,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     configure(settings)
     url = memo.get("prometheus_url") or os.environ.get("LLMFLEET_PROMETHEUS_URL") or None
     labels = dict(memo.get("pod_monitor_labels") or {})
+    peers = dict(memo.get("metrics_peers") or {})
     client = await asyncio.to_thread(KubeClient.from_environment)  # reads files, may run a kubeconfig's exec plugin
-    memo.llmfleet = OperatorState(client, url, pod_monitor_labels=labels)
+    memo.llmfleet = OperatorState(client, url, pod_monitor_labels=labels, metrics_peers=peers)
     if memo.get("metrics_port"):
         from prometheus_client import start_http_server
 
@@ -174,7 +179,13 @@ async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: loggin
             if raw is None or raw["metadata"].get("deletionTimestamp"):
                 return Outcome()
             served = await state.pod_monitor_served()
-            outcome = await converge(state.client, raw, pod_monitor=served, pod_monitor_labels=state.pod_monitor_labels)
+            outcome = await converge(
+                state.client,
+                raw,
+                pod_monitor=served,
+                pod_monitor_labels=state.pod_monitor_labels,
+                metrics_peers=state.metrics_peers,
+            )
         except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
             raise kopf.TemporaryError(f"API server: {exc}", delay=5) from exc
     for event in outcome.events:
@@ -277,10 +288,9 @@ async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger)
         await reconcile_now(raw, memo, logger)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY})
-async def deployment_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Readiness changed, or the Deployment was deleted: re-run the owner's pass."""
-    owner_name = next(
+def _owner_name(body: kopf.Body) -> str | None:
+    """The InferenceService that controls a child, by its owner reference."""
+    return next(
         (
             ref["name"]
             for ref in body.metadata.get("ownerReferences") or []
@@ -288,6 +298,54 @@ async def deployment_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.L
         ),
         None,
     )
+
+
+@kopf.on.event(
+    "",
+    "v1",
+    "configmaps",
+    labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: "router"},
+    annotations={WAKE_ANNOTATION: kopf.PRESENT},
+)
+async def wake_requested(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """A router holds requests for a pool with no server: bring the pools at zero back now."""
+    owner_name = _owner_name(body)
+    if owner_name is None or body.metadata.namespace is None or body.get("type") == "DELETED":
+        return
+    stamp = body.metadata.annotations[WAKE_ANNOTATION]
+    await wake_now(body.metadata.namespace, owner_name, stamp, memo, logger)
+
+
+async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logger: logging.Logger) -> None:
+    """The pools at zero go to their floor in ``status.tuner`` (under the object's lock, as the
+    tuner writes it), then the pass that scales their Deployments."""
+    state: OperatorState = memo.llmfleet
+    async with state.lock(namespace, name):
+        try:
+            fresh = await state.client.get(INFERENCE_SERVICE, namespace, name)
+            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                return
+            try:
+                spec = parse_spec(dict(fresh.get("spec") or {}))
+            except SpecError:
+                return
+            patch = wake_patch(spec, fresh.get("status") or {}, stamp)
+            if patch is None:
+                return
+            version = fresh["metadata"].get("resourceVersion")
+            await state.client.patch_status(INFERENCE_SERVICE, namespace, name, patch, resource_version=version)
+        except ApiError as exc:  # a conflict with another writer, throttling: kopf retries soon
+            raise kopf.TemporaryError(f"API server: {exc}", delay=1) from exc
+    woken = ", ".join(f"{pool} 0 -> {n}" for pool, n in patch["tuner"]["replicas"].items())
+    logger.info(f"woken by a router holding requests (requested {stamp}): {woken}")
+    kopf.event(fresh, type="Normal", reason="Woken", message=f"a router holds requests: {woken}")
+    await reconcile_now(fresh, memo, logger)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY})
+async def deployment_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Readiness changed, or the Deployment was deleted: re-run the owner's pass."""
+    owner_name = _owner_name(body)
     if owner_name is None or body.metadata.namespace is None:
         return
     # the pass reads the owner itself, and does nothing for one that is gone or going away

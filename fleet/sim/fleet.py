@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmfleet.operator.metrics.source import PoolRef
-from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import effective_engine, effective_replicas
 from llmfleet.operator.tuner.law import KNOB_FIELDS
@@ -55,7 +54,7 @@ class SimOptions:
     scrape_interval_s: float = 1.0
     kv_transfer_latency_s: float = 0.002  # per request, prefill -> decode
     kv_transfer_bytes_per_s: float = 1.25e9  # 10 Gbit/s between pods
-    drain_timeout_s: float = float(DRAIN_SECONDS)  # `serve --drain-timeout`, as the operator renders it
+    drain_timeout_s: float | None = None  # `serve --drain-timeout`; None: the pool's, as the operator renders it
     tail_s: float = 600.0  # after the last arrival, how long requests may still finish
     initial_pods_ready: bool = True  # the fleet starts warm: its first pods are up at t=0
 
@@ -279,7 +278,7 @@ class Fleet:
             return
         pod.abort_all()
         pod.take_outputs()  # the step in flight dies with the pod: its tokens never reach anyone
-        why = f"{pod.name} killed at the end of its {self.options.drain_timeout_s:g} s drain"
+        why = f"{pod.name} killed at the end of its {self.drain_s(pod.pool):g} s drain"
         for key in [k for k in self._live if k[0] == pod.name]:
             self._close(self._live.pop(key), "aborted", why)
         self._stop(pod)
@@ -419,9 +418,14 @@ class Fleet:
             excess -= 1
         ranked = sorted(pool.with_state(PodState.READY), key=lambda p: (p.in_flight, -p.created_at))
         for pod in ranked[:excess]:
-            pod.drain(self.now, self.options.drain_timeout_s)
-            self._push(self.now + self.options.drain_timeout_s, "drain_deadline", pod)
+            pod.drain(self.now, self.drain_s(pool_name))
+            self._push(self.now + self.drain_s(pool_name), "drain_deadline", pod)
             self._kick(pod)
+
+    def drain_s(self, pool: str) -> float:
+        """How long a draining pod of ``pool`` may finish its requests: the option, else the spec's."""
+        given = self.options.drain_timeout_s
+        return float(self.spec.drain_seconds(pool)) if given is None else given
 
     def set_engine(self, pool_name: str, config: EngineConfig) -> None:
         """New live knobs for the pool: every pod applies them at its next step (as from the ConfigMap)."""

@@ -29,13 +29,17 @@ RBAC_RULES: list[dict[str, Any]] = [
     # The children (reconcile/apply.py): one labelled list per kind, get for a desired name missing from
     # the list, server-side apply (patch; create when the object is new), delete when no longer
     # desired. kopf also watches Deployments: readiness and deletions re-run the owner's pass.
-    _rule("", ["configmaps", "services"], CHILD_VERBS),
+    # kopf also watches the wake ConfigMaps a router stamps when it holds requests for a pool at zero.
+    _rule("", ["configmaps"], [*CHILD_VERBS, "watch"]),
+    _rule("", ["services"], CHILD_VERBS),
     _rule("apps", ["deployments"], [*CHILD_VERBS, "watch"]),
+    _rule("networking.k8s.io", ["networkpolicies"], CHILD_VERBS),
     _rule("policy", ["poddisruptionbudgets"], CHILD_VERBS),
     _rule("monitoring.coreos.com", ["podmonitors"], CHILD_VERBS),
-    # A disaggregated fleet's router reads the pools' EndpointSlices with its own account: the
-    # operator creates the account, a Role and its binding, and must itself hold what the Role
-    # grants (RBAC refuses to create a Role granting more than its creator has).
+    # Every fleet's router reads the pools' EndpointSlices and stamps its wake ConfigMap (get, patch)
+    # with its own account: the operator creates the account, a Role and its binding, and must
+    # itself hold what the Role grants (RBAC refuses to create a Role granting more than its
+    # creator has).
     _rule("", ["serviceaccounts"], CHILD_VERBS),
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], CHILD_VERBS),
     _rule("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"]),

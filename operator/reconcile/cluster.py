@@ -83,6 +83,7 @@ SERVICE_ACCOUNT = ResourceKind("", "v1", "serviceaccounts", "ServiceAccount")
 ROLE = ResourceKind("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDING = ResourceKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 SECRET = ResourceKind("", "v1", "secrets", "Secret")  # created, never read (kv_secret.py)
+NETWORK_POLICY = ResourceKind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 
 # Every kind reconcile.desired_objects() may return, in apply order (config and the router's
 # account before their readers).
@@ -91,6 +92,7 @@ CHILD_KINDS: tuple[ResourceKind, ...] = (
     ROLE,
     ROLE_BINDING,
     CONFIG_MAP,
+    NETWORK_POLICY,  # before the pods it guards
     SERVICE,
     DEPLOYMENT,
     POD_DISRUPTION_BUDGET,

@@ -26,6 +26,7 @@ from llmfleet.operator.reconcile.desired import (
 from llmfleet.operator.reconcile.handover import Handover, pending_handover
 from llmfleet.operator.reconcile.kv_secret import ensure_kv_secret
 from llmfleet.operator.reconcile.pod_trouble import PodTrouble, pod_trouble
+from llmfleet.operator.reconcile.wake import cold_starts, wakes_from_zero
 from llmfleet.operator.resource.conditions import (
     DEGRADED,
     PROGRESSING,
@@ -67,7 +68,12 @@ def tuner_state(spec: InferenceServiceSpec, status: dict[str, Any]) -> TunerStat
 
 
 async def converge(
-    client: KubeClient, body: dict[str, Any], *, pod_monitor: bool, pod_monitor_labels: dict[str, str] | None = None
+    client: KubeClient,
+    body: dict[str, Any],
+    *,
+    pod_monitor: bool,
+    pod_monitor_labels: dict[str, str] | None = None,
+    metrics_peers: dict[str, str] | None = None,
 ) -> Outcome:
     owner = owner_of(body)
     status = body.get("status") or {}
@@ -92,7 +98,9 @@ async def converge(
             pod_monitor=pod_monitor,
             pod_monitor_labels=pod_monitor_labels,
             serving=handover.serving if handover else None,
+            router_mode=handover.router_mode if handover else None,
             scaled=_replicas(live),
+            metrics_peers=metrics_peers,
         )
         secret = await ensure_kv_secret(client, owner, spec)  # before the pods that read it
         applied = await apply_all(client, owner.namespace, owner.uid, live, objects, prune=handover is None)
@@ -108,7 +116,11 @@ async def converge(
     pools = _pool_states(owner, spec, applied)
     trouble = await _pods_trouble(client, owner, pools)
     serving = st.serving_conditions(
-        pools, applied.summary() if applied.changed else None, trouble, handover.message if handover else None
+        pools,
+        applied.summary() if applied.changed else None,
+        trouble,
+        handover.message if handover else None,
+        wakes=wakes_from_zero(spec),
     )
     serving.append(Condition(DEGRADED, "False", "AsExpected", ""))
 
@@ -119,15 +131,17 @@ async def converge(
         # Its latencies go too: nobody measures them any more, yet kubectl get would show them.
         # lastDecision stays, with its time: what it last did.
         released = {key: None for key in ("tuner", "latency") if not spec.autotune.enabled and current.get(key)}
+        pool_status, wake = cold_starts(current, _pool_status(owner, spec, tuner, pools), pools)
         return {
             "observedGeneration": generation,
             "conditions": merge_conditions(current.get("conditions") or [], conditions, generation, st.now()),
             "ready": st.ready_summary(pools),
             "url": client_url(owner),
-            "pools": _pool_status(owner, spec, tuner, pools),
+            "pools": pool_status,
             "batch": _batch(spec, tuner),
             **released,
             **_handover_record(handover, current),
+            **wake,
         }
 
     outcome = Outcome(applied=applied)
@@ -145,7 +159,7 @@ async def converge(
 def _handover_record(handover: Handover | None, current: dict[str, Any]) -> dict[str, Any]:
     """status.handoverPool while a mode switch holds (handover.py), removed once it is over."""
     if handover is not None:
-        return {"handoverPool": handover.serving}
+        return {"handoverPool": handover.record}
     return {"handoverPool": None} if current.get("handoverPool") else {}
 
 

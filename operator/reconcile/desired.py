@@ -2,12 +2,15 @@
 that should exist. No API calls here; apply.py writes the difference.
 
 Per serving pool (colocated, or prefill and decode): an engine ConfigMap, a Deployment, a headless
-Service (one DNS record per ready pod: how the router and direct scraping find pods) and a
-PodDisruptionBudget. Disaggregated adds the router Deployment and its PDB, and the router's own
-ServiceAccount with a Role that reads the pools' EndpointSlices (how it finds the prefill and
-decode pods that are ready, as they come and go); every role of it reads the KV-transfer token
-from the spec's Secret or, where it names none, from the one kv_secret.py makes. The Service named like
-the InferenceService is the client endpoint (colocated pods, or the router). A PodMonitor comes
+Service (one DNS record per ready pod: how the router and direct scraping find pods), a
+PodDisruptionBudget and a NetworkPolicy (network_policy.py: the API port takes the router's
+requests, and a decode server's KV fetches on a prefill server; the metrics port takes
+scrapers'). Every mode has the router in front: its Deployment and PDB, and its own
+ServiceAccount with a Role that reads the pools' EndpointSlices (how it finds the pods that are
+ready, as they come and go) and may stamp one ConfigMap, ``<name>-wake``, when it holds requests
+for a pool at zero (the operator watches it). A disaggregated fleet's roles read the KV-transfer
+token from the spec's Secret or, where it names none, from the one kv_secret.py makes. The
+Service named like the InferenceService is the client endpoint: the routers. A PodMonitor comes
 along when the Prometheus operator is installed.
 
 Knob changes only touch each pool's engine ConfigMap, which pods watch and apply live; the pod
@@ -26,7 +29,9 @@ from typing import Any
 
 import yaml
 
+from llmfleet.operator.reconcile.network_policy import server_policy
 from llmfleet.operator.resource.spec import (
+    GRACE_MARGIN_SECONDS,
     MODELS_DIR,
     InferenceServiceSpec,
     KVTransferSecret,
@@ -37,16 +42,16 @@ from llmfleet.operator.resource.tuner_state import TunerState, effective_engine,
 from llmfleet.server.config import EngineConfig
 
 SERVER_PORT = 8000
+METRICS_PORT = 9100  # `serve --metrics-port`: /metrics, /load and the probes only (scrapers, the operator)
 CONFIG_DIR = "/etc/llm-fleet"
 CONFIG_KEY = "engine.yaml"
-DRAIN_SECONDS = 30  # `serve --drain-timeout`: in-flight streams get this long after SIGTERM
 PRE_STOP_SECONDS = 5  # endpoints drop the pod before it stops accepting
 STARTUP_PROBE_PERIOD = 5  # seconds between /ready checks while a server loads
 # The servers' probes past start-up (the local fleet plays them too); timeoutSeconds is 1 where unset
 READINESS_PROBE = {"periodSeconds": 5, "failureThreshold": 2}
 LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
-GRACE_SECONDS = PRE_STOP_SECONDS + DRAIN_SECONDS + 10
 RUN_AS_USER = 65532
+MODE_ANNOTATION = "llmfleet.io/mode"  # on the router Deployment: the pools it relays to (handover.py)
 
 OWNER_LABEL = "llmfleet.io/inference-service"
 POOL_LABEL = "llmfleet.io/pool"
@@ -99,6 +104,16 @@ def pool_object_name(owner: Owner, pool: str) -> str:
     return f"{owner.name}-{pool}"
 
 
+def wake_config_map_name(owner: Owner) -> str:
+    """The ConfigMap a router stamps to ask for servers (server/wire/wake.py)."""
+    return f"{owner.name}-wake"
+
+
+def grace_seconds(drain_seconds: int) -> int:
+    """A pod's termination grace period: the preStop sleep, the server's drain, and its exit."""
+    return PRE_STOP_SECONDS + drain_seconds + GRACE_MARGIN_SECONDS
+
+
 def generated_kv_secret(owner: Owner, spec: InferenceServiceSpec) -> KVTransferSecret | None:
     """The KV-transfer token Secret the operator makes (kv_secret.py): a disaggregated fleet's
     whose spec names none; None otherwise (a colocated fleet makes no transfers)."""
@@ -120,13 +135,18 @@ def desired_objects(
     pod_monitor: bool = False,
     pod_monitor_labels: dict[str, str] | None = None,
     serving: str | None = None,
+    router_mode: str | None = None,
     scaled: Mapping[str, int] | None = None,
+    metrics_peers: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every object the InferenceService needs. ``pod_monitor``: add a PodMonitor (the Prometheus
     operator is installed), with ``pod_monitor_labels`` on it (how that Prometheus selects them,
     e.g. ``release: kube-prometheus-stack``). ``serving``: the pool the client Service selects
-    instead of the spec's entry pool (handover.py). ``scaled``: each existing Deployment's replicas
-    per pool, which stand where an external autoscaler owns them (spec.externalAutoscaler)."""
+    instead of the routers, ``router_mode``: the pools the routers relay to instead of the spec's
+    mode's (a mode switch, handover.py). ``scaled``: each existing Deployment's replicas per pool,
+    which stand where an external autoscaler owns them (spec.externalAutoscaler).
+    ``metrics_peers``: the labels of the namespaces whose pods may scrape the servers' metrics
+    port (None or empty: every namespace)."""
     objects: list[dict[str, Any]] = []
     for pool in spec.active_pools:
         engine = effective_engine(spec, pool, tuner)
@@ -134,11 +154,13 @@ def desired_objects(
         objects.append(_deployment(owner, spec, pool, engine, effective_replicas(spec, pool, tuner)))
         objects.append(_service(owner, pool_object_name(owner, pool), pool, headless=True))
         objects.append(_pdb(owner, pool))
-    if spec.mode == "disaggregated":
-        objects.extend(_router_account(owner))
-        objects.append(_router_deployment(owner, spec))
-        objects.append(_pdb(owner, "router"))
-    # the client endpoint: the entry pool, or the old mode's while a mode switch hands over
+        objects.append(server_network_policy(owner, spec, pool, metrics_peers or {}))
+    objects.extend(_router_account(owner))
+    objects.append(_router_deployment(owner, spec, router_mode or spec.mode))
+    objects.append(_pdb(owner, "router"))
+    objects.append(_wake_config_map(owner))
+    # the client endpoint: the routers, or the old entry pool while a fleet from before the routers
+    # fronted every mode hands over to them
     objects.append(_service(owner, owner.name, serving or spec.entry_pool, headless=False))
     if pod_monitor:
         objects.append(_pod_monitor(owner, pod_monitor_labels or {}))
@@ -151,7 +173,7 @@ def desired_objects(
 def _scaled_externally(deployment: dict[str, Any], replicas: int | None) -> None:
     """Replicas as the autoscaler left them (the spec's only for a new Deployment), marked so that
     the applied hash leaves them out: its scaling is no edit to revert, nor a change to apply."""
-    deployment["metadata"]["annotations"] = {REPLICAS_OWNER: EXTERNAL}
+    deployment["metadata"].setdefault("annotations", {})[REPLICAS_OWNER] = EXTERNAL
     if replicas is not None:
         deployment["spec"]["replicas"] = replicas
 
@@ -186,13 +208,17 @@ def _server_container(
     def http_get(path: str) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}}
 
+    listen = ["--host", "0.0.0.0", "--port", str(SERVER_PORT), "--metrics-port", str(METRICS_PORT)]
     return {
         "name": "server",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["llm-fleet"],
-        "args": ["serve", "--role", role, "--host", "0.0.0.0", "--port", str(SERVER_PORT), *args],
-        "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
+        "args": ["serve", "--role", role, *listen, *args, "--drain-timeout", str(spec.drain_seconds(role))],
+        "ports": [
+            {"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         # Loading weights can take minutes: the startup probe holds liveness off until /ready.
         "startupProbe": {
             **http_get("/ready"),
@@ -231,12 +257,18 @@ def _secret_env(owner: Owner, spec: InferenceServiceSpec) -> list[dict[str, Any]
 
 
 def _pod_template(
-    owner: Owner, pool: str, container: dict, volumes: list[dict], pool_spec: Pool | None, pod: PodOptions
+    owner: Owner,
+    pool: str,
+    container: dict,
+    volumes: list[dict],
+    pool_spec: Pool | None,
+    pod: PodOptions,
+    drain_seconds: int,
 ) -> dict:
     spec: dict[str, Any] = {
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
-        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "terminationGracePeriodSeconds": grace_seconds(drain_seconds),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,
@@ -303,8 +335,6 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         spec.model.name or owner.name,
         "--config",
         f"{CONFIG_DIR}/{CONFIG_KEY}",
-        "--drain-timeout",
-        str(DRAIN_SECONDS),
     ]
     if pool == "decode":  # the only servers it fetches KV from: the prefill pool's ready pods, by DNS
         args += ["--prefill-host", f"{pool_object_name(owner, 'prefill')}:{SERVER_PORT}"]
@@ -315,45 +345,85 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         source = {key: value for key, value in spec.model.volume.items() if key != "name"}  # the mount names it
         volumes.append({"name": "models", **source})
         container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
-    template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod)
+    template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod, spec.drain_seconds(pool))
     template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)
     return _deployment_object(owner, pool, replicas, template, spec.pod)
 
 
-def _router_deployment(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
-    args = [
-        "--served-model-name",
-        spec.model.name or owner.name,
-        "--prefill-service",
-        pool_object_name(owner, "prefill"),
-        "--decode-service",
-        pool_object_name(owner, "decode"),
+ROUTED_POOLS = {"colocated": ("colocated",), "disaggregated": ("prefill", "decode")}  # per mode
+
+
+def router_args(owner: Owner, spec: InferenceServiceSpec, mode: str) -> list[str]:
+    """The router's own flags: the pools' Services it finds servers in (those of ``mode``), its
+    policy, how it holds requests for a pool at zero and where it asks for servers."""
+    args = ["--served-model-name", spec.model.name or owner.name]
+    for pool in ROUTED_POOLS[mode]:
+        args += [f"--{pool}-service", pool_object_name(owner, pool)]
+    return [
+        *args,
         "--router-policy",
         spec.router.policy,
-        "--drain-timeout",
-        str(DRAIN_SECONDS),
+        "--hold-timeout",
+        str(spec.router.hold_timeout_seconds),
+        "--max-held",
+        str(spec.router.max_held_requests),
+        "--wake-config-map",
+        wake_config_map_name(owner),
     ]
-    container = _server_container(owner, spec, "router", args, spec.router.resources)
-    template = _pod_template(owner, "router", container, [], None, spec.pod)
-    # Only the router calls the API (EndpointSlices), with a token of its own account.
+
+
+def _router_deployment(owner: Owner, spec: InferenceServiceSpec, mode: str) -> dict[str, Any]:
+    container = _server_container(owner, spec, "router", router_args(owner, spec, mode), spec.router.resources)
+    template = _pod_template(owner, "router", container, [], None, spec.pod, spec.drain_seconds("router"))
+    # Only the router calls the API (EndpointSlices, the wake ConfigMap), with a token of its own account.
     template["spec"]["serviceAccountName"] = router_account_name(owner)
     template["spec"]["automountServiceAccountToken"] = True
-    return _deployment_object(owner, "router", spec.router.replicas, template, spec.pod)
+    deployment = _deployment_object(owner, "router", spec.router.replicas, template, spec.pod)
+    deployment["metadata"]["annotations"] = {MODE_ANNOTATION: mode}
+    return deployment
 
 
 def router_account_name(owner: Owner) -> str:
     return pool_object_name(owner, "router")
 
 
+def server_network_policy(
+    owner: Owner, spec: InferenceServiceSpec, pool: str, metrics_namespaces: dict[str, str]
+) -> dict[str, Any]:
+    """One pool's servers take API requests from the fleet's routers (and a prefill server KV
+    fetches from its decode servers), their metrics port from the given namespaces' pods."""
+    peers = [selector(owner, "router")] + ([selector(owner, "decode")] if pool == "prefill" else [])
+    meta = _meta(owner, pool_object_name(owner, pool), labels(owner, pool))
+    return server_policy(meta, selector(owner, pool), peers, metrics_namespaces)
+
+
+def _wake_config_map(owner: Owner) -> dict[str, Any]:
+    """Empty: a router stamps its annotation to ask for servers (the operator answers at once)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, wake_config_map_name(owner), labels(owner, "router")),
+    }
+
+
 def _router_account(owner: Owner) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding: the router may read EndpointSlices, nothing else."""
+    """ServiceAccount, Role and RoleBinding: the router may read EndpointSlices and stamp its wake
+    ConfigMap (that one object: never the InferenceService, whose spec says what pods run)."""
     name = router_account_name(owner)
     meta = _meta(owner, name, labels(owner, "router"))
-    rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    rules = [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [wake_config_map_name(owner)],
+            "verbs": ["get", "patch"],
+        },
+    ]
     rbac = "rbac.authorization.k8s.io"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False},
-        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": rules},
         {
             "apiVersion": f"{rbac}/v1",
             "kind": "RoleBinding",
@@ -410,7 +480,7 @@ def _pod_monitor(owner: Owner, extra_labels: dict[str, str]) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": selector(owner)},
             "podMetricsEndpoints": [
-                {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabelings}
+                {"port": "metrics", "path": "/metrics", "interval": "15s", "relabelings": relabelings}
             ],
         },
     }

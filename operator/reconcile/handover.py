@@ -1,15 +1,20 @@
 """A mode switch (colocated <-> disaggregated) without an outage.
 
-The new mode's pools are created next to the old mode's, and clients stay on the old entry pool
-until every new pool has a ready pod: the client Service keeps selecting the old entry, and the
-old pools are not pruned. The pass that finds the new pools ready moves the Service and prunes
-them, as a Deployment rollout keeps its old ReplicaSet until the new one is available. Should
-the new pools never come up, the old ones keep serving, and the status says why.
+The routers front every mode, and the client Service always selects them; what a switch moves is
+the pools the routers relay to. The new mode's pools are created next to the old mode's, and the
+routers keep relaying to the old pools (``router_mode``: their Deployment is rendered in the old
+mode, annotated with it) until every new pool has a ready pod. Then the routers roll to the new
+mode, and only once that rollout is done are the old pools pruned: a router still relaying to
+them must not find them draining. Should the new pools never come up, the old ones keep serving,
+and the status says why.
 
-Nothing is held when the old entry has no ready pod as the switch begins: there is no traffic to
-keep. Once begun, the switch is recorded (``status.handoverPool``) and held through a readiness
-blip of the old entry pool or a deleted client Service: pruning the pool that serves for want of
-a ready pod for one pass would be an outage until the new pools load.
+A fleet from before the routers fronted colocated pools has its client Service on the colocated
+pool: it stays there (``serving``) until the routers and the spec's pools have ready pods, as
+before any switch.
+
+Nothing is held when the old pools have no ready pod as the switch begins: there is no traffic
+to keep. Once begun, the switch is recorded (``status.handoverPool``: the pool that served) and
+held through a readiness blip of that pool or a deleted client Service.
 """
 
 from __future__ import annotations
@@ -17,18 +22,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmfleet.operator.reconcile.desired import POOL_LABEL, Owner, pool_object_name
+from llmfleet.operator.reconcile.desired import MODE_ANNOTATION, POOL_LABEL, ROUTED_POOLS, Owner, pool_object_name
 from llmfleet.operator.resource.spec import InferenceServiceSpec
+
+ROUTER = "router"
 
 
 @dataclass(frozen=True)
 class Handover:
-    serving: str  # the old entry pool, which the client Service keeps selecting
-    waiting: tuple[str, ...]  # the new pools without a ready pod yet
+    serving: str  # the pool the client Service selects: the routers, or an old entry pool
+    router_mode: str  # the pools the routers relay to meanwhile
+    waiting: tuple[str, ...]  # what the switch waits for: new pools without a ready pod, or the routers' rollout
+    record: str  # status.handoverPool: the pool that served when the switch began
 
     @property
     def message(self) -> str:
-        return f"mode switch: clients stay on the {self.serving} pool until {', '.join(self.waiting)} have a ready pod"
+        if self.serving != ROUTER:
+            return (
+                f"mode switch: clients stay on the {self.serving} pool until {', '.join(self.waiting)} have a ready pod"
+            )
+        if self.waiting == (ROUTER,):
+            return f"mode switch: the {self.record} pool stays until the routers relay to the new pools"
+        return (
+            f"mode switch: the routers relay to the {self.record} pool until {', '.join(self.waiting)} have a ready pod"
+        )
 
 
 def pending_handover(
@@ -38,16 +55,67 @@ def pending_handover(
     pool an earlier pass recorded as serving (``recorded``), or None."""
     endpoint = live.get(f"Service/{owner.name}")
     selected = ((endpoint or {}).get("spec") or {}).get("selector", {}).get(POOL_LABEL)
-    if selected is not None and selected != spec.entry_pool and _ready(live, owner, selected):
-        serving = selected
-    elif recorded not in (None, spec.entry_pool) and f"Deployment/{pool_object_name(owner, recorded)}" in live:
-        serving = recorded  # begun: a blip of the old pool or a deleted Service does not end it
-    else:
+    if selected is not None and selected != ROUTER:
+        return _to_the_routers(owner, spec, live, selected, recorded)
+    return _between_modes(owner, spec, live, recorded)
+
+
+def _to_the_routers(
+    owner: Owner, spec: InferenceServiceSpec, live: dict[str, dict[str, Any]], selected: str, recorded: str | None
+) -> Handover | None:
+    """The client Service still selects an engine pool: it moves to the routers once they and
+    the spec's pools are ready."""
+    begun = recorded == selected and f"Deployment/{pool_object_name(owner, selected)}" in live
+    if not (_ready(live, owner, selected) or begun):
         return None
     waiting = tuple(p for p in spec.deployed_pools if not _ready(live, owner, p))
-    return Handover(serving, waiting) if waiting else None
+    return Handover(selected, spec.mode, waiting, selected) if waiting else None
+
+
+def _between_modes(
+    owner: Owner, spec: InferenceServiceSpec, live: dict[str, dict[str, Any]], recorded: str | None
+) -> Handover | None:
+    """The routers relay to another mode's pools than the spec's: they keep doing so until the new
+    pools are ready, then roll to the new mode; the old pools stay until that rollout is done."""
+    router = live.get(f"Deployment/{pool_object_name(owner, ROUTER)}")
+    relaying = ((router or {}).get("metadata", {}).get("annotations") or {}).get(MODE_ANNOTATION)
+    old_pool = recorded if recorded in _serving_pools() else None
+    if relaying not in (None, spec.mode) and old_pool is None:
+        old_pool = ROUTED_POOLS[relaying][-1]
+        if not _ready(live, owner, old_pool):
+            return None  # nothing served before: no traffic to keep
+    if old_pool is None or old_pool in ROUTED_POOLS[spec.mode]:
+        return None
+    if f"Deployment/{pool_object_name(owner, old_pool)}" not in live:
+        return None
+    old_mode = next(mode for mode, pools in ROUTED_POOLS.items() if old_pool in pools)
+    waiting = tuple(p for p in spec.active_pools if not _ready(live, owner, p))
+    if waiting:
+        return Handover(ROUTER, old_mode, waiting, old_pool)
+    if relaying == spec.mode and _rolled_out(router):
+        return None
+    return Handover(ROUTER, spec.mode, (ROUTER,), old_pool)
+
+
+def _serving_pools() -> tuple[str, ...]:
+    """The pool each mode cannot serve without: what a switch records as serving."""
+    return tuple(pools[-1] for pools in ROUTED_POOLS.values())
 
 
 def _ready(live: dict[str, dict[str, Any]], owner: Owner, pool: str) -> bool:
     deployment = live.get(f"Deployment/{pool_object_name(owner, pool)}")
     return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0) > 0
+
+
+def _rolled_out(deployment: dict[str, Any] | None) -> bool:
+    """The Deployment controller has seen its latest spec and every replica runs it, ready."""
+    if deployment is None:
+        return False
+    status = deployment.get("status") or {}
+    replicas = int(deployment["spec"].get("replicas", 1))
+    return (
+        status.get("observedGeneration") == deployment["metadata"].get("generation")
+        and int(status.get("updatedReplicas") or 0) >= replicas
+        and int(status.get("readyReplicas") or 0) >= replicas
+        and int(status.get("replicas") or 0) <= replicas
+    )

@@ -73,11 +73,17 @@ class PoolState:
 
 
 def serving_conditions(
-    pools: list[PoolState], applied: str | None, trouble: PodTrouble | None = None, handover: str | None = None
+    pools: list[PoolState],
+    applied: str | None,
+    trouble: PodTrouble | None = None,
+    handover: str | None = None,
+    wakes: bool = False,
 ) -> list[Condition]:
     """Ready and Progressing from the Deployments; `applied` names what this pass just wrote,
     `trouble` why pods are stuck, and `handover` which old pool serves while a mode switch waits
-    for the new ones (handover.py): the service answers meanwhile, so Ready stays True.
+    for the new ones (handover.py): the service answers meanwhile, so Ready stays True. `wakes`:
+    a pool at zero comes back at a request (wake.py), so while the routers are ready the service
+    answers, after a cold start: Ready stays True, reason ScaledToZero.
 
     Ready means the service answers: every pool has a ready pod (as KServe's Ready follows its
     predictor's availability). A scale-up waiting for pods keeps it True ("Serving", with the
@@ -90,7 +96,12 @@ def serving_conditions(
         ready = Condition(READY, "True", "SwitchingMode", f"{handover}; {_counts(pools)}{stuck}")
     elif any(p.replicas == 0 for p in pools):
         zero = ", ".join(p.name for p in pools if p.replicas == 0)
-        ready = Condition(READY, "False", "ScaledToZero", f"no replicas in {zero}")
+        routers = next((p for p in pools if p.name == "router" and p.ready > 0), None)
+        if wakes and routers is not None:
+            message = f"{zero} at zero replicas: the routers hold the next request and wake it; {_counts(pools)}"
+            ready = Condition(READY, "True", "ScaledToZero", message)
+        else:
+            ready = Condition(READY, "False", "ScaledToZero", f"no replicas in {zero}")
     elif all(p.ready >= p.replicas for p in pools):
         ready = Condition(READY, "True", "AllPoolsReady", _counts(pools))
     elif all(p.ready > 0 for p in pools):

@@ -17,6 +17,9 @@ import yaml
 
 from llmfleet.operator.resource.spec import (
     CHAT_TEMPLATE_MAX,
+    DRAIN_CAP_SECONDS,
+    DRAIN_MARGIN_SECONDS,
+    GRACE_MARGIN_SECONDS,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
     REASONING_PARSERS,
@@ -242,13 +245,25 @@ def pool_schema(role: str) -> dict[str, Any]:
         f"The {role} pool: one Deployment of `llm-fleet serve --role {role}`.",
         {
             "minReplicas": _int(
-                "Fewest replicas the tuner may run; it never runs fewer than 1 (a pool of none reports no "
-                "metrics to bring it back): 0 scales to zero only with autotune disabled.",
+                "Fewest replicas the tuner may run. 0: with autotune, the pool scales to zero once idle for "
+                "autotune.scaleToZeroAfterSeconds, and the router holds the next request and wakes it "
+                "(router.holdTimeoutSeconds); without autotune, the pool starts with replicas.",
                 minimum=0,
                 default=1,
             ),
             "maxReplicas": _int("Most replicas the tuner may run.", minimum=1, default=4),
-            "replicas": _int("Initial replicas (default: minReplicas); the tuner moves it within min/max.", 0),
+            "replicas": _int(
+                "Initial replicas (default: minReplicas, at least 1); the tuner moves it within min/max.", 0
+            ),
+            "drainSeconds": _int(
+                "How long a server told to stop (a scale-down, a rollout) may finish its streams: its "
+                f"--drain-timeout; the pod's grace period adds the preStop sleep and {GRACE_MARGIN_SECONDS} s. "
+                "Default: the longest stream the pool can serve, maxModelLen (or the built-in model's context) "
+                f"tokens at the ITL SLO, plus {DRAIN_MARGIN_SECONDS} s, at most {DRAIN_CAP_SECONDS} s (the cap "
+                "where the context is unknown).",
+                minimum=0,
+                maximum=86400,
+            ),
             "resources": _resources("each server container"),
             "engine": engine_schema(),
             "bounds": _bounds(),
@@ -337,11 +352,18 @@ def spec_schema() -> dict[str, Any]:
                 "default": 0.2,
                 "description": "Spare capacity kept above measured demand (0.2: plan for 20% more).",
             },
+            "scaleToZeroAfterSeconds": _int(
+                "A pool with minReplicas 0 goes to zero replicas once no request has arrived, run or waited "
+                "for this long (all pools of a disaggregated fleet together).",
+                minimum=0,
+                default=300,
+            ),
             "prometheusUrl": _str("Prometheus API URL for this service (default: the operator's --prometheus-url)."),
         },
     )
     router = _obj(
-        "The router in front of the prefill and decode pools (disaggregated mode only).",
+        "The routers in front of the pools, in every mode: the client Service selects them, and they pick "
+        "servers by load and prefix affinity.",
         {
             "replicas": _int("Router replicas.", minimum=1, default=1),
             "policy": _str(
@@ -352,6 +374,16 @@ def spec_schema() -> dict[str, Any]:
                 default="load",
             ),
             "resources": _resources("each router container"),
+            "holdTimeoutSeconds": _int(
+                "How long a request waits at the router for a pool with no ready server (scaled to zero, a "
+                "rollout's gap) before a 503 with Retry-After; 0: a 503 at once.",
+                minimum=0,
+                maximum=3600,
+                default=300,
+            ),
+            "maxHeldRequests": _int(
+                "Requests one router holds at once; more get a 503 with Retry-After.", minimum=1, default=1024
+            ),
         },
     )
     schema = _obj(
@@ -449,6 +481,10 @@ def status_schema() -> dict[str, Any]:
             "replicas": _int("Desired replicas."),
             "readyReplicas": _int("Replicas passing their readiness probe."),
             "knobs": knobs,
+            "lastColdStartSeconds": {
+                "type": "number",
+                "description": "The last start from zero: from a router's wake request to the pool's first ready pod.",
+            },
         },
     )
     tuner = _obj(
@@ -503,7 +539,19 @@ def status_schema() -> dict[str, Any]:
             "batch": _int("maxBatchSize of the decode (or colocated) pool."),
             "pools": _map("Per pool: colocated, prefill, decode, router.", pool),
             "handoverPool": _str(
-                "During a mode switch: the old mode's entry pool, which clients stay on until the new pools are ready."
+                "During a mode switch: the pool that served when it began, which clients stay on until the new "
+                "pools are ready and the routers relay to them."
+            ),
+            "wake": _obj(
+                "The last wake request of a router holding requests for a pool at zero.",
+                {
+                    "requestedAt": _str("When the router asked.", format="date-time"),
+                    "pools": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "The pools woken that have no ready pod yet.",
+                    },
+                },
             ),
             "tuner": tuner,
             "latency": latency,

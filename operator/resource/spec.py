@@ -28,6 +28,13 @@ ReasoningParserName = Literal["deepseek_r1", "qwen3"]  # the server's --reasonin
 REASONING_PARSERS = get_args(ReasoningParserName)
 RouterPolicy = Literal["load", "round-robin", "prefix"]  # the router's --router-policy choices
 ROUTER_POLICIES = get_args(RouterPolicy)
+# The context of each built-in model (server/runner/builtin_models.py, which the operator does
+# not import): what the longest stream of a pool that sets no maxModelLen is sized by.
+BUILTIN_CONTEXT = {"tiny": 2048, "small": 4096}
+# A pool's default drain: its longest stream (maxModelLen tokens at the ITL SLO) and a margin, at most the cap.
+DRAIN_MARGIN_SECONDS = 10
+DRAIN_CAP_SECONDS = 600
+GRACE_MARGIN_SECONDS = 10  # a pod's grace period beyond the preStop sleep and the drain: the process's exit
 TUNABLE_KNOBS = {
     "maxBatchSize": "max_batch_size",
     "batchTimeoutMs": "batch_timeout_ms",
@@ -121,6 +128,8 @@ class Pool(_Model):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(4, ge=1)
     replicas: int | None = Field(None, ge=0)
+    # How long a server that is told to stop may finish its streams (None: derived, see drain_seconds)
+    drain_seconds: int | None = Field(None, ge=0, le=86400)
     resources: dict[str, Any] = Field(default_factory=dict)
     engine: dict[str, Any] = Field(default_factory=dict)
     bounds: dict[str, Bound] = Field(default_factory=dict)
@@ -150,7 +159,9 @@ class Pool(_Model):
 
     @property
     def initial_replicas(self) -> int:
-        return self.min_replicas if self.replicas is None else self.replicas
+        """A new pool's replicas: ``replicas``, else ``minReplicas`` but at least one (a pool that
+        may scale to zero starts warm and goes to zero once idle)."""
+        return max(1, self.min_replicas) if self.replicas is None else self.replicas
 
 
 class SLO(_Model):
@@ -166,6 +177,8 @@ class Autotune(_Model):
     scale_down_stabilization_seconds: int = Field(300, ge=0)
     cooldown_seconds: int = Field(60, ge=0)
     headroom: float = Field(0.2, ge=0, le=0.9)
+    # A pool with minReplicas 0 goes to zero once no request has arrived or been in flight this long
+    scale_to_zero_after_seconds: int = Field(300, ge=0)
     prometheus_url: str | None = None
 
     @field_validator("prometheus_url")
@@ -188,6 +201,10 @@ class Router(_Model):
     replicas: int = Field(1, ge=1)
     policy: RouterPolicy = "load"
     resources: dict[str, Any] = Field(default_factory=dict)
+    # A request for a pool with no ready server (scaled to zero, a rollout's gap) waits this long
+    # at the router, at most this many at once; then a 503 with Retry-After
+    hold_timeout_seconds: int = Field(300, ge=0, le=3600)
+    max_held_requests: int = Field(1024, ge=1)
 
 
 # Env the operator sets on every server container itself (reconcile/desired.py): a pod option may not set them.
@@ -355,16 +372,33 @@ class InferenceServiceSpec(_Model):
 
     @property
     def entry_pool(self) -> str:
-        """The pool the client Service sends requests to."""
-        return "router" if self.mode == "disaggregated" else "colocated"
+        """The pool the client Service sends requests to: the router, in every mode."""
+        return "router"
 
     @property
     def deployed_pools(self) -> list[str]:
-        """Every pool with a Deployment: the engine pools, and the router in disaggregated mode."""
-        return [*self.active_pools, *(["router"] if self.mode == "disaggregated" else [])]
+        """Every pool with a Deployment: the engine pools and the router."""
+        return [*self.active_pools, "router"]
 
     def pool(self, name: str) -> Pool:
         return self.pools.get(name) or Pool()
+
+    def drain_seconds(self, pool: str) -> int:
+        """How long a server of ``pool`` may finish its streams once told to stop (its
+        ``--drain-timeout``; the pod's grace period adds the preStop sleep and a margin): the
+        pool's ``drainSeconds``, else its longest stream, ``maxModelLen`` tokens at the ITL SLO
+        (the built-in model's context where none is set), plus a margin, at most
+        ``DRAIN_CAP_SECONDS``; the cap where the context is unknown. The router relays every
+        pool's streams: it gets the longest."""
+        if pool == "router":
+            return max(self.drain_seconds(p) for p in self.active_pools)
+        spec = self.pool(pool)
+        if spec.drain_seconds is not None:
+            return spec.drain_seconds
+        context = spec.engine_config().max_model_len or BUILTIN_CONTEXT.get(self.model.builtin or "")
+        if context is None:
+            return DRAIN_CAP_SECONDS
+        return min(DRAIN_CAP_SECONDS, math.ceil(context * self.slo.itl_p95_ms / 1000.0) + DRAIN_MARGIN_SECONDS)
 
 
 def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:

@@ -53,3 +53,13 @@ def effective_replicas(spec: InferenceServiceSpec, pool: str, tuner: TunerState 
     pool_spec = spec.pool(pool)
     wanted = tuner.replicas.get(pool) if tuner and pool in tuner.replicas else pool_spec.initial_replicas
     return max(pool_spec.min_replicas, min(pool_spec.max_replicas, int(wanted)))
+
+
+def pools_to_wake(spec: InferenceServiceSpec, tuner: TunerState | None) -> dict[str, int]:
+    """Each pool at zero now, and the replicas a request at the router wakes it to: its floor, at
+    least one (the operator's wake handler, the local fleet and the simulator do so at once)."""
+    return {
+        pool: max(1, spec.pool(pool).min_replicas)
+        for pool in spec.active_pools
+        if effective_replicas(spec, pool, tuner) == 0
+    }

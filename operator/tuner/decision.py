@@ -95,8 +95,8 @@ class PoolLimits:
             if low > high:  # spec validation rejects such bounds; the tuner reports it if one gets here
                 raise ValueError(f"bounds.{knob}: no valid value in [{num(low)}, {num(high)}]")
             ranges[knob] = Range(low, high)
-        # At least one pod: a pool of none reports no metrics, so the tuner could never bring it back.
-        # Scale to zero stays a choice for pools it does not tune.
+        # At least one pod: a pool of none reports no metrics, so the law could never bring it back.
+        # A pool with minReplicas 0 goes to zero, and comes back, outside the law (zero.py).
         return cls(min_replicas=max(1, pool.min_replicas), max_replicas=pool.max_replicas, knobs=ranges)
 
 

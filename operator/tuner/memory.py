@@ -87,6 +87,7 @@ class TunerMemory(BaseModel):
     keys: dict[str, KeyHistory] = Field(default_factory=dict)
     capacity: dict[str, Capacity] = Field(default_factory=dict)
     recent: list[DecisionRecord] = Field(default_factory=list)
+    idle_since: dict[str, float] = Field(default_factory=dict)  # pool -> since when it is idle (zero.py)
 
     def key(self, pool: str, knob: str) -> KeyHistory:
         return self.keys.setdefault(f"{pool}/{knob}", KeyHistory())

@@ -21,6 +21,7 @@ from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
 from llmfleet.operator.tuner.law import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
 from llmfleet.operator.tuner.memory import TunerMemory
+from llmfleet.operator.tuner.zero import pools_at_zero, scale_to_zero
 
 
 @dataclass
@@ -123,7 +124,10 @@ class Autotuner:
         window = metric_window_s(spec)
         metrics: dict[str, PoolMetrics] = {}
         inputs: dict[str, PoolInput] = {}
+        zero = pools_at_zero(spec, {name: view.replicas for name, view in current.items()})
         for name in spec.active_pools:
+            if name in zero:  # no pods to measure: zero.py keeps it there or brings it back
+                continue
             metrics[name] = await snapshot_widening_latency(
                 self.source, self.pools[name], window, float(spec.slo.window_seconds)
             )
@@ -132,6 +136,8 @@ class Autotuner:
             inputs[name] = PoolInput(metrics[name], settings, limits[name])
         client = await self._client_side(window)
         decision = self.tuner.decide(inputs, SLOTargets.from_spec(spec.slo), self.memory, now)
+        settings_now = {name: PoolSettings(view.replicas, view.knobs) for name, view in current.items()}
+        decision = scale_to_zero(decision, spec, metrics, settings_now, now)
         self.memory = decision.memory
         for name, settings in decision.settings.items():
             was = current[name]

@@ -28,17 +28,19 @@ TINY = {
         }
     },
 }
-COLOCATED = {
-    "ConfigMap": {"tiny-colocated-engine"},
-    "Deployment": {"tiny-colocated"},
+COLOCATED = {  # the routers front every mode
+    "ConfigMap": {"tiny-colocated-engine", "tiny-wake"},
+    "Deployment": {"tiny-colocated", "tiny-router"},
     "Service": {"tiny", "tiny-colocated"},
-    "PodDisruptionBudget": {"tiny-colocated"},
+    "PodDisruptionBudget": {"tiny-colocated", "tiny-router"},
+    "NetworkPolicy": {"tiny-colocated"},
 }
 DISAGGREGATED = {
-    "ConfigMap": {"tiny-prefill-engine", "tiny-decode-engine"},
+    "ConfigMap": {"tiny-prefill-engine", "tiny-decode-engine", "tiny-wake"},
     "Deployment": {"tiny-prefill", "tiny-decode", "tiny-router"},
     "Service": {"tiny", "tiny-prefill", "tiny-decode"},
     "PodDisruptionBudget": {"tiny-prefill", "tiny-decode", "tiny-router"},
+    "NetworkPolicy": {"tiny-prefill", "tiny-decode"},
 }
 
 
@@ -96,9 +98,10 @@ def test_create_converges_reports_and_then_writes_nothing(kube, operator):
             "replicas": 1,
             "readyReplicas": 0,
             "knobs": {"maxBatchSize": 16, "batchTimeoutMs": 0.0, "maxNumBatchedTokens": 512},
-        }
+        },
+        "router": {"replicas": 1, "readyReplicas": 0},
     }
-    assert (status["ready"], status["batch"]) == ("0/1", 16)
+    assert (status["ready"], status["batch"]) == ("0/2", 16)
     assert status["url"] == f"http://tiny.{NAMESPACE}.svc.cluster.local:8000"  # the client Service
     events = kube.events("tiny")
     assert [(e["type"], e["reason"]) for e in events] == [("Normal", "Applied")]
@@ -106,9 +109,10 @@ def test_create_converges_reports_and_then_writes_nothing(kube, operator):
 
     # pods come up: readiness flows into the status through the Deployment watch
     mark_ready(kube, "tiny-colocated")
+    mark_ready(kube, "tiny-router")
     eventually(lambda: conditions(kube.get("InferenceService", "tiny"))["Ready"]["status"] == "True")
     obj = settle(kube, "tiny", 1)
-    assert obj["status"]["ready"] == "1/1"
+    assert obj["status"]["ready"] == "2/2"
     assert conditions(obj)["Progressing"]["reason"] == "Converged"
 
     # level-triggered: resync passes keep running (lists), and write nothing. The timer sleeps its
@@ -181,6 +185,17 @@ def test_mode_switch_prunes_the_old_pool_and_deletion_takes_everything(kube, ope
     assert kube.get("Secret", "tiny-kv-transfer") is None
 
 
+def relays_to(kube) -> str:
+    """The mode the routers relay in, as their Deployment says it and their args do."""
+    router = kube.get("Deployment", "tiny-router")
+    mode = router["metadata"]["annotations"]["llmfleet.io/mode"]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert ("--colocated-service" in args) == (mode == "colocated") and ("--decode-service" in args) != (
+        mode == "colocated"
+    )
+    return mode
+
+
 def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_ready(kube, operator):
     def entry() -> str:
         return kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"]
@@ -192,6 +207,7 @@ def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_r
     kube.create(inference_service("tiny", TINY))
     eventually(lambda: children(kube) == COLOCATED)
     mark_ready(kube, "tiny-colocated")
+    mark_ready(kube, "tiny-router")
     eventually(lambda: ready("AllPoolsReady"))
 
     disaggregated = {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}
@@ -199,25 +215,26 @@ def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_r
     both = {kind: COLOCATED[kind] | DISAGGREGATED[kind] for kind in COLOCATED}
     eventually(lambda: children(kube) == both)
     obj = settle(kube, "tiny", 2)
-    assert entry() == "colocated"  # clients stay where pods answer
+    assert entry() == "router" and relays_to(kube) == "colocated"  # clients stay where pods answer
     cond = conditions(obj)
     assert cond["Ready"]["reason"] == "SwitchingMode"
-    assert "until prefill, decode, router have a ready pod" in cond["Ready"]["message"]
+    assert "relay to the colocated pool until prefill, decode have a ready pod" in cond["Ready"]["message"]
     assert cond["Progressing"]["status"] == "True"
 
     mark_ready(kube, "tiny-prefill")
     mark_ready(kube, "tiny-decode")
-    eventually(lambda: "until router have" in ready("SwitchingMode")["message"])
-    assert children(kube) == both and entry() == "colocated"
+    eventually(lambda: relays_to(kube) == "disaggregated")  # the routers roll to the new pools...
+    eventually(lambda: "stays until the routers relay to the new pools" in ready("SwitchingMode")["message"])
+    assert children(kube) == both  # ... and the old pool stays while they roll
 
-    mark_ready(kube, "tiny-router")  # the last new pool: the endpoint moves, then the old pool goes
+    mark_ready(kube, "tiny-router")  # rolled out: the old pool goes
     eventually(lambda: children(kube) == DISAGGREGATED)
     assert entry() == "router"
     eventually(lambda: ready("AllPoolsReady"))
 
     def handed_over() -> bool:  # kopf posts a pass's Events in the background, after its writes
         events = [e["message"] for e in kube.events("tiny")]
-        return any("updated Service/tiny" in m and "deleted" in m and "Deployment/tiny-colocated" in m for m in events)
+        return any("deleted" in m and "Deployment/tiny-colocated" in m for m in events)
 
     eventually(handed_over, timeout=10)
 
@@ -226,20 +243,41 @@ def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_r
     kube.patch("InferenceService", "tiny", {"spec": colocated})
     eventually(lambda: children(kube) == both)
     settle(kube, "tiny", 3)
-    assert entry() == "router" and ready("SwitchingMode")
+    assert relays_to(kube) == "disaggregated" and ready("SwitchingMode")
     mark_ready(kube, "tiny-colocated")
+    eventually(lambda: relays_to(kube) == "colocated")
+    mark_ready(kube, "tiny-router")
     eventually(lambda: children(kube) == COLOCATED)
-    assert entry() == "colocated"
+    assert entry() == "router"
+
+
+def test_a_fleet_from_before_the_routers_keeps_its_clients_until_the_routers_are_ready(kube, operator):
+    """Its client Service selected the colocated pool: it moves to the routers once they answer."""
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    mark_ready(kube, "tiny-colocated")
+    settle(kube, "tiny", 1)
+    selector = {"selector": {"llmfleet.io/inference-service": "tiny", "llmfleet.io/pool": "colocated"}}
+    kube.delete("Deployment", "tiny-router")  # as the operator of before left it: no router,
+    kube.patch("Service", "tiny", {"spec": selector})  # clients straight on the pool
+    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})
+    eventually(lambda: kube.get("Deployment", "tiny-router") is not None)
+    time.sleep(2)
+    assert kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "colocated"
+    mark_ready(kube, "tiny-router")
+    eventually(lambda: kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "router")
+    eventually(lambda: "handoverPool" not in kube.get("InferenceService", "tiny")["status"])
 
 
 @pytest.mark.parametrize("blip", ["old pool unready", "client Service deleted"])
 def test_a_mode_switch_once_begun_holds_through_a_blip(kube, operator, blip):
     """The handover was read from live state alone: one pass that saw the old entry's only pod
     restarting (its PDB allows it), or no client Service, pruned the pool that served, and moved
-    clients to a router with nothing ready behind it: an outage until the new pools loaded."""
+    clients to pools with nothing ready: an outage until the new pools loaded."""
     kube.create(inference_service("tiny", TINY))
     eventually(lambda: children(kube) == COLOCATED)
     mark_ready(kube, "tiny-colocated")
+    mark_ready(kube, "tiny-router")
     settle(kube, "tiny", 1)
     kube.patch("InferenceService", "tiny", {"spec": {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}})
     both = {kind: COLOCATED[kind] | DISAGGREGATED[kind] for kind in COLOCATED}
@@ -254,10 +292,12 @@ def test_a_mode_switch_once_begun_holds_through_a_blip(kube, operator, blip):
     eventually(lambda: kube.get("Service", "tiny") is not None)
     time.sleep(2)
     assert children(kube) == both
-    assert kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "colocated"
+    assert relays_to(kube) == "colocated"
 
-    for pool in ("prefill", "decode", "router"):
+    for pool in ("prefill", "decode"):
         mark_ready(kube, f"tiny-{pool}")
+    eventually(lambda: relays_to(kube) == "disaggregated")
+    mark_ready(kube, "tiny-router")
     eventually(lambda: children(kube) == DISAGGREGATED)
     assert kube.get("Service", "tiny")["spec"]["selector"]["llmfleet.io/pool"] == "router"
     eventually(lambda: "handoverPool" not in kube.get("InferenceService", "tiny")["status"])
@@ -402,11 +442,13 @@ def test_a_pod_stuck_on_a_missing_secret_names_it_in_ready_until_it_runs(kube, o
     eventually(lambda: kube.condition("tiny", "Ready")["reason"] == waiting["reason"])  # the next resync pass
     ready = kube.condition("tiny", "Ready")
     assert ready["status"] == "False"
-    assert ready["message"] == 'colocated 0/1 ready; colocated pod tiny-colocated-abc: secret "tiny-key" not found'
+    message = 'colocated 0/1 ready, router 0/1 ready; colocated pod tiny-colocated-abc: secret "tiny-key" not found'
+    assert ready["message"] == message
 
     running = {"containerStatuses": [{"name": "server", "ready": True, "state": {"running": {}}}]}
     kube.patch("Pod", "tiny-colocated-abc", {"status": running}, subresource="status")
     mark_ready(kube, "tiny-colocated")
+    mark_ready(kube, "tiny-router")
     eventually(lambda: kube.condition("tiny", "Ready")["status"] == "True")
 
 

@@ -103,10 +103,11 @@ async def test_objects_no_longer_desired_are_pruned_and_foreign_ones_kept(runnin
     assert sorted(result.deleted) == [
         "ConfigMap/svc-colocated-engine",
         "Deployment/svc-colocated",
+        "NetworkPolicy/svc-colocated",
         "PodDisruptionBudget/svc-colocated",
         "Service/svc-colocated",
     ]
-    assert "Service/svc" in result.updated  # the endpoint now selects the router
+    assert "Deployment/svc-router" in result.updated  # the routers now relay to the new pools
     assert await client.get(CONFIG_MAP, "ml", "notes") is not None
     names = {o["metadata"]["name"] for o in await client.list(DEPLOYMENT, "ml", selector(owner))}
     assert names == {"svc-prefill", "svc-decode", "svc-router"}
@@ -116,10 +117,13 @@ async def test_without_prune_the_objects_no_longer_desired_stay(running, client)
     owner = await create_owner(client)
     await apply(client, owner, desired_objects(owner, parse_spec(SPEC)))
     disaggregated = parse_spec({**SPEC, "mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}})
-    result = await apply(client, owner, desired_objects(owner, disaggregated, serving="colocated"), prune=False)
-    assert result.deleted == [] and "Service/svc" not in result.updated  # still selects the colocated pool
-    names = {o["metadata"]["name"] for o in await client.list(DEPLOYMENT, "ml", selector(owner))}
-    assert names == {"svc-colocated", "svc-prefill", "svc-decode", "svc-router"}
+    handing_over = desired_objects(owner, disaggregated, router_mode="colocated")
+    result = await apply(client, owner, handing_over, prune=False)
+    assert result.deleted == []
+    deployments = {o["metadata"]["name"]: o for o in await client.list(DEPLOYMENT, "ml", selector(owner))}
+    assert set(deployments) == {"svc-colocated", "svc-prefill", "svc-decode", "svc-router"}
+    router = deployments["svc-router"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--colocated-service" in router and "--decode-service" not in router  # still relays to the colocated pool
 
 
 async def test_never_takes_over_another_controllers_object(running, client):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmfleet.operator.deploy.rbac import allows
-from llmfleet.operator.reconcile.desired import GRACE_SECONDS, Owner, desired_objects, dump
+from llmfleet.operator.reconcile.desired import Owner, desired_objects, dump, grace_seconds
 from llmfleet.operator.resource.spec import REASONING_PARSERS, ROUTER_POLICIES, TOOL_CALL_PARSERS, SpecError, parse_spec
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
 from llmfleet.server.config import EngineConfig
@@ -69,17 +69,29 @@ def test_golden_manifests(repo_root, example):
 def test_object_set_per_mode(repo_root):
     owner, spec = load(repo_root, "local")
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in desired_objects(owner, spec))
-    assert kinds == [
+    assert kinds == [  # the router in front of a colocated pool too
         "ConfigMap/tiny-colocated-engine",
+        "ConfigMap/tiny-wake",
         "Deployment/tiny-colocated",
+        "Deployment/tiny-router",
+        "NetworkPolicy/tiny-colocated",
         "PodDisruptionBudget/tiny-colocated",
+        "PodDisruptionBudget/tiny-router",
+        "Role/tiny-router",
+        "RoleBinding/tiny-router",
         "Service/tiny",
         "Service/tiny-colocated",
+        "ServiceAccount/tiny-router",
     ]
+    router = by_kind(desired_objects(owner, spec), "Deployment")["tiny-router"]
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--colocated-service") + 1] == "tiny-colocated" and "--prefill-service" not in args
+    assert by_kind(desired_objects(owner, spec), "Service")["tiny"]["spec"]["selector"]["llmfleet.io/pool"] == "router"
     owner, spec = load(repo_root, "disaggregated-long-prompt")
     objects = desired_objects(owner, spec, pod_monitor=True)
     assert set(by_kind(objects, "Deployment")) == {"rag-prefill", "rag-decode", "rag-router"}
-    assert set(by_kind(objects, "ConfigMap")) == {"rag-prefill-engine", "rag-decode-engine"}
+    assert set(by_kind(objects, "ConfigMap")) == {"rag-prefill-engine", "rag-decode-engine", "rag-wake"}
+    assert set(by_kind(objects, "NetworkPolicy")) == {"rag-prefill", "rag-decode"}
     assert set(by_kind(objects, "PodDisruptionBudget")) == {"rag-prefill", "rag-decode", "rag-router"}
     assert set(by_kind(objects, "PodMonitor")) == {"rag"}
     labelled = desired_objects(owner, spec, pod_monitor=True, pod_monitor_labels={"release": "kps"})
@@ -129,9 +141,12 @@ def test_pods_follow_the_conventions(repo_root):
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         # drain: preStop, then the server's --drain-timeout, all inside the grace period
-        drain = float(args[args.index("--drain-timeout") + 1])
+        drain = int(args[args.index("--drain-timeout") + 1])
+        assert drain == spec.drain_seconds(pool)
         assert container["lifecycle"]["preStop"]["sleep"]["seconds"] + drain < pod["terminationGracePeriodSeconds"]
-        assert pod["terminationGracePeriodSeconds"] == GRACE_SECONDS
+        assert pod["terminationGracePeriodSeconds"] == grace_seconds(drain)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert args[args.index("--metrics-port") + 1] == str(ports["metrics"]) and ports["http"] == 8000
         if pool == "router":
             assert args[args.index("--prefill-service") + 1] == "rag-prefill"
             assert args[args.index("--decode-service") + 1] == "rag-decode"
@@ -416,3 +431,27 @@ def test_whatever_the_tuner_asks_the_result_is_within_bounds(replicas, batch, ti
     assert 0 <= engine.batch_timeout_ms <= 50
     assert 1 <= engine.max_num_batched_tokens <= 1 << 20
     EngineConfig.model_validate(engine.model_dump())  # always a config the server accepts
+
+
+def test_the_drain_fits_the_longest_stream_a_pool_can_serve():
+    """drainSeconds, else maxModelLen tokens at the ITL SLO plus a margin, capped; the router
+    relays every pool's streams and gets the longest; the grace period wraps the drain."""
+    from llmfleet.operator.resource.spec import DRAIN_CAP_SECONDS, DRAIN_MARGIN_SECONDS
+
+    def spec(itl_ms: float, pools: dict, builtin: str | None = "tiny") -> object:
+        model = {"builtin": builtin} if builtin else {"path": "/models/m"}
+        return parse_spec(
+            {"model": model, "slo": {"ttftP95Ms": 500, "itlP95Ms": itl_ms}, "mode": "disaggregated", "pools": pools}
+        )
+
+    long_context = {"prefill": {}, "decode": {"engine": {"maxModelLen": 1000}}}
+    assert spec(50, long_context).drain_seconds("decode") == 50 + DRAIN_MARGIN_SECONDS  # 1000 x 50 ms
+    assert spec(50, long_context).drain_seconds("prefill") == 103 + DRAIN_MARGIN_SECONDS  # builtin:tiny's 2048
+    assert spec(50, long_context).drain_seconds("router") == 103 + DRAIN_MARGIN_SECONDS
+    assert spec(50, long_context, builtin=None).drain_seconds("prefill") == DRAIN_CAP_SECONDS  # context unknown
+    assert spec(1000, long_context).drain_seconds("prefill") == DRAIN_CAP_SECONDS  # 2048 s: capped
+    given = {"prefill": {"drainSeconds": 900}, "decode": {"drainSeconds": 0}}
+    assert spec(50, given).drain_seconds("prefill") == 900 and spec(50, given).drain_seconds("decode") == 0
+    objects = desired_objects(OWNER, spec(50, given))
+    router = by_kind(objects, "Deployment")["svc-router"]["spec"]["template"]["spec"]
+    assert router["terminationGracePeriodSeconds"] == grace_seconds(900)

@@ -228,6 +228,7 @@ def test_schema_applies_defaults(crd):
         "scaleDownStabilizationSeconds": 300,
         "cooldownSeconds": 60,
         "headroom": 0.2,
+        "scaleToZeroAfterSeconds": 300,
     }
     assert spec["pools"]["decode"]["minReplicas"] == 1 and spec["pools"]["decode"]["maxReplicas"] == 4
     # the operator reads a defaulted spec exactly as it reads the sparse one

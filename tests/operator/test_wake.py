@@ -1,0 +1,66 @@
+"""A pool at zero, woken by its router: the real operator (kopf through KopfRunner) against the
+emulated API server. The test plays the router (it stamps the wake ConfigMap, as its Role
+allows) and the Deployment controller (readiness)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from llmfleet.server.wire.wake import WAKE_ANNOTATION, wake_stamp
+from tests.operator.conftest import eventually, inference_service, settle
+from tests.operator.test_handlers import TINY, conditions, mark_ready
+
+SCALES_TO_ZERO = {
+    **TINY,
+    "pools": {"colocated": {**TINY["pools"]["colocated"], "minReplicas": 0}},
+    # no tuner run during the test: the test sets what the tuner would (status.tuner)
+    "autotune": {"intervalSeconds": 3600},
+}
+
+
+def replicas(kube, name: str = "tiny-colocated") -> int:
+    return kube.get("Deployment", name)["spec"]["replicas"]
+
+
+def test_a_wake_request_brings_a_pool_at_zero_back_at_once_and_its_cold_start_lands_in_status(kube, operator):
+    kube.create(inference_service("tiny", SCALES_TO_ZERO))
+    eventually(lambda: kube.get("Deployment", "tiny-colocated") is not None)
+    assert replicas(kube) == 1  # a pool that may go to zero starts warm
+    settle(kube, "tiny", 1)
+    # the tuner found it idle: zero replicas (zero.py), written where the tuner writes them
+    kube.patch("InferenceService", "tiny", {"status": {"tuner": {"replicas": {"colocated": 0}}}}, subresource="status")
+    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})
+    eventually(lambda: replicas(kube) == 0)
+    mark_ready(kube, "tiny-colocated")
+    mark_ready(kube, "tiny-router")
+    ready = eventually(lambda: (c := kube.condition("tiny", "Ready"))["status"] == "True" and c)
+    assert ready["reason"] == "ScaledToZero" and "the routers hold the next request and wake it" in ready["message"]
+
+    # a router holds a request: it stamps its wake ConfigMap
+    stamp = wake_stamp()
+    asked = time.monotonic()
+    kube.patch("ConfigMap", "tiny-wake", {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}})
+    eventually(lambda: replicas(kube) == 1, timeout=10)
+    reacted = time.monotonic() - asked
+    print(f"the operator scaled the pool from zero {reacted:.2f} s after the wake request", file=sys.__stdout__)
+    assert reacted < 5  # at once, not at the tuner's next run (an hour away here)
+    status = kube.get("InferenceService", "tiny")["status"]
+    assert status["tuner"]["replicas"] == {"colocated": 1}
+    assert status["wake"] == {"requestedAt": stamp, "pools": ["colocated"]}
+    eventually(lambda: any(e["reason"] == "Woken" for e in kube.events("tiny")))
+
+    time.sleep(1.0)  # the pod loads its model
+    mark_ready(kube, "tiny-colocated")
+    pools = eventually(lambda: (s := kube.get("InferenceService", "tiny")["status"])["wake"]["pools"] == [] and s)
+    cold = pools["pools"]["colocated"]["lastColdStartSeconds"]
+    print(f"status.pools.colocated.lastColdStartSeconds: {cold}", file=sys.__stdout__)
+    assert 1.0 <= cold < 30
+    assert conditions(kube.get("InferenceService", "tiny"))["Ready"]["reason"] == "AllPoolsReady"
+
+    # the same stamp seen again (the operator restarting lists it) wakes nothing
+    kube.patch("InferenceService", "tiny", {"status": {"tuner": {"replicas": {"colocated": 0}}}}, subresource="status")
+    kube.patch("ConfigMap", "tiny-wake", {"metadata": {"annotations": {WAKE_ANNOTATION: stamp, "again": "1"}}})
+    eventually(lambda: replicas(kube) == 0)
+    time.sleep(2)
+    assert replicas(kube) == 0
