@@ -4,12 +4,16 @@ It does what the operator and Kubernetes do in a cluster, with the same code whe
 spec model and `effective_engine` (operator/) render each pool's engine.yaml, the tuner law
 (operator/tuner/law.py) decides from the pods' metrics (direct scrape, or a Prometheus), and its
 decision lands as a config-file write (knobs, applied live) or as processes started and drained
-(replicas). The client-facing endpoint is the router (disaggregated) or a small front
-(colocated), on one port.
+(replicas). The client-facing endpoint is the router, in every mode, on one port: the same
+`llm-fleet serve --role router` the operator deploys, finding the servers in an endpoints file the
+fleet keeps current. A pool the tuner has scaled to zero comes back as soon as the router holds a
+request for it (``held`` in its /load): the fleet starts a server at once, and the time until it
+is ready is the cold start it reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -18,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import yaml
 
 from llmfleet.local.pools import LocalPool
@@ -25,7 +30,7 @@ from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
 from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef
 from llmfleet.operator.reconcile.desired import POOL_LABEL, Owner, desired_objects
 from llmfleet.operator.resource.spec import InferenceServiceSpec
-from llmfleet.operator.resource.tuner_state import TunerState
+from llmfleet.operator.resource.tuner_state import TunerState, pools_to_wake
 from llmfleet.operator.tuner.law import Decision
 from llmfleet.operator.tuner.run import ROUTER, Autotuner, PoolView, measured_pools, views_from_state
 from llmfleet.server.wire.auth import KV_TOKEN_ENV
@@ -41,6 +46,16 @@ class FleetView:
     last_decision: Decision | None = None
     last_metrics: dict[str, PoolMetrics] = field(default_factory=dict)
     history: list[str] = field(default_factory=list)  # one line per change or event, newest last
+    held: int = 0  # requests the router holds for a pool with no server
+    last_cold_start_s: float | None = None  # the last wake: from the router's held request to a ready server
+
+
+@dataclass
+class Wake:
+    """A wake under way: when the router was seen holding requests, and the pools woken."""
+
+    at: float
+    pools: list[str]
 
 
 class LocalFleet:
@@ -61,6 +76,7 @@ class LocalFleet:
         self.tuner_state = TunerState()
         self.autotuner: Autotuner | None = None
         self.router: ServerProcess | None = None
+        self.wake: Wake | None = None
         # Prometheus file_sd targets, labelled as the PodMonitor labels pods in the cluster: a
         # Prometheus reading this file serves `--prometheus-url` the same PromQL as in the cluster.
         self.targets_file = run_dir / "prometheus-targets.json"
@@ -76,28 +92,29 @@ class LocalFleet:
         for pool in self.pools.values():
             pool.write_config(self.tuner_state)
             pool.scale_to(pool.desired_replicas(self.tuner_state))
-        if self.spec.mode == "disaggregated":
-            self._write_endpoints()
-            self._start_router()
+        self._write_endpoints()
+        self._start_router()
 
     def _start_router(self) -> None:
         args = router_args(self.name, self.spec, self.endpoints_file)
         log_path = self.run_dir / "router.log"
         self.router = ServerProcess(f"{self.name}-router", args, log_path, port=self.port, host=self.host, env=self.env)
 
+    @property
+    def served_name(self) -> str:
+        """The model name clients send: the spec's model.name, else the InferenceService's."""
+        return self.spec.model.name or self.name
+
     def processes(self) -> list[ServerProcess]:
         found = [p for pool in self.pools.values() for p in pool.all_processes()]
         return found + ([self.router] if self.router else [])
 
-    def ready_backends(self) -> list[str]:
-        """Where the colocated front sends requests."""
-        return self.pools["colocated"].ready_urls() if "colocated" in self.pools else []
-
     def serving(self) -> bool:
-        """A request sent now can be answered: every pool has a ready server (and the router is up)."""
-        if not all(pool.ready_urls() for pool in self.pools.values()):
+        """A request sent now is answered: the router is up, and every pool has a ready server (or,
+        at zero, is woken by the request)."""
+        if self.router is None or not self.router.serving:
             return False
-        return self.router is None or self.router.serving
+        return all(pool.ready_urls() or pool.replicas == 0 for pool in self.pools.values())
 
     def stop(self, timeout: float) -> None:
         """Drain every server (each finishes its streams), then kill what is left after ``timeout``
@@ -153,9 +170,9 @@ class LocalFleet:
                 self._note(f"{pool.name}: {pool.config_path.name} was edited: put back (edit the service file)")
             for note in pool.reap():
                 self._note(f"{pool.name}: {note}")
-        if self.spec.mode == "disaggregated":
-            self._write_endpoints()
+        self._write_endpoints()
         self._write_targets()
+        self._wake_if_held()
         router = self.router
         if router is not None and not router.ready and router.poll_ready():
             self._router_failed_starts = 0
@@ -170,6 +187,31 @@ class LocalFleet:
                     raise StartFailed(f"the router exits before it is ready; it said:\n{router.log_tail(3)}")
             self._note(f"router exited with {router.proc.returncode}: {router.log_tail(3)}; restarting")
             self._start_router()
+
+    def _wake_if_held(self) -> None:
+        """The router holds requests while a pool has no server: start the pools at zero now (the
+        operator's wake handler, locally), and once every woken pool has a ready server note the
+        cold start."""
+        router = self.router
+        held = 0
+        if router is not None and router.serving:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                held = int(httpx.get(f"{router.url}/load", timeout=0.5).json()["held"])
+        self.view.held = held
+        if held and self.wake is None:
+            wake = pools_to_wake(self.spec, self.tuner_state)
+            if wake:
+                self.wake = Wake(time.monotonic(), sorted(wake))
+                for pool, replicas in wake.items():
+                    self.apply(pool, replicas, {})
+                    self.pools[pool].scale_to(self.pools[pool].replicas)
+                woken = ", ".join(f"{pool} 0 -> {n}" for pool, n in wake.items())
+                self._note(f"the router holds {held} request{'s' * (held > 1)}: woken, {woken}")
+        wake = self.wake
+        if wake is not None and all(self.pools[pool].ready_urls() for pool in wake.pools):
+            self.wake = None
+            self.view.last_cold_start_s = time.monotonic() - wake.at
+            self._note(f"cold start: {', '.join(wake.pools)} ready {self.view.last_cold_start_s:.1f} s after the wake")
 
     def tune_due(self) -> bool:
         return self.spec.autotune.enabled and time.monotonic() >= self._next_tune
@@ -236,19 +278,26 @@ def _replace_if_changed(path: Path, text: str) -> None:
         tmp.replace(path)
 
 
+# What the cluster's router flags name that a local router finds otherwise: its own host and
+# ports, the pools' Services (the endpoints file instead), the wake ConfigMap (the fleet reads /load).
+CLUSTER_ONLY_FLAGS = frozenset(
+    {"--host", "--port", "--metrics-port", "--colocated-service", "--prefill-service", "--decode-service"}
+    | {"--wake-config-map"}
+)
+
+
 def router_args(name: str, spec: InferenceServiceSpec, endpoints_file: Path) -> list[str]:
     """The router's `llm-fleet serve` arguments as the operator renders them for the cluster, except
-    that it finds the prefill and decode servers in ``endpoints_file`` (kept current by the fleet)
-    rather than through the pools' headless Services; host and port are the process's own."""
+    that it finds the servers in ``endpoints_file`` (kept current by the fleet) rather than through
+    the pools' headless Services; host and port are the process's own."""
     objects = desired_objects(Owner(name, NAMESPACE, "local"), spec)
     (router,) = (o for o in objects if o["kind"] == "Deployment" and o["metadata"]["labels"][POOL_LABEL] == "router")
     (container,) = router["spec"]["template"]["spec"]["containers"]
-    dropped = {"--host", "--port", "--prefill-service", "--decode-service"}
     args, rendered = [], container["args"][1:]  # [0] is the `serve` subcommand
     for flag, value in zip(rendered[::2], rendered[1::2], strict=True):
-        if flag not in dropped:
+        if flag not in CLUSTER_ONLY_FLAGS:
             args += [flag, value]
-    return [*args, "--endpoints-file", str(endpoints_file)]
+    return [*args, "--endpoints-file", str(endpoints_file), "--router-mode", spec.mode]
 
 
 class _Actuator:

@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 
 from llmfleet.local.processes import START_ATTEMPTS, ServerProcess, StartFailed
-from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
 
@@ -73,7 +72,7 @@ class LocalPool:
             "--config",
             str(self.config_path),
             "--drain-timeout",
-            str(DRAIN_SECONDS),
+            str(self.spec.drain_seconds(self.name)),
             *self.extra_args,
         ]
 
@@ -120,7 +119,7 @@ class LocalPool:
         return notes
 
     def ready_urls(self) -> list[str]:
-        """Servers that answered /ready (polled by ``reap``, never here: the front calls this per request)."""
+        """Servers that answered /ready (polled by ``reap``, never here: the view calls this often)."""
         return [s.url for s in self.servers if s.serving]
 
     def all_processes(self) -> list[ServerProcess]:

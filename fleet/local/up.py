@@ -9,6 +9,9 @@ DEFAULT_SPEC = "default.yaml"  # packaged with llmfleet.local; the same file as 
 
 
 def add_arguments(parser) -> None:
+    parser.add_argument(
+        "service_file", nargs="?", metavar="FILE", help="InferenceService YAML, as -f (`up examples/local.yaml`)"
+    )
     parser.add_argument("-f", "--file", help="InferenceService YAML (default: builtin:tiny, as examples/local.yaml)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port, default=8000, help="the client-facing OpenAI endpoint")
@@ -41,6 +44,10 @@ def run(args) -> int:
     from llmfleet.operator.resource.spec import SpecError, name_problem
     from llmfleet.server.wire.auth import API_KEY_ENV
 
+    if args.service_file and args.file and args.service_file != args.file:
+        print(f"error: two service files given: {args.service_file} and -f {args.file}", file=sys.stderr)
+        return 2
+    args.file = args.file or args.service_file
     try:
         name, spec = load_service(args.file)
     except SpecError as exc:
@@ -89,56 +96,48 @@ async def _serve(fleet, args, tui: bool) -> int:
     import signal
     import sys
 
-    import uvicorn
     from rich.console import Console
     from rich.live import Live
 
-    from llmfleet.local.front import build_front
     from llmfleet.local.processes import StartFailed, reachable_url
+    from llmfleet.local.terminal import detach_from_terminal
     from llmfleet.local.view import render
     from llmfleet.operator.metrics.prometheus import PrometheusSource
     from llmfleet.operator.metrics.scrape import ScrapeSource
-    from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
-    from llmfleet.server.wire.keepalive import SERVER_KEEP_ALIVE_S
 
     log = logging.getLogger("llmfleet.local")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape and request is noise
     url = reachable_url(args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    drain_s = fleet.spec.drain_seconds("router")  # the longest any pool's streams may take
+    live = None  # the terminal view, once started
 
     # Ctrl-C, a kill, or the terminal going away (the servers run in sessions of their own, so a
     # hang-up reaches only us): all drain the fleet.
-    def on_signal() -> None:
-        if stop.is_set():  # a second Ctrl-C, as for uvicorn and vLLM: stop now
+    def on_signal(sig: signal.Signals) -> None:
+        if sig == signal.SIGHUP:
+            # The terminal is gone: a write to it now fails (EIO), which would end this process
+            # before the drain and cut every stream. Our output goes nowhere from here on.
+            detach_from_terminal()
+            if live is not None:
+                live.console.quiet = True
+        if stop.is_set() and sig != signal.SIGHUP:  # a second Ctrl-C, as for uvicorn and vLLM: stop now
             log.warning("stopping now, without waiting for the drain")
             fleet.hurry()
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(sig, on_signal, sig)
 
     prometheus = args.prometheus_url or fleet.spec.autotune.prometheus_url
     source = PrometheusSource(prometheus) if prometheus else ScrapeSource(fleet.scrape_targets)
     fleet.start()
-    front = front_task = None
-    if fleet.router is None:
-        app = build_front(fleet.ready_backends)
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            lifespan="off",
-            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
-        )
-        front = uvicorn.Server(config)
-        front.capture_signals = contextlib.nullcontext  # ours handle Ctrl-C: the fleet drains first
-        front_task = asyncio.create_task(front._serve())
     log.info("InferenceService %s: starting %s; logs and configs in %s", fleet.name, fleet.spec.mode, fleet.run_dir)
     log.info("Prometheus can scrape the servers through file_sd: %s", fleet.targets_file)
     announced = False
-    live = Live(render(fleet, url), console=Console(), refresh_per_second=2) if tui else None
+    console = Console()
+    live = Live(render(fleet, url, console.height), console=console, refresh_per_second=2) if tui else None
     failure = None
     with live or contextlib.nullcontext():
         while not stop.is_set():
@@ -151,7 +150,13 @@ async def _serve(fleet, args, tui: bool) -> int:
                 break
             if not announced and fleet.serving():
                 announced = True
-                log.info("ready: %s (OpenAI API, model %s)", url, fleet.spec.model.name or fleet.name)
+                log.info(
+                    "ready: %s (OpenAI API: send model=%r; %s/metrics is the router's, each server's is in %s)",
+                    url,
+                    fleet.served_name,
+                    url,
+                    fleet.targets_file,
+                )
             if fleet.tune_due():
                 try:
                     decision = await fleet.tune(source)
@@ -161,16 +166,11 @@ async def _serve(fleet, args, tui: bool) -> int:
                 except Exception:  # a failed run holds: the next interval tries again
                     log.exception("tuner run failed")
             if live is not None:
-                live.update(render(fleet, url))
+                live.update(render(fleet, url, console.height))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-    log.info("draining the fleet (up to %d s)", DRAIN_SECONDS)
-    if front is not None:
-        front.should_exit = True
-    await asyncio.to_thread(fleet.stop, DRAIN_SECONDS + 5)
-    if front_task is not None:
-        await front_task
-        await app.state.client.aclose()
+    log.info("draining the fleet (up to %d s)", drain_s)
+    await asyncio.to_thread(fleet.stop, drain_s + 5)
     close = getattr(source, "aclose", None)
     if close is not None:
         await close()

@@ -1,6 +1,5 @@
 """Reading the SSE stream the router relays, as it passes: first token, inter-token gaps, the
-finish reason, and whether a retry is still possible. The local fleet's front reads its streams
-with it too."""
+finish reason, and whether a retry is still possible."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ class StreamMeter:
     as they happen, where ``metrics`` are given), the finish reason, and whether the stream has
     started (a generated token or a final event went out: from then on a failure can no longer be
     retried). Text the server echoes back (a chat's opening chunk, a completion's echoed prompt) is
-    no token: it counts for neither. The local fleet's front reads its streams with it too."""
+    no token: it counts for neither."""
 
     def __init__(self, metrics: LatencyObserver | None, started: float, echo: bool = False) -> None:
         self.metrics = metrics

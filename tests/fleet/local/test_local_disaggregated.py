@@ -18,7 +18,6 @@ import yaml
 
 from llmfleet.local.fleet import LocalFleet, router_args
 from llmfleet.local.up import load_service
-from llmfleet.operator.reconcile.desired import DRAIN_SECONDS
 from llmfleet.server import cli as server_cli
 from tests.support import ServerProcess, free_port
 
@@ -46,8 +45,11 @@ def test_the_local_router_runs_the_cluster_routers_args_with_an_endpoints_file(t
         "--role": "router",
         "--served-model-name": "tiny-pd",
         "--router-policy": "load",
-        "--drain-timeout": str(DRAIN_SECONDS),
+        "--hold-timeout": "300",
+        "--max-held": "1024",
+        "--drain-timeout": "215",  # builtin:tiny's 2048 tokens at the 100 ms ITL SLO, and 10 s
         "--endpoints-file": str(tmp_path / "endpoints.yaml"),
+        "--router-mode": "disaggregated",
     }
 
 
@@ -192,7 +194,7 @@ def test_pools_scale_by_start_and_drain_under_traffic_and_the_router_follows(tmp
         for client in clients:
             if client.is_alive():
                 client.join(120)
-        fleet.stop(timeout=DRAIN_SECONDS + 5)
+        fleet.stop(timeout=30)
     assert not errors, errors
     assert not any(server.alive for server in fleet.processes())
     assert any("drained" in line for line in fleet.view.history), fleet.view.history

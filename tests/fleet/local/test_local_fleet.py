@@ -366,15 +366,16 @@ def test_prometheus_url_reads_the_fleet_through_its_targets_file(tmp_path):
             fleet.supervise()
             time.sleep(0.2)
         fleet.supervise()
-        (group,) = json.loads(fleet.targets_file.read_text())
+        groups = {group["labels"]["pool"]: group for group in json.loads(fleet.targets_file.read_text())}
         server = fleet.pools["colocated"].servers[0]  # one group per server, named as a pod is
-        assert group["labels"] == {
+        assert groups["colocated"]["labels"] == {
             "namespace": "local",
             "inference_service": "tiny",
             "pool": "colocated",
             "pod": server.name,
         }
-        with PrometheusProcess([], file_sd=[fleet.targets_file]) as prometheus, _traffic(fleet.ready_backends()[0]):
+        assert groups["router"]["labels"]["pod"] == fleet.router.name
+        with PrometheusProcess([], file_sd=[fleet.targets_file]) as prometheus, _traffic(fleet.router.url):
             deadline = time.monotonic() + 60
             while not prometheus.query('vllm:time_to_first_token_seconds_count{pool="colocated"} > 0'):
                 assert time.monotonic() < deadline, "Prometheus never saw a first token"
@@ -406,67 +407,6 @@ def _traffic(url: str):
     finally:
         stop.set()
         thread.join(30)
-
-
-class SlowSupervisedFleet:
-    """Just enough of a LocalFleet for `up`'s loop, whose supervising blocks until let go."""
-
-    def __init__(self, tmp_path: Path, spec) -> None:
-        self.name, self.spec, self.run_dir = "slow", spec, tmp_path
-        self.targets_file = tmp_path / "targets.json"
-        self.router = None
-        self.let_go = threading.Event()
-        self.supervised = threading.Event()
-
-    def start(self) -> None:
-        pass
-
-    def supervise(self) -> None:
-        self.supervised.set()
-        assert self.let_go.wait(30), "never let go"
-
-    def ready_backends(self) -> list[str]:
-        return []
-
-    def scrape_targets(self, ref) -> list[str]:
-        return []
-
-    def serving(self) -> bool:
-        return False
-
-    def tune_due(self) -> bool:
-        return False
-
-    def stop(self, timeout: float) -> None:
-        pass
-
-
-def test_the_front_answers_while_the_fleet_is_supervised(tmp_path):
-    # A server slow to answer its readiness poll must not hold up clients of the servers that are up
-    from llmfleet.local.up import _serve
-
-    _, spec = load_service(None)
-    fleet = SlowSupervisedFleet(tmp_path, spec)
-    port = free_port()
-    args = types.SimpleNamespace(host="127.0.0.1", port=port, prometheus_url=None)
-    answers = []
-
-    def client() -> None:
-        assert fleet.supervised.wait(30)
-        with contextlib.suppress(httpx.HTTPError):
-            for _ in range(100):  # the front may still be binding its port
-                with contextlib.suppress(httpx.ConnectError):
-                    answers.append(httpx.get(f"http://127.0.0.1:{port}/ready", timeout=10).status_code)
-                    break
-                time.sleep(0.1)
-        fleet.let_go.set()
-        os.kill(os.getpid(), signal.SIGINT)  # `up` drains and returns
-
-    thread = threading.Thread(target=client)
-    thread.start()
-    assert asyncio.run(_serve(fleet, args, tui=False)) == 0
-    thread.join()
-    assert answers == [503]  # answered (no server ready yet) while supervise still ran
 
 
 class IdleServer:
@@ -502,6 +442,15 @@ class StuckServer(IdleServer):
         self.draining = True
 
 
+def fake_processes(monkeypatch, server: type) -> None:
+    """The pools' servers are ``server``s, the router an IdleServer: no process starts."""
+    import llmfleet.local.fleet as fleet_module
+    import llmfleet.local.pools as pools
+
+    monkeypatch.setattr(pools, "ServerProcess", server)
+    monkeypatch.setattr(fleet_module, "ServerProcess", IdleServer)
+
+
 def test_stopping_a_disaggregated_fleet_does_not_wait_for_kv_nobody_will_fetch(tmp_path, monkeypatch, repo_root):
     import llmfleet.local.fleet as fleet_module
     import llmfleet.local.pools as pools
@@ -522,9 +471,7 @@ def test_stopping_a_disaggregated_fleet_does_not_wait_for_kv_nobody_will_fetch(t
 
 
 def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, monkeypatch):
-    import llmfleet.local.pools as pools
-
-    monkeypatch.setattr(pools, "ServerProcess", StuckServer)
+    fake_processes(monkeypatch, StuckServer)
     name, spec = load_service(None)
     fleet = LocalFleet(name, spec, tmp_path, 8000)
     fleet.start()
@@ -536,12 +483,12 @@ def test_a_second_ctrl_c_cuts_the_drain_short(tmp_path, monkeypatch):
 
 
 def test_the_tuner_s_replica_change_is_carried_out_by_supervise_off_the_event_loop(tmp_path, monkeypatch):
-    # apply() runs on the loop the colocated front serves on; choosing whom to drain asks each
-    # server for its load, so starting and draining wait for supervise(), which runs in a thread.
+    # apply() runs on `up`'s event loop; choosing whom to drain asks each server for its load, so
+    # starting and draining wait for supervise(), which runs in a thread.
     import llmfleet.local.pools as pools
 
     load_asked = []
-    monkeypatch.setattr(pools, "ServerProcess", IdleServer)
+    fake_processes(monkeypatch, IdleServer)
     monkeypatch.setattr(pools, "_in_flight", lambda server: load_asked.append(server.name) or 0.0)
     name, spec = load_service(None)
     fleet = LocalFleet(name, spec, tmp_path, 8000)
@@ -563,9 +510,7 @@ def test_the_tuner_s_replica_change_is_carried_out_by_supervise_off_the_event_lo
 def test_a_hand_edit_of_a_pools_engine_file_is_put_back(tmp_path, monkeypatch):
     """The file is the ConfigMap's twin: the servers applied an edit live while the tuner went on
     reasoning from the values it had written, and new servers started with the edit."""
-    import llmfleet.local.pools as pools
-
-    monkeypatch.setattr(pools, "ServerProcess", IdleServer)
+    fake_processes(monkeypatch, IdleServer)
     name, spec = load_service(None)
     fleet = LocalFleet(name, spec, tmp_path, 8000)
     fleet.start()
