@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
+from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas, pools_to_wake
 from llmfleet.operator.tuner.law import Tuner, TunerConfig
 from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
 from llmfleet.sim.fleet import ControlRecord, Fleet
@@ -57,6 +57,13 @@ class TunerController:
         self.autotuner = Autotuner(spec, fleet.metric_source, refs, tuner=Tuner(config) if config else None)
         self.actuator = FleetActuator(fleet)
         self.runs = 0
+        fleet.wake_hook = self.wake
+
+    def wake(self) -> None:
+        """A request at the router for a pool at zero: the pools at zero go to their floor at once,
+        as the operator's wake handler sets them, not at the next run."""
+        for pool, replicas in pools_to_wake(self.fleet.spec, self.actuator.state).items():
+            self.actuator.apply(pool, replicas, {})
 
     def control(self, now: float) -> None:
         outcome = run_sync(self.autotuner.step(self.actuator, now))

@@ -3,9 +3,11 @@
 Events, in simulated time:
 
 - ``arrival``: the router sends a request to the least-loaded ready pod of the entry pool
-  (``colocated``, or ``prefill`` in disaggregated mode); with no ready pod it waits at the router.
-  Pods are picked as the router and the local fleet's front pick servers (``load_score``: the
-  requests a pod holds, those whose first token has not come back yet weighing more).
+  (``colocated``, or ``prefill`` in disaggregated mode); with no ready pod it waits at the router
+  (held). A pool with no pod starting either (scaled to zero) is woken at once (``wake_hook``:
+  the controller brings it to its floor, as the operator's wake handler does), and the time to
+  its first ready pod is a cold start. Pods are picked as the router picks servers (``load_score``:
+  the requests a pod holds, those whose first token has not come back yet weighing more).
 - ``step_end``: a pod's step is over; its tokens become visible (client records, pool metrics),
   and the pod starts its next step. A prefill pod's finished request moves to the decode pool
   after the KV transfer delay (``transfer``).
@@ -80,6 +82,17 @@ class ControlRecord:
 
 
 @dataclass
+class ColdStart:
+    """A pool woken from zero: when the first request for it arrived, how long until its first
+    pod was ready, and how many requests the router held meanwhile."""
+
+    pool: str
+    at: float
+    seconds: float
+    held: int
+
+
+@dataclass
 class TimelinePoint:
     at: float
     pools: dict[str, dict[str, float]]  # pool -> ready/starting/draining/waiting/running and knobs
@@ -101,6 +114,7 @@ class SimResult:
     options: SimOptions
     notes: dict[str, Any] = field(default_factory=dict)
     measure_from: float = 0.0  # the report leaves out what came before (a warm-up)
+    cold_starts: list[ColdStart] = field(default_factory=list)
 
     @property
     def conserved(self) -> bool:
@@ -120,7 +134,8 @@ class SimPool:
     config: EngineConfig
     series: PoolSeries
     pods: list[SimPod] = field(default_factory=list)
-    backlog: list[tuple[RequestRecord, float]] = field(default_factory=list)  # waiting at the router
+    # waiting at the router: the request, its arrival at this pool, since when it waits
+    backlog: list[tuple[RequestRecord, float, float]] = field(default_factory=list)
     turn: int = 0
     created: int = 0
 
@@ -177,6 +192,9 @@ class Fleet:
         self._live: dict[tuple[str, str], RequestRecord] = {}  # (pod, request id) -> record
         self._open = 0
         self._next_arrival = 0
+        self.wake_hook: Callable[[], None] | None = None  # brings the pools at zero back (the controller's)
+        self.cold_starts: list[ColdStart] = []
+        self._waking: dict[str, float] = {}  # pool -> when its wake began
         for pool in self.pools.values():
             self.scale(pool.name, effective_replicas(spec, pool.name, None), initial=True)
         self.controller = controller(self) if controller is not None else None
@@ -218,6 +236,7 @@ class Fleet:
             decisions=self.decisions,
             pod_lifetimes=lifetimes,
             options=self.options,
+            cold_starts=self.cold_starts,
             notes={
                 "cost_model": self.cost.describe(),
                 "profile": f"{self.cost.model} {self.cost.dtype} {self.cost.device} {self.cost.threads} threads",
@@ -261,13 +280,27 @@ class Fleet:
         if pod.state != PodState.STARTING:
             return  # cancelled while starting
         pod.state = PodState.READY
-        self._dispatch_backlog(self.pools[pod.pool])
+        pool = self.pools[pod.pool]
+        began = self._waking.pop(pod.pool, None)
+        if began is not None:
+            self.cold_starts.append(ColdStart(pod.pool, began, self.now - began, len(pool.backlog)))
+        self._dispatch_backlog(pool)
 
     def _dispatch_backlog(self, pool: SimPool) -> None:
         """The requests that waited for a ready pod go to the pool's pods."""
         waiting, pool.backlog = pool.backlog, []
-        for record, arrived in waiting:
+        for record, arrived, since in waiting:
+            record.held_s += self.now - since
             self._dispatch(pool.name, record, arrived)
+
+    def _wake(self) -> None:
+        """A request waits for a pool with no pod ready or starting: ask for the pools at zero now."""
+        asleep = [name for name, pool in self.pools.items() if pool.replicas == 0 and name not in self._waking]
+        if not asleep or self.wake_hook is None:
+            return
+        for name in asleep:
+            self._waking[name] = self.now
+        self.wake_hook()
 
     def _on_transfer(self, handoff: tuple[RequestRecord, float]) -> None:
         record, sent = handoff  # the decode server's clock runs from the router's call, the KV fetch in it
@@ -298,7 +331,9 @@ class Fleet:
         pool = self.pools[pool_name]
         pod = self._pick(pool)
         if pod is None:
-            pool.backlog.append((record, arrived))
+            pool.backlog.append((record, arrived, self.now))
+            if not pool.with_state(PodState.STARTING):
+                self._wake()
             return
         try:
             pod.add(str(record.index), record.prompt_len, record.output_len, arrived)

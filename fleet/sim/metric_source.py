@@ -60,6 +60,7 @@ class RequestRecord:
     detail: str = ""
     pod: str = ""  # the pod that served it (the decode pod in disaggregated mode)
     dispatched_at: float | None = None  # when the router handed it to that pod
+    held_s: float = 0.0  # how long the router held it for a pool with no ready pod (a start from zero)
 
     @property
     def ttft(self) -> float | None:

@@ -139,6 +139,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         return float(np.percentile(values, q)) if values else None
 
     pools = sorted({pool for _, pool, _, _ in result.pod_lifetimes})
+    held = [r.held_s for r in records if r.held_s > 0]
+    cold = [c for c in result.cold_starts if c.at >= start]
     return {
         "name": result.name,
         "mode": result.mode,
@@ -170,6 +172,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "max_direction_changes_per_window": max(flips.values(), default=0),
         "direction_changes": flips,
         "stabilization_window_s": window,
+        "held_requests": len(held),  # waited at the router for a pool with no ready pod
+        "held_max_s": max(held, default=None),
+        "held_p95_s": pct(held, 95),
+        "cold_starts": len(cold),
+        "cold_start_max_s": max((c.seconds for c in cold), default=None),
     }
 
 
@@ -195,6 +202,7 @@ def to_json(result: SimResult, summary: dict[str, Any] | None = None) -> dict[st
         "decisions": [asdict(d) for d in result.decisions],
         "timeline": [{"at": p.at, **p.pools} for p in result.timeline[::step]],
         "options": asdict(result.options),
+        "cold_starts": [asdict(c) for c in result.cold_starts],
         "notes": result.notes,
     }
 
@@ -229,6 +237,12 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
         f"{s['decisions']} decisions, at most {s['max_direction_changes_per_window']} direction change(s) "
         f"per {s['stabilization_window_s']:.0f} s"
     )
+    if s["cold_starts"] or s["held_requests"]:
+        longest = "-" if s["cold_start_max_s"] is None else f"{s['cold_start_max_s']:.1f} s"
+        print(
+            f"   from zero: {s['cold_starts']} cold start(s), the longest {longest}; {s['held_requests']} "
+            f"request(s) held at the router, p95 {ms(s['held_p95_s'])}, at most {ms(s['held_max_s'])}"
+        )
     _print_reasons(s["reasons"])
     shown = result.decisions[-decisions:] if decisions else []
     if shown:

@@ -282,3 +282,28 @@ def test_a_prompt_far_past_the_context_is_refused_before_its_tokens_are_built(pr
     result = simulate(make_spec(), profile, [RequestSpec(0.0, 10**11, 10)], controller="fixed")  # 800 GB as a list
     (record,) = result.records
     assert record.status == "rejected" and "your request has 100000000000 input tokens" in record.detail
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+def test_an_idle_pool_goes_to_zero_and_the_next_requests_wait_out_its_cold_start(profile, mode) -> None:
+    """The real tuner scales the idle pools to zero; the next arrivals wake them at once and wait
+    at the router for the start-up delay; none is lost, and the report counts them."""
+    burst = poisson(20, 2.0)
+    later = [RequestSpec(600.0 + r.arrival_s, r.prompt_len, r.output_len) for r in poisson(20, 2.0, seed=1)]
+    spec = make_spec(min_replicas=0, mode=mode, autotune={"scaleToZeroAfterSeconds": 60})
+    result = simulate(spec, profile, burst + later, controller="tuner", options=SimOptions(startup_s=25.0))
+    assert result.conserved and all(r.status == "finished" for r in result.records)
+    to_zero = [c for d in result.decisions for c in d.changes if c["to"] == 0]
+    assert {c["pool"] for c in to_zero} == set(spec.active_pools) and all(c["from"] == 1 for c in to_zero)
+    assert all("idle for" in c["reason"] for c in to_zero)
+    assert {c.pool for c in result.cold_starts} == set(spec.active_pools)
+    assert all(
+        c.seconds == pytest.approx(25.0) and c.at == pytest.approx(later[0].arrival_s) for c in result.cold_starts
+    )
+    held = [r for r in result.records if r.held_s > 0]
+    assert held and all(r.arrival >= 600.0 for r in held) and max(r.held_s for r in held) <= 25.0 + 1e-6
+    summary = summarize(result)
+    assert summary["cold_starts"] == len(spec.active_pools) and summary["held_requests"] == len(held)
+    assert summary["cold_start_max_s"] == pytest.approx(25.0)
+    zero_at = min(d.at for d in result.decisions if any(c["to"] == 0 for c in d.changes))
+    assert 60.0 <= zero_at - burst[-1].arrival_s < 120.0  # idle for scaleToZeroAfterSeconds, give or take a run
