@@ -68,7 +68,9 @@ def _server_args(kube: Kube, port: int, config: Path) -> list[str]:
     (container,) = kube.get("Deployment", "tiny-colocated")["spec"]["template"]["spec"]["containers"]
     args = list(container["args"])
     assert args[0] == "serve"
-    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port)), ("--config", str(config))):
+    # no metrics port: Prometheus scrapes the API port here
+    loopback = (("--host", "127.0.0.1"), ("--port", str(port)), ("--metrics-port", "0"), ("--config", str(config)))
+    for flag, value in loopback:
         args[args.index(flag) + 1] = value
     return args[1:]
 
@@ -120,7 +122,7 @@ def test_on_the_emulator(tmp_path, monkeypatch):
                 eventually(lambda: _applied_batch(server) == tuned, timeout=20)
                 # deletion: the garbage collector takes every child
                 kube.delete("InferenceService", "tiny")
-                for kind in ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget"):
+                for kind in ("Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "NetworkPolicy"):
                     eventually(lambda kind=kind: kube.list(kind) == {}, timeout=20)
                 eventually(lambda: kube.get("InferenceService", "tiny") is None, timeout=20)
     finally:
@@ -137,16 +139,18 @@ def _batch_lowered(resource: dict) -> bool:
 
 
 def _mark_ready(kube: Kube) -> None:
-    deployment = kube.get("Deployment", "tiny-colocated")
-    n = deployment["spec"]["replicas"]
-    status = {
-        "replicas": n,
-        "updatedReplicas": n,
-        "readyReplicas": n,
-        "availableReplicas": n,
-        "observedGeneration": deployment["metadata"]["generation"],
-    }
-    kube.patch("Deployment", "tiny-colocated", {"status": status}, subresource="status")
+    """The pool's Deployment and the routers' (the traffic here goes straight to the server)."""
+    for name in ("tiny-colocated", "tiny-router"):
+        deployment = kube.get("Deployment", name)
+        n = deployment["spec"]["replicas"]
+        status = {
+            "replicas": n,
+            "updatedReplicas": n,
+            "readyReplicas": n,
+            "availableReplicas": n,
+            "observedGeneration": deployment["metadata"]["generation"],
+        }
+        kube.patch("Deployment", name, {"status": status}, subresource="status")
 
 
 def _applied_batch(server: ServerProcess) -> float | None:
