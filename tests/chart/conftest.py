@@ -39,6 +39,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "dashboards": {"grafana": {"dashboards": {"enabled": True}}},
     "prometheus-rule": {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}}},
     "pod-monitor-labels": {"podMonitorLabels": {"release": "kube-prometheus-stack"}},
+    "metrics-namespaces": {"metricsNamespaceLabels": {"llmfleet.io/scrapes": "true"}},
     "own-account": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops-bot"}},
 }
 

@@ -147,6 +147,12 @@ def test_pod_monitor_labels_reach_the_operator(render) -> None:
     assert not [a for a in operator_container(render({}))["args"] if a.startswith("--pod-monitor-label")]
 
 
+def test_metrics_namespace_labels_reach_the_operator(render) -> None:
+    args = operator_container(render(VARIANTS["metrics-namespaces"]))["args"]
+    assert "--metrics-namespace-label=llmfleet.io/scrapes=true" in args
+    assert not [a for a in operator_container(render({}))["args"] if a.startswith("--metrics-namespace-label")]
+
+
 def test_peering_mode(render) -> None:
     docs = render(VARIANTS["peering"])
     args = operator_container(docs)["args"]

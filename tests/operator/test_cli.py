@@ -80,6 +80,14 @@ def test_pod_monitor_labels(kopf_run):
         main(["operator", "--pod-monitor-label", "release"])
 
 
+def test_metrics_namespace_labels(kopf_run):
+    assert main(["operator", "--metrics-namespace-label", "llmfleet.io/scrapes=true"]) == 0
+    assert kopf_run[0]["memo"].metrics_peers == {"llmfleet.io/scrapes": "true"}
+    assert main(["operator"]) == 0 and kopf_run[1]["memo"].metrics_peers == {}
+    with pytest.raises(SystemExit, match="--metrics-namespace-label wants KEY=VALUE"):
+        main(["operator", "--metrics-namespace-label", "monitoring"])
+
+
 @pytest.mark.parametrize("argv", [["--standalone", "--peering", "x"], ["-A", "-n", "ml"]])
 def test_contradicting_options_are_refused(kopf_run, argv):
     with pytest.raises(SystemExit):
