@@ -142,7 +142,7 @@ async def _serve(fleet, args, tui: bool) -> int:
     with live or contextlib.nullcontext():
         while not stop.is_set():
             try:
-                # its polls block (a starting server may be slow to answer): off the loop the front serves on
+                # its polls block (a starting server may be slow to answer): off the loop signals are handled on
                 await asyncio.to_thread(fleet.supervise)
             except StartFailed as exc:
                 log.error("cannot start the fleet: %s", exc)

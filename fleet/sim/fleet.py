@@ -350,8 +350,7 @@ class Fleet:
 
     def _pick(self, pool: SimPool) -> SimPod | None:
         """Least loaded ready pod by the router's load score, then fewest requests held, then round
-        robin (the router's own counts, exact at every pick: a lone router needs no poll for them;
-        the local front's are the same, without KV usage, which it does not poll)."""
+        robin (the router's own counts, exact at every pick: a lone router needs no poll for them)."""
         ready = pool.with_state(PodState.READY)
         if not ready:
             return None

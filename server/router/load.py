@@ -1,5 +1,5 @@
 """What the router knows of one server's load, and the score it ranks servers by. Pure: the
-router, the local fleet's front and the simulator all rank by it."""
+router (in the cluster and on the local fleet's client port) and the simulator all rank by it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Keep-alive timing between our own HTTP hops (router to servers, decode to prefill, the local
-front to its servers). A client that reuses a pooled connection in the instant the server closes
-it for idleness gets a ReadError before any byte: the request fails, or burns a retry. With both
+"""Keep-alive timing between our own HTTP hops (router to servers, decode to prefill). A client
+that reuses a pooled connection in the instant the server closes it for idleness gets a
+ReadError before any byte: the request fails, or burns a retry. With both
 sides at their libraries' default of 5 s, a retry sent 5 s after the last request (a decode
 timeout of 5 s, say) hits that instant. So our servers keep idle connections longer than our
 clients pool them."""
