@@ -16,6 +16,7 @@ DESCRIPTION = "Serve, operate, simulate and benchmark LLM inference fleets (`llm
 SUBCOMMANDS: dict[str, str] = {
     "serve": "llmfleet.server.cli",
     "generate": "llmfleet.server.generate_cli",
+    "fetch-model": "llmfleet.server.fetch_cli",
     "operator": "llmfleet.operator.cli",
     "up": "llmfleet.local.up",
     "load": "llmfleet.local.load",

@@ -21,7 +21,16 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "model_tag", nargs="?", metavar="MODEL", help="as vLLM's `vllm serve MODEL`: the same as --model"
     )
-    parser.add_argument("--model", help="builtin:tiny (the default), builtin:small or a local HF model dir")
+    parser.add_argument(
+        "--model",
+        help="builtin:tiny (the default), builtin:small, a local HF model dir, or a Hugging Face repository "
+        "(org/name or hf://org/name@revision), downloaded into --download-dir on first use",
+    )
+    parser.add_argument(
+        "--download-dir",
+        help="as vLLM's: the cache Hub models are downloaded into and loaded from (default: $HF_HUB_CACHE, "
+        "~/.cache/huggingface/hub)",
+    )
     parser.add_argument("--config", help="engine config YAML, watched and applied live")
     parser.add_argument("--role", default="colocated", choices=["colocated", "prefill", "decode", "router"])
     parser.add_argument("--host", default="127.0.0.1")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from llmfleet.server.config import file_overrides, load_engine_config, read_engine_file
 from llmfleet.server.core.chat_template import holds_jinja, template_problem
+from llmfleet.server.core.model_uri import hub_reference
 from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
 from llmfleet.server.engine_flags import FLAGS, SWITCHES, engine_flags
 from llmfleet.server.http.drain import run_app
@@ -21,7 +22,7 @@ from llmfleet.server.http.state import ServerState
 from llmfleet.server.live_config import ConfigWatcher, version_of
 from llmfleet.server.openai.app import create_app
 from llmfleet.server.openai.generation_defaults import GenerationConfigError, read_generation_defaults
-from llmfleet.server.runner.builtin_models import resolve_model
+from llmfleet.server.runner.builtin_models import download_if_hub, resolve_model
 from llmfleet.server.wire.auth import KV_TOKEN_ENV, kv_token_from_env
 from llmfleet.server.wire.endpoints import EndpointsFile, EndpointSource, ServiceDNS, StaticEndpoints
 
@@ -45,20 +46,22 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     if args.config:
         warn_of_overridden_flags(args.config, flags)
     try:
-        engine, tokenizer = build_engine(args.model, config, device=args.device)
+        # once: a Hub model is downloaded (or found in the cache) here, then loaded from disk
+        model = download_if_hub(args.model, getattr(args, "download_dir", None))
+        engine, tokenizer = build_engine(model, config, device=args.device)
     except LOAD_ERRORS as exc:
         raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
     if template is not None:
         tokenizer.chat_template = template
     try:
         defaults = read_generation_defaults(
-            args.generation_config, resolve_model(args.model), args.override_generation_config
+            args.generation_config, resolve_model(model), args.override_generation_config
         )
     except GenerationConfigError as exc:
         raise SystemExit(f"llm-fleet serve: {exc}") from exc
     if defaults:
         log.info("requests that leave them out get the generation config's %s", defaults)
-    name, *aliases = args.served_model_name or [args.model]
+    name, *aliases = args.served_model_name or [served_name(args.model)]
     state = ServerState.for_engine(engine, tokenizer, name, args.role)
     state.model_aliases = tuple(aliases)
     state.api_key = args.api_key
@@ -120,6 +123,16 @@ def prefill_source(args) -> EndpointSource | None:
         "no KV transfer and computes every prompt itself"
     )
     return None
+
+
+def served_name(model: str) -> str:
+    """The model id answers carry by default: ``--model`` as given, a Hub model's repository id
+    (``org/name``, as vLLM names it) without hf:// or the revision."""
+    try:
+        hub = hub_reference(model) if not Path(model).expanduser().exists() else None
+    except ValueError:
+        hub = None
+    return hub.repo_id if hub else model
 
 
 def read_chat_template(value: str) -> str:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.cache import cache_root
+from llmfleet.server.core.model_uri import HF_SCHEME, HubModel, hub_reference
+from llmfleet.server.runner.hub import fetch
 
 BUILTIN_PREFIX = "builtin:"
 # Bump when _build changes what it writes: cached copies made by an older build are remade.
@@ -70,14 +72,26 @@ def is_builtin(model: str) -> bool:
     return model.startswith(BUILTIN_PREFIX)
 
 
-def resolve_model(model: str) -> Path:
-    """Return a local directory for ``model``: a built-in name (made on first use) or a path."""
+def resolve_model(model: str, download_dir: str | Path | None = None) -> Path:
+    """Return a local directory for ``model``: a built-in name (made on first use), a local path,
+    or a Hub repository (``hf://org/name[@rev]`` or ``org/name``), downloaded into ``download_dir``
+    (default: the Hugging Face cache) where it is not there yet."""
     problem = model_problem(model)
     if problem is not None:
         raise (ValueError if is_builtin(model) else FileNotFoundError)(problem)
     if is_builtin(model):
         return ensure_builtin(model[len(BUILTIN_PREFIX) :])
+    hub = _hub_model(model)
+    if hub is not None:
+        return fetch(hub, download_dir)
     return Path(model).expanduser()
+
+
+def download_if_hub(model: str, download_dir: str | Path | None = None) -> str:
+    """The local directory of the Hub model ``model`` names, downloaded where the cache lacks it;
+    any other model (a built-in, a path) as it is, made or checked when it loads."""
+    hub = None if is_builtin(model) else _hub_model(model)
+    return model if hub is None else str(fetch(hub, download_dir))
 
 
 def model_problem(model: str) -> str | None:
@@ -87,10 +101,22 @@ def model_problem(model: str) -> str | None:
         return None if name in BUILTINS else f"unknown built-in model {name!r}; choose one of {sorted(BUILTINS)}"
     if (Path(model).expanduser() / "config.json").is_file():
         return None
+    try:
+        if _hub_model(model) is not None:
+            return None  # whether the Hub has it shows when it is fetched
+    except ValueError as exc:
+        return str(exc)
     return (
-        f"model {model!r} is neither a built-in ({', '.join(BUILTIN_PREFIX + n for n in BUILTINS)}) "
-        "nor a local directory with a config.json (hub downloads are not supported)"
+        f"model {model!r} is neither a built-in ({', '.join(BUILTIN_PREFIX + n for n in BUILTINS)}), "
+        "a local directory with a config.json, nor a Hugging Face repository (org/name or hf://org/name)"
     )
+
+
+def _hub_model(model: str) -> HubModel | None:
+    """The Hub repository ``model`` names where it is no local directory (ValueError: a bad hf:// one)."""
+    if not model.startswith(HF_SCHEME) and Path(model).expanduser().exists():
+        return None
+    return hub_reference(model)
 
 
 def ensure_builtin(name: str) -> Path:
