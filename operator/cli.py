@@ -12,6 +12,8 @@ import socket
 
 from llmfleet.arguments import bind_problem, port_or_off
 
+SERVER_IMAGE_ENV = "LLMFLEET_SERVER_IMAGE"  # resource/spec.py reads it (not imported here: pydantic is slow to load)
+
 HELP = "run the Kubernetes operator for InferenceService resources"
 
 
@@ -48,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prometheus-url",
         default=os.environ.get("LLMFLEET_PROMETHEUS_URL"),
         help="Prometheus API for the tuner (default: $LLMFLEET_PROMETHEUS_URL; none: scrape pods directly)",
+    )
+    parser.add_argument(
+        "--server-image",
+        default=os.environ.get(SERVER_IMAGE_ENV),
+        help=f"the image of server pods whose InferenceService sets no spec.image (default: ${SERVER_IMAGE_ENV}; "
+        "the Helm chart sets it to its own image)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -87,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"llm-fleet operator: cannot serve metrics on --metrics-port {args.metrics_port}: {busy}")
     if problem := credentials_problem():  # the same: a traceback, then a retry every minute
         raise SystemExit(f"llm-fleet operator: no Kubernetes API to talk to: {problem}")
+    if args.server_image:  # read where each spec is parsed (resource/spec.py)
+        os.environ[SERVER_IMAGE_ENV] = args.server_image
     kopf.configure(verbose=args.verbose, debug=args.debug)
     namespaces = tuple(args.namespaces or ())
     kopf.run(

@@ -36,7 +36,13 @@ from llmfleet.operator.resource.conditions import (
     condition_of,
     merge_conditions,
 )
-from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, name_problem, parse_spec
+from llmfleet.operator.resource.spec import (
+    InferenceServiceSpec,
+    SpecError,
+    name_problem,
+    parse_spec,
+    require_image,
+)
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine
 
 STATUS_ATTEMPTS = 3
@@ -83,6 +89,7 @@ async def converge(
         return await _degrade(client, owner, body, "InvalidName", problem)
     try:
         spec = parse_spec(body.get("spec") or {})
+        require_image(spec)
     except SpecError as err:
         return await _degrade(client, owner, body, err.reason, str(err), stops_tuner=True)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from llmfleet.operator.reconcile.model_storage import model_storage
 from llmfleet.operator.reconcile.network_policy import server_policy
 from llmfleet.operator.resource.spec import (
     GRACE_MARGIN_SECONDS,
@@ -341,11 +342,14 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
     container = _server_container(owner, spec, pool, args, pool_spec.resources)
     container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
     volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]
-    if spec.model.volume:
-        source = {key: value for key, value in spec.model.volume.items() if key != "name"}  # the mount names it
-        volumes.append({"name": "models", **source})
-        container["volumeMounts"].append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
+    storage = model_storage(spec, container["env"], container["securityContext"])
+    container["args"].extend(storage.args)
+    container["env"].extend(storage.env)
+    container["volumeMounts"].extend(storage.mounts)
+    volumes.extend(storage.volumes)
     template = _pod_template(owner, pool, container, volumes, pool_spec, spec.pod, spec.drain_seconds(pool))
+    if storage.init_containers:
+        template["spec"]["initContainers"] = storage.init_containers
     template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)
     return _deployment_object(owner, pool, replicas, template, spec.pod)
 

@@ -54,5 +54,14 @@ def _stuck(pool: str, pod: dict[str, Any]) -> PodTrouble | None:
     for container in containers:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in STUCK:
-            return PodTrouble(waiting["reason"], f"{pool} pod {name}: {waiting.get('message') or waiting['reason']}")
+            said = _last_words(container)  # e.g. the download's one-line error, where it crashed
+            text = f"{container.get('name')} failed: {said}" if said else waiting.get("message") or waiting["reason"]
+            return PodTrouble(waiting["reason"], f"{pool} pod {name}: {text}")
     return None
+
+
+def _last_words(container: dict[str, Any]) -> str | None:
+    """The last line a crashed container left (its termination message, or with the policy
+    FallbackToLogsOnError its log's tail): what a `kubectl logs` would show first."""
+    message = (((container.get("lastState") or {}).get("terminated") or {}).get("message") or "").strip()
+    return message.splitlines()[-1] if message else None

@@ -22,6 +22,7 @@ from llmfleet.operator.resource.spec import (
     GRACE_MARGIN_SECONDS,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
+    QUANTITY,
     REASONING_PARSERS,
     ROUTER_POLICIES,
     TOOL_CALL_PARSERS,
@@ -35,8 +36,9 @@ VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SHORT_NAMES = ["llmis", "llmsvc"]
-DEFAULT_IMAGE = "ghcr.io/llm-fleet/llm-fleet:0.1.0"
 MIN_LE_MAX = "!has(self.min) || !has(self.max) || self.min <= self.max"
+# model.uri as the API server checks it (RE2); spec.py's parse_uri checks the Hub's finer rules too.
+MODEL_URI = r"^(hf://[A-Za-z0-9_][\w.-]*(/[\w.-]+)?(@[\w.-]+(/[\w.-]+)*)?|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/\S*)?)$"
 
 
 def _obj(description: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -283,15 +285,50 @@ def pool_schema(role: str) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     model = _obj(
-        "What to serve: a built-in test model, or a model directory (usually on a mounted volume).",
+        "What to serve: one of uri (a Hugging Face model or a directory on a PersistentVolumeClaim), path "
+        "(a model directory, usually on a volume) or builtin (a test model).",
         {
             "name": _str("Model id in the OpenAI API (default: the InferenceService's name)."),
+            "uri": _str(
+                "Where the model comes from. hf://org/name or hf://org/name@revision (a branch, tag or commit; "
+                "pin a commit for reproducible pools): an init container downloads the model files with "
+                "huggingface_hub into the cache volume (see cache) before the server starts. "
+                "pvc://claim/path: the directory path on that PersistentVolumeClaim, mounted read-only at /models.",
+                pattern=MODEL_URI,
+                maxLength=1024,
+            ),
+            "cache": _obj(
+                "With an hf:// uri: the volume the model is downloaded into, at /models. Unset, an emptyDir per "
+                "pod (each pod downloads the model). claimName: a PersistentVolumeClaim (ReadWriteMany) the "
+                "pool's pods share, so the model is downloaded once and found there by every later pod.",
+                {
+                    "claimName": _name("A PersistentVolumeClaim in the InferenceService's namespace."),
+                    "sizeLimit": _str("The emptyDir's size limit, e.g. 40Gi.", pattern=QUANTITY),
+                },
+                **{
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": "!(has(self.claimName) && has(self.sizeLimit))",
+                            "message": "set claimName (a shared claim) or sizeLimit (an emptyDir), not both",
+                        }
+                    ]
+                },
+            ),
+            "tokenSecret": _obj(
+                "With an hf:// uri: a Secret key holding a Hugging Face token, for private and gated "
+                "repositories. Only the download (the init container) sees it, as HF_TOKEN.",
+                {
+                    "name": _name("The Secret, in the InferenceService's namespace."),
+                    "key": _str("The key within it.", default="token", **SECRET_KEY),
+                },
+                required=["name"],
+            ),
             "builtin": _str(
                 "A built-in random-weight model, created in the pod (for trying the stack).", enum=["tiny", "small"]
             ),
             "path": _str("Model directory inside the container, e.g. /models/llama-3 (under /models with a volume)."),
             "volume": _preserve(
-                "A Kubernetes volume source holding the model, mounted read-only at /models, e.g. "
+                "With path: a Kubernetes volume source holding the model, mounted read-only at /models, e.g. "
                 "{persistentVolumeClaim: {claimName: llama}}, {hostPath: {path: /data/models}} or {emptyDir: {}}."
             ),
             "toolCallParser": _str(
@@ -316,7 +353,19 @@ def spec_schema() -> dict[str, Any]:
         },
     )
     model["x-kubernetes-validations"] = [
-        {"rule": "has(self.builtin) != has(self.path)", "message": "set exactly one of builtin or path"},
+        {
+            "rule": "(has(self.builtin) ? 1 : 0) + (has(self.path) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
+            "message": "set exactly one of builtin, path or uri",
+        },
+        {
+            "rule": "!has(self.uri) || !self.uri.matches('/\\\\.\\\\.(/|@|$)')",
+            "message": "uri may not hold '..': the model must lie on the claim",
+        },
+        {"rule": "!has(self.volume) || has(self.path)", "message": "volume goes with path"},
+        {
+            "rule": "!(has(self.cache) || has(self.tokenSecret)) || (has(self.uri) && self.uri.startsWith('hf://'))",
+            "message": "cache and tokenSecret go with an hf:// uri",
+        },
         {
             "rule": "!has(self.volume) || !has(self.path) || self.path == '/models' "
             "|| self.path.startsWith('/models/')",
@@ -390,7 +439,11 @@ def spec_schema() -> dict[str, Any]:
         "The desired serving fleet.",
         {
             "model": model,
-            "image": _str("Server image (runs `llm-fleet serve`).", default=DEFAULT_IMAGE, minLength=1),
+            "image": _str(
+                "The image the server pods run (`llm-fleet serve`). Unset: the operator's default, the image the "
+                "Helm chart installed it with (its serverImage, else image.repository:image.tag).",
+                minLength=1,
+            ),
             "imagePullPolicy": _str(
                 "Image pull policy.", enum=["Always", "IfNotPresent", "Never"], default="IfNotPresent"
             ),

@@ -7,6 +7,7 @@ through but the operator cannot serve. Its message becomes a Degraded condition'
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
@@ -16,9 +17,11 @@ from pydantic.alias_generators import to_camel
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.chat_template import template_problem
+from llmfleet.server.core.model_uri import ClaimModel, HubModel, parse_uri
 
 POOL_NAMES = ("colocated", "prefill", "decode")
-MODELS_DIR = "/models"  # where model.volume is mounted
+MODELS_DIR = "/models"  # where model.volume, a pvc:// claim or the hf:// download cache is mounted
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # a size, as Kubernetes writes one
 # A container argument is at most 128 KiB (the kernel's MAX_ARG_STRLEN): 32 Ki characters of
 # up to 4 UTF-8 bytes each fit in it.
 CHAT_TEMPLATE_MAX = 32768
@@ -66,11 +69,39 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
+class SecretKey(_Model):
+    """One key of a Secret in the InferenceService's namespace."""
+
+    name: str = Field(min_length=1)
+    key: str = Field("api-key", min_length=1)
+
+
+class HubTokenSecret(SecretKey):
+    key: str = Field("token", min_length=1)
+
+
+class ModelCache(_Model):
+    """Where an hf:// model is downloaded to: a PersistentVolumeClaim the pool's pods share
+    (ReadWriteMany: one download for all), or else an emptyDir per pod of at most sizeLimit."""
+
+    claim_name: str | None = Field(None, min_length=1)
+    size_limit: str | None = Field(None, pattern=QUANTITY)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ModelCache:
+        if self.claim_name is not None and self.size_limit is not None:
+            raise ValueError("model.cache takes claimName (a shared claim) or sizeLimit (an emptyDir), not both")
+        return self
+
+
 class ModelSource(_Model):
     name: str | None = None
     builtin: Literal["tiny", "small"] | None = None
     path: str | None = None
     volume: dict[str, Any] | None = None
+    uri: str | None = None  # hf://org/name[@revision] or pvc://claim/path
+    cache: ModelCache | None = None  # hf:// only: the download cache volume
+    token_secret: HubTokenSecret | None = None  # hf:// only: HF_TOKEN for the download, key 'token' by default
     tool_call_parser: ToolCallParserName | None = None  # tool_choice 'auto', as vLLM's flag
     reasoning_parser: ReasoningParserName | None = None  # thinking apart in chat replies, as vLLM's flag
     chat_template: str | None = Field(None, min_length=1, max_length=CHAT_TEMPLATE_MAX)  # as vLLM's flag
@@ -85,8 +116,14 @@ class ModelSource(_Model):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
-        if (self.builtin is None) == (self.path is None):
-            raise ValueError("set exactly one of model.builtin or model.path")
+        if sum(source is not None for source in (self.builtin, self.path, self.uri)) != 1:
+            raise ValueError("set exactly one of model.builtin, model.path or model.uri")
+        if self.uri is not None:
+            parse_uri(self.uri)  # its ValueError says what is wrong
+        if self.volume and self.path is None:
+            raise ValueError("model.volume goes with model.path (a pvc:// uri mounts its claim itself)")
+        if (self.cache or self.token_secret) and not isinstance(self.source, HubModel):
+            raise ValueError("model.cache and model.tokenSecret go with an hf:// model.uri")
         if self.path is not None and not self.path.startswith("/"):
             raise ValueError(f"model.path must be absolute inside the container, got {self.path!r}")
         if self.volume and self.path is not None and not (self.path + "/").startswith(MODELS_DIR + "/"):
@@ -94,8 +131,19 @@ class ModelSource(_Model):
         return self
 
     @property
+    def source(self) -> HubModel | ClaimModel | None:
+        """model.uri parsed; None for a built-in or a path."""
+        return None if self.uri is None else parse_uri(self.uri)
+
+    @property
     def server_arg(self) -> str:
-        """The server's --model."""
+        """The server's --model: a Hub model by its hf:// name (a pod's init container has put it in
+        the cache the server reads), a claim's directory where the claim is mounted."""
+        source = self.source
+        if isinstance(source, ClaimModel):
+            return f"{MODELS_DIR}/{source.path}".rstrip("/")
+        if isinstance(source, HubModel):
+            return str(source)
         return f"builtin:{self.builtin}" if self.builtin else str(self.path)
 
     @property
@@ -209,7 +257,15 @@ class Router(_Model):
 
 # Env the operator sets on every server container itself (reconcile/desired.py): a pod option may not set them.
 RESERVED_ENV = frozenset(
-    {"LLMFLEET_CACHE", "HOME", "POD_NAME", "POD_NAMESPACE", "VLLM_API_KEY", "LLMFLEET_KV_TRANSFER_TOKEN"}
+    {
+        "LLMFLEET_CACHE",
+        "HOME",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "VLLM_API_KEY",
+        "LLMFLEET_KV_TRANSFER_TOKEN",
+        "HF_HUB_OFFLINE",
+    }
 )
 RESERVED_LABEL_PREFIX = "llmfleet.io/"  # the operator's selector labels
 
@@ -272,7 +328,8 @@ class PodOptions(_Model):
             if name in RESERVED_ENV:
                 raise ValueError(
                     f"env {name} is set by the operator (use apiKeySecret for VLLM_API_KEY, "
-                    "kvTransferSecret for LLMFLEET_KV_TRANSFER_TOKEN)"
+                    "kvTransferSecret for LLMFLEET_KV_TRANSFER_TOKEN; HF_HUB_OFFLINE: an hf:// model's "
+                    "server reads the cache its init container filled)"
                 )
         return value
 
@@ -322,20 +379,22 @@ def _amount(value: int | str) -> int:
     return int(str(value).rstrip("%"))
 
 
-class SecretKey(_Model):
-    """One key of a Secret in the InferenceService's namespace."""
-
-    name: str = Field(min_length=1)
-    key: str = Field("api-key", min_length=1)
-
-
 class KVTransferSecret(SecretKey):
     key: str = Field("token", min_length=1)
 
 
+# The server image where spec.image is unset: the operator's --server-image, which the chart sets
+# to its own image (the one the user named), so no spec needs an image and none names a missing one.
+SERVER_IMAGE_ENV = "LLMFLEET_SERVER_IMAGE"
+
+
+def default_server_image() -> str | None:
+    return os.environ.get(SERVER_IMAGE_ENV) or None
+
+
 class InferenceServiceSpec(_Model):
     model: ModelSource
-    image: str = "ghcr.io/llm-fleet/llm-fleet:0.1.0"
+    image: str | None = Field(default_factory=default_server_image, min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     slo: SLO
     mode: Literal["colocated", "disaggregated"] = "colocated"
@@ -348,6 +407,14 @@ class InferenceServiceSpec(_Model):
     pod: PodOptions = Field(default_factory=PodOptions)
     # An HPA, KEDA or `kubectl scale` owns the Deployments' replicas: set only at creation
     external_autoscaler: bool = False
+
+    @model_validator(mode="after")
+    def _one_hub_token(self) -> InferenceServiceSpec:
+        if self.model.token_secret and any(item.get("name") == "HF_TOKEN" for item in self.pod.env):
+            raise ValueError(
+                "HF_TOKEN is in pod.env and model.tokenSecret: keep one (tokenSecret reaches the download)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_scaler(self) -> InferenceServiceSpec:
@@ -418,6 +485,16 @@ def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:
             msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise SpecError("InvalidEngineConfig", f"pools.{name}.engine: {msgs}") from exc
     return spec
+
+
+def require_image(spec: InferenceServiceSpec) -> None:
+    """A spec the operator can deploy names its image, or the operator has a default for it."""
+    if spec.image is None:
+        raise SpecError(
+            "NoImage",
+            f"spec.image is unset and the operator has no default server image (--server-image or "
+            f"${SERVER_IMAGE_ENV}, which the Helm chart sets to its image.repository:image.tag)",
+        )
 
 
 # Children are named "<name>" and "<name>-<pool>"; Services among them, whose names must be

@@ -109,8 +109,18 @@ def kubectl(tool_env: dict[str, str]) -> Callable[..., subprocess.CompletedProce
     return run
 
 
-def values_args(values: dict[str, Any], directory: Path) -> list[str]:
-    """Values go in as a file (not --set) so lists and nested maps arrive with their real types."""
+# The chart requires the image (a default would name one that may not exist): every render gives one.
+IMAGE = {"repository": "registry.example/llm-fleet", "tag": "0.1.0-cuda"}
+
+
+def with_image(values: dict[str, Any]) -> dict[str, Any]:
+    return {**values, "image": {**IMAGE, **(values.get("image") or {})}}
+
+
+def values_args(values: dict[str, Any], directory: Path, *, image: bool = True) -> list[str]:
+    """Values go in as a file (not --set) so lists and nested maps arrive with their real types;
+    with the required image unless ``image=False``."""
+    values = with_image(values) if image else values
     if not values:
         return []
     digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]

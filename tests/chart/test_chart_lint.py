@@ -40,5 +40,15 @@ def test_bad_values_are_rejected(helm, tmp_path: Path, values: dict, message: st
     assert message in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("image", [{}, {"repository": "ghcr.io/me/llm-fleet"}, {"tag": "0.1.0-cuda"}])
+def test_the_image_is_required_with_a_clear_message(helm, tmp_path: Path, image: dict) -> None:
+    """No default image: one nobody published would leave every pod in ImagePullBackOff."""
+    values = values_args({"image": image} if image else {}, tmp_path, image=False)
+    result = helm("template", "fleet", str(CHART), *values, check=False)
+    assert result.returncode != 0
+    assert "image.repository and image.tag are required: the llm-fleet image your cluster can pull" in result.stderr
+    assert "docs/cluster-quickstart.md" in result.stderr
+
+
 def test_install_tools_script_parses() -> None:
     subprocess.run(["bash", "-n", str(REPO / "scripts" / "install-tools.sh")], check=True)

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, RELEASE, RELEASE_NAMESPACE, VARIANTS, WATCHED, by_kind, one
+from tests.chart.conftest import CHART, RELEASE, RELEASE_NAMESPACE, VARIANTS, WATCHED, by_kind, one, values_args
 
 VALIDATE_VERSION = "1.33"
 
@@ -93,6 +93,7 @@ def test_dashboard_configmaps_keep_distinct_names_under_a_long_release_name(helm
         "grafana.dashboards.enabled=true",
         "--set",
         "grafana.dashboards.labelValue=1",
+        *values_args({}, tmp_path),
     ).stdout
     maps = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap"]
     names = [d["metadata"]["name"] for d in maps]
@@ -128,8 +129,9 @@ def test_default_operator_serves_all_namespaces_standalone(render) -> None:
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"]["type"] == "Recreate"  # never two standalone operators at once
     assert deployment["metadata"]["namespace"] == RELEASE_NAMESPACE
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert container["image"] == f"ghcr.io/llm-fleet/llm-fleet:{chart['appVersion']}"
+    assert container["image"] == "registry.example/llm-fleet:0.1.0-cuda"  # the values' (conftest.IMAGE)
+    # the server pods run it too, where an InferenceService sets no spec.image
+    assert env_of(container)["LLMFLEET_SERVER_IMAGE"] == "registry.example/llm-fleet:0.1.0-cuda"
     assert not by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "KopfPeering")
 
 
@@ -278,7 +280,7 @@ def test_dashboard_configmaps(render, tmp_path: Path) -> None:
     assert not by_kind(render(off, chart=chart), "ConfigMap")
 
 
-def test_notes_render(helm) -> None:
+def test_notes_render(helm, tmp_path: Path) -> None:
     """NOTES.txt renders (helm template skips it; a client-side dry-run install does not)."""
     out = helm(
         "install",
@@ -289,8 +291,17 @@ def test_notes_render(helm) -> None:
         RELEASE_NAMESPACE,
         "--set",
         "watchNamespaces={team-a}",
+        *values_args({}, tmp_path),
     ).stdout
     notes = out.split("NOTES:", 1)[1]
     assert "It serves InferenceServices in: team-a." in notes
     assert f"helm test fleet -n {RELEASE_NAMESPACE}" in notes
     assert "kubectl get inferenceservices" in notes
+
+
+def test_the_server_image_may_differ_from_the_operators(render) -> None:
+    """A CPU image for the operator, a CUDA one for the GPU servers."""
+    values = {"image": {"tag": "0.1.0-cpu"}, "serverImage": "registry.example/llm-fleet:0.1.0-cuda"}
+    container = operator_container(render(values))
+    assert container["image"] == "registry.example/llm-fleet:0.1.0-cpu"
+    assert env_of(container)["LLMFLEET_SERVER_IMAGE"] == "registry.example/llm-fleet:0.1.0-cuda"

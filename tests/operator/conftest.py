@@ -31,6 +31,9 @@ def _crd() -> dict[str, Any]:
 
 # Read by llmfleet.operator.handlers at import: resync every 2 s, so a test sees several passes.
 os.environ.setdefault("LLMFLEET_OPERATOR_RESYNC_SECONDS", "2")
+# The operator's default server image, as the chart sets it (specs here name none).
+TEST_IMAGE = "registry.example/llm-fleet:0.1.0-cpu"
+os.environ.setdefault("LLMFLEET_SERVER_IMAGE", TEST_IMAGE)
 
 NAMESPACE = "ml"
 PATHS = {

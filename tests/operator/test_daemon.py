@@ -18,7 +18,7 @@ from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics, Pool
 from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE
 from llmfleet.operator.resource.spec import parse_spec
 from llmfleet.operator.tuner import run as tuner_run
-from tests.operator.conftest import eventually, inference_service, settle
+from tests.operator.conftest import TEST_IMAGE, eventually, inference_service, settle
 from tests.operator.test_handlers import TINY
 
 # The usual tiny fleet, tuned every 5 s with no cooldown.
@@ -302,7 +302,7 @@ def test_a_spec_edit_made_during_a_tuner_run_is_not_undone_by_it(kube, operator,
     settle(kube, "tiny", 1)
     started.clear()
     assert started.wait(20)
-    kube.patch("InferenceService", "tiny", {"spec": {"image": "ghcr.io/llm-fleet/llm-fleet:0.2.0"}})
+    kube.patch("InferenceService", "tiny", {"spec": {"image": "registry.example/llm-fleet:0.2.0-cpu"}})
     settle(kube, "tiny", 2)
     time.sleep(2)  # the run's own pass comes after the edit's
     images = [
@@ -311,5 +311,5 @@ def test_a_spec_edit_made_during_a_tuner_run_is_not_undone_by_it(kube, operator,
         if change.resource.endswith("deployments") and change.type in ("ADDED", "MODIFIED")
     ]
     rollouts = [image for n, image in enumerate(images) if n == 0 or images[n - 1] != image]
-    assert rollouts == ["ghcr.io/llm-fleet/llm-fleet:0.1.0", "ghcr.io/llm-fleet/llm-fleet:0.2.0"]
+    assert rollouts == [TEST_IMAGE, "registry.example/llm-fleet:0.2.0-cpu"]
     assert kube.get("InferenceService", "tiny")["status"]["observedGeneration"] == 2

@@ -52,8 +52,18 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* The llm-fleet image. No default: a default would name an image that may not exist where the
+     cluster pulls from, and the pods would sit in ImagePullBackOff. */}}
 {{- define "llm-fleet.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- if not (and .Values.image.repository .Values.image.tag) }}
+{{- fail "image.repository and image.tag are required: the llm-fleet image your cluster can pull, built from the Dockerfile or a release's ghcr.io/<owner>/llm-fleet:<version>-cuda (see docs/cluster-quickstart.md), e.g. --set image.repository=ghcr.io/<owner>/llm-fleet --set image.tag=0.1.0-cuda" }}
+{{- end }}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag }}
+{{- end }}
+
+{{/* The image of server pods whose InferenceService sets no spec.image. */}}
+{{- define "llm-fleet.serverImage" -}}
+{{- .Values.serverImage | default (include "llm-fleet.image" .) }}
 {{- end }}
 
 {{/* The operator's RBAC rules, split by scope: generated from llmfleet.operator.deploy.rbac.RBAC_RULES

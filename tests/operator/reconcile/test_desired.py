@@ -20,7 +20,7 @@ from llmfleet.server.parsers.reasoning import REASONING_PARSERS as SERVER_REASON
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS as SERVER_PARSERS
 from llmfleet.server.router.policies import POLICIES as SERVER_POLICIES
 
-EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt", "local-disaggregated"]
+EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt", "local-disaggregated", "quickstart"]
 # The oldest Kubernetes the pods run on (preStop `sleep` is on by default from 1.30) and a recent one.
 KUBERNETES_VERSIONS = ("1.30", "1.35")
 OWNER = Owner("svc", "ml", "0c0ffee0-0000-4000-8000-000000000001")
@@ -152,13 +152,16 @@ def test_pods_follow_the_conventions(repo_root):
             assert args[args.index("--decode-service") + 1] == "rag-decode"
             continue
         assert args[args.index("--config") + 1] == "/etc/llm-fleet/engine.yaml"
-        assert args[args.index("--model") + 1] == "/models/qwen2-7b-instruct"
+        assert args[args.index("--model") + 1] == "hf://Qwen/Qwen2-7B-Instruct"
+        assert args[args.index("--download-dir") + 1] == "/models"  # the cache the init container filled
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         assert mounts["/etc/llm-fleet"]["readOnly"] and mounts["/models"]["readOnly"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["engine-config"]["configMap"]["name"] == f"rag-{pool}-engine"
-        assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "qwen2-7b-instruct"
+        assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "qwen-cache"
+        (init,) = pod["initContainers"]
+        assert init["args"] == ["fetch-model", "hf://Qwen/Qwen2-7B-Instruct", "--download-dir", "/models"]
 
 
 def test_an_api_key_secret_reaches_every_pod_as_vllm_api_key(repo_root):
@@ -180,7 +183,8 @@ def test_the_model_volume_is_named_by_the_operator_whatever_its_source_says(repo
     fails with a 500, retried for ever), or a mount of a volume that no longer existed."""
     owner, spec = load(repo_root, "disaggregated-long-prompt")
     raw = spec.model_dump(by_alias=True, exclude_none=True)
-    named = parse_spec({**raw, "model": {**raw["model"], "volume": {**raw["model"]["volume"], "name": "tmp"}}})
+    volume = {"persistentVolumeClaim": {"claimName": "weights"}, "name": "tmp"}
+    named = parse_spec({**raw, "model": {"path": "/models/qwen", "volume": volume}})
     for deployment in by_kind(desired_objects(owner, named), "Deployment").values():
         volumes = [v["name"] for v in deployment["spec"]["template"]["spec"].get("volumes", [])]
         assert len(volumes) == len(set(volumes))

@@ -117,6 +117,20 @@ def test_a_stuck_pod_says_why_a_pool_is_not_ready():
     assert (progressing.status, progressing.reason) == ("False", "CreateContainerConfigError")
 
 
+def test_a_failed_download_says_its_own_words():
+    """The storage initializer's one-line error (its log's tail, FallbackToLogsOnError) is what
+    `kubectl get llmis` shows, not the kubelet's back-off."""
+    error = "llm-fleet fetch-model: hf://org/nope: no such model repository on https://huggingface.co"
+    init = {
+        "name": "fetch-model",
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+        "lastState": {"terminated": {"exitCode": 1, "message": f"Fetching...\n{error}\n"}},
+    }
+    stuck = {"metadata": {"name": "c-1"}, "status": {"initContainerStatuses": [init], "containerStatuses": []}}
+    trouble = pod_trouble("colocated", [stuck])
+    assert (trouble.reason, trouble.message) == ("CrashLoopBackOff", f"colocated pod c-1: fetch-model failed: {error}")
+
+
 def test_pods_the_deployment_cannot_create_say_why():
     # a ResourceQuota refuses the pods: no pod exists to report it, the Deployment does
     quota = deployment(ready=0, current=0, updated=0)

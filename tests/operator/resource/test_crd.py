@@ -13,10 +13,16 @@ import pytest
 import yaml
 
 from llmfleet.operator.resource.crd import render
-from llmfleet.operator.resource.spec import SpecError, parse_spec
+from llmfleet.operator.resource.spec import SpecError, parse_spec, require_image
 from tests.operator.resource import crdcheck
 
-EXAMPLES = ["local.yaml", "local-disaggregated.yaml", "colocated-chat.yaml", "disaggregated-long-prompt.yaml"]
+EXAMPLES = [
+    "local.yaml",
+    "local-disaggregated.yaml",
+    "colocated-chat.yaml",
+    "disaggregated-long-prompt.yaml",
+    "quickstart.yaml",
+]
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +160,27 @@ SCHEMA_REJECTS = {
     "a Secret key with a space": (with_("kvTransferSecret", {"name": "kv", "key": "a b"}), "does not match"),
     "no image": (with_("image", ""), "should be non-empty"),
     # CEL rules
-    "both builtin and path": (with_("model.path", "/models/x"), "exactly one of builtin or path"),
-    "neither builtin nor path": (with_("model", {"name": "x"}), "exactly one of builtin or path"),
+    "both builtin and path": (with_("model.path", "/models/x"), "exactly one of builtin, path or uri"),
+    "neither builtin nor path": (with_("model", {"name": "x"}), "exactly one of builtin, path or uri"),
+    "both builtin and uri": (with_("model.uri", "hf://org/name"), "exactly one of builtin, path or uri"),
+    "an s3 uri": (with_("model", {"uri": "s3://bucket/model"}), "does not match"),
+    "a Hub id without hf://": (with_("model", {"uri": "org/name"}), "does not match"),
+    "a claim path that leaves the claim": (with_("model", {"uri": "pvc://weights/a/../../etc"}), "may not hold '..'"),
+    "a claim that is no name": (with_("model", {"uri": "pvc://Weights/a"}), "does not match"),
+    "a volume with a uri": (with_("model", {"uri": "pvc://weights/a", "volume": PVC}), "volume goes with path"),
+    "a cache for a claim": (
+        with_("model", {"uri": "pvc://weights/a", "cache": {"claimName": "c"}}),
+        "go with an hf:// uri",
+    ),
+    "a token for a built-in": (with_("model.tokenSecret", {"name": "hf"}), "go with an hf:// uri"),
+    "a cache both shared and per pod": (
+        with_("model", {"uri": "hf://org/name", "cache": {"claimName": "c", "sizeLimit": "40Gi"}}),
+        "not both",
+    ),
+    "a cache size in words": (
+        with_("model", {"uri": "hf://org/name", "cache": {"sizeLimit": "big"}}),
+        "does not match",
+    ),
     "path outside the volume": (with_("model", {"path": "/data/x", "volume": PVC}), "must lie under /models"),
     "min > max replicas": (with_("pools.colocated", {"minReplicas": 5, "maxReplicas": 2}), "minReplicas must be"),
     "replicas above max": (with_("pools.colocated", {"replicas": 9, "maxReplicas": 4}), "replicas must lie"),
@@ -174,11 +199,31 @@ SCHEMA_REJECTS = {
 @pytest.mark.parametrize("case", list(SCHEMA_REJECTS))
 def test_schema_rejects(crd, case):
     spec, fragment = SCHEMA_REJECTS[case]
-    if "must" in fragment or "exactly" in fragment or "needs" in fragment:
+    if any(word in fragment for word in ("must", "exactly", "needs", "may not", "goes", "go with", "not both")):
         pytest.importorskip("celpy")
     errors = crdcheck.validate(document(spec), crd)
     assert errors, f"{case}: accepted"
     assert any(fragment in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"uri": "hf://Qwen/Qwen2.5-0.5B-Instruct"},
+        {"uri": "hf://gpt2@0123456789abcdef0123456789abcdef01234567"},
+        {"uri": "hf://org/name@refs/pr/1", "tokenSecret": {"name": "hf"}, "cache": {"claimName": "hf-cache"}},
+        {"uri": "hf://org/name", "cache": {"sizeLimit": "40Gi"}},
+        {"uri": "pvc://weights"},
+        {"uri": "pvc://weights/llama-3/8b"},
+        {"path": "/models/x", "volume": PVC},
+    ],
+)
+def test_model_sources_pass_the_schema_and_the_operator(crd, model):
+    pytest.importorskip("celpy")
+    spec = with_("model", model)
+    assert crdcheck.validate(document(spec), crd) == []
+    assert crdcheck.pruned(spec, crdcheck.version_schema(crd)["properties"]["spec"]) == spec
+    parse_spec(spec)
 
 
 @pytest.mark.parametrize(
@@ -220,7 +265,7 @@ def test_pod_options_pass_the_schema_and_survive_its_pruning(crd):
 def test_schema_applies_defaults(crd):
     doc = crdcheck.apply_defaults(document(with_("pools.decode", {})), crdcheck.version_schema(crd))
     spec = doc["spec"]
-    assert spec["mode"] == "colocated" and spec["image"].startswith("ghcr.io/llm-fleet/")
+    assert spec["mode"] == "colocated" and "image" not in spec  # the operator's default: the chart's image
     assert spec["autotune"] == {
         "enabled": True,
         "intervalSeconds": 30,
@@ -235,10 +280,54 @@ def test_schema_applies_defaults(crd):
     assert parse_spec(spec) == parse_spec(with_("pools.decode", {}))
 
 
+def test_a_spec_without_image_takes_the_operators_default(monkeypatch):
+    monkeypatch.setenv("LLMFLEET_SERVER_IMAGE", "registry.example/llm-fleet:1.0-cuda")
+    assert parse_spec(BASE).image == "registry.example/llm-fleet:1.0-cuda"
+    assert parse_spec({**BASE, "image": "mine:dev"}).image == "mine:dev"
+    monkeypatch.delenv("LLMFLEET_SERVER_IMAGE")
+    spec = parse_spec(BASE)  # the local fleet needs none
+    with pytest.raises(SpecError) as err:
+        require_image(spec)
+    assert err.value.reason == "NoImage" and "--server-image or $LLMFLEET_SERVER_IMAGE" in str(err.value)
+
+
 # What the operator itself must catch: clusters without CEL (before 1.25) let all of these through,
 # and some facts only the operator checks. Each comes back as a reason, never an exception.
 OPERATOR_REJECTS = {
     "both builtin and path": (with_("model.path", "/models/x"), "InvalidSpec", "exactly one"),
+    "both path and uri": ({**BASE, "model": {"path": "/models/x", "uri": "hf://o/n"}}, "InvalidSpec", "exactly one"),
+    "a claim path that leaves the claim": (
+        {**BASE, "model": {"uri": "pvc://weights/a/../../etc"}},
+        "InvalidSpec",
+        "may not leave the claim",
+    ),
+    "a Hub id the Hub refuses": ({**BASE, "model": {"uri": "hf://org--x/name"}}, "InvalidSpec", "no Hugging Face"),
+    "a revision with ..": ({**BASE, "model": {"uri": "hf://org/name@a..b"}}, "InvalidSpec", "must be a branch"),
+    "an s3 uri": ({**BASE, "model": {"uri": "s3://bucket/m"}}, "InvalidSpec", "use hf://org/name[@revision]"),
+    "a volume with a uri": (
+        {**BASE, "model": {"uri": "pvc://w/a", "volume": PVC}},
+        "InvalidSpec",
+        "model.volume goes with model.path",
+    ),
+    "a token for a claim": (
+        {**BASE, "model": {"uri": "pvc://w/a", "tokenSecret": {"name": "hf"}}},
+        "InvalidSpec",
+        "go with an hf:// model.uri",
+    ),
+    "HF_TOKEN twice": (
+        {
+            **BASE,
+            "model": {"uri": "hf://o/n", "tokenSecret": {"name": "hf"}},
+            "pod": {"env": [{"name": "HF_TOKEN", "value": "x"}]},
+        },
+        "InvalidSpec",
+        "keep one",
+    ),
+    "HF_HUB_OFFLINE in the pod env": (
+        with_("pod", {"env": [{"name": "HF_HUB_OFFLINE", "value": "0"}]}),
+        "InvalidSpec",
+        "env HF_HUB_OFFLINE is set by the operator",
+    ),
     "relative path": ({**BASE, "model": {"path": "models/x"}}, "InvalidSpec", "absolute"),
     "path outside the volume": (
         {**BASE, "model": {"path": "/data/x", "volume": PVC}},
