@@ -1,32 +1,38 @@
 # The llm-fleet image: server (every role), operator and CLI in one. Non-root (UID 65532, as the
 # operator's pods run), read-only root filesystem friendly: caches go to /tmp (an emptyDir).
+# Installed by scripts/install.sh, the script scripts/setup.sh (and so CI) runs too.
 #
-#   docker build -t llm-fleet:dev .                                  # CPU torch (small)
+#   docker build -t llm-fleet:dev-cpu .                              # CPU torch (small)
 #   docker build -t llm-fleet:dev-cuda --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
-#   kind load docker-image llm-fleet:dev                             # then spec.image: llm-fleet:dev
+#
+# Releases (.github/workflows/release.yml, on a tag vX.Y.Z) push both as
+# ghcr.io/<owner>/llm-fleet:X.Y.Z-cpu and :X.Y.Z-cuda.
 FROM python:3.11-slim AS build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 LLMFLEET_TORCH_INDEX=$TORCH_INDEX
 RUN python -m venv /opt/llm-fleet
 ENV PATH=/opt/llm-fleet/bin:$PATH
-# torch first and pinned, from the chosen index: a bare `torch` would pull the default CUDA build.
-RUN pip install "torch==2.13.0" --index-url "$TORCH_INDEX"
-COPY pyproject.toml README.md /src/
-COPY fleet /src/fleet
-COPY server /src/server
-COPY operator /src/operator
-COPY bench /src/bench
-RUN pip install /src
+WORKDIR /src
+# torch first, in a layer of its own: a source change does not download it again.
+COPY scripts/install.sh scripts/
+RUN bash scripts/install.sh torch
+COPY pyproject.toml README.md ./
+COPY fleet fleet
+COPY server server
+COPY operator operator
+COPY bench bench
+RUN bash scripts/install.sh llm-fleet
 
 FROM python:3.11-slim
 # A C compiler: on a CPU the server builds its decode-attention kernel for the node's own CPU at
 # first start (server/runner/cpu_kernels.py); without one it runs the slower torch path.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/llm-fleet /opt/llm-fleet
+# Hub models (`serve --model org/name`, the operator's fetch-model init container) download into
+# $HOME/.cache/huggingface unless --download-dir says otherwise.
 ENV PATH=/opt/llm-fleet/bin:$PATH \
     HOME=/tmp \
     LLMFLEET_CACHE=/tmp/llm-fleet \
-    HF_HUB_OFFLINE=1 \
     PYTHONUNBUFFERED=1
 USER 65532:65532
 ENTRYPOINT ["llm-fleet"]
