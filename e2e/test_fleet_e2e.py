@@ -3,6 +3,8 @@ decision lands, and deleting it leaves nothing behind.
 
 - ``test_on_a_real_cluster`` runs against ``$KUBECONFIG`` (kind, k3d, a real cluster) with the
   real helm and kubectl: skipped with a message where no cluster answers.
+- ``test_the_cluster_quick_start`` runs docs/cluster-quickstart.md's steps against ``$KUBECONFIG``,
+  read from the page and run as written (the image given as ``LLMFLEET_E2E_IMAGE``).
 - ``test_on_the_emulator`` runs the same scenario on one machine, in CI: kmock's emulated API
   server, the real operator (kopf), real server processes and a real Prometheus. The emulator
   schedules no pods, so the test plays the kubelet: it starts the servers the reconciled
@@ -28,6 +30,7 @@ import yaml
 from tests.operator.conftest import NAMESPACE, Kube, eventually, inference_service, operator_running
 from tests.operator.emulator import kubeconfig, make_cluster, serve
 from tests.prometheus_support import PrometheusProcess, TargetGroup, require_prometheus
+from tests.quickstart_steps import CLEAN_UP, CLUSTER_STEPS, steps
 from tests.support import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,13 +189,63 @@ def test_image_references_split_as_the_chart_takes_them():
     assert image_parts("llm-fleet:dev") == ("llm-fleet", "dev")
 
 
+def _image_or_skip() -> str:
+    image = os.environ.get("LLMFLEET_E2E_IMAGE")  # the operator and server image your cluster can pull
+    if not image:
+        pytest.skip(
+            "set LLMFLEET_E2E_IMAGE to an llm-fleet image your cluster can pull (built from the Dockerfile, "
+            "or a release's ghcr.io/<owner>/llm-fleet:<version>-cuda)"
+        )
+    return image
+
+
+@pytest.mark.timeout(1800)  # an image's first pull, the model's download, the rollout, the cleanup
+def test_the_cluster_quick_start(tmp_path):
+    """docs/cluster-quickstart.md, steps 2 to 5, each command as the page writes it, in the
+    kubeconfig's current namespace (the example's InferenceService lands there) with the image
+    exported as step 1 would. Run it against a test cluster: step 2 installs the release
+    llm-fleet in llm-fleet-system and step 5 removes it."""
+    _cluster_or_skip()
+    repository, tag = image_parts(_image_or_skip())
+    env = {**os.environ, "IMAGE_REPOSITORY": repository, "IMAGE_TAG": tag}
+    env["PATH"] = (
+        f"{REPO / '.tools' / 'bin'}{os.pathsep}{env['PATH']}"  # kubectl and helm, as _cluster_or_skip finds them
+    )
+    page = steps()
+    background: list[subprocess.Popen] = []
+
+    def run(step: str, check: bool = True) -> None:
+        for command in page[step].commands:
+            if command.endswith("&"):  # the port-forward: it runs while the later steps do
+                background.append(subprocess.Popen(["bash", "-c", command[:-1]], cwd=REPO, env=env))
+                eventually(lambda: httpx.get("http://127.0.0.1:8000/v1/models", timeout=2).status_code == 200, 60)
+                continue
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200
+            )
+            assert not check or done.returncode == 0, f"{step}: {command}\n{done.stdout}\n{done.stderr}"
+
+    try:
+        for step in CLUSTER_STEPS:
+            if page[step].lang == "python":
+                client = subprocess.run(
+                    [sys.executable, "-c", page[step].code], cwd=REPO, capture_output=True, text=True, timeout=300
+                )
+                assert client.returncode == 0, client.stderr
+                assert client.stdout.strip(), "the model answered nothing"
+            else:
+                run(step)
+    finally:
+        for process in background:
+            process.terminate()
+        run(CLEAN_UP, check=False)
+
+
 @pytest.mark.timeout(1800)  # an image's first pull, the rollout, the tuner's interval, the cleanup
 def test_on_a_real_cluster(tmp_path):
     kubectl, helm = _cluster_or_skip()
     namespace = os.environ.get("LLMFLEET_E2E_NAMESPACE", "llm-fleet-e2e")
-    image = os.environ.get("LLMFLEET_E2E_IMAGE")  # the operator and server image your cluster can pull
-    if not image:
-        pytest.skip("set LLMFLEET_E2E_IMAGE to an llm-fleet image your cluster can pull (none is published yet)")
+    image = _image_or_skip()
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         # longer than any --timeout given to kubectl or helm, so their own message is what fails
@@ -223,7 +276,8 @@ def test_on_a_real_cluster(tmp_path):
     run(kubectl, "apply", "--server-side", "-f", str(REPO / "crds"))
     run(kubectl, "create", "namespace", namespace, check=False)  # before the chart's Role lands in it
     run(*install)
-    resource = {**EXAMPLE, "metadata": {"name": "tiny", "namespace": namespace}, "spec": {**SPEC, "image": image}}
+    # no spec.image: the servers run the chart's image, as the operator hands it on
+    resource = {**EXAMPLE, "metadata": {"name": "tiny", "namespace": namespace}, "spec": SPEC}
     manifest = tmp_path / "tiny.yaml"
     manifest.write_text(yaml.safe_dump(resource))
     forward = None
