@@ -82,7 +82,7 @@ def test_out_that_cannot_be_written_is_refused(capsys) -> None:
 
 def test_a_model_path_that_is_no_model_is_refused(tmp_path, capsys) -> None:
     err = _refused(["engine", "--model", str(tmp_path / "nope"), "--out", str(tmp_path)], capsys)
-    assert "nor a local directory with a config.json" in err
+    assert "a local directory with a config.json, nor a Hugging Face repository" in err
     err = _refused(["server", "--model", "builtin:huge", "--out", str(tmp_path)], capsys)
     assert "unknown built-in model 'huge'" in err
 
