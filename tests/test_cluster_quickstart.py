@@ -108,8 +108,9 @@ def test_steps_3_and_4_serve_the_example_from_a_fake_hub(image_env, monkeypatch,
     spec = parse_spec(resource["spec"])
     require_image(spec)
     objects = desired_objects(Owner(name, "default", "0c0ffee0-0000-4000-8000-00000000000a"), spec)
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
-    (config,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    # the model server's, not the router's in front of it; its engine config, not the wake ConfigMap
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] != f"{name}-router"]
+    (config,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-engine")]
     (service,) = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == name]
     pod = deployment["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]

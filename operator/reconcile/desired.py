@@ -33,7 +33,6 @@ from llmfleet.operator.reconcile.model_storage import model_storage
 from llmfleet.operator.reconcile.network_policy import server_policy
 from llmfleet.operator.resource.spec import (
     GRACE_MARGIN_SECONDS,
-    MODELS_DIR,
     InferenceServiceSpec,
     KVTransferSecret,
     PodOptions,
