@@ -35,6 +35,7 @@ RBAC_RULES: list[dict[str, Any]] = [
     _rule("apps", ["deployments"], [*CHILD_VERBS, "watch"]),
     _rule("networking.k8s.io", ["networkpolicies"], CHILD_VERBS),
     _rule("policy", ["poddisruptionbudgets"], CHILD_VERBS),
+    _rule("autoscaling", ["horizontalpodautoscalers"], CHILD_VERBS),
     _rule("monitoring.coreos.com", ["podmonitors"], CHILD_VERBS),
     # Every fleet's router reads the pools' EndpointSlices and stamps its wake ConfigMap (get, patch)
     # with its own account: the operator creates the account, a Role and its binding, and must

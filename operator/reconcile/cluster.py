@@ -84,6 +84,7 @@ ROLE = ResourceKind("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDING = ResourceKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 SECRET = ResourceKind("", "v1", "secrets", "Secret")  # created, never read (kv_secret.py)
 NETWORK_POLICY = ResourceKind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+HORIZONTAL_POD_AUTOSCALER = ResourceKind("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
 
 # Every kind reconcile.desired_objects() may return, in apply order (config and the router's
 # account before their readers).
@@ -95,6 +96,7 @@ CHILD_KINDS: tuple[ResourceKind, ...] = (
     NETWORK_POLICY,  # before the pods it guards
     SERVICE,
     DEPLOYMENT,
+    HORIZONTAL_POD_AUTOSCALER,  # after the Deployment it scales
     POD_DISRUPTION_BUDGET,
     POD_MONITOR,
 )

@@ -156,7 +156,11 @@ def desired_objects(
         objects.append(_pdb(owner, pool))
         objects.append(server_network_policy(owner, spec, pool, metrics_peers or {}))
     objects.extend(_router_account(owner))
-    objects.append(_router_deployment(owner, spec, router_mode or spec.mode))
+    router = _router_deployment(owner, spec, router_mode or spec.mode)
+    objects.append(router)
+    if spec.router.autoscaled:
+        _scaled_externally(router, (scaled or {}).get("router"))
+        objects.append(_router_autoscaler(owner, spec))
     objects.append(_pdb(owner, "router"))
     objects.append(_wake_config_map(owner))
     # the client endpoint: the routers, or the old entry pool while a fleet from before the routers
@@ -384,6 +388,25 @@ def _router_deployment(owner: Owner, spec: InferenceServiceSpec, mode: str) -> d
     deployment = _deployment_object(owner, "router", spec.router.replicas, template, spec.pod)
     deployment["metadata"]["annotations"] = {MODE_ANNOTATION: mode}
     return deployment
+
+
+def _router_autoscaler(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The routers' HorizontalPodAutoscaler: from ``router.replicas`` to ``router.maxReplicas`` on
+    their average CPU use. Scale-down waits HPA's default five minutes, and a router it removes
+    drains its streams first (its grace period is its pools' longest stream)."""
+    name = pool_object_name(owner, "router")
+    target = {"type": "Utilization", "averageUtilization": spec.router.target_cpu_utilization}
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(owner, name, labels(owner, "router")),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": spec.router.replicas,
+            "maxReplicas": spec.router.max_replicas,
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": target}}],
+        },
+    }
 
 
 def router_account_name(owner: Owner) -> str:

@@ -414,7 +414,20 @@ def spec_schema() -> dict[str, Any]:
         "The routers in front of the pools, in every mode: the client Service selects them, and they pick "
         "servers by load and prefix affinity.",
         {
-            "replicas": _int("Router replicas.", minimum=1, default=1),
+            "replicas": _int(
+                "Router replicas; with maxReplicas above it, the fewest the autoscaler keeps.", minimum=1, default=1
+            ),
+            "maxReplicas": _int(
+                "Above replicas: a HorizontalPodAutoscaler scales the routers from replicas to this many on CPU "
+                "use (needs resources.requests.cpu). Unset: replicas routers.",
+                minimum=1,
+            ),
+            "targetCPUUtilizationPercentage": _int(
+                "The routers' average CPU use, as a percentage of their CPU request, the autoscaler holds.",
+                minimum=10,
+                maximum=100,
+                default=70,
+            ),
             "policy": _str(
                 "How the router picks pods: load (the least loaded), round-robin, or prefix (the pod that took the "
                 "longest prefix of the prompt, while its load stays within two queued requests of the least loaded: "
@@ -435,6 +448,17 @@ def spec_schema() -> dict[str, Any]:
             ),
         },
     )
+    router["x-kubernetes-validations"] = [
+        {
+            "rule": "!has(self.maxReplicas) || self.maxReplicas >= self.replicas",
+            "message": "router.maxReplicas must be >= router.replicas",
+        },
+        {
+            "rule": "!has(self.maxReplicas) || self.maxReplicas == self.replicas || "
+            "(has(self.resources) && has(self.resources.requests) && 'cpu' in self.resources.requests)",
+            "message": "router.maxReplicas needs router.resources.requests.cpu: the autoscaler scales on CPU use",
+        },
+    ]
     schema = _obj(
         "The desired serving fleet.",
         {

@@ -246,13 +246,35 @@ class Autotune(_Model):
 
 
 class Router(_Model):
+    """The routers: ``replicas`` of them, or, with ``maxReplicas`` above it, from ``replicas`` to
+    ``maxReplicas`` by a HorizontalPodAutoscaler on CPU use. A router is a proxy that relays
+    streams: its work grows with the tokens it relays, and CPU is what runs out first."""
+
     replicas: int = Field(1, ge=1)
+    max_replicas: int | None = Field(None, ge=1)
+    target_cpu_utilization: int = Field(70, ge=10, le=100, alias="targetCPUUtilizationPercentage")  # as HPA v1 names it
     policy: RouterPolicy = "load"
     resources: dict[str, Any] = Field(default_factory=dict)
     # A request for a pool with no ready server (scaled to zero, a rollout's gap) waits this long
     # at the router, at most this many at once; then a 503 with Retry-After
     hold_timeout_seconds: int = Field(300, ge=0, le=3600)
     max_held_requests: int = Field(1024, ge=1)
+
+    @model_validator(mode="after")
+    def _scaling(self) -> Router:
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(f"router.maxReplicas {self.max_replicas} < router.replicas {self.replicas}")
+        if self.autoscaled and "cpu" not in (self.resources.get("requests") or {}):
+            raise ValueError(
+                "router.maxReplicas needs router.resources.requests.cpu: the autoscaler scales on CPU use "
+                "as a share of the request"
+            )
+        return self
+
+    @property
+    def autoscaled(self) -> bool:
+        """A HorizontalPodAutoscaler sets the routers' replicas, from ``replicas`` up to ``maxReplicas``."""
+        return self.max_replicas is not None and self.max_replicas > self.replicas
 
 
 # Env the operator sets on every server container itself (reconcile/desired.py): a pod option may not set them.

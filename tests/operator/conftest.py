@@ -43,6 +43,7 @@ PATHS = {
     "ConfigMap": f"/api/v1/namespaces/{NAMESPACE}/configmaps",
     "PodDisruptionBudget": f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets",
     "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies",
+    "HorizontalPodAutoscaler": f"/apis/autoscaling/v2/namespaces/{NAMESPACE}/horizontalpodautoscalers",
     "Role": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles",
     "ServiceAccount": f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
     "PodMonitor": f"/apis/monitoring.coreos.com/v1/namespaces/{NAMESPACE}/podmonitors",

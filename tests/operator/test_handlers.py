@@ -507,6 +507,22 @@ def test_an_external_autoscaler_owns_the_replicas_after_creation(kube, operator)
     assert not [e for e in kube.events("tiny") if e["reason"] == "EditReverted"]
 
 
+def test_routers_with_a_max_get_an_autoscaler_that_owns_their_replicas(kube, operator):
+    router = {"replicas": 1, "maxReplicas": 4, "resources": {"requests": {"cpu": "250m"}}}
+    kube.create(inference_service("tiny", {**TINY, "router": router}))
+    hpa = eventually(lambda: kube.get("HorizontalPodAutoscaler", "tiny-router"))
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4)
+    settle(kube, "tiny", 1)
+    kube.patch("Deployment", "tiny-router", {"spec": {"replicas": 3}})  # what the autoscaler does
+    eventually(lambda: kube.get("InferenceService", "tiny")["status"]["pools"]["router"]["replicas"] == 3)
+    assert kube.quiet(3.0) == []  # resyncs write nothing: no revert, no re-apply
+    assert kube.get("Deployment", "tiny-router")["spec"]["replicas"] == 3
+
+    kube.patch("InferenceService", "tiny", {"spec": {"router": {"maxReplicas": None}}})  # fixed again
+    eventually(lambda: kube.get("HorizontalPodAutoscaler", "tiny-router") is None)
+    eventually(lambda: kube.get("Deployment", "tiny-router")["spec"]["replicas"] == 1)
+
+
 @pytest.mark.parametrize("cluster_options", [{"pod_monitor": True}])
 def test_pod_monitor_when_the_prometheus_operator_is_installed(kube, operator, cluster_options):
     kube.create(inference_service("tiny", TINY))

@@ -459,3 +459,37 @@ def test_the_drain_fits_the_longest_stream_a_pool_can_serve():
     objects = desired_objects(OWNER, spec(50, given))
     router = by_kind(objects, "Deployment")["svc-router"]["spec"]["template"]["spec"]
     assert router["terminationGracePeriodSeconds"] == grace_seconds(900)
+
+
+def test_routers_with_a_max_are_scaled_by_an_autoscaler_that_owns_their_replicas(repo_root):
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    objects = desired_objects(owner, spec, scaled={"router": 5})
+    (hpa,) = by_kind(objects, "HorizontalPodAutoscaler").values()
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "rag-router"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    assert hpa["spec"]["metrics"][0]["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
+    deployments = by_kind(objects, "Deployment")
+    router = deployments.pop("rag-router")
+    assert router["spec"]["replicas"] == 5  # as the autoscaler left them, not the spec's 2
+    assert router["metadata"]["annotations"]["llmfleet.io/replicas"] == "external"
+    assert all("llmfleet.io/replicas" not in d["metadata"].get("annotations", {}) for d in deployments.values())
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(hpa, version, strict=True)
+    assert allows("autoscaling", "horizontalpodautoscalers", "create")
+
+    fixed = parse_spec({**spec.model_dump(by_alias=True, exclude_none=True), "router": {"replicas": 3}})
+    objects = desired_objects(owner, fixed, scaled={"router": 5})
+    assert not by_kind(objects, "HorizontalPodAutoscaler")
+    assert by_kind(objects, "Deployment")["rag-router"]["spec"]["replicas"] == 3
+
+
+@pytest.mark.parametrize(
+    ("router", "words"),
+    [
+        ({"replicas": 3, "maxReplicas": 2}, "router.maxReplicas 2 < router.replicas 3"),
+        ({"maxReplicas": 4}, "needs router.resources.requests.cpu"),
+    ],
+)
+def test_router_scaling_the_autoscaler_cannot_do_is_refused(router, words):
+    with pytest.raises(SpecError, match=words):
+        parse_spec({"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 50}, "router": router})

@@ -193,6 +193,11 @@ SCHEMA_REJECTS = {
     "a rollout that cannot move": (with_("pod", {"maxSurge": 0, "maxUnavailable": "0%"}), "cannot both be 0"),
     "a rollout that cannot move, zeros": (with_("pod", {"maxSurge": "00%", "maxUnavailable": 0}), "cannot both be 0"),
     "two autoscalers": (with_("externalAutoscaler", True), "needs autotune.enabled: false"),
+    "fewer routers at most than at least": (
+        with_("router", {"replicas": 3, "maxReplicas": 2}),
+        "router.maxReplicas must be >= router.replicas",
+    ),
+    "router autoscaling without a CPU request": (with_("router", {"maxReplicas": 4}), "needs router.resources"),
 }
 
 
@@ -355,6 +360,11 @@ OPERATOR_REJECTS = {
     ),
     "a pull secret twice": (with_("pod", {"imagePullSecrets": ["r", "r"]}), "InvalidSpec", "names a Secret twice"),
     "two autoscalers": (with_("externalAutoscaler", True), "InvalidSpec", "needs autotune.enabled: false"),
+    "router autoscaling without a CPU request": (
+        with_("router", {"maxReplicas": 4}),
+        "InvalidSpec",
+        "router.maxReplicas needs router.resources.requests.cpu",
+    ),
     "inverted bounds": (
         with_("pools.colocated.bounds", {"maxBatchSize": {"min": 64, "max": 8}}),
         "InvalidSpec",
