@@ -11,8 +11,11 @@ the operator's own client to behave as against a real API server:
   server-side apply; the status subresource only touches status, the main resource never does;
 - PUT replaces (409 on a stale resourceVersion); DELETE honours finalizers, and the garbage
   collector removes dependents whose owner is gone (background propagation);
-- injected faults (Fault) answer as the API server's errors do, with a Retry-After header when
-  asked: kmock's KubernetesError carries none.
+- injected faults (Fault) answer reads, watches and writes as the API server's errors do, with a
+  Retry-After header when asked (kmock's KubernetesError carries none), or a watch with the
+  410 Gone ERROR event of an expired resourceVersion; a Stall holds a request until the test
+  lets it go, then fails it (a process that dies mid-request never sees the answer);
+- kopf's peering resources (kopf.dev) on request, for several operator replicas.
 
 Server-side apply is modelled for a single field manager: fields the manager applied before and
 no longer applies are removed; everything else merges. That is exactly SSA's outcome when the
@@ -119,17 +122,54 @@ class Change:
 
 @dataclass
 class Fault:
-    """Answer matching writes with an error (a flaky or failing API server), with a Retry-After
-    header when `retry_after` is set (as the API server throttles: 429 and seconds)."""
+    """Answer matching requests with an error (a flaky or failing API server), with a Retry-After
+    header when `retry_after` is set (as the API server throttles: 429 and seconds). ``watch``
+    (GETs only): True matches watch requests alone, False lists and gets alone, None both; a
+    watch fault with status 410 opens the stream and ends it with the ERROR event of an expired
+    resourceVersion, as the API server does. ``agent``: only requests whose User-Agent starts so
+    (``kopf/`` for kopf's connection, ``llm-fleet-operator`` for the operator's own client)."""
 
     method: str
     path_part: str
     status: int = 500
     times: int = 1_000_000
     retry_after: int | None = None
+    watch: bool | None = None
+    agent: str | None = None
+    hits: int = 0
+
+    def matches(self, method: str, path: str, watching: bool = False, agent: str = "") -> bool:
+        return (
+            self.times > 0
+            and method == self.method
+            and self.path_part in path
+            and (self.watch is None or self.watch == watching)
+            and (self.agent is None or agent.startswith(self.agent))
+        )
+
+
+@dataclass
+class Stall:
+    """Hold the first ``times`` matching requests until ``release()`` (from any thread), then answer
+    them 503: a request in flight when its sender dies, which the sender never sees answered."""
+
+    method: str
+    path_part: str
+    times: int = 1
+    held: int = 0
+    _release: threading.Event = field(default_factory=threading.Event)
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and method == self.method and self.path_part in path
+
+    def release(self) -> None:
+        self._release.set()
+
+    async def hold(self) -> None:
+        self.times -= 1
+        self.held += 1
+        while not self._release.is_set():
+            await asyncio.sleep(0.05)
 
 
 @attrs.define(kw_only=True)
@@ -141,6 +181,7 @@ class Cluster(KubernetesEmulator):
     applied: dict[tuple[str, str | None, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
     revision: int = attrs.field(default=1, init=False)
     faults: list[Fault] = attrs.field(factory=list, init=False)
+    stalls: list[Stall] = attrs.field(factory=list, init=False)
     _changed: asyncio.Condition | None = attrs.field(default=None, init=False)
 
     def declare(self, key: str, info: ResourceInfo) -> None:
@@ -295,26 +336,49 @@ class Cluster(KubernetesEmulator):
 
     # -- writes ----------------------------------------------------------------------------------
 
+    def _fault(self, request: Any) -> Fault | None:
+        """The first injected fault matching this request, counted as used."""
+        method, watching = _method(request), request.params.get("watch") in ("true", "1")
+        agent = request.headers.get("User-Agent", "")
+        for fault in self.faults:
+            if fault.matches(method, request.url.path, watching, agent):
+                fault.times -= 1
+                fault.hits += 1
+                return fault
+        return None
+
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         res = request.resource
         method = _method(request)
-        if res is None or res.plural is None or method not in WRITE_METHODS:
-            return await super()._handle(request)  # reads and discovery: kmock's routing + our _serve_*
-        for fault in self.faults:
-            if fault.matches(method, request.url.path):
-                fault.times -= 1
-                raise _InjectedError(
-                    status=fault.status,
-                    reason="InjectedFault",
-                    message="injected by the test",
-                    retry_after=fault.retry_after,
-                )
+        if res is None or res.plural is None:
+            return await super()._handle(request)  # discovery
+        for stall in self.stalls:
+            if stall.matches(method, request.url.path):
+                await stall.hold()
+                raise _InjectedError(status=503, reason="InjectedFault", message="held, then failed by the test")
+        fault = self._fault(request)
+        if fault is not None and fault.status == 410 and request.params.get("watch") in ("true", "1"):
+            return await self._expired_watch(request)  # an ERROR event ends the stream
+        if fault is not None:
+            message = "injected by the test"
+            raise _InjectedError(fault.status, "InjectedFault", message, retry_after=fault.retry_after)
+        if method not in WRITE_METHODS:
+            return await super()._handle(request)  # reads: kmock's routing + our _serve_*
         # Skip KubernetesEmulator's own bookkeeping: every write is handled here.
         try:
             status, body = self._write(method, request)
         finally:
             await self._notify()
         return aiohttp.web.json_response(body, status=status)
+
+    async def _expired_watch(self, request: Any) -> aiohttp.web.StreamResponse:
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410}
+        event = {"type": "ERROR", "object": {**gone, "message": "too old resource version"}}
+        await response.write(json.dumps(event).encode() + b"\n")
+        await response.write_eof()
+        return response
 
     def _write(self, method: str, request: Any) -> tuple[int, dict[str, Any]]:
         res, namespace, name, sub = request.resource, request.namespace, request.name, request.subresource
@@ -465,9 +529,10 @@ def _now() -> str:
 
 INFERENCE_SERVICES = "llmfleet.io/v1alpha1/inferenceservices"
 POD_MONITORS = "monitoring.coreos.com/v1/podmonitors"
+CLUSTER_PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 
 
-def make_cluster(*, pod_monitor: bool = False) -> Cluster:
+def make_cluster(*, pod_monitor: bool = False, peering: bool = False) -> Cluster:
     cluster = Cluster()
     with warnings.catch_warnings():  # kmock reads its bundle with a deprecated importlib call
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -488,6 +553,9 @@ def make_cluster(*, pod_monitor: bool = False) -> Cluster:
     if pod_monitor:
         info = ResourceInfo(kind="PodMonitor", singular="podmonitor", namespaced=True, verbs=verbs)
         cluster.declare(POD_MONITORS, info)
+    if peering:  # the chart's crds/kopf-peering.yaml: keep-alives go into the object's status
+        info = ResourceInfo(kind="ClusterKopfPeering", singular="clusterkopfpeering", namespaced=False, verbs=verbs)
+        cluster.declare(CLUSTER_PEERINGS, info)
     return cluster
 
 
@@ -561,4 +629,4 @@ def kubeconfig(url: str) -> str:
     )
 
 
-__all__ = ["Call", "Cluster", "Fault", "RunningCluster", "kubeconfig", "make_cluster", "serve"]
+__all__ = ["Call", "Cluster", "Fault", "RunningCluster", "Stall", "kubeconfig", "make_cluster", "serve"]
