@@ -41,7 +41,7 @@ from llmfleet.operator.reconcile.cluster import (
     KubeClient,
     load_configuration,
 )
-from llmfleet.operator.reconcile.converge import Outcome, converge
+from llmfleet.operator.reconcile.converge import Outcome, converge, report_api_trouble
 from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, POOL_LABEL
 from llmfleet.operator.reconcile.wake import wake_patch
 from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, parse_spec
@@ -104,6 +104,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # default would wait 60 s before looking again, and the delete would hang that long.
     settings.background.instant_exit_timeout = 5.0
     settings.background.cancellation_polling = 2.0
+    # A throttled request waits as long as the API server asks, shorter or longer than kopf's own
+    # backoff (kopf's default heeds Retry-After only when it is the longer).
+    settings.networking.enforce_retry_after = True
     # A watch that goes quiet is reconnected rather than trusted forever.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -174,6 +177,7 @@ async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: loggin
     if meta.get("deletionTimestamp"):
         return Outcome()  # going away: the garbage collector takes the children
     async with state.lock(meta["namespace"], meta["name"]):
+        raw: dict[str, Any] = dict(body)
         try:
             raw = await state.client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
             if raw is None or raw["metadata"].get("deletionTimestamp"):
@@ -187,6 +191,9 @@ async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: loggin
                 metrics_peers=state.metrics_peers,
             )
         except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
+            trouble = await report_api_trouble(state.client, raw, exc)
+            if trouble is not None:
+                kopf.event(raw, type=trouble.type, reason=trouble.reason, message=trouble.message)
             raise kopf.TemporaryError(f"API server: {exc}", delay=5) from exc
     for event in outcome.events:
         kopf.event(raw, type=event.type, reason=event.reason, message=event.message)

@@ -197,6 +197,31 @@ async def _degrade(
     return outcome
 
 
+API_TROUBLE = "APIServerError"
+
+
+async def report_api_trouble(client: KubeClient, body: dict[str, Any], error: ApiError) -> Event | None:
+    """A pass the API server cut short once the client's own retries were spent (throttled, 5xx,
+    unreachable): say so in Progressing (Unknown: what runs is unknown), where status can still be
+    written, and return the Warning to post when that is news. The caller retries the pass; a
+    409 is a race, not trouble, and says nothing. A status write that fails too is left unsaid."""
+    if error.status == 409 or not error.retryable or "uid" not in (body.get("metadata") or {}):
+        return None
+    owner = owner_of(body)
+    message = f"the API server failed a request: {error}; retrying"
+    progressing = Condition(PROGRESSING, "Unknown", API_TROUBLE, message)
+
+    def build(current: dict[str, Any]) -> dict[str, Any]:
+        generation = body["metadata"].get("generation")
+        return {"conditions": merge_conditions(current.get("conditions") or [], [progressing], generation, st.now())}
+
+    try:
+        written = await _write_status(client, owner, body, build)
+    except ApiError:
+        return None
+    return Event("Warning", API_TROUBLE, message) if written is not None else None
+
+
 async def _write_status(
     client: KubeClient, owner: Owner, body: dict[str, Any], build: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> dict[str, Any] | None:
