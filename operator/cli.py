@@ -10,7 +10,7 @@ import hashlib
 import os
 import socket
 
-from llmfleet.arguments import bind_problem, port_or_off
+from llmfleet.arguments import bind_problem, port_or_off, positive
 
 SERVER_IMAGE_ENV = "LLMFLEET_SERVER_IMAGE"  # resource/spec.py reads it (not imported here: pydantic is slow to load)
 
@@ -58,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the Helm chart sets it to its own image)",
     )
     parser.add_argument(
+        "--prometheus-timeout",
+        type=positive,
+        default=os.environ.get("LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS", "5"),
+        metavar="SECONDS",
+        help="the most a tuner run waits for one pool's Prometheus queries before it holds, saying "
+        "why (default: $LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS, else 5)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=port_or_off,
         default=8081,
@@ -99,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
         os.environ[SERVER_IMAGE_ENV] = args.server_image
     kopf.configure(verbose=args.verbose, debug=args.debug)
     namespaces = tuple(args.namespaces or ())
+    memo = kopf.Memo(
+        prometheus_url=args.prometheus_url,
+        prometheus_timeout=args.prometheus_timeout,
+        metrics_port=args.metrics_port,
+        pod_monitor_labels=labels,
+        metrics_peers=peers,
+    )
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,
@@ -106,12 +121,7 @@ def run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         priority=args.priority if args.priority is not None else default_priority(),
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(
-            prometheus_url=args.prometheus_url,
-            metrics_port=args.metrics_port,
-            pod_monitor_labels=labels,
-            metrics_peers=peers,
-        ),
+        memo=memo,
     )
     return 0
 

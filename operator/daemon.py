@@ -12,15 +12,16 @@ reconcile path stays the only writer, and spec bounds win there too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from llmfleet.operator.metrics.prometheus import PrometheusSource
+from llmfleet.operator.metrics.prometheus import DEFAULT_TIMEOUT_S, PrometheusSource
 from llmfleet.operator.metrics.scrape import ScrapeSource
-from llmfleet.operator.metrics.source import MetricSource, PoolRef
+from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef, stale_snapshot
 from llmfleet.operator.reconcile import status as st
 from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, POD, KubeClient
 from llmfleet.operator.reconcile.converge import owner_of, tuner_state
@@ -91,7 +92,13 @@ def _source_key(spec: InferenceServiceSpec, default_url: str | None) -> str:
     return spec.autotune.prometheus_url or default_url or "scrape"
 
 
-def _session(sessions: dict, key: tuple[str, str], spec: InferenceServiceSpec, default_url: str | None):
+def _session(
+    sessions: dict,
+    key: tuple[str, str],
+    spec: InferenceServiceSpec,
+    default_url: str | None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+):
     wanted = _source_key(spec, default_url)
     session = sessions.get(key)
     if session is None or session.source_key != wanted:
@@ -99,9 +106,57 @@ def _session(sessions: dict, key: tuple[str, str], spec: InferenceServiceSpec, d
             targets = _PodTargets()
             session = TunerSession(ScrapeSource(targets), targets, wanted)
         else:
-            session = TunerSession(PrometheusSource(wanted), None, wanted)
+            session = TunerSession(PrometheusSource(wanted, timeout_s=timeout_s), None, wanted)
         sessions[key] = session
     return session
+
+
+class Measured:
+    """A MetricSource that keeps each snapshot it takes. A tuner run measures through it outside
+    the InferenceService's lock (``measure``); the run that decides, under the lock, replays what
+    was taken: no query waits there, where every reconcile pass of the object would wait with it."""
+
+    def __init__(self, source: MetricSource | None) -> None:
+        self.source = source  # None: replaying, nothing new is measured
+        self.taken: dict[tuple[PoolRef, float], PoolMetrics] = {}
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        key = (pool, window_s)
+        if key not in self.taken:
+            if self.source is None:  # the spec changed between measuring and deciding
+                return stale_snapshot(pool, time.time(), window_s, f"{pool.pool}: the spec changed while measuring")
+            self.taken[key] = await self.source.snapshot(pool, window_s)
+        return self.taken[key]
+
+    def replay(self) -> Measured:
+        replaying = Measured(None)
+        replaying.taken = dict(self.taken)
+        return replaying
+
+
+async def measure(
+    client: KubeClient,
+    sessions: dict,
+    body: dict[str, Any],
+    spec: InferenceServiceSpec,
+    default_prometheus_url: str | None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    now: float | None = None,
+) -> Measured:
+    """Every snapshot a run of ``spec`` reads, taken now (a dry run of the law with a throwaway
+    actuator asks for them): pass the result to autotune_once as ``measured``."""
+    owner = owner_of(body)
+    session = _session(sessions, (owner.namespace, owner.name), spec, default_prometheus_url, timeout_s)
+    if session.targets is not None:
+        await _refresh_targets(client, session.targets, body, spec)
+    measured = Measured(session.source)
+    current = body.get("status") or {}
+    memory = TunerMemory.load((current.get("tuner") or {}).get("memory"))
+    refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in measured_pools(spec)}
+    actuator = _StatusActuator(spec, tuner_state(spec, current) or TunerState())
+    with contextlib.suppress(InvalidLimits):  # the run that decides says so
+        await Autotuner(spec, measured, refs, memory=memory).step(actuator, now or time.time())
+    return measured.replay()
 
 
 async def _refresh_targets(client: KubeClient, targets: _PodTargets, body: dict, spec: InferenceServiceSpec) -> None:
@@ -124,21 +179,27 @@ async def autotune_once(
     spec: InferenceServiceSpec,
     default_prometheus_url: str | None,
     now: float | None = None,
+    measured: Measured | None = None,
 ) -> tuple[AutotuneOutcome, dict[str, Any]]:
     """Run the tuner once and write its status. Returns the outcome and the body with that status.
     Raises InvalidLimits, after setting TunerActive=False (InvalidBounds), when the spec leaves a
-    knob no valid value."""
+    knob no valid value. ``measured``: the snapshots ``measure`` took, read instead of measuring."""
     owner = owner_of(body)
     current = body.get("status") or {}
-    session = _session(sessions, (owner.namespace, owner.name), spec, default_prometheus_url)
-    if session.targets is not None:
-        await _refresh_targets(client, session.targets, body, spec)
+    source: MetricSource
+    if measured is not None:
+        source = measured
+    else:
+        session = _session(sessions, (owner.namespace, owner.name), spec, default_prometheus_url)
+        if session.targets is not None:
+            await _refresh_targets(client, session.targets, body, spec)
+        source = session.source
     memory = TunerMemory.load((current.get("tuner") or {}).get("memory"))  # unreadable: start afresh
     refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in measured_pools(spec)}
     actuator = _StatusActuator(spec, tuner_state(spec, current) or TunerState())
     generation = body["metadata"].get("generation")
     try:
-        outcome = await Autotuner(spec, session.source, refs, memory=memory).step(actuator, now or time.time())
+        outcome = await Autotuner(spec, source, refs, memory=memory).step(actuator, now or time.time())
     except InvalidLimits as exc:  # hold, and say why where users look
         condition = Condition(TUNER_ACTIVE, "False", "InvalidBounds", str(exc))
         conditions = merge_conditions(current.get("conditions") or [], [condition], generation, st.now())

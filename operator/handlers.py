@@ -33,7 +33,8 @@ import kopf
 
 from llmfleet.arguments import positive
 from llmfleet.operator import decision_metrics
-from llmfleet.operator.daemon import autotune_once, new_events, prepare_scale_down
+from llmfleet.operator.daemon import autotune_once, measure, new_events, prepare_scale_down
+from llmfleet.operator.metrics.prometheus import DEFAULT_TIMEOUT_S
 from llmfleet.operator.reconcile.cluster import (
     INFERENCE_SERVICE,
     POD_MONITOR,
@@ -50,19 +51,20 @@ from llmfleet.server.wire.wake import WAKE_ANNOTATION
 
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
 RESYNC_ENV = "LLMFLEET_OPERATOR_RESYNC_SECONDS"
+PROMETHEUS_TIMEOUT_ENV = "LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS"
 
 
-def _resync_seconds() -> float:
-    """The resync interval: a value that is not a positive number of seconds ("1m") stops the
-    operator with one line, not a traceback from this import."""
-    text = os.environ.get(RESYNC_ENV, "60")
+def seconds_from_env(name: str, default: float) -> float:
+    """A number of seconds from the environment: one that is not a positive number ("1m") stops
+    the operator with one line, not a traceback."""
+    text = os.environ.get(name, str(default))
     try:
         return positive(text)
     except argparse.ArgumentTypeError as exc:
-        raise SystemExit(f"llm-fleet operator: {RESYNC_ENV}: {exc} (seconds, e.g. 60)") from None
+        raise SystemExit(f"llm-fleet operator: {name}: {exc} (seconds, e.g. {default:g})") from None
 
 
-RESYNC_SECONDS = _resync_seconds()
+RESYNC_SECONDS = seconds_from_env(RESYNC_ENV, 60)
 SPEC_RECHECK_SECONDS = 5.0  # how soon the tuner daemon sees a new interval or autotune turned off
 POD_MONITOR_CHECK_SECONDS = 300.0
 ANNOTATION_PREFIX = "operator.llmfleet.io"
@@ -75,6 +77,7 @@ class OperatorState:
 
     client: KubeClient
     prometheus_url: str | None = None
+    prometheus_timeout: float = DEFAULT_TIMEOUT_S  # seconds for one pool's queries
     pod_monitor_labels: dict[str, str] = field(default_factory=dict)
     metrics_peers: dict[str, str] = field(default_factory=dict)  # namespace labels that may scrape the servers
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -149,10 +152,11 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     configure(settings)
     url = memo.get("prometheus_url") or os.environ.get("LLMFLEET_PROMETHEUS_URL") or None
+    timeout = memo.get("prometheus_timeout") or seconds_from_env(PROMETHEUS_TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
     labels = dict(memo.get("pod_monitor_labels") or {})
     peers = dict(memo.get("metrics_peers") or {})
     client = await asyncio.to_thread(KubeClient.from_environment)  # reads files, may run a kubeconfig's exec plugin
-    memo.llmfleet = OperatorState(client, url, pod_monitor_labels=labels, metrics_peers=peers)
+    memo.llmfleet = OperatorState(client, url, timeout, pod_monitor_labels=labels, metrics_peers=peers)
     if memo.get("metrics_port"):
         from prometheus_client import start_http_server
 
@@ -270,13 +274,29 @@ async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger)
     meta = raw["metadata"]
     if meta.get("deletionTimestamp"):
         return
+    client = state.client
+    try:
+        # Measured outside the lock: a slow Prometheus (or pods' /metrics) holds up no reconcile
+        # pass of this object, which waits on that lock.
+        before = await client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
+        spec = None if before is None or before["metadata"].get("deletionTimestamp") else _tunable_spec(before)
+        if spec is None:
+            return
+        measured = await measure(
+            client, state.tuner_sessions, before, spec, state.prometheus_url, state.prometheus_timeout
+        )
+    except ApiError as exc:
+        logger.warning(f"tuner run skipped, API server: {exc}")
+        return
     async with state.lock(meta["namespace"], meta["name"]):
-        fresh = await state.client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
+        fresh = await client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
         spec = None if fresh is None or fresh["metadata"].get("deletionTimestamp") else _tunable_spec(fresh)
         if spec is None:
             return
         try:
-            outcome, raw = await autotune_once(state.client, state.tuner_sessions, fresh, spec, state.prometheus_url)
+            outcome, raw = await autotune_once(
+                client, state.tuner_sessions, fresh, spec, state.prometheus_url, measured=measured
+            )
         except ApiError as exc:
             logger.warning(f"tuner run skipped, API server: {exc}")
             return

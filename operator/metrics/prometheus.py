@@ -3,7 +3,9 @@
 All queries of one snapshot are evaluated at the same instant (``time=now``), concurrently. An
 empty result is "no series" and NaN is "no observations in the window": both become ``None``
 with a reason, never zero. A failed query makes the whole snapshot stale, as does a pool with no
-pod reporting or whose newest sample is older than the policy allows.
+pod reporting or whose newest sample is older than the policy allows, and so does a snapshot
+whose queries have not all been answered within ``timeout_s`` (a Prometheus that answers after
+30 s holds the tuner that long at most, not the 30 s times the queries queued behind it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from llmfleet.operator.metrics.source import (
 NO_STEPS_FIELDS = {"mean_batch_size", "mean_step_tokens", "mean_step_seconds"}  # 0/0 means no engine step ran
 
 
+DEFAULT_TIMEOUT_S = 5.0  # one snapshot's queries, all of them
+
+
 class PrometheusError(RuntimeError):
     """A query Prometheus did not answer, or answered with an error."""
 
@@ -46,11 +51,12 @@ class PrometheusSource:
         client: httpx.AsyncClient | None = None,
         policy: StalenessPolicy | None = None,
         clock: Callable[[], float] = time.time,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         max_concurrency: int = 8,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.policy = policy or StalenessPolicy()
+        self.timeout_s = timeout_s
         self._clock = clock
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
@@ -93,7 +99,14 @@ class PrometheusSource:
     async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
         now = self._clock()
         queries = promql.pool_queries(promql.pool_selector(pool), window_s, self.policy.max_sample_age_s)
-        answers = await asyncio.gather(*(self.scalar(expr, now) for expr in queries.values()), return_exceptions=True)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                answers = await asyncio.gather(
+                    *(self.scalar(expr, now) for expr in queries.values()), return_exceptions=True
+                )
+        except TimeoutError:
+            reason = f"prometheus at {self.base_url} did not answer within {self.timeout_s:g} s"
+            return stale_snapshot(pool, now, window_s, f"{pool.pool}: {reason}")
         failures = [a for a in answers if isinstance(a, BaseException)]
         if failures:
             if not all(isinstance(f, PrometheusError) for f in failures):

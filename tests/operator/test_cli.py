@@ -58,6 +58,23 @@ def test_namespaces_peering_liveness_and_prometheus(kopf_run, monkeypatch):
     assert second["memo"].pod_monitor_labels == {}
 
 
+def test_prometheus_timeout_reaches_the_operator(kopf_run, monkeypatch):
+    monkeypatch.delenv("LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS", raising=False)
+    assert main(["operator"]) == 0
+    assert main(["operator", "--prometheus-timeout", "0.5"]) == 0
+    monkeypatch.setenv("LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS", "2")
+    assert main(["operator"]) == 0
+    defaults, given, from_env = (call["memo"] for call in kopf_run)
+    assert (defaults.prometheus_timeout, given.prometheus_timeout, from_env.prometheus_timeout) == (5.0, 0.5, 2.0)
+
+
+@pytest.mark.parametrize("argv", [["--prometheus-timeout", "0"], ["--prometheus-timeout", "5s"]])
+def test_timeouts_that_are_no_positive_number_are_refused(kopf_run, argv):
+    with pytest.raises(SystemExit):
+        main(["operator", *argv])
+    assert not kopf_run
+
+
 def test_replicas_of_one_deployment_get_peering_priorities_of_their_own(kopf_run):
     """kopf pauses every operator that sees a peer of the same priority: replicas started with
     the same arguments must still differ, or none of them serves."""

@@ -159,6 +159,21 @@ async def test_unreachable_prometheus_makes_it_stale() -> None:
     assert m.stale and "InvalidURL" in m.reason
 
 
+async def test_a_snapshot_waits_no_longer_than_its_timeout_for_all_its_queries() -> None:
+    """A Prometheus that would answer after 30 s: the snapshot is stale once timeout_s has passed
+    for its queries together (8 at a time: per query, 4 rounds of them would wait 4 times as long)."""
+    import asyncio
+
+    async def late(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(late))
+    prometheus = PrometheusSource("http://prometheus:9090", client=client, clock=lambda: NOW, timeout_s=0.2)
+    m = await asyncio.wait_for(prometheus.snapshot(REF, 60), timeout=20)  # not the 30 s a query takes
+    assert m.stale and m.reason == "decode: prometheus at http://prometheus:9090 did not answer within 0.2 s"
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [
