@@ -10,7 +10,7 @@ import hashlib
 import os
 import socket
 
-from llmfleet.arguments import bind_problem, port_or_off, positive
+from llmfleet.arguments import bind_problem, port_or_off, positive, positive_int
 
 SERVER_IMAGE_ENV = "LLMFLEET_SERVER_IMAGE"  # resource/spec.py reads it (not imported here: pydantic is slow to load)
 
@@ -40,6 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="peering: the replica with the highest priority serves, the others stand by (default: one "
         "drawn from the host name, so replicas of one Deployment differ; kopf pauses all replicas that tie)",
+    )
+    parser.add_argument(
+        "--peering-lifetime",
+        type=positive_int,
+        default=60,
+        metavar="SECONDS",
+        help="peering: how long a replica that stopped sending keep-alives (killed, cut off) keeps the "
+        "others paused before one of them takes over (default: 60, kopf's)",
     )
     parser.add_argument(
         "--liveness",
@@ -113,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         pod_monitor_labels=labels,
         metrics_peers=peers,
+        peering_lifetime=args.peering_lifetime,
     )
     kopf.run(
         clusterwide=not namespaces,

@@ -94,7 +94,7 @@ class OperatorState:
         return self._pod_monitor[1]
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, memo: Mapping[str, Any] | None = None) -> None:
     # kopf's bookkeeping goes into annotations under our prefix, never into our status schema.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=ANNOTATION_PREFIX)
@@ -113,6 +113,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # A watch that goes quiet is reconnected rather than trusted forever.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    memo = memo or {}
+    if memo.get("peering_lifetime"):  # how long a replica that stopped answering keeps the others paused
+        settings.peering.lifetime = int(memo["peering_lifetime"])
 
 
 @kopf.on.login()
@@ -150,7 +153,7 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    configure(settings)
+    configure(settings, memo)
     url = memo.get("prometheus_url") or os.environ.get("LLMFLEET_PROMETHEUS_URL") or None
     timeout = memo.get("prometheus_timeout") or seconds_from_env(PROMETHEUS_TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
     labels = dict(memo.get("pod_monitor_labels") or {})

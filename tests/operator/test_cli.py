@@ -58,17 +58,19 @@ def test_namespaces_peering_liveness_and_prometheus(kopf_run, monkeypatch):
     assert second["memo"].pod_monitor_labels == {}
 
 
-def test_prometheus_timeout_reaches_the_operator(kopf_run, monkeypatch):
+def test_prometheus_timeout_and_peering_lifetime_reach_the_operator(kopf_run, monkeypatch):
     monkeypatch.delenv("LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS", raising=False)
     assert main(["operator"]) == 0
-    assert main(["operator", "--prometheus-timeout", "0.5"]) == 0
+    assert main(["operator", "--prometheus-timeout", "0.5", "--peering", "x", "--peering-lifetime", "5"]) == 0
     monkeypatch.setenv("LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS", "2")
     assert main(["operator"]) == 0
     defaults, given, from_env = (call["memo"] for call in kopf_run)
-    assert (defaults.prometheus_timeout, given.prometheus_timeout, from_env.prometheus_timeout) == (5.0, 0.5, 2.0)
+    assert (defaults.prometheus_timeout, defaults.peering_lifetime) == (5.0, 60)
+    assert (given.prometheus_timeout, given.peering_lifetime) == (0.5, 5)
+    assert from_env.prometheus_timeout == 2.0
 
 
-@pytest.mark.parametrize("argv", [["--prometheus-timeout", "0"], ["--prometheus-timeout", "5s"]])
+@pytest.mark.parametrize("argv", [["--prometheus-timeout", "0"], ["--peering-lifetime", "0"]])
 def test_timeouts_that_are_no_positive_number_are_refused(kopf_run, argv):
     with pytest.raises(SystemExit):
         main(["operator", *argv])
