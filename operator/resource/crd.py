@@ -23,6 +23,7 @@ from llmfleet.operator.resource.spec import (
     MAX_NAME_LENGTH,
     NAME_PATTERN,
     QUANTITY,
+    PATH_MAX,
     REASONING_PARSERS,
     ROUTER_POLICIES,
     TOOL_CALL_PARSERS,
@@ -326,7 +327,11 @@ def spec_schema() -> dict[str, Any]:
             "builtin": _str(
                 "A built-in random-weight model, created in the pod (for trying the stack).", enum=["tiny", "small"]
             ),
-            "path": _str("Model directory inside the container, e.g. /models/llama-3 (under /models with a volume)."),
+            "path": _str(
+                "Model directory inside the container, e.g. /models/llama-3 (under /models with a volume): "
+                "absolute, with no '..' segment.",
+                maxLength=PATH_MAX,
+            ),
             "volume": _preserve(
                 "With path: a Kubernetes volume source holding the model, mounted read-only at /models, e.g. "
                 "{persistentVolumeClaim: {claimName: llama}}, {hostPath: {path: /data/models}} or {emptyDir: {}}."
@@ -365,6 +370,10 @@ def spec_schema() -> dict[str, Any]:
         {
             "rule": "!(has(self.cache) || has(self.tokenSecret)) || (has(self.uri) && self.uri.startsWith('hf://'))",
             "message": "cache and tokenSecret go with an hf:// uri",
+        },
+        {
+            "rule": "!has(self.path) || !self.path.matches('(^|/)[.][.](/|$)')",
+            "message": "path must not hold a '..' segment: name the model directory itself",
         },
         {
             "rule": "!has(self.volume) || !has(self.path) || self.path == '/models' "

@@ -22,6 +22,7 @@ from llmfleet.server.core.model_uri import ClaimModel, HubModel, parse_uri
 POOL_NAMES = ("colocated", "prefill", "decode")
 MODELS_DIR = "/models"  # where model.volume, a pvc:// claim or the hf:// download cache is mounted
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # a size, as Kubernetes writes one
+PATH_MAX = 4096  # model.path, as Linux's PATH_MAX (it also bounds the CRD's CEL rules on it)
 # A container argument is at most 128 KiB (the kernel's MAX_ARG_STRLEN): 32 Ki characters of
 # up to 4 UTF-8 bytes each fit in it.
 CHAT_TEMPLATE_MAX = 32768
@@ -114,6 +115,17 @@ class ModelSource(_Model):
             raise ValueError(f"model.chatTemplate is no chat template: {problem}")
         return value
 
+    @field_validator("path")
+    @classmethod
+    def _normal_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not value.startswith("/"):
+            raise ValueError(f"model.path must be absolute inside the container, got {value!r}")
+        if len(value) > PATH_MAX:
+            raise ValueError(f"model.path is longer than {PATH_MAX} characters")
+        return normalized_path(value)
+
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:
         if sum(source is not None for source in (self.builtin, self.path, self.uri)) != 1:
@@ -124,8 +136,6 @@ class ModelSource(_Model):
             raise ValueError("model.volume goes with model.path (a pvc:// uri mounts its claim itself)")
         if (self.cache or self.token_secret) and not isinstance(self.source, HubModel):
             raise ValueError("model.cache and model.tokenSecret go with an hf:// model.uri")
-        if self.path is not None and not self.path.startswith("/"):
-            raise ValueError(f"model.path must be absolute inside the container, got {self.path!r}")
         if self.volume and self.path is not None and not (self.path + "/").startswith(MODELS_DIR + "/"):
             raise ValueError(f"model.path {self.path!r} is outside the model volume, which is mounted at {MODELS_DIR}")
         return self
@@ -157,6 +167,15 @@ class ModelSource(_Model):
         if self.chat_template:
             args += ["--chat-template", self.chat_template]
         return args
+
+
+def normalized_path(path: str) -> str:
+    """An absolute path with no empty or '.' segments; a '..' segment is refused, not resolved:
+    /models/../etc would leave the model volume (the CRD's rule refuses it too)."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"model.path {path!r} has a '..' segment: name the model directory itself")
+    return "/" + "/".join(parts)
 
 
 class Bound(_Model):

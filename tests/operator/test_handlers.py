@@ -371,6 +371,11 @@ BAD_SPECS = {
         "InvalidSpec",
         "outside the model volume",
     ),
+    "dotdot": (
+        {**TINY, "model": {"path": "/models/../etc", "volume": {"emptyDir": {}}}},
+        "InvalidSpec",
+        "has a '..' segment",
+    ),
 }
 
 

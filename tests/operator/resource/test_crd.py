@@ -182,6 +182,10 @@ SCHEMA_REJECTS = {
         "does not match",
     ),
     "path outside the volume": (with_("model", {"path": "/data/x", "volume": PVC}), "must lie under /models"),
+    "path out of the volume by '..'": (with_("model", {"path": "/models/../etc", "volume": PVC}), "'..' segment"),
+    "path up and out by '..'": ({**BASE, "model": {"path": "../../etc"}}, "'..' segment"),
+    "path ending in '..'": ({**BASE, "model": {"path": "/models/llama/.."}}, "'..' segment"),
+    "path longer than PATH_MAX": ({**BASE, "model": {"path": "/m" * 2049}}, "is too long"),
     "min > max replicas": (with_("pools.colocated", {"minReplicas": 5, "maxReplicas": 2}), "minReplicas must be"),
     "replicas above max": (with_("pools.colocated", {"replicas": 9, "maxReplicas": 4}), "replicas must lie"),
     "inverted bounds": (with_("pools.colocated.bounds", {"maxBatchSize": {"min": 64, "max": 8}}), "min must be"),
@@ -204,7 +208,7 @@ SCHEMA_REJECTS = {
 @pytest.mark.parametrize("case", list(SCHEMA_REJECTS))
 def test_schema_rejects(crd, case):
     spec, fragment = SCHEMA_REJECTS[case]
-    if any(word in fragment for word in ("must", "exactly", "needs", "may not", "goes", "go with", "not both")):
+    if any(word in fragment for word in ("must", "exactly", "needs", "may not", "goes", "go with", "not both", "segment")):
         pytest.importorskip("celpy")
     errors = crdcheck.validate(document(spec), crd)
     assert errors, f"{case}: accepted"
@@ -246,6 +250,22 @@ def test_the_name_must_fit_every_service_the_operator_names_after_it(crd, name, 
     pytest.importorskip("celpy")
     errors = crdcheck.validate({**document(BASE), "metadata": {"name": name}}, crd)
     assert (errors == []) == accepted, errors
+
+
+@pytest.mark.parametrize(
+    ("path", "served"),
+    [
+        ("/models/llama", "/models/llama"),
+        ("/models//llama/./", "/models/llama"),
+        ("/models/", "/models"),
+        ("/models/llama..3", "/models/llama..3"),  # dots within a name are no '..' segment
+    ],
+)
+def test_a_model_path_is_served_normalized_and_passes_the_schema(crd, path, served):
+    pytest.importorskip("celpy")
+    spec = {**BASE, "model": {"path": path, "volume": PVC}}
+    assert crdcheck.validate(document(spec), crd) == []
+    assert parse_spec(spec).model.server_arg == served
 
 
 @pytest.mark.parametrize("dtype", ["auto", "bfloat16", "half", "float"])
@@ -339,6 +359,12 @@ OPERATOR_REJECTS = {
         "InvalidSpec",
         "outside the model volume",
     ),
+    "path out of the volume by '..'": (
+        {**BASE, "model": {"path": "/models/../etc", "volume": PVC}},
+        "InvalidSpec",
+        "model.path '/models/../etc' has a '..' segment",
+    ),
+    "path up and out by '..'": ({**BASE, "model": {"path": "/../../etc"}}, "InvalidSpec", "'..' segment"),
     "min > max replicas": (
         with_("pools.colocated", {"minReplicas": 5, "maxReplicas": 2}),
         "InvalidSpec",
