@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         pod_monitor_labels=labels,
         metrics_peers=peers,
         peering_lifetime=args.peering_lifetime,
+        # names, not patterns (team-*, !kube-system): kopf need not list the cluster's namespaces
+        exact_namespaces=bool(namespaces) and not any(set(ns) & set("*?[!") for ns in namespaces),
     )
     kopf.run(
         clusterwide=not namespaces,

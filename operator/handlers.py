@@ -116,6 +116,8 @@ def configure(settings: kopf.OperatorSettings, memo: Mapping[str, Any] | None = 
     memo = memo or {}
     if memo.get("peering_lifetime"):  # how long a replica that stopped answering keeps the others paused
         settings.peering.lifetime = int(memo["peering_lifetime"])
+    if memo.get("exact_namespaces"):  # watching listed namespaces: no cluster-wide reads at all
+        settings.scanning.disabled = True
 
 
 @kopf.on.login()

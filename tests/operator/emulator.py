@@ -499,6 +499,7 @@ class Cluster(KubernetesEmulator):
                 group=r.resource.group,
                 resource=r.resource.plural + (f"/{r.subresource}" if r.subresource else ""),
                 name=r.name,
+                namespace=r.namespace,
                 params=dict(r.params),
                 content_type=r.headers.get("Content-Type", ""),
                 user_agent=r.headers.get("User-Agent", ""),
@@ -514,6 +515,7 @@ class Call:
     group: str
     resource: str  # plural, or plural/subresource
     name: str | None
+    namespace: str | None  # None: cluster-wide (a list or watch of all namespaces, or a cluster-scoped kind)
     params: dict[str, str]
     content_type: str
     user_agent: str

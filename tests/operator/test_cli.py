@@ -56,6 +56,13 @@ def test_namespaces_peering_liveness_and_prometheus(kopf_run, monkeypatch):
     assert first["memo"].prometheus_url == "http://from-env:9090"
     assert second["memo"].prometheus_url == "http://prometheus.monitoring:9090"
     assert second["memo"].pod_monitor_labels == {}
+    # listed names: kopf lists no namespaces and watches no CRDs (the chart grants it no ClusterRole)
+    assert first["memo"].exact_namespaces is True and second["memo"].exact_namespaces is False
+
+
+def test_namespace_patterns_keep_kopfs_cluster_scans(kopf_run):
+    assert main(["operator", "-n", "team-*"]) == 0
+    assert kopf_run[0]["memo"].exact_namespaces is False
 
 
 def test_prometheus_timeout_and_peering_lifetime_reach_the_operator(kopf_run, monkeypatch):
