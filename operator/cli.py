@@ -95,8 +95,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the servers' metrics port takes scrapes only from pods of namespaces with these labels "
         "(their NetworkPolicies; where Prometheus and this operator run); repeatable; none: every namespace",
     )
+    parser.add_argument(
+        "--pod-security-allow",
+        action="append",
+        metavar="KEY",
+        help="let InferenceServices ask for what this key names, refused by default (repeatable, or "
+        "comma-separated; default: $LLMFLEET_POD_SECURITY_ALLOW): " + ", ".join(_pod_security_keys()),
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, including API calls")
+
+
+def _pod_security_keys() -> tuple[str, ...]:
+    from llmfleet.operator.resource.pod_security import KEYS
+
+    return KEYS
+
+
+def pod_security_allow(given: list[str] | None) -> list[str]:
+    """The allowed keys from the flags, else from $LLMFLEET_POD_SECURITY_ALLOW; an unknown one stops the operator."""
+    from llmfleet.operator.resource.pod_security import unknown_keys
+
+    text = ",".join(given) if given else os.environ.get("LLMFLEET_POD_SECURITY_ALLOW", "")
+    keys = sorted({key for key in text.replace(",", " ").split() if key})
+    if unknown := unknown_keys(keys):
+        known = ", ".join(_pod_security_keys())
+        raise SystemExit(f"llm-fleet operator: --pod-security-allow: no such keys {unknown}; known: {known}")
+    return keys
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, debug=args.debug)
     namespaces = tuple(args.namespaces or ())
     memo = kopf.Memo(
+        pod_security_allow=pod_security_allow(args.pod_security_allow),
         prometheus_url=args.prometheus_url,
         prometheus_timeout=args.prometheus_timeout,
         metrics_port=args.metrics_port,

@@ -45,6 +45,7 @@ from llmfleet.operator.reconcile.cluster import (
 from llmfleet.operator.reconcile.converge import Outcome, converge, report_api_trouble
 from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, POOL_LABEL
 from llmfleet.operator.reconcile.wake import wake_patch
+from llmfleet.operator.resource import pod_security
 from llmfleet.operator.resource.spec import InferenceServiceSpec, SpecError, parse_spec
 from llmfleet.operator.tuner.run import InvalidLimits
 from llmfleet.server.wire.wake import WAKE_ANNOTATION
@@ -52,6 +53,7 @@ from llmfleet.server.wire.wake import WAKE_ANNOTATION
 GROUP, VERSION, PLURAL = INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural
 RESYNC_ENV = "LLMFLEET_OPERATOR_RESYNC_SECONDS"
 PROMETHEUS_TIMEOUT_ENV = "LLMFLEET_PROMETHEUS_TIMEOUT_SECONDS"
+POD_SECURITY_ALLOW_ENV = "LLMFLEET_POD_SECURITY_ALLOW"  # comma-separated pod_security keys
 
 
 def seconds_from_env(name: str, default: float) -> float:
@@ -78,6 +80,7 @@ class OperatorState:
     client: KubeClient
     prometheus_url: str | None = None
     prometheus_timeout: float = DEFAULT_TIMEOUT_S  # seconds for one pool's queries
+    allow: frozenset[str] = frozenset()  # the pod_security keys an admin allows
     pod_monitor_labels: dict[str, str] = field(default_factory=dict)
     metrics_peers: dict[str, str] = field(default_factory=dict)  # namespace labels that may scrape the servers
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -160,8 +163,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     timeout = memo.get("prometheus_timeout") or seconds_from_env(PROMETHEUS_TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
     labels = dict(memo.get("pod_monitor_labels") or {})
     peers = dict(memo.get("metrics_peers") or {})
+    allow = memo.get("pod_security_allow")
+    if allow is None:  # kopf run -m llmfleet.operator.handlers: the CLI checked nothing
+        allow = [key for key in os.environ.get(POD_SECURITY_ALLOW_ENV, "").replace(",", " ").split() if key]
+        if unknown := pod_security.unknown_keys(allow):
+            logger.error(f"{POD_SECURITY_ALLOW_ENV}: no such pod security keys {unknown}; they allow nothing")
     client = await asyncio.to_thread(KubeClient.from_environment)  # reads files, may run a kubeconfig's exec plugin
-    memo.llmfleet = OperatorState(client, url, timeout, pod_monitor_labels=labels, metrics_peers=peers)
+    memo.llmfleet = OperatorState(
+        client, url, timeout, frozenset(allow), pod_monitor_labels=labels, metrics_peers=peers
+    )
+    if allow:
+        logger.warning(f"pod options allowed beyond the defaults: {', '.join(sorted(allow))}")
     if memo.get("metrics_port"):
         from prometheus_client import start_http_server
 
@@ -198,6 +210,7 @@ async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: loggin
                 pod_monitor=served,
                 pod_monitor_labels=state.pod_monitor_labels,
                 metrics_peers=state.metrics_peers,
+                allow=state.allow,
             )
         except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
             trouble = await report_api_trouble(state.client, raw, exc)
@@ -236,7 +249,7 @@ async def autotune(
     last_run = loop.time()
     try:
         while not stopped:
-            spec = _tunable_spec(body)
+            spec = _tunable_spec(body, state.allow)
             if spec is None:
                 decision_metrics.forget(*key)  # a tuner that is off has no last decision to plot or alert on
                 await pause(stopped, SPEC_RECHECK_SECONDS)
@@ -262,12 +275,15 @@ async def pause(stopped: kopf.DaemonStopped, seconds: float) -> None:
             await stopped.wait()
 
 
-def _tunable_spec(body: Mapping[str, Any]) -> InferenceServiceSpec | None:
-    """The parsed spec when autotune is on; None when it is off or the spec is invalid (converge
-    reports that as Degraded)."""
+def _tunable_spec(body: Mapping[str, Any], allow: frozenset[str]) -> InferenceServiceSpec | None:
+    """The parsed spec when autotune is on; None when it is off, invalid or refused (converge
+    reports those as Degraded)."""
+    raw = dict(body.get("spec") or {})
     try:
-        spec = parse_spec(dict(body.get("spec") or {}))
+        spec = parse_spec(raw)
     except SpecError:
+        return None
+    if pod_security.refusals(raw, body["metadata"]["name"], allow):
         return None
     return spec if spec.autotune.enabled else None
 
@@ -284,7 +300,11 @@ async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger)
         # Measured outside the lock: a slow Prometheus (or pods' /metrics) holds up no reconcile
         # pass of this object, which waits on that lock.
         before = await client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
-        spec = None if before is None or before["metadata"].get("deletionTimestamp") else _tunable_spec(before)
+        spec = (
+            None
+            if before is None or before["metadata"].get("deletionTimestamp")
+            else _tunable_spec(before, state.allow)
+        )
         if spec is None:
             return
         measured = await measure(
@@ -295,7 +315,9 @@ async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger)
         return
     async with state.lock(meta["namespace"], meta["name"]):
         fresh = await client.get(INFERENCE_SERVICE, meta["namespace"], meta["name"])
-        spec = None if fresh is None or fresh["metadata"].get("deletionTimestamp") else _tunable_spec(fresh)
+        spec = (
+            None if fresh is None or fresh["metadata"].get("deletionTimestamp") else _tunable_spec(fresh, state.allow)
+        )
         if spec is None:
             return
         try:

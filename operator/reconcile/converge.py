@@ -8,7 +8,7 @@ Level-triggered: a pass over an unchanged spec and unchanged cluster makes no wr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from llmfleet.operator.reconcile.handover import Handover, pending_handover
 from llmfleet.operator.reconcile.kv_secret import ensure_kv_secret
 from llmfleet.operator.reconcile.pod_trouble import PodTrouble, pod_trouble
 from llmfleet.operator.reconcile.wake import cold_starts, wakes_from_zero
+from llmfleet.operator.resource import pod_security
 from llmfleet.operator.resource.conditions import (
     DEGRADED,
     PROGRESSING,
@@ -80,7 +81,9 @@ async def converge(
     pod_monitor: bool,
     pod_monitor_labels: dict[str, str] | None = None,
     metrics_peers: dict[str, str] | None = None,
+    allow: Iterable[str] = (),
 ) -> Outcome:
+    """``allow``: the pod_security keys the operator allows; a spec breaking another is refused."""
     owner = owner_of(body)
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
@@ -92,6 +95,9 @@ async def converge(
         require_image(spec)
     except SpecError as err:
         return await _degrade(client, owner, body, err.reason, str(err), stops_tuner=True)
+    refused = pod_security.refusals(body.get("spec") or {}, owner.name, allow)
+    if refused:  # nothing is applied; what runs (from before) keeps running
+        return await _degrade(client, owner, body, pod_security.REASON, "; ".join(refused), stops_tuner=True)
 
     tuner = tuner_state(spec, status)
     kinds = CHILD_KINDS if pod_monitor else tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)

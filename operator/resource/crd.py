@@ -174,14 +174,18 @@ def _tolerations() -> dict[str, Any]:
 
 def _pod_options() -> dict[str, Any]:
     env_var = {
-        **_preserve("A Kubernetes EnvVar: name with value or valueFrom (e.g. a secretKeyRef for HF_TOKEN)."),
+        **_preserve(
+            "A Kubernetes EnvVar: name with value or valueFrom (a secretKeyRef, e.g. for HF_TOKEN, only where "
+            "the operator allows secretEnv)."
+        ),
         "properties": {"name": _str("The variable's name.")},
         "required": ["name"],
     }
     return _obj(
         "Settings of the server pods the operator leaves to you, as in a pod spec; they apply to every pod it "
-        "runs, except serviceAccountName and runtimeClassName, which apply to the engine pools (the router keeps "
-        "its own account and needs no GPU).",
+        "runs, except serviceAccountName, runtimeClassName, the host namespaces and securityContext, which apply "
+        "to the engine pools (the router keeps its own account and needs no GPU). What reaches past the pod (the "
+        "host, privileges, another identity, Secrets in env) is refused unless the operator allows it.",
         {
             "imagePullSecrets": {
                 "type": "array",
@@ -189,13 +193,42 @@ def _pod_options() -> dict[str, Any]:
                 "items": {"type": "string", **DNS_SUBDOMAIN},
                 "x-kubernetes-list-type": "set",
             },
-            "serviceAccountName": _name("ServiceAccount of the engine pods, e.g. for a cloud workload identity."),
+            "serviceAccountName": _name(
+                "ServiceAccount of the engine pods, e.g. for a cloud workload identity. Unset, they run as "
+                "<name>-server, which the operator makes (with no API token mounted); another account only "
+                "where the operator allows serviceAccount."
+            ),
+            "hostNetwork": _allowed_flag("The engine pods use the node's network namespace (e.g. RDMA)", "hostNetwork"),
+            "hostPID": _allowed_flag("The engine pods share the node's process namespace", "hostPID"),
+            "hostIPC": _allowed_flag("The engine pods share the node's IPC namespace", "hostIPC"),
+            "securityContext": _obj(
+                "What the engine containers may be granted past the operator's defaults (every capability "
+                "dropped, no privilege escalation, non-root, read-only root filesystem).",
+                {
+                    "privileged": _allowed_flag("A privileged container", "privileged"),
+                    "allowPrivilegeEscalation": _allowed_flag("Processes may gain privileges", "privileged"),
+                    "capabilities": _obj(
+                        "Linux capabilities.",
+                        {
+                            "add": {
+                                "type": "array",
+                                "description": "Capabilities to add, e.g. IPC_LOCK for RDMA; only where the "
+                                "operator allows capabilities.",
+                                "items": {"type": "string", "pattern": "^[A-Z_]+$", "maxLength": 64},
+                                "maxItems": 64,
+                                "x-kubernetes-list-type": "set",
+                            }
+                        },
+                    ),
+                },
+            ),
             "priorityClassName": _name("PriorityClass of the pods."),
             "runtimeClassName": _name("RuntimeClass of the engine pods, e.g. nvidia."),
             "env": {
                 "type": "array",
                 "description": "More env for the server containers.",
                 "items": env_var,
+                "maxItems": 256,  # bounds the admission policy's CEL cost over it
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["name"],
             },
@@ -227,6 +260,10 @@ def _pod_options() -> dict[str, Any]:
             ]
         },
     )
+
+
+def _allowed_flag(what: str, key: str) -> dict[str, Any]:
+    return {"type": "boolean", "description": f"{what}; only where the operator allows {key} (podSecurity.allow)."}
 
 
 def _pods_or_percent(description: str, default: int) -> dict[str, Any]:
@@ -334,7 +371,8 @@ def spec_schema() -> dict[str, Any]:
             ),
             "volume": _preserve(
                 "With path: a Kubernetes volume source holding the model, mounted read-only at /models, e.g. "
-                "{persistentVolumeClaim: {claimName: llama}}, {hostPath: {path: /data/models}} or {emptyDir: {}}."
+                "{persistentVolumeClaim: {claimName: llama}}, {image: {reference: ...}} or {emptyDir: {}}. A hostPath, "
+                "a Secret or a projected ServiceAccount token only where the operator allows it."
             ),
             "toolCallParser": _str(
                 "The model's tool-call format, as vLLM's --tool-call-parser: with it, tool_choice 'auto' (the "

@@ -311,12 +311,32 @@ RESERVED_ENV = frozenset(
 RESERVED_LABEL_PREFIX = "llmfleet.io/"  # the operator's selector labels
 
 
+class Capabilities(_Model):
+    add: list[str] = Field(default_factory=list)
+
+
+class ContainerSecurity(_Model):
+    """What the model servers' containers may be granted past the operator's defaults (no
+    privilege escalation, every capability dropped): each needs the operator's allowlist
+    (pod_security.py), e.g. IPC_LOCK for RDMA."""
+
+    privileged: bool | None = None
+    allow_privilege_escalation: bool | None = None
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+
+
 class PodOptions(_Model):
     """Settings of the pods that the operator has no opinion on, as KServe's pod spec takes them: a
-    private registry, a workload identity, a GPU runtime class, a token in the env, scheduling."""
+    private registry, a workload identity, a GPU runtime class, a token in the env, scheduling.
+    What reaches past the pod (the host, privileges, another identity, Secrets) is refused unless
+    the operator allows it (pod_security.py)."""
 
     image_pull_secrets: list[str] = Field(default_factory=list)
     service_account_name: str | None = None  # the engine pools (the router keeps its own account)
+    host_network: bool | None = None  # the engine pools, as runtime_class_name; each needs the allowlist
+    host_pid: bool | None = Field(None, alias="hostPID")  # not to_camel's hostPid
+    host_ipc: bool | None = Field(None, alias="hostIPC")
+    security_context: ContainerSecurity = Field(default_factory=ContainerSecurity)
     priority_class_name: str | None = None
     runtime_class_name: str | None = None  # the engine pools (the router needs no GPU)
     env: list[dict[str, Any]] = Field(default_factory=list)

@@ -84,6 +84,22 @@ def test_timeouts_that_are_no_positive_number_are_refused(kopf_run, argv):
     assert not kopf_run
 
 
+def test_pod_security_allow_from_flags_or_env(kopf_run, monkeypatch):
+    monkeypatch.delenv("LLMFLEET_POD_SECURITY_ALLOW", raising=False)
+    assert main(["operator"]) == 0
+    assert main(["operator", "--pod-security-allow", "secretEnv", "--pod-security-allow", "hostPath,capabilities"]) == 0
+    monkeypatch.setenv("LLMFLEET_POD_SECURITY_ALLOW", "hostNetwork")
+    assert main(["operator"]) == 0
+    allowed = [call["memo"].pod_security_allow for call in kopf_run]
+    assert allowed == [[], ["capabilities", "hostPath", "secretEnv"], ["hostNetwork"]]
+
+
+def test_an_unknown_pod_security_key_stops_the_operator(kopf_run, capsys):
+    with pytest.raises(SystemExit, match="no such keys \\['hostpath'\\]"):
+        main(["operator", "--pod-security-allow", "hostpath"])
+    assert not kopf_run
+
+
 def test_replicas_of_one_deployment_get_peering_priorities_of_their_own(kopf_run):
     """kopf pauses every operator that sees a peer of the same priority: replicas started with
     the same arguments must still differ, or none of them serves."""
