@@ -3,6 +3,7 @@
 
   charts/llm-fleet/crds/inferenceservice.yaml  <- crds/inferenceservice.yaml (byte-identical copy)
   charts/llm-fleet/files/rbac-rules.yaml       <- llmfleet.operator.deploy.rbac.RBAC_RULES
+  charts/llm-fleet/files/pod-security-rules.yaml <- llmfleet.operator.resource.pod_security.RULES
 
     python scripts/chart-sync.py          # write both
     python scripts/chart-sync.py --check  # exit 1 and say what differs (tests/chart runs this logic)
@@ -32,6 +33,12 @@ RULES_FILE = CHART / "files" / "rbac-rules.yaml"
 RULES_HEADER = (
     "# Generated from llmfleet.operator.deploy.rbac.RBAC_RULES by `python scripts/chart-sync.py`; do not edit.\n"
     "# templates/rbac.yaml grants exactly these (kopf.dev peering rules only when peering is enabled).\n"
+)
+
+POD_SECURITY_FILE = CHART / "files" / "pod-security-rules.yaml"
+POD_SECURITY_HEADER = (
+    "# Generated from llmfleet.operator.resource.pod_security.RULES by `python scripts/chart-sync.py`; do not edit.\n"
+    "# templates/admission-policy.yaml refuses each rule whose key podSecurity.allow does not name.\n"
 )
 
 # Built-in cluster-scoped resources an operator might touch (Role objects cannot grant these).
@@ -162,10 +169,18 @@ def load_rbac_rules() -> list[Any]:
     return list(RBAC_RULES)
 
 
+def pod_security_file_text() -> str:
+    from llmfleet.operator.resource.pod_security import RULES
+
+    rules = [{"key": r.key, "expression": r.cel, "message": r.message()} for r in RULES]
+    return POD_SECURITY_HEADER + yaml.safe_dump({"rules": rules}, sort_keys=False, width=100)
+
+
 def expected_files() -> dict[Path, bytes]:
     return {
         CRD_COPY: CRD_SOURCE.read_bytes(),
         RULES_FILE: rules_file_text(load_rbac_rules()).encode(),
+        POD_SECURITY_FILE: pod_security_file_text().encode(),
     }
 
 
