@@ -13,6 +13,10 @@ import httpx
 import pytest
 
 from llmfleet.server.wire.auth import KV_TOKEN_ENV, KV_TOKEN_HEADER
+
+# The operator against the emulated API server, and helm renders of the chart (test_operator_escalation.py)
+from tests.chart.conftest import helm, render, tool_env  # noqa: F401
+from tests.operator.conftest import cluster_options, kube  # noqa: F401
 from tests.support import ServerProcess
 
 MODEL = "tiny"
