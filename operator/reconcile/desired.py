@@ -10,7 +10,10 @@ ServiceAccount with a Role that reads the pools' EndpointSlices (how it finds th
 ready, as they come and go) and may stamp one ConfigMap, ``<name>-wake``, when it holds requests
 for a pool at zero (the operator watches it). A disaggregated fleet's roles read the KV-transfer
 token from the spec's Secret or, where it names none, from the one kv_secret.py makes. The
-Service named like the InferenceService is the client endpoint: the routers. A PodMonitor comes
+Service named like the InferenceService is the client endpoint: the routers. The model servers
+run as ``<name>-server``, a ServiceAccount of their own with no token mounted (they never call
+the API); what an admin allows beyond that (pod_security.py: another account, the host's
+namespaces, privileges, capabilities) lands in the engine pools' pods only. A PodMonitor comes
 along when the Prometheus operator is installed.
 
 Knob changes only touch each pool's engine ConfigMap, which pods watch and apply live; the pod
@@ -31,8 +34,10 @@ import yaml
 
 from llmfleet.operator.reconcile.model_storage import model_storage
 from llmfleet.operator.reconcile.network_policy import server_policy
+from llmfleet.operator.resource import pod_security
 from llmfleet.operator.resource.spec import (
     GRACE_MARGIN_SECONDS,
+    ContainerSecurity,
     InferenceServiceSpec,
     KVTransferSecret,
     PodOptions,
@@ -155,6 +160,7 @@ def desired_objects(
         objects.append(_service(owner, pool_object_name(owner, pool), pool, headless=True))
         objects.append(_pdb(owner, pool))
         objects.append(server_network_policy(owner, spec, pool, metrics_peers or {}))
+    objects.append(_server_account(owner))
     objects.extend(_router_account(owner))
     router = _router_deployment(owner, spec, router_mode or spec.mode)
     objects.append(router)
@@ -302,10 +308,15 @@ def _pod_template(
     if pod.affinity:
         spec["affinity"] = dict(pod.affinity)
     if pool != "router":  # the router reads EndpointSlices with an account of its own, and needs no GPU
-        if pod.service_account_name:
-            spec["serviceAccountName"] = pod.service_account_name
+        spec["serviceAccountName"] = pod.service_account_name or server_account_name(owner)
         if pod.runtime_class_name:
             spec["runtimeClassName"] = pod.runtime_class_name
+        # only where an admin allows them (pod_security.py; converge refuses them otherwise)
+        for field, key in (("host_network", "hostNetwork"), ("host_pid", "hostPID"), ("host_ipc", "hostIPC")):
+            if getattr(pod, field):
+                spec[key] = True
+        if pod.host_network:  # the decode servers find the prefill pool through the cluster's DNS
+            spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     metadata: dict[str, Any] = {"labels": {**pod.labels, **labels(owner, pool)}}
     if pod.annotations:
         metadata["annotations"] = dict(pod.annotations)
@@ -343,6 +354,7 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
     if pool == "decode":  # the only servers it fetches KV from: the prefill pool's ready pods, by DNS
         args += ["--prefill-host", f"{pool_object_name(owner, 'prefill')}:{SERVER_PORT}"]
     container = _server_container(owner, spec, pool, args, pool_spec.resources)
+    _grant(container["securityContext"], spec.pod.security_context)
     container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
     volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]
     storage = model_storage(spec, container["env"], container["securityContext"])
@@ -355,6 +367,18 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
         template["spec"]["initContainers"] = storage.init_containers
     template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)
     return _deployment_object(owner, pool, replicas, template, spec.pod)
+
+
+def _grant(context: dict[str, Any], asked: ContainerSecurity) -> None:
+    """What the spec asks past the container defaults, where an admin allows it (pod_security.py):
+    a privileged container must allow escalation (the API server refuses privileged with
+    allowPrivilegeEscalation false)."""
+    if asked.privileged:
+        context["privileged"] = True
+    if asked.privileged or asked.allow_privilege_escalation:
+        context["allowPrivilegeEscalation"] = True
+    if asked.capabilities.add:
+        context["capabilities"]["add"] = sorted(set(asked.capabilities.add))
 
 
 ROUTED_POOLS = {"colocated": ("colocated",), "disaggregated": ("prefill", "decode")}  # per mode
@@ -411,6 +435,17 @@ def _router_autoscaler(owner: Owner, spec: InferenceServiceSpec) -> dict[str, An
 
 def router_account_name(owner: Owner) -> str:
     return pool_object_name(owner, "router")
+
+
+def server_account_name(owner: Owner) -> str:
+    return pod_security.server_account_name(owner.name)
+
+
+def _server_account(owner: Owner) -> dict[str, Any]:
+    """The model servers' own identity: not the namespace's default account (which others' pods
+    share and an admin may have granted rights), with no token (they never call the API)."""
+    meta = _meta(owner, server_account_name(owner), {**owner_labels(owner), "app.kubernetes.io/component": "server"})
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta, "automountServiceAccountToken": False}
 
 
 def server_network_policy(

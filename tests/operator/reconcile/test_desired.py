@@ -82,6 +82,7 @@ def test_object_set_per_mode(repo_root):
         "Service/tiny",
         "Service/tiny-colocated",
         "ServiceAccount/tiny-router",
+        "ServiceAccount/tiny-server",
     ]
     router = by_kind(desired_objects(owner, spec), "Deployment")["tiny-router"]
     args = router["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -96,7 +97,14 @@ def test_object_set_per_mode(repo_root):
     assert set(by_kind(objects, "PodMonitor")) == {"rag"}
     labelled = desired_objects(owner, spec, pod_monitor=True, pod_monitor_labels={"release": "kps"})
     assert by_kind(labelled, "PodMonitor")["rag"]["metadata"]["labels"]["release"] == "kps"
-    assert set(by_kind(objects, "ServiceAccount")) == set(by_kind(objects, "Role")) == {"rag-router"}
+    assert set(by_kind(objects, "Role")) == {"rag-router"}
+    # the servers' own account (no token, no Role), not the namespace's default
+    assert set(by_kind(objects, "ServiceAccount")) == {"rag-router", "rag-server"}
+    assert by_kind(objects, "ServiceAccount")["rag-server"]["automountServiceAccountToken"] is False
+    for pool in ("prefill", "decode"):
+        assert by_kind(objects, "Deployment")[f"rag-{pool}"]["spec"]["template"]["spec"]["serviceAccountName"] == (
+            "rag-server"
+        )
     binding = by_kind(objects, "RoleBinding")["rag-router"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rag-router", "namespace": "ml"}]
     router_pod = by_kind(objects, "Deployment")["rag-router"]["spec"]["template"]["spec"]
@@ -247,6 +255,36 @@ def test_pod_options_reach_the_pods_as_a_pod_spec_takes_them(repo_root):
         probe = pod["containers"][0]["startupProbe"]
         assert probe["periodSeconds"] * probe["failureThreshold"] == 1800
         assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": "25%"}
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(deployment, version, strict=True)
+
+
+def test_what_an_admin_allows_reaches_the_engine_pods_only(repo_root):
+    """pod_security.py refuses these unless allowed; allowed, they land as a pod spec takes them:
+    host namespaces (with the cluster's DNS kept for hostNetwork), a privileged container (which
+    must allow escalation), added capabilities beside the dropped ones."""
+    owner, spec = load(repo_root, "disaggregated-long-prompt")
+    asked = {
+        "hostNetwork": True,
+        "hostIPC": True,
+        "securityContext": {"privileged": True, "capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE", "IPC_LOCK"]}},
+    }
+    spec = parse_spec({**spec.model_dump(by_alias=True, exclude_none=True), "pod": asked})
+    for name, deployment in by_kind(desired_objects(owner, spec), "Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]
+        context = pod["containers"][0]["securityContext"]
+        if name == "rag-router":
+            assert "hostNetwork" not in pod and "hostIPC" not in pod and "privileged" not in context
+            assert context == {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            }
+            continue
+        assert (pod["hostNetwork"], pod["hostIPC"], pod["dnsPolicy"]) == (True, True, "ClusterFirstWithHostNet")
+        assert "hostPID" not in pod
+        assert context["privileged"] is True and context["allowPrivilegeEscalation"] is True
+        assert context["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_RESOURCE"]}
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(deployment, version, strict=True)
 
