@@ -208,7 +208,9 @@ SCHEMA_REJECTS = {
 @pytest.mark.parametrize("case", list(SCHEMA_REJECTS))
 def test_schema_rejects(crd, case):
     spec, fragment = SCHEMA_REJECTS[case]
-    if any(word in fragment for word in ("must", "exactly", "needs", "may not", "goes", "go with", "not both", "segment")):
+    if any(
+        word in fragment for word in ("must", "exactly", "needs", "may not", "goes", "go with", "not both", "segment")
+    ):
         pytest.importorskip("celpy")
     errors = crdcheck.validate(document(spec), crd)
     assert errors, f"{case}: accepted"
