@@ -26,6 +26,14 @@ def non_negative(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share in (0, 1]: of a trace's requests kept, say."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A count of at least one (requests, clients, threads, rounds)."""
     try:

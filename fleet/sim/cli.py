@@ -8,7 +8,7 @@ decisions; writes JSON and a PNG plot.
 
 from __future__ import annotations
 
-from llmfleet.arguments import non_negative, positive
+from llmfleet.arguments import fraction, non_negative, positive, positive_int
 
 HELP = "simulate an InferenceService on a workload trace: real scheduler and tuner, cost-model pods"
 
@@ -18,10 +18,19 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("-f", "--file", required=True, help="InferenceService YAML (e.g. examples/local.yaml)")
     parser.add_argument("--workload", choices=TRACE_NAMES, help="built-in workload (default bursty)")
-    parser.add_argument("--trace", help="JSONL trace (arrival_s, prompt_tokens, output_tokens per line)")
+    parser.add_argument(
+        "--trace",
+        help="a request log: JSONL (arrival_s, prompt_tokens, output_tokens per line) or CSV in the Azure LLM "
+        "inference trace format (TIMESTAMP, ContextTokens, GeneratedTokens)",
+    )
+    parser.add_argument("--trace-start", type=non_negative, help="--trace: replay from this many seconds in")
+    parser.add_argument("--trace-duration", type=positive, help="--trace: replay this many seconds of it")
+    parser.add_argument("--thin", type=fraction, help="--trace: keep this fraction of its requests (drawn with --seed)")
+    parser.add_argument("--max-prompt-tokens", type=positive_int, help="--trace: cap prompt lengths")
+    parser.add_argument("--max-output-tokens", type=positive_int, help="--trace: cap output lengths")
     parser.add_argument("--duration", type=positive, help="seconds of built-in workload (default: its own length)")
     parser.add_argument("--rate-scale", type=positive, help="multiply the built-in workload's rates")
-    parser.add_argument("--seed", type=int, help="workload seed (default: the workload's)")
+    parser.add_argument("--seed", type=int, help="workload seed (default: the workload's), or --thin's draw")
     parser.add_argument(
         "--warmup",
         type=non_negative,
@@ -60,11 +69,17 @@ def run(args) -> int:
         "--workload": args.workload,
         "--duration": args.duration,
         "--rate-scale": args.rate_scale,
-        "--seed": args.seed,
     }
     shapers = [flag for flag, value in shaping.items() if value is not None]
     if args.trace and shapers:
-        print(f"{', '.join(shapers)} shape a built-in workload; a --trace is replayed as it is")
+        print(
+            f"{', '.join(shapers)} shape a built-in workload; a --trace is cut with --trace-start, "
+            "--trace-duration and --thin"
+        )
+        return 2
+    trace_flags = [flag for flag, value in _trace_flags(args).items() if value is not None]
+    if trace_flags and not args.trace:
+        print(f"{', '.join(trace_flags)} cut a --trace; a built-in workload is shaped with --duration, --rate-scale")
         return 2
     try:
         name, spec = read_service(args.file)
@@ -82,7 +97,8 @@ def run(args) -> int:
     try:
         cost = CostModel.load(profile)
         check_spec(spec, cost)
-        requests = read_trace(args.trace) if args.trace else []
+        options = trace_options(args)
+        requests = read_trace(args.trace, options) if args.trace else []
     except PodConfigError as exc:
         print(f"cannot simulate {args.file} with the cost profile {profile}: {exc}")
         return 2
@@ -91,8 +107,12 @@ def run(args) -> int:
         return 2
     workload = None
     if args.trace:
-        source = f"trace {args.trace}: {len(requests)} requests" + (
-            f", reported after its first {args.warmup:g} s" if args.warmup else ""
+        cut = options.describe() if options else ""
+        source = (
+            f"trace {args.trace}"
+            + (f" ({cut})" if cut else "")
+            + f": {len(requests)} requests"
+            + (f", reported after its first {args.warmup:g} s" if args.warmup else "")
         )
         label = Path(args.trace).stem
     else:
@@ -133,6 +153,32 @@ def run(args) -> int:
     png_path = save_plot(result, out / f"{stem}.png", f"{name} on {label}: {controller}")
     print(f"wrote {json_path} and {png_path}")
     return 0 if result.conserved else 1
+
+
+def _trace_flags(args) -> dict[str, object]:
+    return {
+        "--trace-start": args.trace_start,
+        "--trace-duration": args.trace_duration,
+        "--thin": args.thin,
+        "--max-prompt-tokens": args.max_prompt_tokens,
+        "--max-output-tokens": args.max_output_tokens,
+    }
+
+
+def trace_options(args):
+    """The ``TraceOptions`` the flags ask for, or None where they ask for the trace whole."""
+    from llmfleet.sim.trace import TraceOptions
+
+    if all(value is None for value in _trace_flags(args).values()) and args.seed is None:
+        return None
+    return TraceOptions(
+        start_s=args.trace_start or 0.0,
+        duration_s=args.trace_duration,
+        thin=1.0 if args.thin is None else args.thin,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        seed=args.seed or 0,
+    )
 
 
 def _nothing_measured(args, requests, workload=None) -> str | None:

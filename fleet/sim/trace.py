@@ -1,17 +1,25 @@
 """Workload traces for the simulator: the built-in workloads (llmfleet.workloads), stretched to a
-duration, or a JSONL file with one request per line::
+duration, or a request log read from a file. Two formats are read:
 
-    {"arrival_s": 0.42, "prompt_tokens": 180, "output_tokens": 96}
+- JSONL, one request per line: ``{"arrival_s": 0.42, "prompt_tokens": 180, "output_tokens": 96}``
+  (``arrival_s`` in seconds from the start of the trace; other keys are ignored);
+- CSV with a ``TIMESTAMP,ContextTokens,GeneratedTokens`` header, as Azure's public LLM inference
+  traces (2023) are published: an ISO timestamp (or seconds) and the prompt and output lengths.
 
-``arrival_s`` is seconds from the start of the trace; other keys are ignored. Requests are
-``llmfleet.workloads.RequestSpec`` (arrival_s, prompt_len, output_len) in arrival order.
+``TraceOptions`` cut a time window out of a trace, thin it to a fraction of its requests (a
+seeded draw, so a trace's rate fits a small fleet and each seed is another draw), and cap its
+lengths (to the model's context). Requests are ``llmfleet.workloads.RequestSpec`` (arrival_s,
+prompt_len, output_len) in arrival order.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
-from dataclasses import replace
+import random
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Workload, anyscale_online
@@ -23,22 +31,94 @@ _TIMESTAMPS_FROM_S = 86_400.0  # a first arrival this late is a timestamp, not a
 # The simulator steps through idle time (a scrape every simulated second), so a trace spanning
 # decades would run for ever; a week is more than any replay needs.
 MAX_SPAN_S = 7 * 86_400.0
+CSV_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 class TraceError(ValueError):
     """A trace file that cannot be read; the message names the line."""
 
 
-def read_trace(path: str | Path) -> list[RequestSpec]:
-    """The requests of a JSONL trace, by arrival (seconds from the trace's start). A trace whose
-    first arrival is a day or more in holds timestamps (a log's Unix seconds): its arrivals count
-    from the first one, so it replays as it happened, not after decades of idling. A trace whose
-    arrivals span more than ``MAX_SPAN_S`` is refused (a mix of offsets and timestamps)."""
-    requests = []
+@dataclass(frozen=True)
+class TraceOptions:
+    """What of a trace to replay: the window ``[start_s, start_s + duration_s)`` from its first
+    arrival (re-based to start at 0), a ``thin`` fraction of its requests (each kept with that
+    probability, drawn with ``seed``), and caps on prompt and output lengths."""
+
+    start_s: float = 0.0
+    duration_s: float | None = None
+    thin: float = 1.0
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.thin <= 1.0:
+            raise ValueError(f"thin must be a fraction in (0, 1], got {self.thin}")
+        if self.start_s < 0 or (self.duration_s is not None and self.duration_s <= 0):
+            raise ValueError(
+                f"a trace window needs start >= 0 and a duration > 0, got {self.start_s}, {self.duration_s}"
+            )
+        for cap in (self.max_prompt_tokens, self.max_output_tokens):
+            if cap is not None and cap < 1:
+                raise ValueError(f"length caps must be >= 1, got {cap}")
+
+    def apply(self, requests: list[RequestSpec]) -> list[RequestSpec]:
+        end = math.inf if self.duration_s is None else self.start_s + self.duration_s
+        rng = random.Random(self.seed)
+        out = []
+        for r in requests:
+            if not self.start_s <= r.arrival_s < end:
+                continue
+            if self.thin < 1.0 and rng.random() >= self.thin:
+                continue
+            prompt = min(r.prompt_len, self.max_prompt_tokens or r.prompt_len)
+            output = min(r.output_len, self.max_output_tokens or r.output_len)
+            out.append(RequestSpec(r.arrival_s - self.start_s, prompt, output))
+        return out
+
+    def describe(self) -> str:
+        parts = []
+        if self.start_s or self.duration_s is not None:
+            end = "" if self.duration_s is None else f"{self.start_s + self.duration_s:g}"
+            parts.append(f"window {self.start_s:g}-{end} s")
+        if self.thin < 1.0:
+            parts.append(f"thinned to {self.thin:g} (seed {self.seed})")
+        if self.max_prompt_tokens is not None:
+            parts.append(f"prompts capped at {self.max_prompt_tokens}")
+        if self.max_output_tokens is not None:
+            parts.append(f"outputs capped at {self.max_output_tokens}")
+        return ", ".join(parts)
+
+
+def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[RequestSpec]:
+    """The requests of a JSONL or Azure-format CSV trace, by arrival (seconds from the trace's
+    start), then cut by ``options``. A trace whose first arrival is a day or more in holds
+    timestamps (a log's Unix seconds): its arrivals count from the first one, so it replays as it
+    happened, not after decades of idling. A trace whose arrivals span more than ``MAX_SPAN_S``
+    is refused (a mix of offsets and timestamps)."""
     try:
         lines = Path(path).read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc
+    first = next((line for line in lines if line.strip()), "")
+    requests = _read_csv(path, lines) if first.lstrip("\ufeff").startswith(CSV_COLUMNS[0]) else _read_jsonl(path, lines)
+    if not requests:
+        raise TraceError(f"trace {path} holds no requests")
+    requests.sort(key=lambda r: r.arrival_s)  # stable: ties keep file order
+    _check_span(path, requests)
+    start = requests[0].arrival_s
+    if start >= _TIMESTAMPS_FROM_S:
+        requests = [RequestSpec(r.arrival_s - start, r.prompt_len, r.output_len) for r in requests]
+    if options is None:
+        return requests
+    kept = options.apply(requests)
+    if not kept:
+        raise TraceError(f"trace {path}: no request left after {options.describe()}")
+    return kept
+
+
+def _read_jsonl(path: str | Path, lines: list[str]) -> list[RequestSpec]:
+    requests = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -64,14 +144,54 @@ def read_trace(path: str | Path) -> list[RequestSpec]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
         requests.append(RequestSpec(float(arrival), prompt, output))
-    if not requests:
-        raise TraceError(f"trace {path} holds no requests")
-    requests.sort(key=lambda r: r.arrival_s)  # stable: ties keep file order
-    _check_span(path, requests)
-    first = requests[0].arrival_s
-    if first < _TIMESTAMPS_FROM_S:
-        return requests
-    return [RequestSpec(r.arrival_s - first, r.prompt_len, r.output_len) for r in requests]
+    return requests
+
+
+def _read_csv(path: str | Path, lines: list[str]) -> list[RequestSpec]:
+    """Azure's format: ``TIMESTAMP`` an ISO date and time (``2023-11-16 18:15:46.6805900``) or
+    seconds, ``ContextTokens`` the prompt's length, ``GeneratedTokens`` the output's."""
+    rows = csv.reader(lines)
+    header = [h.strip().lstrip("\ufeff") for h in next(rows)]
+    missing = [c for c in CSV_COLUMNS if c not in header]
+    if missing:
+        raise TraceError(
+            f"{path}:1: a CSV trace needs the columns {', '.join(CSV_COLUMNS)}; missing {', '.join(missing)}"
+        )
+    at, prompt_at, output_at = (header.index(c) for c in CSV_COLUMNS)
+    requests = []
+    for number, row in enumerate(rows, 2):
+        if not row or not any(cell.strip() for cell in row):
+            continue
+        where = f"{path}:{number}"
+        if len(row) < len(header):
+            raise TraceError(f"{where}: expected {len(header)} columns, got {len(row)}")
+        arrival = _timestamp(row[at].strip(), where)
+        lengths = []
+        for column, index in (("ContextTokens", prompt_at), ("GeneratedTokens", output_at)):
+            try:
+                value = int(row[index])
+            except ValueError:
+                raise TraceError(f"{where}: {column} must be an integer >= 1, got {row[index]!r}") from None
+            if value < 1:
+                raise TraceError(f"{where}: {column} must be an integer >= 1, got {value}")
+            lengths.append(value)
+        requests.append(RequestSpec(arrival, lengths[0], lengths[1]))
+    return requests
+
+
+def _timestamp(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise TraceError(f"{where}: TIMESTAMP must be a finite number >= 0 or a date, got {text!r}")
+        return value
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise TraceError(f"{where}: TIMESTAMP {text!r} is neither seconds nor an ISO date and time") from None
 
 
 def _check_span(path: str | Path, requests: list[RequestSpec]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from llmfleet.cli import main
-from llmfleet.sim.trace import builtin_workload, write_trace
+from llmfleet.sim.trace import builtin_workload, read_trace, write_trace
 from llmfleet.workloads import RequestSpec
 from tests.fleet.sim.conftest import synthetic_profile
 
@@ -74,12 +74,29 @@ def test_a_trace_is_replayed_as_it_is_and_its_warm_up_left_out_of_the_report(tmp
         "--out",
         str(tmp_path),
     ]
-    assert main([*args, "--rate-scale", "2", "--seed", "3"]) == 2
-    assert "--rate-scale, --seed shape a built-in workload" in capsys.readouterr().out
+    assert main([*args, "--rate-scale", "2", "--duration", "60"]) == 2
+    assert "--duration, --rate-scale shape a built-in workload" in capsys.readouterr().out
     assert main([*args, "--warmup", "60"]) == 0
     assert "reported after its first 60 s" in capsys.readouterr().out
     report = json.loads((tmp_path / "sim-tiny-chat-tuner.json").read_text())
     assert report["summary"]["measured_from_s"] == 60.0
+
+
+def test_an_azure_csv_trace_is_cut_thinned_and_capped(tmp_path, capsys, repo_root) -> None:
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:{m:02d}:{s:02d}.5000000,{100 + s},{5000 + s}" for m in range(4) for s in range(0, 60, 2)]
+    trace = tmp_path / "azure.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path))]
+    args += ["--out", str(tmp_path), "--trace", str(trace), "--save-trace", str(tmp_path / "used.jsonl")]
+    cut = ["--trace-start", "60", "--trace-duration", "120", "--thin", "0.5", "--max-output-tokens", "8"]
+    assert main([*args, *cut, "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "window 60-180 s, thinned to 0.5 (seed 1), outputs capped at 8" in out
+    used = read_trace(tmp_path / "used.jsonl")
+    assert 10 <= len(used) <= 50 and all(r.output_len == 8 and r.arrival_s < 120 for r in used)
+    assert main([*args[:-4], "--thin", "0.5"]) == 2
+    assert "--thin cut a --trace" in capsys.readouterr().out
 
 
 def test_sim_explains_what_is_missing(tmp_path, capsys, repo_root, monkeypatch) -> None:

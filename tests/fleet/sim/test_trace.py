@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmfleet.sim.trace import TraceError, builtin_workload, read_trace, with_warmup, write_trace
+from llmfleet.sim.trace import TraceError, TraceOptions, builtin_workload, read_trace, with_warmup, write_trace
 from llmfleet.workloads import BURSTY, RequestSpec
 
 
@@ -115,3 +115,54 @@ def test_warm_up_prefix() -> None:
     assert 60 <= len(warm) <= 140  # the opening phase's 1 request/s
     assert [r.arrival_s - 100.0 for r in rest] == pytest.approx([r.arrival_s for r in workload.requests()])
     assert with_warmup(workload, 0.0) == workload.requests()
+
+
+AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.6805900,374,44
+2023-11-16 18:15:50.9951690,396,109
+
+2023-11-16 18:16:51.2224670,8790,55
+"""
+
+
+def test_the_azure_csv_format_reads_as_offsets_from_its_first_request(tmp_path) -> None:
+    path = tmp_path / "conv.csv"
+    path.write_text("\ufeff" + AZURE)
+    requests = read_trace(path)
+    assert [(r.prompt_len, r.output_len) for r in requests] == [(374, 44), (396, 109), (8790, 55)]
+    assert [r.arrival_s for r in requests] == pytest.approx([0.0, 4.314579, 64.541877])
+
+
+def test_a_window_thinning_and_caps_cut_a_trace(tmp_path) -> None:
+    path = tmp_path / "conv.csv"
+    path.write_text(AZURE)
+    window = read_trace(path, TraceOptions(start_s=4.0, duration_s=100.0, max_prompt_tokens=2048))
+    assert [(round(r.arrival_s, 3), r.prompt_len, r.output_len) for r in window] == [
+        (0.315, 396, 109),
+        (60.542, 2048, 55),
+    ]
+    many = write_trace(tmp_path / "many.jsonl", [RequestSpec(i * 0.1, 10, 10) for i in range(2000)])
+    kept = [read_trace(many, TraceOptions(thin=0.25, seed=seed)) for seed in (1, 2)]
+    assert all(450 <= len(k) <= 550 for k in kept)
+    assert kept[0] != kept[1]  # each seed another draw
+    assert read_trace(many, TraceOptions(thin=0.25, seed=1)) == kept[0]  # the same seed the same draw
+    with pytest.raises(TraceError, match="no request left after window 500-600 s"):
+        read_trace(many, TraceOptions(start_s=500.0, duration_s=100.0))
+    with pytest.raises(ValueError, match="thin must be a fraction"):
+        TraceOptions(thin=0.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("TIMESTAMP,ContextTokens\n1,2\n", "needs the columns TIMESTAMP, ContextTokens, GeneratedTokens; missing Gen"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", ":2: TIMESTAMP 'yesterday' is neither"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,2,0\n", ":2: GeneratedTokens must be an integer >= 1, got 0"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,x,3\n", ":2: ContextTokens must be an integer >= 1, got 'x'"),
+    ],
+)
+def test_a_bad_csv_trace_names_its_line(tmp_path, text, message) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
