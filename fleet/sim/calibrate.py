@@ -84,6 +84,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--out", help="profile path (default $LLMFLEET_CACHE/calibration/<model>.json)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="write the profile even when its fit is poor")
 
 
 def run(args) -> int:
@@ -101,10 +102,28 @@ def run(args) -> int:
         profile = calibrate(model, grid, threads=args.threads, dtype=args.dtype, device=args.device, seed=args.seed)
     except LOAD_ERRORS as exc:
         raise SystemExit(f"llm-fleet calibrate: cannot measure {model}: {exc}") from exc
-    path = profile.save(out)
     print_report(profile)
-    print(f"wrote {path}")
+    advice = fit_advice(profile, quick=args.quick)
+    if advice and not args.force:
+        print(advice + f"\nnot written: {out} (--force writes it anyway)")
+        return 1
+    path = profile.save(out)
+    print((advice + "\n" if advice else "") + f"wrote {path}")
     return 0
+
+
+def fit_advice(profile: CostModel, quick: bool = False) -> str:
+    """A warning and what to do when the fit would make the simulator wrong; '' for a good fit."""
+    problems = profile.quality.problems() if profile.quality is not None else []
+    if not problems:
+        return ""
+    longer = "a longer run (without --quick)" if quick else "another run"
+    return (
+        "WARNING: a poor fit, the simulator would be wrong with it: "
+        + "; ".join(problems)
+        + f". Try {longer} on a quieter machine (stop other busy processes; steps slowed by them are what a "
+        "fit cannot explain), with --threads pinned to the cores the engine gets."
+    )
 
 
 def calibrate(

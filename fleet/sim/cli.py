@@ -150,8 +150,12 @@ def run(args) -> int:
     out = Path(args.out)
     stem = f"sim-{name}-{label}-{controller}"
     json_path = write_json(result, out / f"{stem}.json", summary)
-    png_path = save_plot(result, out / f"{stem}.png", f"{name} on {label}: {controller}")
-    print(f"wrote {json_path} and {png_path}")
+    try:
+        png_path = save_plot(result, out / f"{stem}.png", f"{name} on {label}: {controller}")
+    except ImportError:  # the plot is optional: matplotlib comes with the bench extra
+        print(f"wrote {json_path} (no PNG: matplotlib is not installed; pip install 'llm-fleet[bench]' adds it)")
+    else:
+        print(f"wrote {json_path} and {png_path}")
     return 0 if result.conserved else 1
 
 

@@ -119,6 +119,15 @@ class StepFeatures:
         return [1.0, *(float(getattr(self, name)) for name in FEATURES[1:])]
 
 
+# A fit worse than these makes the simulator wrong: the reference profile has R^2 0.987, a mean
+# error of 11% and 19% on its worst kind of step.
+MIN_R2 = 0.95
+MAX_MEAN_ERROR = 0.2
+MAX_KIND_ERROR = 0.3
+MAX_TERM_ERROR = 0.5
+MIN_TERM_SHARE = 0.05
+
+
 @dataclass
 class FitQuality:
     samples: int  # samples the coefficients were fitted on
@@ -127,6 +136,28 @@ class FitQuality:
     p90_abs_rel_error: float
     by_kind: dict[str, float] = field(default_factory=dict)  # mean |rel error| per sample kind
     trimmed: int = 0  # samples left out as outliers (e.g. slowed down by another process)
+    # per term: its coefficient's standard error over the coefficient, and its share of the mean
+    # fitted step (a term that carries little time may be loose without harm)
+    by_term: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        """Why this fit would make the simulator wrong, in words; empty for a good fit."""
+        out = []
+        if self.r2 < MIN_R2:
+            out.append(f"R^2 {self.r2:.3f} < {MIN_R2}")
+        if self.mean_abs_rel_error > MAX_MEAN_ERROR:
+            out.append(f"mean |error| {self.mean_abs_rel_error:.0%} > {MAX_MEAN_ERROR:.0%}")
+        out += [
+            f"{kind} steps off by {err:.0%} on average (> {MAX_KIND_ERROR:.0%})"
+            for kind, err in self.by_kind.items()
+            if err > MAX_KIND_ERROR
+        ]
+        out += [
+            f"the {term} term is uncertain: +-{t['rel_error']:.0%} of its value, {t['share']:.0%} of a step"
+            for term, t in self.by_term.items()
+            if t["share"] >= MIN_TERM_SHARE and t["rel_error"] > MAX_TERM_ERROR
+        ]
+        return out
 
 
 @dataclass
@@ -351,8 +382,35 @@ def fit(
         p90_abs_rel_error=float(np.quantile(rel, 0.9)),
         by_kind={k: sum(v) / len(v) for k, v in sorted(kinds.items())},
         trimmed=int((~keep).sum()),
+        by_term=_term_errors(names, x, y, beta),
     )
     return {n: float(b) for n, b in zip(names, beta, strict=True)}, quality
+
+
+def _term_errors(names: list[str], x, y, beta) -> dict[str, dict[str, float]]:
+    """Each fitted term's standard error relative to its coefficient (weighted least squares over
+    the terms the fit kept above zero), and its share of the mean fitted step."""
+    import numpy as np
+
+    active = [i for i, b in enumerate(beta) if b > 0]
+    w = 1.0 / y
+    xa = x[:, active] * w[:, None]
+    residual = (x @ beta - y) * w
+    dof = len(y) - len(active)
+    if dof <= 0:
+        return {}
+    sigma2 = float(residual @ residual) / dof
+    try:
+        cov = sigma2 * np.linalg.inv(xa.T @ xa)
+    except np.linalg.LinAlgError:
+        return {}
+    mean_step = float((x @ beta).mean())
+    out = {}
+    for j, i in enumerate(active):
+        se = float(np.sqrt(max(cov[j, j], 0.0)))
+        share = float((x[:, i] * beta[i]).mean()) / mean_step if mean_step > 0 else 0.0
+        out[names[i]] = {"rel_error": se / float(beta[i]), "share": share}
+    return out
 
 
 def nnls(a, b, max_iter: int | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from llmfleet.cli import main
 from llmfleet.sim.trace import builtin_workload, read_trace, write_trace
@@ -247,3 +248,12 @@ def test_calibrate_checks_its_output_path_before_measuring(tmp_path, capsys, mon
 
 def _not_to_be_run(*args, **kwargs):
     raise AssertionError("ran before its arguments were checked")
+
+
+def test_without_matplotlib_the_json_is_written_and_a_hint_given(tmp_path, capsys, repo_root, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it raises ImportError
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path))]
+    assert main([*args, "--workload", "chat", "--duration", "30", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "(no PNG: matplotlib is not installed; pip install 'llm-fleet[bench]' adds it)" in out
+    assert (tmp_path / "sim-tiny-chat-tuner.json").is_file() and not (tmp_path / "sim-tiny-chat-tuner.png").exists()
