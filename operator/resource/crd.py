@@ -455,6 +455,24 @@ def spec_schema() -> dict[str, Any]:
                 default=300,
             ),
             "prometheusUrl": _str("Prometheus API URL for this service (default: the operator's --prometheus-url)."),
+            "mode": _str(
+                "act: the tuner's values run. observe: it decides and reports (status.lastDecision, Events, "
+                "decision metrics) and changes nothing, to be trialled beside an autoscaler already in place.",
+                enum=["act", "observe"],
+                default="act",
+            ),
+            "predictive": {
+                "type": "boolean",
+                "default": True,
+                "description": "Scale up one pod start-up ahead of a rising trend in the pools' rates (Holt's "
+                "smoothing); never to fewer replicas than the reactive law asks.",
+            },
+            "prefillDecodeRatio": _obj(
+                "Disaggregated: the prefill:decode replica ratio stays within [min, max] (inclusive); the pool "
+                "that falls short is raised.",
+                {"min": {"type": "number", "minimum": 0}, "max": {"type": "number", "minimum": 0}},
+                **{"x-kubernetes-validations": [{"rule": MIN_LE_MAX, "message": "min must be <= max"}]},
+            ),
         },
     )
     router = _obj(
@@ -538,7 +556,7 @@ def spec_schema() -> dict[str, Any]:
                 "default": False,
                 "description": "An HPA, KEDA or kubectl scale owns the replica counts of the Deployments "
                 "(pools and router): the operator sets them only when it creates one (replicas, else "
-                "minReplicas) and never reverts them. Needs autotune.enabled false.",
+                "minReplicas) and never reverts them. Needs autotune.enabled false, or autotune.mode observe.",
             },
             "apiKeySecret": _obj(
                 "A Secret key holding an API key, as vLLM's --api-key: clients send it as "
@@ -572,8 +590,10 @@ def spec_schema() -> dict[str, Any]:
         },
         {
             "rule": "!has(self.externalAutoscaler) || !self.externalAutoscaler || "
-            "(has(self.autotune) && has(self.autotune.enabled) && !self.autotune.enabled)",
-            "message": "externalAutoscaler needs autotune.enabled: false (the tuner scales the pools itself)",
+            "(has(self.autotune) && ((has(self.autotune.enabled) && !self.autotune.enabled) || "
+            "(has(self.autotune.mode) && self.autotune.mode == 'observe')))",
+            "message": "externalAutoscaler needs autotune.enabled: false or autotune.mode: observe "
+            "(the tuner scales the pools itself)",
         },
     ]
     return schema
@@ -645,7 +665,24 @@ def status_schema() -> dict[str, Any]:
             },
             "reason": _str("Why, in words."),
             "inputs": _preserve("The numbers it decided from."),
+            "observed": {
+                "type": "boolean",
+                "description": "autotune.mode observe: the changes are what the tuner would have made; none was.",
+            },
         },
+    )
+    cost = _map(
+        "Per pool: the replica-minutes run over the tuner's trailing window against those its own demand "
+        "estimate (and latency projection) said were needed, and their ratio (excess).",
+        _obj(
+            "One pool's spend.",
+            {
+                "windowSeconds": _int("The window the figures cover."),
+                "replicaMinutes": {"type": "number", "description": "Replica-minutes run."},
+                "neededReplicaMinutes": {"type": "number", "description": "Replica-minutes the tuner judged needed."},
+                "excess": {"type": "number", "description": "replicaMinutes / neededReplicaMinutes."},
+            },
+        ),
     )
     return _obj(
         "What the operator and the tuner observed.",
@@ -680,6 +717,7 @@ def status_schema() -> dict[str, Any]:
             "tuner": tuner,
             "latency": latency,
             "lastDecision": decision,
+            "cost": cost,
         },
     )
 

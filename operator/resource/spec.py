@@ -247,6 +247,20 @@ class Autotune(_Model):
     # A pool with minReplicas 0 goes to zero once no request has arrived or been in flight this long
     scale_to_zero_after_seconds: int = Field(300, ge=0)
     prometheus_url: str | None = None
+    # act: the tuner's values run; observe: it decides and reports (status, Events, metrics) and
+    # changes nothing, to be trialled beside an autoscaler already in place
+    mode: Literal["act", "observe"] = "act"
+    predictive: bool = True  # scale up a pod start-up ahead of a rising trend (never below the reactive law)
+    prefill_decode_ratio: Bound | None = None  # disaggregated: prefill:decode replicas within [min, max]
+
+    @field_validator("prefill_decode_ratio")
+    @classmethod
+    def _ratio(cls, value: Bound | None) -> Bound | None:
+        if value is not None:
+            low, high = value.limits()
+            if low <= 0 or high <= 0 or low > high:
+                raise ValueError(f"prefillDecodeRatio needs 0 < min <= max, got min {value.min}, max {value.max}")
+        return value
 
     @field_validator("prometheus_url")
     @classmethod
@@ -479,8 +493,11 @@ class InferenceServiceSpec(_Model):
 
     @model_validator(mode="after")
     def _one_scaler(self) -> InferenceServiceSpec:
-        if self.external_autoscaler and self.autotune.enabled:
-            raise ValueError("externalAutoscaler needs autotune.enabled: false (the tuner scales the pools itself)")
+        if self.external_autoscaler and self.autotune.enabled and self.autotune.mode != "observe":
+            raise ValueError(
+                "externalAutoscaler needs autotune.enabled: false or autotune.mode: observe "
+                "(the tuner scales the pools itself)"
+            )
         return self
 
     @model_validator(mode="after")

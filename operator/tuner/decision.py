@@ -180,10 +180,30 @@ class TunerConfig:
     # the prefill pool is held to the TTFT SLO less that (Tuner._prefill_ttft_budget); never to
     # less than this share of it.
     prefill_ttft_min_share: float = 0.25
+    # Predictive scale-up (forecast.py): Holt's smoothing of the pools' rates, looking one pod
+    # start-up and one interval ahead; the start-up is measured, this is the guess until then.
+    interval_s: float = 30.0
+    predictive: bool = True
+    forecast_alpha: float = 0.3
+    forecast_beta: float = 0.1
+    startup_guess_s: float = 60.0
+    forecast_max_rise: float = 1.0  # a forecast adds at most this share of today's demand
+    # The fleet's spend against its need (spend.py), over this trailing window.
+    cost_window_s: float = 600.0
+    # Disaggregated: prefill:decode replicas stay within [low, high] (spec.autotune.prefillDecodeRatio).
+    prefill_decode_ratio: tuple[float, float] | None = None
+    # ... and one pool scales down only for a demand this share of a replica clear of the count
+    # above it, so the ratio does not follow every wobble of one pool's demand.
+    ratio_hysteresis: float = 0.25
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.headroom < 1.0:
             raise ValueError(f"headroom must be in [0, 1), got {self.headroom}")
+        if (
+            self.prefill_decode_ratio is not None
+            and not 0 < self.prefill_decode_ratio[0] <= self.prefill_decode_ratio[1]
+        ):
+            raise ValueError(f"prefill:decode ratio bounds must be 0 < min <= max, got {self.prefill_decode_ratio}")
 
     @classmethod
     def from_autotune(cls, autotune: Any, **overrides: Any) -> TunerConfig:
@@ -195,6 +215,9 @@ class TunerConfig:
             "headroom": float(autotune.headroom),
             "flap_window_s": float(autotune.scale_down_stabilization_seconds),
             "knob_relax_stabilization_s": float(max(2 * autotune.interval_seconds, autotune.cooldown_seconds)),
+            "interval_s": float(autotune.interval_seconds),
+            "predictive": bool(autotune.predictive),
+            "prefill_decode_ratio": ratio_bounds(autotune),
         }
         return cls(**(values | overrides))
 
@@ -203,6 +226,10 @@ class TunerConfig:
         if knob == REPLICAS:
             return self.scale_up_stabilization_s, self.scale_down_stabilization_s
         return self.knob_relax_stabilization_s, 0.0
+
+    @property
+    def forecast_horizon_default_s(self) -> float:
+        return self.startup_guess_s + self.interval_s
 
     @property
     def memory_horizon_s(self) -> float:
@@ -220,6 +247,7 @@ class Change:
     old: float
     new: float
     reason: str
+    driver: str = ""  # replicas: the term that set the count (demand, queue, forecast, latency, floor, ratio, bounds)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -228,6 +256,7 @@ class Change:
             "from": plain(self.old),
             "to": plain(self.new),
             "reason": self.reason,
+            **({"driver": self.driver} if self.driver else {}),
         }
 
     def __str__(self) -> str:
@@ -279,6 +308,15 @@ class Decision:
     def _summary(self) -> str:
         """The changes' reasons, or when nothing changed every reason for holding."""
         return "; ".join(c.reason for c in self.changes) or "; ".join(self.reasons)
+
+
+def ratio_bounds(autotune: Any) -> tuple[float, float] | None:
+    """(min, max) prefill:decode replicas from ``spec.autotune.prefillDecodeRatio``, or None."""
+    bound = getattr(autotune, "prefill_decode_ratio", None)
+    if bound is None:
+        return None
+    low, high = bound.limits()
+    return (max(low, 1e-9), high)
 
 
 # --- formatting --------------------------------------------------------------------------------

@@ -34,8 +34,10 @@ from llmfleet.operator.tuner.decision import (
     Range,
     SLOTargets,
     TunerConfig,
+    plain,
 )
 from llmfleet.operator.tuner.decision import num as _num
+from llmfleet.operator.tuner.forecast import Outlook, PoolForecast
 from llmfleet.operator.tuner.knobs import KnobRules
 from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
 from llmfleet.operator.tuner.projection import Projection, project, trusted_queue_s
@@ -48,6 +50,7 @@ from llmfleet.operator.tuner.proposal import (
     owned_latency_ratio,
     spent,
 )
+from llmfleet.operator.tuner.spend import Spend
 
 __all__ = [
     "INTEGER_KNOBS",
@@ -101,6 +104,7 @@ class Tuner:
             return self._finish(now, changes, lines, True, hold_reason, settings, mem, inputs)
 
         demand: dict[str, tuple[float, str]] = {}
+        needed: dict[str, float] = {}
         pool_slo = {name: slo for name in names} | self._prefill_ttft_budget(pools, slo, lines)
         for name in names:
             targets = pool_slo[name]  # the SLOs as this pool is held to them
@@ -112,20 +116,39 @@ class Tuner:
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
             per_replica = self.estimator.per_replica(name, capacity, settings[name])  # at the knobs this run leaves
-            # pods the tuner added, ready since: the SLO window has yet to see them (fewer pods, not)
-            added_since = capacity.pods_since if mem.key(name, REPLICAS).last_direction > 0 else None
-            replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, added_since)
+            # pods the tuner moved, ready (or gone) since: the SLO window has yet to see the new count
+            direction = mem.key(name, REPLICAS).last_direction
+            added_since = capacity.pods_since if direction > 0 else None
+            removed_since = capacity.pods_since if direction < 0 else None
+            outlook = self._forecast(name, pool, per_replica, mem.forecast.setdefault(name, PoolForecast()))
+            moved = (added_since, removed_since, outlook)
+            replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved)
             replicas, units = self._with_the_slots_coming(
-                name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), added_since
+                name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), moved
             )
             if units is not None:
                 demand[name] = units
             before = settings[name]
             settings[name] = self._act(name, REPLICAS, before, replicas, mem, now, changes, lines)
             settings[name] = self._slots_with_the_pods(name, before, settings[name], replicas, mem, now, changes, lines)
+            if settings[name].replicas > before.replicas:
+                mem.forecast[name].scaled_up(now, settings[name].replicas)
             if measurable:
                 self.estimator.latency_saturation(name, pool, targets, capacity, proposals, lines)
             inputs[name]["capacity"] = per_replica.summary()
+            inputs[name]["neededReplicas"] = plain(replicas.needed)
+            if outlook is not None:
+                inputs[name]["forecast"] = outlook.summary()
+            needed[name] = replicas.needed
+        self._ratio_bounds(pools, settings, mem, now, changes, lines)
+        for name in names:
+            spend = mem.spend.setdefault(name, Spend())
+            spend.record(
+                now, settings[name].replicas, needed.get(name, settings[name].replicas), self.config.cost_window_s
+            )
+            cost = spend.summary(now, self.config.cost_window_s)
+            if cost is not None:
+                inputs[name]["cost"] = cost
         if "prefill" in demand and "decode" in demand:
             lines.append(
                 f"P:D demand {demand['prefill'][0]:.2f}:{demand['decode'][0]:.2f} replica-equivalents "
@@ -197,9 +220,19 @@ class Tuner:
         slo: SLOTargets,
         capacity: PerReplica,
         knobs: Mapping[str, Proposal],
-        added_since: float | None,
+        moved: tuple[float | None, float | None, Outlook | None],
     ) -> tuple[Proposal, tuple[float, str] | None]:
+        """The replica count demand, the trend and the owned latencies ask for. A scale-down's
+        target is demand alone (stabilized over its window, as HPA's recommendations are), and
+        the latency projection's floor, judged at this run's count, rides beside it (``floor``):
+        a floor judged at an earlier, larger count must not hold the pool a window per step (_act
+        takes the highest need judged at this count or fewer within the window)."""
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
+        added_since, removed_since, outlook = moved
+        judged = owned_latency_ratio(name, m, slo) > 0 and (m.ready_pods or 0) == cur
+        seen_s = m.slo_window_s or m.latency_window_s or m.window_s
+        if removed_since is not None and m.at - removed_since < seen_s:
+            judged = False  # the window still holds more pods than there are: nothing judged at this count yet
         parts: list[tuple[float | None, float, str]] = []
         if name in ("colocated", "prefill"):
             parts.append((m.uncached_prompt_tokens_per_s(), capacity.prompt_tps, "prompt"))
@@ -211,6 +244,7 @@ class Tuner:
             why = "; ".join(m.why_missing(fields[label]) for label in unknown)
             return Proposal(cur, f"demand unknown ({why})"), None
         units = sum(rate / cap for rate, cap, _ in parts)  # type: ignore[operator]
+        served = units
         detail = " + ".join(f"{label} {rate:.0f} tok/s / {cap:.0f} per replica" for rate, cap, label in parts)
         for extra in (self._growth_units(m, parts), self._backlog_units(m, parts)):
             if extra is not None:
@@ -221,7 +255,19 @@ class Tuner:
         if not math.isfinite(units):  # e.g. a near-zero request rate under a queue: no usable estimate
             return Proposal(cur, f"demand not finite ({detail}): replicas hold"), None
         raw = math.ceil(units / (1.0 - c.headroom) - 1e-9)
+        driver = "queue" if raw > math.ceil(served / (1.0 - c.headroom) - 1e-9) else "demand"
         why = f"demand {units:.2f} replicas ({detail}) / (1 - headroom {c.headroom:g}) = {raw}"
+        if outlook is not None and outlook.rise_units > 0:
+            ahead = math.ceil((units + outlook.rise_units) / (1.0 - c.headroom) - 1e-9)
+            if ahead > raw:
+                raw, driver = ahead, "forecast"
+                why += f"; {outlook.why} -> {ahead} a pod start-up ahead"
+        if name in ("prefill", "decode") and raw < cur and c.ratio_hysteresis > 0:
+            # the P:D ratio moves only for a pool's demand clearly below its count, not at its edge
+            held = min(int(cur), math.ceil(units / (1.0 - c.headroom) + c.ratio_hysteresis - 1e-9))
+            if held > raw:
+                why += f"; less than {c.ratio_hysteresis:g} replica under {raw}: the P:D ratio holds -> {held}"
+                raw = held
 
         latency = owned_latency_ratio(name, m, slo)
         judged_s = m.slo_window_s or m.window_s
@@ -255,21 +301,75 @@ class Tuner:
             else:
                 needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas, capacity)
                 if needed is not None and needed > max(raw, cur):
-                    raw = needed
+                    raw, driver = needed, "latency"
                     why += f"; SLO violated with {used} -> {needed}, where the owned latency projects within it"
                 elif raw <= cur:
-                    raw = int(cur) + 1
+                    raw, driver = int(cur) + 1, "latency"
                     why += f"; SLO violated with {used} -> one more replica"
+        floor = None
         if raw < cur:
-            raw, note = self._projected_scale_down(name, m, slo, units, int(cur), raw, capacity)
+            floor, note = self._projected_scale_down(name, m, slo, units, int(cur), raw, capacity, removed_since)
             why += note
         target = pool.limits.min_replicas if raw < pool.limits.min_replicas else raw
         target = min(target, pool.limits.max_replicas)
         if target != raw:
             why += f", within [{pool.limits.min_replicas}, {pool.limits.max_replicas}] -> {target}"
+            driver = "bounds"
+        if floor is not None:
+            floor = min(max(floor, pool.limits.min_replicas), pool.limits.max_replicas)
+            floor = None if floor <= target else float(floor)
         over = units / cur if cur > 0 else (math.inf if units > 0 else 0.0)
-        proposal = Proposal(float(target), why, protective=target > cur, severity=max(latency, over))
+        proposal = Proposal(
+            float(target),
+            why,
+            protective=target > cur,
+            severity=max(latency, over),
+            floor=floor,
+            driver=driver,
+            judged=judged,
+        )
         return proposal, (units, detail)
+
+    def _forecast(self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast) -> Outlook | None:
+        """Feed this run's rates to the pool's trends and say what they add over one pod start-up
+        and one interval. A rise counts only where it stands out of the series' forecast error,
+        only while no queue is draining (the queue terms speak for a ramp already here, and a
+        draining backlog lifts served rates), and never more than ``forecast_max_rise`` of today's
+        demand."""
+        c, m = self.config, pool.metrics
+        rates = {
+            "request_rate": m.request_rate,
+            "prompt_tokens_per_s": m.uncached_prompt_tokens_per_s(),
+            "generation_tokens_per_s": m.generation_tokens_per_s,
+        }
+        state.ready(m.at, m.ready_pods or 0)
+        state.observe(m.at, rates, c.forecast_alpha, c.forecast_beta)
+        if not c.predictive:
+            return None
+        horizon = (state.startup_s if state.startup_s is not None else c.startup_guess_s) + c.interval_s
+        series = []
+        if name in ("colocated", "prefill"):
+            series.append(("prompt_tokens_per_s", capacity.prompt_tps))
+        if name in ("colocated", "decode"):
+            series.append(("generation_tokens_per_s", capacity.generation_tps))
+        held = [(state.series[s], cap, rates[s]) for s, cap in series if s in state.series and cap > 0]
+        if not held or any(rate is None for _, _, rate in held):
+            return None
+        now_units = sum(rate / cap for _, cap, rate in held)  # type: ignore[operator]
+        rise = sum(max(0.0, h.rise(horizon)) / cap for h, cap, _ in held)
+        noise = sum(h.error / cap for h, cap, _ in held)
+        trends = {s: state.series[s].trend for s in (*(x for x, _ in series), "request_rate") if s in state.series}
+        pods = max(m.ready_pods or 0, 1)
+        source = "startup measured" if state.startup_s is not None else "startup guessed"
+        why = f"trend +{rise:.2f} replicas over {horizon:.0f} s ({source}; noise {noise:.2f})"
+        if rise <= noise or rise <= 0:
+            return Outlook(horizon, 0.0, noise, trends, why + ": within the noise")
+        if (m.waiting or 0.0) / pods >= c.queue_per_pod or (m.waiting_growth_per_s or 0.0) < 0:
+            return Outlook(horizon, 0.0, noise, trends, why + ": a queue speaks for the load instead")
+        capped = min(rise, c.forecast_max_rise * now_units)
+        if capped < rise:
+            why += f", at most {c.forecast_max_rise:g}x today's {now_units:.2f}"
+        return Outlook(horizon, capped, noise, trends, why)
 
     def _with_the_slots_coming(
         self,
@@ -282,7 +382,7 @@ class Tuner:
         mem: TunerMemory,
         now: float,
         proposal: tuple[Proposal, tuple[float, str] | None],
-        added_since: float | None,
+        moved: tuple[float | None, float | None, Outlook | None],
     ) -> tuple[Proposal, tuple[float, str] | None]:
         """The replica proposal at the batch cap this run recommends, where that is more than the
         cap it leaves and lets fewer pods go: pods and slots are one decision. The cap's own
@@ -298,8 +398,8 @@ class Tuner:
             return proposal
         then = leaves.with_value(MAX_BATCH, batch.target)
         at_then = self.estimator.per_replica(name, capacity, then)
-        alt, units = self._replica_proposal(name, pool, slo, at_then, knobs, added_since)
-        if alt.target >= min(proposal[0].target, pool.current.replicas):
+        alt, units = self._replica_proposal(name, pool, slo, at_then, knobs, moved)
+        if alt.needed >= min(proposal[0].needed, pool.current.replicas):
             return proposal
         return replace(alt, slots=int(batch.target)), units
 
@@ -333,7 +433,15 @@ class Tuner:
         return after.with_value(MAX_BATCH, float(replicas.slots))
 
     def _projected_scale_down(
-        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, target: int, capacity: PerReplica
+        self,
+        name: str,
+        m: PoolMetrics,
+        slo: SLOTargets,
+        units: float,
+        cur: int,
+        target: int,
+        capacity: PerReplica,
+        removed_since: float | None = None,
     ) -> tuple[int, str]:
         """The fewest replicas, from ``target`` up to ``cur``, at which the owned latencies are
         projected (projection.py) within ``projected_latency_limit`` of their SLOs, and a
@@ -346,6 +454,12 @@ class Tuner:
         pods = m.ready_pods or 0
         if ratio <= 0 or pods != cur or units <= 0:
             return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
+        judged_s = m.slo_window_s or m.latency_window_s or m.window_s
+        if removed_since is not None and m.at - removed_since < judged_s:
+            return cur, (
+                f"; {cur} pods only {m.at - removed_since:.0f} s, and the {judged_s:.0f} s window still holds "
+                "more: no lower until it has seen them"
+            )
         c = self.config
         lowest, note = max(target, 1), ""  # a demand that rounds to zero replicas is judged at one
         kv = busy_kv_load(m, cur, c)
@@ -435,6 +549,43 @@ class Tuner:
                 units += m.waiting * (rate / m.request_rate) / cap / c.backlog_drain_s
         return units, f"backlog {m.waiting:.0f} waiting drained in {c.backlog_drain_s:.0f} s = {units:.2f}"
 
+    def _ratio_bounds(
+        self,
+        pools: Mapping[str, PoolInput],
+        settings: dict[str, PoolSettings],
+        mem: TunerMemory,
+        now: float,
+        changes: list[Change],
+        lines: list[str],
+    ) -> None:
+        """Keep prefill:decode replicas within the spec's ratio bounds by raising the pool that
+        falls short (within its maxReplicas): raising never costs an SLO, cutting might."""
+        bounds = self.config.prefill_decode_ratio
+        if bounds is None or "prefill" not in settings or "decode" not in settings:
+            return
+        low, high = bounds
+        p, d = settings["prefill"].replicas, settings["decode"].replicas
+        if p < low * d - 1e-9:
+            name, want, ratio = "prefill", math.ceil(low * d - 1e-9), f"< min {low:g}"
+        elif p > high * d + 1e-9:
+            name, want, ratio = "decode", math.ceil(p / high - 1e-9), f"> max {high:g}"
+        else:
+            return
+        old = settings[name].replicas
+        new = min(want, pools[name].limits.max_replicas)
+        if new <= old:
+            lines.append(f"P:D {p}:{d} {ratio}, but {name} is at its maxReplicas {old}")
+            return
+        earlier = next((c for c in changes if c.pool == name and c.knob == REPLICAS), None)
+        if earlier is not None:
+            changes.remove(earlier)  # one change per knob and run
+        start = old if earlier is None else earlier.old
+        reason = f"{name}: P:D {p}:{d} is {ratio} (spec prefillDecodeRatio) -> replicas {_num(start)} -> {new}"
+        mem.key(name, REPLICAS).moved(now, 1 if new > start else -1)
+        changes.append(Change(name, REPLICAS, start, float(new), reason, "ratio"))
+        lines.append(reason)
+        settings[name] = settings[name].with_value(REPLICAS, new)
+
     # -- stabilization, cooldown, anti-flap -----------------------------------------------------
 
     def _act(
@@ -458,6 +609,17 @@ class Tuner:
         if proposal.protective and knob != REPLICAS:  # a knob protecting an SLO does not wait for a relaxation's window
             rise, fall = (0.0, fall) if proposal.target > old else (rise, 0.0)
         new, held_by = stabilize(history, now, old, rise, fall)
+        floored = False
+        if knob == REPLICAS and proposal.judged:
+            history.judged(now, proposal.needed, int(old), self.config.memory_horizon_s)
+        if knob == REPLICAS and new < old:
+            # the need judged at this count or fewer over the window, and this run's floor
+            floors = (history.floor_within(now, fall, int(old)), proposal.floor)
+            floor = max((f for f in floors if f is not None), default=None)
+            if floor is not None and new < floor:
+                new, floored = min(floor, old), True
+                if new >= old:
+                    new, held_by = old, f"the latency projection keeps {_num(floor)} (highest need over {fall:.0f} s)"
         if new == old:
             if proposal.target == old:
                 lines.append(f"{name}: {proposal.why}: {knob} stays {_num(old)}")
@@ -472,9 +634,13 @@ class Tuner:
             return current
         history.moved(now, 1 if new > old else -1)
         how = proposal.how if new == proposal.target else f"stabilized over {_num(rise if new > old else fall)} s"
+        driver = proposal.driver
+        if floored:
+            how, driver = "the latency projection's floor", "floor"
         reason = f"{name}: {proposal.why} -> {knob} {_num(old)} -> {_num(new)}" + (f" ({how})" if how else "")
+        reason += f"; driven by {driver}" if driver else ""
         reason += f"; {note}" if note else ""
-        changes.append(Change(name, knob, old, new, reason))
+        changes.append(Change(name, knob, old, new, reason, driver))
         lines.append(reason)
         return current.with_value(knob, new)
 

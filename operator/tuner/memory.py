@@ -4,7 +4,8 @@
 annotation or status). For every controlled quantity, keyed ``pool/knob`` (``decode/maxBatchSize``,
 ``prefill/replicas``), it keeps the recommendations of recent runs, when the quantity last changed
 and in which direction, and when that direction last flipped. Per pool it keeps the measured
-per-replica capacity. A memory that cannot be read back starts fresh: the tuner then only acts
+per-replica capacity, its load's trend (forecast.py) and its spend against its need (spend.py).
+A memory that cannot be read back starts fresh: the tuner then only acts
 once new recommendations span its stabilization windows, so forgetting errs on the side of holding.
 
 This is not reconcile's ``TunerState`` (the replicas and knobs the tuner owns, in ``status.tuner``).
@@ -18,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from llmfleet.operator.tuner.forecast import PoolForecast
+from llmfleet.operator.tuner.spend import Spend
 from llmfleet.operator.tuner.step_model import StepModel
 
 MAX_RECOMMENDATIONS = 64
@@ -32,6 +35,18 @@ class KeyHistory(BaseModel):
     last_direction: Literal[-1, 0, 1] = 0
     direction_since: float | None = None  # when the current run of moves in last_direction began
     direction_changes: int = 0
+    # replicas: (when, what a run judged the pool to need, at how many pods) where its latency was measured
+    floors: list[tuple[float, float, int]] = Field(default_factory=list)
+
+    def judged(self, now: float, needed: float, pods: int, keep_s: float) -> None:
+        self.floors = [f for f in self.floors if now - f[0] <= keep_s and f[0] < now]
+        self.floors.append((now, needed, pods))
+        del self.floors[:-MAX_RECOMMENDATIONS]
+
+    def floor_within(self, now: float, window_s: float, pods: int) -> float | None:
+        """The most any run within the window judged the pool to need, at this many pods or fewer:
+        a need judged at more pods extrapolated further, and that pool is gone."""
+        return max((v for t, v, n in self.floors if now - t <= window_s and n <= pods), default=None)
 
     def record(self, now: float, value: float, keep_s: float) -> None:
         """Add this run's recommendation, dropping those too old to matter."""
@@ -86,6 +101,8 @@ class TunerMemory(BaseModel):
     version: Literal[1] = 1
     keys: dict[str, KeyHistory] = Field(default_factory=dict)
     capacity: dict[str, Capacity] = Field(default_factory=dict)
+    forecast: dict[str, PoolForecast] = Field(default_factory=dict)  # per pool: trends, start-up
+    spend: dict[str, Spend] = Field(default_factory=dict)  # per pool: replicas run against needed
     recent: list[DecisionRecord] = Field(default_factory=list)
     idle_since: dict[str, float] = Field(default_factory=dict)  # pool -> since when it is idle (zero.py)
 

@@ -24,6 +24,14 @@ class Proposal:
     exhausted: bool = False  # the SLO is violated and this knob is already at its limit
     protects: str = ""  # the SLO a protective or exhausted proposal is about: "ttft" or "itl"
     slots: int | None = None  # replicas: the batch cap a scale-down counts on, where above the current one
+    floor: float | None = None  # replicas: the fewest the latency projection holds within the SLOs, judged now
+    driver: str = ""  # replicas: which term set the count (demand, queue, forecast, latency, bounds)
+    judged: bool = False  # replicas: the owned latency was measured at this count, so needed is judged
+
+    @property
+    def needed(self) -> float:
+        """What this run judged the pool needs: the target, not below the latency floor."""
+        return self.target if self.floor is None else max(self.target, self.floor)
 
 
 def exhausted_knobs(pool: PoolInput, knobs: Mapping[str, Proposal]) -> list[str]:

@@ -19,6 +19,7 @@ from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef,
 from llmfleet.operator.resource.conditions import Condition
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
+from llmfleet.operator.tuner.decision import ratio_bounds
 from llmfleet.operator.tuner.law import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
 from llmfleet.operator.tuner.memory import TunerMemory
 from llmfleet.operator.tuner.zero import pools_at_zero, scale_to_zero
@@ -75,6 +76,9 @@ def tuner_config(spec: InferenceServiceSpec) -> TunerConfig:
     """The tuner's timing from spec.autotune, as HPA ``behavior``: knob relaxations wait one cooldown."""
     a = spec.autotune
     return TunerConfig(
+        interval_s=float(a.interval_seconds),
+        predictive=bool(a.predictive),
+        prefill_decode_ratio=ratio_bounds(a),
         scale_up_stabilization_s=float(a.scale_up_stabilization_seconds),
         scale_down_stabilization_s=float(a.scale_down_stabilization_seconds),
         cooldown_s=float(a.cooldown_seconds),

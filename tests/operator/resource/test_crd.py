@@ -301,6 +301,8 @@ def test_schema_applies_defaults(crd):
         "cooldownSeconds": 60,
         "headroom": 0.2,
         "scaleToZeroAfterSeconds": 300,
+        "mode": "act",
+        "predictive": True,
     }
     assert spec["pools"]["decode"]["minReplicas"] == 1 and spec["pools"]["decode"]["maxReplicas"] == 4
     # the operator reads a defaulted spec exactly as it reads the sparse one

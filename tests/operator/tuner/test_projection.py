@@ -29,13 +29,16 @@ def test_erlang_c_matches_the_textbook_values() -> None:
 
 def test_steps_lengthen_as_one_over_the_idle_share() -> None:
     m = metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS)
-    # half the pods: each busy 40%, so steps take (1 - 0.2) / (1 - 0.4) = 4/3 as long
+    # half the pods: each busy 40%, so steps take (1 - 0.2) / (1 - 0.4) = 4/3 as long; a request's
+    # own prompt work (100 tokens x 1 ms) takes as long as before, the other 200 ms of TTFT stretch
     projected = project("colocated", m, 400.0, 100.0, rho=0.3, k=2.0, steps=COSTS)
-    assert projected.ratio == pytest.approx(300.0 * 4 / 3 / 400.0)
+    assert projected.ratio == pytest.approx((200.0 * 4 / 3 + 100.0) / 400.0)
     assert "pods busy 20% -> 40% of the time, steps x1.33" in projected.how
     # the decode pool owns only ITL, the prefill pool only TTFT
     assert project("decode", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(50.0 * 4 / 3 / 100.0)
-    assert project("prefill", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(1.0)
+    assert project("prefill", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(projected.ratio)
+    # twice the pods: the whole TTFT shrinks with the steps (a scale-up short of it adds one later)
+    assert project("prefill", m, 400.0, 100.0, 0.3, 0.5, COSTS).ratio < 300.0 * 0.9 / 400.0
 
 
 def test_pods_are_busy_with_the_prompt_tokens_they_computed() -> None:

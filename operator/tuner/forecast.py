@@ -1,0 +1,92 @@
+"""Where a pool's load is heading: Holt's linear trend over its request and token rates, one
+point per tuner run, so that a ramp's pods are asked for a pod start-up ahead of it.
+
+Each series keeps a level and a trend (per second), updated as the rates come in, and the mean
+absolute error of its one-run-ahead forecasts: a rise counts only where the trend carries the
+series further over the horizon than that error (noise does not buy pods). The horizon is one
+pod start-up and one interval, the start-up as measured from the pool's own scale-ups (a first
+guess until one has been seen). Pure: the state lives in ``TunerMemory``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+SERIES = ("request_rate", "prompt_tokens_per_s", "generation_tokens_per_s")
+
+
+class Holt(BaseModel):
+    """Holt's linear (double exponential) smoothing over irregularly spaced points."""
+
+    level: float | None = None
+    trend: float = 0.0  # per second
+    at: float | None = None
+    error: float = 0.0  # mean absolute one-step error, smoothed
+    points: int = 0
+
+    def observe(self, at: float, value: float, alpha: float, beta: float) -> None:
+        if self.level is None or self.at is None or at <= self.at:
+            if self.level is None:
+                self.level, self.at, self.points = value, at, 1
+            return
+        dt = at - self.at
+        expected = self.level + self.trend * dt
+        level = alpha * value + (1.0 - alpha) * expected
+        self.trend = beta * (level - self.level) / dt + (1.0 - beta) * self.trend
+        self.error = (
+            alpha * abs(value - expected) + (1.0 - alpha) * self.error if self.points > 1 else abs(value - expected)
+        )
+        self.level, self.at = level, at
+        self.points += 1
+
+    def rise(self, horizon_s: float) -> float:
+        """How far the trend carries the series over ``horizon_s`` (0 without a trend yet)."""
+        return self.trend * horizon_s if self.points >= 3 else 0.0
+
+
+class PoolForecast(BaseModel):
+    """One pool's forecast state, and what its scale-ups showed of pod start-up."""
+
+    series: dict[str, Holt] = Field(default_factory=dict)
+    startup_s: float | None = None  # measured: a scale-up's decision to its pods ready
+    rising_since: float | None = None  # an unfinished scale-up: when, and to how many
+    rising_to: int | None = None
+
+    def observe(self, at: float, rates: dict[str, float | None], alpha: float, beta: float) -> None:
+        for name, value in rates.items():
+            if value is not None:
+                self.series.setdefault(name, Holt()).observe(at, value, alpha, beta)
+
+    def scaled_up(self, at: float, to: int) -> None:
+        if self.rising_since is None:
+            self.rising_since = at
+        self.rising_to = to
+
+    def ready(self, at: float, pods: int) -> None:
+        """Measure start-up when the pods of a scale-up are all ready (an EWMA of what is seen)."""
+        if self.rising_since is None or self.rising_to is None or pods < self.rising_to:
+            return
+        took = at - self.rising_since
+        self.startup_s = took if self.startup_s is None else 0.5 * self.startup_s + 0.5 * took
+        self.rising_since = self.rising_to = None
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the trend adds to a pool's demand over the horizon, in replica-equivalents."""
+
+    horizon_s: float
+    rise_units: float  # 0 where the trend does not stand out of the noise
+    noise_units: float  # the series' one-run forecast errors, in replica-equivalents
+    trends: dict[str, float]  # per series, per second
+    why: str
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "horizonSeconds": round(self.horizon_s),
+            "riseReplicas": round(self.rise_units, 2),
+            "noiseReplicas": round(self.noise_units, 2),
+            "trendsPerMinute": {k: round(v * 60.0, 3) for k, v in self.trends.items()},
+        }

@@ -1,0 +1,192 @@
+"""Replicas that follow demand both ways: a scale-down that reaches demand within the stabilization
+window plus two intervals, in one step where the latency projection allows; a forecast that asks
+for a ramp's pods a start-up ahead, never for fewer than the reactive law; the prefill:decode
+ratio's bounds and hysteresis; and the spend against the need that each decision reports."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from llmfleet.operator.tuner.law import REPLICAS, Decision, PoolInput, PoolSettings, Tuner, TunerConfig
+from llmfleet.operator.tuner.memory import TunerMemory
+from tests.operator.tuner.scenarios import SLO, limits, metrics, pool_input, settings
+
+INTERVAL = 10.0
+WINDOW = 120.0
+CONFIG = TunerConfig(
+    scale_down_stabilization_s=WINDOW,
+    flap_window_s=WINDOW,
+    cooldown_s=30.0,
+    knob_relax_stabilization_s=30.0,
+    interval_s=INTERVAL,
+)
+
+
+def run_loop(
+    tuner: Tuner,
+    make: Callable[[int, float, dict[str, PoolSettings]], dict[str, PoolInput]],
+    runs: int,
+    start: dict[str, PoolSettings],
+) -> list[Decision]:
+    current, memory, decisions = start, TunerMemory(), []
+    for i in range(runs):
+        now = 1000.0 + i * INTERVAL
+        decision = tuner.decide(make(i, now, current), SLO, memory, now)
+        decisions.append(decision)
+        current, memory = dict(decision.settings), TunerMemory.load(decision.memory.to_json())
+    return decisions
+
+
+def replica_moves(decisions: list[Decision], pool: str = "colocated") -> list[tuple[float, int, int, str]]:
+    return [
+        (d.at, int(c.old), int(c.new), c.driver)
+        for d in decisions
+        for c in d.changes
+        if c.knob == REPLICAS and c.pool == pool
+    ]
+
+
+def backlog_then_quiet(ttft_ms: float = 100.0) -> Callable[[int, float, dict[str, PoolSettings]], dict[str, PoolInput]]:
+    """16 pods up after a backlog; from the first run on, demand is 3.5 replica-equivalents
+    (12000 prompt tok/s over 4000 per replica, 200 generated over 400): 5 pods with 20% headroom."""
+
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        pods = current["colocated"].replicas
+        m = metrics(ttft_ms=ttft_ms, itl_ms=20.0, prompt_tps=12000.0, gen_tps=200.0, pods=pods, at=now)
+        return {"colocated": pool_input(m, current["colocated"], limits(max_replicas=16))}
+
+    return make
+
+
+def test_a_drained_backlogs_pods_go_within_the_window_plus_two_intervals_in_one_step() -> None:
+    """HPA's default scale-down policy may drop all the excess once its window agrees: so does the
+    tuner, where the latency projection says the SLOs hold at the lower count."""
+    decisions = run_loop(Tuner(CONFIG), backlog_then_quiet(), runs=30, start={"colocated": settings(replicas=16)})
+    moves = replica_moves(decisions)
+    assert moves == [(moves[0][0], 16, 5, "demand")], moves
+    assert moves[0][0] - 1000.0 <= WINDOW + 2 * INTERVAL
+    assert decisions[-1].inputs["colocated"]["neededReplicas"] == 5
+
+
+def test_the_latency_projection_is_the_floor_and_says_so() -> None:
+    """TTFT near its SLO: the projection holds more pods than throughput asks for, and the move
+    that goes as far as it allows says the floor drove it. Further steps wait until the SLO's
+    window has seen the fewer pods."""
+    decisions = run_loop(
+        Tuner(CONFIG), backlog_then_quiet(ttft_ms=300.0), runs=40, start={"colocated": settings(replicas=16)}
+    )
+    moves = replica_moves(decisions)
+    assert moves and moves[0][1] == 16 and moves[0][2] > 5 and moves[0][3] == "floor", moves
+    assert all(new < old for _, old, new, _ in moves)  # down only: no flapping
+    later = [t for t, *_ in moves[1:]]
+    assert all(b - a >= 60.0 for a, b in zip([moves[0][0], *later], later, strict=False))
+    assert any("the latency projection" in c.reason for d in decisions for c in d.changes)
+
+
+def ramp(predictive: bool) -> list[Decision]:
+    """Prompt load rising 1500 tok/s a minute from 4000 (1.25 replicas' worth) on pods that keep
+    up: the reactive law follows the served rate; the forecast asks for the pods a start-up ahead."""
+
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        pods = current["colocated"].replicas
+        prompt = 4000.0 + 25.0 * i * INTERVAL
+        m = metrics(ttft_ms=100.0, itl_ms=30.0, prompt_tps=prompt, gen_tps=0.0, pods=pods, at=now)
+        return {"colocated": pool_input(m, current["colocated"], limits(max_replicas=16))}
+
+    config = TunerConfig(**{**CONFIG.__dict__, "predictive": predictive})
+    return run_loop(Tuner(config), make, runs=40, start={"colocated": settings(replicas=2)})
+
+
+def test_a_ramp_is_met_a_start_up_ahead_and_the_decision_says_the_forecast_drove_it() -> None:
+    reactive, predictive = ramp(False), ramp(True)
+    ups = [m for m in replica_moves(predictive) if m[2] > m[1]]
+    assert any(driver == "forecast" for *_, driver in ups), ups
+    assert all(driver != "forecast" for *_, driver in replica_moves(reactive))
+    # at every run the predictive pool holds at least the reactive one's replicas, and often more
+    pairs = [
+        (p.settings["colocated"].replicas, r.settings["colocated"].replicas)
+        for p, r in zip(predictive, reactive, strict=True)
+    ]
+    assert all(p >= r for p, r in pairs) and sum(p > r for p, r in pairs) >= 5, pairs
+    outlook = predictive[-1].inputs["colocated"]["forecast"]
+    # one start-up and one interval: here pods are ready at the next run, so 10 s measured + 10 s
+    assert outlook["horizonSeconds"] == 20 and ramp(True)[0].inputs["colocated"]["forecast"]["horizonSeconds"] == 70
+
+
+def test_noise_without_a_trend_buys_no_pods() -> None:
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        prompt = 8000.0 + (600.0 if i % 2 else -600.0)
+        m = metrics(ttft_ms=100.0, itl_ms=30.0, prompt_tps=prompt, gen_tps=0.0, pods=current["colocated"].replicas)
+        return {"colocated": pool_input(m.__class__(**{**m.__dict__, "at": now}), current["colocated"])}
+
+    decisions = run_loop(Tuner(CONFIG), make, runs=30, start={"colocated": settings(replicas=3)})
+    assert all(driver != "forecast" for *_, driver in replica_moves(decisions))
+
+
+def test_pod_start_up_is_measured_from_the_pools_own_scale_ups() -> None:
+    from llmfleet.operator.tuner.forecast import PoolForecast
+
+    state = PoolForecast()
+    state.scaled_up(100.0, 4)
+    state.ready(120.0, 3)
+    assert state.startup_s is None  # not all of them yet
+    state.ready(145.0, 4)
+    assert state.startup_s == 45.0 and state.rising_since is None
+
+
+def disaggregated(prefill_tps: float, decode_gen_tps: float) -> Callable:
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        return {
+            "prefill": pool_input(
+                metrics("prefill", prompt_tps=prefill_tps, gen_tps=None, pods=current["prefill"].replicas, at=now),
+                current["prefill"],
+            ),
+            "decode": pool_input(
+                metrics(
+                    "decode",
+                    itl_ms=30.0,
+                    prompt_tps=None,
+                    gen_tps=decode_gen_tps,
+                    pods=current["decode"].replicas,
+                    at=now,
+                ),
+                current["decode"],
+            ),
+        }
+
+    return make
+
+
+def test_the_prefill_decode_ratio_stays_within_its_spec_bounds() -> None:
+    """Decode needs 6 pods, prefill 1: with prefillDecodeRatio min 0.5 the prefill pool is raised
+    to 3, and the change says the ratio drove it."""
+    config = TunerConfig(**{**CONFIG.__dict__, "prefill_decode_ratio": (0.5, 2.0)})
+    start = {"prefill": settings(replicas=1), "decode": settings(replicas=6)}
+    decisions = run_loop(Tuner(config), disaggregated(2000.0, 1900.0), runs=3, start=start)
+    final = decisions[-1].settings
+    assert final["decode"].replicas == 6 and final["prefill"].replicas == 3
+    assert ("prefill", "ratio") in {(c.pool, c.driver) for d in decisions for c in d.changes}
+    unbounded = run_loop(Tuner(CONFIG), disaggregated(2000.0, 1900.0), runs=3, start=start)
+    assert unbounded[-1].settings["prefill"].replicas == 1
+
+
+def test_a_pools_demand_at_the_edge_of_a_count_does_not_move_the_ratio() -> None:
+    """Decode demand 3.9 replica-equivalents with 20% headroom is 4.875 pods: at 6 pods the
+    hysteresis keeps 6 where demand alone would take 5 (it needs a quarter replica of margin)."""
+    start = {"prefill": settings(replicas=1), "decode": settings(replicas=6)}
+    decisions = run_loop(Tuner(CONFIG), disaggregated(2000.0, 1560.0), runs=20, start=start)
+    assert decisions[-1].settings["decode"].replicas == 6
+    assert any("the P:D ratio holds" in line for d in decisions for line in d.reasons)
+    clear = run_loop(Tuner(CONFIG), disaggregated(2000.0, 1400.0), runs=20, start=start)
+    assert clear[-1].settings["decode"].replicas == 5
+
+
+def test_each_decision_reports_the_fleets_spend_against_its_need() -> None:
+    decisions = run_loop(Tuner(CONFIG), backlog_then_quiet(), runs=30, start={"colocated": settings(replicas=16)})
+    cost = decisions[-1].inputs["colocated"]["cost"]
+    spent = sum(d.settings["colocated"].replicas for d in decisions[:-1]) * INTERVAL / 60.0
+    needed = sum(float(d.inputs["colocated"]["neededReplicas"]) for d in decisions[:-1]) * INTERVAL / 60.0
+    assert cost["replicaMinutes"] == round(spent, 2) and cost["neededReplicaMinutes"] == round(needed, 2)
+    assert math.isclose(cost["excess"], cost["replicaMinutes"] / cost["neededReplicaMinutes"], rel_tol=1e-2)
+    assert cost["excess"] > 1.5  # 16 pods for two minutes where 5 would do
