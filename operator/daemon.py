@@ -6,7 +6,9 @@ directly), lets the law decide (tuner/run.py), writes the result into ``status``
 ``lastDecision``, ``latency`` and the ``TunerActive`` condition), and then runs the same converge
 pass as every other trigger, so knob changes land in the engine ConfigMaps (applied live by the
 pods) and replica changes in the Deployments. The tuner never writes a child object itself: the
-reconcile path stays the only writer, and spec bounds win there too.
+reconcile path stays the only writer, and spec bounds win there too. With ``autotune.mode:
+observe`` the run writes its decision, Events and metrics but no replicas or knobs into
+``status.tuner``, so converge applies none of it.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from llmfleet.operator.metrics.prometheus import DEFAULT_TIMEOUT_S, PrometheusSo
 from llmfleet.operator.metrics.scrape import ScrapeSource
 from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef, stale_snapshot
 from llmfleet.operator.reconcile import status as st
-from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, POD, KubeClient
+from llmfleet.operator.reconcile.cluster import DEPLOYMENT, INFERENCE_SERVICE, POD, KubeClient
 from llmfleet.operator.reconcile.converge import owner_of, tuner_state
-from llmfleet.operator.reconcile.desired import METRICS_PORT, selector
+from llmfleet.operator.reconcile.desired import METRICS_PORT, Owner, pool_object_name, selector
 from llmfleet.operator.reconcile.scaledown import rank_pods_for_scale_down
 from llmfleet.operator.resource.conditions import TUNER_ACTIVE, Condition, condition_of, merge_conditions
 from llmfleet.operator.resource.spec import InferenceServiceSpec
@@ -43,11 +45,13 @@ from llmfleet.operator.tuner.run import (
 
 @dataclass
 class _StatusActuator:
-    """The tuner state in status: what the tuner decides here, converge applies to the objects."""
+    """The tuner state in status: what the tuner decides here, converge applies to the objects.
+    ``running``: replicas an external autoscaler set, which an observing tuner starts from."""
 
     spec: InferenceServiceSpec
     state: TunerState
     changed: bool = False
+    running: dict[str, int] = field(default_factory=dict)
 
     def observe(self) -> dict[str, PoolView]:
         """What runs, but the tuner's own values as it set them: one the spec's bounds have since
@@ -55,6 +59,8 @@ class _StatusActuator:
         recorded and explained like any other change."""
         views = views_from_state(self.spec, self.state)
         for pool, view in views.items():
+            if pool in self.running:
+                view.replicas = self.running[pool]
             if pool in self.state.replicas:
                 view.replicas = int(self.state.replicas[pool])
             set_by_tuner = self.state.knobs.get(pool) or {}
@@ -196,7 +202,11 @@ async def autotune_once(
         source = session.source
     memory = TunerMemory.load((current.get("tuner") or {}).get("memory"))  # unreadable: start afresh
     refs = {pool: PoolRef(owner.namespace, owner.name, pool) for pool in measured_pools(spec)}
+    # Observing, the tuner starts from what runs (the spec's values, or an autoscaler's replicas)
+    # and its decision stays in lastDecision: status.tuner keeps only its memory.
     actuator = _StatusActuator(spec, tuner_state(spec, current) or TunerState())
+    if spec.autotune.mode == "observe" and spec.external_autoscaler:
+        actuator.running = await _running_replicas(client, owner, spec)
     generation = body["metadata"].get("generation")
     try:
         outcome = await Autotuner(spec, source, refs, memory=memory).step(actuator, now or time.time())
@@ -213,6 +223,17 @@ async def autotune_once(
     }
     await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, patch)
     return outcome, {**body, "status": st.merge_patched(current, patch)}
+
+
+async def _running_replicas(client: KubeClient, owner: Owner, spec: InferenceServiceSpec) -> dict[str, int]:
+    """Each pool's Deployment replicas, as an external autoscaler left them."""
+    running = {}
+    for pool in spec.active_pools:
+        deployment = await client.get(DEPLOYMENT, owner.namespace, pool_object_name(owner, pool))
+        replicas = ((deployment or {}).get("spec") or {}).get("replicas")
+        if isinstance(replicas, int):
+            running[pool] = replicas
+    return running
 
 
 def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -35,6 +35,25 @@ HOLD = Gauge(
     ["namespace", "inference_service"],
     registry=REGISTRY,
 )
+OBSERVING = Gauge(
+    "llmfleet_tuner_observe_mode",
+    "1 while autotune.mode is observe: the decisions, knob and replica series are what the tuner would do.",
+    ["namespace", "inference_service"],
+    registry=REGISTRY,
+)
+REPLICA_MINUTES = Gauge(
+    "llmfleet_tuner_replica_minutes",
+    "Per pool, over the tuner's trailing cost window: replica-minutes run (kind=spent) and those its "
+    "own demand estimate said were needed (kind=needed).",
+    ["namespace", "inference_service", "pool", "kind"],
+    registry=REGISTRY,
+)
+EXCESS = Gauge(
+    "llmfleet_tuner_excess_ratio",
+    "Per pool: replica-minutes run over those needed, over the tuner's trailing cost window.",
+    ["namespace", "inference_service", "pool"],
+    registry=REGISTRY,
+)
 SLO = Gauge(
     "llmfleet_slo_seconds",
     "The InferenceService's p95 SLOs (kind: ttft, itl), for dashboards and alerts.",
@@ -55,6 +74,14 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -
     SLO.labels(namespace, name, "itl").set(slo.itl_p95_ms / 1000.0)
     RUNS.labels(namespace, name, outcome.condition.reason).inc()
     HOLD.labels(namespace, name).set(1 if decision.hold else 0)
+    OBSERVING.labels(namespace, name).set(1 if outcome.observed else 0)
+    for pool, inputs in decision.inputs.items():
+        cost = inputs.get("cost")
+        if cost:
+            REPLICA_MINUTES.labels(namespace, name, pool, "spent").set(cost["replicaMinutes"])
+            REPLICA_MINUTES.labels(namespace, name, pool, "needed").set(cost["neededReplicaMinutes"])
+            if cost.get("excess") is not None:
+                EXCESS.labels(namespace, name, pool).set(cost["excess"])
     # Every decision series exists at 0 from the first run: one born at 1 is invisible to
     # increase()/changes(), so a pool's first decision would never show on a dashboard.
     for pool, settings in decision.settings.items():
@@ -74,7 +101,7 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -
 def _forget_pools(namespace: str, name: str, keep: set[str]) -> None:
     """Drop the series of pools the InferenceService no longer runs (a mode switch), which would
     otherwise stay frozen at their last value on every dashboard."""
-    for metric in (DECISIONS, KNOB_VALUE, REPLICAS):
+    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, REPLICA_MINUTES, EXCESS):
         for labels in list(metric._metrics):
             if labels[:2] == (namespace, name) and labels[2] not in keep:
                 metric.remove(*labels)
@@ -82,7 +109,7 @@ def _forget_pools(namespace: str, name: str, keep: set[str]) -> None:
 
 def forget(namespace: str, name: str) -> None:
     """Drop an InferenceService's series: deleted, or its tuner turned off."""
-    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, HOLD, RUNS, SLO):
+    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, HOLD, RUNS, SLO, OBSERVING, REPLICA_MINUTES, EXCESS):
         for labels in list(metric._metrics):
             if labels[:2] == (namespace, name):
                 metric.remove(*labels)

@@ -334,7 +334,7 @@ async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger)
     for type_, reason, message in new_events(outcome, fresh.get("status") or {}):
         kopf.event(raw, type=type_, reason=reason, message=message)
     logger.info(f"tuner: {outcome.condition.reason}: {outcome.status['lastDecision']['reason']}")
-    if outcome.decision.changes:
+    if outcome.decision.changes and not outcome.observed:
         try:
             await prepare_scale_down(state.client, raw, outcome)
         except ApiError as exc:  # ranking only picks which pods go: the scale-down itself must land

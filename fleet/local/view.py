@@ -83,6 +83,8 @@ def _decision(fleet: LocalFleet) -> tuple[list[str], str]:
         return ["tuner: disabled (spec.autotune.enabled: false)"], "dim"
     if decision.hold:
         return [f"tuner holds: {decision.hold_reason}"], "yellow"
+    if decision.changes and fleet.spec.autotune.mode == "observe":
+        return [f"would: {c.reason}" for c in decision.changes], "magenta"
     if decision.changes:
         return [c.reason for c in decision.changes], "cyan"  # each names its pool and move
     return ["tuner: no change needed (" + "; ".join(decision.reasons[-2:]) + ")"], "dim"
@@ -119,7 +121,9 @@ def render(fleet: LocalFleet, url: str, height: int = 24) -> Group:
     room = max(4, height - FIXED_LINES - rows - 1)
     lines, style = _decision(fleet)
     shown = min(len(lines), max(1, room // 3))
-    parts.append(Panel(_lines(lines, shown, style), title="last decision"))
+    observing = spec.autotune.mode == "observe"
+    panel = "last decision (observe mode: would-be, nothing changed)" if observing else "last decision"
+    parts.append(Panel(_lines(lines, shown, style), title=panel))
     parts.append(Panel(_lines(fleet.view.history, max(1, room - shown), "dim"), title="events"))
     parts.append(Text("Ctrl-C drains the servers and exits", style="dim"))
     return Group(*parts)

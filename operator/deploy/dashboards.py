@@ -304,11 +304,42 @@ def fleet_overview() -> dict[str, Any]:
                     f"max by ({SERVICE_LABELS}) (llmfleet_tuner_hold{{{SERVICE_SELECTOR}}})",
                     "holding {{inference_service}}",
                 ),
+                (
+                    f"max by ({SERVICE_LABELS}) (llmfleet_tuner_observe_mode{{{SERVICE_SELECTOR}}})",
+                    "observe mode {{inference_service}}",
+                ),
             ],
             "short",
             12,
             40,
-            description="From the operator's metrics: changes per 5 min, and 1 while holding.",
+            description="From the operator's metrics: changes per 5 min, 1 while holding, and 1 in observe mode "
+            "(autotune.mode: observe: the changes are what the tuner would have made).",
+        ),
+        _panel(
+            "Fleet cost: replica-minutes run vs needed",
+            [
+                (
+                    f'max by ({POOL_LABELS}) (llmfleet_tuner_replica_minutes{{{s},kind="spent"}})',
+                    f"run {pool}",
+                ),
+                (
+                    f'max by ({POOL_LABELS}) (llmfleet_tuner_replica_minutes{{{s},kind="needed"}})',
+                    f"needed {pool}",
+                ),
+            ],
+            "short",
+            0,
+            48,
+            description="Over the tuner's trailing 10 minutes: the replica-minutes each pool ran, and those the "
+            "tuner's own demand estimate (and latency projection) said it needed.",
+        ),
+        _panel(
+            "Fleet cost: excess",
+            [(_per_pool("max", f"llmfleet_tuner_excess_ratio{{{s}}}"), f"excess {pool}")],
+            "short",
+            12,
+            48,
+            description="Replica-minutes run over those needed (1 = no excess), per pool, over the last 10 minutes.",
         ),
     ]
     return _dashboard("llm-fleet-overview", "llm-fleet / Fleet overview", panels, pod=False)

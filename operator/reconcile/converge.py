@@ -70,8 +70,9 @@ def owner_of(body: dict[str, Any]) -> Owner:
 
 
 def tuner_state(spec: InferenceServiceSpec, status: dict[str, Any]) -> TunerState | None:
-    """The tuner's replicas and knobs count only while autotuning is on."""
-    return TunerState.from_status(status) if spec.autotune.enabled else None
+    """The tuner's replicas and knobs count only while autotuning is on and acting (an observing
+    tuner changes nothing)."""
+    return TunerState.from_status(status) if spec.autotune.enabled and spec.autotune.mode == "act" else None
 
 
 async def converge(
@@ -141,9 +142,9 @@ async def converge(
         conditions = serving + _tuner_condition(spec, current)
         # A tuner turned off lets go of what it owned: turned on again, it starts from the spec's
         # values, not from what it had set back then (applied at once, with no run to explain it).
-        # Its latencies go too: nobody measures them any more, yet kubectl get would show them.
+        # Its latencies and spend go too: nobody measures them any more, yet kubectl get would show them.
         # lastDecision stays, with its time: what it last did.
-        released = {key: None for key in ("tuner", "latency") if not spec.autotune.enabled and current.get(key)}
+        released = {key: None for key in ("tuner", "latency", "cost") if not spec.autotune.enabled and current.get(key)}
         pool_status, wake = cold_starts(current, _pool_status(owner, spec, tuner, pools), pools)
         return {
             "observedGeneration": generation,

@@ -47,6 +47,7 @@ class AutotuneOutcome:
     condition: Condition  # TunerActive
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     metrics: dict[str, PoolMetrics] = field(default_factory=dict)  # per pool, and the router's where measured
+    observed: bool = False  # autotune.mode observe: the decision's changes were not made
 
 
 ROUTER = "router"  # the key of the router's PoolRef in ``Autotuner.pools``
@@ -143,18 +144,20 @@ class Autotuner:
         settings_now = {name: PoolSettings(view.replicas, view.knobs) for name, view in current.items()}
         decision = scale_to_zero(decision, spec, metrics, settings_now, now)
         self.memory = decision.memory
+        observe = spec.autotune.mode == "observe"
         for name, settings in decision.settings.items():
             was = current[name]
             knobs = {k: v for k, v in settings.knobs.items() if was.knobs.get(k) != v}
             replicas = settings.replicas if settings.replicas != was.replicas else None
-            if knobs or replicas is not None:
+            if (knobs or replicas is not None) and not observe:
                 actuator.apply(name, replicas, knobs)
         return AutotuneOutcome(
             decision=decision,
-            status=self._status(decision, metrics, client),
-            condition=_condition(decision),
-            events=_events(decision),
+            status=self._status(decision, metrics, client, observe),
+            condition=_condition(decision, observe),
+            events=_events(decision, observe),
             metrics=metrics | ({ROUTER: client} if client is not None else {}),
+            observed=observe,
         )
 
     async def _client_side(self, window_s: float) -> PoolMetrics | None:
@@ -166,12 +169,17 @@ class Autotuner:
         return None if ref is None else await self.source.snapshot(ref, window_s)
 
     def _status(
-        self, decision: Decision, metrics: dict[str, PoolMetrics], client: PoolMetrics | None
+        self, decision: Decision, metrics: dict[str, PoolMetrics], client: PoolMetrics | None, observe: bool = False
     ) -> dict[str, Any]:
+        """An observing tuner keeps only its memory in ``status.tuner``: the replicas and knobs
+        there are what reconcile applies, and it applies none of an observer's."""
+        owned = {} if observe else decision.tuner_status()
         status: dict[str, Any] = {
-            "tuner": {**decision.tuner_status(), "memory": decision.memory.model_dump(mode="json")},
-            "lastDecision": decision.last_decision_status(),
+            "tuner": {**owned, "memory": decision.memory.model_dump(mode="json")},
+            "lastDecision": decision.last_decision_status() | ({"observed": True} if observe else {}),
         }
+        # written whole too: spend against need, per pool, where two runs span it
+        status["cost"] = {pool: inputs["cost"] for pool, inputs in decision.inputs.items() if "cost" in inputs}
         # Always written whole: a p95 this run could not measure is gone, not left under a new time.
         status["latency"] = {**_latency(self.spec, metrics, client), "at": status["lastDecision"]["time"]}
         return status
@@ -215,13 +223,20 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 1)
 
 
-def _condition(decision: Decision) -> Condition:
+def _condition(decision: Decision, observe: bool = False) -> Condition:
     c = decision.condition()
+    if observe and c["reason"] in ("Adjusted", "Steady"):
+        reason = "Observing" if c["reason"] == "Adjusted" else "Steady"
+        return Condition(c["type"], c["status"], reason, ("observe mode, nothing changed: " + c["message"]))
     return Condition(c["type"], c["status"], c["reason"], c["message"])
 
 
-def _events(decision: Decision) -> list[tuple[str, str, str]]:
-    events = [("Normal", "Tuned", f"{c}: {c.reason}") for c in decision.changes]
+def _events(decision: Decision, observe: bool = False) -> list[tuple[str, str, str]]:
+    """A ``Tuned`` event per change; in observe mode ``WouldTune``, saying it was not made."""
+    if observe:
+        events = [("Normal", "WouldTune", f"{c} (observe mode: not made): {c.reason}") for c in decision.changes]
+    else:
+        events = [("Normal", "Tuned", f"{c}: {c.reason}") for c in decision.changes]
     if decision.hold:
         events.append(("Warning", "TunerHolding", decision.hold_reason))
     return events

@@ -280,6 +280,9 @@ def test_every_query_parses_and_returns_data_from_real_servers(tmp_path):
 
         second = _tune_and_export(Autotuner(SPEC, PrometheusSource(prometheus.url), {"colocated": REF}), actuator)
         assert second.decision.changes, second.decision.hold_reason or second.decision.reasons
+        # a run after it, with its memory: the fleet's spend against its need spans two runs
+        memory = second.decision.memory
+        _tune_and_export(Autotuner(SPEC, PrometheusSource(prometheus.url), {"colocated": REF}, memory=memory), actuator)
         # The alerts' window: a scrape of this (busy) process that misses its 1 s timeout only
         # narrows it, while a 30 s window can hold no sample from before the decision at all.
         prometheus.wait_for("sum(increase(llmfleet_tuner_decisions_total[2m])) > 0", timeout=60)

@@ -124,6 +124,26 @@ def test_a_run_shrinks_the_batch_scales_out_and_explains_itself(kube, operator, 
     assert 'llmfleet_tuner_knob_value{inference_service="tiny",knob="maxBatchSize"' in exposed
 
 
+def test_an_observing_tuner_reports_its_decisions_and_changes_nothing(kube, operator, scripted):
+    """autotune.mode observe beside an external autoscaler: the same decisions in status, Events
+    and metrics, from the replicas the autoscaler set; the engine and the Deployment stay as they are."""
+    observing = {**SPEC, "autotune": {**SPEC["autotune"], "mode": "observe"}, "externalAutoscaler": True}
+    kube.create(inference_service("tiny", observing))
+    settle(kube, "tiny", 1)
+    kube.patch("Deployment", "tiny-colocated", {"spec": {"replicas": 2}})  # the autoscaler's doing
+    decision = decision_after(kube, decision_after(kube, None))
+    assert decision["observed"] is True and any(c["knob"] == "maxBatchSize" for c in decision["changes"])
+    assert all(c["from"] == 2 for c in decision["changes"] if c["knob"] == "replicas")
+    status = kube.get("InferenceService", "tiny")["status"]
+    assert set(status["tuner"]) == {"memory"}
+    assert kube.condition("tiny", "TunerActive")["reason"] in ("Observing", "Steady")
+    eventually(lambda: any(e["reason"] == "WouldTune" for e in kube.events("tiny")))
+    assert engine_of(kube)["max_batch_size"] == 32
+    assert kube.get("Deployment", "tiny-colocated")["spec"]["replicas"] == 2
+    exposed = generate_latest(REGISTRY).decode()
+    assert 'llmfleet_tuner_observe_mode{inference_service="tiny",namespace="ml"} 1.0' in exposed
+
+
 def test_turning_the_tuner_off_drops_its_exported_series(kube, operator, scripted):
     """A tuner that is off has no last decision: its hold, replicas and knob series would freeze
     in the dashboards and keep alerts like LLMFleetTunerStuck firing."""

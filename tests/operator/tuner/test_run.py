@@ -3,12 +3,13 @@ run reports for status, the TunerActive condition and Events."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import generate_latest
 
 from llmfleet.operator import decision_metrics
 from llmfleet.operator.daemon import _StatusActuator
 from llmfleet.operator.metrics.source import PoolMetrics, PoolRef
-from llmfleet.operator.resource.spec import Bound, parse_spec
+from llmfleet.operator.resource.spec import Bound, SpecError, parse_spec
 from llmfleet.operator.resource.tuner_state import TunerState
 from llmfleet.operator.tuner.memory import TunerMemory
 from llmfleet.operator.tuner.run import Autotuner, PoolView, measured_pools, views_from_state
@@ -184,3 +185,40 @@ async def test_a_run_measures_the_router_of_a_disaggregated_fleet_for_its_status
     colocated = ByPool({"colocated": metrics()})
     await Autotuner(SPEC, colocated, {"colocated": REF}).step(RecordingActuator(views_from_state(SPEC, None)), 1000.0)
     assert "router" not in colocated.asked and measured_pools(SPEC) == ["colocated"]
+
+
+async def test_observe_mode_decides_and_reports_but_changes_nothing():
+    """autotune.mode observe: the same decision, in lastDecision, Events and the decision metrics,
+    none of it applied, and no replicas or knobs in status.tuner for reconcile to apply."""
+    spec = parse_spec(SPEC.model_dump(by_alias=True, exclude_none=True) | {"autotune": {"mode": "observe"}})
+    source = FixedSource(metrics(itl_ms=180.0, ttft_ms=200.0))
+    actuator = RecordingActuator(views_from_state(spec, None))
+    outcome = await Autotuner(spec, source, {"colocated": REF}).step(actuator, now=1000.0)
+    assert actuator.applied == []
+    assert outcome.observed and outcome.decision.changed("colocated", "maxBatchSize") is not None
+    assert set(outcome.status["tuner"]) == {"memory"}
+    assert outcome.status["lastDecision"]["observed"] is True
+    assert outcome.status["lastDecision"]["changes"][0]["knob"] == "maxBatchSize"
+    assert outcome.condition.reason == "Observing" and outcome.condition.message.startswith("observe mode")
+    assert [reason for _, reason, _ in outcome.events] == ["WouldTune"]
+    assert "not made" in outcome.events[0][2]
+    decision_metrics.record("ns", "observed", outcome, spec.slo)
+    text = generate_latest(decision_metrics.REGISTRY).decode()
+    assert 'llmfleet_tuner_observe_mode{inference_service="observed",namespace="ns"} 1.0' in text
+    would = outcome.decision.settings["colocated"].knobs["maxBatchSize"]
+    assert f'knob="maxBatchSize",namespace="ns",pool="colocated"}} {would:.1f}' in text  # the would-be value
+    decision_metrics.forget("ns", "observed")
+    # an external autoscaler may run beside an observing tuner, not beside an acting one
+    raw = spec.model_dump(by_alias=True, exclude_none=True) | {"externalAutoscaler": True}
+    assert parse_spec(raw).external_autoscaler
+    with pytest.raises(SpecError, match="externalAutoscaler needs"):
+        parse_spec(raw | {"autotune": {"mode": "act"}})
+
+
+def test_an_observing_tuners_status_is_not_applied_by_reconcile():
+    from llmfleet.operator.reconcile.converge import tuner_state
+
+    spec = parse_spec(SPEC.model_dump(by_alias=True, exclude_none=True) | {"autotune": {"mode": "observe"}})
+    status = {"tuner": {"replicas": {"colocated": 3}, "knobs": {"colocated": {"maxBatchSize": 8}}}}
+    assert tuner_state(spec, status) is None
+    assert tuner_state(SPEC, status).replicas == {"colocated": 3}
