@@ -57,6 +57,8 @@ class TunerController:
         self.autotuner = Autotuner(spec, fleet.metric_source, refs, tuner=Tuner(config) if config else None)
         self.actuator = FleetActuator(fleet)
         self.runs = 0
+        # per run: (time, {pool: (replicas it leaves, replicas it judged needed)}), for the bench
+        self.needed: list[tuple[float, dict[str, tuple[int, float]]]] = []
         fleet.wake_hook = self.wake
 
     def wake(self) -> None:
@@ -69,6 +71,16 @@ class TunerController:
         outcome = run_sync(self.autotuner.step(self.actuator, now))
         self.runs += 1
         decision = outcome.decision
+        if not decision.hold:
+            self.needed.append(
+                (
+                    now,
+                    {  # a pool at zero is not judged: it needs what it runs
+                        pool: (s.replicas, float(decision.inputs.get(pool, {}).get("neededReplicas", s.replicas)))
+                        for pool, s in decision.settings.items()
+                    },
+                )
+            )
         if decision.changes or decision.hold:
             self.fleet.decisions.append(
                 ControlRecord(

@@ -32,8 +32,14 @@ def simulate(
 ) -> SimResult:
     """Run ``requests`` through a fleet of ``spec`` under ``controller``; the report covers what
     happens from ``measure_from`` on (after a warm-up)."""
+    tuners: list[TunerController] = []
+
+    def tuned(fleet: Fleet) -> TunerController:
+        tuners.append(TunerController(fleet, tuner))
+        return tuners[-1]
+
     if controller == "tuner":
-        factory = lambda fleet: TunerController(fleet, tuner)  # noqa: E731
+        factory = tuned
     elif controller == "hpa":
         factory = lambda fleet: QueueLengthHPA(fleet, hpa)  # noqa: E731
     elif controller == "fixed":
@@ -42,6 +48,8 @@ def simulate(
         raise ValueError(f"unknown controller {controller!r}: tuner, hpa or fixed")
     result = Fleet(spec, cost, requests, options, factory, name=name).run()
     result.notes["stabilization_window_s"] = float(spec.autotune.scale_down_stabilization_seconds)
+    if tuners:
+        result.notes["tuner_needed"] = tuners[0].needed
     result.measure_from = measure_from
     return result
 

@@ -1,23 +1,50 @@
-"""The tuner bench's verdict on the HPA target says what makes it hard to read alone."""
+"""The tuner bench's scoring (bench/tuner_scores.py): minutes an unannounced step explains, the
+cheapest contender at an attainment, the oracle lower bound and the scale-down lag."""
 
-import pytest
-
-from llmfleet.bench.tuner_eval import _hpa_note
-
-
-def row(hpa_attainment: float, hpa_minutes: float, fixed_minutes: float | None = 60.0) -> dict:
-    hpa = {"slo_attainment": hpa_attainment, "slo_minutes_met": 8, "slo_minutes": 10, "replica_minutes": hpa_minutes}
-    return {"hpa": hpa, "best_fixed": None if fixed_minutes is None else {"replica_minutes": fixed_minutes}}
+from llmfleet.bench.tuner_cases import CASES, diurnal, draw
+from llmfleet.bench.tuner_scores import attainment, cheapest_reaching, oracle, scale_down_lag, step_minutes
 
 
-@pytest.mark.parametrize(
-    ("case", "note"),
-    [
-        (row(0.8, 100.0), "; the HPA meets 8/10"),  # a baseline that misses minutes
-        (row(1.0, 76.0), "; 0.7x the HPA is 0.89x best fixed"),  # the target lies below the best fixed fleet
-        (row(1.0, 100.0), ""),  # 0.7x of it is 1.17x the best fixed fleet: reachable
-        (row(1.0, 76.0, fixed_minutes=None), ""),  # no fixed configuration met the SLOs
-    ],
-)
-def test_the_hpa_verdict_explains_itself(case: dict, note: str) -> None:
-    assert _hpa_note(case) == note
+def test_minutes_within_start_up_and_an_interval_of_a_step_are_set_apart() -> None:
+    # a step 330 s into a run measured from 300 s: 30-70 s of its minutes 0 and 1
+    assert step_minutes([330.0], 300.0, minutes=5, excused_s=40.0) == {0, 1}
+    assert step_minutes([], 300.0, minutes=5, excused_s=40.0) == set()
+    assert attainment([True, False, None, True], excluded={1}) == (2, 2)
+
+
+def test_bursty_has_its_rate_steps_and_the_ramps_none() -> None:
+    bursty = next(c for c in CASES if c.workload == "bursty")
+    steps = draw(bursty, None).steps
+    assert steps == (420.0, 630.0)  # 0.5 -> 1.5 req/s after 120 s, 0.5 -> 3 after 330 s, past the warm-up
+    assert draw(next(c for c in CASES if c.workload == "diurnal"), None).steps == ()
+    rates = [rate for _, rate in diurnal(None).phases]
+    assert min(rates) >= 0.4 and max(rates) == 1.6 and rates.index(1.6) > 10
+
+
+def test_the_cheapest_run_that_reaches_an_attainment() -> None:
+    runs = [
+        {"slo_minutes_met": 9, "replica_minutes": 40.0},
+        {"slo_minutes_met": 10, "replica_minutes": 60.0},
+        {"slo_minutes_met": 10, "replica_minutes": 50.0},
+    ]
+    assert cheapest_reaching(runs, 9)["replica_minutes"] == 40.0
+    assert cheapest_reaching(runs, 10)["replica_minutes"] == 50.0
+    assert cheapest_reaching(runs, 11) is None
+
+
+def test_the_oracle_takes_each_minutes_fewest_and_pays_start_up_for_each_added_pod() -> None:
+    runs = [
+        {"replicas_total": 2, "per_minute": [True, False, True, None]},
+        {"replicas_total": 4, "per_minute": [True, True, True, None]},
+    ]
+    rm, counts = oracle(runs, 4, startup_s=30.0, least=1, most=8)
+    assert counts == [2, 4, 2, 1]
+    assert rm == 2 + 4 + 2 + 1 + 2 * 30.0 / 60.0
+
+
+def test_the_scale_down_lag_is_the_longest_time_above_the_need() -> None:
+    runs = [(t, {"colocated": (8, 8.0 if t < 100 else 3.0)}) for t in range(0, 300, 10)]
+    assert scale_down_lag(runs, 0.0) == 200.0  # 8 held from 100 s to 290 s, last needed at 90 s
+    down = [(t, {"colocated": (8 if t < 200 else 3, 8.0 if t < 100 else 3.0)}) for t in range(0, 300, 10)]
+    assert scale_down_lag(down, 0.0) == 100.0
+    assert scale_down_lag(down, 250.0) == 0.0  # after the measured start, 3 pods for a need of 3

@@ -1,0 +1,237 @@
+"""The tuner bench's workloads: each one InferenceService spec (SLOs, initial knobs, bounds,
+autotune timing) and one trace, drawn per seed.
+
+SLOs and rates are set for the reference profile (builtin:small, float32, 2 CPU cores: a decode
+step of 16 sequences at a 300-token context takes about 190 ms, a pod prefills about 550 prompt
+tokens/s): each is reachable at the workload's rate with 3 to 10 pods of the best fixed
+configuration. Three kinds of trace:
+
+- the built-in shapes (chat, long-prompt, creative: Poisson arrivals) and bursty (rate steps and a
+  spike the trace gives no warning of), colocated; chat and long-prompt also disaggregated;
+- ``diurnal``: a synthetic day's rise, plateau and fall, compressed into 18 minutes;
+- ``azure-conv``: 35 minutes of the public Azure LLM inference trace (2023, conversations;
+  bench/traces/README.md), thinned per seed so builtin:small needs 3-10 pods.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmfleet.workloads import RequestSpec
+
+TRACE = Path(__file__).parent / "traces" / "azure-conv-2023-window.csv"
+INITIAL_ENGINE = {"maxBatchSize": 8, "maxNumBatchedTokens": 256, "batchTimeoutMs": 20}
+BOUNDS = {
+    "maxBatchSize": {"min": 2, "max": 64},
+    "maxNumBatchedTokens": {"min": 64, "max": 4096},
+    "batchTimeoutMs": {"min": 0, "max": 100},
+}
+AUTOTUNE = {"intervalSeconds": 10, "scaleDownStabilizationSeconds": 120, "cooldownSeconds": 30, "headroom": 0.2}
+# The batching window stays at 0 in the grid, which halves the bench's time: with 0 or 20 ms, the
+# best fixed configuration ran 0 ms on three of the four colocated workloads (creative: 20 ms).
+GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (64, 256, 2048), "batchTimeoutMs": (0,)}
+LONG_GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (0,)}
+QUICK_GRID = {"maxBatchSize": (8, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (20,)}
+STEP_RISE = 1.5  # a phase whose rate is this much above the one before is a step the trace gives no warning of
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str  # the bench's name for it
+    ttft_ms: float
+    itl_ms: float
+    source: str = ""  # built-in workload name (default: workload), "diurnal" or "trace"
+    rate_scale: float = 1.0
+    duration_s: float | None = 900.0  # None: the workload's own length
+    warmup_s: float = 300.0  # served first, not counted (the fleet has been running)
+    mode: str = "colocated"
+    max_replicas: int = 8
+    grid: dict[str, tuple[float, ...]] = field(default_factory=lambda: GRID)
+    pairs: tuple[tuple[int, int], ...] = ()  # disaggregated: the fixed (prefill, decode) grid
+    ramp: bool = False  # judged on prediction: the tuner against its reactive law alone
+    thin: float = 1.0  # trace: the share of the shipped window's requests kept
+    expect: dict[str, int] = field(default_factory=dict)  # knob -> +1 (up) or -1 (down), net over the run
+    why: str = ""
+
+
+PAIRS = tuple((p, d) for p in (1, 2, 3, 4) for d in (1, 2, 3, 4, 5))
+CASES = (
+    Case("bursty", 3000, 300, rate_scale=0.5, duration_s=None, why="anyscale-online lengths, rate steps and a spike"),
+    Case(
+        "chat",
+        400,
+        200,
+        rate_scale=2.0,
+        expect={"batchTimeoutMs": -1},
+        why="short prompts and answers: TTFT-sensitive, the batching window should shrink",
+    ),
+    Case(
+        "long-prompt",
+        6000,
+        1000,  # a decode step at a 1300-token context reads KV for ~30 ms per sequence
+        expect={"maxNumBatchedTokens": +1},
+        why="768-1536-token prompts: prefill-bound, the token budget should grow",
+    ),
+    Case(
+        "creative",
+        2000,
+        250,
+        rate_scale=2.0,
+        expect={"maxBatchSize": +1},
+        why="long outputs: decode-bound, batches should grow while ITL allows",
+    ),
+    Case(
+        "chat-disagg",
+        600,
+        150,
+        source="chat",
+        rate_scale=2.0,
+        mode="disaggregated",
+        max_replicas=6,
+        pairs=PAIRS,
+        why="chat on separate prefill and decode pools: the P:D ratio against a grid of fixed pairs",
+    ),
+    Case(
+        "long-prompt-disagg",
+        8000,
+        300,
+        source="long-prompt",
+        mode="disaggregated",
+        max_replicas=6,
+        pairs=PAIRS,
+        why="long prompts on separate pools: prefill-heavy, the P:D ratio against a grid of fixed pairs",
+    ),
+    Case(
+        "diurnal",
+        3000,
+        300,
+        source="diurnal",
+        duration_s=1080.0,
+        grid=LONG_GRID,
+        ramp=True,
+        why="a day's rise (0.4 -> 1.6 req/s over 10 min), plateau and fall, anyscale-online lengths",
+    ),
+    Case(
+        "azure-conv",
+        6000,
+        400,
+        source="trace",
+        duration_s=1800.0,
+        max_replicas=12,
+        grid=LONG_GRID,
+        ramp=True,
+        thin=1 / 3,
+        why="the Azure LLM inference trace (conversations, 2023): its rise and fall, real lengths",
+    ),
+)
+
+
+def spec_for(
+    case: Case,
+    engine: dict[str, Any] | None = None,
+    replicas: int | tuple[int, int] | None = None,
+    *,
+    autotune: bool = True,
+    predictive: bool = True,
+):
+    """The case's InferenceService; ``replicas`` fixes the pool (colocated) or the (prefill,
+    decode) pair (disaggregated), for runs without a controller."""
+    from llmfleet.operator.resource.spec import parse_spec
+
+    def pool(fixed: int | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "minReplicas": 1,
+            "maxReplicas": case.max_replicas,
+            "engine": engine or INITIAL_ENGINE,
+            "bounds": BOUNDS,
+        }
+        if fixed is not None:
+            out |= {"replicas": fixed, "minReplicas": fixed, "maxReplicas": fixed}
+        return out
+
+    if case.mode == "disaggregated":
+        p, d = replicas if isinstance(replicas, tuple) else (None, None)
+        pools = {"prefill": pool(p), "decode": pool(d)}
+    else:
+        pools = {"colocated": pool(replicas if isinstance(replicas, int) else None)}
+    return parse_spec(
+        {
+            "model": {"builtin": "small"},
+            "mode": case.mode,
+            "slo": {"ttftP95Ms": case.ttft_ms, "itlP95Ms": case.itl_ms},
+            "pools": pools,
+            "autotune": AUTOTUNE | {"enabled": autotune, "predictive": predictive},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One draw of a case's trace: the requests (warm-up first), from when they count, what the
+    trace is, and the times of its unannounced steps (measured from the start of the requests)."""
+
+    requests: list[RequestSpec]
+    warmup_s: float
+    description: str
+    steps: tuple[float, ...] = ()
+
+
+def draw(case: Case, seed: int | None, quick: bool = False) -> Drawn:
+    from llmfleet.sim.trace import TraceOptions, builtin_workload, describe, read_trace, with_warmup
+    from llmfleet.workloads import PhasedWorkload
+
+    duration = case.duration_s
+    if quick and duration is not None:
+        duration = min(duration, 300.0)
+    warmup = min(case.warmup_s, 120.0) if quick else case.warmup_s
+    if case.source == "trace":
+        cut = TraceOptions(
+            duration_s=warmup + (duration or 1800.0),
+            thin=case.thin,
+            max_prompt_tokens=2048,  # builtin:small's context is 4096
+            max_output_tokens=512,
+            seed=seed or 0,
+        )
+        requests = read_trace(TRACE, cut)
+        return Drawn(requests, warmup, f"{TRACE.name}: {len(requests)} requests, {cut.describe()}")
+    if case.source == "diurnal":
+        workload = diurnal(seed)
+        warm = with_warmup(workload, warmup)
+        what = "diurnal: 0.4 -> 1.6 req/s over 10 min (half a cosine), 3 min there, 5 min back; anyscale-online lengths"
+        return Drawn(warm, warmup, what)
+    workload = builtin_workload(case.source or case.workload, duration, case.rate_scale, seed=seed)
+    steps: tuple[float, ...] = ()
+    if isinstance(workload, PhasedWorkload):
+        start, before, found = warmup, workload.phases[0][1], []
+        for seconds, rate in workload.phases:
+            if rate >= STEP_RISE * before:
+                found.append(start)
+            start, before = start + seconds, rate
+        steps = tuple(found)
+    return Drawn(with_warmup(workload, warmup), warmup, describe(workload), steps)
+
+
+def diurnal(seed: int | None):
+    """Half a cosine up from 0.4 to 1.6 req/s over 10 minutes, 3 minutes there, 5 back down, in
+    30 s phases: a day's ramp, compressed, with no step."""
+    from llmfleet.workloads import BURSTY, PhasedWorkload
+
+    low, high, phase = 0.4, 1.6, 30.0
+
+    def level(x: float) -> float:
+        return low + (high - low) * (1 - math.cos(math.pi * x)) / 2
+
+    rise = [level((i + 0.5) / 20) for i in range(20)]
+    fall = [level(1 - (i + 0.5) / 10) for i in range(10)]
+    rates = rise + [high] * 6 + fall
+    return PhasedWorkload(
+        "diurnal",
+        tuple((phase, round(r, 3)) for r in rates),
+        seed=6 if seed is None else seed,
+        prompt_len=BURSTY.prompt_len,
+        output_len=BURSTY.output_len,
+        output_mean=BURSTY.output_mean,
+    )
