@@ -134,7 +134,9 @@ def run(args) -> int:
             print_workload(row)
             (out_dir / "tuner_eval.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     print_summary(results["workloads"])
-    print(f"wrote {out_dir / 'tuner_eval.json'}")
+    png = save_plot(results["workloads"], out_dir / "tuner_eval.png")
+    hint = f" and {png}" if png else " (no PNG: matplotlib is not installed)"
+    print(f"wrote {out_dir / 'tuner_eval.json'}{hint}")
     return 0
 
 
@@ -310,7 +312,7 @@ def _one(case: Case, kind: str, pair, cost, requests, startup_s: float, warmup: 
             measure_from=warmup,
         )
         label = "tuner (closed loop)" if predictive else "tuner, reactive law alone"
-        return _brief(result, label, knobs=_knob_moves(result), moves=_decisions(result))
+        return _brief(result, label, knobs=_knob_moves(result), moves=_decisions(result), timeline=_timeline(result))
     spec = spec_for(case, replicas=pair, autotune=False)
     result = simulate(
         spec, cost, requests, controller="fixed", options=_options(startup_s), name=case.workload, measure_from=warmup
@@ -400,6 +402,46 @@ def _decisions(result) -> list[str]:
         for d in result.decisions
         if d.changes
     ]
+
+
+def _timeline(result) -> list[tuple[float, int]]:
+    """(minutes after the warm-up, pods paid for), at most 600 points."""
+    points = [p for p in result.timeline if p.at >= result.measure_from]
+    step = max(1, len(points) // 600)
+    return [
+        ((p.at - result.measure_from) / 60.0, sum(v["ready"] + v["starting"] + v["draining"] for v in p.pools.values()))
+        for p in points[::step]
+    ]
+
+
+def save_plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """Per workload (its first draw): the tuner's pods over time against the oracle's per minute
+    and the best fixed fleet. None where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = list({row["workload"]: row for row in reversed(rows)}.values())[::-1]
+    fig, axes = plt.subplots(len(first), 1, figsize=(10, 2.4 * len(first)), squeeze=False)
+    for ax, row in zip(axes[:, 0], first, strict=True):
+        timeline = row["tuner"].get("timeline") or []
+        ax.step([t for t, _ in timeline], [n for _, n in timeline], where="post", label="tuner")
+        oracle = row["oracle"]["per_minute"]
+        ax.step(range(len(oracle) + 1), [*oracle, oracle[-1] if oracle else 0], where="post", ls=":", label="oracle")
+        best = row["best_fixed"]
+        if best is not None:
+            ax.axhline(best["replicas_total"], color="gray", ls="--", lw=1, label="best fixed")
+        ax.set_ylabel("pods")
+        ax.set_title(f"{row['workload']}: {row['tuner']['slo_minutes_met']}/{row['tuner']['slo_minutes']} minutes met")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("minutes after the warm-up")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 def _knobs(knobs: dict[str, Any]) -> str:

@@ -297,6 +297,24 @@ def test_the_view_shows_each_change_as_its_reason_says_it(tmp_path):
     assert reason in text and "colocated/replicas" not in text  # the reason names its pool and move once
 
 
+def test_in_observe_mode_the_view_shows_the_would_be_decisions(tmp_path):
+    from llmfleet.operator.resource.spec import parse_spec
+    from llmfleet.operator.tuner.decision import Change
+
+    name, spec = load_service(None)
+    raw = spec.model_dump(by_alias=True, exclude_none=True)
+    observing = parse_spec(raw | {"autotune": {**raw.get("autotune", {}), "mode": "observe"}})
+    fleet = LocalFleet(name, observing, tmp_path, 8000)
+    reason = "colocated: demand 1.31 replicas (...) / (1 - headroom 0.2) = 2 -> replicas 1 -> 2"
+    fleet.view.last_decision = types.SimpleNamespace(
+        hold=False, changes=[Change("colocated", "replicas", 1, 2, reason)]
+    )
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(render(fleet, "http://127.0.0.1:8000"))
+    text = console.export_text()
+    assert f"would: {reason}" in text and "observe mode: would-be, nothing changed" in text
+
+
 def test_load_reports_what_its_clients_see(tmp_path):
     """Long prompts are sized in the model's own tokens and cut to its context: sized at a guessed
     1.5 tokens a word, every long prompt was a 400 on builtin:tiny (4 tokens a word)."""

@@ -130,10 +130,11 @@ def test_bench_tuner_quick(tmp_path, capsys) -> None:
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "== targets" in out and "best fixed" in out and "HPA baseline" in out
+    assert "== targets" in out and "best fixed" in out and "best HPA target" in out and "oracle" in out
     result = json.loads((tmp_path / "tuner_eval.json").read_text())
     row = result["workloads"][0]
-    assert row["workload"] == "chat" and set(row["checks"]) >= {"attainment", "vs_best_fixed", "vs_hpa"}
+    assert row["workload"] == "chat" and set(row["checks"]) >= {"attainment", "vs_fixed", "vs_hpa", "scale_down_lag"}
+    assert row["oracle"]["replica_minutes"] > 0 and row["scale_down_lag_s"] >= 0
     assert (tmp_path / "tuner_eval.png").is_file()
 
 
