@@ -551,9 +551,27 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
                 _ratio(t["replica_minutes"] / row["oracle"]["replica_minutes"]),
                 str(t["max_direction_changes_per_window"]),
                 f"{row['scale_down_lag_s']:.0f} s",
+                _pair(row["ratio"]),
+                _predicted(row["prediction"]),
             ]
         )
     return out
+
+
+def _pair(ratio: dict[str, Any] | None) -> str:
+    """The tuner's time-averaged (prefill, decode) against the best fixed pair."""
+    if not ratio:
+        return "-"
+    (p, d), (bp, bd) = ratio["tuner"], ratio["best_fixed"]
+    return f"{p:.1f}:{d:.1f} vs {bp}:{bd}"
+
+
+def _predicted(prediction: dict[str, Any] | None) -> str:
+    """Minutes missed with prediction against the reactive law alone, and the extra spend."""
+    if not prediction:
+        return "-"
+    p = prediction
+    return f"{p['missed']} vs {p['missed_reactive']} missed, {p['extra_replica_minutes']:+.1%}"
 
 
 SUMMARY_HEADER = [
@@ -567,6 +585,8 @@ SUMMARY_HEADER = [
     "vs oracle",
     "dir. changes",
     "down lag",
+    "P:D vs best",
+    "prediction vs reactive",
 ]
 
 

@@ -48,3 +48,27 @@ def test_the_scale_down_lag_is_the_longest_time_above_the_need() -> None:
     down = [(t, {"colocated": (8 if t < 200 else 3, 8.0 if t < 100 else 3.0)}) for t in range(0, 300, 10)]
     assert scale_down_lag(down, 0.0) == 100.0
     assert scale_down_lag(down, 250.0) == 0.0  # after the measured start, 3 pods for a need of 3
+
+
+def test_the_summary_shows_the_ratio_and_the_prediction_beside_the_cost() -> None:
+    from llmfleet.bench.tuner_eval import SUMMARY_HEADER, summary_rows
+
+    tuner = {"replica_minutes": 60.0, "max_direction_changes_per_window": 1}
+    row = {
+        "workload": "chat-disagg",
+        "seed": None,
+        "tuner": tuner,
+        "minutes": {"met": 15, "judged": 15, "step_met": 0, "step_judged": 0},
+        "hpa": {"slo_minutes_met": 15, "slo_minutes": 15},
+        "fixed_at_equal_attainment": {"replica_minutes": 75.0},
+        "hpa_at_equal_attainment": None,
+        "oracle": {"replica_minutes": 50.0},
+        "scale_down_lag_s": 120.0,
+        "ratio": {"tuner": [2.42, 2.08], "best_fixed": [2, 3], "within_one": True},
+        "prediction": {"missed": 1, "missed_reactive": 2, "extra_replica_minutes": 0.019, "met": True},
+    }
+    (cells,) = summary_rows([row])
+    shown = dict(zip(SUMMARY_HEADER, cells, strict=True))
+    assert shown["vs fixed (equal)"] == "0.80x" and shown["vs HPA (equal)"] == "-" and shown["vs oracle"] == "1.20x"
+    assert shown["P:D vs best"] == "2.4:2.1 vs 2:3"
+    assert shown["prediction vs reactive"] == "1 vs 2 missed, +1.9%"
