@@ -20,19 +20,25 @@ from llmfleet.operator.resource.tuner_state import TunerState, pools_to_wake
 from llmfleet.server.wire.wake import parse_wake_stamp
 
 
+def _tuner_acts(spec: InferenceServiceSpec) -> bool:
+    """The tuner's replicas run: it is on and acting (an observing tuner's status.tuner holds no
+    replicas, and reconcile reads none there)."""
+    return spec.autotune.enabled and spec.autotune.mode == "act"
+
+
 def wakes_from_zero(spec: InferenceServiceSpec) -> bool:
     """A pool of this spec may be at zero and come back at a request: the tuner runs it, and it
     allows no replicas."""
-    return spec.autotune.enabled and any(spec.pool(p).min_replicas == 0 for p in spec.active_pools)
+    return _tuner_acts(spec) and any(spec.pool(p).min_replicas == 0 for p in spec.active_pools)
 
 
 def wake_patch(spec: InferenceServiceSpec, status: dict[str, Any], stamp: str) -> dict[str, Any] | None:
     """The status merge patch that wakes the pools at zero for a request stamped ``stamp``; None
     when the stamp is no newer than the last one handled, or no pool is at zero (woken already,
-    or the tuner is off: the spec's replicas stand)."""
+    or the tuner is off or observing: the spec's replicas stand)."""
     requested = parse_wake_stamp(stamp)
     handled = parse_wake_stamp((status.get("wake") or {}).get("requestedAt"))
-    if requested is None or (handled is not None and requested <= handled) or not spec.autotune.enabled:
+    if requested is None or (handled is not None and requested <= handled) or not _tuner_acts(spec):
         return None
     wake = pools_to_wake(spec, TunerState.from_status(status))
     if not wake:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 import time
 
+from llmfleet.operator.reconcile.wake import wake_patch, wakes_from_zero
+from llmfleet.operator.resource.spec import parse_spec
 from llmfleet.server.wire.wake import WAKE_ANNOTATION, wake_stamp
 from tests.operator.conftest import eventually, inference_service, settle
 from tests.operator.test_handlers import TINY, conditions, mark_ready
@@ -64,3 +66,13 @@ def test_a_wake_request_brings_a_pool_at_zero_back_at_once_and_its_cold_start_la
     eventually(lambda: replicas(kube) == 0)
     time.sleep(2)
     assert replicas(kube) == 0
+
+
+def test_an_observing_tuner_wakes_no_pool_its_replicas_do_not_run() -> None:
+    # status.tuner.replicas left at zero by an acting tuner: observing, reconcile reads none of it
+    # (the spec's replicas run), so a wake written there would bring nothing back
+    status = {"tuner": {"replicas": {"colocated": 0}}}
+    acting = parse_spec(SCALES_TO_ZERO)
+    observing = parse_spec({**SCALES_TO_ZERO, "autotune": {**SCALES_TO_ZERO["autotune"], "mode": "observe"}})
+    assert wakes_from_zero(acting) and wake_patch(acting, status, wake_stamp()) is not None
+    assert not wakes_from_zero(observing) and wake_patch(observing, status, wake_stamp()) is None
