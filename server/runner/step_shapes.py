@@ -11,7 +11,9 @@ rest of the model treats rows independently, so they change no real row); a bflo
 32 rows costs about what one of 17 does. Steps of up to 16 tokens (decodes) run at their size:
 there are few such sizes, and they are the steps that run most.
 
-float32 matmuls (MKL) build no per-shape kernel, so float32 steps run unpadded.
+float32 linears go through oneDNN too (packed, cpu_linear.py), with the same per-shape kernels,
+so float32 steps pad as well; only a runner with plain linears (``LLMFLEET_PACKED_LINEAR=0``) runs
+float32 steps unpadded, since MKL builds no per-shape kernel.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ EXACT_UP_TO = 16  # steps of at most this many tokens run at their size
 SIZES_PER_OCTAVE = 16
 
 
-def pads_steps(device: str, dtype: str) -> bool:
-    """Whether a runner on ``device`` ("cpu", "cuda") in ``dtype`` pads its steps."""
-    return device == "cpu" and dtype in ("bfloat16", "float16")
+def pads_steps(device: str, dtype: str, packed_linears: bool = True) -> bool:
+    """Whether a runner on ``device`` ("cpu", "cuda") in ``dtype`` pads its steps;
+    ``packed_linears``: whether its linears are oneDNN's (the default on a CPU)."""
+    return device == "cpu" and (packed_linears or dtype in ("bfloat16", "float16"))
 
 
 def padded_step_tokens(num_tokens: int) -> int:

@@ -22,7 +22,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVLayout
 from llmfleet.server.core.request import SampledToken, StructuredOutput
-from llmfleet.server.runner import attention, cpu_kernels
+from llmfleet.server.runner import attention, cpu_kernels, cpu_linear
 from llmfleet.server.runner.cuda_graphs import DecodeGraphs
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
@@ -79,7 +79,8 @@ class TorchModelRunner:
             # until every shape had been seen. Flash and memory-efficient need no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.pad_steps = pads_steps(self.device.type, _DTYPE_NAMES[self.dtype])  # oneDNN's per-shape kernels
+        packed = cpu_linear.enabled(self.device, self.dtype)
+        self.pad_steps = pads_steps(self.device.type, _DTYPE_NAMES[self.dtype], packed)  # oneDNN's per-shape kernels
         if self.device.type == "cpu":
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
             if cpu_kernels.enabled():
@@ -95,6 +96,9 @@ class TorchModelRunner:
             raise refused(architecture, OWN_ATTENTION) from exc
         self.model.eval()
         attention.probe(self.model, self.device)
+        fingerprint = model_fingerprint(self.model)  # reads weights that packing releases
+        if packed:
+            cpu_linear.pack_linears(self.model, config.max_num_batched_tokens)
         hf = self.model.config
         self.num_layers = hf.num_hidden_layers
         self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
@@ -136,7 +140,7 @@ class TorchModelRunner:
         grammars = None if tokenizer is None else GrammarMasks(tokenizer, vocab, self.eos_token_ids)
         self.sampler = Sampler(self.device, self.eos_token_ids, grammars)
         self.kv_layout = KVLayout(
-            fingerprint=model_fingerprint(self.model),
+            fingerprint=fingerprint,
             dtype=_DTYPE_NAMES[self.dtype],
             num_layers=self.num_layers,
             num_kv_heads=self.num_kv_heads,

@@ -27,8 +27,8 @@ MODELS = ["builtin:tiny", "builtin:tiny-qwen2", "builtin:tiny-mistral"]
 def make_runner(model_dir, num_kv_blocks: int = 64, block_size: int = 4, pad_steps: bool = False) -> TorchModelRunner:
     config = EngineConfig(dtype="float32", kv_block_size=block_size, num_kv_blocks=num_kv_blocks)
     runner = TorchModelRunner(model_dir, config, device=DEVICE)
-    if pad_steps:  # as a bfloat16 CPU runner does (step_shapes.py), here in float32
-        runner.pad_steps = True
+    runner.pad_steps = pad_steps  # a CPU runner pads (step_shapes.py); exact steps are the GPU's and plain MKL's
+    if pad_steps:
         warm_up(runner, runner.model, max_tokens=64, max_seqs=8)  # its dummy KV left in blocks requests will reuse
     return runner
 

@@ -29,9 +29,10 @@ def test_sizes_stay_within_onednns_kernel_cache() -> None:
     assert len({padded_step_tokens(n) for n in range(1, 8193)}) * 6 < 1024
 
 
-def test_only_bfloat16_and_float16_on_a_cpu_pad() -> None:
+def test_cpu_steps_pad_unless_linears_are_plain_float32() -> None:
     assert pads_steps("cpu", "bfloat16") and pads_steps("cpu", "float16")
-    assert not pads_steps("cpu", "float32")
+    assert pads_steps("cpu", "float32")  # packed linears: oneDNN's kernels too
+    assert not pads_steps("cpu", "float32", packed_linears=False)
     assert not pads_steps("cuda", "bfloat16")  # CUDA graphs pad to their own buckets
 
 
