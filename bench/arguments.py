@@ -7,12 +7,20 @@ from __future__ import annotations
 import argparse
 import typing
 
-from llmfleet.arguments import positive
+from llmfleet.arguments import positive, positive_int
 
 
 def positive_floats(text: str) -> list[float]:
     """A comma-separated list of numbers > 0 (blank items skipped), at least one."""
     values = [positive(item) for item in text.split(",") if item.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"no numbers in {text!r}")
+    return values
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of whole numbers > 0 (blank items skipped), at least one."""
+    values = [positive_int(item) for item in text.split(",") if item.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"no numbers in {text!r}")
     return values

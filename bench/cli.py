@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from llmfleet.arguments import bind_problem, port, positive, positive_int
-from llmfleet.bench.arguments import dtype
+from llmfleet.bench.arguments import dtype, positive_ints
 
 HELP = (
     "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "
@@ -39,7 +39,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=positive_int, default=16, help="max_batch_size for the online policies")
     parser.add_argument("--clients", type=positive_int, default=32, help="server bench: concurrent streaming clients")
     parser.add_argument("--port", type=port, help="server bench: port for the server (default: a free one)")
-    parser.add_argument("--rounds", type=positive_int, default=2, help="server bench: alternating rounds per contender")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=2, help="server bench and --with-vllm: alternating rounds per contender"
+    )
+    parser.add_argument(
+        "--with-vllm",
+        action="store_true",
+        help="engine bench: add vLLM's CPU build as a contender (installed into its own virtualenv on first use)",
+    )
+    parser.add_argument(
+        "--thread-counts",
+        type=positive_ints,
+        help="engine bench: thread counts for --with-vllm and the roofline, e.g. 1,2",
+    )
+    parser.add_argument(
+        "--only-vllm", action="store_true", help="engine bench: run only the vLLM comparison and the roofline"
+    )
     disagg_bench.add_arguments(parser)
     router_bench.add_arguments(parser)
     sim_fidelity.add_arguments(parser)

@@ -13,6 +13,12 @@
    graph pieces, alternated on one engine.
 8. on a CPU, decode attention: the C kernel (read in place) vs the torch path (gather, then
    matmuls), pure decode at batch 32 (192-token contexts) and 16 (768), alternated.
+9. on a CPU, the roofline: decode at batch 32 against the memory-bandwidth bound and a prompt
+   step against the GEMM peak, both measured in the same run (bench/roofline.py), at each of
+   ``--thread-counts``.
+10. ``--with-vllm`` (``--only-vllm``: this and 9 alone): vLLM's CPU build against llm-fleet, each
+   in a fresh process, offline-32 and anyscale-online, alternated, at each of
+   ``--thread-counts`` (bench/vllm_contender.py).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmfleet.bench.machine import wait_quiet
 from llmfleet.bench.report import latency_summary, print_table, save_plot
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams, StructuredOutput
@@ -262,6 +269,59 @@ def warm_up_effect(model: str, dtype: str, rounds: int = 2) -> dict[str, float]:
     }
 
 
+def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 192) -> dict:
+    """Decode at ``batch`` against the memory-bandwidth bound and a 2048-token prompt step against
+    the GEMM peak, both ceilings measured here at ``threads`` threads (bench/roofline.py)."""
+    import torch
+
+    from llmfleet.bench import roofline as rl
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        pressure = wait_quiet()
+        bandwidth = rl.stream_bandwidth()
+        peak = rl.gemm_peak(torch_dtype)
+        sizes = rl.model_sizes(engine.runner.model)
+        steps = 24
+        decode = decode_at_batch(engine, batch=batch, context=context, steps=steps)
+        bound = rl.decode_bound_tok_s(sizes, batch, context + steps // 2, bandwidth)
+        vocab = engine.runner.model.config.vocab_size
+        prompts, prompt_len = 16, 128
+        best = float("inf")
+        for seed in range(2):
+            rng = random.Random(1000 + seed)
+            ids = [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(prompts)]
+            start = time.perf_counter()
+            engine.generate(ids, SamplingParams(max_tokens=1, temperature=0))
+            best = min(best, time.perf_counter() - start)
+        prefill_flops = rl.prefill_flops(sizes, prompts, prompt_len)
+    finally:
+        torch.set_num_threads(before)
+    return {
+        "threads": threads,
+        "pressure_before": pressure,
+        "stream_gb_s": bandwidth / 1e9,
+        "gemm_peak_gflops": peak / 1e9,
+        "decode_batch": batch,
+        "decode_tok_s": decode,
+        "decode_bound_tok_s": bound,
+        "decode_of_bound": decode / bound,
+        "prefill_tokens": prompts * prompt_len,
+        "prefill_gflops": prefill_flops / best / 1e9,
+        "prefill_of_peak": prefill_flops / best / peak,
+    }
+
+
+def print_roofline(r: dict) -> None:
+    print(
+        f"== roofline, {r['threads']} thread(s): decode at batch {r['decode_batch']} {r['decode_tok_s']:.0f} tok/s "
+        f"vs {r['decode_bound_tok_s']:.0f} memory-bound ({r['stream_gb_s']:.1f} GB/s streamed) -> "
+        f"{r['decode_of_bound']:.0%}; prefill of {r['prefill_tokens']} tokens {r['prefill_gflops']:.0f} GFLOP/s vs "
+        f"{r['gemm_peak_gflops']:.0f} GEMM peak -> {r['prefill_of_peak']:.0%}"
+    )
+
+
 def scheduler_time_256() -> float:
     """Mean seconds of one ``schedule()`` call with 256 running decode requests."""
     from llmfleet.server.core.block_manager import BlockManager
@@ -354,6 +414,28 @@ def run(args) -> int:
         f"== {workload.name}: {workload.description or workload.params()} | model {args.model} {dtype_name} on {device}"
     )
 
+    threads_list = args.thread_counts or [torch.get_num_threads()]
+    if args.with_vllm or args.only_vllm:
+        from llmfleet.bench import vllm_contender
+
+        setup = vllm_contender.Setup(str(model_dir), dtype_name)
+        online_wl = anyscale_online(args.rate, args.online_requests)
+        print(f"== llm-fleet vs vLLM CPU: {workload.name} and {online_wl.name} ({online_wl.description})")
+        compared = vllm_contender.compare(setup, threads_list, workload, online_wl, vocab, args.rounds, out_dir)
+        results["vllm"] = compared
+        vllm_contender.print_comparison(compared)
+    if args.only_vllm:
+        from llmfleet.server.engine.build import build_engine
+
+        config = EngineConfig(dtype=dtype_name, max_batch_size=32, max_num_batched_tokens=2048)
+        engine, _ = build_engine(args.model, config, device=str(device))
+        results["roofline"] = [roofline(engine, torch_dtype, n) for n in threads_list]
+        for r in results["roofline"]:
+            print_roofline(r)
+        (out_dir / "engine_bench.json").write_text(json.dumps(results, indent=2))
+        print(f"wrote {out_dir / 'engine_bench.json'}")
+        return 0
+
     ours_s, engine = offline_ours(args.model, prompts, outputs, warm, dtype_name, str(device))
     rows = [("llm-fleet engine (continuous, chunked)", ours_s)]
     if not args.skip_hf:
@@ -412,6 +494,11 @@ def run(args) -> int:
         f"== pure decode, batch {batch}: {decode:.0f} tok/s; matmul ceiling {ceiling:.0f} tok/s "
         f"({gflops:.0f} GFLOP/s x {params / 1e6:.0f}M params) -> {decode / ceiling:.0%} of ceiling"
     )
+
+    if device.type == "cpu":
+        results["roofline"] = [roofline(engine, torch_dtype, n, batch=batch) for n in threads_list]
+        for r in results["roofline"]:
+            print_roofline(r)
 
     if device.type == "cpu" and cpu_kernels.enabled() and cpu_kernels.built() and not args.quick:
         results["decode_kernel"] = {}

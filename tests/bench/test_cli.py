@@ -15,6 +15,8 @@ BAD_NUMBERS = [
     (["engine", "--online-requests", "0"], "--online-requests: must be >= 1, got 0"),
     (["engine", "--batch", "1.5"], "--batch: not a whole number: '1.5'"),
     (["engine", "--rate", "0"], "--rate: must be > 0, got 0"),
+    (["engine", "--thread-counts", "1,0"], "--thread-counts: must be >= 1, got 0"),
+    (["engine", "--thread-counts", ","], "--thread-counts: no numbers in ','"),
     (["sim-fidelity", "--budget", "-1"], "--budget: must be >= 1, got -1"),
     (["sim-fidelity", "--batch", "0"], "--batch: must be >= 1, got 0"),
     (["sim-fidelity", "--rates", "0.3,-1"], "--rates: must be > 0, got -1"),

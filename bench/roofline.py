@@ -1,0 +1,83 @@
+"""Roofline figures for the engine bench, each against a ceiling measured in the same run:
+
+- decode at batch B: a step reads every weight once and each request's KV cache, so it cannot
+  beat ``bytes / bandwidth``, where bandwidth is a streaming read of a buffer far larger than
+  the CPU's caches (``torch.sum``, several passes, the best);
+- prefill: a prompt step's FLOPs (2 per weight per token, plus causal attention) over its time,
+  against the best GEMM rate measured here (oneDNN with a packed weight, and plain ``matmul``).
+"""
+
+from __future__ import annotations
+
+import time
+
+BANDWIDTH_BUFFER_BYTES = 1 << 30
+
+
+def stream_bandwidth(passes: int = 5) -> float:
+    """Bytes per second of a streaming read (``sum`` over a 1 GiB float32 buffer), the best pass."""
+    import torch
+
+    buffer = torch.ones(BANDWIDTH_BUFFER_BYTES // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(passes):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return BANDWIDTH_BUFFER_BYTES / best
+
+
+def gemm_peak(torch_dtype, n: int = 2048, reps: int = 4) -> float:
+    """FLOP/s of the best of a packed oneDNN linear and ``matmul`` on (n, n) x (n, n)."""
+    import torch
+
+    a = torch.randn(n, n).to(torch_dtype)
+    w = torch.randn(n, n).to(torch_dtype)
+    runs = [lambda: a @ w]
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, n)
+        runs.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+    best = float("inf")
+    with torch.inference_mode():
+        for run in runs:
+            run()
+            for _ in range(reps):
+                start = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def model_sizes(model) -> dict[str, int]:
+    """Matmul weights (every 2-D weight but the input embedding, which a step indexes rather than
+    reads) and the per-token KV bytes per layer, read from a loaded HF model."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    matmul_params = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and p is not embedding)
+    if head is not None and head.weight is embedding:  # tied: the head still reads it every step
+        matmul_params += embedding.numel()
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return {
+        "matmul_params": matmul_params,
+        "layers": config.num_hidden_layers,
+        "kv_dim": kv_heads * head_dim,
+        "q_dim": heads * head_dim,
+        "itemsize": embedding.element_size(),
+    }
+
+
+def decode_bound_tok_s(sizes: dict[str, int], batch: int, context: int, bandwidth: float) -> float:
+    """Tokens/s if a decode step at ``batch`` (contexts of ``context`` tokens) ran at ``bandwidth``."""
+    kv_bytes = batch * context * sizes["layers"] * 2 * sizes["kv_dim"] * sizes["itemsize"]
+    step_bytes = sizes["matmul_params"] * sizes["itemsize"] + kv_bytes
+    return batch * bandwidth / step_bytes
+
+
+def prefill_flops(sizes: dict[str, int], prompts: int, prompt_len: int) -> float:
+    """FLOPs of a prompt step: weights, then causal attention (scores and values, half the square)."""
+    weights = 2 * sizes["matmul_params"] * prompts * prompt_len
+    attention = 2 * 2 * sizes["layers"] * sizes["q_dim"] * prompts * prompt_len * (prompt_len + 1) / 2
+    return weights + attention

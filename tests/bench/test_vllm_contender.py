@@ -1,0 +1,102 @@
+"""The vLLM comparison's machinery without vLLM (CI installs none): the worker line protocol
+against a stand-in process, the table, and the roofline's arithmetic."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from llmfleet.bench import roofline, vllm_contender
+
+# A stand-in contender: says ready, then answers each offline command with the tokens asked for.
+FAKE_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    from llmfleet.bench.vllm_worker import reply
+    config = json.loads(sys.argv[1])
+    reply(config["result_path"], {"ready": True, "startup_s": 1.5})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "quit":
+            break
+        reply(config["result_path"], {"seconds": 2.0, "tokens": sum(command["outputs"])})
+    """
+)
+
+
+def test_a_worker_answers_each_command_and_quits(tmp_path):
+    worker = vllm_contender.Worker("fake", [sys.executable, "-c", FAKE_WORKER], {}, None, tmp_path / "fake.log")
+    try:
+        assert worker.startup_s == 1.5
+        assert worker.ask({"cmd": "offline", "prompts": [[1]], "outputs": [3, 4]}) == {"seconds": 2.0, "tokens": 7}
+        assert worker.ask({"cmd": "offline", "prompts": [[1]], "outputs": [5]})["tokens"] == 5
+    finally:
+        worker.close()
+    assert worker.process.returncode == 0
+
+
+def test_a_worker_that_dies_is_reported_with_its_log(tmp_path):
+    with pytest.raises(RuntimeError, match="fake worker exited"):
+        vllm_contender.Worker("fake", [sys.executable, "-c", "raise SystemExit(3)"], {}, None, tmp_path / "x.log")
+
+
+def _round(n: int, tok_s: float, goodput: float, ttft_p99: float) -> tuple[dict, dict]:
+    offline = {"round": n, "seconds": 10.0, "useful_tok_s": tok_s, "pressure": 0.01}
+    online = {
+        "round": n,
+        "throughput_tok_s": 50.0,
+        "ttft_p50": 0.2,
+        "ttft_p99": ttft_p99,
+        "tpot_p50": 0.05,
+        "tpot_p99": 0.1,
+        "goodput_req_s": goodput,
+        "pressure": None,
+    }
+    return offline, online
+
+
+def test_the_table_prints_both_contenders_and_their_ratios(capsys):
+    ours = [_round(1, 300.0, 0.9, 1.0), _round(2, 330.0, 0.9, 1.0)]
+    theirs = [_round(1, 200.0, 0.6, 2.0), _round(2, 220.0, 0.0, 2.0)]
+    entry = {
+        "startup_s": {"llm-fleet": 12.0, "vLLM CPU": 50.0},
+        "offline": {"llm-fleet": [o for o, _ in ours], "vLLM CPU": [o for o, _ in theirs]},
+        "online": {"llm-fleet": [o for _, o in ours], "vLLM CPU": [o for _, o in theirs]},
+    }
+    vllm_contender.print_comparison({"vllm_version": "0.32.0", "threads": {2: entry}})
+    out = capsys.readouterr().out
+    assert "llm-fleet / vLLM useful tok/s by round: 1.50x, 1.50x" in out
+    assert "goodput by round: 1.50x, infx; TTFT p99: 0.50x, 0.50x" in out
+    assert "50.0s" in out and "12.0s" in out  # each contender's start-up
+
+
+def test_vllm_gets_the_preloads_its_docs_ask_for_where_they_exist(tmp_path):
+    python = tmp_path / "venv" / "bin" / "python"
+    (tmp_path / "venv" / "lib").mkdir(parents=True)
+    assert all("libiomp5" not in lib for lib in vllm_contender.vllm_preload(python))
+    (tmp_path / "venv" / "lib" / "libiomp5.so").touch()
+    assert str(tmp_path / "venv" / "lib" / "libiomp5.so") in vllm_contender.vllm_preload(python)
+
+
+def test_decode_bound_counts_weights_and_kv():
+    sizes = {"matmul_params": 100, "layers": 2, "kv_dim": 4, "q_dim": 8, "itemsize": 4}
+    # weights 400 bytes + KV 2 requests * 10 tokens * 2 layers * (K and V) * 4 dims * 4 bytes = 1280
+    assert roofline.decode_bound_tok_s(sizes, batch=2, context=10, bandwidth=1680.0) == pytest.approx(2.0)
+    # 2 * 100 weights * 6 tokens, plus causal attention: 2 * 2 * 2 layers * 8 dims * 2 prompts * (3 * 4 / 2) keys
+    assert roofline.prefill_flops(sizes, prompts=2, prompt_len=3) == pytest.approx(1200 + 768)
+
+
+def test_model_sizes_reads_a_loaded_model():
+    from transformers import AutoModelForCausalLM
+
+    from llmfleet.server.runner.builtin_models import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("builtin:tiny"))
+    sizes = roofline.model_sizes(model)
+    embedding = model.get_input_embeddings().weight.numel()
+    weights = sum(p.numel() for p in model.parameters() if p.dim() == 2) - embedding
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert sizes["matmul_params"] == weights + (embedding if tied else 0)
+    assert sizes["layers"] == 2 and sizes["itemsize"] == 4
