@@ -16,8 +16,9 @@ runner receives), with non-negative coefficients fitted by ``llm-fleet calibrate
 - ``prefill_attn``: the query-key pairs of prompt chunks (causal, with their earlier context);
 - ``prefills``: per prompt chunk (one SDPA call per layer, the cache gather of a later chunk);
 - ``new_shape``: 1 when the engine process has not run a step of this size before. oneDNN
-  builds kernels per matmul shape on first use (in bfloat16 on CPU; not in float32). A bfloat16
-  CPU runner pads its steps to a few dozen sizes (server/runner/step_shapes.py), the size counted
+  builds kernels per matmul shape on first use (on a CPU, where the linears are oneDNN's in
+  every dtype: server/runner/cpu_linear.py). A CPU runner pads its steps to a few dozen sizes
+  (server/runner/step_shapes.py), the size counted
   here, and runs each size up to its first budget before it serves (warm_up.py), so only steps
   beyond it (a budget the tuner grew) pay it. Each simulated pod keeps its own set, warmed up as
   the real one.

@@ -67,12 +67,12 @@ def test_a_padding_runner_sees_a_new_size_only_when_its_padded_size_is_new() -> 
     seen: set[int] = set()
     firsts = [StepFeatures.of(step(n), 16, seen=seen, padded=True).new_shape for n in (100, 103, 112, 113)]
     assert firsts == [1, 0, 0, 1] and seen == {112, 128}  # 100..112 run as 112 tokens
-    bf16 = CostModel(dict(TRUE), device="cpu", dtype="bfloat16")
-    fp32 = CostModel(dict(TRUE), device="cpu", dtype="float32")
-    seen_bf16: set[int] = {112}
-    seen_fp32: set[int] = {112}
-    assert bf16.features(step(101), seen=seen_bf16).new_shape == 0
-    assert fp32.features(step(101), seen=seen_fp32).new_shape == 1
+    cpu = CostModel(dict(TRUE), device="cpu", dtype="float32")  # CPU runners pad in every dtype (oneDNN)
+    gpu = CostModel(dict(TRUE), device="cuda", dtype="float32")  # CUDA graphs pad to buckets of their own
+    seen_cpu: set[int] = {112}
+    seen_gpu: set[int] = {112}
+    assert cpu.features(step(101), seen=seen_cpu).new_shape == 0
+    assert gpu.features(step(101), seen=seen_gpu).new_shape == 1
 
 
 def test_a_simulated_pod_starts_warmed_up_as_the_real_runner() -> None:
@@ -80,11 +80,12 @@ def test_a_simulated_pod_starts_warmed_up_as_the_real_runner() -> None:
     from llmfleet.sim.pod import SimPod
 
     config = EngineConfig(max_num_batched_tokens=256, num_kv_blocks=64, kv_block_size=16)
-    bf16 = SimPod.create("p", "colocated", config, CostModel(dict(TRUE), dtype="bfloat16"), now=0, startup_s=0)
-    fp32 = SimPod.create("p", "colocated", config, CostModel(dict(TRUE), dtype="float32"), now=0, startup_s=0)
-    warmed = bf16.engine.runner.seen_sizes
+    cpu = SimPod.create("p", "colocated", config, CostModel(dict(TRUE), dtype="float32"), now=0, startup_s=0)
+    gpu_cost = CostModel(dict(TRUE), device="cuda", dtype="float32")
+    gpu = SimPod.create("p", "colocated", config, gpu_cost, now=0, startup_s=0)
+    warmed = cpu.engine.runner.seen_sizes
     assert set(range(1, 17)) <= warmed and 32 in warmed and 256 in warmed and len(warmed) == 31
-    assert 272 not in warmed and not fp32.engine.runner.seen_sizes  # beyond the budget; float32 builds none
+    assert 272 not in warmed and not gpu.engine.runner.seen_sizes  # beyond the budget; CUDA warms no sizes
 
 
 def test_decode_groups_match_the_torch_runner() -> None:
