@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
@@ -269,6 +270,9 @@ def warm_up_effect(model: str, dtype: str, rounds: int = 2) -> dict[str, float]:
     }
 
 
+_FRESH_PROMPTS = itertools.count(1000)  # seeds of the roofline's prompts, one per prompt step
+
+
 def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 192) -> dict:
     """Decode at ``batch`` against the memory-bandwidth bound and a 2048-token prompt step against
     the GEMM peak, both ceilings measured here at ``threads`` threads (bench/roofline.py)."""
@@ -289,8 +293,8 @@ def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 
         vocab = engine.runner.model.config.vocab_size
         prompts, prompt_len = 16, 128
         best = float("inf")
-        for seed in range(2):
-            rng = random.Random(1000 + seed)
+        for _ in range(2):
+            rng = random.Random(next(_FRESH_PROMPTS))  # never a prompt this engine has cached
             ids = [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(prompts)]
             start = time.perf_counter()
             engine.generate(ids, SamplingParams(max_tokens=1, temperature=0))
