@@ -17,7 +17,14 @@ from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.routes import install
 from llmfleet.server.router.wake import ConfigMapWaker, NoWaker, Waker
 from llmfleet.server.wire.auth import KV_TOKEN_ENV, fleet_headers, kv_token_from_env
-from llmfleet.server.wire.endpoints import EndpointsFile, EndpointSlices, EndpointSource, StaticEndpoints, kube_api
+from llmfleet.server.wire.endpoints import (
+    MODE_POOLS,
+    EndpointsFile,
+    EndpointSlices,
+    EndpointSource,
+    StaticEndpoints,
+    kube_api,
+)
 from llmfleet.server.wire.keepalive import pooled
 
 SOURCES_HINT = (
@@ -65,8 +72,7 @@ def serve(args) -> int:
     mode = router_mode(args)
     source = endpoint_source(args)
     model_name, *aliases = args.served_model_name or [args.model]
-    balancer_pools = ("colocated",) if mode == "colocated" else ("prefill", "decode")
-    metrics = RouterMetrics(model_name, balancer_pools)
+    metrics = RouterMetrics(model_name, MODE_POOLS[mode])
     state = ServerState(
         None, None, model_name, 0, metrics, role="router", api_key=args.api_key, model_aliases=tuple(aliases)
     )
