@@ -49,7 +49,7 @@ class Client:
         self.routers = routers
         self.turn = offset
         self.seen: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.in_flight: str | None = None  # the router of the stream under way
+        self.streams: list[tuple[str, float, float, str]] = []  # (router, opened, ended, outcome)
 
     def next_router(self) -> ServerProcess:
         alive = [r for r in self.routers if r.proc.poll() is None]
@@ -62,9 +62,9 @@ class Client:
             router = self.next_router()
             name = router.log_path.stem
             tokens, done = 0, False
+            opened = time.monotonic()
             try:
                 with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=30) as response:
-                    self.in_flight = name
                     for line in response.iter_lines():
                         if line == "data: [DONE]":
                             done = True
@@ -75,9 +75,9 @@ class Client:
                 continue
             except httpx.HTTPError:
                 pass
-            finally:
-                self.in_flight = None
-            self.seen[(name, "completed" if done and tokens else "cut")] += 1
+            outcome = "completed" if done and tokens else "cut"
+            self.seen[(name, outcome)] += 1
+            self.streams.append((name, opened, time.monotonic(), outcome))
 
 
 @pytest.mark.timeout(240)
@@ -106,10 +106,10 @@ def test_killing_one_of_two_routers_under_load_costs_only_the_streams_it_carried
         for t in threads:
             t.start()
         time.sleep(6)
-        carried = sum(c.in_flight == "router-a" for c in clients)  # streams open through a now
+        signalled_at = time.monotonic()
         routers[0].terminate(9)  # SIGKILL: no drain
         routers[0].proc.wait(10)
-        killed_at = time.monotonic()
+        killed_at = time.monotonic()  # a stream opened later finds it gone: refused, never cut
         time.sleep(6)
         stop.set()
         for t in threads:
@@ -118,6 +118,12 @@ def test_killing_one_of_two_routers_under_load_costs_only_the_streams_it_carried
         for process in [*routers, *servers]:
             process.stop()
 
+    # the streams router-a carried as it died: opened through it before it was gone, open when signalled
+    carried = sum(
+        name == "router-a" and opened < killed_at and ended >= signalled_at
+        for c in clients
+        for name, opened, ended, _ in c.streams
+    )
     total = collections.Counter()
     for i, client in enumerate(clients):
         print(f"client {i}: {dict(client.seen)}")
