@@ -127,6 +127,12 @@ class EngineConfig(BaseModel):
         "builtin",
         **_restart("What names a cached prefix: builtin (64-bit, fast) or sha256 (no collision in practice)."),
     )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, **_restart("Ranks that shard each layer's heads and MLP columns.")
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=64, **_restart("Pipeline stages the layers are split into, each with its own batch in flight.")
+    )
 
     @field_validator("*", mode="before")
     @classmethod

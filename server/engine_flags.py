@@ -48,6 +48,8 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "--batch-timeout-ms": ("batch_timeout_ms", float, "batching window"),
     "--max-queue-len": ("max_queue_len", int, "waiting requests beyond this get 429"),
     "--prefix-caching-hash-algo": ("prefix_caching_hash_algo", str, "builtin or sha256 (names cached prefixes)"),
+    "--tensor-parallel-size": ("tensor_parallel_size", int, "ranks sharding each layer (processes; GPUs on CUDA)"),
+    "--pipeline-parallel-size": ("pipeline_parallel_size", int, "pipeline stages, each its own process"),
 }
 
 # flag (and its --no- form) -> (EngineConfig field, help)
