@@ -195,6 +195,9 @@ class Request:
     num_cached_blocks: int = 0
     # With sampling.prompt_logprobs: entry k is prompt token k + 1's (the first token has none)
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
+    # Pipeline parallelism: a batch holding this request is still in the stages. Until it comes
+    # back the request is neither scheduled again nor chosen to be preempted.
+    in_flight: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

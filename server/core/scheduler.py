@@ -20,6 +20,12 @@ Budget rules:
 
 Preemption is by recompute: the victim's blocks are freed, its computed tokens reset to 0,
 and it goes back to the head of the waiting queue (never dropped).
+
+With ``pipeline_depth`` S > 1 (pipeline parallelism) up to S batches are in the stages at once,
+as vLLM's virtual engines: a request whose batch is still in flight is skipped (and never a
+preemption victim) until that batch comes back, and each batch takes at most
+``ceil(max_batch_size / S)`` sequences, so the running set splits into S batches that take
+turns instead of one batch that leaves the other stages idle.
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ class Scheduler:
         config: EngineConfig,
         block_manager: BlockManager,
         clock: Callable[[], float] = time.monotonic,
+        pipeline_depth: int = 1,
     ) -> None:
         self.block_manager = block_manager
+        self.pipeline_depth = pipeline_depth
         self.clock = clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -57,6 +65,7 @@ class Scheduler:
         self._gate = AdmissionGate()
         self.config = config
         self._ordering: Ordering = make_ordering(config)
+        self._batch_cap = config.max_batch_size  # sequences one batch may take (set each step)
 
     # --- requests -------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -111,6 +120,7 @@ class Scheduler:
         now = self.clock()
         self.step_index += 1
         out = SchedulerOutput(step=self.step_index)
+        self._batch_cap = -(-cfg.max_batch_size // self.pipeline_depth)
 
         self._ordering.sort_running(self.running, now)
         self._shed_excess_running(now)
@@ -155,7 +165,7 @@ class Scheduler:
 
         if admit and cfg.prefill_mode == PrefillMode.PREFILL_FIRST:
             # New prompts run alone; running requests wait this step, then decode with them.
-            self._admit(out, budget=cfg.max_num_batched_tokens, limit=cfg.max_batch_size - len(self.running))
+            self._admit(out, budget=cfg.max_num_batched_tokens, limit=self._admit_limit(out))
             if out.scheduled:
                 self._gate.admitted()
                 return
@@ -164,13 +174,23 @@ class Scheduler:
         budget = self._schedule_running(out, budget=cfg.max_num_batched_tokens)
         if admit and not self._preempted:  # blocks just ran short: admitting more would thrash (vLLM v1)
             before = len(out.scheduled)
-            self._admit(out, budget=budget, limit=cfg.max_batch_size - len(self.running), chunked=chunked)
+            self._admit(out, budget=budget, limit=self._admit_limit(out), chunked=chunked)
             if len(out.scheduled) > before:
                 self._gate.admitted()
                 return
         self._gate.held()
 
     # --- shared mechanism -----------------------------------------------------------------------
+    def _admit_limit(self, out: SchedulerOutput) -> int:
+        """New requests this step may take: room in the running set and in this batch."""
+        return min(self.config.max_batch_size - len(self.running), self._batch_cap - len(out.scheduled))
+
+    def _idle(self) -> list[Request]:
+        """The running requests not in a batch in flight: those a step may schedule or preempt."""
+        if self.pipeline_depth == 1:
+            return self.running
+        return [r for r in self.running if not r.in_flight]
+
     def _schedule_running(self, out: SchedulerOutput, budget: int | None) -> int | None:
         """Give each running request its owed tokens, preempting when KV blocks run out.
 
@@ -182,9 +202,12 @@ class Scheduler:
         running_status = RequestStatus.RUNNING
         scheduled = out.scheduled
         deferred: list[Request] = []
-        for request in list(self.running):
+        cap = self._batch_cap
+        for request in list(self._idle()):
             if request.status is not running_status:
                 continue  # preempted as a victim earlier in this loop
+            if len(scheduled) >= cap:
+                break
             computed = request.num_computed_tokens
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             if budget is not None:
@@ -203,7 +226,7 @@ class Scheduler:
             if budget is not None:
                 budget -= n
         for request in deferred:
-            if budget is None or budget <= 0:
+            if budget is None or budget <= 0 or len(scheduled) >= cap:
                 break
             if request.status is not running_status:
                 continue
@@ -225,8 +248,8 @@ class Scheduler:
         victims taken out of the step had."""
         returned = 0
         while not self.block_manager.allocate(request, num_slots):
-            victim = self._ordering.pick_victim(self.running, self.clock())
-            assert victim is not None
+            victim = self._ordering.pick_victim(self._idle(), self.clock())
+            assert victim is not None  # ``request`` itself is idle
             if victim is not request:
                 returned += self._unschedule(victim, out)
             self._preempt(victim)
@@ -260,8 +283,9 @@ class Scheduler:
     def _shed_excess_running(self, now: float) -> None:
         """After a live decrease of max_batch_size, send the excess back to wait (recompute)."""
         while len(self.running) > self.config.max_batch_size:
-            victim = self._ordering.pick_victim(self.running, now)
-            assert victim is not None
+            victim = self._ordering.pick_victim(self._idle(), now)
+            if victim is None:  # every one is in flight: the next step sheds
+                return
             self._preempt(victim, shed=True)
 
     def _reuse_prefix(self, request: Request) -> int | None:

@@ -186,7 +186,7 @@ class AsyncEngine:
                     self.stats = engine.stats()
                     self._observe(events)
                     self._deliver(events)
-                    if events or engine.scheduler.num_running:
+                    if events or engine.scheduler.num_running or engine.batches_in_flight:
                         continue
                     # waiting work that cannot run yet (a batch filling up, a timeout window):
                     # sleep until the engine's timer, a command, or a safety poll

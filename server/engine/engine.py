@@ -9,13 +9,14 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core import grammar
-from llmfleet.server.core.batch import ModelRunner
+from llmfleet.server.core.batch import ModelRunner, SchedulerOutput
 from llmfleet.server.core.block_manager import BlockManager
 from llmfleet.server.core.kv_wire import KVImport
 from llmfleet.server.core.request import Request, RequestStatus, SampledToken, SamplingParams, StructuredOutput
@@ -114,7 +115,10 @@ class LLMEngine:
         self.block_manager = BlockManager(
             runner.num_kv_blocks, runner.kv_block_size, config.enable_prefix_caching, config.prefix_caching_hash_algo
         )
-        self.scheduler = Scheduler(config, self.block_manager, clock)
+        # Pipeline parallelism: batches handed to the stages and not yet back, oldest first
+        self.pipeline_depth = getattr(runner, "pipeline_depth", 1)
+        self.scheduler = Scheduler(config, self.block_manager, clock, self.pipeline_depth)
+        self._in_flight: deque[tuple[SchedulerOutput, Any, float]] = deque()
         self._requests: dict[str, _Tracked] = {}
         self._aborted: list[Request] = []
         self._config_generation = 1
@@ -223,8 +227,13 @@ class LLMEngine:
         self._aborted.append(tracked.request)
         return True
 
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches handed to the pipeline's stages and not yet back."""
+        return len(self._in_flight)
+
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests) or bool(self._aborted)
+        return bool(self._requests) or bool(self._aborted) or bool(self._in_flight)
 
     def next_wakeup(self) -> float | None:
         return self.scheduler.next_wakeup()
@@ -253,6 +262,8 @@ class LLMEngine:
         started = time.perf_counter()
         out = self.scheduler.schedule()
         scheduled_at = time.perf_counter()
+        if self.pipeline_depth > 1:
+            return events + self._pipelined_step(out, started, scheduled_at)
         if out.is_empty:
             self._last = (0, 0, 0.0, scheduled_at - started)
             return events
@@ -260,15 +271,60 @@ class LLMEngine:
         try:
             sampled = self.runner.execute(out)
         except Exception as exc:
-            # One bad step must not take the server down: its requests end, the rest go on.
-            # The final events of earlier aborts go out with the next step, not nowhere.
-            self._aborted[:0] = aborted
-            for item in out.scheduled:
-                if not item.request.status.is_finished:
-                    self.abort_request(item.request.request_id)
-            raise StepFailedError(f"step {out.step} failed; its {len(out.scheduled)} requests were aborted") from exc
-        now = self.clock()
+            self._step_failed(out, aborted, exc)
         self._steps += 1
+        self._postprocess(out, sampled, events)
+        self._last = (
+            len(out.scheduled),
+            out.num_tokens,
+            time.perf_counter() - started,
+            scheduled_at - started,
+        )
+        return events
+
+    def _step_failed(self, out: SchedulerOutput, aborted: list[Request], exc: Exception) -> NoReturn:
+        """One bad step must not take the server down: its requests end, the rest go on. The
+        final events of earlier aborts go out with the next step, not nowhere."""
+        self._aborted[:0] = aborted
+        for item in out.scheduled:
+            if not item.request.status.is_finished:
+                self.abort_request(item.request.request_id)
+        raise StepFailedError(f"step {out.step} failed; its {len(out.scheduled)} requests were aborted") from exc
+
+    def _pipelined_step(self, out: SchedulerOutput, started: float, scheduled_at: float) -> list[RequestOutput]:
+        """Hand ``out`` to the first stage, and take back the oldest batch once the pipeline is
+        full (or nothing new could be scheduled): the stages work on up to ``pipeline_depth``
+        batches at once. A runner failure here is fatal: the stages' state is unknown."""
+        if not out.is_empty:
+            for item in out.scheduled:
+                item.request.in_flight = True
+            self._in_flight.append((out, self.runner.submit(out), started))
+        if not self._in_flight or (len(self._in_flight) < self.pipeline_depth and not out.is_empty):
+            if out.is_empty:
+                self._last = (0, 0, 0.0, scheduled_at - started)
+            return []
+        done, handle, submitted = self._in_flight.popleft()
+        sampled = self.runner.collect(handle)
+        for item in done.scheduled:
+            item.request.in_flight = False
+        self._steps += 1
+        events: list[RequestOutput] = []
+        live = [i for i, item in enumerate(done.scheduled) if not item.request.status.is_finished]
+        if len(live) < len(done.scheduled):  # aborted while in flight: their results are dropped
+            for item in done.scheduled:
+                if item.request.status.is_finished:
+                    self.runner.release(item.request.request_id)
+            done.scheduled = [done.scheduled[i] for i in live]
+            sampled = [sampled[i] for i in live]
+        self._postprocess(done, sampled, events)
+        self._last = (len(done.scheduled), done.num_tokens, time.perf_counter() - submitted, scheduled_at - started)
+        return events
+
+    def _postprocess(
+        self, out: SchedulerOutput, sampled: list[SampledToken | None], events: list[RequestOutput]
+    ) -> None:
+        """Account a computed step: advance each request, cache its full blocks, append its token."""
+        now = self.clock()
         for item, token in zip(out.scheduled, sampled, strict=True):
             request = item.request
             if item.prompt_logprobs:
@@ -288,13 +344,6 @@ class LLMEngine:
                     # Detokenizing or exporting its KV failed: that request ends, the step's others go on
                     log.exception("request %s failed after its step; it was aborted", request.request_id)
                     events.append(self._abort_now(request))
-        self._last = (
-            len(out.scheduled),
-            out.num_tokens,
-            time.perf_counter() - started,
-            scheduled_at - started,
-        )
-        return events
 
     def _append_token(self, request: Request, token: SampledToken, now: float) -> RequestOutput:
         tracked = self._requests[request.request_id]

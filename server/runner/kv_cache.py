@@ -7,6 +7,8 @@ read without another copy.
 
 Gathers go into one scratch buffer reused by every layer and step: measured on this CPU,
 ``index_select`` into an existing buffer is up to twice as fast as into a fresh tensor.
+
+A pipeline stage holds only its own layers (``layers``); they keep the model's layer numbers.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        layers: range | None = None,
     ) -> None:
         shape = (num_kv_heads, num_blocks * block_size, head_dim)
+        self.layers = range(num_layers) if layers is None else layers
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -34,11 +38,12 @@ class PagedKVCache:
         self.dtype = dtype
         self.device = device
         # zeros, not empty: padded positions of a gather read stale slots, which must be finite
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        held = set(self.layers)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) if i in held else None for i in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) if i in held else None for i in range(num_layers)]
         self._block_size_elems = block_size * head_dim
-        self._key_blocks = [k.view(num_kv_heads, num_blocks, -1) for k in self.keys]
-        self._value_blocks = [v.view(num_kv_heads, num_blocks, -1) for v in self.values]
+        self._key_blocks = [None if k is None else k.view(num_kv_heads, num_blocks, -1) for k in self.keys]
+        self._value_blocks = [None if v is None else v.view(num_kv_heads, num_blocks, -1) for v in self.values]
         self._scratch = torch.empty(0, dtype=dtype, device=device)
 
     @staticmethod
@@ -71,23 +76,23 @@ class PagedKVCache:
         return keys.view(shape), values.view(shape)
 
     def export_blocks(self, blocks: list[int]) -> torch.Tensor:
-        """A host copy of ``blocks`` of every layer, in the KV transfer payload layout
+        """A host copy of ``blocks`` of every layer held, in the KV transfer payload layout
         (server/core/kv_wire.py): (layers, 2, kv_heads, len(blocks), block_size * head_dim)."""
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        shape = (self.num_layers, 2, self.num_kv_heads, len(blocks), self._block_size_elems)
+        shape = (len(self.layers), 2, self.num_kv_heads, len(blocks), self._block_size_elems)
         out = torch.empty(shape, dtype=self.dtype, device=self.device)
-        for layer in range(self.num_layers):
-            torch.index_select(self._key_blocks[layer], 1, index, out=out[layer, 0])
-            torch.index_select(self._value_blocks[layer], 1, index, out=out[layer, 1])
+        for i, layer in enumerate(self.layers):
+            torch.index_select(self._key_blocks[layer], 1, index, out=out[i, 0])
+            torch.index_select(self._value_blocks[layer], 1, index, out=out[i, 1])
         return out.cpu()  # on the CPU already: the same tensor, no copy
 
     def import_blocks(self, blocks: list[int], data: torch.Tensor) -> None:
-        """Write ``data`` (the payload layout, on any device) into ``blocks`` of every layer."""
+        """Write ``data`` (the payload layout of the layers held, on any device) into ``blocks``."""
         index = torch.tensor(blocks, dtype=torch.long, device=self.device)
         data = data.to(self.device, non_blocking=True)
-        for layer in range(self.num_layers):
-            self._key_blocks[layer].index_copy_(1, index, data[layer, 0])
-            self._value_blocks[layer].index_copy_(1, index, data[layer, 1])
+        for i, layer in enumerate(self.layers):
+            self._key_blocks[layer].index_copy_(1, index, data[i, 0])
+            self._value_blocks[layer].index_copy_(1, index, data[i, 1])
 
     def take_scratch(self) -> torch.Tensor:
         """Hand over the gather buffer and start a fresh one (a CUDA graph capture must allocate
@@ -100,5 +105,5 @@ class PagedKVCache:
 
     def heads_per_chunk(self, num_blocks: int, chunk_bytes: int) -> int:
         """How many KV heads of ``num_blocks`` gathered blocks fit in ``chunk_bytes`` (K and V)."""
-        per_head = 2 * num_blocks * self._block_size_elems * self.keys[0].element_size()
+        per_head = 2 * num_blocks * self._block_size_elems * self.keys[self.layers[0]].element_size()
         return max(1, min(self.num_kv_heads, chunk_bytes // per_head))

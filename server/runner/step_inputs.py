@@ -33,8 +33,49 @@ class StepInputs:
     prompt_spans: list[tuple[int, int]]
 
 
+@dataclass
+class StepPlan:
+    """A step's inputs as plain lists: what a parallel runner sends its workers, each of which
+    turns it into tensors on its own device (``to_inputs``)."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    decode_groups: list[list[tuple[int, int, list[int]]]]  # each member: row, context length, block table
+    prefills: list[tuple[int, int, int, list[int] | None]]  # row, tokens, context, blocks or None
+    logit_rows: list[int]
+    sample_index: list[int]
+    prompt_spans: list[tuple[int, int]]
+
+    def to_inputs(self, cache: PagedKVCache, device: torch.device) -> StepInputs:
+        bs = cache.block_size
+        meta = StepMetadata(
+            cache=cache,
+            slot_mapping=torch.tensor(self.slots, dtype=torch.long, device=device),
+            decode_groups=[_decode_group(members, bs, device) for members in self.decode_groups],
+            prefills=[
+                PrefillSpan(
+                    row, n, ctx, None if blocks is None else torch.tensor(blocks, dtype=torch.long, device=device)
+                )
+                for row, n, ctx, blocks in self.prefills
+            ],
+        )
+        return StepInputs(
+            input_ids=torch.tensor([self.ids], dtype=torch.long, device=device),
+            positions=torch.tensor([self.positions], dtype=torch.long, device=device),
+            meta=meta,
+            logit_rows=torch.tensor(self.logit_rows, dtype=torch.long, device=device),
+            sample_index=self.sample_index,
+            prompt_spans=self.prompt_spans,
+        )
+
+
 def build_step_inputs(output: SchedulerOutput, cache: PagedKVCache, device: torch.device) -> StepInputs:
-    bs = cache.block_size
+    return plan_step(output, cache.block_size, device.type).to_inputs(cache, device)
+
+
+def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
+    """Flatten ``output`` for KV blocks of ``bs`` tokens, its decodes grouped for ``device_type``."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -68,26 +109,14 @@ def build_step_inputs(output: SchedulerOutput, cache: PagedKVCache, device: torc
             if scored:
                 prompt_rows.extend(range(row, row + scored))
                 prompt_spans.append((i, scored))
-
-    meta = StepMetadata(
-        cache=cache,
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        decode_groups=[
-            _decode_group(members, bs, device)
-            for members in _split_by_length(
-                decodes, bs, GROUP_COST_BLOCKS if device.type == "cpu" else GPU_GROUP_COST_BLOCKS
-            )
-        ],
-        prefills=[
-            PrefillSpan(row, n, ctx, None if blocks is None else torch.tensor(blocks, dtype=torch.long, device=device))
-            for row, n, ctx, blocks in prefills
-        ],
-    )
-    return StepInputs(
-        input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-        positions=torch.tensor([positions], dtype=torch.long, device=device),
-        meta=meta,
-        logit_rows=torch.tensor(sample_rows + prompt_rows, dtype=torch.long, device=device),
+    group_cost = GROUP_COST_BLOCKS if device_type == "cpu" else GPU_GROUP_COST_BLOCKS
+    return StepPlan(
+        ids=ids,
+        positions=positions,
+        slots=slots,
+        decode_groups=_split_by_length(decodes, bs, group_cost),
+        prefills=prefills,
+        logit_rows=sample_rows + prompt_rows,
         sample_index=sample_index,
         prompt_spans=prompt_spans,
     )

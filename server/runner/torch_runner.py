@@ -223,9 +223,8 @@ class TorchModelRunner:
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
-        result: list[SampledToken | None] = [None] * len(output.scheduled)
         if not output.scheduled:
-            return result
+            return []
         self._import_kv(output)
         shape = self.graphs.shape_for(output) if self.graphs is not None else None
         if shape is not None:
@@ -238,19 +237,32 @@ class TorchModelRunner:
         else:
             ids, positions = _padded(step) if self.pad_steps else (step.input_ids, step.positions)
             logits = attention.model_logits(self.model, ids, positions, step.logit_rows, step.meta)
-        sampled = len(step.sample_index)
-        if sampled:
-            requests = [output.scheduled[i].request for i in step.sample_index]
-            for i, token in zip(step.sample_index, self.sampler.sample(logits[:sampled], requests), strict=True):
-                result[i] = token
-        row = sampled
-        for i, count in step.prompt_spans:
-            item = output.scheduled[i]
-            targets = item.request.prompt_token_ids[item.start + 1 : item.start + 1 + count]
-            n = item.request.sampling.prompt_logprobs
-            item.prompt_logprobs = token_logprobs(logits[row : row + count], targets, n, ranks=True)
-            row += count
-        return result
+        return step_results(self.sampler, output, step.sample_index, step.prompt_spans, logits)
+
+
+def step_results(
+    sampler: Sampler,
+    output: SchedulerOutput,
+    sample_index: list[int],
+    prompt_spans: list[tuple[int, int]],
+    logits: torch.Tensor,
+) -> list[SampledToken | None]:
+    """Sample the step's next tokens from its logit rows (the sampled rows first, then the prompt
+    rows of ``prompt_spans``), and record the prompt logprobs asked for."""
+    result: list[SampledToken | None] = [None] * len(output.scheduled)
+    sampled = len(sample_index)
+    if sampled:
+        requests = [output.scheduled[i].request for i in sample_index]
+        for i, token in zip(sample_index, sampler.sample(logits[:sampled], requests), strict=True):
+            result[i] = token
+    row = sampled
+    for i, count in prompt_spans:
+        item = output.scheduled[i]
+        targets = item.request.prompt_token_ids[item.start + 1 : item.start + 1 + count]
+        n = item.request.sampling.prompt_logprobs
+        item.prompt_logprobs = token_logprobs(logits[row : row + count], targets, n, ranks=True)
+        row += count
+    return result
 
 
 def _padded(step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
