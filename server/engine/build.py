@@ -12,13 +12,20 @@ from llmfleet.server.runner.builtin_models import resolve_model
 LOAD_ERRORS = (OSError, ValueError, RuntimeError, AssertionError)
 
 
-def build_engine(model: str, config: EngineConfig, device: str | None = None):
-    """Returns ``(engine, tokenizer)``; the torch runner loads the weights with from_pretrained."""
+def build_engine(model: str, config: EngineConfig, device: str | None = None, distributed: dict | None = None):
+    """Returns ``(engine, tokenizer)``; the torch runner loads the weights with from_pretrained, in
+    this process, or over tensor x pipeline worker processes (``distributed``: where they meet,
+    ParallelRunner's keywords)."""
     from transformers import AutoTokenizer
 
     from llmfleet.server.runner.torch_runner import TorchModelRunner
 
     path = resolve_model(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    runner = TorchModelRunner(path, config, device=device, tokenizer=tokenizer)
+    if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+        from llmfleet.server.parallel.runner import ParallelRunner
+
+        runner = ParallelRunner(path, config, device=device, tokenizer=tokenizer, **(distributed or {}))
+    else:
+        runner = TorchModelRunner(path, config, device=device, tokenizer=tokenizer)
     return LLMEngine(config, runner, detokenizer=tokenizer), tokenizer
