@@ -714,6 +714,15 @@ def status_schema() -> dict[str, Any]:
                 "replicaMinutes": {"type": "number", "description": "Replica-minutes run."},
                 "neededReplicaMinutes": {"type": "number", "description": "Replica-minutes the tuner judged needed."},
                 "excess": {"type": "number", "description": "replicaMinutes / neededReplicaMinutes."},
+                "deviceMinutes": {
+                    "type": "number",
+                    "description": "Device-minutes run: replicaMinutes times the devices of a replica "
+                    "(parallelism tensor x pipeline), where above one.",
+                },
+                "neededDeviceMinutes": {
+                    "type": "number",
+                    "description": "Device-minutes the tuner judged needed, where a replica runs on several.",
+                },
             },
         ),
     )
