@@ -13,6 +13,7 @@ import socket
 from llmfleet.arguments import bind_problem, port_or_off, positive, positive_int
 
 SERVER_IMAGE_ENV = "LLMFLEET_SERVER_IMAGE"  # resource/spec.py reads it (not imported here: pydantic is slow to load)
+GPUS_PER_NODE_ENV = "LLMFLEET_GPUS_PER_NODE"  # the same
 
 HELP = "run the Kubernetes operator for InferenceService resources"
 
@@ -64,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(SERVER_IMAGE_ENV),
         help=f"the image of server pods whose InferenceService sets no spec.image (default: ${SERVER_IMAGE_ENV}; "
         "the Helm chart sets it to its own image)",
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        default=os.environ.get(GPUS_PER_NODE_ENV, "8"),
+        metavar="N",
+        help="the GPUs of a node, where an InferenceService sets no spec.gpusPerNode: a replica needing more "
+        f"spans nodes, as a LeaderWorkerSet (default: ${GPUS_PER_NODE_ENV}, else 8)",
     )
     parser.add_argument(
         "--prometheus-timeout",
@@ -138,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"llm-fleet operator: no Kubernetes API to talk to: {problem}")
     if args.server_image:  # read where each spec is parsed (resource/spec.py)
         os.environ[SERVER_IMAGE_ENV] = args.server_image
+    os.environ[GPUS_PER_NODE_ENV] = str(args.gpus_per_node)  # the same
     kopf.configure(verbose=args.verbose, debug=args.debug)
     namespaces = tuple(args.namespaces or ())
     memo = kopf.Memo(

@@ -25,9 +25,9 @@ from llmfleet.operator.metrics.prometheus import DEFAULT_TIMEOUT_S, PrometheusSo
 from llmfleet.operator.metrics.scrape import ScrapeSource
 from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef, stale_snapshot
 from llmfleet.operator.reconcile import status as st
-from llmfleet.operator.reconcile.cluster import DEPLOYMENT, INFERENCE_SERVICE, POD, KubeClient
+from llmfleet.operator.reconcile.cluster import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, POD, KubeClient
 from llmfleet.operator.reconcile.converge import owner_of, tuner_state
-from llmfleet.operator.reconcile.desired import METRICS_PORT, Owner, pool_object_name, selector
+from llmfleet.operator.reconcile.desired import METRICS_PORT, Owner, pool_object_name, serving_selector
 from llmfleet.operator.reconcile.scaledown import rank_pods_for_scale_down
 from llmfleet.operator.resource.conditions import TUNER_ACTIVE, Condition, condition_of, merge_conditions
 from llmfleet.operator.resource.spec import InferenceServiceSpec
@@ -168,7 +168,7 @@ async def measure(
 async def _refresh_targets(client: KubeClient, targets: _PodTargets, body: dict, spec: InferenceServiceSpec) -> None:
     owner = owner_of(body)
     for pool in measured_pools(spec):
-        pods = await client.list(POD, owner.namespace, selector(owner, pool))
+        pods = await client.list(POD, owner.namespace, serving_selector(owner, spec, pool))
         urls = []
         for pod in pods:
             status = pod.get("status") or {}
@@ -226,10 +226,11 @@ async def autotune_once(
 
 
 async def _running_replicas(client: KubeClient, owner: Owner, spec: InferenceServiceSpec) -> dict[str, int]:
-    """Each pool's Deployment replicas, as an external autoscaler left them."""
+    """Each pool's Deployment (or LeaderWorkerSet) replicas, as an external autoscaler left them."""
     running = {}
     for pool in spec.active_pools:
-        deployment = await client.get(DEPLOYMENT, owner.namespace, pool_object_name(owner, pool))
+        kind = LEADER_WORKER_SET if spec.layout(pool).spans_nodes else DEPLOYMENT
+        deployment = await client.get(kind, owner.namespace, pool_object_name(owner, pool))
         replicas = ((deployment or {}).get("spec") or {}).get("replicas")
         if isinstance(replicas, int):
             running[pool] = replicas
@@ -243,14 +244,17 @@ def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> lis
     return [e for e in outcome.events if not (e[1] == "TunerHolding" and repeated)]
 
 
-async def prepare_scale_down(client: KubeClient, body: dict[str, Any], outcome: AutotuneOutcome) -> None:
+async def prepare_scale_down(
+    client: KubeClient, body: dict[str, Any], outcome: AutotuneOutcome, spec: InferenceServiceSpec
+) -> None:
     """For each pool the run scales down: mark its pods' in-flight work as their deletion cost, so
-    the ReplicaSet removes the idlest (each then drains on SIGTERM)."""
+    the ReplicaSet removes the idlest (each then drains on SIGTERM). Not a LeaderWorkerSet's: it
+    removes the groups of the highest indexes, whatever their cost."""
     owner = owner_of(body)
     for change in outcome.decision.changes:
-        if change.knob != "replicas" or change.new >= change.old:
+        if change.knob != "replicas" or change.new >= change.old or spec.layout(change.pool).spans_nodes:
             continue
-        pods = await client.list(POD, owner.namespace, selector(owner, change.pool))
+        pods = await client.list(POD, owner.namespace, serving_selector(owner, spec, change.pool))
         loads = await asyncio.gather(*(_in_flight(pod) for pod in pods))
         in_flight = {pod["metadata"]["name"]: n for pod, n in zip(pods, loads, strict=True) if n is not None}
         await rank_pods_for_scale_down(client, owner, change.pool, in_flight)

@@ -37,12 +37,13 @@ from llmfleet.operator.daemon import autotune_once, measure, new_events, prepare
 from llmfleet.operator.metrics.prometheus import DEFAULT_TIMEOUT_S
 from llmfleet.operator.reconcile.cluster import (
     INFERENCE_SERVICE,
+    LEADER_WORKER_SET,
     POD_MONITOR,
     ApiError,
     KubeClient,
     load_configuration,
 )
-from llmfleet.operator.reconcile.converge import Outcome, converge, report_api_trouble
+from llmfleet.operator.reconcile.converge import LWS_MISSING, Outcome, converge, report_api_trouble
 from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, POOL_LABEL
 from llmfleet.operator.reconcile.wake import wake_patch
 from llmfleet.operator.resource import pod_security
@@ -86,6 +87,7 @@ class OperatorState:
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     tuner_sessions: dict[tuple[str, str], Any] = field(default_factory=dict)  # metric sources kept between runs
     _pod_monitor: tuple[float, bool] | None = None
+    _leader_worker_sets: tuple[float, bool] | None = None
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -95,6 +97,17 @@ class OperatorState:
         if self._pod_monitor is None or time.monotonic() - self._pod_monitor[0] > POD_MONITOR_CHECK_SECONDS:
             self._pod_monitor = (time.monotonic(), await self.client.serves(POD_MONITOR))
         return self._pod_monitor[1]
+
+    async def leader_worker_sets_served(self) -> bool:
+        """Is the LeaderWorkerSet CRD installed? Rechecked every few minutes, and at the next pass
+        after one that needed it and found none (forget_leader_worker_sets)."""
+        cached = self._leader_worker_sets
+        if cached is None or time.monotonic() - cached[0] > POD_MONITOR_CHECK_SECONDS:
+            self._leader_worker_sets = (time.monotonic(), await self.client.serves(LEADER_WORKER_SET))
+        return self._leader_worker_sets[1]
+
+    def forget_leader_worker_sets(self) -> None:
+        self._leader_worker_sets = None
 
 
 def configure(settings: kopf.OperatorSettings, memo: Mapping[str, Any] | None = None) -> None:
@@ -211,7 +224,10 @@ async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: loggin
                 pod_monitor_labels=state.pod_monitor_labels,
                 metrics_peers=state.metrics_peers,
                 allow=state.allow,
+                leader_worker_sets=await state.leader_worker_sets_served(),
             )
+            if outcome.degraded is not None and outcome.degraded.reason == LWS_MISSING:
+                state.forget_leader_worker_sets()  # installed meanwhile? the next pass looks again
         except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
             trouble = await report_api_trouble(state.client, raw, exc)
             if trouble is not None:
@@ -336,7 +352,7 @@ async def tune_now(raw: dict[str, Any], memo: kopf.Memo, logger: logging.Logger)
     logger.info(f"tuner: {outcome.condition.reason}: {outcome.status['lastDecision']['reason']}")
     if outcome.decision.changes and not outcome.observed:
         try:
-            await prepare_scale_down(state.client, raw, outcome)
+            await prepare_scale_down(state.client, raw, outcome, spec)
         except ApiError as exc:  # ranking only picks which pods go: the scale-down itself must land
             logger.warning(f"could not rank pods for the scale-down, the ReplicaSet picks: {exc}")
         await reconcile_now(raw, memo, logger)
@@ -397,8 +413,15 @@ async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logge
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY})
+@kopf.on.event(
+    LEADER_WORKER_SET.group,
+    LEADER_WORKER_SET.version,
+    LEADER_WORKER_SET.plural,
+    labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY},
+)
 async def deployment_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Readiness changed, or the Deployment was deleted: re-run the owner's pass."""
+    """Readiness changed, or the Deployment (or a pool's LeaderWorkerSet) was deleted: re-run the
+    owner's pass. kopf watches LeaderWorkerSets only where their CRD is installed."""
     owner_name = _owner_name(body)
     if owner_name is None or body.metadata.namespace is None:
         return

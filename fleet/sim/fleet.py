@@ -115,6 +115,7 @@ class SimResult:
     notes: dict[str, Any] = field(default_factory=dict)
     measure_from: float = 0.0  # the report leaves out what came before (a warm-up)
     cold_starts: list[ColdStart] = field(default_factory=list)
+    devices: dict[str, int] = field(default_factory=dict)  # per pool: a replica's devices, where above one
 
     @property
     def conserved(self) -> bool:
@@ -126,6 +127,12 @@ class SimResult:
         return sum(
             max(0.0, stop - max(start, since)) for _, p, start, stop in self.pod_lifetimes if pool is None or p == pool
         )
+
+    def device_seconds(self, pool: str | None = None, since: float = 0.0) -> float:
+        """Device-seconds paid for: each replica's seconds times the devices it runs on (tensor x
+        pipeline parallel; one simulated pod is one replica)."""
+        pools = {p for _, p, _, _ in self.pod_lifetimes if pool is None or p == pool}
+        return sum(self.replica_seconds(p, since) * self.devices.get(p, 1) for p in pools)
 
 
 @dataclass
@@ -237,11 +244,28 @@ class Fleet:
             pod_lifetimes=lifetimes,
             options=self.options,
             cold_starts=self.cold_starts,
+            devices=self._devices(),
             notes={
                 "cost_model": self.cost.describe(),
                 "profile": f"{self.cost.model} {self.cost.dtype} {self.cost.device} {self.cost.threads} threads",
+                **self._parallel_note(),
             },
         )
+
+    def _devices(self) -> dict[str, int]:
+        devices = {pool: self.spec.pool(pool).parallelism.devices for pool in self.pools}
+        return {pool: n for pool, n in devices.items() if n > 1}
+
+    def _parallel_note(self) -> dict[str, str]:
+        """What the run says of a parallel pool: its costs count every device, its step times are
+        the profile's, one device's (the cost model knows no collectives or pipeline stages)."""
+        if not self._devices():
+            return {}
+        pools = ", ".join(f"{pool} {n}" for pool, n in self._devices().items())
+        return {
+            "parallelism": f"devices per replica: {pools}; device-minutes count them all, step times are "
+            "the profile's single-device ones"
+        }
 
     def _push(self, at: float, kind: str, payload: Any) -> None:
         heapq.heappush(self._events, (at, next(self._seq), kind, payload))

@@ -168,6 +168,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "slo_attainment": sum(1 for m in judged if m["met"]) / len(judged) if judged else None,
         "replica_minutes": result.replica_seconds(since=start) / 60.0,
         "replica_minutes_by_pool": {p: result.replica_seconds(p, since=start) / 60.0 for p in pools},
+        # a replica of a tensor- or pipeline-parallel pool costs its devices: the same as
+        # replica_minutes where every pool runs one device a replica
+        "device_minutes": result.device_seconds(since=start) / 60.0,
+        "device_minutes_by_pool": {p: result.device_seconds(p, since=start) / 60.0 for p in pools},
         "decisions": len(result.decisions),
         "max_direction_changes_per_window": max(flips.values(), default=0),
         "direction_changes": flips,
@@ -234,7 +238,8 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
     print(
         f"   throughput {s['throughput_tok_s']:.1f} tok/s, goodput {s['goodput_req_s']:.2f} req/s, "
         f"replica-minutes {s['replica_minutes']:.1f}{_pools(s['replica_minutes_by_pool'])}, "
-        f"{s['decisions']} decisions, at most {s['max_direction_changes_per_window']} direction change(s) "
+        f"{_device_minutes(s)}{s['decisions']} decisions, "
+        f"at most {s['max_direction_changes_per_window']} direction change(s) "
         f"per {s['stabilization_window_s']:.0f} s"
     )
     if s["cold_starts"] or s["held_requests"]:
@@ -250,6 +255,13 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
     for d in shown:
         what = ", ".join(f"{c['pool']}/{c['knob']} {c['from']} -> {c['to']}" for c in d.changes) or "hold"
         print(f"   t={d.at:6.0f}s {what}: {d.reason[:160]}")
+
+
+def _device_minutes(s: dict[str, Any]) -> str:
+    """Device-minutes, where a pool's replicas run on several devices (else they are the replica-minutes)."""
+    if s.get("device_minutes", s["replica_minutes"]) == s["replica_minutes"]:
+        return ""
+    return f"device-minutes {s['device_minutes']:.1f}{_pools(s['device_minutes_by_pool'])}, "
 
 
 def _attainment(s: dict[str, Any]) -> str:

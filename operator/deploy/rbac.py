@@ -33,6 +33,9 @@ RBAC_RULES: list[dict[str, Any]] = [
     _rule("", ["configmaps"], [*CHILD_VERBS, "watch"]),
     _rule("", ["services"], CHILD_VERBS),
     _rule("apps", ["deployments"], [*CHILD_VERBS, "watch"]),
+    # A pool whose replica spans nodes runs as a LeaderWorkerSet, watched like a Deployment (where
+    # its CRD is installed: discovery tells, which needs no rule).
+    _rule("leaderworkerset.x-k8s.io", ["leaderworkersets"], [*CHILD_VERBS, "watch"]),
     _rule("networking.k8s.io", ["networkpolicies"], CHILD_VERBS),
     _rule("policy", ["poddisruptionbudgets"], CHILD_VERBS),
     _rule("autoscaling", ["horizontalpodautoscalers"], CHILD_VERBS),

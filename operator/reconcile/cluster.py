@@ -74,6 +74,8 @@ class ResourceKind:
 
 INFERENCE_SERVICE = ResourceKind("llmfleet.io", "v1alpha1", "inferenceservices", "InferenceService")
 DEPLOYMENT = ResourceKind("apps", "v1", "deployments", "Deployment")
+# A pool whose replica spans nodes (leader_worker_set.py); its CRD may be missing (serves() says)
+LEADER_WORKER_SET = ResourceKind("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
 SERVICE = ResourceKind("", "v1", "services", "Service")
 CONFIG_MAP = ResourceKind("", "v1", "configmaps", "ConfigMap")
 POD_DISRUPTION_BUDGET = ResourceKind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
@@ -96,10 +98,20 @@ CHILD_KINDS: tuple[ResourceKind, ...] = (
     NETWORK_POLICY,  # before the pods it guards
     SERVICE,
     DEPLOYMENT,
+    LEADER_WORKER_SET,
     HORIZONTAL_POD_AUTOSCALER,  # after the Deployment it scales
     POD_DISRUPTION_BUDGET,
     POD_MONITOR,
 )
+
+
+def child_kinds(*, pod_monitor: bool, leader_worker_sets: bool) -> tuple[ResourceKind, ...]:
+    """CHILD_KINDS less those whose CRD the cluster does not serve: listing one would fail."""
+    return tuple(
+        kind
+        for kind in CHILD_KINDS
+        if (kind is not POD_MONITOR or pod_monitor) and (kind is not LEADER_WORKER_SET or leader_worker_sets)
+    )
 
 
 def kind_of(obj: dict[str, Any]) -> ResourceKind:

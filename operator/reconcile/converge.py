@@ -14,13 +14,21 @@ from typing import Any
 
 from llmfleet.operator.reconcile import status as st
 from llmfleet.operator.reconcile.apply import ApplyResult, OwnershipConflict, apply_all, list_children
-from llmfleet.operator.reconcile.cluster import CHILD_KINDS, INFERENCE_SERVICE, POD, POD_MONITOR, ApiError, KubeClient
+from llmfleet.operator.reconcile.cluster import (
+    INFERENCE_SERVICE,
+    LEADER_WORKER_SET,
+    POD,
+    ApiError,
+    KubeClient,
+    child_kinds,
+)
 from llmfleet.operator.reconcile.desired import (
     POOL_LABEL,
+    WORKLOAD_KINDS,
     Owner,
     client_url,
     desired_objects,
-    pool_object_name,
+    live_workload,
     selector,
 )
 from llmfleet.operator.reconcile.handover import Handover, pending_handover
@@ -47,6 +55,7 @@ from llmfleet.operator.resource.spec import (
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine
 
 STATUS_ATTEMPTS = 3
+LWS_MISSING = "LeaderWorkerSetMissing"
 
 
 @dataclass(frozen=True)
@@ -83,8 +92,11 @@ async def converge(
     pod_monitor_labels: dict[str, str] | None = None,
     metrics_peers: dict[str, str] | None = None,
     allow: Iterable[str] = (),
+    leader_worker_sets: bool = False,
 ) -> Outcome:
-    """``allow``: the pod_security keys the operator allows; a spec breaking another is refused."""
+    """``allow``: the pod_security keys the operator allows; a spec breaking another is refused.
+    ``leader_worker_sets``: the cluster serves the LeaderWorkerSet CRD; without it, a spec with a
+    pool whose replicas span nodes is refused (LeaderWorkerSetMissing), and what runs stays."""
     owner = owner_of(body)
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
@@ -100,8 +112,11 @@ async def converge(
     if refused:  # nothing is applied; what runs (from before) keeps running
         return await _degrade(client, owner, body, pod_security.REASON, "; ".join(refused), stops_tuner=True)
 
+    spanning = [pool for pool in spec.active_pools if spec.layout(pool).spans_nodes]
+    if spanning and not leader_worker_sets:
+        return await _degrade(client, owner, body, LWS_MISSING, _lws_missing(spec, spanning))
     tuner = tuner_state(spec, status)
-    kinds = CHILD_KINDS if pod_monitor else tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
+    kinds = child_kinds(pod_monitor=pod_monitor, leader_worker_sets=leader_worker_sets)
     try:
         live = await list_children(client, owner.namespace, selector(owner), kinds)
         handover = pending_handover(owner, spec, live, status.get("handoverPool"))
@@ -168,6 +183,15 @@ async def converge(
     if was and was.get("status") == "True":
         outcome.events.append(Event("Normal", "Recovered", f"no longer degraded ({was.get('reason')})"))
     return outcome
+
+
+def _lws_missing(spec: InferenceServiceSpec, spanning: list[str]) -> str:
+    sizes = ", ".join(f"{pool} {spec.pool(pool).parallelism.devices} GPUs a replica" for pool in spanning)
+    return (
+        f"{sizes}: more than a node's {spec.gpus_per_node} (gpusPerNode), so each replica runs as a "
+        f"LeaderWorkerSet group ({LEADER_WORKER_SET.api_version}), and this cluster does not serve that CRD: "
+        "install LeaderWorkerSet (lws.sigs.k8s.io), or keep a replica within one node"
+    )
 
 
 def _handover_record(handover: Handover | None, current: dict[str, Any]) -> dict[str, Any]:
@@ -256,11 +280,11 @@ async def _write_status(
 
 
 def _replicas(live: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """Each live Deployment's replica count, by pool."""
+    """Each live Deployment's (or LeaderWorkerSet's: groups) replica count, by pool."""
     return {
         obj["metadata"]["labels"][POOL_LABEL]: int(obj["spec"].get("replicas", 1))
         for obj in live.values()
-        if obj["kind"] == "Deployment" and POOL_LABEL in (obj["metadata"].get("labels") or {})
+        if obj["kind"] in WORKLOAD_KINDS and POOL_LABEL in (obj["metadata"].get("labels") or {})
     }
 
 
@@ -277,9 +301,9 @@ def _reverted_message(spec: InferenceServiceSpec, reverted: list[str]) -> str:
 def _pool_states(owner: Owner, spec: InferenceServiceSpec, applied: ApplyResult) -> list[st.PoolState]:
     states = []
     for pool in spec.deployed_pools:
-        deployment = applied.live.get(f"Deployment/{pool_object_name(owner, pool)}")
-        replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
-        states.append(st.PoolState.of(pool, replicas, deployment))
+        workload = live_workload(applied.live, owner, pool)
+        replicas = int(((workload or {}).get("spec") or {}).get("replicas") or 0)
+        states.append(st.PoolState.of(pool, replicas, workload))
     return states
 
 

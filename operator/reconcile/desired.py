@@ -1,24 +1,25 @@
 """Reconcile: a pure function from an InferenceService (spec plus tuner state) to the objects
 that should exist. No API calls here; apply.py writes the difference.
 
-Per serving pool (colocated, or prefill and decode): an engine ConfigMap, a Deployment, a headless
-Service (one DNS record per ready pod: how the router and direct scraping find pods), a
-PodDisruptionBudget and a NetworkPolicy (network_policy.py: the API port takes the router's
-requests, and a decode server's KV fetches on a prefill server; the metrics port takes
-scrapers'). Every mode has the router in front: its Deployment and PDB, and its own
-ServiceAccount with a Role that reads the pools' EndpointSlices (how it finds the pods that are
-ready, as they come and go) and may stamp one ConfigMap, ``<name>-wake``, when it holds requests
-for a pool at zero (the operator watches it). A disaggregated fleet's roles read the KV-transfer
-token from the spec's Secret or, where it names none, from the one kv_secret.py makes. The
-Service named like the InferenceService is the client endpoint: the routers. The model servers
-run as ``<name>-server``, a ServiceAccount of their own with no token mounted (they never call
-the API); what an admin allows beyond that (pod_security.py: another account, the host's
-namespaces, privileges, capabilities) lands in the engine pools' pods only. A PodMonitor comes
-along when the Prometheus operator is installed.
+Per serving pool (colocated, or prefill and decode): an engine ConfigMap, a Deployment (a
+LeaderWorkerSet where a replica spans nodes: leader_worker_set.py; its pods ask for their share of
+the replica's GPUs, resource/layout.py), a headless Service (one DNS record per ready pod, a
+group's leader only: how the router and direct scraping find pods), a PodDisruptionBudget and a
+NetworkPolicy (network_policy.py: the API port takes the router's requests, and a decode server's
+KV fetches on a prefill server; the metrics port takes scrapers'). Every mode has the router in
+front: its Deployment and PDB, and its own ServiceAccount with a Role that reads the pools'
+EndpointSlices (how it finds the pods that are ready, as they come and go) and may stamp one
+ConfigMap, ``<name>-wake``, when it holds requests for a pool at zero (the operator watches it). A
+disaggregated fleet's roles read the KV-transfer token from the spec's Secret or, where it names
+none, from the one kv_secret.py makes. The Service named like the InferenceService is the client
+endpoint: the routers. The model servers run as ``<name>-server``, a ServiceAccount of their own
+with no token mounted (they never call the API); what an admin allows beyond that (pod_security.py:
+another account, the host's namespaces, privileges, capabilities) lands in the engine pools' pods
+only. A PodMonitor comes along when the Prometheus operator is installed.
 
 Knob changes only touch each pool's engine ConfigMap, which pods watch and apply live; the pod
 template carries a checksum of the start-up-only fields alone, so a knob change never restarts
-a pod. Replica changes only touch Deployment.spec.replicas.
+a pod. Replica changes only touch Deployment.spec.replicas (a LeaderWorkerSet's: its groups).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from typing import Any
 
 import yaml
 
+from llmfleet.operator.reconcile import leader_worker_set as lws
 from llmfleet.operator.reconcile.model_storage import model_storage
 from llmfleet.operator.reconcile.network_policy import server_policy
 from llmfleet.operator.resource import pod_security
+from llmfleet.operator.resource.layout import with_gpu_count
 from llmfleet.operator.resource.spec import (
     GRACE_MARGIN_SECONDS,
     ContainerSecurity,
@@ -105,6 +108,26 @@ def selector(owner: Owner, pool: str | None = None) -> dict[str, str]:
     return {OWNER_LABEL: owner.name} if pool is None else {OWNER_LABEL: owner.name, POOL_LABEL: pool}
 
 
+def serving_selector(owner: Owner, spec: InferenceServiceSpec, pool: str) -> dict[str, str]:
+    """The pool's pods that take requests and report metrics: the group leaders where a replica
+    spans nodes (leader_worker_set.py), else every pod of the pool."""
+    return lws.leader_only(selector(owner, pool), spec.layout(pool))
+
+
+def workload_kind(spec: InferenceServiceSpec, pool: str) -> str:
+    """What runs a pool's replicas: a LeaderWorkerSet where one spans nodes, else a Deployment."""
+    return lws.KIND if spec.layout(pool).spans_nodes else "Deployment"
+
+
+WORKLOAD_KINDS = ("Deployment", lws.KIND)
+
+
+def live_workload(live: Mapping[str, dict[str, Any]], owner: Owner, pool: str) -> dict[str, Any] | None:
+    """A pool's Deployment or LeaderWorkerSet among the live children ("Kind/name" -> object)."""
+    name = pool_object_name(owner, pool)
+    return next((live[f"{kind}/{name}"] for kind in WORKLOAD_KINDS if f"{kind}/{name}" in live), None)
+
+
 def pool_object_name(owner: Owner, pool: str) -> str:
     return f"{owner.name}-{pool}"
 
@@ -156,8 +179,9 @@ def desired_objects(
     for pool in spec.active_pools:
         engine = effective_engine(spec, pool, tuner)
         objects.append(_config_map(owner, pool, engine))
-        objects.append(_deployment(owner, spec, pool, engine, effective_replicas(spec, pool, tuner)))
-        objects.append(_service(owner, pool_object_name(owner, pool), pool, headless=True))
+        objects.append(_workload(owner, spec, pool, engine, effective_replicas(spec, pool, tuner)))
+        serving_pods = serving_selector(owner, spec, pool)
+        objects.append(_service(owner, pool_object_name(owner, pool), pool, headless=True, pods=serving_pods))
         objects.append(_pdb(owner, pool))
         objects.append(server_network_policy(owner, spec, pool, metrics_peers or {}))
     objects.append(_server_account(owner))
@@ -173,9 +197,10 @@ def desired_objects(
     # fronted every mode hands over to them
     objects.append(_service(owner, owner.name, serving or spec.entry_pool, headless=False))
     if pod_monitor:
-        objects.append(_pod_monitor(owner, pod_monitor_labels or {}))
+        groups = any(spec.layout(pool).spans_nodes for pool in spec.active_pools)
+        objects.append(_pod_monitor(owner, pod_monitor_labels or {}, leaders_only=groups))
     if spec.external_autoscaler:
-        for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        for deployment in (o for o in objects if o["kind"] in WORKLOAD_KINDS):
             _scaled_externally(deployment, (scaled or {}).get(deployment["metadata"]["labels"][POOL_LABEL]))
     return objects
 
@@ -197,18 +222,33 @@ def _meta(owner: Owner, name: str, object_labels: dict[str, str]) -> dict[str, A
     }
 
 
+# Written to the engine ConfigMap and hashed only where a pool's parallelism sets them: a fleet
+# without it keeps the file and the checksum it had, so no pod rolls for fields it does not use,
+# and a server image older than the fields still reads its file.
+SINGLE_DEVICE = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+
+
+def _engine_fields(engine: EngineConfig) -> dict[str, Any]:
+    fields = engine.model_dump(mode="json", exclude_none=True)
+    return {k: v for k, v in fields.items() if SINGLE_DEVICE.get(k, object()) != v}
+
+
 def _config_map(owner: Owner, pool: str, engine: EngineConfig) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(owner, f"{pool_object_name(owner, pool)}-engine", labels(owner, pool)),
-        "data": {CONFIG_KEY: engine.to_yaml()},
+        "data": {CONFIG_KEY: yaml.safe_dump(_engine_fields(engine), sort_keys=False)},
     }
 
 
 def restart_checksum(engine: EngineConfig) -> str:
     """Hash of the start-up-only fields: the only engine change that must roll the pods."""
-    fields = {name: getattr(engine, name) for name in sorted(EngineConfig.restart_fields())}
+    fields = {
+        name: getattr(engine, name)
+        for name in sorted(EngineConfig.restart_fields())
+        if SINGLE_DEVICE.get(name, object()) != getattr(engine, name)
+    }
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -342,8 +382,11 @@ def _deployment_object(owner: Owner, pool: str, replicas: int, template: dict, p
     }
 
 
-def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: EngineConfig, replicas: int) -> dict:
+def _workload(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: EngineConfig, replicas: int) -> dict:
+    """The pool's Deployment, or its LeaderWorkerSet where a replica spans nodes; either way each
+    pod asks for its share of the replica's GPUs (layout.py)."""
     pool_spec = spec.pool(pool)
+    placed = spec.layout(pool)
     args = [
         *spec.model.server_args,
         "--served-model-name",
@@ -353,7 +396,7 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
     ]
     if pool == "decode":  # the only servers it fetches KV from: the prefill pool's ready pods, by DNS
         args += ["--prefill-host", f"{pool_object_name(owner, 'prefill')}:{SERVER_PORT}"]
-    container = _server_container(owner, spec, pool, args, pool_spec.resources)
+    container = _server_container(owner, spec, pool, args, with_gpu_count(pool_spec.resources, placed))
     _grant(container["securityContext"], spec.pod.security_context)
     container["volumeMounts"].append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
     volumes: list[dict] = [{"name": "engine-config", "configMap": {"name": f"{pool_object_name(owner, pool)}-engine"}}]
@@ -366,6 +409,9 @@ def _deployment(owner: Owner, spec: InferenceServiceSpec, pool: str, engine: Eng
     if storage.init_containers:
         template["spec"]["initContainers"] = storage.init_containers
     template["metadata"].setdefault("annotations", {})[RESTART_CHECKSUM] = restart_checksum(engine)
+    if placed.spans_nodes:
+        meta = _meta(owner, pool_object_name(owner, pool), labels(owner, pool))
+        return lws.leader_worker_set(meta, replicas, template, placed, spec.pod)
     return _deployment_object(owner, pool, replicas, template, spec.pod)
 
 
@@ -455,7 +501,8 @@ def server_network_policy(
     fetches from its decode servers), their metrics port from the given namespaces' pods."""
     peers = [selector(owner, "router")] + ([selector(owner, "decode")] if pool == "prefill" else [])
     meta = _meta(owner, pool_object_name(owner, pool), labels(owner, pool))
-    return server_policy(meta, selector(owner, pool), peers, metrics_namespaces)
+    group = selector(owner, pool) if spec.layout(pool).spans_nodes else None
+    return server_policy(meta, selector(owner, pool), peers, metrics_namespaces, group=group)
 
 
 def _wake_config_map(owner: Owner) -> dict[str, Any]:
@@ -500,9 +547,12 @@ def client_url(owner: Owner) -> str:
     return f"http://{owner.name}.{owner.namespace}.svc.cluster.local:{SERVER_PORT}"
 
 
-def _service(owner: Owner, name: str, pool: str, *, headless: bool) -> dict[str, Any]:
+def _service(
+    owner: Owner, name: str, pool: str, *, headless: bool, pods: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``pods``: the pods it sends to, where not every pod of ``pool`` (the leaders of groups)."""
     spec: dict[str, Any] = {
-        "selector": selector(owner, pool),
+        "selector": pods or selector(owner, pool),
         "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http", "protocol": "TCP"}],
     }
     if headless:
@@ -524,7 +574,13 @@ def _pdb(owner: Owner, pool: str) -> dict[str, Any]:
     }
 
 
-def _pod_monitor(owner: Owner, extra_labels: dict[str, str]) -> dict[str, Any]:
+def _pod_monitor(owner: Owner, extra_labels: dict[str, str], *, leaders_only: bool = False) -> dict[str, Any]:
+    """Scrape every server and router pod of the owner; ``leaders_only``: not the headless workers
+    of a group (leader_worker_set.py), which serve no metrics."""
+    pods: dict[str, Any] = {"matchLabels": selector(owner)}
+    if leaders_only:
+        pods["matchExpressions"] = [{"key": lws.HEADLESS_LABEL, "operator": "DoesNotExist"}]
+
     def copy_label(source: str, target: str) -> dict[str, Any]:
         return {"sourceLabels": [source], "targetLabel": target, "action": "replace"}
 
@@ -539,7 +595,7 @@ def _pod_monitor(owner: Owner, extra_labels: dict[str, str]) -> dict[str, Any]:
         "kind": "PodMonitor",
         "metadata": _meta(owner, owner.name, {**extra_labels, **owner_labels(owner)}),
         "spec": {
-            "selector": {"matchLabels": selector(owner)},
+            "selector": pods,
             "podMetricsEndpoints": [
                 {"port": "metrics", "path": "/metrics", "interval": "15s", "relabelings": relabelings}
             ],

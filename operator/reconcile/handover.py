@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmfleet.operator.reconcile.desired import MODE_ANNOTATION, POOL_LABEL, ROUTED_POOLS, Owner, pool_object_name
+from llmfleet.operator.reconcile.desired import (
+    MODE_ANNOTATION,
+    POOL_LABEL,
+    ROUTED_POOLS,
+    Owner,
+    live_workload,
+    pool_object_name,
+)
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 
 ROUTER = "router"
@@ -65,7 +72,7 @@ def _to_the_routers(
 ) -> Handover | None:
     """The client Service still selects an engine pool: it moves to the routers once they and
     the spec's pools are ready."""
-    begun = recorded == selected and f"Deployment/{pool_object_name(owner, selected)}" in live
+    begun = recorded == selected and live_workload(live, owner, selected) is not None
     if not (_ready(live, owner, selected) or begun):
         return None
     waiting = tuple(p for p in spec.deployed_pools if not _ready(live, owner, p))
@@ -86,7 +93,7 @@ def _between_modes(
             return None  # nothing served before: no traffic to keep
     if old_pool is None or old_pool in ROUTED_POOLS[spec.mode]:
         return None
-    if f"Deployment/{pool_object_name(owner, old_pool)}" not in live:
+    if live_workload(live, owner, old_pool) is None:
         return None
     old_mode = next(mode for mode, pools in ROUTED_POOLS.items() if old_pool in pools)
     waiting = tuple(p for p in spec.active_pools if not _ready(live, owner, p))
@@ -103,8 +110,9 @@ def _serving_pools() -> tuple[str, ...]:
 
 
 def _ready(live: dict[str, dict[str, Any]], owner: Owner, pool: str) -> bool:
-    deployment = live.get(f"Deployment/{pool_object_name(owner, pool)}")
-    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0) > 0
+    """The pool's Deployment (or LeaderWorkerSet: a whole group) has a ready replica."""
+    workload = live_workload(live, owner, pool)
+    return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0) > 0
 
 
 def _rolled_out(deployment: dict[str, Any] | None) -> bool:

@@ -23,10 +23,25 @@ def server_policy(
     pod_selector: Mapping[str, str],
     api_peers: Iterable[Mapping[str, str]],
     metrics_namespaces: Mapping[str, str],
+    group: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The policy of one pool's server pods (``pod_selector``): the API port ("http") from pods in
     the same namespace matching one of ``api_peers``, the metrics port ("metrics") from any pod of
-    a namespace labelled ``metrics_namespaces`` (empty: every namespace)."""
+    a namespace labelled ``metrics_namespaces`` (empty: every namespace). ``group``: the pods of a
+    pool whose replicas span nodes, which reach each other on every port: torch.distributed's
+    rendezvous on the master port, and the connections NCCL and Gloo open on ports they pick."""
+    ingress: list[dict[str, Any]] = [
+        {
+            "from": [{"podSelector": {"matchLabels": dict(peer)}} for peer in api_peers],
+            "ports": [{"protocol": "TCP", "port": "http"}],
+        },
+        {
+            "from": [{"namespaceSelector": {"matchLabels": dict(metrics_namespaces)}}],
+            "ports": [{"protocol": "TCP", "port": "metrics"}],
+        },
+    ]
+    if group is not None:
+        ingress.append({"from": [{"podSelector": {"matchLabels": dict(group)}}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -34,16 +49,7 @@ def server_policy(
         "spec": {
             "podSelector": {"matchLabels": dict(pod_selector)},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": dict(peer)}} for peer in api_peers],
-                    "ports": [{"protocol": "TCP", "port": "http"}],
-                },
-                {
-                    "from": [{"namespaceSelector": {"matchLabels": dict(metrics_namespaces)}}],
-                    "ports": [{"protocol": "TCP", "port": "metrics"}],
-                },
-            ],
+            "ingress": ingress,
         },
     }
 

@@ -35,7 +35,8 @@ def now() -> str:
 
 @dataclass(frozen=True)
 class PoolState:
-    """One Deployment as the operator wants it and as the API server reports it."""
+    """One pool's Deployment, or LeaderWorkerSet (its replicas are groups), as the operator wants
+    it and as the API server reports it."""
 
     name: str
     replicas: int  # desired
@@ -51,7 +52,11 @@ class PoolState:
     def of(cls, name: str, replicas: int, deployment: dict[str, Any] | None) -> PoolState:
         status = (deployment or {}).get("status") or {}
         generation = ((deployment or {}).get("metadata") or {}).get("generation")
-        seen = deployment is not None and (generation is None or status.get("observedGeneration") == generation)
+        groups = (deployment or {}).get("kind") == "LeaderWorkerSet"
+        observed = status.get("observedGeneration")
+        if groups and observed is None:  # older LWS controllers report none: their counts are all there is
+            observed = generation
+        seen = deployment is not None and (generation is None or observed == generation)
         return cls(
             name=name,
             replicas=replicas,
@@ -59,7 +64,7 @@ class PoolState:
             updated=int(status.get("updatedReplicas") or 0),
             current=int(status.get("replicas") or 0),
             up_to_date=seen,
-            failure=_deployment_failure(name, status),
+            failure=None if groups else _deployment_failure(name, status),
         )
 
     @property

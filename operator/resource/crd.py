@@ -22,6 +22,7 @@ from llmfleet.operator.resource.spec import (
     GRACE_MARGIN_SECONDS,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
+    PARALLEL_FIELDS,
     PATH_MAX,
     QUANTITY,
     REASONING_PARSERS,
@@ -86,6 +87,10 @@ def engine_schema() -> dict[str, Any]:
     defs = source.get("$defs", {})
     props = {name: _structural(field, defs) for name, field in source["properties"].items()}
     props["dtype"]["enum"] = [*props["dtype"]["enum"], *DTYPE_ALIASES]  # vLLM's spellings, as the server takes them
+    for name, axis in PARALLEL_FIELDS.items():
+        if name in props:  # in the schema, so the pool's rule can refuse it by name; no default, which would set it
+            props[name].pop("default", None)
+            props[name]["description"] = f"Set by parallelism.{axis}: refused here."
     return _obj(
         "Initial engine knobs of this pool (the server's EngineConfig, camelCase). The operator writes "
         "them to the pool's engine ConfigMap; pods apply live knobs at their next step, without a restart. "
@@ -282,7 +287,8 @@ def _pods_or_percent(description: str, default: int) -> dict[str, Any]:
 
 def pool_schema(role: str) -> dict[str, Any]:
     schema = _obj(
-        f"The {role} pool: one Deployment of `llm-fleet serve --role {role}`.",
+        f"The {role} pool: one Deployment of `llm-fleet serve --role {role}` (a LeaderWorkerSet where a "
+        "replica spans nodes).",
         {
             "minReplicas": _int(
                 "Fewest replicas the tuner may run. 0: with autotune, the pool scales to zero once idle for "
@@ -304,7 +310,23 @@ def pool_schema(role: str) -> dict[str, Any]:
                 minimum=0,
                 maximum=86400,
             ),
-            "resources": _resources("each server container"),
+            "resources": _resources(
+                "each server container. Where parallelism asks for more than one device, they name the GPU "
+                "kind (nvidia.com/gpu, or another <vendor>/gpu) and the operator sets its count: tensor x pipeline "
+                "GPUs a pod, or gpusPerNode each where a replica spans nodes"
+            ),
+            "parallelism": _obj(
+                "How one replica splits the model: a replica runs on tensor x pipeline devices. A GPU pool's "
+                "replica that fits on a node is one pod with that many GPUs; a larger one is a LeaderWorkerSet "
+                "group of pods, gpusPerNode GPUs each (tensor x pipeline must then be a multiple of gpusPerNode; "
+                "the LeaderWorkerSet controller must be installed). A CPU pool's replica is one pod of "
+                "tensor x pipeline processes. The engine's tensorParallelSize and pipelineParallelSize follow.",
+                {
+                    "tensor": _int("Tensor-parallel ranks: each layer sharded over them.", 1, 1, maximum=64),
+                    "pipeline": _int("Pipeline-parallel stages: the layers split between them.", 1, 1, maximum=64),
+                },
+                default={},
+            ),
             "engine": engine_schema(),
             "bounds": _bounds(),
             "nodeSelector": _map("Node labels the pods must run on.", {"type": "string"}),
@@ -316,6 +338,12 @@ def pool_schema(role: str) -> dict[str, Any]:
         {
             "rule": "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
             "message": "replicas must lie within [minReplicas, maxReplicas]",
+        },
+        {
+            "rule": "!has(self.engine) || (!has(self.engine.tensorParallelSize) && "
+            "!has(self.engine.pipelineParallelSize))",
+            "message": "set parallelism.tensor and parallelism.pipeline, not engine.tensorParallelSize or "
+            "engine.pipelineParallelSize",
         },
     ]
     return schema
@@ -551,6 +579,11 @@ def spec_schema() -> dict[str, Any]:
             "autotune": {**autotune, "default": {}},
             "router": {**router, "default": {}},
             "pod": {**_pod_options(), "default": {}},
+            "gpusPerNode": _int(
+                "The GPUs of one node (default: the operator's --gpus-per-node, the chart's gpusPerNode, else 8): "
+                "a pool replica whose parallelism needs more spans nodes, as a LeaderWorkerSet group.",
+                1,
+            ),
             "externalAutoscaler": {
                 "type": "boolean",
                 "default": False,
@@ -681,6 +714,15 @@ def status_schema() -> dict[str, Any]:
                 "replicaMinutes": {"type": "number", "description": "Replica-minutes run."},
                 "neededReplicaMinutes": {"type": "number", "description": "Replica-minutes the tuner judged needed."},
                 "excess": {"type": "number", "description": "replicaMinutes / neededReplicaMinutes."},
+                "deviceMinutes": {
+                    "type": "number",
+                    "description": "Device-minutes run: replicaMinutes times the devices of a replica "
+                    "(parallelism tensor x pipeline), where above one.",
+                },
+                "neededDeviceMinutes": {
+                    "type": "number",
+                    "description": "Device-minutes the tuner judged needed, where a replica runs on several.",
+                },
             },
         ),
     )

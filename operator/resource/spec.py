@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from llmfleet.operator.resource.layout import DEFAULT_GPUS_PER_NODE, Layout, LayoutError, layout
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.chat_template import template_problem
 from llmfleet.server.core.model_uri import ClaimModel, HubModel, parse_uri
@@ -191,6 +192,27 @@ def is_integer_knob(knob: str) -> bool:
     return EngineConfig.model_fields[TUNABLE_KNOBS[knob]].annotation is int
 
 
+# Engine fields a pool's parallelism sets (camelCase, snake_case): one place for the layout.
+PARALLEL_FIELDS = {
+    "tensorParallelSize": "tensor",
+    "tensor_parallel_size": "tensor",
+    "pipelineParallelSize": "pipeline",
+    "pipeline_parallel_size": "pipeline",
+}
+
+
+class Parallelism(_Model):
+    """How one replica splits the model: ``tensor`` ranks shard each layer, ``pipeline`` stages
+    split the layers; a replica runs on tensor x pipeline devices (layout.py places them)."""
+
+    tensor: int = Field(1, ge=1, le=64)
+    pipeline: int = Field(1, ge=1, le=64)
+
+    @property
+    def devices(self) -> int:
+        return self.tensor * self.pipeline
+
+
 class Pool(_Model):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(4, ge=1)
@@ -202,6 +224,18 @@ class Pool(_Model):
     bounds: dict[str, Bound] = Field(default_factory=dict)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+
+    @field_validator("engine")
+    @classmethod
+    def _layout_elsewhere(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if key in PARALLEL_FIELDS:
+                raise ValueError(
+                    f"engine.{key}: set parallelism.{PARALLEL_FIELDS[key]} instead (the pods and their "
+                    "devices follow it)"
+                )
+        return value
 
     @model_validator(mode="after")
     def _ranges(self) -> Pool:
@@ -222,7 +256,18 @@ class Pool(_Model):
         return self
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig.model_validate(self.engine)
+        """The engine's config: ``engine``, with the parallel sizes from ``parallelism``."""
+        return EngineConfig.model_validate(
+            {
+                **self.engine,
+                "tensor_parallel_size": self.parallelism.tensor,
+                "pipeline_parallel_size": self.parallelism.pipeline,
+            }
+        )
+
+    def layout(self, gpus_per_node: int) -> Layout:
+        """Where one replica runs (layout.py); raises LayoutError where it cannot be placed."""
+        return layout(self.resources, self.parallelism.tensor, self.parallelism.pipeline, gpus_per_node)
 
     @property
     def initial_replicas(self) -> int:
@@ -467,6 +512,16 @@ def default_server_image() -> str | None:
     return os.environ.get(SERVER_IMAGE_ENV) or None
 
 
+# The GPUs of a node where spec.gpusPerNode is unset: the operator's --gpus-per-node (the chart's
+# gpusPerNode value), else 8.
+GPUS_PER_NODE_ENV = "LLMFLEET_GPUS_PER_NODE"
+
+
+def default_gpus_per_node() -> int:
+    text = os.environ.get(GPUS_PER_NODE_ENV, "")
+    return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_GPUS_PER_NODE
+
+
 class InferenceServiceSpec(_Model):
     model: ModelSource
     image: str | None = Field(default_factory=default_server_image, min_length=1)
@@ -482,6 +537,8 @@ class InferenceServiceSpec(_Model):
     pod: PodOptions = Field(default_factory=PodOptions)
     # An HPA, KEDA or `kubectl scale` owns the Deployments' replicas: set only at creation
     external_autoscaler: bool = False
+    # A replica larger than a node spans several (layout.py): how many GPUs one node has
+    gpus_per_node: int = Field(default_factory=default_gpus_per_node, ge=1)
 
     @model_validator(mode="after")
     def _one_hub_token(self) -> InferenceServiceSpec:
@@ -528,6 +585,11 @@ class InferenceServiceSpec(_Model):
     def pool(self, name: str) -> Pool:
         return self.pools.get(name) or Pool()
 
+    def layout(self, pool: str) -> Layout:
+        """Where one replica of ``pool`` runs; parse_spec has refused a layout that cannot be placed.
+        The router is one pod of its own."""
+        return Layout() if pool == "router" else self.pool(pool).layout(self.gpus_per_node)
+
     def drain_seconds(self, pool: str) -> int:
         """How long a server of ``pool`` may finish its streams once told to stop (its
         ``--drain-timeout``; the pod's grace period adds the preStop sleep and a margin): the
@@ -562,6 +624,10 @@ def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:
         except ValidationError as exc:
             msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise SpecError("InvalidEngineConfig", f"pools.{name}.engine: {msgs}") from exc
+        try:
+            spec.layout(name)
+        except LayoutError as exc:
+            raise SpecError("InvalidSpec", f"pools.{name}.parallelism: {exc}") from exc
     return spec
 
 

@@ -13,6 +13,12 @@ with its protecting knob at its limit is saturated for latency: its per-pod load
 estimate's upper bound at once (capacity at the SLO, which for short chat or long RAG prompts is
 well below raw throughput). Per-pod rates are only measured once the ready pod count has held
 for a whole metric window.
+
+A replica is the unit throughout, however many devices it runs on: a tensor- or pipeline-parallel
+replica reports its step times and tokens as one server (its leader), so its capacity is learned
+as any other's, and only its cost counts its devices (spend.py). The step-time model of such a
+replica is the single-device one: it fits what the replica measures, but knows nothing of the
+collectives between its ranks, nor of the pipeline's bubbles.
 """
 
 from __future__ import annotations

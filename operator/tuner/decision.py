@@ -125,6 +125,9 @@ class PoolInput:
     metrics: PoolMetrics
     current: PoolSettings
     limits: PoolLimits
+    # Devices one replica runs on (tensor x pipeline parallel): what a replica costs. Capacity and
+    # step times stay per replica, as its pods report them.
+    devices: int = 1
 
 
 @dataclass(frozen=True)

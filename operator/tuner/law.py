@@ -108,7 +108,7 @@ class Tuner:
         pool_slo = {name: slo for name in names} | self._prefill_ttft_budget(pools, slo, lines)
         for name in names:
             targets = pool_slo[name]  # the SLOs as this pool is held to them
-            pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits)
+            pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits, pools[name].devices)
             known = mem.capacity.get(name)  # the step costs at today's knobs, as earlier runs learned them
             steps = None if known is None else self.estimator.per_replica(name, known, pool.current).steps
             proposals = self.knob_rules.propose(name, pool, targets, steps)
@@ -146,9 +146,11 @@ class Tuner:
             spend.record(
                 now, settings[name].replicas, needed.get(name, settings[name].replicas), self.config.cost_window_s
             )
-            cost = spend.summary(now, self.config.cost_window_s)
+            cost = spend.summary(now, self.config.cost_window_s, pools[name].devices)
             if cost is not None:
                 inputs[name]["cost"] = cost
+            if pools[name].devices > 1:
+                inputs[name]["devicesPerReplica"] = pools[name].devices
         if "prefill" in demand and "decode" in demand:
             lines.append(
                 f"P:D demand {demand['prefill'][0]:.2f}:{demand['decode'][0]:.2f} replica-equivalents "

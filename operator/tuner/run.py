@@ -138,7 +138,7 @@ class Autotuner:
             )
             view = current[name]
             settings = PoolSettings(view.replicas, view.knobs)
-            inputs[name] = PoolInput(metrics[name], settings, limits[name])
+            inputs[name] = PoolInput(metrics[name], settings, limits[name], spec.pool(name).parallelism.devices)
         client = await self._client_side(window)
         decision = self.tuner.decide(inputs, SLOTargets.from_spec(spec.slo), self.memory, now)
         settings_now = {name: PoolSettings(view.replicas, view.knobs) for name, view in current.items()}

@@ -39,6 +39,7 @@ NAMESPACE = "ml"
 PATHS = {
     "InferenceService": f"/apis/llmfleet.io/v1alpha1/namespaces/{NAMESPACE}/inferenceservices",
     "Deployment": f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
+    "LeaderWorkerSet": f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NAMESPACE}/leaderworkersets",
     "Service": f"/api/v1/namespaces/{NAMESPACE}/services",
     "ConfigMap": f"/api/v1/namespaces/{NAMESPACE}/configmaps",
     "PodDisruptionBudget": f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets",

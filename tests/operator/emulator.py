@@ -6,7 +6,7 @@ the operator's own client to behave as against a real API server:
 - lists carry the current resourceVersion and filter by labelSelector; watches replay from the
   resourceVersion they are given (or the current objects without one);
 - discovery: the bundled built-in resources plus the InferenceService CRD with its status
-  subresource (and optionally the Prometheus operator's PodMonitor);
+  subresource (and optionally the Prometheus operator's PodMonitor and the LeaderWorkerSet CRD);
 - PATCH speaks JSON patch (a failed test is 422), merge patch, strategic merge (as merge) and
   server-side apply; the status subresource only touches status, the main resource never does;
 - PUT replaces (409 on a stale resourceVersion); DELETE honours finalizers, and the garbage
@@ -531,10 +531,11 @@ def _now() -> str:
 
 INFERENCE_SERVICES = "llmfleet.io/v1alpha1/inferenceservices"
 POD_MONITORS = "monitoring.coreos.com/v1/podmonitors"
+LEADER_WORKER_SETS = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
 CLUSTER_PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 
 
-def make_cluster(*, pod_monitor: bool = False, peering: bool = False) -> Cluster:
+def make_cluster(*, pod_monitor: bool = False, peering: bool = False, leader_worker_set: bool = False) -> Cluster:
     cluster = Cluster()
     with warnings.catch_warnings():  # kmock reads its bundle with a deprecated importlib call
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -555,6 +556,16 @@ def make_cluster(*, pod_monitor: bool = False, peering: bool = False) -> Cluster
     if pod_monitor:
         info = ResourceInfo(kind="PodMonitor", singular="podmonitor", namespaced=True, verbs=verbs)
         cluster.declare(POD_MONITORS, info)
+    if leader_worker_set:  # lws.sigs.k8s.io's CRD: groups of pods, with status and scale subresources
+        info = ResourceInfo(
+            kind="LeaderWorkerSet",
+            singular="leaderworkerset",
+            namespaced=True,
+            verbs=verbs,
+            shortnames={"lws"},
+            subresources={"status", "scale"},
+        )
+        cluster.declare(LEADER_WORKER_SETS, info)
     if peering:  # the chart's crds/kopf-peering.yaml: keep-alives go into the object's status
         info = ResourceInfo(kind="ClusterKopfPeering", singular="clusterkopfpeering", namespaced=False, verbs=verbs)
         cluster.declare(CLUSTER_PEERINGS, info)

@@ -72,3 +72,18 @@ def test_the_reasons_for_failures_are_counted_by_kind_and_shown(capsys, tmp_path
     assert "1 aborted: colocated-2 killed at the end of its 30 s drain" in out
     report = json.loads(write_json(result, tmp_path / "r.json", summary).read_text())
     assert report["summary"]["reasons"] == summary["reasons"]
+
+
+def test_a_parallel_pool_costs_its_devices(capsys) -> None:
+    result = result_of([record(0.0, "finished", [0.1, 0.2])])
+    result.pod_lifetimes = [("colocated-1", "colocated", 0.0, 60.0), ("colocated-2", "colocated", 30.0, 60.0)]
+    summary = summarize(result)
+    assert summary["device_minutes"] == summary["replica_minutes"] == 1.5  # one device a replica
+    print_summary(result, summary)
+    assert "device-minutes" not in capsys.readouterr().out
+    result.devices = {"colocated": 4}  # tensor 2 x pipeline 2
+    summary = summarize(result)
+    assert summary["replica_minutes"] == 1.5 and summary["device_minutes"] == 6.0
+    assert summary["device_minutes_by_pool"] == {"colocated": 6.0}
+    print_summary(result, summary)
+    assert "device-minutes 6.0" in capsys.readouterr().out

@@ -18,13 +18,13 @@ from llmfleet.operator.reconcile.apply import (
     list_children,
     quantity,
 )
-from llmfleet.operator.reconcile.cluster import CHILD_KINDS, CONFIG_MAP, DEPLOYMENT, POD, POD_MONITOR, ApiError
+from llmfleet.operator.reconcile.cluster import CONFIG_MAP, DEPLOYMENT, POD, ApiError, child_kinds
 from llmfleet.operator.reconcile.desired import Owner, desired_objects, selector
 from llmfleet.operator.reconcile.scaledown import DELETION_COST, rank_pods_for_scale_down
 from llmfleet.operator.resource.spec import parse_spec
 from tests.operator.emulator import Fault
 
-KINDS = tuple(k for k in CHILD_KINDS if k is not POD_MONITOR)
+KINDS = child_kinds(pod_monitor=False, leader_worker_sets=False)
 SPEC = {"model": {"builtin": "tiny"}, "slo": {"ttftP95Ms": 500, "itlP95Ms": 100}}
 
 

@@ -20,7 +20,16 @@ from llmfleet.server.parsers.reasoning import REASONING_PARSERS as SERVER_REASON
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS as SERVER_PARSERS
 from llmfleet.server.router.policies import POLICIES as SERVER_POLICIES
 
-EXAMPLES = ["local", "colocated-chat", "disaggregated-long-prompt", "local-disaggregated", "quickstart"]
+EXAMPLES = [
+    "local",
+    "colocated-chat",
+    "disaggregated-long-prompt",
+    "local-disaggregated",
+    "quickstart",
+    "tensor-parallel",
+    "multi-node",
+]
+CUSTOM_API_VERSIONS = ("monitoring.coreos.com/v1", "leaderworkerset.x-k8s.io/v1")  # no schema in kubernetes-validate
 # The oldest Kubernetes the pods run on (preStop `sleep` is on by default from 1.30) and a recent one.
 KUBERNETES_VERSIONS = ("1.30", "1.35")
 OWNER = Owner("svc", "ml", "0c0ffee0-0000-4000-8000-000000000001")
@@ -51,7 +60,7 @@ def test_golden_manifests(repo_root, example):
     owner, spec = load(repo_root, example)
     objects = desired_objects(owner, spec, pod_monitor=True)
     for obj in objects:
-        if obj["apiVersion"] != "monitoring.coreos.com/v1":
+        if obj["apiVersion"] not in CUSTOM_API_VERSIONS:
             for version in KUBERNETES_VERSIONS:
                 kubernetes_validate.validate(obj, version, strict=True)
         assert obj["metadata"]["ownerReferences"] == [owner.reference()]

@@ -22,6 +22,8 @@ EXAMPLES = [
     "colocated-chat.yaml",
     "disaggregated-long-prompt.yaml",
     "quickstart.yaml",
+    "tensor-parallel.yaml",
+    "multi-node.yaml",
 ]
 
 
