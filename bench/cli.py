@@ -10,7 +10,7 @@ from llmfleet.bench.arguments import dtype, positive_ints
 HELP = (
     "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "
     "disagg (colocated vs prefill/decode), router (load vs prefix routing on conversations), "
-    "sim-fidelity (real engine vs simulator) "
+    "sim-fidelity (real engine vs simulator), pipeline (pipeline stages and tensor shards vs one process) "
     "or tuner (closed loop vs fixed configs vs HPA, simulated)"
 )
 
@@ -22,7 +22,7 @@ def add_arguments(parser) -> None:
         "which",
         nargs="?",
         default="engine",
-        choices=["engine", "server", "disagg", "router", "sim-fidelity", "tuner"],
+        choices=["engine", "server", "disagg", "router", "sim-fidelity", "tuner", "pipeline"],
         help="benchmark",
     )
     parser.add_argument("--model", default="builtin:small", help="builtin:small (default), builtin:tiny or a path")
@@ -86,6 +86,10 @@ def run(args) -> int:
         from llmfleet.bench.tuner_eval import run as run_tuner
 
         return run_tuner(args)
+    if args.which == "pipeline":
+        from llmfleet.bench.pipeline_bench import run as run_pipeline
+
+        return run_pipeline(args)
     from llmfleet.bench.engine_bench import run as run_engine
 
     return run_engine(args)

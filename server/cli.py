@@ -106,6 +106,20 @@ def add_arguments(parser) -> None:
         help="as vLLM's: generation config keys over --generation-config's, e.g. '{\"temperature\": 0.5}'",
     )
     add_engine_flags(parser)
+    distributed = parser.add_argument_group("parallel workers over several nodes (torchrun's names)")
+    distributed.add_argument("--nnodes", type=positive_int, default=1, help="nodes the model's workers span")
+    distributed.add_argument("--node-rank", type=int, default=0, help="this node's place: 0 serves the API")
+    distributed.add_argument(
+        "--master-addr", default="127.0.0.1", help="the node-rank 0 server's address, where the workers meet"
+    )
+    distributed.add_argument(
+        "--master-port", type=port, help="the port they meet on (default: a free one, on a single node)"
+    )
+    distributed.add_argument(
+        "--headless",
+        action="store_true",
+        help="as vLLM's: run this node's model workers only, no API (GET /health on --port)",
+    )
     prefill = parser.add_argument_group("prefill role")
     prefill.add_argument(
         "--kv-export-ttl",
@@ -206,13 +220,36 @@ def run(args) -> int:
     if args.metrics_port == args.port:
         print("llm-fleet serve: --metrics-port must differ from --port", file=sys.stderr)
         return 2
+    problem = distributed_problem(args)
+    if problem:
+        print(f"llm-fleet serve: {problem}", file=sys.stderr)
+        return 2
     if args.role == "router":
         from llmfleet.server.router.serve import serve as serve_router
 
         return serve_router(args)
+    if args.headless:
+        from llmfleet.server.parallel.headless import serve_headless
+
+        return serve_headless(args)
     from llmfleet.server.serve import serve
 
     return serve(args)
+
+
+def distributed_problem(args) -> str | None:
+    """What is wrong with the flags that place this server among several nodes, or None."""
+    if args.nnodes == 1:
+        if args.headless or args.node_rank:
+            return "--headless and --node-rank need --nnodes of 2 or more"
+        return None
+    if args.master_port is None:
+        return "--nnodes of 2 or more needs --master-port (and --master-addr: the node-rank 0 server)"
+    if not 0 <= args.node_rank < args.nnodes:
+        return f"--node-rank must be from 0 to {args.nnodes - 1}"
+    if args.headless != (args.node_rank > 0):
+        return "node-rank 0 serves the API; every other node runs --headless"
+    return None
 
 
 def boolean(text: str) -> bool:

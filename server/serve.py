@@ -48,7 +48,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     try:
         # once: a Hub model is downloaded (or found in the cache) here, then loaded from disk
         model = download_if_hub(args.model, getattr(args, "download_dir", None))
-        engine, tokenizer = build_engine(model, config, device=args.device)
+        engine, tokenizer = build_engine(model, config, device=args.device, distributed=distributed_args(args))
     except LOAD_ERRORS as exc:
         raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
     if template is not None:
@@ -83,6 +83,15 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         )
         watcher.start()
     return state, watcher
+
+
+def distributed_args(args) -> dict:
+    """Where a parallel model's workers meet (ParallelRunner's keywords)."""
+    return {
+        "nnodes": getattr(args, "nnodes", 1),
+        "master_addr": getattr(args, "master_addr", "127.0.0.1"),
+        "master_port": getattr(args, "master_port", None),
+    }
 
 
 def transfer_token(args) -> str | None:
@@ -169,5 +178,8 @@ def serve(args) -> int:
         if watcher is not None:
             watcher.stop()
         state.engine.shutdown()
+        close_workers = getattr(state.engine.engine.runner, "close", None)
+        if close_workers is not None:  # a parallel model's worker processes
+            close_workers()
 
     return run_app(create_app(state), state, args, on_exit=stop)

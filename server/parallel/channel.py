@@ -22,6 +22,7 @@ class Tag(IntEnum):
     HIDDEN = 3  # stage -> next stage: the hidden states of a step
     LOGITS = 4  # last stage -> engine: the logit rows of a step
     KV = 5  # worker -> engine: its part of a KV export
+    STATS = 6  # worker -> engine: how busy it has been
 
 
 @dataclass

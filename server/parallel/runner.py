@@ -245,6 +245,11 @@ class ParallelRunner:
                 parts.setdefault(rank, []).append((blocks, part))
         return parts
 
+    def worker_stats(self) -> dict[int, dict]:
+        """Each worker's busy seconds and steps so far (after the steps sent before)."""
+        self._command(("stats",))
+        return {rank: recv_object(self._world, rank, Tag.STATS) for rank in range(1, self.layout.world_size)}
+
     # --- the workers' lifetime ------------------------------------------------------------------
     def _command(self, command: tuple) -> None:
         outbox = Outbox()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -152,6 +153,8 @@ class StageWorker:
             if cpu_kernels.enabled():
                 cpu_kernels.built()
         self._sends: deque[Outbox] = deque()
+        self.busy_seconds = 0.0  # computing steps, not waiting for the previous stage
+        self.steps = 0
         self.hello = {
             "fingerprint": fingerprint,
             "dtype": _DTYPE_NAMES[self.dtype],
@@ -175,6 +178,10 @@ class StageWorker:
                 self._step(world, command[1], command[2])
             elif kind == "export":
                 self._export(world, command[1])
+            elif kind == "stats":
+                self._sends.append(
+                    send_object(world, {"busy_seconds": self.busy_seconds, "steps": self.steps}, 0, Tag.STATS)
+                )
             elif kind == "stop":
                 break
             # "noop": the engine keeps an idle worker's wait short
@@ -205,14 +212,23 @@ class StageWorker:
             hidden = torch.empty((1, padded, self.hidden_size), dtype=self.dtype)
             world.recv([hidden], self.layout.rank(self.stage - 1, self.shard), int(Tag.HIDDEN)).wait()
             inputs = {"inputs_embeds": hidden.to(self.device)}
+        started = time.perf_counter()
         common = {"position_ids": positions, "use_cache": False, "llmfleet_meta": step.meta}
         if self.last:
-            logits = self.model(**inputs, **common, logits_to_keep=step.logit_rows).logits[0]
+            logits = self.model(**inputs, **common, logits_to_keep=step.logit_rows).logits[0].contiguous()
+            self._count(started)
             if self.shard == 0 and logits.shape[0]:  # a step of mid-prompt chunks samples nothing
-                self._send(world, logits.contiguous(), 0, Tag.LOGITS)
+                self._send(world, logits, 0, Tag.LOGITS)
         else:
-            hidden = self.model.model(**inputs, **common).last_hidden_state
-            self._send(world, hidden.contiguous(), self.layout.rank(self.stage + 1, self.shard), Tag.HIDDEN)
+            hidden = self.model.model(**inputs, **common).last_hidden_state.contiguous()
+            self._count(started)
+            self._send(world, hidden, self.layout.rank(self.stage + 1, self.shard), Tag.HIDDEN)
+
+    def _count(self, started: float) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.busy_seconds += time.perf_counter() - started
+        self.steps += 1
 
     def _export(self, world, blocks: list[int]) -> None:
         self._send(world, self.cache.export_blocks(blocks), 0, Tag.KV)
