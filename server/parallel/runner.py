@@ -111,7 +111,8 @@ class ParallelRunner:
         if problem:
             raise ValueError(problem)
         self.pipeline_depth = layout.pipeline
-        self.device_type = resolve_device(device).type
+        self.device = resolve_device(device)  # the workers'; this process samples on the CPU
+        self.device_type = self.device.type
         port = master_port or free_port()
         self._store = meeting_store(master_addr, port, master=True)  # kept as long as the workers run
         self._processes = start_workers(

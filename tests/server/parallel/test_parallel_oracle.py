@@ -28,8 +28,6 @@ CASES = {
     "dynamic": dict(policy="dynamic", batch_timeout_ms=1.0),
     "priority": dict(scheduling="priority", priority_work_weight=10.0, max_num_batched_tokens=16),
 }
-# the same on builtin:small, a model of twelve layers and heads: fewer cases, the same paths
-SMALL_CASES = ["continuous-chunked", "static", "priority"]
 
 # Restart-only fields shared by every case: a cache of 14 blocks of 4 tokens cannot hold the load,
 # so every case preempts
@@ -86,8 +84,6 @@ def run_case(engine, prompts, max_tokens, priorities) -> dict[str, list[int]]:
 def test_greedy_matches_hf_generate_across_workers(reference, parallel_engine, case):
     name, prompts, max_tokens, priorities, expected = reference
     layout, engine = parallel_engine
-    if name == "builtin:small" and case not in SMALL_CASES:
-        pytest.skip("builtin:small runs a subset of the cases")
     engine.update_config(EngineConfig(**FIXED, **CASES[case], **layout_fields(engine)))
     preempted_before = engine.stats().preemptions_total
     outputs = run_case(engine, prompts, max_tokens, priorities)
