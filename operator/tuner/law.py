@@ -476,25 +476,31 @@ class Tuner:
             note = f"; the KV cache would run {kv / max(target - 1, 1):.0%} full with fewer than {target} -> {target}"
             if lowest >= cur:
                 return cur, note
+        limit = self._scale_down_limit(name, m, slo, units, cur, capacity)
         projected = self._project(name, m, slo, units, cur, lowest, capacity)
-        if projected.ratio <= c.projected_latency_limit:
+        if projected.ratio <= limit:
             return target, note
         fewer = range(lowest + 1, cur)
-        n = next(
-            (
-                n
-                for n in fewer
-                if self._project(name, m, slo, units, cur, n, capacity).ratio <= c.projected_latency_limit
-            ),
-            cur,
-        )
+        n = next((n for n in fewer if self._project(name, m, slo, units, cur, n, capacity).ratio <= limit), cur)
         slots = None if capacity.steps is None else capacity.steps.slots
         at = f"at {lowest}" + ("" if slots is None else f" with {MAX_BATCH} {slots}")
         return n, note + (
             f"; {at} the owned latency is projected at {projected.ratio:.2f}x its SLO ({projected.how}; now "
-            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {c.projected_latency_limit:g})"
+            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {limit:.2f})"
             f" -> {n}"
         )
+
+    def _scale_down_limit(
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, capacity: PerReplica
+    ) -> float:
+        """The most a scale-down may project its owned latency at: ``projected_latency_limit``, or
+        where a busy window at today's count already projects past it, that projection plus the
+        limit's own margin. Pods cannot lower a latency that is over the limit with all of them
+        (a long prompt's own prefill, a small token budget): a count is then refused for the
+        latency it adds, not for what no count removes, which held every pod at start-up."""
+        c = self.config
+        today = self._project(name, m, slo, units, cur, cur, capacity).ratio
+        return max(c.projected_latency_limit, today + 1.0 - c.projected_latency_limit)
 
     def _latency_replicas(
         self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int, capacity: PerReplica

@@ -84,6 +84,18 @@ def test_the_latency_projection_is_the_floor_and_says_so() -> None:
     assert any("the latency projection" in c.reason for d in decisions for c in d.changes)
 
 
+def test_a_latency_no_pod_count_lowers_does_not_hold_the_pods() -> None:
+    """TTFT at 98% of its SLO with 20 ms of it queueing: its own work, which 16 pods do no faster
+    than 5. Judged against the limit alone, every count fewer projects past it and all 16 pods
+    stay; judged by what a count adds, the pool steps down to its demand."""
+    decisions = run_loop(
+        Tuner(CONFIG), backlog_then_quiet(ttft_ms=490.0), runs=40, start={"colocated": settings(replicas=16)}
+    )
+    moves = replica_moves(decisions)
+    assert moves and moves[0][1] == 16 and moves[-1][2] == 5, moves
+    assert all(new < old for _, old, new, _ in moves)
+
+
 def ramp(predictive: bool) -> list[Decision]:
     """Prompt load rising 1500 tok/s a minute from 4000 (1.25 replicas' worth) on pods that keep
     up: the reactive law follows the served rate; the forecast asks for the pods a start-up ahead."""
