@@ -37,7 +37,7 @@ from llmfleet.operator.tuner.decision import (
     plain,
 )
 from llmfleet.operator.tuner.decision import num as _num
-from llmfleet.operator.tuner.forecast import Outlook, PoolForecast
+from llmfleet.operator.tuner.forecast import Outlook, PoolForecast, level_noise
 from llmfleet.operator.tuner.knobs import KnobRules
 from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
 from llmfleet.operator.tuner.per_request import Finished, requests_per_s
@@ -338,10 +338,10 @@ class Tuner:
 
     def _forecast(self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast) -> Outlook | None:
         """Feed this run's rates to the pool's trends and say what they add over one pod start-up
-        and one interval. A rise counts only where it stands out of the series' forecast error,
-        only while no queue is draining (the queue terms speak for a ramp already here, and a
-        draining backlog lifts served rates), and never more than ``forecast_max_rise`` of today's
-        demand."""
+        and one interval. A rise counts only where it stands out of the noise its smoothed level
+        keeps (forecast.level_noise), only while no queue is draining (the queue terms speak for a
+        ramp already here, and a draining backlog lifts served rates), and never more than
+        ``forecast_max_rise`` of today's demand."""
         c, m = self.config, pool.metrics
         rates = {
             "request_rate": m.request_rate,
@@ -363,7 +363,7 @@ class Tuner:
             return None
         now_units = sum(rate / cap for _, cap, rate in held)  # type: ignore[operator]
         rise = sum(max(0.0, h.rise(horizon)) / cap for h, cap, _ in held)
-        noise = sum(h.error / cap for h, cap, _ in held)
+        noise = sum(h.error / cap for h, cap, _ in held) * level_noise(c.forecast_alpha)
         trends = {s: state.series[s].trend for s in (*(x for x, _ in series), "request_rate") if s in state.series}
         pods = max(m.ready_pods or 0, 1)
         source = "startup measured" if state.startup_s is not None else "startup guessed"
