@@ -3,18 +3,28 @@ point per tuner run, so that a ramp's pods are asked for a pod start-up ahead of
 
 Each series keeps a level and a trend (per second), updated as the rates come in, and the mean
 absolute error of its one-run-ahead forecasts: a rise counts only where the trend carries the
-series further over the horizon than that error (noise does not buy pods). The horizon is one
-pod start-up and one interval, the start-up as measured from the pool's own scale-ups (a first
-guess until one has been seen). Pure: the state lives in ``TunerMemory``."""
+series further over the horizon than that error leaves the smoothed level uncertain
+(``level_noise``: noise does not buy pods). The horizon is one pod start-up and one interval,
+the start-up as measured from the pool's own scale-ups (a first guess until one has been seen).
+Pure: the state lives in ``TunerMemory``."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 SERIES = ("request_rate", "prompt_tokens_per_s", "generation_tokens_per_s")
+
+
+def level_noise(alpha: float) -> float:
+    """The smoothed level's spread against one reading's, for white noise: sqrt(alpha / (2 -
+    alpha)). The trend carries the level, not the last reading, so a rise stands out of the noise
+    once it clears the level's spread; against a single reading's error, a rise over a short
+    horizon (a pod start-up of 30 s and one interval) never could."""
+    return math.sqrt(alpha / (2.0 - alpha))
 
 
 class Holt(BaseModel):
@@ -79,7 +89,7 @@ class Outlook:
 
     horizon_s: float
     rise_units: float  # 0 where the trend does not stand out of the noise
-    noise_units: float  # the series' one-run forecast errors, in replica-equivalents
+    noise_units: float  # the smoothed level's spread (level_noise), in replica-equivalents
     trends: dict[str, float]  # per series, per second
     why: str
 

@@ -37,9 +37,10 @@ from llmfleet.operator.tuner.decision import (
     plain,
 )
 from llmfleet.operator.tuner.decision import num as _num
-from llmfleet.operator.tuner.forecast import Outlook, PoolForecast
+from llmfleet.operator.tuner.forecast import Outlook, PoolForecast, level_noise
 from llmfleet.operator.tuner.knobs import KnobRules
 from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
+from llmfleet.operator.tuner.per_request import Finished, requests_per_s
 from llmfleet.operator.tuner.projection import Projection, project, trusted_queue_s
 from llmfleet.operator.tuner.proposal import (
     Proposal,
@@ -121,10 +122,13 @@ class Tuner:
             added_since = capacity.pods_since if direction > 0 else None
             removed_since = capacity.pods_since if direction < 0 else None
             outlook = self._forecast(name, pool, per_replica, mem.forecast.setdefault(name, PoolForecast()))
+            finished = mem.finished.setdefault(name, Finished())
+            finished.observe(pool.metrics)
             moved = (added_since, removed_since, outlook)
-            replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved)
+            requests_s = requests_per_s(pool.metrics, finished)
+            replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved, requests_s)
             replicas, units = self._with_the_slots_coming(
-                name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), moved
+                name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), moved, requests_s
             )
             if units is not None:
                 demand[name] = units
@@ -223,8 +227,10 @@ class Tuner:
         capacity: PerReplica,
         knobs: Mapping[str, Proposal],
         moved: tuple[float | None, float | None, Outlook | None],
+        requests_s: float | None = None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
-        """The replica count demand, the trend and the owned latencies ask for. A scale-down's
+        """The replica count demand, the trend and the owned latencies ask for, the queue priced
+        at the tokens of ``requests_s`` requests/s (per_request.py). A scale-down's
         target is demand alone (stabilized over its window, as HPA's recommendations are), and
         the latency projection's floor, judged at this run's count, rides beside it (``floor``):
         a floor judged at an earlier, larger count must not hold the pool a window per step (_act
@@ -248,7 +254,7 @@ class Tuner:
         units = sum(rate / cap for rate, cap, _ in parts)  # type: ignore[operator]
         served = units
         detail = " + ".join(f"{label} {rate:.0f} tok/s / {cap:.0f} per replica" for rate, cap, label in parts)
-        for extra in (self._growth_units(m, parts), self._backlog_units(m, parts)):
+        for extra in (self._growth_units(m, parts, requests_s), self._backlog_units(m, parts, requests_s)):
             if extra is not None:
                 units += extra[0]
                 detail += f" + {extra[1]}"
@@ -334,10 +340,10 @@ class Tuner:
 
     def _forecast(self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast) -> Outlook | None:
         """Feed this run's rates to the pool's trends and say what they add over one pod start-up
-        and one interval. A rise counts only where it stands out of the series' forecast error,
-        only while no queue is draining (the queue terms speak for a ramp already here, and a
-        draining backlog lifts served rates), and never more than ``forecast_max_rise`` of today's
-        demand."""
+        and one interval. A rise counts only where it stands out of the noise its smoothed level
+        keeps (forecast.level_noise), only while no queue is draining (the queue terms speak for a
+        ramp already here, and a draining backlog lifts served rates), and never more than
+        ``forecast_max_rise`` of today's demand."""
         c, m = self.config, pool.metrics
         rates = {
             "request_rate": m.request_rate,
@@ -359,7 +365,7 @@ class Tuner:
             return None
         now_units = sum(rate / cap for _, cap, rate in held)  # type: ignore[operator]
         rise = sum(max(0.0, h.rise(horizon)) / cap for h, cap, _ in held)
-        noise = sum(h.error / cap for h, cap, _ in held)
+        noise = sum(h.error / cap for h, cap, _ in held) * level_noise(c.forecast_alpha)
         trends = {s: state.series[s].trend for s in (*(x for x, _ in series), "request_rate") if s in state.series}
         pods = max(m.ready_pods or 0, 1)
         source = "startup measured" if state.startup_s is not None else "startup guessed"
@@ -385,6 +391,7 @@ class Tuner:
         now: float,
         proposal: tuple[Proposal, tuple[float, str] | None],
         moved: tuple[float | None, float | None, Outlook | None],
+        requests_s: float | None = None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
         """The replica proposal at the batch cap this run recommends, where that is more than the
         cap it leaves and lets fewer pods go: pods and slots are one decision. The cap's own
@@ -400,7 +407,7 @@ class Tuner:
             return proposal
         then = leaves.with_value(MAX_BATCH, batch.target)
         at_then = self.estimator.per_replica(name, capacity, then)
-        alt, units = self._replica_proposal(name, pool, slo, at_then, knobs, moved)
+        alt, units = self._replica_proposal(name, pool, slo, at_then, knobs, moved, requests_s)
         if alt.needed >= min(proposal[0].needed, pool.current.replicas):
             return proposal
         return replace(alt, slots=int(batch.target)), units
@@ -471,25 +478,31 @@ class Tuner:
             note = f"; the KV cache would run {kv / max(target - 1, 1):.0%} full with fewer than {target} -> {target}"
             if lowest >= cur:
                 return cur, note
+        limit = self._scale_down_limit(name, m, slo, units, cur, capacity)
         projected = self._project(name, m, slo, units, cur, lowest, capacity)
-        if projected.ratio <= c.projected_latency_limit:
+        if projected.ratio <= limit:
             return target, note
         fewer = range(lowest + 1, cur)
-        n = next(
-            (
-                n
-                for n in fewer
-                if self._project(name, m, slo, units, cur, n, capacity).ratio <= c.projected_latency_limit
-            ),
-            cur,
-        )
+        n = next((n for n in fewer if self._project(name, m, slo, units, cur, n, capacity).ratio <= limit), cur)
         slots = None if capacity.steps is None else capacity.steps.slots
         at = f"at {lowest}" + ("" if slots is None else f" with {MAX_BATCH} {slots}")
         return n, note + (
             f"; {at} the owned latency is projected at {projected.ratio:.2f}x its SLO ({projected.how}; now "
-            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {c.projected_latency_limit:g})"
+            f"{ratio:.2f}x, utilization {units / cur:.2f} -> {units / lowest:.2f}; > {limit:.2f})"
             f" -> {n}"
         )
+
+    def _scale_down_limit(
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, capacity: PerReplica
+    ) -> float:
+        """The most a scale-down may project its owned latency at: ``projected_latency_limit``, or
+        where a busy window at today's count already projects past it, that projection plus the
+        limit's own margin. Pods cannot lower a latency that is over the limit with all of them
+        (a long prompt's own prefill, a small token budget): a count is then refused for the
+        latency it adds, not for what no count removes, which held every pod at start-up."""
+        c = self.config
+        today = self._project(name, m, slo, units, cur, cur, capacity).ratio
+        return max(c.projected_latency_limit, today + 1.0 - c.projected_latency_limit)
 
     def _latency_replicas(
         self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int, capacity: PerReplica
@@ -527,28 +540,34 @@ class Tuner:
         k = cur / n * (busy_surge(m, self.config) if busy else 1.0)
         return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, units / cur, k, capacity.steps)
 
-    def _growth_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
+    def _growth_units(
+        self, m: PoolMetrics, parts: list[tuple[float | None, float, str]], requests_s: float | None
+    ) -> tuple[float, str] | None:
         """Replica-equivalents of the arrivals the pool is not keeping up with: served throughput
         stops growing once a pool saturates, while a queue that grows by g requests/s says the
         arrival rate is g above it. Counting them scales a step up in one move, before the
         backlog they build gets long (a pod takes a while to start). Only a queue that grew by at
-        least one request over the window counts; smaller slopes are noise."""
+        least one request over the window counts; smaller slopes are noise. A request weighs the
+        window's tokens over ``requests_s`` (per_request.py)."""
         growth = m.waiting_growth_per_s
-        if growth is None or growth * m.window_s < 1.0 or not m.request_rate:
+        if growth is None or growth * m.window_s < 1.0 or not requests_s:
             return None
-        units = sum(growth * (rate or 0.0) / m.request_rate / cap for rate, cap, _ in parts)
+        units = sum(growth * (rate or 0.0) / requests_s / cap for rate, cap, _ in parts)
         return units, f"queue growing {growth:.2f} req/s = {units:.2f}"
 
-    def _backlog_units(self, m: PoolMetrics, parts: list[tuple[float | None, float, str]]) -> tuple[float, str] | None:
+    def _backlog_units(
+        self, m: PoolMetrics, parts: list[tuple[float | None, float, str]], requests_s: float | None
+    ) -> tuple[float, str] | None:
         """Replica-equivalents to drain the queue within ``backlog_drain_s``: served throughput
-        under-counts demand once requests wait, so the waiting requests' tokens are added."""
+        under-counts demand once requests wait, so the waiting requests' tokens are added (a
+        request weighing the window's tokens over ``requests_s``)."""
         c = self.config
-        if not m.waiting or m.waiting < 1 or not m.request_rate:
+        if not m.waiting or m.waiting < 1 or not requests_s:
             return None
         units = 0.0
         for rate, cap, _ in parts:
             if rate is not None:
-                units += m.waiting * (rate / m.request_rate) / cap / c.backlog_drain_s
+                units += m.waiting * (rate / requests_s) / cap / c.backlog_drain_s
         return units, f"backlog {m.waiting:.0f} waiting drained in {c.backlog_drain_s:.0f} s = {units:.2f}"
 
     def _ratio_bounds(

@@ -4,7 +4,8 @@
 annotation or status). For every controlled quantity, keyed ``pool/knob`` (``decode/maxBatchSize``,
 ``prefill/replicas``), it keeps the recommendations of recent runs, when the quantity last changed
 and in which direction, and when that direction last flipped. Per pool it keeps the measured
-per-replica capacity, its load's trend (forecast.py) and its spend against its need (spend.py).
+per-replica capacity, its load's trend (forecast.py), its spend against its need (spend.py) and
+how many requests it has finished (per_request.py).
 A memory that cannot be read back starts fresh: the tuner then only acts
 once new recommendations span its stabilization windows, so forgetting errs on the side of holding.
 
@@ -20,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from llmfleet.operator.tuner.forecast import PoolForecast
+from llmfleet.operator.tuner.per_request import Finished
 from llmfleet.operator.tuner.spend import Spend
 from llmfleet.operator.tuner.step_model import StepModel
 
@@ -103,6 +105,7 @@ class TunerMemory(BaseModel):
     capacity: dict[str, Capacity] = Field(default_factory=dict)
     forecast: dict[str, PoolForecast] = Field(default_factory=dict)  # per pool: trends, start-up
     spend: dict[str, Spend] = Field(default_factory=dict)  # per pool: replicas run against needed
+    finished: dict[str, Finished] = Field(default_factory=dict)  # per pool: requests finished, for per_request.py
     recent: list[DecisionRecord] = Field(default_factory=list)
     idle_since: dict[str, float] = Field(default_factory=dict)  # pool -> since when it is idle (zero.py)
 

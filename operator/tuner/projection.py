@@ -101,10 +101,14 @@ def slots_for(m: PoolMetrics, steps: StepCosts, k: float) -> int | None:
     return slots
 
 
-def surge(request_rate: float | None, period_s: float, sd: float) -> float:
+def surge(request_rate: float | None, period_s: float, sd: float, in_flight: float = 0.0) -> float:
     """The load factor of a busy period: Poisson arrivals over ``period_s`` run ``sd`` standard
-    deviations above their mean about one period in six (sd 1), far more so at low rates."""
-    expected = (request_rate or 0.0) * period_s
+    deviations above their mean about one period in six (sd 1), far more so at low rates. The
+    work a period carries is that of the requests in flight in it, which arrived over the period
+    and over one request's life before it (``in_flight`` of them, by Little's law): where
+    requests live long against the period, that is many more than the period's arrivals, and
+    their total swings less."""
+    expected = (request_rate or 0.0) * period_s + in_flight
     return 1.0 + sd / math.sqrt(expected) if expected >= 1.0 else 1.0 + sd
 
 

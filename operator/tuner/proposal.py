@@ -65,8 +65,10 @@ def owned_latency_ratio(name: str, m: PoolMetrics, slo: SLOTargets) -> float:
 
 
 def busy_surge(m: PoolMetrics, config: TunerConfig) -> float:
-    """The load factor of a busy window as long as the one the latencies are judged over."""
-    return surge(m.request_rate, m.slo_window_s or m.latency_window_s or m.window_s, config.surge_sd)
+    """The load factor of a busy window as long as the one the latencies are judged over, whose
+    work is that of the requests in flight in it (running and waiting, and its arrivals)."""
+    period = m.slo_window_s or m.latency_window_s or m.window_s
+    return surge(m.request_rate, period, config.surge_sd, (m.running or 0.0) + (m.waiting or 0.0))
 
 
 def kv_under_pressure(m: PoolMetrics, config: TunerConfig) -> bool:

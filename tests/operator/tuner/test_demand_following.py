@@ -84,6 +84,18 @@ def test_the_latency_projection_is_the_floor_and_says_so() -> None:
     assert any("the latency projection" in c.reason for d in decisions for c in d.changes)
 
 
+def test_a_latency_no_pod_count_lowers_does_not_hold_the_pods() -> None:
+    """TTFT at 98% of its SLO with 20 ms of it queueing: its own work, which 16 pods do no faster
+    than 5. Judged against the limit alone, every count fewer projects past it and all 16 pods
+    stay; judged by what a count adds, the pool steps down to its demand."""
+    decisions = run_loop(
+        Tuner(CONFIG), backlog_then_quiet(ttft_ms=490.0), runs=40, start={"colocated": settings(replicas=16)}
+    )
+    moves = replica_moves(decisions)
+    assert moves and moves[0][1] == 16 and moves[-1][2] == 5, moves
+    assert all(new < old for _, old, new, _ in moves)
+
+
 def ramp(predictive: bool) -> list[Decision]:
     """Prompt load rising 1500 tok/s a minute from 4000 (1.25 replicas' worth) on pods that keep
     up: the reactive law follows the served rate; the forecast asks for the pods a start-up ahead."""
@@ -112,6 +124,25 @@ def test_a_ramp_is_met_a_start_up_ahead_and_the_decision_says_the_forecast_drove
     outlook = predictive[-1].inputs["colocated"]["forecast"]
     # one start-up and one interval: here pods are ready at the next run, so 10 s measured + 10 s
     assert outlook["horizonSeconds"] == 20 and ramp(True)[0].inputs["colocated"]["forecast"]["horizonSeconds"] == 70
+
+
+def test_a_ramp_stands_out_of_the_noise_its_level_keeps_not_a_single_readings() -> None:
+    """The ramp above with every reading 1000 tok/s off, up and down in turn: one run's forecast
+    error (1000 tok/s and more) dwarfs the 250 tok/s the trend adds over a 20 s horizon, yet the
+    smoothed level it carries is four times steadier. The forecast still asks for the pods first."""
+
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        prompt = 4000.0 + 25.0 * i * INTERVAL + (1000.0 if i % 2 else -1000.0)
+        m = metrics(ttft_ms=100.0, itl_ms=30.0, prompt_tps=prompt, gen_tps=0.0, pods=current["colocated"].replicas)
+        return {
+            "colocated": pool_input(
+                m.__class__(**{**m.__dict__, "at": now}), current["colocated"], limits(max_replicas=16)
+            )
+        }
+
+    decisions = run_loop(Tuner(CONFIG), make, runs=40, start={"colocated": settings(replicas=2)})
+    ups = [m for m in replica_moves(decisions) if m[2] > m[1]]
+    assert ups and ups[0][3] == "forecast", ups
 
 
 def test_noise_without_a_trend_buys_no_pods() -> None:

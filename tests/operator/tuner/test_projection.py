@@ -11,7 +11,9 @@ from dataclasses import replace
 import pytest
 
 from llmfleet.operator.metrics.source import LatencyQuantiles
+from llmfleet.operator.tuner.decision import TunerConfig
 from llmfleet.operator.tuner.projection import StepCosts, erlang_c, itl_tail, project, surge
+from llmfleet.operator.tuner.proposal import busy_surge
 from tests.operator.tuner.scenarios import latency, metrics
 
 # Four pods, each busy 20% of the time with its sequences' and prompt tokens' work:
@@ -86,6 +88,15 @@ def test_a_busy_window_surges_more_at_low_rates() -> None:
     assert surge(4.0, 60.0, 2.0) == pytest.approx(1 + 2 / math.sqrt(240))
     assert surge(0.5, 60.0, 2.0) == pytest.approx(1 + 2 / math.sqrt(30))
     assert surge(None, 60.0, 2.0) == 3.0  # nothing known: the sd itself
+
+
+def test_a_busy_window_counts_the_requests_in_flight_not_only_its_arrivals() -> None:
+    """Requests that live long against the window carry its work: 0.5 requests/s over a minute
+    with 20 running swings as 50 requests do, not as the minute's 30 arrivals."""
+    assert surge(0.5, 60.0, 2.0, in_flight=20.0) == pytest.approx(1 + 2 / math.sqrt(50))
+    assert busy_surge(metrics(rate=0.5, running=16.0, waiting=4.0), TunerConfig()) == pytest.approx(
+        1 + 2 / math.sqrt(50)
+    )
 
 
 def test_a_lone_prompt_fills_its_step_whatever_the_load() -> None:
