@@ -67,7 +67,7 @@ def run(args) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(args.model)
-    dtype = "float32" if args.dtype == "auto" else args.dtype
+    dtype = args.dtype
     offline_wl = OFFLINE_32 if not args.quick else Workload("offline-8", 8, prompt_len=(128, 128), output_len=(16, 64))
     online_wl = anyscale_online(args.rate, args.online_requests if not args.quick else 8)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
@@ -82,34 +82,21 @@ def run(args) -> int:
             for i, s in enumerate(online_wl.requests())
         ]
     }
+    commands = {"offline": offline_command, "online": online_command}
     print(f"== pipeline bench: {args.model} {dtype}, {threads} cores; {offline_wl.name} and {online_wl.name}")
     results: dict = {"model": args.model, "dtype": dtype, "threads": threads, "contenders": {}}
+    saved = os.environ.get("LLMFLEET_WORKER_THREADS"), torch.get_num_threads()
     os.environ["LLMFLEET_WORKER_THREADS"] = "1"
-    for name, (tensor, pipeline) in contenders(threads).items():
-        torch.set_num_threads(threads if tensor * pipeline == 1 else 1)  # the engine process only samples
-        config = EngineConfig(
-            dtype=dtype,
-            max_batch_size=32,
-            max_num_batched_tokens=2048,
-            tensor_parallel_size=tensor,
-            pipeline_parallel_size=pipeline,
-        )
-        started = time.perf_counter()
-        engine, _ = build_engine(args.model, config)
-        load_s = time.perf_counter() - started
-        try:
-            run_offline(engine, {"prompts": offline_command["prompts"][:2], "outputs": [2, 2]})  # warm
-            row = {
-                "load_s": load_s,
-                "offline": measure(engine, "offline", offline_command),
-                "online": measure(engine, "online", online_command),
-            }
-        finally:
-            close = getattr(engine.runner, "close", None)
-            if close is not None:
-                close()
-        results["contenders"][name] = row
-        print_row(name, row)
+    try:
+        for name, (tensor, pipeline) in contenders(threads).items():
+            results["contenders"][name] = run_contender(args.model, dtype, threads, tensor, pipeline, commands)
+            print_row(name, results["contenders"][name])
+    finally:
+        if saved[0] is None:
+            os.environ.pop("LLMFLEET_WORKER_THREADS")
+        else:
+            os.environ["LLMFLEET_WORKER_THREADS"] = saved[0]
+        torch.set_num_threads(saved[1])
     base = next(iter(results["contenders"].values()))
     for name, row in results["contenders"].items():
         ratio = row["offline"]["useful_tok_s"] / base["offline"]["useful_tok_s"]
@@ -120,6 +107,31 @@ def run(args) -> int:
     path.write_text(json.dumps(results, indent=2))
     print(f"wrote {path}")
     return 0
+
+
+def run_contender(model: str, dtype: str, threads: int, tensor: int, pipeline: int, commands: dict) -> dict:
+    torch.set_num_threads(threads if tensor * pipeline == 1 else 1)  # the engine process only samples
+    config = EngineConfig(
+        dtype=dtype,
+        max_batch_size=32,
+        max_num_batched_tokens=2048,
+        tensor_parallel_size=tensor,
+        pipeline_parallel_size=pipeline,
+    )
+    started = time.perf_counter()
+    engine, _ = build_engine(model, config)
+    load_s = time.perf_counter() - started
+    try:
+        run_offline(engine, {"prompts": commands["offline"]["prompts"][:2], "outputs": [2, 2]})  # warm
+        return {
+            "load_s": load_s,
+            "offline": measure(engine, "offline", commands["offline"]),
+            "online": measure(engine, "online", commands["online"]),
+        }
+    finally:
+        close = getattr(engine.runner, "close", None)
+        if close is not None:
+            close()
 
 
 def print_row(name: str, row: dict) -> None:

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from llmfleet.bench import disagg_bench, engine_bench, router_bench, server_bench, sim_fidelity
+from llmfleet.bench import disagg_bench, engine_bench, pipeline_bench, router_bench, server_bench, sim_fidelity
 from llmfleet.cli import main
 
 BAD_NUMBERS = [
@@ -43,7 +43,7 @@ def no_bench_runs(monkeypatch):
     def ran(args):
         raise AssertionError(f"bench {args.which} ran")
 
-    for module in (engine_bench, server_bench, disagg_bench, router_bench, sim_fidelity):
+    for module in (engine_bench, server_bench, disagg_bench, router_bench, sim_fidelity, pipeline_bench):
         monkeypatch.setattr(module, "run", ran)
 
 
@@ -73,7 +73,7 @@ def _refused(argv: list[str], capsys) -> str:
 def test_out_that_is_a_file_is_refused(tmp_path, capsys) -> None:
     taken = tmp_path / "results"
     taken.write_text("")
-    for which in ("engine", "server", "disagg", "router", "sim-fidelity", "tuner"):
+    for which in ("engine", "server", "disagg", "router", "sim-fidelity", "tuner", "pipeline"):
         err = _refused([which, "--out", str(taken)], capsys)
         assert f"llm-fleet bench {which}: cannot write --out {taken}: {taken} is a file, not a directory" in err
 
