@@ -22,6 +22,7 @@ from llmfleet.bench.engine_worker import online as run_online
 from llmfleet.bench.report import latency_summary
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.build import build_engine
+from llmfleet.server.parallel.runner import leave_cores_to_workers
 from llmfleet.server.runner.builtin_models import resolve_model
 from llmfleet.workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
 
@@ -110,7 +111,7 @@ def run(args) -> int:
 
 
 def run_contender(model: str, dtype: str, threads: int, tensor: int, pipeline: int, commands: dict) -> dict:
-    torch.set_num_threads(threads if tensor * pipeline == 1 else 1)  # the engine process only samples
+    torch.set_num_threads(threads)
     config = EngineConfig(
         dtype=dtype,
         max_batch_size=32,
@@ -121,6 +122,8 @@ def run_contender(model: str, dtype: str, threads: int, tensor: int, pipeline: i
     started = time.perf_counter()
     engine, _ = build_engine(model, config)
     load_s = time.perf_counter() - started
+    if tensor * pipeline > 1:
+        leave_cores_to_workers()  # as serve does
     try:
         run_offline(engine, {"prompts": commands["offline"]["prompts"][:2], "outputs": [2, 2]})  # warm
         return {

@@ -53,6 +53,10 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
         raise SystemExit(f"llm-fleet serve: cannot load {args.model}: {exc}") from exc
     if template is not None:
         tokenizer.chat_template = template
+    if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+        from llmfleet.server.parallel.runner import leave_cores_to_workers
+
+        leave_cores_to_workers()
     try:
         defaults = read_generation_defaults(
             args.generation_config, resolve_model(model), args.override_generation_config

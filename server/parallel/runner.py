@@ -86,6 +86,12 @@ def start_workers(
     return processes
 
 
+def leave_cores_to_workers() -> None:
+    """One torch thread for this process, which only samples: the workers own the cores, and idle
+    OpenMP threads of this process would spin on them."""
+    torch.set_num_threads(1)
+
+
 def node_ranks(layout: ParallelLayout, nnodes: int, node_rank: int) -> range:
     """The worker ranks node ``node_rank`` of ``nnodes`` runs (the workers split evenly)."""
     if layout.num_workers % nnodes:
