@@ -88,6 +88,11 @@ class KVLayout:
     def num_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def payload_shape(self, num_blocks: int) -> tuple[int, int, int, int, int]:
+        """The payload of ``num_blocks`` blocks as a tensor: (layers, 2, kv_heads, blocks,
+        block_size * head_dim), keys then values."""
+        return (self.num_layers, 2, self.num_kv_heads, num_blocks, self.block_size * self.head_dim)
+
     def full_blocks(self, num_tokens: int) -> int:
         """The blocks ``num_tokens`` fill: the ones a receiver can hold cached and a body leave out."""
         return num_tokens // self.block_size

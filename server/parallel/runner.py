@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +31,7 @@ from llmfleet.server.parallel.worker import WorkerSpec, meeting_store, run_worke
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 from llmfleet.server.runner.sampler import Sampler
 from llmfleet.server.runner.step_inputs import plan_step
-from llmfleet.server.runner.torch_runner import _DTYPES, resolve_device, step_results
+from llmfleet.server.runner.torch_runner import DTYPES, context_limit, imported_kv, resolve_device, step_results
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +112,11 @@ class ParallelRunner:
         master_port: int | None = None,
     ) -> None:
         self.layout = layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
-        problem = layout_problem(layout, AutoConfig.from_pretrained(model_dir))
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        problem = layout_problem(layout, hf_config)
         if problem:
             raise ValueError(problem)
+        self.max_model_len = context_limit(config, hf_config)  # before any worker starts
         self.pipeline_depth = layout.pipeline
         self.device = resolve_device(device)  # the workers'; this process samples on the CPU
         self.device_type = self.device.type
@@ -130,14 +131,9 @@ class ParallelRunner:
         self._closed = threading.Event()
         hellos = self._hellos()
         first, last = hellos[layout.rank(0, 0)], hellos[layout.rank(layout.pipeline - 1, 0)]
-        self.dtype = _DTYPES[first["dtype"]]
+        self.dtype = DTYPES[first["dtype"]]
         self.kv_block_size = config.kv_block_size
         self.num_kv_blocks = min(h["num_kv_blocks"] for h in hellos.values())
-        model_limit = first["model_limit"]
-        if config.max_model_len is not None and config.max_model_len > model_limit:
-            self.close()
-            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit {model_limit}")
-        self.max_model_len = config.max_model_len or model_limit
         self.eos_token_ids = frozenset(first["eos_token_ids"])
         self.vocab_size = first["vocab_size"]
         self.logits_width = last["logits_width"]
@@ -216,7 +212,7 @@ class ParallelRunner:
     def export_kv(self, block_table: list[int], num_tokens: int) -> memoryview:
         layout = self.kv_layout
         blocks = block_table[: layout.num_blocks(num_tokens)]
-        shape = (layout.num_layers, 2, layout.num_kv_heads, len(blocks), layout.block_size * layout.head_dim)
+        shape = layout.payload_shape(len(blocks))
         out = torch.empty(shape, dtype=self.dtype)
         heads = layout.num_kv_heads // self.layout.tensor
         parts = []
@@ -232,20 +228,9 @@ class ParallelRunner:
 
     def _imports(self, output: SchedulerOutput) -> dict[int, list[tuple[list[int], torch.Tensor]]]:
         """Each worker's part of the KV imported by requests scheduled for the first time."""
-        layout = self.kv_layout
-        heads = layout.num_kv_heads // self.layout.tensor
+        heads = self.kv_layout.num_kv_heads // self.layout.tensor
         parts: dict[int, list[tuple[list[int], torch.Tensor]]] = {}
-        for item in output.scheduled:
-            kv = item.request.kv_import
-            if kv is None:
-                continue
-            blocks = item.request.block_table[kv.first_block : layout.num_blocks(kv.num_tokens)]
-            if not blocks:  # every block was cached here
-                continue
-            shape = (layout.num_layers, 2, layout.num_kv_heads, len(blocks), layout.block_size * layout.head_dim)
-            with warnings.catch_warnings():  # a read-only buffer: read once, copied for the workers
-                warnings.simplefilter("ignore", UserWarning)
-                data = torch.frombuffer(kv.payload, dtype=torch.uint8).view(self.dtype).view(shape)
+        for blocks, data in imported_kv(output, self.kv_layout, self.dtype):
             for rank, layers in self._layers.items():
                 _, shard = self.layout.position(rank)
                 part = data[layers.start : layers.stop, :, shard * heads : (shard + 1) * heads].contiguous()

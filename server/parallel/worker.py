@@ -19,22 +19,22 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.parallel.channel import Outbox, Tag, recv_object, send_object
 from llmfleet.server.parallel.layout import ParallelLayout, layout_problem
 from llmfleet.server.parallel.sharding import keep_stage, shard_layers
-from llmfleet.server.runner import attention, cpu_kernels, cpu_linear
+from llmfleet.server.runner import cpu_kernels, cpu_linear
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
 from llmfleet.server.runner.kv_cache import PagedKVCache
-from llmfleet.server.runner.model_support import check_supported
 from llmfleet.server.runner.step_inputs import StepPlan
-from llmfleet.server.runner.step_shapes import padded_step_tokens, pads_steps
+from llmfleet.server.runner.step_shapes import pads_steps
 from llmfleet.server.runner.torch_runner import (
-    _DTYPE_NAMES,
-    _eos_ids,
+    DTYPE_NAMES,
+    load_model,
+    model_eos_ids,
     model_fingerprint,
+    padded_inputs,
     resolve_device,
     resolve_dtype,
 )
@@ -112,19 +112,13 @@ class StageWorker:
         self.device = device
         self.shards = shard_group(store, layout, self.stage, self.shard, device) if layout.tensor > 1 else None
         self.dtype = resolve_dtype(config.dtype, device)
-        attention.register()
-        check_supported(spec.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(
-            spec.model_dir, dtype=self.dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
-        ).to(device)
-        model.eval()
-        attention.probe(model, device)
+        model = load_model(spec.model_dir, self.dtype, device)
         hf = model.config
         problem = layout_problem(layout, hf)
         if problem:
             raise ValueError(problem)
         fingerprint = model_fingerprint(model)
-        eos = _eos_ids(model)
+        eos = model_eos_ids(model)
         vocab = model.get_input_embeddings().num_embeddings
         logits_width = model.get_output_embeddings().weight.shape[0]
         self.hidden_size = hf.hidden_size
@@ -135,7 +129,7 @@ class StageWorker:
         packed = cpu_linear.enabled(device, self.dtype)
         if packed:
             cpu_linear.pack_linears(model, config.max_num_batched_tokens)
-        self.pad_steps = pads_steps(device.type, _DTYPE_NAMES[self.dtype], packed)
+        self.pad_steps = pads_steps(device.type, DTYPE_NAMES[self.dtype], packed)
         self.model = model
         kv_heads = (getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads) // layout.tensor
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
@@ -157,7 +151,7 @@ class StageWorker:
         self.steps = 0
         self.hello = {
             "fingerprint": fingerprint,
-            "dtype": _DTYPE_NAMES[self.dtype],
+            "dtype": DTYPE_NAMES[self.dtype],
             "eos_token_ids": sorted(eos),
             "vocab_size": vocab,
             "logits_width": logits_width,
@@ -165,7 +159,6 @@ class StageWorker:
             "num_kv_heads": kv_heads * layout.tensor,
             "head_dim": head_dim,
             "num_kv_blocks": num_blocks,
-            "model_limit": getattr(hf, "max_position_embeddings", None) or 2048,
             "layers": (layers.start, layers.stop),
             "device": str(device),
         }
@@ -201,15 +194,11 @@ class StageWorker:
         for blocks, data in imports:
             self.cache.import_blocks(blocks, data)
         step = plan.to_inputs(self.cache, self.device)
-        tokens = step.input_ids.shape[1]
-        padded = padded_step_tokens(tokens) if self.pad_steps else tokens
-        pad = torch.nn.functional.pad
-        positions = pad(step.positions, (0, padded - tokens)) if padded > tokens else step.positions
+        ids, positions = padded_inputs(step) if self.pad_steps else (step.input_ids, step.positions)
         if self.first:
-            ids = pad(step.input_ids, (0, padded - tokens)) if padded > tokens else step.input_ids
             inputs = {"input_ids": ids}
         else:
-            hidden = torch.empty((1, padded, self.hidden_size), dtype=self.dtype)
+            hidden = torch.empty((1, positions.shape[1], self.hidden_size), dtype=self.dtype)
             world.recv([hidden], self.layout.rank(self.stage - 1, self.shard), int(Tag.HIDDEN)).wait()
             inputs = {"inputs_embeds": hidden.to(self.device)}
         started = time.perf_counter()

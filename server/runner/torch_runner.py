@@ -13,6 +13,7 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -36,8 +37,8 @@ from llmfleet.server.runner.warm_up import warm_up
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -52,7 +53,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     Without native bf16 (e.g. AVX2-only CPUs) bf16 matmuls are emulated and several times slower
     than float32 (measured on an AVX2 EPYC: 19 vs 140 GFLOP/s)."""
     if name != "auto":
-        return _DTYPES[name]
+        return DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
@@ -68,10 +69,56 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """``from_pretrained`` with llm-fleet's attention, in eval mode, after a one-token probe: a
+    model this runner would serve wrongly is refused (model_support.py) before or after its weights
+    load."""
+    attention.register()
+    architecture = check_supported(model_dir)  # before any weights load: a refused model goes in a second
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
+        ).to(device)
+    except KeyError as exc:  # Falcon, GPT-Neo: layers pick their attention class from a table of their own
+        if exc.args != (attention.ATTN_IMPLEMENTATION,):
+            raise
+        raise refused(architecture, OWN_ATTENTION) from exc
+    model.eval()
+    attention.probe(model, device)
+    return model
+
+
+def context_limit(config: EngineConfig, hf_config) -> int:
+    """The context a server takes: ``max_model_len``, at most (and by default) the model's."""
+    model_limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    if config.max_model_len is not None and config.max_model_len > model_limit:
+        raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit {model_limit}")
+    return config.max_model_len or model_limit
+
+
+def imported_kv(
+    output: SchedulerOutput, layout: KVLayout, dtype: torch.dtype
+) -> Iterator[tuple[list[int], torch.Tensor]]:
+    """The KV received from a prefill server that this step writes: for each request scheduled
+    for the first time with ``kv_import``, its blocks from ``first_block`` on (the ones before are
+    shared ones from the prefix cache, already holding their KV) and the payload over them, in
+    the payload layout. The tensors read the payload in place."""
+    for item in output.scheduled:
+        kv = item.request.kv_import
+        if kv is None:
+            continue
+        blocks = item.request.block_table[kv.first_block : layout.num_blocks(kv.num_tokens)]
+        if not blocks:  # every block was cached here
+            continue
+        with warnings.catch_warnings():  # a read-only buffer: read, then copied
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(kv.payload, dtype=torch.uint8)
+        yield blocks, data.view(dtype).view(layout.payload_shape(len(blocks)))
+
+
 class TorchModelRunner:
     def __init__(self, model_dir: str | Path, config: EngineConfig, device: str | None = None, tokenizer=None) -> None:
         """``tokenizer``: the model's HF tokenizer, for structured output (without it, none)."""
-        attention.register()
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             # cuDNN attention (SDPA's first choice for bf16 on Hopper) builds a plan for each new
@@ -80,22 +127,12 @@ class TorchModelRunner:
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.dtype = resolve_dtype(config.dtype, self.device)
         packed = cpu_linear.enabled(self.device, self.dtype)
-        self.pad_steps = pads_steps(self.device.type, _DTYPE_NAMES[self.dtype], packed)  # oneDNN's per-shape kernels
+        self.pad_steps = pads_steps(self.device.type, DTYPE_NAMES[self.dtype], packed)  # oneDNN's per-shape kernels
         if self.device.type == "cpu":
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
             if cpu_kernels.enabled():
                 cpu_kernels.built()  # compile the decode-attention kernel now, not in a first decode step
-        architecture = check_supported(model_dir)  # before any weights load: a refused model goes in a second
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=self.dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
-            ).to(self.device)
-        except KeyError as exc:  # Falcon, GPT-Neo: layers pick their attention class from a table of their own
-            if exc.args != (attention.ATTN_IMPLEMENTATION,):
-                raise
-            raise refused(architecture, OWN_ATTENTION) from exc
-        self.model.eval()
-        attention.probe(self.model, self.device)
+        self.model = load_model(model_dir, self.dtype, self.device)
         fingerprint = model_fingerprint(self.model)  # reads weights that packing releases
         if packed:
             cpu_linear.pack_linears(self.model, config.max_num_batched_tokens)
@@ -103,10 +140,7 @@ class TorchModelRunner:
         self.num_layers = hf.num_hidden_layers
         self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        model_limit = getattr(hf, "max_position_embeddings", None) or 2048
-        if config.max_model_len is not None and config.max_model_len > model_limit:
-            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit {model_limit}")
-        self.max_model_len = config.max_model_len or model_limit
+        self.max_model_len = context_limit(config, hf)
         self.kv_block_size = config.kv_block_size
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, config.kv_cache_memory_mb * (1 << 20) // self.kv_bytes_per_block
@@ -134,14 +168,14 @@ class TorchModelRunner:
         self.piecewise = PiecewiseGraphs(self.model, self.cache, self.graphs.pool) if use_graphs else None
         if use_graphs and graphs_mode != "lazy":
             self._capture_graphs()
-        self.eos_token_ids = frozenset(_eos_ids(self.model))
+        self.eos_token_ids = frozenset(model_eos_ids(self.model))
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         vocab = self.model.get_output_embeddings().weight.shape[0]  # the logits' width
         grammars = None if tokenizer is None else GrammarMasks(tokenizer, vocab, self.eos_token_ids)
         self.sampler = Sampler(self.device, self.eos_token_ids, grammars)
         self.kv_layout = KVLayout(
             fingerprint=fingerprint,
-            dtype=_DTYPE_NAMES[self.dtype],
+            dtype=DTYPE_NAMES[self.dtype],
             num_layers=self.num_layers,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
@@ -205,21 +239,9 @@ class TorchModelRunner:
 
     def _import_kv(self, output: SchedulerOutput) -> None:
         """Write KV received from a prefill server into the blocks of requests scheduled for the
-        first time (the engine drops ``kv_import`` after this step). The blocks before its
-        ``first_block`` are shared ones from the prefix cache, already holding their KV."""
-        layout = self.kv_layout
-        for item in output.scheduled:
-            kv = item.request.kv_import
-            if kv is None:
-                continue
-            blocks = item.request.block_table[kv.first_block : layout.num_blocks(kv.num_tokens)]
-            if not blocks:  # every block was cached here
-                continue
-            shape = (layout.num_layers, 2, layout.num_kv_heads, len(blocks), layout.block_size * layout.head_dim)
-            with warnings.catch_warnings():  # a read-only buffer: read once, copied into the cache
-                warnings.simplefilter("ignore", UserWarning)
-                data = torch.frombuffer(kv.payload, dtype=torch.uint8)
-            self.cache.import_blocks(blocks, data.view(self.dtype).view(shape))
+        first time (the engine drops ``kv_import`` after this step)."""
+        for blocks, data in imported_kv(output, self.kv_layout, self.dtype):
+            self.cache.import_blocks(blocks, data)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> list[SampledToken | None]:
@@ -235,7 +257,7 @@ class TorchModelRunner:
         if bucket is not None:
             logits = self.piecewise.run(step, bucket)
         else:
-            ids, positions = _padded(step) if self.pad_steps else (step.input_ids, step.positions)
+            ids, positions = padded_inputs(step) if self.pad_steps else (step.input_ids, step.positions)
             logits = attention.model_logits(self.model, ids, positions, step.logit_rows, step.meta)
         return step_results(self.sampler, output, step.sample_index, step.prompt_spans, logits)
 
@@ -265,7 +287,7 @@ def step_results(
     return result
 
 
-def _padded(step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_inputs(step: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's ids and positions padded to its size in step_shapes.py (rows of token 0 at
     position 0: attention skips them and their logits are never kept)."""
     tokens = step.input_ids.shape[1]
@@ -300,7 +322,7 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-def _eos_ids(model) -> set[int]:
+def model_eos_ids(model) -> set[int]:
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config):
         eos = getattr(source, "eos_token_id", None) if source is not None else None
