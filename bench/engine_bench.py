@@ -28,23 +28,13 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmfleet.bench.machine import wait_quiet
-from llmfleet.bench.report import latency_summary, print_table, save_plot
+from llmfleet.bench.report import Trace, latency_summary, print_table, save_plot
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams, StructuredOutput
 from llmfleet.workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
-
-
-@dataclass
-class Trace:
-    """Per-request timings of one online run (seconds, relative to the run start)."""
-
-    arrival: float
-    prompt_len: int
-    token_times: list[float] = field(default_factory=list)
 
 
 def _load_hf(model_dir, dtype, attn="sdpa", device="cpu"):

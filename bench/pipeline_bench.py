@@ -12,26 +12,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from llmfleet.bench.engine_worker import offline as run_offline
 from llmfleet.bench.engine_worker import online as run_online
-from llmfleet.bench.report import latency_summary
+from llmfleet.bench.report import Trace, latency_summary
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.build import build_engine
 from llmfleet.server.parallel.runner import leave_cores_to_workers
 from llmfleet.server.runner.builtin_models import resolve_model
 from llmfleet.workloads import OFFLINE_32, Workload, anyscale_online, prompt_tokens
-
-
-@dataclass
-class _Trace:
-    arrival: float
-    prompt_len: int
-    token_times: list[float]
 
 
 def contenders(threads: int) -> dict[str, tuple[int, int]]:
@@ -55,7 +47,7 @@ def measure(engine, workload: str, command: dict) -> dict:
         result = {"seconds": answer["seconds"], "useful_tok_s": answer["tokens"] / answer["seconds"]}
     else:
         answer = run_online(engine, command)
-        traces = [_Trace(**t) for t in answer["traces"]]
+        traces = [Trace(**t) for t in answer["traces"]]
         result = latency_summary(traces, answer["total_s"])
     after = busy(engine)
     wall = result["seconds"]

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+
+
+@dataclass
+class Trace:
+    """Per-request timings of one online run (seconds, relative to the run start): what
+    ``latency_summary`` reads."""
+
+    arrival: float
+    prompt_len: int
+    token_times: list[float] = field(default_factory=list)
 
 
 def percentile(values: list[float], q: float) -> float:

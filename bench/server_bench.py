@@ -18,8 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from llmfleet.bench.engine_bench import Trace
-from llmfleet.bench.report import latency_summary, print_table
+from llmfleet.bench.report import Trace, latency_summary, print_table
 from llmfleet.local.processes import ServerProcess
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmfleet.arguments import non_negative, positive_int
 from llmfleet.bench.arguments import positive_floats
 from llmfleet.bench.machine import CPUPressure, describe, wait_quiet
-from llmfleet.bench.report import latency_summary, print_table
+from llmfleet.bench.report import Trace, latency_summary, print_table
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.sim.cost_model import CostModel, StepFeatures, default_profile_path
@@ -45,13 +44,6 @@ from llmfleet.workloads import RequestSpec, Workload, anyscale_online, prompt_to
 TOLERANCE = 0.15
 TARGETS = ("throughput_tok_s", "ttft_p50", "e2e_p50")
 SLO_TTFT_S, SLO_TPOT_S = 2.0, 0.2  # for goodput only
-
-
-@dataclass
-class Trace:
-    arrival: float
-    prompt_len: int
-    token_times: list[float] = field(default_factory=list)
 
 
 def add_arguments(parser) -> None:

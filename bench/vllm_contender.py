@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmfleet.bench.machine import CPUPressure, wait_quiet
-from llmfleet.bench.report import latency_summary
+from llmfleet.bench.report import Trace, latency_summary
 from llmfleet.cache import cache_root
 from llmfleet.workloads import Workload, prompt_tokens
 
@@ -221,18 +221,11 @@ def online_rounds(workers: list[Worker], workload: Workload, vocab: int, rounds:
             quiet = wait_quiet(max_wait_s=QUIET_WAIT_S)
             with CPUPressure() as pressure:
                 answer = worker.ask({"cmd": "online", "requests": requests})
-            traces = [_Trace(**t) for t in answer["traces"]]
+            traces = [Trace(**t) for t in answer["traces"]]
             summary = latency_summary(traces, answer["total_s"])
             summary.update(round=round_ + 1, pressure=pressure.share, pressure_before=quiet)
             results[worker.name].append(summary)
     return results
-
-
-@dataclass
-class _Trace:
-    arrival: float
-    prompt_len: int
-    token_times: list[float]
 
 
 def compare(
