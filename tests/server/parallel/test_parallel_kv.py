@@ -6,16 +6,13 @@ greedy output equals HF ``generate`` on the request alone."""
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.kv_wire import KVImport, decode
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.build import build_engine
-from llmfleet.server.runner.builtin_models import resolve_model
 from tests.server.runner.test_disagg_oracle import prefill, run
-from tests.server.runner.test_engine_oracle import workload
+from tests.server.runner.test_engine_oracle import hf_greedy, workload
 
 MODEL = "builtin:tiny"
 BASE = dict(dtype="float32", kv_block_size=4, kv_cache_memory_mb=4, max_batch_size=4, max_num_batched_tokens=7)
@@ -25,14 +22,8 @@ PAIRS = [("tp2", "single"), ("tp2", "pp2"), ("single", "tp2xpp2")]  # (prefill, 
 
 @pytest.fixture(scope="module")
 def expected():
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32)
     prompts, max_tokens, _ = workload()
-    outputs = []
-    for prompt, n in zip(prompts, max_tokens, strict=True):
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
-        outputs.append(out[0, len(prompt) :].tolist())
-    return prompts, max_tokens, outputs
+    return prompts, max_tokens, hf_greedy(MODEL, prompts, max_tokens, "cpu")
 
 
 @pytest.fixture(scope="module")

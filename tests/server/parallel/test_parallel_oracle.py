@@ -9,14 +9,11 @@ case below changes only live knobs."""
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
 from llmfleet.server.engine.build import build_engine
-from llmfleet.server.runner.builtin_models import resolve_model
-from tests.server.runner.test_engine_oracle import workload
+from tests.server.runner.test_engine_oracle import hf_greedy, workload
 
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "tp2xpp2": (2, 2)}
 
@@ -38,14 +35,8 @@ ABORTED = {"2", "5"}  # aborted after their first token
 @pytest.fixture(scope="module", params=["builtin:tiny", "builtin:small"])
 def reference(request):
     """(model, prompts, max_tokens, priorities, HF generate outputs one request at a time)."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(request.param), dtype=torch.float32)
     prompts, max_tokens, priorities = workload()
-    expected = []
-    for prompt, n in zip(prompts, max_tokens, strict=True):
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
-        expected.append(out[0, len(prompt) :].tolist())
-    return request.param, prompts, max_tokens, priorities, expected
+    return request.param, prompts, max_tokens, priorities, hf_greedy(request.param, prompts, max_tokens, "cpu")
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))

@@ -46,17 +46,22 @@ def workload(seed: int = 7):
     return prompts, max_tokens, priorities
 
 
+def hf_greedy(name: str, prompts: list[list[int]], max_tokens: list[int], device: str = DEVICE) -> list[list[int]]:
+    """HF ``generate``'s greedy output for each prompt alone, in float32: the oracle."""
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=torch.float32).to(device)
+    expected = []
+    for prompt, n in zip(prompts, max_tokens, strict=True):
+        ids = torch.tensor([prompt], device=device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
+        expected.append(out[0, len(prompt) :].tolist())
+    return expected
+
+
 @pytest.fixture(scope="module", params=MODELS)
 def reference(request):
     """(model name, prompts, max_tokens, priorities, HF generate outputs one request at a time)."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(request.param), dtype=torch.float32).to(DEVICE)
     prompts, max_tokens, priorities = workload()
-    expected = []
-    for prompt, n in zip(prompts, max_tokens, strict=True):
-        ids = torch.tensor([prompt], device=DEVICE)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n)
-        expected.append(out[0, len(prompt) :].tolist())
-    return request.param, prompts, max_tokens, priorities, expected
+    return request.param, prompts, max_tokens, priorities, hf_greedy(request.param, prompts, max_tokens)
 
 
 @pytest.mark.parametrize("case", list(CASES))
