@@ -8,10 +8,12 @@ and gpt-oss's sinks honoured), and sums the values, all in float32 whatever the 
 (float32 or bfloat16).
 
 It is bound by memory: between layers the matmuls evict the cache, so keys and values come from
-DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So each block's
-successor is prefetched, and the arithmetic is kept under the reads: keys are scored sixteen at a
-time (sixteen vector partial sums, then their lane sums, not a horizontal sum per key), and the
-softmax takes its exponentials sixteen at a time.
+DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So while it
+scores a block of keys it prefetches the next block of keys and the same block of values, and
+while it sums values it prefetches the keys of the item it takes next where it runs alone: two
+streams are in flight and no pass starts cold. The arithmetic is kept under the reads: keys are scored sixteen
+at a time (sixteen vector partial sums, then their lane sums, not a horizontal sum per key), and
+the softmax takes its exponentials sixteen at a time.
 
 It is compiled on first use with the system's C compiler (``$CC``, default ``cc``) for this CPU
 (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command and the
@@ -173,8 +175,8 @@ static inline void add_values(float *acc, const float *p, const char *v, int64_t
     }
 }
 
-/* Blocks lie anywhere in the cache, where the hardware prefetcher does not look: ask for each one
-   a block ahead (further ahead was slower on a Zen 4). */
+/* Blocks lie anywhere in the cache, where the hardware prefetcher does not look: ask for a block
+   one step ahead of its use (further ahead was slower on a Zen 4). */
 static inline void prefetch(const char *p, int64_t bytes) {
     for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(p + at, 0, 3);
 }
@@ -187,8 +189,10 @@ void llmfleet_paged_decode(
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
     float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
     const int64_t group = heads / kv_heads, item_size = bf16 ? 2 : 4, block_bytes = block_size * dim * item_size;
-    #pragma omp parallel for num_threads(num_threads) schedule(dynamic)
-    for (int64_t item = 0; item < n * kv_heads; item++) {
+    /* threads take runs of items, so each knows its next item: the one after, within its run */
+    const int64_t items = n * kv_heads, run = items / (8 * num_threads) > 1 ? items / (8 * num_threads) : 1;
+    #pragma omp parallel for num_threads(num_threads) schedule(dynamic, run)
+    for (int64_t item = 0; item < items; item++) {
         const int64_t i = item / kv_heads, kvh = item % kv_heads;
         const int64_t length = lengths[i];
         const int64_t first = (window > 0 && length > window) ? length - window : 0;
@@ -200,6 +204,16 @@ void llmfleet_paged_decode(
         const int64_t *table = blocks + i * blocks_per_request;
         const char *keys = (const char *)k_cache + kvh * num_slots * dim * item_size;
         const char *values = (const char *)v_cache + kvh * num_slots * dim * item_size;
+        const char *next_keys = NULL;  /* the item this thread takes next */
+        const int64_t *next_table = NULL;
+        int64_t next_first = 0, next_length = 0;
+        if ((item + 1) % run != 0 && item + 1 < items) {
+            const int64_t i2 = (item + 1) / kv_heads, kvh2 = (item + 1) % kv_heads;
+            next_length = lengths[i2];
+            next_first = (window > 0 && next_length > window) ? next_length - window : 0;
+            next_table = blocks + i2 * blocks_per_request;
+            next_keys = (const char *)k_cache + kvh2 * num_slots * dim * item_size;
+        }
         for (int64_t g = 0; g < group; g++) {
             const int64_t at = rows[i] * q_token_stride + (kvh * group + g) * q_head_stride;
             for (int64_t d = 0; d < dim; d++) {
@@ -213,6 +227,7 @@ void llmfleet_paged_decode(
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
             const int64_t slot = table[b] * block_size - b * block_size;  /* slot of pos: slot + pos */
             if (stop < length) prefetch(keys + table[b + 1] * block_bytes, block_bytes);
+            prefetch(values + table[b] * block_bytes, block_bytes);  /* summed after the softmax */
             for (int64_t count; pos < stop; pos += count) {
                 count = stop - pos < LANES ? stop - pos : LANES;
                 const char *k = keys + (slot + pos) * dim * item_size;
@@ -220,7 +235,6 @@ void llmfleet_paged_decode(
                     score_keys(queries + g * dim, k, count, dim, item_size, bf16, scores + g * padded + pos - first);
             }
         }
-        prefetch(values + table[first / block_size] * block_bytes, block_bytes);  /* read during the softmax */
         for (int64_t g = 0; g < group; g++) {
             float *sg = scores + g * padded;
             /* Gemma 2's logit cap; gpt-oss's sink: a logit in the softmax with no value to add */
@@ -244,7 +258,10 @@ void llmfleet_paged_decode(
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
             const int64_t slot = table[b] * block_size - b * block_size;
-            if (stop < length) prefetch(values + table[b + 1] * block_bytes, block_bytes);
+            if (next_keys) {  /* the next item's keys, while this one's values are summed */
+                const int64_t j = next_first / block_size + (b - first / block_size);
+                if (j * block_size < next_length) prefetch(next_keys + next_table[j] * block_bytes, block_bytes);
+            }
             for (int64_t count; pos < stop; pos += count) {
                 count = stop - pos < LANES ? stop - pos : LANES;
                 const char *v = values + (slot + pos) * dim * item_size;
