@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from llmfleet import __version__
+from llmfleet.server.runner.host_memory import ask_for_huge_pages
 
 DESCRIPTION = "Serve, operate, simulate and benchmark LLM inference fleets (`llm-fleet COMMAND --help` for each)."
 SUBCOMMANDS: dict[str, str] = {
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().parse_args(argv or ["--help"])
         return 2
     args = build_parser(only=command).parse_args(argv)
+    ask_for_huge_pages()  # before any subcommand imports torch
     try:
         return int(_load(command).run(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C is how a user stops a command: no traceback for it

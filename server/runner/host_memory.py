@@ -9,6 +9,13 @@ chunk took 26,000 minor page faults; with the memory kept, about 1,100. Raising 
 (mmap for blocks up to glibc's 32 MiB maximum, trimming only past 1 GiB of free heap) keeps the
 pages mapped; the process holds at most its largest step's working set. On other C libraries
 (musl, macOS) nothing changes.
+
+The weights and the KV cache are read from DRAM at every decode step, and the KV blocks of a
+step lie anywhere in the cache: with 4 KiB pages nearly every block costs a TLB miss. torch backs
+its large CPU allocations with 2 MiB transparent huge pages when ``THP_MEM_ALLOC_ENABLE=1`` is set
+before it is imported, on kernels that grant them on request (``madvise``, the common default);
+``ask_for_huge_pages`` sets it unless the user chose. On builtin:small in float32 at one thread
+(2-core AMD EPYC), a batch-32 decode step took 6-13% less time and its attention about 10% less.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +32,17 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest accepted value on 64-bit
 TRIM_THRESHOLD_BYTES = 1 << 30
 
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"  # read once by torch, when it is imported
+
 _applied: bool | None = None
+
+
+def ask_for_huge_pages(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Ask torch for transparent huge pages in ``env`` (default: this process's environment, which
+    must not have imported torch yet), unless it already says; returns ``env``."""
+    target = os.environ if env is None else env
+    target.setdefault(HUGE_PAGES_ENV, "1")
+    return target
 
 
 def keep_freed_host_memory() -> bool:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from llmfleet.server.runner.host_memory import keep_freed_host_memory
+from llmfleet.server.runner.host_memory import HUGE_PAGES_ENV, ask_for_huge_pages, keep_freed_host_memory
 
 MB = 1 << 20
 
@@ -31,3 +34,29 @@ def test_a_second_step_reuses_the_pages_the_first_one_freed() -> None:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     # glibc's own thresholds: 13,400 faults here (each buffer mapped afresh); kept, none
     assert faults < 0.05 * touched / resource.getpagesize()
+
+
+def test_huge_pages_are_asked_for_unless_the_user_chose() -> None:
+    assert ask_for_huge_pages({})[HUGE_PAGES_ENV] == "1"
+    assert ask_for_huge_pages({HUGE_PAGES_ENV: "0"})[HUGE_PAGES_ENV] == "0"
+
+
+def test_the_cli_asks_for_huge_pages_before_torch_is_imported() -> None:
+    """torch reads the setting once, when it is imported: a subcommand that imported it first
+    would leave its weights and KV cache on small pages."""
+    code = """
+import os, sys
+from llmfleet import cli
+class Subcommand:
+    HELP = "a subcommand that reports what it found"
+    add_arguments = staticmethod(lambda parser: None)
+    @staticmethod
+    def run(args):
+        print(os.environ.get("THP_MEM_ALLOC_ENABLE"), "torch" in sys.modules)
+        return 0
+cli._load = lambda name: Subcommand
+sys.exit(cli.main(["sim"]))
+"""
+    env = {k: v for k, v in os.environ.items() if k != HUGE_PAGES_ENV}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "False"]
