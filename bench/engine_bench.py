@@ -13,9 +13,9 @@
    graph pieces, alternated on one engine.
 8. on a CPU, decode attention: the C kernel (read in place) vs the torch path (gather, then
    matmuls), pure decode at batch 32 (192-token contexts) and 16 (768), alternated.
-9. on a CPU, the roofline: decode at batch 32 against the memory-bandwidth bound and a prompt
-   step against the GEMM peak, both measured in the same run (bench/roofline.py), at each of
-   ``--thread-counts``.
+9. on a CPU, the roofline: decode at batch 32 against the memory-bandwidth bound and the
+   compute bound, and a prompt step against the GEMM peak, all measured in the same run
+   (bench/roofline.py), at each of ``--thread-counts``.
 10. ``--with-vllm`` (``--only-vllm``: this and 9 alone): vLLM's CPU build against llm-fleet, each
    in a fresh process, offline-32 and anyscale-online, alternated, at each of
    ``--thread-counts`` (bench/vllm_contender.py).
@@ -264,8 +264,8 @@ _FRESH_PROMPTS = itertools.count(1000)  # seeds of the roofline's prompts, one p
 
 
 def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 192) -> dict:
-    """Decode at ``batch`` against the memory-bandwidth bound and a 2048-token prompt step against
-    the GEMM peak, both ceilings measured here at ``threads`` threads (bench/roofline.py)."""
+    """Decode at ``batch`` against the memory-bandwidth and compute bounds and a 2048-token prompt
+    step against the GEMM peak, the ceilings measured here at ``threads`` threads (bench/roofline.py)."""
     import torch
 
     from llmfleet.bench import roofline as rl
@@ -280,6 +280,7 @@ def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 
         steps = 24
         decode = decode_at_batch(engine, batch=batch, context=context, steps=steps)
         bound = rl.decode_bound_tok_s(sizes, batch, context + steps // 2, bandwidth)
+        compute_bound = rl.decode_compute_bound_tok_s(sizes, batch, context + steps // 2, peak)
         vocab = engine.runner.model.config.vocab_size
         prompts, prompt_len = 16, 128
         best = float("inf")
@@ -301,6 +302,8 @@ def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 
         "decode_tok_s": decode,
         "decode_bound_tok_s": bound,
         "decode_of_bound": decode / bound,
+        "decode_compute_bound_tok_s": compute_bound,
+        "decode_of_roof": decode / min(bound, compute_bound),
         "prefill_tokens": prompts * prompt_len,
         "prefill_gflops": prefill_flops / best / 1e9,
         "prefill_of_peak": prefill_flops / best / peak,
@@ -311,7 +314,9 @@ def print_roofline(r: dict) -> None:
     print(
         f"== roofline, {r['threads']} thread(s): decode at batch {r['decode_batch']} {r['decode_tok_s']:.0f} tok/s "
         f"vs {r['decode_bound_tok_s']:.0f} memory-bound ({r['stream_gb_s']:.1f} GB/s streamed) -> "
-        f"{r['decode_of_bound']:.0%}; prefill of {r['prefill_tokens']} tokens {r['prefill_gflops']:.0f} GFLOP/s vs "
+        f"{r['decode_of_bound']:.0%}, and {r['decode_compute_bound_tok_s']:.0f} compute-bound (the GEMM peak) -> "
+        f"{r['decode_of_roof']:.0%} of the lower roof; "
+        f"prefill of {r['prefill_tokens']} tokens {r['prefill_gflops']:.0f} GFLOP/s vs "
         f"{r['gemm_peak_gflops']:.0f} GEMM peak -> {r['prefill_of_peak']:.0%}"
     )
 

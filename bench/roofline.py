@@ -2,7 +2,9 @@
 
 - decode at batch B: a step reads every weight once and each request's KV cache, so it cannot
   beat ``bytes / bandwidth``, where bandwidth is a streaming read of a buffer far larger than
-  the CPU's caches (``torch.sum``, several passes, the best);
+  the CPU's caches (``torch.sum``, several passes, the best); nor can it beat its FLOPs over the
+  GEMM peak. Whichever bound is lower is the roof: at batch 32 in float32 on a CPU with wide
+  vectors and few cores it is often the arithmetic, not the memory;
 - prefill: a prompt step's FLOPs (2 per weight per token, plus causal attention) over its time,
   against the best GEMM rate measured here (oneDNN with a packed weight, and plain ``matmul``).
 """
@@ -74,6 +76,16 @@ def decode_bound_tok_s(sizes: dict[str, int], batch: int, context: int, bandwidt
     kv_bytes = batch * context * sizes["layers"] * 2 * sizes["kv_dim"] * sizes["itemsize"]
     step_bytes = sizes["matmul_params"] * sizes["itemsize"] + kv_bytes
     return batch * bandwidth / step_bytes
+
+
+def decode_flops(sizes: dict[str, int], batch: int, context: int) -> float:
+    """FLOPs of a decode step: 2 per weight per request, plus attention over each context."""
+    return 2 * sizes["matmul_params"] * batch + 2 * 2 * sizes["layers"] * sizes["q_dim"] * batch * context
+
+
+def decode_compute_bound_tok_s(sizes: dict[str, int], batch: int, context: int, peak_flops: float) -> float:
+    """Tokens/s if a decode step at ``batch`` ran at the GEMM peak."""
+    return batch * peak_flops / decode_flops(sizes, batch, context)
 
 
 def prefill_flops(sizes: dict[str, int], prompts: int, prompt_len: int) -> float:

@@ -9,8 +9,8 @@ it with two floors and a ceiling measured in the same run on the same shapes:
 - HF forward: the HF model forward with the same batch and no KV cache at all (eager
   attention over one token), i.e. what the framework costs before any paged attention;
 
-and with the engine bench's "ceiling": the model's matmul FLOPs at the rate of a big square
-matmul, which small-batch decode matmuls cannot reach on a CPU.
+and with the engine bench's "ceiling": the model's matmul FLOPs at its measured GEMM peak
+(bench/roofline.py), which small-batch decode matmuls cannot reach on a CPU.
 
     python -m llmfleet.bench.runner_profile --model builtin:small --dtype auto --batches 1 8 32
     python -m llmfleet.bench.runner_profile --profile 32   # torch.profiler table for batch 32
@@ -77,17 +77,26 @@ class _Decoding:
             r.num_computed_tokens -= 1
 
 
+def model_linears(model) -> list:
+    """The model's linear layers as its runner runs them: plain or oneDNN-packed."""
+    import torch
+
+    from llmfleet.server.runner.cpu_linear import PackedLinear
+
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear | PackedLinear)]
+
+
 def linear_floor(model, batch: int, reps: int) -> float:
     import torch
 
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = model_linears(model)
     dtype = linears[0].weight.dtype
     inputs = {m.in_features: torch.randn(batch, m.in_features, dtype=dtype) for m in linears}
 
     @torch.inference_mode()
     def run() -> None:
         for m in linears:
-            torch.nn.functional.linear(inputs[m.in_features], m.weight, m.bias)
+            m(inputs[m.in_features])
 
     return _best_seconds(run, reps)
 
@@ -104,14 +113,6 @@ def forward_floor(model_dir, dtype, batch: int, reps: int) -> float:
         model(input_ids=ids, use_cache=False)
 
     return _best_seconds(run, reps)
-
-
-def square_matmul_gflops(dtype, n: int = 1536, reps: int = 5) -> float:
-    """The big-square-matmul rate the engine bench calls the ceiling."""
-    import torch
-
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return 2 * n**3 / _best_seconds(lambda: a @ b, reps) / 1e9
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from llmfleet.bench.roofline import gemm_peak
     from llmfleet.server.config import EngineConfig
     from llmfleet.server.runner.builtin_models import resolve_model
     from llmfleet.server.runner.torch_runner import TorchModelRunner
@@ -140,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     blocks = max([*args.batches, args.profile or 0]) * per_request
     config = EngineConfig(dtype=args.dtype, kv_block_size=args.block_size, num_kv_blocks=blocks)
     runner = TorchModelRunner(path, config)
-    linear_params = sum(m.weight.numel() for m in runner.model.modules() if isinstance(m, torch.nn.Linear))
-    gflops = square_matmul_gflops(runner.dtype)
+    linear_params = sum(m.weight.numel() for m in model_linears(runner.model))
+    gflops = gemm_peak(runner.dtype) / 1e9
     print(
         f"model {args.model}: {linear_params / 1e6:.1f}M params in matmuls, {runner.dtype}, "
         f"{torch.get_num_threads()} threads, context {args.context}+{args.spread}, block size {args.block_size}; "

@@ -87,6 +87,9 @@ def test_decode_bound_counts_weights_and_kv():
     sizes = {"matmul_params": 100, "layers": 2, "kv_dim": 4, "q_dim": 8, "itemsize": 4}
     # weights 400 bytes + KV 2 requests * 10 tokens * 2 layers * (K and V) * 4 dims * 4 bytes = 1280
     assert roofline.decode_bound_tok_s(sizes, batch=2, context=10, bandwidth=1680.0) == pytest.approx(2.0)
+    # 2 * 100 weights * 2 requests + attention: 2 * 2 * 2 layers * 8 dims * 2 requests * 10 keys = 1680 FLOPs
+    assert roofline.decode_flops(sizes, batch=2, context=10) == pytest.approx(1680)
+    assert roofline.decode_compute_bound_tok_s(sizes, batch=2, context=10, peak_flops=8400.0) == pytest.approx(10.0)
     # 2 * 100 weights * 6 tokens, plus causal attention: 2 * 2 * 2 layers * 8 dims * 2 prompts * (3 * 4 / 2) keys
     assert roofline.prefill_flops(sizes, prompts=2, prompt_len=3) == pytest.approx(1200 + 768)
 
