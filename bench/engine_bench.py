@@ -263,9 +263,10 @@ def warm_up_effect(model: str, dtype: str, rounds: int = 2) -> dict[str, float]:
 _FRESH_PROMPTS = itertools.count(1000)  # seeds of the roofline's prompts, one per prompt step
 
 
-def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 192) -> dict:
+def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 192, offline=None) -> dict:
     """Decode at ``batch`` against the memory-bandwidth and compute bounds and a 2048-token prompt
-    step against the GEMM peak, the ceilings measured here at ``threads`` threads (bench/roofline.py)."""
+    step against the GEMM peak, the ceilings measured here at ``threads`` threads (bench/roofline.py);
+    with ``offline`` (a Workload), the useful tok/s no engine could beat on it here."""
     import torch
 
     from llmfleet.bench import roofline as rl
@@ -291,6 +292,12 @@ def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 
             engine.generate(ids, SamplingParams(max_tokens=1, temperature=0))
             best = min(best, time.perf_counter() - start)
         prefill_flops = rl.prefill_flops(sizes, prompts, prompt_len)
+        floor = {}
+        if offline is not None:
+            specs = offline.requests()
+            outputs = [s.output_len for s in specs]
+            seconds = rl.offline_floor_s(sizes, [s.prompt_len for s in specs], outputs, bandwidth, peak)
+            floor = {"offline_workload": offline.name, "offline_floor_tok_s": sum(outputs) / seconds}
     finally:
         torch.set_num_threads(before)
     return {
@@ -307,6 +314,7 @@ def roofline(engine, torch_dtype, threads: int, batch: int = 32, context: int = 
         "prefill_tokens": prompts * prompt_len,
         "prefill_gflops": prefill_flops / best / 1e9,
         "prefill_of_peak": prefill_flops / best / peak,
+        **floor,
     }
 
 
@@ -319,6 +327,11 @@ def print_roofline(r: dict) -> None:
         f"prefill of {r['prefill_tokens']} tokens {r['prefill_gflops']:.0f} GFLOP/s vs "
         f"{r['gemm_peak_gflops']:.0f} GEMM peak -> {r['prefill_of_peak']:.0%}"
     )
+    if "offline_floor_tok_s" in r:
+        print(
+            f"   {r['offline_workload']} can run at most {r['offline_floor_tok_s']:.0f} useful tok/s here "
+            "(its prompts at the GEMM peak, each decode step at the lower roof)"
+        )
 
 
 def scheduler_time_256() -> float:
@@ -427,7 +440,7 @@ def run(args) -> int:
 
         config = EngineConfig(dtype=dtype_name, max_batch_size=32, max_num_batched_tokens=2048)
         engine, _ = build_engine(args.model, config, device=str(device))
-        results["roofline"] = [roofline(engine, torch_dtype, n) for n in threads_list]
+        results["roofline"] = [roofline(engine, torch_dtype, n, offline=workload) for n in threads_list]
         for r in results["roofline"]:
             print_roofline(r)
         (out_dir / "engine_bench.json").write_text(json.dumps(results, indent=2))
@@ -494,7 +507,7 @@ def run(args) -> int:
     )
 
     if device.type == "cpu":
-        results["roofline"] = [roofline(engine, torch_dtype, n, batch=batch) for n in threads_list]
+        results["roofline"] = [roofline(engine, torch_dtype, n, batch=batch, offline=workload) for n in threads_list]
         for r in results["roofline"]:
             print_roofline(r)
 

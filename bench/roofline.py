@@ -93,3 +93,22 @@ def prefill_flops(sizes: dict[str, int], prompts: int, prompt_len: int) -> float
     weights = 2 * sizes["matmul_params"] * prompts * prompt_len
     attention = 2 * 2 * sizes["layers"] * sizes["q_dim"] * prompts * prompt_len * (prompt_len + 1) / 2
     return weights + attention
+
+
+def offline_floor_s(
+    sizes: dict[str, int], prompt_lens: list[int], outputs: list[int], bandwidth: float, peak_flops: float
+) -> float:
+    """Seconds no engine can beat on an offline batch (every request at t=0) here: its prompts'
+    FLOPs at the GEMM peak, then one decode step per output position, each at the higher of its
+    read time (weights and the KV of the requests still decoding) and its FLOPs at the peak.
+    Prompt steps and decode steps are counted apart, as if nothing overlapped them."""
+    prompt_flops = sum(prefill_flops(sizes, 1, n) for n in prompt_lens)
+    total = prompt_flops / peak_flops
+    weight_bytes = sizes["matmul_params"] * sizes["itemsize"]
+    kv_bytes_per_token = sizes["layers"] * 2 * sizes["kv_dim"] * sizes["itemsize"]
+    for step in range(1, max(outputs)):  # the first output token comes with the prompt
+        contexts = [p + step for p, n in zip(prompt_lens, outputs, strict=True) if n > step]
+        read = (weight_bytes + kv_bytes_per_token * sum(contexts)) / bandwidth
+        flops = sum(decode_flops(sizes, 1, c) for c in contexts)
+        total += max(read, flops / peak_flops)
+    return total

@@ -94,6 +94,16 @@ def test_decode_bound_counts_weights_and_kv():
     assert roofline.prefill_flops(sizes, prompts=2, prompt_len=3) == pytest.approx(1200 + 768)
 
 
+def test_the_offline_floor_counts_prompts_at_the_peak_and_each_decode_step_at_its_roof():
+    sizes = {"matmul_params": 100, "layers": 2, "kv_dim": 4, "q_dim": 8, "itemsize": 4}
+    # one 3-token prompt: 600 weight FLOPs + 384 of causal attention = 984, 1 s at a peak of 984;
+    # one decode step over 4 tokens reads 400 weight bytes + 256 KV bytes, 1 s at 656 B/s, and
+    # does 456 FLOPs (under half a second at the peak): the read is its roof
+    assert roofline.offline_floor_s(sizes, [3], [2], bandwidth=656.0, peak_flops=984.0) == pytest.approx(2.0)
+    # a request with one output token needs no decode step
+    assert roofline.offline_floor_s(sizes, [3], [1], bandwidth=656.0, peak_flops=984.0) == pytest.approx(1.0)
+
+
 def test_model_sizes_reads_a_loaded_model():
     from transformers import AutoModelForCausalLM
 
