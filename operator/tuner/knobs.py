@@ -32,6 +32,11 @@ from llmfleet.operator.tuner.proposal import (
     queue_ms,
 )
 
+# A TTFT p95 below this share of the queue-time p95 does not read the queue's waits: the widest
+# ratio between neighbouring histogram bounds (160 s to 640 s) is 4, so interpolation in coarse
+# buckets alone cannot put it this far below.
+_DRAINED_TTFT_SHARE = 0.25
+
 
 class KnobRules:
     """The knobs' proposals for one pool and one snapshot; stateless apart from the config."""
@@ -370,10 +375,16 @@ class KnobRules:
         waits began before the window, in a queue the pods have since cleared (pods added for it,
         say). A bigger budget would not clear it any sooner, and it would lengthen every step that
         carries a prompt when the next burst comes. A pool that sees few requests, each waiting
-        long, holds few and is no backlog."""
+        long, holds few and is no backlog. Nor is a TTFT p95 below the queue's: a request's queue
+        time is recorded when it finishes, its first token when it comes, and every first token
+        includes its wait, so waits the TTFT p95 does not read came before the window's first
+        tokens (long answers finishing now), and the excess is the prompts' own."""
         m, q = pool.metrics, pool.metrics.queue_time
-        queue = ms(q.p95)  # taken raw: above the TTFT p95, both lie deep in the queue's time
+        queue = ms(q.p95)
         if queue is None or q.p95 is None or queue <= slo.ttft_p95_ms or m.waiting is None or not m.request_rate:
+            return ""
+        ttft = ms(m.ttft.p95)
+        if ttft is not None and ttft < queue * _DRAINED_TTFT_SHARE:
             return ""
         pods = max(m.ready_pods or 1, 1)
         least_mean_wait = max(0.5 * (q.p50 or 0.0), 0.05 * q.p95)

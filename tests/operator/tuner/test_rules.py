@@ -213,6 +213,17 @@ CASES = [
         says=["mean prompt 4000 tokens > budget 256 -> maxNumBatchedTokens 256 -> 512"],
     ),
     Case(
+        "TTFT over SLO while the queue times are those of long answers finishing now (queue p95 far above "
+        "the TTFT p95 every first token would carry it in): no backlog, the prompts' own excess, the budget grows",
+        colocated(
+            **(BACKLOG | {"ttft_ms": 600, "queue_ms": 180000}),
+            waiting=0,
+            current=settings(batch=8, timeout=0, budget=64),
+        ),
+        expect={("colocated", TOKEN_BUDGET): (64, 128)},
+        says=["mean prompt 100 tokens > budget 64 -> maxNumBatchedTokens 64 -> 128"],
+    ),
+    Case(
         "prompts queue, but two of them fit the budget: it holds",
         colocated(**QUEUED_SHORT_PROMPTS, current=settings(batch=8, timeout=0, budget=256)),
         unchanged=[("colocated", TOKEN_BUDGET)],
