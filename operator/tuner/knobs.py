@@ -348,7 +348,7 @@ class KnobRules:
             return Proposal(
                 cur, f"{why}, but prompts fit the budget (mean prompt {opt(prompt)} tokens, queue p95 {opt(queue)} ms)"
             )
-        drained = self._drained_backlog(pool, slo)
+        drained = self.drained_backlog(pool, slo)
         if drained:
             return Proposal(cur, f"{why} and {evidence}, but {drained}")
         if itl is not None and itl >= c.itl_low_water * slo.itl_p95_ms:
@@ -367,7 +367,7 @@ class KnobRules:
             protects="ttft",
         )
 
-    def _drained_backlog(self, pool: PoolInput, slo: SLOTargets) -> str:
+    def drained_backlog(self, pool: PoolInput, slo: SLOTargets) -> str:
         """Why a TTFT excess is a backlog that has already drained, or '': requests left the queue
         after waiting longer than the whole TTFT SLO (queue p95), while fewer waited on average
         over the window than a live queue with those waits would hold (Little's law: the request

@@ -108,7 +108,7 @@ CASES = [
     ),
     Case(
         "TTFT over SLO with the window at its minimum adds a replica",
-        colocated(ttft_ms=800, queue_ms=600, current=settings(timeout=0)),
+        colocated(ttft_ms=800, queue_ms=400, current=settings(timeout=0)),
         expect={("colocated", REPLICAS): (1, 2)},
         unchanged=[("colocated", TIMEOUT)],
         says=["batchTimeoutMs at its minimum 0", "at its limit -> 2, where the owned latency projects within it"],
@@ -131,17 +131,26 @@ CASES = [
     Case(
         "TTFT far over SLO, mostly queueing, with the window at its minimum: the replicas that project within it",
         # demand 0.75 on 1 pod; TTFT 1500 = 1300 queued + 200 prefill: at 2 pods (rho 0.375) the
-        # wait shrinks by (0.375 / 0.625) / (0.75 / 0.25) = 0.2 -> 460 ms, within the 500 ms SLO
-        colocated(ttft_ms=1500, queue_ms=1300, current=settings(timeout=0)),
+        # wait shrinks by (0.375 / 0.625) / (0.75 / 0.25) = 0.2 -> 460 ms, within the 500 ms SLO.
+        # A live queue: 2 requests/s waiting 0.65-1.3 s hold 0.9 (none waiting would be a drained one)
+        colocated(ttft_ms=1500, queue_ms=1300, rate=2, waiting=0.9, current=settings(timeout=0)),
         expect={("colocated", REPLICAS): (1, 2)},
         says=["-> 2, where the owned latency projects within it"],
     ),
     Case(
         "TTFT over SLO and the pods busier: more than one replica at once",
-        # demand 2.7 on 3 pods (rho 0.9): 1800 ms queued, 100 ms prefill; 4 pods (rho 0.675)
-        # project 100 + 1800 x 2.08 / 9 = 515 ms, 5 pods (rho 0.54) 100 + 1800 x 1.17 / 9 = 335 ms
+        # demand 2.74 on 3 pods (2.7 served, 0.04 to drain its queue; rho 0.913): 2000 ms queued,
+        # 100 ms prefill; 4 pods (rho 0.685) project 100 + 2000 x 2.17 / 10.5 = 514 ms, 5 pods
+        # (rho 0.548) 100 + 2000 x 1.21 / 10.5 = 331 ms
         colocated(
-            ttft_ms=1900, queue_ms=1800, prompt_tps=5400, gen_tps=540, pods=3, current=settings(replicas=3, timeout=0)
+            ttft_ms=2100,
+            queue_ms=2000,
+            rate=3,
+            waiting=2.4,  # live: 1 request/s per pod waiting 1-2 s holds 0.5-1
+            prompt_tps=5400,
+            gen_tps=540,
+            pods=3,
+            current=settings(replicas=3, timeout=0),
         ),
         expect={("colocated", REPLICAS): (3, 5)},
         says=["-> 5, where the owned latency projects within it"],
