@@ -140,10 +140,24 @@ class KnobRules:
         well, with requests waiting: the pool lacks capacity, which only replicas add), or ''."""
         m = pool.metrics
         ttft, pods = ms(m.ttft.p95), max(m.ready_pods or 1, 1)
-        if name != "colocated" or ttft is None or ttft <= slo.ttft_p95_ms:
+        if name != "colocated":
             return ""
         waiting = (m.waiting or 0.0) / pods
         if waiting < self.config.queue_per_pod:
+            return ""
+        if ttft is None:
+            # Too few first tokens to judge while requests wait (a cold start's queue): the mean
+            # wait is the queue over the arrival rate (Little's law), and the first tokens to come
+            # will carry it.
+            rate = m.request_rate
+            wait_ms = math.inf if not rate else (m.waiting or 0.0) / rate * 1000.0
+            if wait_ms <= slo.ttft_p95_ms:
+                return ""
+            return (
+                f"TTFT p95 is unknown with {waiting:.1f} requests waiting per pod, a mean wait of "
+                f"{fmt_ms(wait_ms)} ms at {rate or 0:.2f} requests/s (Little's law) over its SLO"
+            )
+        if ttft <= slo.ttft_p95_ms:
             return ""
         return f"TTFT p95 {fmt_ms(ttft)} ms is over its SLO too with {waiting:.1f} requests waiting per pod"
 

@@ -233,6 +233,21 @@ CASES = [
         says=["mean prompt 100 tokens > budget 64 -> maxNumBatchedTokens 64 -> 128"],
     ),
     Case(
+        "ITL over from prefill-heavy steps at a cold start, TTFT not yet known but 6 waiting (1.5 s each by "
+        "Little's law, over the SLO): a smaller budget would only queue more, it holds",
+        colocated(itl_ms=130, ttft_ms=None, waiting=6, rate=4, mean_batch=12, step_tokens=400),
+        unchanged=[("colocated", TOKEN_BUDGET), ("colocated", MAX_BATCH)],
+        says=[
+            "TTFT p95 is unknown with 6.0 requests waiting per pod, a mean wait of 1500 ms at 4.00 requests/s "
+            "(Little's law) over its SLO: a smaller budget would move the excess onto TTFT"
+        ],
+    ),
+    Case(
+        "the same with one waiting (250 ms by Little's law, within the SLO): the budget shrinks",
+        colocated(itl_ms=130, ttft_ms=None, waiting=1, rate=4, mean_batch=12, step_tokens=400),
+        expect={("colocated", TOKEN_BUDGET): (512, 384)},
+    ),
+    Case(
         "prompts queue, but two of them fit the budget: it holds",
         colocated(**QUEUED_SHORT_PROMPTS, current=settings(batch=8, timeout=0, budget=256)),
         unchanged=[("colocated", TOKEN_BUDGET)],
