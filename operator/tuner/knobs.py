@@ -32,6 +32,11 @@ from llmfleet.operator.tuner.proposal import (
     queue_ms,
 )
 
+# A TTFT p95 below this share of the queue-time p95 does not read the queue's waits: the widest
+# ratio between neighbouring histogram bounds (160 s to 640 s) is 4, so interpolation in coarse
+# buckets alone cannot put it this far below.
+_DRAINED_TTFT_SHARE = 0.25
+
 
 class KnobRules:
     """The knobs' proposals for one pool and one snapshot; stateless apart from the config."""
@@ -135,10 +140,24 @@ class KnobRules:
         well, with requests waiting: the pool lacks capacity, which only replicas add), or ''."""
         m = pool.metrics
         ttft, pods = ms(m.ttft.p95), max(m.ready_pods or 1, 1)
-        if name != "colocated" or ttft is None or ttft <= slo.ttft_p95_ms:
+        if name != "colocated":
             return ""
         waiting = (m.waiting or 0.0) / pods
         if waiting < self.config.queue_per_pod:
+            return ""
+        if ttft is None:
+            # Too few first tokens to judge while requests wait (a cold start's queue): the mean
+            # wait is the queue over the arrival rate (Little's law), and the first tokens to come
+            # will carry it.
+            rate = m.request_rate
+            wait_ms = math.inf if not rate else (m.waiting or 0.0) / rate * 1000.0
+            if wait_ms <= slo.ttft_p95_ms:
+                return ""
+            return (
+                f"TTFT p95 is unknown with {waiting:.1f} requests waiting per pod, a mean wait of "
+                f"{fmt_ms(wait_ms)} ms at {rate or 0:.2f} requests/s (Little's law) over its SLO"
+            )
+        if ttft <= slo.ttft_p95_ms:
             return ""
         return f"TTFT p95 {fmt_ms(ttft)} ms is over its SLO too with {waiting:.1f} requests waiting per pod"
 
@@ -343,7 +362,7 @@ class KnobRules:
             return Proposal(
                 cur, f"{why}, but prompts fit the budget (mean prompt {opt(prompt)} tokens, queue p95 {opt(queue)} ms)"
             )
-        drained = self._drained_backlog(pool, slo)
+        drained = self.drained_backlog(pool, slo)
         if drained:
             return Proposal(cur, f"{why} and {evidence}, but {drained}")
         if itl is not None and itl >= c.itl_low_water * slo.itl_p95_ms:
@@ -362,7 +381,7 @@ class KnobRules:
             protects="ttft",
         )
 
-    def _drained_backlog(self, pool: PoolInput, slo: SLOTargets) -> str:
+    def drained_backlog(self, pool: PoolInput, slo: SLOTargets) -> str:
         """Why a TTFT excess is a backlog that has already drained, or '': requests left the queue
         after waiting longer than the whole TTFT SLO (queue p95), while fewer waited on average
         over the window than a live queue with those waits would hold (Little's law: the request
@@ -370,10 +389,16 @@ class KnobRules:
         waits began before the window, in a queue the pods have since cleared (pods added for it,
         say). A bigger budget would not clear it any sooner, and it would lengthen every step that
         carries a prompt when the next burst comes. A pool that sees few requests, each waiting
-        long, holds few and is no backlog."""
+        long, holds few and is no backlog. Nor is a TTFT p95 below the queue's: a request's queue
+        time is recorded when it finishes, its first token when it comes, and every first token
+        includes its wait, so waits the TTFT p95 does not read came before the window's first
+        tokens (long answers finishing now), and the excess is the prompts' own."""
         m, q = pool.metrics, pool.metrics.queue_time
-        queue = ms(q.p95)  # taken raw: above the TTFT p95, both lie deep in the queue's time
+        queue = ms(q.p95)
         if queue is None or q.p95 is None or queue <= slo.ttft_p95_ms or m.waiting is None or not m.request_rate:
+            return ""
+        ttft = ms(m.ttft.p95)
+        if ttft is not None and ttft < queue * _DRAINED_TTFT_SHARE:
             return ""
         pods = max(m.ready_pods or 1, 1)
         least_mean_wait = max(0.5 * (q.p50 or 0.0), 0.05 * q.p95)

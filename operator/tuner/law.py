@@ -301,6 +301,8 @@ class Tuner:
                     f"{m.at - added_since:.0f} s and the {judged_s:.0f} s window still holds the time before: "
                     "no replica for that yet"
                 )
+            elif drained := self._drained_ttft_excess(name, pool, slo):
+                why += f"; SLO violated with {used}, but {drained}: no replica for that"
             elif itl_only and waiting < c.queue_per_pod:
                 why += (
                     f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
@@ -337,6 +339,15 @@ class Tuner:
             judged=judged,
         )
         return proposal, (units, detail)
+
+    def _drained_ttft_excess(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
+        """Why an owned-latency excess is only the first tokens of a backlog the pods have already
+        cleared (knobs.py's test, the one that holds the token budget), or '': pods added now
+        would serve none of those requests sooner. Not where ITL is over its SLO too."""
+        m = pool.metrics
+        if name == "decode" or (name == "colocated" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms):
+            return ""
+        return self.knob_rules.drained_backlog(pool, slo)
 
     def _forecast(self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast) -> Outlook | None:
         """Feed this run's rates to the pool's trends and say what they add over one pod start-up

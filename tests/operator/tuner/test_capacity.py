@@ -16,9 +16,10 @@ def decide(memory: TunerMemory | None = None, now: float = 1000.0, current=None,
 
 
 def test_an_slo_broken_with_the_knob_at_its_limit_caps_the_capacity_at_the_pods_load() -> None:
-    # TTFT over SLO, window already 0: one more replica now, and the per-pod load that broke the
-    # SLO becomes the capacity estimate (defaults 4000 prompt / 400 generation tok/s per replica).
-    first = decide(ttft_ms=800, queue_ms=600, prompt_tps=1000, gen_tps=200, current=settings(timeout=0))
+    # TTFT over SLO, window already 0 (its queue waits within the SLO: no drained backlog): one
+    # more replica now, and the per-pod load that broke the SLO becomes the capacity estimate
+    # (defaults 4000 prompt / 400 generation tok/s per replica).
+    first = decide(ttft_ms=800, queue_ms=400, prompt_tps=1000, gen_tps=200, current=settings(timeout=0))
     assert first.changed("colocated", REPLICAS).new == 2
     capacity = first.memory.capacity["colocated"]
     load = 1000 / 4000 + 200 / 400

@@ -319,3 +319,28 @@ def test_a_budget_reversal_within_the_window_waits_however_far_over_the_slo() ->
     later = tuner.decide({"colocated": pool_input(over, settings(budget=192))}, SLO, first.memory, now=1020.0)
     assert later.changed("colocated", TOKEN_BUDGET) is None, later.reasons
     assert any("maxNumBatchedTokens 192 -> 384 held: reversing the fall" in r for r in later.reasons), later.reasons
+
+
+def test_a_drained_backlogs_first_tokens_add_no_replica() -> None:
+    """TTFT 2.4x its SLO over the minute, the window at zero, but those first tokens are requests
+    that queued 1-1.1 s (over the whole SLO) with nobody waiting now, where a live queue that slow
+    would hold 2: pods added now would serve none of them sooner. The same excess with the queue
+    still there scales up. (A cold start's backlog, cleared by the pods it brought, took the
+    Azure trace window to 12 pods on the latency rule.)"""
+    m = replace(
+        metrics(ttft_ms=1200, queue_ms=1100, itl_ms=50, waiting=0, pods=2, rate=4.0, prompt_tps=200, gen_tps=40),
+        slo_window_s=60.0,
+        slo_ttft=latency(1200),
+        slo_itl=latency(50),
+    )
+    decision = Tuner(ONE_SHOT).decide(
+        {"colocated": pool_input(m, settings(replicas=2, timeout=0))}, SLO, _memory(2), now=1000.0
+    )
+    assert decision.changed("colocated", REPLICAS) is None, decision.reasons
+    assert any("a backlog that has drained: no replica for that" in r for r in decision.reasons), decision.reasons
+
+    live = replace(m, waiting=6.0)
+    decision = Tuner(ONE_SHOT).decide(
+        {"colocated": pool_input(live, settings(replicas=2, timeout=0))}, SLO, _memory(2), now=1000.0
+    )
+    assert decision.changed("colocated", REPLICAS).new > 2, decision.reasons

@@ -108,7 +108,7 @@ CASES = [
     ),
     Case(
         "TTFT over SLO with the window at its minimum adds a replica",
-        colocated(ttft_ms=800, queue_ms=600, current=settings(timeout=0)),
+        colocated(ttft_ms=800, queue_ms=400, current=settings(timeout=0)),
         expect={("colocated", REPLICAS): (1, 2)},
         unchanged=[("colocated", TIMEOUT)],
         says=["batchTimeoutMs at its minimum 0", "at its limit -> 2, where the owned latency projects within it"],
@@ -131,17 +131,26 @@ CASES = [
     Case(
         "TTFT far over SLO, mostly queueing, with the window at its minimum: the replicas that project within it",
         # demand 0.75 on 1 pod; TTFT 1500 = 1300 queued + 200 prefill: at 2 pods (rho 0.375) the
-        # wait shrinks by (0.375 / 0.625) / (0.75 / 0.25) = 0.2 -> 460 ms, within the 500 ms SLO
-        colocated(ttft_ms=1500, queue_ms=1300, current=settings(timeout=0)),
+        # wait shrinks by (0.375 / 0.625) / (0.75 / 0.25) = 0.2 -> 460 ms, within the 500 ms SLO.
+        # A live queue: 2 requests/s waiting 0.65-1.3 s hold 0.9 (none waiting would be a drained one)
+        colocated(ttft_ms=1500, queue_ms=1300, rate=2, waiting=0.9, current=settings(timeout=0)),
         expect={("colocated", REPLICAS): (1, 2)},
         says=["-> 2, where the owned latency projects within it"],
     ),
     Case(
         "TTFT over SLO and the pods busier: more than one replica at once",
-        # demand 2.7 on 3 pods (rho 0.9): 1800 ms queued, 100 ms prefill; 4 pods (rho 0.675)
-        # project 100 + 1800 x 2.08 / 9 = 515 ms, 5 pods (rho 0.54) 100 + 1800 x 1.17 / 9 = 335 ms
+        # demand 2.74 on 3 pods (2.7 served, 0.04 to drain its queue; rho 0.913): 2000 ms queued,
+        # 100 ms prefill; 4 pods (rho 0.685) project 100 + 2000 x 2.17 / 10.5 = 514 ms, 5 pods
+        # (rho 0.548) 100 + 2000 x 1.21 / 10.5 = 331 ms
         colocated(
-            ttft_ms=1900, queue_ms=1800, prompt_tps=5400, gen_tps=540, pods=3, current=settings(replicas=3, timeout=0)
+            ttft_ms=2100,
+            queue_ms=2000,
+            rate=3,
+            waiting=2.4,  # live: 1 request/s per pod waiting 1-2 s holds 0.5-1
+            prompt_tps=5400,
+            gen_tps=540,
+            pods=3,
+            current=settings(replicas=3, timeout=0),
         ),
         expect={("colocated", REPLICAS): (3, 5)},
         says=["-> 5, where the owned latency projects within it"],
@@ -211,6 +220,32 @@ CASES = [
         colocated(**FEW_LONG_PROMPTS, waiting=0.1, current=settings(batch=8, timeout=0, budget=256)),
         expect={("colocated", TOKEN_BUDGET): (256, 512)},
         says=["mean prompt 4000 tokens > budget 256 -> maxNumBatchedTokens 256 -> 512"],
+    ),
+    Case(
+        "TTFT over SLO while the queue times are those of long answers finishing now (queue p95 far above "
+        "the TTFT p95 every first token would carry it in): no backlog, the prompts' own excess, the budget grows",
+        colocated(
+            **(BACKLOG | {"ttft_ms": 600, "queue_ms": 180000}),
+            waiting=0,
+            current=settings(batch=8, timeout=0, budget=64),
+        ),
+        expect={("colocated", TOKEN_BUDGET): (64, 128)},
+        says=["mean prompt 100 tokens > budget 64 -> maxNumBatchedTokens 64 -> 128"],
+    ),
+    Case(
+        "ITL over from prefill-heavy steps at a cold start, TTFT not yet known but 6 waiting (1.5 s each by "
+        "Little's law, over the SLO): a smaller budget would only queue more, it holds",
+        colocated(itl_ms=130, ttft_ms=None, waiting=6, rate=4, mean_batch=12, step_tokens=400),
+        unchanged=[("colocated", TOKEN_BUDGET), ("colocated", MAX_BATCH)],
+        says=[
+            "TTFT p95 is unknown with 6.0 requests waiting per pod, a mean wait of 1500 ms at 4.00 requests/s "
+            "(Little's law) over its SLO: a smaller budget would move the excess onto TTFT"
+        ],
+    ),
+    Case(
+        "the same with one waiting (250 ms by Little's law, within the SLO): the budget shrinks",
+        colocated(itl_ms=130, ttft_ms=None, waiting=1, rate=4, mean_batch=12, step_tokens=400),
+        expect={("colocated", TOKEN_BUDGET): (512, 384)},
     ),
     Case(
         "prompts queue, but two of them fit the budget: it holds",
