@@ -548,8 +548,8 @@ class Tuner:
         """The owned latencies at ``n`` pods. A scale-down is judged at the load of a busy window
         (``busy``), so that a count chosen at the mean holds through its surges; a scale-up for an
         SLO broken now is not: the window that broke it already carries its surge."""
-        k = cur / n * (busy_surge(m, self.config) if busy else 1.0)
-        return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, units / cur, k, capacity.steps)
+        surge = busy_surge(m, self.config) if busy else 1.0
+        return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, units / cur, cur / n, capacity.steps, surge)
 
     def _growth_units(
         self, m: PoolMetrics, parts: list[tuple[float | None, float, str]], requests_s: float | None

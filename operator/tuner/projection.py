@@ -3,8 +3,9 @@ question a scale-down asks (would fewer pods hold the SLOs?) and one an SLO no k
 asks (how many pods bring it back?). Throughput cannot answer it: a chat pool can sit near its
 TTFT SLO at a third of its token throughput, because steps lengthen with load.
 
-With step times, steps stretch as a processor-sharing server's response time does and the wait
-for a batch slot follows Erlang C; without them, an M/M/1 queue on the demand. The derivation
+With step times, steps stretch as a processor-sharing server's response time does (a busy
+window's only as far as its requests turn over within it) and the wait for a batch slot follows
+Erlang C; without them, an M/M/1 queue on the demand. The derivation
 is in docs/tuner.md."""
 
 from __future__ import annotations
@@ -27,21 +28,30 @@ class Projection:
 
 
 def project(
-    pool: str, m: PoolMetrics, ttft_slo_ms: float, itl_slo_ms: float, rho: float, k: float, steps: StepCosts | None
+    pool: str,
+    m: PoolMetrics,
+    ttft_slo_ms: float,
+    itl_slo_ms: float,
+    rho: float,
+    k: float,
+    steps: StepCosts | None,
+    surge: float = 1.0,
 ) -> Projection:
     """The owned latency over its SLO with each pod's load x ``k`` (``cur / n`` to spread it over
-    ``n`` pods instead of ``cur``, times any surge to allow for); ``rho`` is the demand per pod
-    now over capacity (for the M/M/1 fallback)."""
+    ``n`` pods instead of ``cur``) in a window whose requests in flight run ``surge`` times their
+    mean; ``rho`` is the demand per pod now over capacity (for the M/M/1 fallback)."""
     owns_ttft, owns_itl = pool in ("colocated", "prefill"), pool in ("colocated", "decode")
     ttft = m.judged_ttft.p95 if owns_ttft else None
     itl = m.judged_itl if owns_itl and m.judged_itl.known else None
     load = _StepLoad.of(m, steps) if steps is not None else None
     if load is None:
         itl_p95 = None if itl is None else itl.p95
-        return Projection(_queueing(ttft, itl_p95, trusted_queue_s(m), ttft_slo_ms, itl_slo_ms, rho, rho * k), "M/M/1")
-    spread = load.spread(k)
+        after = rho * k * surge
+        return Projection(_queueing(ttft, itl_p95, trusted_queue_s(m), ttft_slo_ms, itl_slo_ms, rho, after), "M/M/1")
+    period = m.slo_window_s or m.latency_window_s or m.window_s  # the busy window's, as busy_surge's
+    spread = load.spread(k, surge, period)
     if spread is None:
-        return Projection(math.inf, f"{load.saturation(k)}: saturated")
+        return Projection(math.inf, f"{load.saturation(k, surge, period)}: saturated")
     step, wait_now, wait_then, budget_growth = spread
     measured = trusted_queue_s(m) or ttft
     if wait_now > 0 and measured is not None and measured < wait_now:
@@ -58,11 +68,13 @@ def project(
         own = load.own_prefill_s
         if load.shared_steps_s is not None:
             own = max(own, served - load.shared_steps_s)
-        own = min(own, served) if k > 1.0 else 0.0
+        own = min(own, served) if k * surge > 1.0 else 0.0
         ratios.append(((served - own) * step * budget_growth + own + wait_then) * 1000.0 / ttft_slo_ms)
     if itl is not None:
-        ratios.append(itl_tail(itl, k * step, itl_slo_ms / 1000.0) * step * 1000.0 / itl_slo_ms)
-    how = f"pods busy {load.work:.0%} -> {load.work * k:.0%} of the time, steps x{step:.2f}"
+        ratios.append(itl_tail(itl, k * surge * step, itl_slo_ms / 1000.0) * step * 1000.0 / itl_slo_ms)
+    how = f"pods busy {load.work:.0%} -> {load.work * k:.0%} of the time"
+    how += f" ({load.work * k * surge:.0%} in a busy window)" if surge > 1.0 else ""
+    how += f", steps x{step:.2f}"
     how += f", slot wait p95 {wait_then * 1000:.0f} ms" if wait_then > 0 else ""
     return Projection(max(ratios), how)
 
@@ -172,23 +184,51 @@ class _StepLoad:
             return None
         return (1.0 - self.work) / (1.0 - self.work * k)
 
-    def spread(self, k: float) -> tuple[float, float, float, float] | None:
-        """With each pod's arrivals x ``k``: (step time ratio, p95 slot wait now, then, growth of
-        the wait for budget), or None when that load would saturate the pod."""
-        ratio = self.step_ratio(k)
-        if ratio is None or self._slot_share(k * ratio) >= FULL or self._budget_share(k * ratio) >= FULL:
+    def spread(self, k: float, surge: float = 1.0, period_s: float = 0.0) -> tuple[float, float, float, float] | None:
+        """With each pod's arrivals x ``k``, ``surge`` times that over a busy window of
+        ``period_s``: (step time ratio, p95 slot wait now, then, growth of the wait for budget), or
+        None when that load would saturate the pod."""
+        busy = self._busy(k, surge, period_s)
+        if busy is None:
             return None
-        growth = (1.0 - self._budget_share(1.0)) / (1.0 - self._budget_share(k * ratio))
-        return ratio, self._slot_wait(1.0, 1.0), self._slot_wait(k, ratio), growth
+        ratio, occupied, per_step = busy
+        if self._slot_share(occupied) >= FULL or self._budget_share(per_step) >= FULL:
+            return None
+        growth = (1.0 - self._budget_share(1.0)) / (1.0 - self._budget_share(per_step))
+        return ratio, self._slot_wait(1.0, 1.0), self._slot_wait(occupied / ratio, ratio), growth
 
-    def saturation(self, k: float) -> str:
-        """What would run full at arrivals x ``k``: the pods' time, the batch slots or the budget."""
-        ratio = self.step_ratio(k)
-        if ratio is None:
-            return f"pods busy {self.work * k:.0%} of the time"
-        if self._slot_share(k * ratio) >= FULL:
-            return f"{self.running * k * ratio:.1f} of {self.slots} batch slots busy"
-        return f"{self.prompt_tokens * k * ratio:.0f} of {self.budget:g} budget tokens per step"
+    def _busy(self, k: float, surge: float, period_s: float) -> tuple[float, float, float] | None:
+        """(step time ratio, busy slots and prompt tokens per step as multiples of today's) over a
+        busy window, or None where its arrivals' work would fill the pods' time.
+
+        Steps stretch with the requests in flight, and those climb to a busier load's level only as
+        fast as they turn over (the fluid queue's relaxation time: a request's life at the mean
+        load's step time over the pods' idle share): a window of ``period_s`` gets
+        ``1 - exp(-period / relaxation)`` of the way from the mean load's steps to the busy load's
+        steady state. A prefill pod's requests, a few steps long, get there within a window, and
+        its steps stretch as at a steady busy load; a decode's, hundreds of steps long, do not.
+        Prompt tokens per step follow the arrivals at once."""
+        mean, full = self.step_ratio(k), self.step_ratio(k * surge)
+        if mean is None or full is None:
+            return None
+        reached = 1.0
+        if period_s > 0 and self.requests_per_s > 0 and self.running > 0:
+            life = self.running / self.requests_per_s * mean  # Little's law, at the mean load's steps
+            reached = 1.0 - math.exp(-period_s * (1.0 - self.work * k) / life)
+        ratio = mean + (full - mean) * reached
+        occupied = k * (mean + (surge * full - mean) * reached)
+        return ratio, occupied, k * surge * ratio
+
+    def saturation(self, k: float, surge: float = 1.0, period_s: float = 0.0) -> str:
+        """What would run full at arrivals x ``k``, ``surge`` times that over a busy window: the
+        pods' time, the batch slots or the budget."""
+        busy = self._busy(k, surge, period_s)
+        if busy is None:
+            return f"pods busy {self.work * k * surge:.0%} of the time"
+        _, occupied, per_step = busy
+        if self._slot_share(occupied) >= FULL:
+            return f"{self.running * occupied:.1f} of {self.slots} batch slots busy"
+        return f"{self.prompt_tokens * per_step:.0f} of {self.budget:g} budget tokens per step"
 
     def _slot_share(self, scale: float) -> float:
         return 0.0 if not self.slots else self.running * scale / self.slots

@@ -131,3 +131,30 @@ def test_the_projection_reads_itl_up_its_tail_by_the_growth_of_prompts_per_step(
     projected = project("decode", m, 400.0, 100.0, 0.3, 2.0, COSTS)
     tail = 0.05 * 3 / 8
     assert projected.ratio == pytest.approx(50.0 * (1 + 0.2 * (0.05 - tail) / 0.04) * 4 / 3 / 100.0)
+
+
+def test_a_busy_window_stretches_the_steps_as_far_as_its_requests_turn_over() -> None:
+    """Steps stretch with the requests in flight, which climb to a busier load's level as fast as
+    they turn over. Requests of a second (four pods, one running each) get there within the
+    minute, and a 1.25x window is a steady 1.25x load; requests that live a minute (60 running
+    each) get 1 - exp(-60 s / relaxation) of the way: a life of 60 s x 4/3 at half the pods, over
+    their idle share of 0.6, is 133 s, so 36% of the way from steps x4/3 to x1.6."""
+    unbounded = replace(COSTS, slots=None)
+    short = metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS)
+    busy = project("colocated", short, 400.0, 100.0, 0.3, 2.0, unbounded, surge=1.25)
+    steady = project("colocated", short, 400.0, 100.0, 0.3, 2.5, unbounded)
+    assert busy.ratio == pytest.approx(steady.ratio, rel=1e-6)
+    assert "pods busy 20% -> 40% of the time (50% in a busy window), steps x1.60" in busy.how
+
+    long = metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS | dict(running=240.0))
+    busy = project("colocated", long, 400.0, 100.0, 0.3, 2.0, unbounded, surge=1.25)
+    reached = 1.0 - math.exp(-60.0 * 0.6 / (60.0 * 4 / 3))
+    step = 4 / 3 + (1.6 - 4 / 3) * reached
+    assert f"steps x{step:.2f}" in busy.how and reached == pytest.approx(0.363, abs=1e-3)
+    assert busy.ratio == pytest.approx((200.0 * step + 100.0) / 400.0)
+    mean = project("colocated", long, 400.0, 100.0, 0.3, 2.0, unbounded)
+    assert mean.ratio < busy.ratio < project("colocated", long, 400.0, 100.0, 0.3, 2.5, unbounded).ratio
+    # a busy window whose arrivals' work alone would fill the pods' time saturates them, however
+    # long the requests live
+    full = project("colocated", long, 400.0, 100.0, 0.3, 4.0, unbounded, surge=1.25)
+    assert full.ratio == math.inf and "pods busy 100% of the time: saturated" in full.how
