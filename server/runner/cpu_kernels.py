@@ -8,12 +8,12 @@ and gpt-oss's sinks honoured), and sums the values, all in float32 whatever the 
 (float32 or bfloat16).
 
 It is bound by memory: between layers the matmuls evict the cache, so keys and values come from
-DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So while it
-scores a block of keys it prefetches the next block of keys and the same block of values, and
-while it sums values it prefetches the keys of the item it takes next where it runs alone: two
-streams are in flight and no pass starts cold. The arithmetic is kept under the reads: keys are scored sixteen
-at a time (sixteen vector partial sums, then their lane sums, not a horizontal sum per key), and
-the softmax takes its exponentials sixteen at a time.
+DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So two streams
+are kept in flight: while it scores a block of keys it prefetches the next block of keys and the
+same block of values, and while it sums values it prefetches the keys of the (request, KV head)
+it takes next, threads taking runs of them so that each knows its next one. The arithmetic is kept
+under the reads: keys are scored sixteen at a time (sixteen vector partial sums, then their lane
+sums, not a horizontal sum per key), and the softmax takes its exponentials sixteen at a time.
 
 It is compiled on first use with the system's C compiler (``$CC``, default ``cc``) for this CPU
 (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command and the
