@@ -16,14 +16,15 @@ attends each request's queries to that request's cached keys, causally, with GQA
   kernel attends them reading the cache in place (cpu_kernels.py); otherwise their blocks are
   gathered into a padded (kv_heads, n, ctx, head_dim) tensor and attended with two batched
   matmuls and a length mask (CPU SDPA is several times slower for one-token queries);
-- prompt chunks run SDPA one request at a time: a chunk that starts at position 0 attends to
-  its own fresh keys (causal, no gather); a later chunk gathers its request's blocks and uses a
-  causal mask offset by the chunk start.
+- prompt chunks are attended one request at a time: a chunk that starts at position 0 attends
+  to its own fresh keys (causal, no gather); a later chunk gathers its request's blocks and
+  attends causally from the chunk start. On a CPU a C kernel does it (cpu_kernels.py, 1.7-3x
+  torch's CPU SDPA); otherwise SDPA with a mask offset by the chunk start.
 
 Sliding windows are honoured through the masks (``kv_pos > q_pos - window``, as transformers
 does), so Mistral and Qwen2 with a window shorter than the context stay exact. A layer with a
-logit cap or sinks takes a plain-torch path for prompts (SDPA applies neither); the C decode
-kernel applies both.
+logit cap or sinks takes a plain-torch path for prompts where the C kernels do not run (SDPA
+applies neither); the C kernels apply both.
 """
 
 from __future__ import annotations
@@ -256,13 +257,17 @@ def _prefill(
     scoring: Scoring,
 ) -> None:
     rows = slice(span.row, span.row + span.num_tokens)
-    queries = q[rows].transpose(0, 1).unsqueeze(0)  # (1, heads, n, D)
     if span.fresh:
-        keys, values = key[None, :, rows], value[None, :, rows]  # this step's own, no cache read needed
+        keys, values = key[:, rows], value[:, rows]  # this step's own, no cache read needed
     else:
         keys, values = cache.gather(layer, span.blocks)
-        keys = keys[:, : span.context].unsqueeze(0)
-        values = values[:, : span.context].unsqueeze(0)
+        keys, values = keys[:, : span.context], values[:, : span.context]
+    if cpu_kernels.prefill_attention(
+        q[rows], out[rows], keys, values, scoring.scale, scoring.window, scoring.softcap, scoring.sinks
+    ):
+        return
+    queries = q[rows].transpose(0, 1).unsqueeze(0)  # (1, heads, n, D)
+    keys, values = keys.unsqueeze(0), values.unsqueeze(0)
     mask = span.mask(scoring.window, q.device)
     keys, values = keys.to(queries.dtype), values.to(queries.dtype)
     if scoring.plain:

@@ -1,11 +1,11 @@
-"""Paged decode attention for CPUs, in C, read straight from the paged cache.
+"""Attention for CPUs, in C: decodes read straight from the paged cache, prompts causally.
 
-The torch path (attention._decode) gathers every decoding request's blocks into a padded copy
-before two batched matmuls, and the copy costs more than the matmuls. This kernel walks each
-request's block table instead, reading each key and value once: per (request, KV head) it scores the queries of that
-head's group, takes a float32 softmax over the context (the sliding window, Gemma 2's logit cap
-and gpt-oss's sinks honoured), and sums the values, all in float32 whatever the cache's dtype
-(float32 or bfloat16).
+**Decodes.** The torch path (attention._decode) gathers every decoding request's blocks into a
+padded copy before two batched matmuls, and the copy costs more than the matmuls. This kernel
+walks each request's block table instead, reading each key and value once: per (request, KV
+head) it scores the queries of that head's group, takes a float32 softmax over the context (the
+sliding window, Gemma 2's logit cap and gpt-oss's sinks honoured), and sums the values, all in
+float32 whatever the cache's dtype (float32 or bfloat16).
 
 It is bound by memory: between layers the matmuls evict the cache, so keys and values come from
 DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So two streams
@@ -15,10 +15,16 @@ it takes next, threads taking runs of them so that each knows its next one. The 
 under the reads: keys are scored sixteen at a time (sixteen vector partial sums, then their lane
 sums, not a horizontal sum per key), and the softmax takes its exponentials sixteen at a time.
 
-It is compiled on first use with the system's C compiler (``$CC``, default ``cc``) for this CPU
+**Prompts.** torch's CPU SDPA (flash attention) computes a prompt's causal attention at a small
+fraction of the machine's FMA rate. This kernel is bound by arithmetic instead: one KV head at a
+time, its keys laid out in float32 tiles of 16 keys, dimension by dimension, so that one tile
+load feeds eight queries' FMAs (eight independent chains); blocks of 16 queries skip every tile
+past their last position; an exact float32 softmax per query, with the same scoring options.
+
+Both are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for this CPU
 (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command and the
-CPU's flags, and runs in torch's own OpenMP threads (the same ``libgomp`` is already loaded).
-Without a compiler the torch path runs; ``LLMFLEET_CPU_KERNELS=0`` chooses it.
+CPU's flags, and run in torch's own OpenMP threads (the same ``libgomp`` is already loaded).
+Without a compiler the torch paths run; ``LLMFLEET_CPU_KERNELS=0`` chooses them.
 """
 
 from __future__ import annotations
@@ -281,6 +287,123 @@ void llmfleet_paged_decode(
         free(scores); free(queries); free(acc); free(sums);
     }
 }
+
+static inline float element(const void *p, int64_t at, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)p)[at]) : ((const float *)p)[at];
+}
+
+/* Prompt attention, causal, for one request's chunk: queries at positions ctx - n .. ctx - 1
+   attend keys 0 .. their own position (and no further back than the window). Per KV head, its
+   keys are first laid out in float32 tiles of 16 keys, dimension-major, and its values in float32
+   rows; then each (query head, block of 16 queries) is an item: scores for RG queries at a time
+   against a tile (one tile load per RG FMAs, each query's element broadcast), an exact softmax
+   per query, then the values summed RG queries at a time. Tiles past a block's last position
+   are skipped, so the causal half costs (almost) nothing. */
+#define QB 16
+#define RG 8  /* queries per pass: eight independent FMA chains */
+void llmfleet_prefill_attention(
+    const void *q, int64_t q_token_stride, int64_t q_head_stride,
+    const void *k, int64_t k_token_stride, int64_t k_head_stride,
+    const void *v, int64_t v_token_stride, int64_t v_head_stride,
+    int64_t n, int64_t ctx,
+    void *out, int64_t out_token_stride, int64_t out_head_stride,
+    int64_t heads, int64_t kv_heads, int64_t dim,
+    float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
+    const int64_t group = heads / kv_heads, tiles = (ctx + LANES - 1) / LANES, padded = tiles * LANES;
+    const int64_t blocks = (n + QB - 1) / QB, chunks = dim / LANES;
+    float *kt = malloc(sizeof(float) * padded * dim), *vf = malloc(sizeof(float) * padded * dim);
+    #pragma omp parallel num_threads(num_threads)
+    {
+        float *queries = malloc(sizeof(float) * QB * dim), *scores = malloc(sizeof(float) * QB * padded);
+        float *acc = malloc(sizeof(float) * QB * dim), sums[QB];
+        for (int64_t kvh = 0; kvh < kv_heads; kvh++) {  /* one KV head at a time: it stays in cache */
+            #pragma omp for
+            for (int64_t tile = 0; tile < tiles; tile++) {
+                for (int64_t t = tile * LANES; t < (tile + 1) * LANES; t++) {
+                    const int64_t at_k = t * k_token_stride + kvh * k_head_stride;
+                    const int64_t at_v = t * v_token_stride + kvh * v_head_stride;
+                    for (int64_t d = 0; d < dim; d++) {
+                        kt[(tile * dim + d) * LANES + t % LANES] = t < ctx ? element(k, at_k + d, bf16) : 0.0f;
+                        vf[t * dim + d] = t < ctx ? element(v, at_v + d, bf16) : 0.0f;
+                    }
+                }
+            }
+            /* the last blocks of queries, which attend the most keys, first */
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < group * blocks; item++) {
+                const int64_t block = blocks - 1 - item / group, h = kvh * group + item % group;
+                const int64_t row0 = block * QB, rows = n - row0 < QB ? n - row0 : QB;
+                const int64_t last = ctx - n + row0 + rows - 1;  /* the block's last query position */
+                const int64_t first = ctx - n + row0 - window + 1;  /* the block's first query's first key */
+                const int64_t tile0 = window > 0 && first > 0 ? first / LANES : 0, tile1 = last / LANES + 1;
+                for (int64_t r = 0; r < QB; r++)
+                    for (int64_t d = 0; d < dim; d++) {
+                        const int64_t at = (row0 + r) * q_token_stride + h * q_head_stride + d;
+                        queries[r * dim + d] = r < rows ? scale * element(q, at, bf16) : 0.0f;
+                    }
+                for (int64_t r = 0; r < QB; r += RG) {
+                    const float *qr = queries + r * dim;
+                    for (int64_t tile = tile0; tile < tile1; tile++) {
+                        f32x16 s[RG] = {{0}};
+                        const float *kd = kt + tile * dim * LANES;
+                        for (int64_t d = 0; d < dim; d++) {
+                            f32x16 key;
+                            memcpy(&key, kd + d * LANES, sizeof key);
+                            for (int j = 0; j < RG; j++) s[j] += qr[j * dim + d] * key;
+                        }
+                        for (int j = 0; j < RG; j++)
+                            memcpy(scores + (r + j) * padded + tile * LANES, &s[j], sizeof s[j]);
+                    }
+                }
+                for (int64_t r = 0; r < QB; r++) {
+                    const int64_t pos = r < rows ? ctx - n + row0 + r : last;
+                    const int64_t lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
+                    float *sr = scores + r * padded;
+                    const float sink = sinks ? sinks[h] : -INFINITY;
+                    float top = sink, sum = 0.0f;
+                    for (int64_t t = tile0 * LANES; t < tile1 * LANES; t++) {
+                        if (t < lo || t > pos) { sr[t] = -INFINITY; continue; }
+                        if (softcap > 0.0f) sr[t] = softcap * tanhf(sr[t] / softcap);
+                        top = sr[t] > top ? sr[t] : top;
+                    }
+                    f32x16 total = {0};
+                    for (int64_t t = tile0 * LANES; t < tile1 * LANES; t += LANES) {
+                        f32x16 x;
+                        memcpy(&x, sr + t, sizeof x);
+                        x = exp16(x - top);
+                        memcpy(sr + t, &x, sizeof x);
+                        total += x;
+                    }
+                    for (int l = 0; l < LANES; l++) sum += total[l];
+                    sums[r] = sinks ? sum + expf(sink - top) : sum;
+                }
+                for (int64_t r = 0; r < QB; r += RG) {
+                    const float *pr = scores + r * padded;
+                    for (int64_t c = 0; c < chunks; c++) {
+                        f32x16 a[RG] = {{0}};
+                        for (int64_t t = tile0 * LANES; t < tile1 * LANES; t++) {
+                            f32x16 value;
+                            memcpy(&value, vf + t * dim + c * LANES, sizeof value);
+                            for (int j = 0; j < RG; j++) a[j] += pr[j * padded + t] * value;
+                        }
+                        for (int j = 0; j < RG; j++) memcpy(acc + (r + j) * dim + c * LANES, &a[j], sizeof a[j]);
+                    }
+                }
+                for (int64_t r = 0; r < rows; r++) {
+                    const int64_t at = (row0 + r) * out_token_stride + h * out_head_stride;
+                    const float factor = 1.0f / sums[r];
+                    for (int64_t d = 0; d < dim; d++) {
+                        const float value = acc[r * dim + d] * factor;
+                        if (bf16) ((uint16_t *)out)[at + d] = float_to_bf16(value);
+                        else ((float *)out)[at + d] = value;
+                    }
+                }
+            }
+        }
+        free(queries); free(scores); free(acc);
+    }
+    free(kt); free(vf);
+}
 """
 
 _I64 = ctypes.c_int64
@@ -312,6 +435,32 @@ _ARGTYPES = [
     ctypes.c_int,  # bf16, threads
 ]
 
+_PREFILL_ARGTYPES = [
+    _PTR,
+    _I64,
+    _I64,  # q, its token and head strides
+    _PTR,
+    _I64,
+    _I64,  # keys, their token and head strides
+    _PTR,
+    _I64,
+    _I64,  # values, their token and head strides
+    _I64,
+    _I64,  # queries, context
+    _PTR,
+    _I64,
+    _I64,  # out, its token and head strides
+    _I64,
+    _I64,
+    _I64,  # heads, kv heads, head dim
+    ctypes.c_float,
+    _I64,  # scale, window (0: none)
+    ctypes.c_float,
+    _PTR,  # logit cap (0: none), sinks (float32 per head; NULL: none)
+    ctypes.c_int,
+    ctypes.c_int,  # bf16, threads
+]
+
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -334,12 +483,12 @@ def _library() -> ctypes.CDLL | None:
     except OSError:
         cpu = ""
     key = hashlib.sha256("\0".join([_SOURCE, *command, cpu]).encode()).hexdigest()[:16]
-    path = cache_root() / "kernels" / f"paged_decode-{key}.so"
+    path = cache_root() / "kernels" / f"attention-{key}.so"
     try:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # another process may build it too
-                source = Path(tmp) / "paged_decode.c"
+                source = Path(tmp) / "attention.c"
                 source.write_text(_SOURCE)
                 output = Path(tmp) / path.name
                 subprocess.run([*command, "-o", str(output), str(source), "-lm"], check=True, capture_output=True)
@@ -354,15 +503,18 @@ def _library() -> ctypes.CDLL | None:
         return None
     library.llmfleet_paged_decode.argtypes = _ARGTYPES
     library.llmfleet_paged_decode.restype = None
+    library.llmfleet_prefill_attention.argtypes = _PREFILL_ARGTYPES
+    library.llmfleet_prefill_attention.restype = None
     return library
 
 
 def _prune(built: Path, unused_days: float = 30.0) -> None:
-    """Remove other builds of the kernel not loaded for ``unused_days`` (other versions of
-    llm-fleet, other CPUs sharing the cache). One still mapped by a process keeps working, and a
-    later start of its version builds it again."""
+    """Remove other builds of the kernels not loaded for ``unused_days`` (other versions of
+    llm-fleet, other CPUs sharing the cache; ``paged_decode-*`` is what versions with only the
+    decode kernel called theirs). One still mapped by a process keeps working, and a later start
+    of its version builds it again."""
     cutoff = time.time() - unused_days * 86400
-    for other in built.parent.glob("paged_decode-*.so"):
+    for other in [*built.parent.glob("attention-*.so"), *built.parent.glob("paged_decode-*.so")]:
         try:
             if other != built and other.stat().st_mtime < cutoff:
                 other.unlink()
@@ -428,6 +580,66 @@ def paged_decode(
         kv_heads,
         dim,
         block_size,
+        scale,
+        window or 0,
+        softcap or 0.0,
+        None if sink_logits is None else sink_logits.data_ptr(),
+        bf16,
+        torch.get_num_threads(),
+    )
+    return True
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    window: int | None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> bool:
+    """Attend a prompt chunk's queries ``q`` (n, heads, D), at positions ctx - n .. ctx - 1, to
+    ``keys``/``values`` (kv_heads, ctx, D), causally, and write ``out`` (n, heads, D); scoring as
+    in ``paged_decode``. Returns False, having done nothing, where the kernel does not apply:
+    turned off, not built, another device or dtype, or a head size that is not a multiple of 16."""
+    dtype = q.dtype
+    bf16 = _DTYPES.get(dtype)
+    n, heads, dim = q.shape
+    kv_heads, ctx = keys.shape[0], keys.shape[1]
+    if (
+        not enabled()
+        or q.device.type != "cpu"
+        or bf16 is None
+        or any(t.dtype != dtype or t.stride(-1) != 1 for t in (out, keys, values, q))
+        or dim % 16
+        or ctx < n
+        or heads % kv_heads
+    ):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    sink_logits = None if sinks is None else sinks.detach().to(torch.float32).contiguous()  # alive for the call
+    library.llmfleet_prefill_attention(
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        keys.data_ptr(),
+        keys.stride(1),
+        keys.stride(0),
+        values.data_ptr(),
+        values.stride(1),
+        values.stride(0),
+        n,
+        ctx,
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        heads,
+        kv_heads,
+        dim,
         scale,
         window or 0,
         softcap or 0.0,

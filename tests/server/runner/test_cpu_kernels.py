@@ -1,6 +1,7 @@
-"""The C decode-attention kernel reads the paged cache in place and gives what the torch path
-(gather, then batched matmuls) gives: GQA, padded groups, sliding windows, strided queries, and
-Gemma 2's logit cap and gpt-oss's sinks."""
+"""The C attention kernels give what the torch paths give: the decode kernel, reading the paged
+cache in place (against a gather, then batched matmuls), and the prompt kernel (against SDPA or
+the scored torch path), for GQA, padded groups, sliding windows, strided queries, a chunk that
+starts at position 0 or later in its prompt, and Gemma 2's logit cap and gpt-oss's sinks."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from llmfleet.server.runner import attention, cpu_kernels
-from llmfleet.server.runner.attention import DecodeGroup
+from llmfleet.server.runner.attention import DecodeGroup, PrefillSpan
 from llmfleet.server.runner.kv_cache import PagedKVCache
 
 HEADS, KV_HEADS, BLOCKS = 6, 2, 256
@@ -73,12 +74,64 @@ def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, windowed, scor
     assert not got[[r for r in range(tokens) if r not in rows]].any(), "rows outside the group were written"
 
 
+# (head size, tokens in the chunk, context it attends to, a sliding window): whole prompts of
+# several query blocks; chunks later in their prompt, one shorter than a block; a head that is not
+# a multiple of 16 wide, which the kernel leaves to torch
+PROMPTS = {
+    "prompt": (64, 37, 37, 11),
+    "later chunk": (32, 20, 53, 9),
+    "short later chunk": (64, 5, 70, 30),
+    "odd head": (24, 12, 12, 5),
+}
+
+
+def attend_prompt(monkeypatch, use_kernel: bool, q, key, value, cache, span, window, scored=False):
+    monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1" if use_kernel else "0")
+    out = torch.zeros(q.shape, dtype=q.dtype)
+    extra = {"softcap": 0.5, "sinks": torch.linspace(-1.0, 2.0, HEADS).to(q.dtype)} if scored else {}
+    ran, kernel = [], cpu_kernels.prefill_attention
+    monkeypatch.setattr(cpu_kernels, "prefill_attention", lambda *args: ran.append(kernel(*args)) or ran[-1])
+    attention._prefill(q, key, value, out, cache, 1, span, attention.Scoring(q.shape[-1] ** -0.5, window, **extra))
+    assert ran == [use_kernel and q.shape[-1] % 16 == 0]  # the kernel took it, or torch did
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("windowed", "scored"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("layout", PROMPTS)
+def test_the_prompt_kernel_attends_as_torch(monkeypatch, dtype, windowed, scored, layout):
+    dim, tokens, context, window = PROMPTS[layout]
+    window = window if windowed else None
+    block_size = 16
+    torch.manual_seed(5)
+    cache = PagedKVCache(2, BLOCKS, block_size, KV_HEADS, dim, dtype, torch.device("cpu"))
+    for layer in range(2):
+        cache.keys[layer].normal_()
+        cache.values[layer].normal_()
+    first = 3  # the chunk's rows follow a decode row or two in the step
+    rows = first + tokens + 2
+    q = torch.randn(HEADS, rows, dim).to(dtype).transpose(0, 1)  # (T, heads, D), strided as in a step
+    key = torch.randn(rows, KV_HEADS, dim).to(dtype).transpose(0, 1)  # (kv_heads, T, D)
+    value = torch.randn(rows, KV_HEADS, dim).to(dtype).transpose(0, 1)
+    blocks = None
+    if context > tokens:  # earlier chunks are in the cache
+        blocks = torch.tensor(random.Random(5).sample(range(BLOCKS), -(-context // block_size)))
+    span = PrefillSpan(first, tokens, context, blocks)
+    expected = attend_prompt(monkeypatch, False, q, key, value, cache, span, window, scored)
+    got = attend_prompt(monkeypatch, True, q, key, value, cache, span, window, scored)
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    chunk = slice(first, first + tokens)
+    torch.testing.assert_close(got[chunk].float(), expected[chunk].float(), atol=tolerance, rtol=tolerance)
+    assert not got[:first].any() and not got[first + tokens :].any(), "rows outside the chunk were written"
+
+
 def test_builds_unused_for_a_month_are_pruned(tmp_path):
-    built, recent, stale = (tmp_path / f"paged_decode-{name}.so" for name in ("this", "recent", "stale"))
-    for path in (built, recent, stale):
+    names = ("attention-this", "attention-recent", "attention-stale", "paged_decode-recent", "paged_decode-stale")
+    paths = {name: tmp_path / f"{name}.so" for name in names}
+    for path in paths.values():
         path.write_bytes(b"")
     month_ago = time.time() - 31 * 86400
-    os.utime(stale, (month_ago, month_ago))
-    os.utime(built, (month_ago, month_ago))  # the one just built is never pruned
-    cpu_kernels._prune(built)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["paged_decode-recent.so", "paged_decode-this.so"]
+    for name in ("attention-this", "attention-stale", "paged_decode-stale"):  # the one just built is never pruned
+        os.utime(paths[name], (month_ago, month_ago))
+    cpu_kernels._prune(paths["attention-this"])
+    assert sorted(p.stem for p in tmp_path.iterdir()) == ["attention-recent", "attention-this", "paged_decode-recent"]
