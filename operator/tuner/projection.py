@@ -53,6 +53,15 @@ def project(
     if spread is None:
         return Projection(math.inf, f"{load.saturation(k, surge, period)}: saturated")
     step, wait_now, wait_then, budget_growth = spread
+    first = load.for_first_tokens() if pool == "prefill" and ttft is not None else load
+    first_step = step
+    if first is not load:
+        # a first token waits behind the pods' steps, overheads included (for_first_tokens)
+        waited = first.spread(k, surge, period)
+        if waited is None:
+            stepping = first.saturation(k, surge, period).replace("pods busy", "pods stepping", 1)
+            return Projection(math.inf, f"{stepping}: saturated")
+        first_step, wait_now, wait_then, budget_growth = waited
     measured = trusted_queue_s(m) or ttft
     if wait_now > 0 and measured is not None and measured < wait_now:
         # M/M/c takes a request's life in the batch as exponential; lives less spread wait less.
@@ -69,12 +78,14 @@ def project(
         if load.shared_steps_s is not None:
             own = max(own, served - load.shared_steps_s)
         own = min(own, served) if k * surge > 1.0 else 0.0
-        ratios.append(((served - own) * step * budget_growth + own + wait_then) * 1000.0 / ttft_slo_ms)
+        ratios.append(((served - own) * first_step * budget_growth + own + wait_then) * 1000.0 / ttft_slo_ms)
     if itl is not None:
         ratios.append(itl_tail(itl, k * surge * step, itl_slo_ms / 1000.0) * step * 1000.0 / itl_slo_ms)
     how = f"pods busy {load.work:.0%} -> {load.work * k:.0%} of the time"
     how += f" ({load.work * k * surge:.0%} in a busy window)" if surge > 1.0 else ""
     how += f", steps x{step:.2f}"
+    if first is not load:
+        how += f"; stepping {first.work:.0%} -> {first.work * k:.0%} of the time, first tokens wait x{first_step:.2f}"
     how += f", slot wait p95 {wait_then * 1000:.0f} ms" if wait_then > 0 else ""
     return Projection(max(ratios), how)
 
@@ -147,6 +158,7 @@ class _StepLoad:
     budget: float | None
     own_prefill_s: float = 0.0  # a mean prompt's own compute: the part of a TTFT that load does not stretch
     shared_steps_s: float | None = None  # the steps a slow first token shares with others, at today's step time
+    stepping: float = 1.0  # the share of a pod's time it runs steps, overheads included (1: back to back)
 
     @classmethod
     def of(cls, m: PoolMetrics, costs: StepCosts) -> _StepLoad | None:
@@ -165,17 +177,35 @@ class _StepLoad:
         # What fills the budget is the prompt tokens that come in while a step runs: a step's mean
         # where pods step back to back, a fraction of it where they idle between prompts (a
         # prefill pod's lone prompt fills its step whatever the load; more load fills the gaps)
-        per_step = max(tokens - seqs, 0.0) * _busy_share(m, pods)
+        stepping = _busy_share(m, pods)
+        per_step = max(tokens - seqs, 0.0) * stepping
         mean_prompt = prompted / m.request_rate
         own = costs.per_prompt_token_s * mean_prompt
         shared = None
         if m.mean_step_seconds is not None:
             steps = 1 + math.ceil(2.0 * mean_prompt / costs.budget) if costs.budget else 2
             shared = steps * m.mean_step_seconds
-        load = cls(work, running / pods, per_step, m.request_rate / pods, costs.slots, costs.budget, own, shared)
+        load = cls(
+            work, running / pods, per_step, m.request_rate / pods, costs.slots, costs.budget, own, shared, stepping
+        )
         if work >= FULL or load._slot_share(1.0) >= FULL or load._budget_share(1.0) >= FULL:
             return None  # saturated now: queueing dominates, which M/M/1 on the demand describes better
         return load
+
+    def for_first_tokens(self) -> _StepLoad:
+        """The load a first token waits behind. Where pods step back to back, a step's overhead
+        is shared by the sequences in it and only their work stretches the steps (``work``). Where
+        they idle between steps (a prefill pod between prompts), a prompt that comes to an idle
+        pod runs a step of its own, overhead and all, and one that comes to a busy pod waits for
+        the step in flight: what it waits behind is the share of the time the pods step, and
+        more arrivals start more such steps until they run back to back. The token work alone
+        leaves out the overhead of every such step, and so projected a prefill pool at fewer
+        pods within a TTFT that those pods then broke. Unchanged where the pods step back to
+        back, and for pods whose steps run for sequences that decode (colocated, decode): a
+        prompt joins those steps and shares their overhead, which the step model counts."""
+        if self.stepping >= FULL or self.stepping <= self.work:
+            return self
+        return replace(self, work=self.stepping)
 
     def step_ratio(self, k: float) -> float | None:
         """How much longer steps take with each pod's arrivals x ``k``; None when the pods' time

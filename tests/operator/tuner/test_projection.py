@@ -158,3 +158,26 @@ def test_a_busy_window_stretches_the_steps_as_far_as_its_requests_turn_over() ->
     # long the requests live
     full = project("colocated", long, 400.0, 100.0, 0.3, 4.0, unbounded, surge=1.25)
     assert full.ratio == math.inf and "pods busy 100% of the time: saturated" in full.how
+
+
+def test_a_first_token_waits_behind_the_steps_a_prefill_pod_idles_between() -> None:
+    """A prefill pod between prompts runs each in a step of its own, overhead and all: two pods
+    whose token work keeps them busy 18% of the time step 33% of it (4 steps/s of 165 ms). At one
+    pod a prompt finds the pod stepping 66% of the time, and its first token waits as behind
+    steps at that load, not at the token work's 35%: one pod would break the TTFT that the token
+    work alone projects it within."""
+    costs = StepCosts(per_seq_s=0.0085, per_prompt_token_s=0.0015, slots=8, budget=256)
+    chat = dict(pods=2, rate=4.0, prompt_tps=212.0, gen_tps=4.0, running=0.0, mean_batch=1.0, step_tokens=54.0)
+    m = metrics("prefill", ttft_ms=250.0, queue_ms=None, **chat, steps_per_s=4.0, step_ms=165.0)
+    projected = project("prefill", m, 430.0, 150.0, rho=0.2, k=2.0, steps=costs)
+    assert "pods busy 18% -> 35% of the time" in projected.how
+    assert "stepping 33% -> 66% of the time, first tokens wait x1.97" in projected.how
+    assert projected.ratio > 1.0
+    # the token work alone, as the steps of a colocated pod (which a prompt joins) are read
+    assert project("colocated", m, 430.0, 150.0, 0.2, 2.0, costs).ratio < 0.9
+    # pods stepping back to back (no step counts: taken so) share each step's overhead: unchanged
+    busy = metrics("prefill", ttft_ms=250.0, queue_ms=None, **chat, step_ms=165.0)
+    assert "stepping" not in project("prefill", busy, 430.0, 150.0, 0.2, 2.0, costs).how
+    # a load that would keep one pod stepping all the time cannot hold
+    full = project("prefill", m, 430.0, 150.0, 0.2, 3.0, costs)
+    assert full.ratio == math.inf and full.how == "pods stepping 99% of the time: saturated"
