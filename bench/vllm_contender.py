@@ -101,7 +101,7 @@ class Worker:
     def _next(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            lines = self._results.read_text().splitlines()
+            lines = self._results.read_text().split("\n")[:-1]  # the last is '' or still being written
             if len(lines) > self._read:
                 self._read += 1
                 return json.loads(lines[self._read - 1])

@@ -38,6 +38,33 @@ def test_a_worker_answers_each_command_and_quits(tmp_path):
     assert worker.process.returncode == 0
 
 
+# Writes its answer in two pieces, the way a long JSON line can reach the file.
+SLOW_WORKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from llmfleet.bench.vllm_worker import reply
+    config = json.loads(sys.argv[1])
+    reply(config["result_path"], {"ready": True, "startup_s": 1.5})
+    for line in sys.stdin:
+        if json.loads(line)["cmd"] == "quit":
+            break
+        with open(config["result_path"], "a") as out:
+            out.write('{"tokens": ')
+            out.flush()
+            time.sleep(0.3)
+            out.write('7}\\n')
+    """
+)
+
+
+def test_an_answer_is_read_only_once_its_line_is_whole(tmp_path):
+    worker = vllm_contender.Worker("slow", [sys.executable, "-c", SLOW_WORKER], {}, None, tmp_path / "slow.log")
+    try:
+        assert worker.ask({"cmd": "online"}) == {"tokens": 7}
+    finally:
+        worker.close()
+
+
 def test_a_worker_that_dies_is_reported_with_its_log(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(RuntimeError, match="fake worker exited"):
