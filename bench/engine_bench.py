@@ -11,8 +11,9 @@
 6. anyscale-online: static vs dynamic vs continuous policies, real-time Poisson arrivals.
 7. on a GPU, piecewise CUDA graphs: the steps that carry prompt tokens, eager vs through the
    graph pieces, alternated on one engine.
-8. on a CPU, decode attention: the C kernel (read in place) vs the torch path (gather, then
-   matmuls), pure decode at batch 32 (192-token contexts) and 16 (768), alternated.
+8. on a CPU, the C attention kernels against the torch paths, alternated: decode attention
+   (read in place vs gather, then matmuls) in pure decode at batch 32 (192-token contexts) and
+   16 (768); prompt attention (vs SDPA) in one prompt's prefill of 512 and 2048 tokens.
 9. on a CPU, the roofline: decode at batch 32 against the memory-bandwidth bound and the
    compute bound, and a prompt step against the GEMM peak, all measured in the same run
    (bench/roofline.py), at each of ``--thread-counts``.
@@ -23,8 +24,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import random
 import statistics
 import time
@@ -180,23 +183,44 @@ def decode_at_batch(engine, batch: int = 32, context: int = 192, steps: int = 24
     return batch * steps / elapsed
 
 
-def decode_kernel(engine, batch: int, context: int, rounds: int = 3) -> dict[str, float]:
-    """Best decode tok/s at ``batch`` through the C decode-attention kernel and through the torch
-    path, alternated on one engine (``LLMFLEET_CPU_KERNELS`` is read at every call)."""
-    import os
-
-    best = {"kernel": 0.0, "torch": 0.0}
+@contextlib.contextmanager
+def _cpu_kernels(flag: str):
+    """``LLMFLEET_CPU_KERNELS`` set to ``flag`` for the block (it is read at every call)."""
     before = os.environ.get("LLMFLEET_CPU_KERNELS")
+    os.environ["LLMFLEET_CPU_KERNELS"] = flag
     try:
-        for _ in range(rounds):
-            for name, flag in (("kernel", "1"), ("torch", "0")):
-                os.environ["LLMFLEET_CPU_KERNELS"] = flag
-                best[name] = max(best[name], decode_at_batch(engine, batch, context, steps=12))
+        yield
     finally:
         if before is None:
             os.environ.pop("LLMFLEET_CPU_KERNELS", None)
         else:
             os.environ["LLMFLEET_CPU_KERNELS"] = before
+
+
+def decode_kernel(engine, batch: int, context: int, rounds: int = 3) -> dict[str, float]:
+    """Best decode tok/s at ``batch`` through the C decode-attention kernel and through the torch
+    path, alternated on one engine."""
+    best = {"kernel": 0.0, "torch": 0.0}
+    for _ in range(rounds):
+        for name, flag in (("kernel", "1"), ("torch", "0")):
+            with _cpu_kernels(flag):
+                best[name] = max(best[name], decode_at_batch(engine, batch, context, steps=12))
+    return best
+
+
+def prompt_kernel(engine, prompt_len: int, rounds: int = 3) -> dict[str, float]:
+    """Best seconds of one fresh ``prompt_len``-token prompt's prefill (and its first token)
+    through the C prompt-attention kernel and through torch's SDPA, alternated on one engine."""
+    vocab = engine.runner.model.config.vocab_size
+    best = {"kernel": float("inf"), "torch": float("inf")}
+    for _ in range(rounds):
+        for name, flag in (("kernel", "1"), ("torch", "0")):
+            rng = random.Random(next(_FRESH_PROMPTS))  # never a prompt this engine has cached
+            ids = [rng.randrange(10, vocab) for _ in range(prompt_len)]
+            with _cpu_kernels(flag):
+                start = time.perf_counter()
+                engine.generate([ids], SamplingParams(max_tokens=1, temperature=0))
+                best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -519,6 +543,15 @@ def run(args) -> int:
             print(
                 f"== decode attention at batch {batch}, {context}-token contexts: {tok_s['kernel']:.0f} tok/s with "
                 f"the C kernel vs {tok_s['torch']:.0f} with the torch gather -> {tok_s['kernel'] / tok_s['torch']:.2f}x"
+            )
+        results["prompt_kernel"] = {}
+        for prompt_len in (512, 2048):
+            seconds = prompt_kernel(engine, prompt_len)
+            results["prompt_kernel"][str(prompt_len)] = seconds
+            print(
+                f"== a {prompt_len}-token prompt's prefill: {seconds['kernel'] * 1e3:.0f} ms with the C attention "
+                f"kernel vs {seconds['torch'] * 1e3:.0f} ms with torch's SDPA -> "
+                f"{seconds['torch'] / seconds['kernel']:.2f}x"
             )
 
     if engine.runner.piecewise is not None:
