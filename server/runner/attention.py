@@ -18,8 +18,8 @@ attends each request's queries to that request's cached keys, causally, with GQA
   matmuls and a length mask (CPU SDPA is several times slower for one-token queries);
 - prompt chunks are attended one request at a time: a chunk that starts at position 0 attends
   to its own fresh keys (causal, no gather); a later chunk gathers its request's blocks and
-  attends causally from the chunk start. On a CPU a C kernel does it (cpu_kernels.py, 1.7-3x
-  torch's CPU SDPA); otherwise SDPA with a mask offset by the chunk start.
+  attends causally from the chunk start. On a CPU a C kernel does it (cpu_kernels.py; torch's
+  CPU SDPA is several times slower); otherwise SDPA with a mask offset by the chunk start.
 
 Sliding windows are honoured through the masks (``kv_pos > q_pos - window``, as transformers
 does), so Mistral and Qwen2 with a window shorter than the context stay exact. A layer with a
