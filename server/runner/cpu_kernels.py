@@ -64,6 +64,11 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)((c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16); /* round to nearest even */
 }
 
+/* element at of a float32 or bfloat16 tensor, as a float */
+static inline float element(const void *p, int64_t at, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)p)[at]) : ((const float *)p)[at];
+}
+
 /* 16 floats: one AVX-512 register, two AVX2 ones, four NEON ones; the compiler splits them. */
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
@@ -118,6 +123,31 @@ static inline f32x16 exp16(f32x16 x) {
     f32x16 two_n;
     memcpy(&two_n, &bits, sizeof two_n);
     return p * two_n;
+}
+
+/* s[t] = exp(s[t] - top) in place over count (a multiple of 16) scores, -inf giving 0; returns
+   their sum, plus exp(sink - top) where there is a sink (gpt-oss: a logit with no value to add) */
+static inline float exp_sum16(float *s, int64_t count, float top, const float *sink) {
+    f32x16 total = {0};
+    for (int64_t t = 0; t < count; t += LANES) {
+        f32x16 x;
+        memcpy(&x, s + t, sizeof x);
+        x = exp16(x - top);
+        memcpy(s + t, &x, sizeof x);
+        total += x;
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; l++) sum += total[l];
+    return sink ? sum + expf(*sink - top) : sum;
+}
+
+/* out[at + d] = acc[d] * factor for d < dim, in the output's dtype */
+static inline void store_row(void *out, int64_t at, const float *acc, float factor, int64_t dim, int bf16) {
+    for (int64_t d = 0; d < dim; d++) {
+        const float value = acc[d] * factor;
+        if (bf16) ((uint16_t *)out)[at + d] = float_to_bf16(value);
+        else ((float *)out)[at + d] = value;
+    }
 }
 
 /* q . k for one key in the cache's dtype: head sizes that are not a multiple of 16 */
@@ -222,10 +252,7 @@ void llmfleet_paged_decode(
         }
         for (int64_t g = 0; g < group; g++) {
             const int64_t at = rows[i] * q_token_stride + (kvh * group + g) * q_head_stride;
-            for (int64_t d = 0; d < dim; d++) {
-                const float value = bf16 ? bf16_to_float(((const uint16_t *)q)[at + d]) : ((const float *)q)[at + d];
-                queries[g * dim + d] = scale * value;
-            }
+            for (int64_t d = 0; d < dim; d++) queries[g * dim + d] = scale * element(q, at + d, bf16);
         }
         /* positions first .. length - 1, block by block, in runs of up to 16 keys */
         prefetch(keys + table[first / block_size] * block_bytes, block_bytes);
@@ -246,20 +273,11 @@ void llmfleet_paged_decode(
             /* Gemma 2's logit cap; gpt-oss's sink: a logit in the softmax with no value to add */
             if (softcap > 0.0f)
                 for (int64_t t = 0; t < ctx; t++) sg[t] = softcap * tanhf(sg[t] / softcap);
-            const float sink = sinks ? sinks[kvh * group + g] : -INFINITY;
-            float top = sink, sum = 0.0f;
+            const float *sink = sinks ? sinks + kvh * group + g : NULL;
+            float top = sink ? *sink : -INFINITY;
             for (int64_t t = 0; t < ctx; t++) top = sg[t] > top ? sg[t] : top;
             for (int64_t t = ctx; t < padded; t++) sg[t] = -INFINITY;
-            f32x16 total = {0};
-            for (int64_t t = 0; t < padded; t += LANES) {
-                f32x16 x;
-                memcpy(&x, sg + t, sizeof x);
-                x = exp16(x - top);
-                memcpy(sg + t, &x, sizeof x);
-                total += x;
-            }
-            for (int l = 0; l < LANES; l++) sum += total[l];
-            sums[g] = sinks ? sum + expf(sink - top) : sum;
+            sums[g] = exp_sum16(sg, padded, top, sink);
         }
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
@@ -275,21 +293,11 @@ void llmfleet_paged_decode(
                     add_values(acc + g * dim, scores + g * padded + pos - first, v, count, dim, item_size, bf16);
             }
         }
-        for (int64_t g = 0; g < group; g++) {
-            const int64_t at = rows[i] * out_token_stride + (kvh * group + g) * out_head_stride;
-            const float factor = 1.0f / sums[g];
-            for (int64_t d = 0; d < dim; d++) {
-                const float value = acc[g * dim + d] * factor;
-                if (bf16) ((uint16_t *)out)[at + d] = float_to_bf16(value);
-                else ((float *)out)[at + d] = value;
-            }
-        }
+        for (int64_t g = 0; g < group; g++)
+            store_row(out, rows[i] * out_token_stride + (kvh * group + g) * out_head_stride, acc + g * dim,
+                      1.0f / sums[g], dim, bf16);
         free(scores); free(queries); free(acc); free(sums);
     }
-}
-
-static inline float element(const void *p, int64_t at, int bf16) {
-    return bf16 ? bf16_to_float(((const uint16_t *)p)[at]) : ((const float *)p)[at];
 }
 
 /* Prompt attention, causal, for one request's chunk: queries at positions ctx - n .. ctx - 1
@@ -359,23 +367,14 @@ void llmfleet_prefill_attention(
                     const int64_t pos = r < rows ? ctx - n + row0 + r : last;
                     const int64_t lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
                     float *sr = scores + r * padded;
-                    const float sink = sinks ? sinks[h] : -INFINITY;
-                    float top = sink, sum = 0.0f;
+                    const float *sink = sinks ? sinks + h : NULL;
+                    float top = sink ? *sink : -INFINITY;
                     for (int64_t t = tile0 * LANES; t < tile1 * LANES; t++) {
                         if (t < lo || t > pos) { sr[t] = -INFINITY; continue; }
                         if (softcap > 0.0f) sr[t] = softcap * tanhf(sr[t] / softcap);
                         top = sr[t] > top ? sr[t] : top;
                     }
-                    f32x16 total = {0};
-                    for (int64_t t = tile0 * LANES; t < tile1 * LANES; t += LANES) {
-                        f32x16 x;
-                        memcpy(&x, sr + t, sizeof x);
-                        x = exp16(x - top);
-                        memcpy(sr + t, &x, sizeof x);
-                        total += x;
-                    }
-                    for (int l = 0; l < LANES; l++) sum += total[l];
-                    sums[r] = sinks ? sum + expf(sink - top) : sum;
+                    sums[r] = exp_sum16(sr + tile0 * LANES, (tile1 - tile0) * LANES, top, sink);
                 }
                 for (int64_t r = 0; r < QB; r += RG) {
                     const float *pr = scores + r * padded;
@@ -389,15 +388,9 @@ void llmfleet_prefill_attention(
                         for (int j = 0; j < RG; j++) memcpy(acc + (r + j) * dim + c * LANES, &a[j], sizeof a[j]);
                     }
                 }
-                for (int64_t r = 0; r < rows; r++) {
-                    const int64_t at = (row0 + r) * out_token_stride + h * out_head_stride;
-                    const float factor = 1.0f / sums[r];
-                    for (int64_t d = 0; d < dim; d++) {
-                        const float value = acc[r * dim + d] * factor;
-                        if (bf16) ((uint16_t *)out)[at + d] = float_to_bf16(value);
-                        else ((float *)out)[at + d] = value;
-                    }
-                }
+                for (int64_t r = 0; r < rows; r++)
+                    store_row(out, (row0 + r) * out_token_stride + h * out_head_stride, acc + r * dim, 1.0f / sums[r],
+                              dim, bf16);
             }
         }
         free(queries); free(scores); free(acc);

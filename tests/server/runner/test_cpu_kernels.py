@@ -35,13 +35,28 @@ def kernel_built():
         pytest.skip("no C compiler here: the torch path runs")
 
 
-def attend(monkeypatch, use_kernel: bool, q, cache, group, window, scored=False):
+def through(monkeypatch, kernel: str, use_kernel: bool, q, window, scored, attend) -> tuple[torch.Tensor, list]:
+    """``attend(out, scoring)`` with the C kernels on or off, and each call of ``kernel`` seen:
+    the rows it wrote (into zeros) and what the kernel answered (whether it took the work)."""
     monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1" if use_kernel else "0")
     out = torch.zeros(q.shape, dtype=q.dtype)
     extra = {"softcap": 0.5, "sinks": torch.linspace(-1.0, 2.0, HEADS).to(q.dtype)} if scored else {}
-    ran, kernel = [], cpu_kernels.paged_decode
-    monkeypatch.setattr(cpu_kernels, "paged_decode", lambda *args: ran.append(kernel(*args)) or ran[-1])
-    attention._decode(q, out, cache, 1, group, attention.Scoring(q.shape[-1] ** -0.5, window, **extra))
+    ran, wrapped = [], getattr(cpu_kernels, kernel)
+    monkeypatch.setattr(cpu_kernels, kernel, lambda *args: ran.append(wrapped(*args)) or ran[-1])
+    attend(out, attention.Scoring(q.shape[-1] ** -0.5, window, **extra))
+    return out, ran
+
+
+def attend(monkeypatch, use_kernel: bool, q, cache, group, window, scored=False):
+    out, ran = through(
+        monkeypatch,
+        "paged_decode",
+        use_kernel,
+        q,
+        window,
+        scored,
+        lambda out, s: attention._decode(q, out, cache, 1, group, s),
+    )
     assert ran == [use_kernel]  # the kernel took it (or, turned off, the torch path)
     return out
 
@@ -86,12 +101,15 @@ PROMPTS = {
 
 
 def attend_prompt(monkeypatch, use_kernel: bool, q, key, value, cache, span, window, scored=False):
-    monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1" if use_kernel else "0")
-    out = torch.zeros(q.shape, dtype=q.dtype)
-    extra = {"softcap": 0.5, "sinks": torch.linspace(-1.0, 2.0, HEADS).to(q.dtype)} if scored else {}
-    ran, kernel = [], cpu_kernels.prefill_attention
-    monkeypatch.setattr(cpu_kernels, "prefill_attention", lambda *args: ran.append(kernel(*args)) or ran[-1])
-    attention._prefill(q, key, value, out, cache, 1, span, attention.Scoring(q.shape[-1] ** -0.5, window, **extra))
+    out, ran = through(
+        monkeypatch,
+        "prefill_attention",
+        use_kernel,
+        q,
+        window,
+        scored,
+        lambda out, s: attention._prefill(q, key, value, out, cache, 1, span, s),
+    )
     assert ran == [use_kernel and q.shape[-1] % 16 == 0]  # the kernel took it, or torch did
     return out
 
