@@ -51,6 +51,8 @@ class Case:
     max_replicas: int = 8
     grid: dict[str, tuple[float, ...]] = field(default_factory=lambda: GRID)
     pairs: tuple[tuple[int, int], ...] = ()  # disaggregated: the fixed (prefill, decode) grid
+    # disaggregated: per pool, the knob values the fixed pairs also run at (every combination)
+    pair_knobs: dict[str, dict[str, tuple[float, ...]]] = field(default_factory=dict)
     ramp: bool = False  # judged on prediction: the tuner against its reactive law alone
     thin: float = 1.0  # trace: the share of the shipped window's requests kept
     expect: dict[str, int] = field(default_factory=dict)  # knob -> +1 (up) or -1 (down), net over the run
@@ -58,6 +60,9 @@ class Case:
 
 
 PAIRS = tuple((p, d) for p in (1, 2, 3, 4) for d in (1, 2, 3, 4, 5))
+# The knobs each disaggregated pool's tuner moves most, so that the cheapest fixed pair is one an
+# engineer would set by hand: the prefill pool's token budget and the decode pool's batch cap.
+PAIR_KNOBS = {"prefill": {"maxNumBatchedTokens": (256, 2048)}, "decode": {"maxBatchSize": (8, 16, 32)}}
 CASES = (
     Case("bursty", 3000, 300, rate_scale=0.5, duration_s=None, why="anyscale-online lengths, rate steps and a spike"),
     Case(
@@ -92,6 +97,7 @@ CASES = (
         mode="disaggregated",
         max_replicas=6,
         pairs=PAIRS,
+        pair_knobs=PAIR_KNOBS,
         why="chat on separate prefill and decode pools: the P:D ratio against a grid of fixed pairs",
     ),
     Case(
@@ -102,6 +108,7 @@ CASES = (
         mode="disaggregated",
         max_replicas=6,
         pairs=PAIRS,
+        pair_knobs=PAIR_KNOBS,
         why="long prompts on separate pools: prefill-heavy, the P:D ratio against a grid of fixed pairs",
     ),
     Case(
@@ -136,16 +143,18 @@ def spec_for(
     *,
     autotune: bool = True,
     predictive: bool = True,
+    pool_knobs: dict[str, dict[str, float]] | None = None,
 ):
     """The case's InferenceService; ``replicas`` fixes the pool (colocated) or the (prefill,
-    decode) pair (disaggregated), for runs without a controller."""
+    decode) pair (disaggregated), for runs without a controller; ``pool_knobs`` sets knobs of
+    single pools over ``engine``."""
     from llmfleet.operator.resource.spec import parse_spec
 
-    def pool(fixed: int | None) -> dict[str, Any]:
+    def pool(name: str, fixed: int | None) -> dict[str, Any]:
         out: dict[str, Any] = {
             "minReplicas": 1,
             "maxReplicas": case.max_replicas,
-            "engine": engine or INITIAL_ENGINE,
+            "engine": (engine or INITIAL_ENGINE) | (pool_knobs or {}).get(name, {}),
             "bounds": BOUNDS,
         }
         if fixed is not None:
@@ -154,9 +163,9 @@ def spec_for(
 
     if case.mode == "disaggregated":
         p, d = replicas if isinstance(replicas, tuple) else (None, None)
-        pools = {"prefill": pool(p), "decode": pool(d)}
+        pools = {"prefill": pool("prefill", p), "decode": pool("decode", d)}
     else:
-        pools = {"colocated": pool(replicas if isinstance(replicas, int) else None)}
+        pools = {"colocated": pool("colocated", replicas if isinstance(replicas, int) else None)}
     return parse_spec(
         {
             "model": {"builtin": "small"},

@@ -9,7 +9,9 @@ cost model, pods start ``--startup-s`` after a scale-up and drain on scale-down)
 - **tuner**: the real tuner (operator/tuner/law.py through operator/tuner/run.py), moving knobs
   and replicas; on ramps also with its reactive law alone (``autotune.predictive: false``);
 - **fixed**: a grid of fixed configurations (colocated: knob sets x replicas, per knob set the
-  counts up to the fewest that meet the SLOs; disaggregated: (prefill, decode) pairs);
+  counts up to the fewest that meet the SLOs; disaggregated: (prefill, decode) pairs at each
+  combination of the prefill pool's token budget and the decode pool's batch cap, per prefill
+  count the decode counts up to the fewest that meet the SLOs);
 - **hpa**: a HorizontalPodAutoscaler on ``vllm:num_requests_waiting`` for targets from 0.05 to 5
   waiting per pod, with the initial knobs (an HPA does not tune them);
 - **oracle**: a lower bound, from the fixed runs: per minute the fewest replicas that met it,
@@ -152,8 +154,11 @@ def evaluate(
     if case.ramp:
         tuner_jobs.append((case, "tuner", None, cost, drawn.requests, startup_s, drawn.warmup_s, False))
     if case.mode == "disaggregated":
+        prefill_counts = sorted({p for p, _ in case.pairs})
         fixed_jobs = [
-            (case, "fixed", pair, cost, drawn.requests, startup_s, drawn.warmup_s, True) for pair in case.pairs
+            (case, knobs, p, cost, drawn.requests, startup_s, drawn.warmup_s)
+            for knobs in pair_knob_sets(case, quick)
+            for p in prefill_counts
         ]
     else:
         grid = QUICK_GRID if quick else case.grid
@@ -164,7 +169,7 @@ def evaluate(
     with ProcessPoolExecutor(max_workers=workers) as pool:
         tuner_runs = list(pool.map(_one, *zip(*tuner_jobs, strict=True)))
         if case.mode == "disaggregated":
-            fixed = list(pool.map(_one, *zip(*fixed_jobs, strict=True)))
+            fixed = [r for runs in pool.map(_fixed_pairs, *zip(*fixed_jobs, strict=True)) for r in runs]
         else:
             fixed = [r for runs in pool.map(_fixed, *zip(*fixed_jobs, strict=True)) for r in runs]
         hpas = list(pool.map(_hpa, *zip(*hpa_jobs, strict=True)))
@@ -297,7 +302,7 @@ def _options(startup_s: float):
 
 
 def _one(case: Case, kind: str, pair, cost, requests, startup_s: float, warmup: float, predictive: bool):
-    """One tuner run (``kind`` tuner), or one fixed (prefill, decode) pair."""
+    """One tuner run (``kind`` tuner)."""
     from llmfleet.sim.simulate import simulate
 
     if kind == "tuner":
@@ -313,11 +318,6 @@ def _one(case: Case, kind: str, pair, cost, requests, startup_s: float, warmup: 
         )
         label = "tuner (closed loop)" if predictive else "tuner, reactive law alone"
         return _brief(result, label, knobs=_knob_moves(result), moves=_decisions(result), timeline=_timeline(result))
-    spec = spec_for(case, replicas=pair, autotune=False)
-    result = simulate(
-        spec, cost, requests, controller="fixed", options=_options(startup_s), name=case.workload, measure_from=warmup
-    )
-    return _brief(result, f"fixed P:D {pair[0]}:{pair[1]}", replicas=list(pair), replicas_total=sum(pair))
 
 
 def _fixed(case: Case, knobs: dict[str, Any], cost, requests, startup_s: float, warmup: float) -> list[dict[str, Any]]:
@@ -338,6 +338,51 @@ def _fixed(case: Case, knobs: dict[str, Any], cost, requests, startup_s: float, 
         )
         row = _brief(result, f"fixed {_knobs(knobs)} x{replicas}", knobs=knobs, replicas=replicas)
         runs.append(row | {"replicas_total": replicas})
+        if row["slo_attainment"] is not None and row["slo_attainment"] >= ATTAINMENT_TARGET:
+            break
+    return runs
+
+
+def pair_knob_sets(case: Case, quick: bool = False) -> list[dict[str, dict[str, float]]]:
+    """Every combination of the case's per-pool knob values for the fixed pairs (quick: the
+    first of each), as ``spec_for``'s ``pool_knobs``."""
+    axes = [
+        (pool, knob, values[:1] if quick else values)
+        for pool, knobs in case.pair_knobs.items()
+        for knob, values in knobs.items()
+    ]
+    sets = []
+    for combo in itertools.product(*(values for _, _, values in axes)):
+        knobs: dict[str, dict[str, float]] = {}
+        for (pool, knob, _), value in zip(axes, combo, strict=True):
+            knobs.setdefault(pool, {})[knob] = value
+        sets.append(knobs)
+    return sets
+
+
+def _fixed_pairs(
+    case: Case, knobs: dict[str, dict[str, float]], prefill: int, cost, requests, startup_s: float, warmup: float
+) -> list[dict[str, Any]]:
+    """One knob set and prefill count at 1, 2, ... decode replicas (the case's pairs) up to the
+    fewest that meet the SLOs: more decode pods cost more and meet no fewer minutes."""
+    from llmfleet.sim.simulate import simulate
+
+    runs = []
+    described = " ".join(f"{pool} {_knobs(values)}" for pool, values in knobs.items())
+    for decode in sorted(d for p, d in case.pairs if p == prefill):
+        spec = spec_for(case, replicas=(prefill, decode), autotune=False, pool_knobs=knobs)
+        result = simulate(
+            spec,
+            cost,
+            requests,
+            controller="fixed",
+            options=_options(startup_s),
+            name=case.workload,
+            measure_from=warmup,
+        )
+        label = f"fixed P:D {prefill}:{decode}" + (f" {described}" if described else "")
+        row = _brief(result, label, replicas=[prefill, decode], knobs=knobs)
+        runs.append(row | {"replicas_total": prefill + decode})
         if row["slo_attainment"] is not None and row["slo_attainment"] >= ATTAINMENT_TARGET:
             break
     return runs

@@ -72,3 +72,27 @@ def test_the_summary_shows_the_ratio_and_the_prediction_beside_the_cost() -> Non
     assert shown["vs fixed (equal)"] == "0.80x" and shown["vs HPA (equal)"] == "-" and shown["vs oracle"] == "1.20x"
     assert shown["P:D vs best"] == "2.4:2.1 vs 2:3"
     assert shown["prediction vs reactive"] == "1 vs 2 missed, +1.9%"
+
+
+def test_the_fixed_pairs_run_at_every_combination_of_their_pools_knobs() -> None:
+    """A hand-set disaggregated fleet picks its prefill budget and decode batch cap too, so the
+    cheapest fixed pair is searched over them, and each pool gets only its own knob."""
+    from llmfleet.bench.tuner_cases import spec_for
+    from llmfleet.bench.tuner_eval import pair_knob_sets
+
+    case = next(c for c in CASES if c.workload == "chat-disagg")
+    sets = pair_knob_sets(case)
+    assert len(sets) == 6 and {s["decode"]["maxBatchSize"] for s in sets} == {8, 16, 32}
+    assert {s["prefill"]["maxNumBatchedTokens"] for s in sets} == {256, 2048}
+    assert pair_knob_sets(case, quick=True) == [
+        {"prefill": {"maxNumBatchedTokens": 256}, "decode": {"maxBatchSize": 8}}
+    ]
+    spec = spec_for(case, replicas=(2, 3), autotune=False, pool_knobs=sets[-1])
+    assert (
+        spec.pools["decode"].engine["maxBatchSize"] == 32 and spec.pools["decode"].engine["maxNumBatchedTokens"] == 256
+    )
+    assert (
+        spec.pools["prefill"].engine["maxNumBatchedTokens"] == 2048
+        and spec.pools["prefill"].engine["maxBatchSize"] == 8
+    )
+    assert pair_knob_sets(next(c for c in CASES if c.workload == "chat")) == [{}]  # colocated: its own grid
