@@ -150,9 +150,9 @@ def evaluate(
     drawn = draw(case, seed, quick)
     interval = float(AUTOTUNE["intervalSeconds"])
     window = float(AUTOTUNE["scaleDownStabilizationSeconds"])
-    tuner_jobs = [(case, "tuner", None, cost, drawn.requests, startup_s, drawn.warmup_s, True)]
+    tuner_jobs = [(case, cost, drawn.requests, startup_s, drawn.warmup_s, True)]
     if case.ramp:
-        tuner_jobs.append((case, "tuner", None, cost, drawn.requests, startup_s, drawn.warmup_s, False))
+        tuner_jobs.append((case, cost, drawn.requests, startup_s, drawn.warmup_s, False))
     if case.mode == "disaggregated":
         prefill_counts = sorted({p for p, _ in case.pairs})
         fixed_jobs = [
@@ -167,7 +167,7 @@ def evaluate(
     targets = QUICK_HPA_TARGETS if quick else HPA_TARGETS
     hpa_jobs = [(case, target, cost, drawn.requests, startup_s, drawn.warmup_s) for target in targets]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        tuner_runs = list(pool.map(_one, *zip(*tuner_jobs, strict=True)))
+        tuner_runs = list(pool.map(_tuner, *zip(*tuner_jobs, strict=True)))
         if case.mode == "disaggregated":
             fixed = [r for runs in pool.map(_fixed_pairs, *zip(*fixed_jobs, strict=True)) for r in runs]
         else:
@@ -301,23 +301,22 @@ def _options(startup_s: float):
     return SimOptions(startup_s=startup_s)
 
 
-def _one(case: Case, kind: str, pair, cost, requests, startup_s: float, warmup: float, predictive: bool):
-    """One tuner run (``kind`` tuner)."""
+def _tuner(case: Case, cost, requests, startup_s: float, warmup: float, predictive: bool) -> dict[str, Any]:
+    """One tuner run: with its forecast, or (``predictive`` False) its reactive law alone."""
     from llmfleet.sim.simulate import simulate
 
-    if kind == "tuner":
-        spec = spec_for(case, predictive=predictive)
-        result = simulate(
-            spec,
-            cost,
-            requests,
-            controller="tuner",
-            options=_options(startup_s),
-            name=case.workload,
-            measure_from=warmup,
-        )
-        label = "tuner (closed loop)" if predictive else "tuner, reactive law alone"
-        return _brief(result, label, knobs=_knob_moves(result), moves=_decisions(result), timeline=_timeline(result))
+    spec = spec_for(case, predictive=predictive)
+    result = simulate(
+        spec,
+        cost,
+        requests,
+        controller="tuner",
+        options=_options(startup_s),
+        name=case.workload,
+        measure_from=warmup,
+    )
+    label = "tuner (closed loop)" if predictive else "tuner, reactive law alone"
+    return _brief(result, label, knobs=_knob_moves(result), moves=_decisions(result), timeline=_timeline(result))
 
 
 def _fixed(case: Case, knobs: dict[str, Any], cost, requests, startup_s: float, warmup: float) -> list[dict[str, Any]]:
