@@ -321,25 +321,11 @@ def _tuner(case: Case, cost, requests, startup_s: float, warmup: float, predicti
 
 def _fixed(case: Case, knobs: dict[str, Any], cost, requests, startup_s: float, warmup: float) -> list[dict[str, Any]]:
     """One knob set at 1, 2, ... replicas up to the fewest that meet the SLOs (else the most)."""
-    from llmfleet.sim.simulate import simulate
-
-    runs = []
-    for replicas in range(1, case.max_replicas + 1):
-        spec = spec_for(case, knobs, replicas, autotune=False)
-        result = simulate(
-            spec,
-            cost,
-            requests,
-            controller="fixed",
-            options=_options(startup_s),
-            name=case.workload,
-            measure_from=warmup,
-        )
-        row = _brief(result, f"fixed {_knobs(knobs)} x{replicas}", knobs=knobs, replicas=replicas)
-        runs.append(row | {"replicas_total": replicas})
-        if row["slo_attainment"] is not None and row["slo_attainment"] >= ATTAINMENT_TARGET:
-            break
-    return runs
+    ladder = (
+        (spec_for(case, knobs, n, autotune=False), f"fixed {_knobs(knobs)} x{n}", {"knobs": knobs, "replicas": n}, n)
+        for n in range(1, case.max_replicas + 1)
+    )
+    return _until_met(case, ladder, cost, requests, startup_s, warmup)
 
 
 def pair_knob_sets(case: Case, quick: bool = False) -> list[dict[str, dict[str, float]]]:
@@ -364,12 +350,27 @@ def _fixed_pairs(
 ) -> list[dict[str, Any]]:
     """One knob set and prefill count at 1, 2, ... decode replicas (the case's pairs) up to the
     fewest that meet the SLOs: more decode pods cost more and meet no fewer minutes."""
+    described = " ".join(f"{pool} {_knobs(values)}" for pool, values in knobs.items())
+    ladder = (
+        (
+            spec_for(case, replicas=(prefill, decode), autotune=False, pool_knobs=knobs),
+            f"fixed P:D {prefill}:{decode}" + (f" {described}" if described else ""),
+            {"replicas": [prefill, decode], "knobs": knobs},
+            prefill + decode,
+        )
+        for decode in sorted(d for p, d in case.pairs if p == prefill)
+    )
+    return _until_met(case, ladder, cost, requests, startup_s, warmup)
+
+
+def _until_met(case: Case, ladder, cost, requests, startup_s: float, warmup: float) -> list[dict[str, Any]]:
+    """Fixed runs of ``ladder`` ((spec, label, extra fields, replicas in all), cheapest first,
+    made as they are reached) up to the first that meets the SLOs: those after it cost more and
+    meet no fewer minutes."""
     from llmfleet.sim.simulate import simulate
 
     runs = []
-    described = " ".join(f"{pool} {_knobs(values)}" for pool, values in knobs.items())
-    for decode in sorted(d for p, d in case.pairs if p == prefill):
-        spec = spec_for(case, replicas=(prefill, decode), autotune=False, pool_knobs=knobs)
+    for spec, label, extra, total in ladder:
         result = simulate(
             spec,
             cost,
@@ -379,9 +380,8 @@ def _fixed_pairs(
             name=case.workload,
             measure_from=warmup,
         )
-        label = f"fixed P:D {prefill}:{decode}" + (f" {described}" if described else "")
-        row = _brief(result, label, replicas=[prefill, decode], knobs=knobs)
-        runs.append(row | {"replicas_total": prefill + decode})
+        row = _brief(result, label, **extra)
+        runs.append(row | {"replicas_total": total})
         if row["slo_attainment"] is not None and row["slo_attainment"] >= ATTAINMENT_TARGET:
             break
     return runs
