@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from llmfleet.operator.metrics.source import PoolMetrics
 from llmfleet.operator.tuner.decision import (
     MAX_BATCH,
     POOL_KNOBS,
@@ -52,7 +53,7 @@ class KnobRules:
             if knob not in pool.current.knobs:
                 continue
             if knob == TOKEN_BUDGET:
-                proposals[knob] = self._budget_rule(name, pool, slo)
+                proposals[knob] = self._budget_rule(name, pool, slo, steps)
             elif knob == MAX_BATCH:
                 proposals[knob] = self._batch_rule(name, pool, slo, proposals.get(TOKEN_BUDGET), steps)
             else:
@@ -76,6 +77,15 @@ class KnobRules:
             why = f"ITL p95 {fmt_ms(itl)} ms > SLO {fmt_ms(target_ms)} ms"
             if budget is not None and budget.target < pool.current.knobs[TOKEN_BUDGET]:
                 return Proposal(cur, f"{why}, but prefill chunks dominate the steps: {TOKEN_BUDGET} shrinks instead")
+            if budget is not None and budget.exhausted and budget.protects == "itl":
+                # the prompt chunks make the steps long: a smaller batch leaves them long and queues requests
+                return Proposal(
+                    cur,
+                    f"{why}, but prefill chunks dominate the steps and no {TOKEN_BUDGET} brings them within it",
+                    severity=itl / target_ms,
+                    exhausted=True,
+                    protects="itl",
+                )
             crowded = self._ttft_over_with_a_queue(name, pool, slo)
             if crowded:
                 return Proposal(
@@ -300,11 +310,16 @@ class KnobRules:
             return Proposal(cur, f"{why} with {TIMEOUT} at its maximum {num(allowed.high)}")
         return Proposal(new, why, f"+{num(round(new - cur, 1))} ms")
 
-    def _budget_rule(self, name: str, pool: PoolInput, slo: SLOTargets) -> Proposal:
+    def _budget_rule(self, name: str, pool: PoolInput, slo: SLOTargets, costs: StepCosts | None) -> Proposal:
         """The step's token budget (colocated, prefill): x0.75 when prefill-heavy steps break the
         ITL SLO (never below the batch), x2 when TTFT is over with prompts the budget cannot take
         and ITL has room, but not for the first tokens of a backlog that already drained, which a
-        bigger budget would not have served sooner."""
+        bigger budget would not have served sooner.
+
+        A cut helps ITL only where the steps it leaves fit the SLO: a prompt cut into more chunks
+        that each still take longer puts it over more of the gaps the p95 reads. So where the step
+        model (``costs``) puts a full step at the cut budget over the SLO, the budget holds and is
+        spent for ITL: more replicas, which give each pod fewer prompts, are what is left."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
         ttft, itl = ms(m.ttft.p95), ms(m.itl.p95) if name != "prefill" else None
@@ -319,6 +334,16 @@ class KnobRules:
                 return Proposal(cur, f"{why}, but {crowded}: a smaller budget would move the excess onto TTFT")
             floor_ = allowed.clamp(max(allowed.low, pool.current.knobs.get(MAX_BATCH, allowed.low)))
             new = max(floor_, allowed.clamp(math.floor(cur * c.budget_decrease_factor)))
+            full = _full_step_ms(m, new, costs)
+            if full is not None and full > c.projected_latency_limit * slo.itl_p95_ms:
+                return Proposal(
+                    cur,
+                    f"{why}, but a full step at {TOKEN_BUDGET} {num(new)} would take {full:.0f} ms "
+                    f"(> {c.projected_latency_limit:g} x SLO): smaller chunks only put each prompt over more gaps",
+                    severity=itl / slo.itl_p95_ms,
+                    exhausted=True,
+                    protects="itl",
+                )
             if new >= cur:
                 return Proposal(cur, f"{why} with {TOKEN_BUDGET} at its floor {num(floor_)}")
             return Proposal(
@@ -447,3 +472,14 @@ class KnobRules:
         running = pool.metrics.mean_batch_size
         slots_free = MAX_BATCH not in cur or (running is not None and cap_out_of_reach(running, cur[MAX_BATCH]))
         return window_low and slots_free
+
+
+def _full_step_ms(m: PoolMetrics, budget: float, costs: StepCosts | None) -> float | None:
+    """The longest step ``budget`` lets the window's load take, in ms: its mean step with the
+    prompt tokens topped up (or cut) to the budget, but to no more than one more mean prompt,
+    at the step model's cost per prompt token. None without step times."""
+    if costs is None or not m.mean_step_seconds or m.mean_step_tokens is None:
+        return None
+    prompt = m.mean_prompt_tokens()
+    tokens = budget if prompt is None else min(budget, m.mean_step_tokens + prompt)
+    return 1000.0 * (m.mean_step_seconds + costs.per_prompt_token_s * (tokens - m.mean_step_tokens))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet.operator.tuner.law import MAX_BATCH, REPLICAS, Tuner
+from llmfleet.operator.tuner.law import MAX_BATCH, REPLICAS, TOKEN_BUDGET, Tuner
 from llmfleet.operator.tuner.memory import Capacity, TunerMemory
 from llmfleet.operator.tuner.step_model import MAX_POINTS, StepModel
 from tests.operator.tuner.scenarios import ONE_SHOT, SLO, metrics, pool_input, settings
@@ -171,3 +171,34 @@ def test_a_latency_cut_capacity_recovers_once_the_slos_are_met_with_margin(ttft_
         assert any("(< 0.8): back towards the step plane" in r for r in decision.reasons)
     else:
         assert scale == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("budget", "cut"), [(512, False), (256, True)])
+def test_a_budget_cut_helps_itl_only_where_its_full_steps_fit(budget: float, cut: bool) -> None:
+    """Steps of 8 sequences and 192 prompt tokens take 75 ms; ITL p95 is 130 ms against 100 ms,
+    and prompts are 400 tokens. At 512 the x0.75 cut to 384 leaves full steps of 75 + 0.2 x 184 =
+    112 ms, still over: the prompts would only take more steps each, so the budget holds, spent,
+    the batch holds with it (the prompts make the steps long, not the batch), and replicas take
+    over. At 256 the cut to 192 leaves 74 ms steps: the budget is cut."""
+    decision = decide(
+        with_plane(),
+        settings(batch=16, budget=budget),
+        itl_ms=130,
+        mean_batch=8,
+        step_tokens=200,
+        step_ms=step_s(8, 192) * 1000,
+        rate=1.0,
+        prompt_tps=400,
+        gen_tps=100,
+    )
+    reasons = " ".join(decision.reasons)
+    assert decision.changed("colocated", MAX_BATCH) is None
+    if cut:
+        assert decision.changed("colocated", TOKEN_BUDGET).new == 192
+        assert "maxNumBatchedTokens shrinks instead" in reasons
+        return
+    assert decision.changed("colocated", TOKEN_BUDGET) is None
+    assert "a full step at maxNumBatchedTokens 384 would take 112 ms (> 0.95 x SLO)" in reasons
+    assert "no maxNumBatchedTokens brings them within it: maxBatchSize stays 16" in reasons
+    assert decision.changed("colocated", REPLICAS).new > 1
+    assert "SLO violated with maxNumBatchedTokens at its limit, maxBatchSize at its limit" in reasons
