@@ -1,4 +1,5 @@
-"""Attention for CPUs, in C: decodes read straight from the paged cache, prompts causally.
+"""Attention and cache writes for CPUs, in C: decodes read straight from the paged cache,
+prompts causally.
 
 **Decodes.** The torch path (attention._decode) gathers every decoding request's blocks into a
 padded copy before two batched matmuls, and the copy costs more than the matmuls. This kernel
@@ -21,9 +22,15 @@ time, its keys laid out in float32 tiles of 16 keys, dimension by dimension, so 
 load feeds eight queries' FMAs (eight independent chains); blocks of 16 queries skip every tile
 past their last position; an exact float32 softmax per query, with the same scoring options.
 
-Both are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for this CPU
-(``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command and the
-CPU's flags, and run in torch's own OpenMP threads (the same ``libgomp`` is already loaded).
+**Cache writes.** A step's new keys and values land in rows scattered over a cache far larger
+than the CPU's caches, so each row's write first reads its lines from DRAM, and torch's
+``index_copy_`` takes those misses one row after another. The write kernel asks for every
+destination line first (a prefetch for writing), so the misses overlap, then copies.
+
+All three are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
+this CPU (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command
+and the CPU's flags, and run in torch's own OpenMP threads (the same ``libgomp`` is already
+loaded).
 Without a compiler the torch paths run; ``LLMFLEET_CPU_KERNELS=0`` chooses them.
 """
 
@@ -397,6 +404,29 @@ void llmfleet_prefill_attention(
     }
     free(kt); free(vf);
 }
+
+/* This step's keys and values into the cache: row t of head h of key (value) to slot slots[t]
+   of head h. Every destination line is requested first, so that their misses overlap. */
+void llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_slots, const int64_t *slots, int64_t n,
+                       const char *key, int64_t k_head_stride, int64_t k_token_stride,
+                       const char *value, int64_t v_head_stride, int64_t v_token_stride,
+                       int64_t kv_heads, int64_t dim, int64_t item_size) {
+    const int64_t row = dim * item_size;
+    for (int64_t h = 0; h < kv_heads; h++)
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t at = (h * num_slots + slots[t]) * row;
+            for (int64_t b = 0; b < row; b += 64) {
+                __builtin_prefetch(k_cache + at + b, 1, 3);
+                __builtin_prefetch(v_cache + at + b, 1, 3);
+            }
+        }
+    for (int64_t h = 0; h < kv_heads; h++)
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t at = (h * num_slots + slots[t]) * row;
+            memcpy(k_cache + at, key + (h * k_head_stride + t * k_token_stride) * item_size, row);
+            memcpy(v_cache + at, value + (h * v_head_stride + t * v_token_stride) * item_size, row);
+        }
+}
 """
 
 _I64 = ctypes.c_int64
@@ -454,6 +484,23 @@ _PREFILL_ARGTYPES = [
     ctypes.c_int,  # bf16, threads
 ]
 
+_WRITE_ARGTYPES = [
+    _PTR,
+    _PTR,
+    _I64,  # key and value caches, slots per head
+    _PTR,
+    _I64,  # slots, n
+    _PTR,
+    _I64,
+    _I64,  # key, its head and token strides
+    _PTR,
+    _I64,
+    _I64,  # value, its head and token strides
+    _I64,
+    _I64,
+    _I64,  # kv heads, head dim, item size
+]
+
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -498,6 +545,8 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_paged_decode.restype = None
     library.llmfleet_prefill_attention.argtypes = _PREFILL_ARGTYPES
     library.llmfleet_prefill_attention.restype = None
+    library.llmfleet_kv_write.argtypes = _WRITE_ARGTYPES
+    library.llmfleet_kv_write.restype = None
     return library
 
 
@@ -639,5 +688,49 @@ def prefill_attention(
         None if sink_logits is None else sink_logits.data_ptr(),
         bf16,
         torch.get_num_threads(),
+    )
+    return True
+
+
+def kv_write(
+    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> bool:
+    """Store ``key``/``value`` (kv_heads, T, D) at ``slots`` (T,) of the cache tensors ``keys``/
+    ``values`` (kv_heads, slots, D), as ``index_copy_`` along dimension 1 would. Returns False,
+    having done nothing, where the kernel does not apply: turned off, not built, another device,
+    a dtype to convert, or a layout it does not read."""
+    if (
+        not enabled()
+        or keys.device.type != "cpu"
+        or any(t.dtype != keys.dtype for t in (values, key, value))
+        or not (keys.is_contiguous() and values.is_contiguous())
+        or key.stride(2) != 1
+        or value.stride(2) != 1
+        or slots.dtype != torch.int64
+        or not slots.is_contiguous()
+        or key.shape != value.shape
+        or key.shape[0] != keys.shape[0]
+        or key.shape[2] != keys.shape[2]
+        or slots.shape[0] != key.shape[1]
+    ):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    library.llmfleet_kv_write(
+        keys.data_ptr(),
+        values.data_ptr(),
+        keys.shape[1],
+        slots.data_ptr(),
+        slots.shape[0],
+        key.data_ptr(),
+        key.stride(0),
+        key.stride(1),
+        value.data_ptr(),
+        value.stride(0),
+        value.stride(1),
+        keys.shape[0],
+        keys.shape[2],
+        keys.element_size(),
     )
     return True

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from llmfleet.server.runner import cpu_kernels
+
 
 class PagedKVCache:
     def __init__(
@@ -51,7 +53,10 @@ class PagedKVCache:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
     def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store this step's ``key``/``value`` (kv_heads, T, head_dim) at ``slots`` (T,)."""
+        """Store this step's ``key``/``value`` (kv_heads, T, head_dim) at ``slots`` (T,): on a CPU
+        by the write kernel (cpu_kernels.py), which overlaps the rows' cache misses."""
+        if cpu_kernels.kv_write(self.keys[layer], self.values[layer], slots, key, value):
+            return
         self.keys[layer].index_copy_(1, slots, key.to(self.dtype))
         self.values[layer].index_copy_(1, slots, value.to(self.dtype))
 

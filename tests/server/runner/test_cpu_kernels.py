@@ -1,7 +1,8 @@
 """The C attention kernels give what the torch paths give: the decode kernel, reading the paged
 cache in place (against a gather, then batched matmuls), and the prompt kernel (against SDPA or
 the scored torch path), for GQA, padded groups, sliding windows, strided queries, a chunk that
-starts at position 0 or later in its prompt, and Gemma 2's logit cap and gpt-oss's sinks."""
+starts at position 0 or later in its prompt, and Gemma 2's logit cap and gpt-oss's sinks. The
+cache write kernel stores what ``index_copy_`` stores."""
 
 from __future__ import annotations
 
@@ -87,6 +88,33 @@ def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, windowed, scor
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got[rows].float(), expected[rows].float(), atol=tolerance, rtol=tolerance)
     assert not got[[r for r in range(tokens) if r not in rows]].any(), "rows outside the group were written"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [64, 24])
+def test_the_write_kernel_stores_as_index_copy(monkeypatch, dtype, dim):
+    """A step's keys and values, strided as a fused QKV projection leaves them, at scattered
+    slots; a key to convert (float32 into a bfloat16 cache) is left to torch."""
+    torch.manual_seed(7)
+    block_size, tokens = 16, 9
+    slots = torch.tensor(random.Random(7).sample(range(BLOCKS * block_size), tokens))
+    qkv = torch.randn(tokens, 3, KV_HEADS, dim).to(dtype)
+    key, value = qkv[:, 1].transpose(0, 1), qkv[:, 2].transpose(0, 1)  # (kv_heads, T, D), strided
+    caches, ran, wrapped = {}, [], cpu_kernels.kv_write
+    monkeypatch.setattr(cpu_kernels, "kv_write", lambda *args: ran.append(wrapped(*args)) or ran[-1])
+    for use_kernel in (False, True):
+        monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1" if use_kernel else "0")
+        cache = PagedKVCache(1, BLOCKS, block_size, KV_HEADS, dim, dtype, torch.device("cpu"))
+        cache.write(0, slots, key, value)
+        assert ran.pop() is use_kernel and not ran  # the kernel took it (or, turned off, torch did)
+        caches[use_kernel] = cache
+    assert torch.equal(caches[True].keys[0], caches[False].keys[0])
+    assert torch.equal(caches[True].values[0], caches[False].values[0])
+    assert caches[True].keys[0].any()
+    if dtype == torch.bfloat16:
+        monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1")
+        wide = qkv.float()[:, 1].transpose(0, 1)
+        assert not wrapped(caches[True].keys[0], caches[True].values[0], slots, wide, wide)
 
 
 # (head size, tokens in the chunk, context it attends to, a sliding window): whole prompts of
