@@ -77,6 +77,11 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--seeds", help="tuner: several draws in one run, comma-separated (`default` for the workloads' own seeds)"
     )
+    parser.add_argument(
+        "--tuner-only",
+        action="store_true",
+        help="tuner: the tuner's runs alone, without the fixed grid, HPA and oracle (a change to the law in a minute)",
+    )
 
 
 def seeds_of(args) -> list[int | None]:
@@ -110,6 +115,13 @@ def run(args) -> int:
         f"   autotune {AUTOTUNE}; pods start {args.startup_s:g} s after a scale-up; draws "
         + ", ".join("default" if s is None else str(s) for s in seeds)
     )
+    if getattr(args, "tuner_only", False):
+        from llmfleet.bench import tuner_alone
+
+        workers = getattr(args, "workers", None)
+        check = _prediction_check
+        tuner_alone.run(cases, seeds, cost, args.startup_s, workers, out_dir, _tuner, check, ATTAINMENT_TARGET, quick)
+        return 0
     results: dict[str, Any] = {
         "profile": str(path),
         "cost_model": cost.describe(),

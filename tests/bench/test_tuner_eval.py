@@ -96,3 +96,24 @@ def test_the_fixed_pairs_run_at_every_combination_of_their_pools_knobs() -> None
         and spec.pools["prefill"].engine["maxBatchSize"] == 8
     )
     assert pair_knob_sets(next(c for c in CASES if c.workload == "chat")) == [{}]  # colocated: its own grid
+
+
+def test_tuner_only_runs_the_tuner_alone_and_totals_its_draws(tmp_path, monkeypatch, capsys) -> None:
+    """`bench tuner --tuner-only`: the tuner's runs scored as the full bench scores them, without
+    the fixed grid, HPA and oracle (which do not depend on the law)."""
+    import json
+
+    from llmfleet.bench import tuner_eval
+    from llmfleet.cli import main
+
+    def full(*args, **kwargs):
+        raise AssertionError("the full evaluation ran")
+
+    monkeypatch.setattr(tuner_eval, "evaluate", full)
+    argv = ["bench", "tuner", "--tuner-only", "--quick", "--workloads", "chat", "--workers", "1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "== the tuner alone (--tuner-only" in out
+    assert "draws meeting >= 99% of their minutes: " in out and "/1; minutes met " in out
+    (row,) = json.loads((tmp_path / "tuner_alone.json").read_text())["workloads"]
+    assert row["workload"] == "chat" and row["predictive"] and row["minutes"]["judged"] == 5

@@ -1,0 +1,120 @@
+"""`llm-fleet bench tuner --tuner-only`: the tuner's own runs on every draw, without the fixed
+grid, the HPA targets and the oracle that the full bench scores it against.
+
+Those runs do not depend on the control law, so a change to the law shows in the tuner's runs
+alone: minutes met (an unannounced step's minutes set apart, as the full bench sets them),
+replica-minutes, direction changes, the scale-down lag and, on the ramps, the forecast against
+the reactive law. On two processes that takes well under a minute for the 24 draws, where the
+full bench takes about 13; the checks against fixed fleets and HPA come from a full run once a
+change looks worth keeping."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from llmfleet.bench.tuner_cases import AUTOTUNE, Case, draw
+from llmfleet.bench.tuner_scores import attainment, scale_down_lag, step_minutes
+
+HEADER = ["workload", "draw", "minutes met", "replica-min", "dir. changes", "down lag", "prediction vs reactive"]
+
+
+def run(
+    cases: Sequence[Case],
+    seeds: Sequence[int | None],
+    cost,
+    startup_s: float,
+    workers: int | None,
+    out_dir: Path,
+    tuner_run: Callable[..., dict[str, Any]],
+    prediction_check: Callable[[dict[str, Any], dict[str, Any] | None], dict[str, Any] | None],
+    target: float,
+    quick: bool = False,
+) -> list[dict[str, Any]]:
+    """Each case and draw under the tuner, and on the ramps under its reactive law alone; print
+    the table and totals, write tuner_alone.json. ``tuner_run``, ``prediction_check`` and
+    ``target`` are the full bench's own (tuner_eval.py), so that both score a run alike."""
+    jobs = [(case, seed, True) for seed in seeds for case in cases]
+    jobs += [(case, seed, False) for seed in seeds for case in cases if case.ramp]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        scored = list(
+            pool.map(
+                _scored,
+                *zip(*[(c, s, p, cost, startup_s, tuner_run, quick) for c, s, p in jobs], strict=True),
+            )
+        )
+    reactive = {(r["workload"], r["seed"]): r for r in scored if not r["predictive"]}
+    rows = []
+    for row in (r for r in scored if r["predictive"]):
+        alone = reactive.get((row["workload"], row["seed"]))
+        row["prediction"] = prediction_check(row["run"], None if alone is None else alone["run"])
+        rows.append(row)
+    for row in scored:
+        del row["run"]
+    print_rows(rows, target)
+    (out_dir / "tuner_alone.json").write_text(json.dumps({"workloads": scored}, indent=1, default=str) + "\n")
+    print(f"wrote {out_dir / 'tuner_alone.json'}")
+    return rows
+
+
+def _scored(
+    case: Case,
+    seed: int | None,
+    predictive: bool,
+    cost,
+    startup_s: float,
+    tuner_run: Callable[..., dict[str, Any]],
+    quick: bool,
+) -> dict[str, Any]:
+    """One tuner run and its scores; ``run`` keeps what the prediction check reads."""
+    drawn = draw(case, seed, quick)
+    result = tuner_run(case, cost, drawn.requests, startup_s, drawn.warmup_s, predictive)
+    minutes = len(result["per_minute"])
+    excused = step_minutes(drawn.steps, drawn.warmup_s, minutes, startup_s + float(AUTOTUNE["intervalSeconds"]))
+    met, judged = attainment(result["per_minute"], excused)
+    step_met, step_judged = attainment([ok if m in excused else None for m, ok in enumerate(result["per_minute"])])
+    return {
+        "workload": case.workload,
+        "seed": seed,
+        "predictive": predictive,
+        "minutes": {"met": met, "judged": judged, "step_met": step_met, "step_judged": step_judged},
+        "per_minute": "".join("-" if ok is None else "." if ok else "x" for ok in result["per_minute"]),
+        "replica_minutes": result["replica_minutes"],
+        "direction_changes": result["max_direction_changes_per_window"],
+        "scale_down_lag_s": scale_down_lag(result["needed"], drawn.warmup_s),
+        "run": {k: result[k] for k in ("slo_minutes", "slo_minutes_met", "replica_minutes")},
+    }
+
+
+def print_rows(rows: list[dict[str, Any]], target: float) -> None:
+    from llmfleet.bench.report import print_table
+
+    print("\n== the tuner alone (--tuner-only: no fixed grid, HPA or oracle to score it against)")
+    table = []
+    for row in rows:
+        m = row["minutes"]
+        steps = f" (+{m['step_met']}/{m['step_judged']} step)" if m["step_judged"] else ""
+        p = row["prediction"]
+        table.append(
+            [
+                row["workload"],
+                "default" if row["seed"] is None else str(row["seed"]),
+                f"{m['met']}/{m['judged']}{steps}",
+                f"{row['replica_minutes']:.1f}",
+                str(row["direction_changes"]),
+                f"{row['scale_down_lag_s']:.0f} s",
+                "-" if not p else f"{p['missed']} vs {p['missed_reactive']} missed, {p['extra_replica_minutes']:+.1%}",
+            ]
+        )
+    print_table(HEADER, table)
+    met = sum(r["minutes"]["met"] for r in rows)
+    judged = sum(r["minutes"]["judged"] for r in rows)
+    reaching = sum(r["minutes"]["judged"] == 0 or r["minutes"]["met"] / r["minutes"]["judged"] >= target for r in rows)
+    spent = sum(r["replica_minutes"] for r in rows)
+    print(
+        f"   draws meeting >= {target:.0%} of their minutes: {reaching}/{len(rows)}; "
+        f"minutes met {met}/{judged}; replica-minutes {spent:.1f}"
+    )
