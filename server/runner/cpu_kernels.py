@@ -406,12 +406,15 @@ void llmfleet_prefill_attention(
 }
 
 /* This step's keys and values into the cache: row t of head h of key (value) to slot slots[t]
-   of head h. Every destination line is requested first, so that their misses overlap. */
-void llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_slots, const int64_t *slots, int64_t n,
+   of head h. Every destination line is requested first, so that their misses overlap. Returns
+   -1, having written nothing, where a slot is outside the cache; 0 otherwise. */
+int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_slots, const int64_t *slots, int64_t n,
                        const char *key, int64_t k_head_stride, int64_t k_token_stride,
                        const char *value, int64_t v_head_stride, int64_t v_token_stride,
                        int64_t kv_heads, int64_t dim, int64_t item_size) {
     const int64_t row = dim * item_size;
+    for (int64_t t = 0; t < n; t++)
+        if (slots[t] < 0 || slots[t] >= num_slots) return -1;
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t t = 0; t < n; t++) {
             const int64_t at = (h * num_slots + slots[t]) * row;
@@ -426,6 +429,7 @@ void llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_slots, const in
             memcpy(k_cache + at, key + (h * k_head_stride + t * k_token_stride) * item_size, row);
             memcpy(v_cache + at, value + (h * v_head_stride + t * v_token_stride) * item_size, row);
         }
+    return 0;
 }
 """
 
@@ -546,7 +550,7 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_prefill_attention.argtypes = _PREFILL_ARGTYPES
     library.llmfleet_prefill_attention.restype = None
     library.llmfleet_kv_write.argtypes = _WRITE_ARGTYPES
-    library.llmfleet_kv_write.restype = None
+    library.llmfleet_kv_write.restype = ctypes.c_int
     return library
 
 
@@ -698,7 +702,8 @@ def kv_write(
     """Store ``key``/``value`` (kv_heads, T, D) at ``slots`` (T,) of the cache tensors ``keys``/
     ``values`` (kv_heads, slots, D), as ``index_copy_`` along dimension 1 would. Returns False,
     having done nothing, where the kernel does not apply: turned off, not built, another device,
-    a dtype to convert, or a layout it does not read."""
+    a dtype to convert, or a layout it does not read. A slot outside the cache raises IndexError,
+    as ``index_copy_`` does, with nothing written."""
     if (
         not enabled()
         or keys.device.type != "cpu"
@@ -717,7 +722,7 @@ def kv_write(
     library = _library()
     if library is None:
         return False
-    library.llmfleet_kv_write(
+    outside = library.llmfleet_kv_write(
         keys.data_ptr(),
         values.data_ptr(),
         keys.shape[1],
@@ -733,4 +738,6 @@ def kv_write(
         keys.shape[2],
         keys.element_size(),
     )
+    if outside:
+        raise IndexError(f"a cache slot outside 0..{keys.shape[1] - 1}: {slots.tolist()}")
     return True

@@ -115,6 +115,12 @@ def test_the_write_kernel_stores_as_index_copy(monkeypatch, dtype, dim):
         monkeypatch.setenv("LLMFLEET_CPU_KERNELS", "1")
         wide = qkv.float()[:, 1].transpose(0, 1)
         assert not wrapped(caches[True].keys[0], caches[True].values[0], slots, wide, wide)
+    before = caches[True].keys[0].clone()
+    outside = slots.clone()
+    outside[-1] = BLOCKS * block_size  # one past the cache: nothing written, as index_copy_ refuses it
+    with pytest.raises(IndexError, match="a cache slot outside"):
+        wrapped(caches[True].keys[0], caches[True].values[0], outside, key, value)
+    assert torch.equal(caches[True].keys[0], before)
 
 
 # (head size, tokens in the chunk, context it attends to, a sliding window): whole prompts of
