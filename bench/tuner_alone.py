@@ -11,12 +11,13 @@ change looks worth keeping."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from llmfleet.bench.tuner_cases import AUTOTUNE, Case, draw
+from llmfleet.bench.tuner_eval import ATTAINMENT_TARGET, minutes_cell, prediction_cell, prediction_check, tuner_run
 from llmfleet.bench.tuner_scores import attainment, scale_down_lag, step_minutes
 
 HEADER = ["workload", "draw", "minutes met", "replica-min", "dir. changes", "down lag", "prediction vs reactive"]
@@ -29,21 +30,18 @@ def run(
     startup_s: float,
     workers: int | None,
     out_dir: Path,
-    tuner_run: Callable[..., dict[str, Any]],
-    prediction_check: Callable[[dict[str, Any], dict[str, Any] | None], dict[str, Any] | None],
-    target: float,
     quick: bool = False,
 ) -> list[dict[str, Any]]:
-    """Each case and draw under the tuner, and on the ramps under its reactive law alone; print
-    the table and totals, write tuner_alone.json. ``tuner_run``, ``prediction_check`` and
-    ``target`` are the full bench's own (tuner_eval.py), so that both score a run alike."""
+    """Each case and draw under the tuner, and on the ramps under its reactive law alone, run and
+    scored as the full bench (tuner_eval.py) runs and scores it; print the table and totals,
+    write tuner_alone.json."""
     jobs = [(case, seed, True) for seed in seeds for case in cases]
     jobs += [(case, seed, False) for seed in seeds for case in cases if case.ramp]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         scored = list(
             pool.map(
                 _scored,
-                *zip(*[(c, s, p, cost, startup_s, tuner_run, quick) for c, s, p in jobs], strict=True),
+                *zip(*[(c, s, p, cost, startup_s, quick) for c, s, p in jobs], strict=True),
             )
         )
     reactive = {(r["workload"], r["seed"]): r for r in scored if not r["predictive"]}
@@ -54,7 +52,7 @@ def run(
         rows.append(row)
     for row in scored:
         del row["run"]
-    print_rows(rows, target)
+    print_rows(rows)
     (out_dir / "tuner_alone.json").write_text(json.dumps({"workloads": scored}, indent=1, default=str) + "\n")
     print(f"wrote {out_dir / 'tuner_alone.json'}")
     return rows
@@ -66,7 +64,6 @@ def _scored(
     predictive: bool,
     cost,
     startup_s: float,
-    tuner_run: Callable[..., dict[str, Any]],
     quick: bool,
 ) -> dict[str, Any]:
     """One tuner run and its scores; ``run`` keeps what the prediction check reads."""
@@ -89,32 +86,29 @@ def _scored(
     }
 
 
-def print_rows(rows: list[dict[str, Any]], target: float) -> None:
+def print_rows(rows: list[dict[str, Any]]) -> None:
     from llmfleet.bench.report import print_table
 
     print("\n== the tuner alone (--tuner-only: no fixed grid, HPA or oracle to score it against)")
     table = []
     for row in rows:
-        m = row["minutes"]
-        steps = f" (+{m['step_met']}/{m['step_judged']} step)" if m["step_judged"] else ""
-        p = row["prediction"]
         table.append(
             [
                 row["workload"],
                 "default" if row["seed"] is None else str(row["seed"]),
-                f"{m['met']}/{m['judged']}{steps}",
+                minutes_cell(row["minutes"]),
                 f"{row['replica_minutes']:.1f}",
                 str(row["direction_changes"]),
                 f"{row['scale_down_lag_s']:.0f} s",
-                "-" if not p else f"{p['missed']} vs {p['missed_reactive']} missed, {p['extra_replica_minutes']:+.1%}",
+                prediction_cell(row["prediction"]),
             ]
         )
     print_table(HEADER, table)
-    met = sum(r["minutes"]["met"] for r in rows)
-    judged = sum(r["minutes"]["judged"] for r in rows)
-    reaching = sum(r["minutes"]["judged"] == 0 or r["minutes"]["met"] / r["minutes"]["judged"] >= target for r in rows)
+    minutes = [r["minutes"] for r in rows]
+    met, judged = sum(m["met"] for m in minutes), sum(m["judged"] for m in minutes)
+    reaching = sum(m["judged"] == 0 or m["met"] / m["judged"] >= ATTAINMENT_TARGET for m in minutes)
     spent = sum(r["replica_minutes"] for r in rows)
     print(
-        f"   draws meeting >= {target:.0%} of their minutes: {reaching}/{len(rows)}; "
+        f"   draws meeting >= {ATTAINMENT_TARGET:.0%} of their minutes: {reaching}/{len(rows)}; "
         f"minutes met {met}/{judged}; replica-minutes {spent:.1f}"
     )

@@ -118,9 +118,7 @@ def run(args) -> int:
     if getattr(args, "tuner_only", False):
         from llmfleet.bench import tuner_alone
 
-        workers = getattr(args, "workers", None)
-        check = _prediction_check
-        tuner_alone.run(cases, seeds, cost, args.startup_s, workers, out_dir, _tuner, check, ATTAINMENT_TARGET, quick)
+        tuner_alone.run(cases, seeds, cost, args.startup_s, getattr(args, "workers", None), out_dir, quick)
         return 0
     results: dict[str, Any] = {
         "profile": str(path),
@@ -179,7 +177,7 @@ def evaluate(
     targets = QUICK_HPA_TARGETS if quick else HPA_TARGETS
     hpa_jobs = [(case, target, cost, drawn.requests, startup_s, drawn.warmup_s) for target in targets]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        tuner_runs = list(pool.map(_tuner, *zip(*tuner_jobs, strict=True)))
+        tuner_runs = list(pool.map(tuner_run, *zip(*tuner_jobs, strict=True)))
         if case.mode == "disaggregated":
             fixed = [r for runs in pool.map(_fixed_pairs, *zip(*fixed_jobs, strict=True)) for r in runs]
         else:
@@ -202,7 +200,7 @@ def evaluate(
     oracle_rm, oracle_counts = oracle(fixed, minutes, startup_s, least, most)
     lag = scale_down_lag(tuner.pop("needed"), drawn.warmup_s)
     ratio = _ratio_check(case, tuner, best_fixed)
-    prediction = _prediction_check(tuner, reactive)
+    prediction = prediction_check(tuner, reactive)
     moved_right = {
         knob: (tuner["knobs"][knob]["net"] * sign > 0) for knob, sign in case.expect.items() if knob in tuner["knobs"]
     }
@@ -261,7 +259,7 @@ def _ratio_check(case: Case, tuner: dict[str, Any], best_fixed: dict[str, Any] |
     return {"tuner": [round(a, 2) for a in averaged], "best_fixed": list(pair), "within_one": within}
 
 
-def _prediction_check(tuner: dict[str, Any], reactive: dict[str, Any] | None) -> dict[str, Any] | None:
+def prediction_check(tuner: dict[str, Any], reactive: dict[str, Any] | None) -> dict[str, Any] | None:
     """Ramps: missed minutes and replica-minutes with prediction against the reactive law alone.
     Met where prediction misses fewer minutes (or neither misses any) for <= 5% more."""
     if reactive is None:
@@ -313,7 +311,7 @@ def _options(startup_s: float):
     return SimOptions(startup_s=startup_s)
 
 
-def _tuner(case: Case, cost, requests, startup_s: float, warmup: float, predictive: bool) -> dict[str, Any]:
+def tuner_run(case: Case, cost, requests, startup_s: float, warmup: float, predictive: bool) -> dict[str, Any]:
     """One tuner run: with its forecast, or (``predictive`` False) its reactive law alone."""
     from llmfleet.sim.simulate import simulate
 
@@ -592,14 +590,12 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     """One line per workload and draw: the table docs/benchmarks.md carries."""
     out = []
     for row in rows:
-        t, m = row["tuner"], row["minutes"]
-        steps = f" (+{m['step_met']}/{m['step_judged']} step)" if m["step_judged"] else ""
-        hpa = row["hpa"]
+        t, hpa = row["tuner"], row["hpa"]
         out.append(
             [
                 row["workload"],
                 "default" if row["seed"] is None else str(row["seed"]),
-                f"{m['met']}/{m['judged']}{steps}",
+                minutes_cell(row["minutes"]),
                 "-" if hpa is None else f"{hpa['slo_minutes_met']}/{hpa['slo_minutes']}",
                 f"{t['replica_minutes']:.1f}",
                 _of(t, row["fixed_at_equal_attainment"]),
@@ -608,7 +604,7 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
                 str(t["max_direction_changes_per_window"]),
                 f"{row['scale_down_lag_s']:.0f} s",
                 _pair(row["ratio"]),
-                _predicted(row["prediction"]),
+                prediction_cell(row["prediction"]),
             ]
         )
     return out
@@ -622,7 +618,13 @@ def _pair(ratio: dict[str, Any] | None) -> str:
     return f"{p:.1f}:{d:.1f} vs {bp}:{bd}"
 
 
-def _predicted(prediction: dict[str, Any] | None) -> str:
+def minutes_cell(m: dict[str, int]) -> str:
+    """Minutes met of those judged, and an unannounced step's minutes on their own."""
+    steps = f" (+{m['step_met']}/{m['step_judged']} step)" if m["step_judged"] else ""
+    return f"{m['met']}/{m['judged']}{steps}"
+
+
+def prediction_cell(prediction: dict[str, Any] | None) -> str:
     """Minutes missed with prediction against the reactive law alone, and the extra spend."""
     if not prediction:
         return "-"
