@@ -68,8 +68,11 @@ class Client:
                     for line in response.iter_lines():
                         if line == "data: [DONE]":
                             done = True
-                        elif line.startswith("data: ") and json.loads(line[6:]).get("choices"):
-                            tokens += 1
+                        elif line.startswith("data: "):
+                            chunk = _chunk(line[6:])
+                            if chunk is None:
+                                break  # cut mid-event by the dying router: the stream is cut
+                            tokens += bool(chunk.get("choices"))
             except httpx.ConnectError:
                 self.seen[(name, "refused")] += 1  # never started: a client's retry costs nothing
                 continue
@@ -78,6 +81,14 @@ class Client:
             outcome = "completed" if done and tokens else "cut"
             self.seen[(name, outcome)] += 1
             self.streams.append((name, opened, time.monotonic(), outcome))
+
+
+def _chunk(data: str) -> dict | None:
+    """A streamed event's JSON, or None where a killed process cut it off mid-line."""
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError:
+        return None
 
 
 @pytest.mark.timeout(240)
