@@ -15,11 +15,14 @@ prompt_len, output_len) in arrival order.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import random
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Workload, anyscale_online
@@ -32,6 +35,7 @@ _TIMESTAMPS_FROM_S = 86_400.0  # a first arrival this late is a timestamp, not a
 # decades would run for ever; a week is more than any replay needs.
 MAX_SPAN_S = 7 * 86_400.0
 CSV_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MAX_TOKENS = 2**31 - 1  # a length past any context (and past the 32-bit arrays the reader keeps)
 
 
 class TraceError(ValueError):
@@ -62,18 +66,19 @@ class TraceOptions:
             if cap is not None and cap < 1:
                 raise ValueError(f"length caps must be >= 1, got {cap}")
 
-    def apply(self, requests: list[RequestSpec]) -> list[RequestSpec]:
+    def apply(self, requests: Iterable[tuple[float, int, int]]) -> list[RequestSpec]:
+        """The requests kept of (arrival_s, prompt_len, output_len) in arrival order."""
         end = math.inf if self.duration_s is None else self.start_s + self.duration_s
         rng = random.Random(self.seed)
         out = []
-        for r in requests:
-            if not self.start_s <= r.arrival_s < end:
+        for arrival, prompt, output in requests:
+            if not self.start_s <= arrival < end:
                 continue
             if self.thin < 1.0 and rng.random() >= self.thin:
                 continue
-            prompt = min(r.prompt_len, self.max_prompt_tokens or r.prompt_len)
-            output = min(r.output_len, self.max_output_tokens or r.output_len)
-            out.append(RequestSpec(r.arrival_s - self.start_s, prompt, output))
+            prompt = min(prompt, self.max_prompt_tokens or prompt)
+            output = min(output, self.max_output_tokens or output)
+            out.append(RequestSpec(arrival - self.start_s, prompt, output))
         return out
 
     def describe(self) -> str:
@@ -95,31 +100,62 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
     start), then cut by ``options``. A trace whose first arrival is a day or more in holds
     timestamps (a log's Unix seconds): its arrivals count from the first one, so it replays as it
     happened, not after decades of idling. A trace whose arrivals span more than ``MAX_SPAN_S``
-    is refused (a mix of offsets and timestamps)."""
+    is refused (a mix of offsets and timestamps).
+
+    The file is read as a stream into flat arrays and only the requests ``options`` keep become
+    ``RequestSpec``s: Azure's 2024 traces hold 17 and 27 million requests over a week, of which a
+    replay takes a window."""
+    rows = _Rows()
     try:
-        lines = Path(path).read_text().splitlines()
+        with open(path, encoding="utf-8", newline="") as f:
+            lines = iter(f)
+            number, first = 0, ""
+            for number, first in enumerate(lines, 1):  # noqa: B007 (the loop finds the first line with text)
+                if first.strip():
+                    break
+            if first.lstrip("\ufeff").startswith(CSV_COLUMNS[0]):
+                _read_csv(path, itertools.chain([first], lines), number, rows)
+            else:
+                _read_jsonl(path, itertools.chain([first], lines), number, rows)
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc
-    first = next((line for line in lines if line.strip()), "")
-    requests = _read_csv(path, lines) if first.lstrip("\ufeff").startswith(CSV_COLUMNS[0]) else _read_jsonl(path, lines)
-    if not requests:
+    if not rows.arrivals:
         raise TraceError(f"trace {path} holds no requests")
-    requests.sort(key=lambda r: r.arrival_s)  # stable: ties keep file order
-    _check_span(path, requests)
-    start = requests[0].arrival_s
-    if start >= _TIMESTAMPS_FROM_S:
-        requests = [RequestSpec(r.arrival_s - start, r.prompt_len, r.output_len) for r in requests]
-    if options is None:
-        return requests
+    order = rows.by_arrival()
+    first_s, last_s = rows.arrivals[order[0]], rows.arrivals[order[-1]]
+    _check_span(path, first_s, last_s)
+    base = first_s if first_s >= _TIMESTAMPS_FROM_S else 0.0
+    requests = ((rows.arrivals[i] - base, rows.prompts[i], rows.outputs[i]) for i in order)
+    options = options or TraceOptions()
     kept = options.apply(requests)
     if not kept:
         raise TraceError(f"trace {path}: no request left after {options.describe()}")
     return kept
 
 
-def _read_jsonl(path: str | Path, lines: list[str]) -> list[RequestSpec]:
-    requests = []
-    for number, line in enumerate(lines, 1):
+class _Rows:
+    """A trace's requests as read, in file order, in flat arrays (16 bytes a request)."""
+
+    def __init__(self) -> None:
+        self.arrivals = array("d")
+        self.prompts = array("i")
+        self.outputs = array("i")
+
+    def add(self, arrival: float, prompt: int, output: int) -> None:
+        self.arrivals.append(arrival)
+        self.prompts.append(prompt)
+        self.outputs.append(output)
+
+    def by_arrival(self) -> Sequence[int]:
+        """Indices in arrival order, ties in file order (a log is usually in order already)."""
+        a = self.arrivals
+        if all(x <= y for x, y in itertools.pairwise(a)):
+            return range(len(a))
+        return sorted(range(len(a)), key=a.__getitem__)
+
+
+def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows: _Rows) -> None:
+    for number, line in enumerate(lines, first_number):
         if not line.strip():
             continue
         where = f"{path}:{number}"
@@ -141,61 +177,87 @@ def _read_jsonl(path: str | Path, lines: list[str]) -> list[RequestSpec]:
         ):
             raise TraceError(f"{where}: arrival_s must be a finite number >= 0, got {arrival!r}")
         for key, value in (("prompt_tokens", prompt), ("output_tokens", output)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int):
                 raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-        requests.append(RequestSpec(float(arrival), prompt, output))
-    return requests
+            _check_length(key, value, where)
+        rows.add(float(arrival), prompt, output)
 
 
-def _read_csv(path: str | Path, lines: list[str]) -> list[RequestSpec]:
-    """Azure's format: ``TIMESTAMP`` an ISO date and time (``2023-11-16 18:15:46.6805900``) or
-    seconds, ``ContextTokens`` the prompt's length, ``GeneratedTokens`` the output's."""
-    rows = csv.reader(lines)
-    header = [h.strip().lstrip("\ufeff") for h in next(rows)]
+def _check_length(key: str, value: int, where: str) -> None:
+    if value < 1:
+        raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    if value > MAX_TOKENS:
+        raise TraceError(f"{where}: {key} {value} is past any model's context (at most {MAX_TOKENS})")
+
+
+def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: _Rows) -> None:
+    """Azure's format: ``TIMESTAMP`` an ISO date and time (``2023-11-16 18:15:46.6805900`` in the
+    2023 traces, ``2024-05-10 00:00:00.009930+00:00`` in the 2024 ones; UTC where it names no
+    zone) or seconds, ``ContextTokens`` the prompt's length, ``GeneratedTokens`` the output's."""
+    reader = csv.reader(lines)
+    header = [h.strip().lstrip("\ufeff") for h in next(reader)]
     missing = [c for c in CSV_COLUMNS if c not in header]
     if missing:
         raise TraceError(
-            f"{path}:1: a CSV trace needs the columns {', '.join(CSV_COLUMNS)}; missing {', '.join(missing)}"
+            f"{path}:{header_number}: a CSV trace needs the columns {', '.join(CSV_COLUMNS)}; "
+            f"missing {', '.join(missing)}"
         )
     at, prompt_at, output_at = (header.index(c) for c in CSV_COLUMNS)
-    requests = []
-    for number, row in enumerate(rows, 2):
+    timestamps = _Timestamps()
+    for row in reader:
         if not row or not any(cell.strip() for cell in row):
             continue
-        where = f"{path}:{number}"
+        where = f"{path}:{header_number - 1 + reader.line_num}"
         if len(row) < len(header):
             raise TraceError(f"{where}: expected {len(header)} columns, got {len(row)}")
-        arrival = _timestamp(row[at].strip(), where)
+        arrival = timestamps.seconds(row[at].strip(), where)
         lengths = []
         for column, index in (("ContextTokens", prompt_at), ("GeneratedTokens", output_at)):
             try:
                 value = int(row[index])
             except ValueError:
                 raise TraceError(f"{where}: {column} must be an integer >= 1, got {row[index]!r}") from None
-            if value < 1:
-                raise TraceError(f"{where}: {column} must be an integer >= 1, got {value}")
+            _check_length(column, value, where)
             lengths.append(value)
-        requests.append(RequestSpec(arrival, lengths[0], lengths[1]))
-    return requests
+        rows.add(arrival, lengths[0], lengths[1])
 
 
-def _timestamp(text: str, where: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        pass
-    else:
+class _Timestamps:
+    """Reads a TIMESTAMP as seconds or as an ISO date and time, trying first the form the last
+    one had (a trace keeps one form; an exception a row would cost more than the row)."""
+
+    def __init__(self) -> None:
+        self.dates = False
+
+    def seconds(self, text: str, where: str) -> float:
+        value = self._date(text) if self.dates else self._number(text, where)
+        if value is None:
+            self.dates = not self.dates
+            value = self._date(text) if self.dates else self._number(text, where)
+        if value is None:
+            raise TraceError(f"{where}: TIMESTAMP {text!r} is neither seconds nor an ISO date and time")
+        return value
+
+    @staticmethod
+    def _number(text: str, where: str) -> float | None:
+        try:
+            value = float(text)
+        except ValueError:
+            return None
         if not math.isfinite(value) or value < 0:
             raise TraceError(f"{where}: TIMESTAMP must be a finite number >= 0 or a date, got {text!r}")
         return value
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise TraceError(f"{where}: TIMESTAMP {text!r} is neither seconds nor an ISO date and time") from None
+
+    @staticmethod
+    def _date(text: str) -> float | None:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
-def _check_span(path: str | Path, requests: list[RequestSpec]) -> None:
-    first, last = requests[0].arrival_s, requests[-1].arrival_s
+def _check_span(path: str | Path, first: float, last: float) -> None:
     if last - first > MAX_SPAN_S:
         raise TraceError(
             f"trace {path}: its arrivals span {(last - first) / 86_400:.3g} days ({first:g} s to {last:g} s), "

@@ -80,6 +80,7 @@ def test_an_empty_or_binary_trace_is_an_error(tmp_path, content, message) -> Non
         ('{"arrival_s": true, "prompt_tokens": 3, "output_tokens": 1}', "arrival_s must be a finite number >= 0"),
         ('{"arrival_s": 1, "prompt_tokens": 0, "output_tokens": 1}', "prompt_tokens must be an integer >= 1, got 0"),
         ('{"arrival_s": 1, "prompt_tokens": 3, "output_tokens": 2.5}', "output_tokens must be an integer >= 1"),
+        ('{"arrival_s": 1, "prompt_tokens": 3, "output_tokens": 2147483648}', "output_tokens 2147483648 is past any"),
     ],
 )
 def test_bad_traces_name_the_line(tmp_path, line, message) -> None:
@@ -159,6 +160,10 @@ def test_a_window_thinning_and_caps_cut_a_trace(tmp_path) -> None:
         ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", ":2: TIMESTAMP 'yesterday' is neither"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,2,0\n", ":2: GeneratedTokens must be an integer >= 1, got 0"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,x,3\n", ":2: ContextTokens must be an integer >= 1, got 'x'"),
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,9999999999,3\n",
+            ":2: ContextTokens 9999999999 is past any model's",
+        ),
     ],
 )
 def test_a_bad_csv_trace_names_its_line(tmp_path, text, message) -> None:
@@ -166,3 +171,33 @@ def test_a_bad_csv_trace_names_its_line(tmp_path, text, message) -> None:
     path.write_text(text)
     with pytest.raises(TraceError, match=message):
         read_trace(path)
+
+
+def test_the_2024_azure_format_with_zones_reads_in_order_from_a_window(tmp_path) -> None:
+    # Azure's 2024 traces: a week of requests, zone-qualified timestamps; a replay takes a window
+    path = tmp_path / "week.csv"
+    path.write_text(
+        "\n\nTIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+        "2024-05-10 00:00:00.009930+00:00,2162,5\r\n"
+        "2024-05-10 01:00:00.500000+00:00,76,15\r\n"
+        "2024-05-10 00:59:59.000000+00:00,2376,1\r\n"  # out of order: read by arrival
+        "2024-05-10 03:00:00.009930+02:00,7670,8\r\n"  # another zone: 01:00:00.00993 UTC
+    )
+    window = read_trace(path, TraceOptions(start_s=3000.0, duration_s=1000.0))
+    assert [(round(r.arrival_s, 3), r.prompt_len) for r in window] == [(598.99, 2376), (600.0, 7670), (600.49, 76)]
+    path.write_bytes(path.read_bytes().replace(b",15\r", b",none\r"))
+    with pytest.raises(TraceError, match=r"week\.csv:5: GeneratedTokens must be an integer >= 1, got 'none'"):
+        read_trace(path)  # the line in the file, blank lines above the header counted
+
+
+def test_a_timestamp_without_a_zone_is_utc_whatever_the_local_zone(tmp_path, monkeypatch) -> None:
+    time = pytest.importorskip("time")
+    monkeypatch.setenv("TZ", "Europe/Berlin")  # clocks went 02:00 -> 03:00 on 2024-03-31
+    time.tzset()
+    try:
+        path = tmp_path / "t.csv"
+        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-03-31 00:30:00,3,1\n2024-03-31 03:30:00,3,1\n")
+        assert [r.arrival_s for r in read_trace(path)] == [0.0, 3 * 3600.0]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
