@@ -113,7 +113,7 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
             for number, first in enumerate(lines, 1):  # noqa: B007 (the loop finds the first line with text)
                 if first.strip():
                     break
-            if first.lstrip("\ufeff").startswith(CSV_COLUMNS[0]):
+            if _is_csv(path, first):
                 _read_csv(path, itertools.chain([first], lines), number, rows)
             else:
                 _read_jsonl(path, itertools.chain([first], lines), number, rows)
@@ -131,6 +131,13 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
     if not kept:
         raise TraceError(f"trace {path}: no request left after {options.describe()}")
     return kept
+
+
+def _is_csv(path: str | Path, first: str) -> bool:
+    """A CSV trace's first line is its header (a JSONL one's is an object), so a CSV with other
+    columns is told which it lacks, not that its header is not JSON."""
+    head = first.lstrip("\ufeff \t")
+    return not head.startswith(("{", "[")) and ("," in head or Path(path).suffix.lower() == ".csv")
 
 
 class _Rows:

@@ -157,6 +157,7 @@ def test_a_window_thinning_and_caps_cut_a_trace(tmp_path) -> None:
     ("text", "message"),
     [
         ("TIMESTAMP,ContextTokens\n1,2\n", "needs the columns TIMESTAMP, ContextTokens, GeneratedTokens; missing Gen"),
+        ("Timestamp,Model,Request tokens,Response tokens\n5,x,2,3\n", ":1: a CSV trace needs .*missing TIMESTAMP"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", ":2: TIMESTAMP 'yesterday' is neither"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,2,0\n", ":2: GeneratedTokens must be an integer >= 1, got 0"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,x,3\n", ":2: ContextTokens must be an integer >= 1, got 'x'"),
