@@ -3,6 +3,7 @@ a Ctrl-C in one line and an exit code, never a traceback."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -142,7 +143,12 @@ def test_load_interrupted_prints_what_it_measured(monkeypatch, capsys):
 def test_ctrl_c_at_load_ends_it_with_its_summary_and_no_traceback(endpoint):
     env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     command = [sys.executable, "-m", "llmfleet.cli", "load", "--url", endpoint, "--rate", "20", "--duration", "60"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Ctrl-C as at a terminal: a test run started in the background (`cmd &`) inherits SIGINT
+    # ignored, and a Python started so keeps it ignored, as a shell's background job should
+    terminal = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=terminal
+    )
     try:
         time.sleep(3)  # started and sending
         process.send_signal(signal.SIGINT)

@@ -58,9 +58,9 @@ def test_serve_downloads_a_hub_model_and_serves_it(hub, tmp_path):
         server.wait_ready(timeout=240)
         models = httpx.get(f"{server.url}/v1/models", timeout=5).json()
         assert [m["id"] for m in models["data"]] == ["test-org/tiny"]  # the repository id, as vLLM names it
-        answer = httpx.post(
+        answer = httpx.post(  # sampled, so an EOS may come early: ignore_eos makes the 4 tokens certain
             f"{server.url}/v1/completions",
-            json={"model": "test-org/tiny", "prompt": "Hello", "max_tokens": 4},
+            json={"model": "test-org/tiny", "prompt": "Hello", "max_tokens": 4, "ignore_eos": True},
             timeout=60,
         )
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
