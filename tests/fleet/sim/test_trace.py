@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -192,7 +193,6 @@ def test_the_2024_azure_format_with_zones_reads_in_order_from_a_window(tmp_path)
 
 
 def test_a_timestamp_without_a_zone_is_utc_whatever_the_local_zone(tmp_path, monkeypatch) -> None:
-    time = pytest.importorskip("time")
     monkeypatch.setenv("TZ", "Europe/Berlin")  # clocks went 02:00 -> 03:00 on 2024-03-31
     time.tzset()
     try:
