@@ -18,7 +18,7 @@ from typing import Any
 
 from llmfleet.bench.tuner_cases import AUTOTUNE, Case, draw
 from llmfleet.bench.tuner_eval import ATTAINMENT_TARGET, minutes_cell, prediction_cell, prediction_check, tuner_run
-from llmfleet.bench.tuner_scores import attainment, scale_down_lag, step_minutes
+from llmfleet.bench.tuner_scores import judged_minutes, reaches, scale_down_lag
 
 HEADER = ["workload", "draw", "minutes met", "replica-min", "dir. changes", "down lag", "prediction vs reactive"]
 
@@ -69,15 +69,12 @@ def _scored(
     """One tuner run and its scores; ``run`` keeps what the prediction check reads."""
     drawn = draw(case, seed, quick)
     result = tuner_run(case, cost, drawn.requests, startup_s, drawn.warmup_s, predictive)
-    minutes = len(result["per_minute"])
-    excused = step_minutes(drawn.steps, drawn.warmup_s, minutes, startup_s + float(AUTOTUNE["intervalSeconds"]))
-    met, judged = attainment(result["per_minute"], excused)
-    step_met, step_judged = attainment([ok if m in excused else None for m, ok in enumerate(result["per_minute"])])
+    excused_s = startup_s + float(AUTOTUNE["intervalSeconds"])
     return {
         "workload": case.workload,
         "seed": seed,
         "predictive": predictive,
-        "minutes": {"met": met, "judged": judged, "step_met": step_met, "step_judged": step_judged},
+        "minutes": judged_minutes(result["per_minute"], drawn.steps, drawn.warmup_s, excused_s),
         "per_minute": "".join("-" if ok is None else "." if ok else "x" for ok in result["per_minute"]),
         "replica_minutes": result["replica_minutes"],
         "direction_changes": result["max_direction_changes_per_window"],
@@ -106,7 +103,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
     print_table(HEADER, table)
     minutes = [r["minutes"] for r in rows]
     met, judged = sum(m["met"] for m in minutes), sum(m["judged"] for m in minutes)
-    reaching = sum(m["judged"] == 0 or m["met"] / m["judged"] >= ATTAINMENT_TARGET for m in minutes)
+    reaching = sum(reaches(m, ATTAINMENT_TARGET) for m in minutes)
     spent = sum(r["replica_minutes"] for r in rows)
     print(
         f"   draws meeting >= {ATTAINMENT_TARGET:.0%} of their minutes: {reaching}/{len(rows)}; "

@@ -51,7 +51,7 @@ from llmfleet.bench.tuner_cases import (
     draw,
     spec_for,
 )
-from llmfleet.bench.tuner_scores import attainment, cheapest_reaching, oracle, scale_down_lag, step_minutes
+from llmfleet.bench.tuner_scores import cheapest_reaching, judged_minutes, oracle, reaches, scale_down_lag
 
 ATTAINMENT_TARGET = 0.99
 FIXED_RATIO_TARGET = 1.1
@@ -187,9 +187,7 @@ def evaluate(
     tuner = tuner_runs[0]
     reactive = tuner_runs[1] if case.ramp else None
     minutes = len(tuner["per_minute"])
-    excused = step_minutes(drawn.steps, drawn.warmup_s, minutes, startup_s + interval)
-    met, judged = attainment(tuner["per_minute"], excused)
-    step_met, step_judged = attainment([ok if m in excused else None for m, ok in enumerate(tuner["per_minute"])])
+    judged = judged_minutes(tuner["per_minute"], drawn.steps, drawn.warmup_s, startup_s + interval)
     meeting = [r for r in fixed if r["slo_attainment"] is not None and r["slo_attainment"] >= ATTAINMENT_TARGET]
     best_fixed = min(meeting, key=lambda r: r["replica_minutes"]) if meeting else None
     best_hpa = _best_hpa(hpas)
@@ -206,7 +204,7 @@ def evaluate(
     }
     rm = tuner["replica_minutes"]
     checks = {
-        "attainment": judged == 0 or met / judged >= ATTAINMENT_TARGET,
+        "attainment": reaches(judged, ATTAINMENT_TARGET),
         "not_below_hpa": best_hpa is None or tuner["slo_minutes_met"] >= best_hpa["slo_minutes_met"],
         "vs_fixed": None if fixed_equal is None else rm <= FIXED_RATIO_TARGET * fixed_equal["replica_minutes"],
         "vs_hpa": None if hpa_equal is None else rm <= HPA_RATIO_TARGET * hpa_equal["replica_minutes"],
@@ -238,7 +236,7 @@ def evaluate(
         "hpa": best_hpa,
         "hpa_at_equal_attainment": hpa_equal,
         "oracle": {"replica_minutes": oracle_rm, "per_minute": oracle_counts},
-        "minutes": {"met": met, "judged": judged, "step_met": step_met, "step_judged": step_judged},
+        "minutes": judged,
         "scale_down_lag_s": lag,
         "ratio": ratio,
         "prediction": prediction,

@@ -25,6 +25,22 @@ def attainment(met: Sequence[bool | None], excluded: set[int] = frozenset()) -> 
     return sum(1 for ok in judged if ok), len(judged)
 
 
+def judged_minutes(
+    per_minute: Sequence[bool | None], steps: Sequence[float], measure_from: float, excused_s: float
+) -> dict[str, int]:
+    """Minutes met of those judged, leaving out those ``excused_s`` after an unannounced step
+    (step_minutes), and those step minutes on their own."""
+    excused = step_minutes(steps, measure_from, len(per_minute), excused_s)
+    met, judged = attainment(per_minute, excused)
+    step_met, step_judged = attainment([ok if m in excused else None for m, ok in enumerate(per_minute)])
+    return {"met": met, "judged": judged, "step_met": step_met, "step_judged": step_judged}
+
+
+def reaches(minutes: dict[str, int], target: float) -> bool:
+    """Whether the judged minutes (judged_minutes) meet the attainment ``target``."""
+    return minutes["judged"] == 0 or minutes["met"] / minutes["judged"] >= target
+
+
 def cheapest_reaching(runs: Sequence[dict[str, Any]], minutes_met: int) -> dict[str, Any] | None:
     """The run with the fewest replica-minutes among those meeting at least ``minutes_met``."""
     reaching = [r for r in runs if r["slo_minutes_met"] >= minutes_met]
