@@ -79,9 +79,11 @@ class KnobRules:
                 return Proposal(cur, f"{why}, but prefill chunks dominate the steps: {TOKEN_BUDGET} shrinks instead")
             if budget is not None and budget.exhausted and budget.protects == "itl":
                 # the prompt chunks make the steps long: a smaller batch leaves them long and queues requests
+                grows = budget.target > pool.current.knobs[TOKEN_BUDGET]
                 return Proposal(
                     cur,
-                    f"{why}, but prefill chunks dominate the steps and no {TOKEN_BUDGET} brings them within it",
+                    f"{why}, but prefill chunks dominate the steps and no {TOKEN_BUDGET} brings them within it"
+                    + (f" ({TOKEN_BUDGET} grows to put each prompt over fewer of them)" if grows else ""),
                     severity=itl / target_ms,
                     exhausted=True,
                     protects="itl",
@@ -318,8 +320,9 @@ class KnobRules:
 
         A cut helps ITL only where the steps it leaves fit the SLO: a prompt cut into more chunks
         that each still take longer puts it over more of the gaps the p95 reads. So where the step
-        model (``costs``) puts a full step at the cut budget over the SLO, the budget holds and is
-        spent for ITL: more replicas, which give each pod fewer prompts, are what is left."""
+        model (``costs``) puts a full step at the cut budget over the SLO, the budget is spent for
+        ITL (_chunks_over_the_slo): it holds, or grows where a mean prompt spans several steps,
+        and more replicas, which give each pod fewer prompts, are what is left."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
         ttft, itl = ms(m.ttft.p95), ms(m.itl.p95) if name != "prefill" else None
@@ -336,14 +339,11 @@ class KnobRules:
             new = max(floor_, allowed.clamp(math.floor(cur * c.budget_decrease_factor)))
             full = _full_step_ms(m, new, costs)
             if full is not None and full > c.projected_latency_limit * slo.itl_p95_ms:
-                return Proposal(
-                    cur,
-                    f"{why}, but a full step at {TOKEN_BUDGET} {num(new)} would take {full:.0f} ms "
-                    f"(> {c.projected_latency_limit:g} x SLO): smaller chunks only put each prompt over more gaps",
-                    severity=itl / slo.itl_p95_ms,
-                    exhausted=True,
-                    protects="itl",
+                why += (
+                    f", but a full step at {TOKEN_BUDGET} {num(new)} would take {full:.0f} ms "
+                    f"(> {c.projected_latency_limit:g} x SLO)"
                 )
+                return self._chunks_over_the_slo(pool, why, itl / slo.itl_p95_ms)
             if new >= cur:
                 return Proposal(cur, f"{why} with {TOKEN_BUDGET} at its floor {num(floor_)}")
             return Proposal(
@@ -404,6 +404,36 @@ class KnobRules:
             protective=True,
             severity=ttft / slo.ttft_p95_ms,
             protects="ttft",
+        )
+
+    def _chunks_over_the_slo(self, pool: PoolInput, why: str, severity: float) -> Proposal:
+        """The budget where a step that carries a prompt chunk breaks the ITL SLO at any budget a
+        cut would reach: the p95 reads how many gaps such steps are, not how long each is. A
+        smaller budget cuts each prompt into more of them; where a mean prompt spans more than
+        one step, a bigger one (x2) puts it over fewer, and spends less of each pod on the steps'
+        fixed cost. Either way the budget cannot restore the SLO alone (``exhausted``): what
+        is left over is for replicas, which give each pod fewer prompts."""
+        c, m = self.config, pool.metrics
+        cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
+        prompt = m.mean_prompt_tokens()
+        new = allowed.clamp(math.floor(cur * c.budget_increase_factor))
+        if prompt is None or prompt <= cur or new <= cur:
+            return Proposal(
+                cur,
+                f"{why}: smaller chunks only put each prompt over more gaps",
+                severity=severity,
+                exhausted=True,
+                protects="itl",
+            )
+        return Proposal(
+            new,
+            f"{why}, and a mean prompt ({prompt:.0f} tokens) spans more than one step at {num(cur)}: "
+            "larger chunks put each prompt over fewer gaps",
+            f"x{c.budget_increase_factor:g}",
+            protective=True,
+            severity=severity,
+            exhausted=True,
+            protects="itl",
         )
 
     def drained_backlog(self, pool: PoolInput, slo: SLOTargets) -> str:

@@ -173,14 +173,10 @@ def test_a_latency_cut_capacity_recovers_once_the_slos_are_met_with_margin(ttft_
         assert scale == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize(("budget", "cut"), [(512, False), (256, True)])
-def test_a_budget_cut_helps_itl_only_where_its_full_steps_fit(budget: float, cut: bool) -> None:
-    """Steps of 8 sequences and 192 prompt tokens take 75 ms; ITL p95 is 130 ms against 100 ms,
-    and prompts are 400 tokens. At 512 the x0.75 cut to 384 leaves full steps of 75 + 0.2 x 184 =
-    112 ms, still over: the prompts would only take more steps each, so the budget holds, spent,
-    the batch holds with it (the prompts make the steps long, not the batch), and replicas take
-    over. At 256 the cut to 192 leaves 74 ms steps: the budget is cut."""
-    decision = decide(
+def itl_over_with_prompt_chunks(budget: float, prompt_tokens: float):
+    """Steps of 8 sequences and 192 prompt tokens take 75 ms, ITL p95 is 130 ms against 100 ms,
+    and a request a second brings ``prompt_tokens``."""
+    return decide(
         with_plane(),
         settings(batch=16, budget=budget),
         itl_ms=130,
@@ -188,9 +184,18 @@ def test_a_budget_cut_helps_itl_only_where_its_full_steps_fit(budget: float, cut
         step_tokens=200,
         step_ms=step_s(8, 192) * 1000,
         rate=1.0,
-        prompt_tps=400,
+        prompt_tps=prompt_tokens,
         gen_tps=100,
     )
+
+
+@pytest.mark.parametrize(("budget", "cut"), [(512, False), (256, True)])
+def test_a_budget_cut_helps_itl_only_where_its_full_steps_fit(budget: float, cut: bool) -> None:
+    """Prompts of 400 tokens. At 512 the x0.75 cut to 384 leaves full steps of 75 + 0.2 x 184 =
+    112 ms, still over: the prompts would only take more steps each, so the budget holds, spent,
+    the batch holds with it (the prompts make the steps long, not the batch), and replicas take
+    over. At 256 the cut to 192 leaves 74 ms steps: the budget is cut."""
+    decision = itl_over_with_prompt_chunks(budget, prompt_tokens=400)
     reasons = " ".join(decision.reasons)
     assert decision.changed("colocated", MAX_BATCH) is None
     if cut:
@@ -202,3 +207,19 @@ def test_a_budget_cut_helps_itl_only_where_its_full_steps_fit(budget: float, cut
     assert "no maxNumBatchedTokens brings them within it: maxBatchSize stays 16" in reasons
     assert decision.changed("colocated", REPLICAS).new > 1
     assert "SLO violated with maxNumBatchedTokens at its limit, maxBatchSize at its limit" in reasons
+
+
+def test_a_budget_whose_chunks_break_itl_anyway_grows_where_prompts_span_several_steps() -> None:
+    """As above at 512 (a cut to 384 would leave 112 ms steps), but prompts of 800 tokens: each
+    takes two steps over the SLO at 512 and would take one at 1024, so the budget doubles. It
+    cannot restore ITL alone (the step that carries the prompt is still over), so replicas are
+    added beside it, and the batch holds."""
+    decision = itl_over_with_prompt_chunks(512, prompt_tokens=800)
+    reasons = " ".join(decision.reasons)
+    assert decision.changed("colocated", TOKEN_BUDGET).new == 1024
+    assert "a mean prompt (800 tokens) spans more than one step at 512" in reasons
+    assert "larger chunks put each prompt over fewer gaps" in reasons
+    assert decision.changed("colocated", MAX_BATCH) is None
+    assert "maxNumBatchedTokens grows to put each prompt over fewer of them" in reasons
+    assert decision.changed("colocated", REPLICAS).new > 1
+    assert "SLO violated with maxNumBatchedTokens short of the excess" in reasons
