@@ -185,7 +185,10 @@ class Fleet:
         self.now = 0.0
         self.disaggregated = spec.mode == "disaggregated"
         self.entry = "prefill" if self.disaggregated else "colocated"
-        self.pools = {p: SimPool(p, effective_engine(spec, p, None), PoolSeries(p)) for p in spec.active_pools}
+        self.pools = {}
+        for p in spec.active_pools:
+            engine = effective_engine(spec, p, None)
+            self.pools[p] = SimPool(p, engine, PoolSeries(p, pod_max_model_len(engine, cost)))
         self.records: list[RequestRecord] = []
         self.timeline: list[TimelinePoint] = []
         self.decisions: list[ControlRecord] = []
@@ -411,7 +414,8 @@ class Fleet:
                 continue
             del self._live[(pod.name, out.request_id)]
             m = out.metrics
-            series.finished(None if m.first_scheduled_time is None else m.first_scheduled_time - m.arrival_time)
+            queued = None if m.first_scheduled_time is None else m.first_scheduled_time - m.arrival_time
+            series.finished(queued, out.num_prompt_tokens)
             if out.finish_reason == "abort":
                 self._close(record, "aborted", f"aborted on {pod.name}")
             elif pod.pool == "prefill":

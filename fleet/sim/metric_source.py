@@ -6,8 +6,8 @@ Two records, for two readers:
   report (SLO attainment per minute, goodput, latency percentiles).
 - ``PoolSeries``: each pool's metrics as its servers export them (server/http/server_metrics.py: the
   same histogram buckets, TTFT and prompt tokens counted at the first token, ITL per token gap,
-  queue time at the finish, batch size and tokens per step), scraped every ``scrape_interval``.
-  ``SimMetricSource`` turns scrapes into the tuner's ``PoolMetrics`` exactly as the direct-scrape
+  queue time and prompt length at the finish, batch size and tokens per step), scraped every
+  ``scrape_interval``. ``SimMetricSource`` turns scrapes into the tuner's ``PoolMetrics`` exactly as the direct-scrape
   source does: counter increases over the window, ``histogram_quantile`` over bucket deltas
   (PromQL's interpolation, so the tuner sees bucketed quantiles as it would in a cluster), gauge
   means, and staleness when no pod reports.
@@ -21,21 +21,23 @@ from dataclasses import dataclass, field
 
 from llmfleet.operator.metrics.quantile import bucket_quantile
 from llmfleet.operator.metrics.source import (
+    EMPTY_MEAN,
     WIDEST,
     PoolMetrics,
     PoolRef,
     StalenessPolicy,
     judge_staleness,
-    latency_from_quantiles,
     least_squares_slope,
     stale_snapshot,
+    trusted_quantiles,
 )
 from llmfleet.server.metric_buckets import ITL_BUCKETS as SERVER_ITL_BUCKETS
-from llmfleet.server.metric_buckets import REQUEST_BUCKETS, TTFT_BUCKETS
+from llmfleet.server.metric_buckets import REQUEST_BUCKETS, TTFT_BUCKETS, length_buckets
 
 LATENCY_BUCKETS = {"ttft": TTFT_BUCKETS, "itl": SERVER_ITL_BUCKETS, "queue_time": REQUEST_BUCKETS}
 COUNTERS = (
     "requests",
+    "request_prompt_tokens",  # the finished requests' prompts (vllm:request_prompt_tokens's _sum)
     "prompt_tokens",
     "generation_tokens",
     "preemptions",
@@ -120,10 +122,11 @@ _PRUNE_BATCH = 256
 class PoolSeries:
     """One pool's exported metrics, summed over its pods (pods come and go; the sums never reset)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, max_model_len: int | None = None) -> None:
         self.name = name
         self.counters = dict.fromkeys(COUNTERS, 0.0)
         self.histograms = {k: Histogram(b) for k, b in LATENCY_BUCKETS.items()}
+        self.histograms["prompt_length"] = Histogram(length_buckets(max_model_len))
         self.scrapes: list[Scrape] = []
         self._scrape_times: list[float] = []
         # Scrapes are kept for the widest window the longest one asked may widen to, so a
@@ -141,8 +144,10 @@ class PoolSeries:
         self.histograms["itl"].observe(gap)
         self.counters["generation_tokens"] += 1
 
-    def finished(self, queue_time: float | None) -> None:
+    def finished(self, queue_time: float | None, prompt_len: int) -> None:
         self.counters["requests"] += 1
+        self.counters["request_prompt_tokens"] += prompt_len
+        self.histograms["prompt_length"].observe(prompt_len)
         if queue_time is not None:
             self.histograms["queue_time"].observe(queue_time)
 
@@ -205,33 +210,33 @@ class SimMetricSource:
         pods = self._ready(pool.pool)
         if pods <= 0:
             return stale_snapshot(pool, now, window_s, f"{pool.pool}: 0 pods reporting (none ready)")
-        scrapes = self._series(pool.pool).window(now, window_s)
+        series = self._series(pool.pool)
+        scrapes = series.window(now, window_s)
         if len(scrapes) < 2:
             return stale_snapshot(pool, now, window_s, f"{pool.pool}: fewer than two scrapes in the window")
         first, last = scrapes[0], scrapes[-1]
         span = last.at - first.at
         delta = {k: last.counters[k] - first.counters[k] for k in COUNTERS}
         missing: dict[str, str] = {}
-        latencies = {}
-        for name, bounds in LATENCY_BUCKETS.items():
+        histograms = {}  # ttft, itl, queue_time and prompt_length, as PoolMetrics names them
+        for name, histogram in series.histograms.items():
             d = [b - a for a, b in zip(first.buckets[name], last.buckets[name], strict=True)]
             samples = float(d[-1])
-            pairs = [(le, float(c)) for le, c in zip([*bounds, float("inf")], d, strict=True)]
+            pairs = [(le, float(c)) for le, c in zip([*histogram.bounds, float("inf")], d, strict=True)]
             quantiles = {q: bucket_quantile(q, pairs) if samples else None for q in (0.5, 0.95, 0.99)}
-            latencies[name] = latency_from_quantiles(name, quantiles, samples, self.policy, window_s, missing)
-        steps = delta["steps"]
-        if steps <= 0:
-            for name in ("mean_batch_size", "mean_step_tokens", "mean_step_seconds"):
-                missing[name] = "no engine steps in the window"
+            histograms[name] = trusted_quantiles(name, quantiles, samples, self.policy, window_s, missing)
+        steps, finished = delta["steps"], delta["requests"]
+        observed = dict.fromkeys(("mean_batch_size", "mean_step_tokens", "mean_step_seconds"), steps)
+        for name, count in (observed | {"prompt_tokens_per_request": finished}).items():
+            if count <= 0:
+                missing[name] = f"{name}: {EMPTY_MEAN[name]}"
         kv_means = [s.kv_mean for s in scrapes if s.kv_mean is not None]
         kv_maxes = [s.kv_max for s in scrapes if s.kv_max is not None]
         metrics = PoolMetrics(
             pool=pool,
             at=now,
             window_s=window_s,
-            ttft=latencies["ttft"],
-            itl=latencies["itl"],
-            queue_time=latencies["queue_time"],
+            **histograms,
             request_rate=delta["requests"] / span,
             prompt_tokens_per_s=delta["prompt_tokens"] / span,
             generation_tokens_per_s=delta["generation_tokens"] / span,
@@ -245,6 +250,7 @@ class SimMetricSource:
             mean_batch_size=delta["step_batch"] / steps if steps > 0 else None,
             mean_step_tokens=delta["step_tokens"] / steps if steps > 0 else None,
             mean_step_seconds=delta["step_seconds"] / steps if steps > 0 else None,
+            prompt_tokens_per_request=delta["request_prompt_tokens"] / finished if finished > 0 else None,
             ready_pods=pods,
             newest_sample_age_s=max(0.0, now - last.at),
             missing=missing,

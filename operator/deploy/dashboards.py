@@ -36,7 +36,7 @@ SERVICE_SELECTOR = 'namespace=~"$namespace",inference_service=~"$service"'
 ROLE_INFO = "llmfleet_role_info"
 RATE = "$__rate_interval"
 E2E = "vllm:e2e_request_latency_seconds"
-PROMPT_LENGTH = "vllm:request_prompt_tokens"
+PROMPT_LENGTH = promql.PROMPT_LENGTH
 GENERATION_LENGTH = "vllm:request_generation_tokens"
 STEP = "llmfleet_step_duration_seconds"
 SCHEDULER = "llmfleet_scheduler_duration_seconds"

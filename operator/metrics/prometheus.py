@@ -20,19 +20,17 @@ import httpx
 
 from llmfleet.operator.metrics import promql
 from llmfleet.operator.metrics.source import (
-    LATENCY_FIELDS,
+    EMPTY_MEAN,
     LOAD_FIELDS,
+    QUANTILE_FIELDS,
     RATE_FIELDS,
     PoolMetrics,
     PoolRef,
     StalenessPolicy,
     judge_staleness,
-    latency_from_quantiles,
     stale_snapshot,
+    trusted_quantiles,
 )
-
-NO_STEPS_FIELDS = {"mean_batch_size", "mean_step_tokens", "mean_step_seconds"}  # 0/0 means no engine step ran
-
 
 DEFAULT_TIMEOUT_S = 5.0  # one snapshot's queries, all of them
 
@@ -118,17 +116,15 @@ class PrometheusSource:
     def _assemble(self, pool: PoolRef, now: float, window_s: float, values: dict[str, float | None]) -> PoolMetrics:
         missing: dict[str, str] = {}
         fields: dict[str, Any] = {}
-        for name in LATENCY_FIELDS:
+        for name in QUANTILE_FIELDS:
             quantiles = {q: values[f"{name}:{q:g}"] for q in promql.QUANTILES}
-            fields[name] = latency_from_quantiles(
-                name, quantiles, values[f"{name}:samples"], self.policy, window_s, missing
-            )
+            fields[name] = trusted_quantiles(name, quantiles, values[f"{name}:samples"], self.policy, window_s, missing)
         for name in (*RATE_FIELDS, *LOAD_FIELDS):
             value = values[name]
             if value is None:
                 missing[name] = f"{name}: no series"
             elif math.isnan(value):
-                missing[name] = f"{name}: no engine steps in the window" if name in NO_STEPS_FIELDS else f"{name}: NaN"
+                missing[name] = f"{name}: {EMPTY_MEAN[name]}" if name in EMPTY_MEAN else f"{name}: NaN"
                 value = None
             fields[name] = value
         newest = values["newest_sample"]

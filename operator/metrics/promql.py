@@ -28,8 +28,10 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 BATCH_SIZE = "llmfleet_batch_size"
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
 STEP_DURATION = "llmfleet_step_duration_seconds"
+PROMPT_LENGTH = "vllm:request_prompt_tokens"  # per finished request
 
 LATENCY_HISTOGRAMS = {"ttft": TTFT, "itl": ITL, "queue_time": QUEUE_TIME}
+QUANTILE_HISTOGRAMS = {**LATENCY_HISTOGRAMS, "prompt_length": PROMPT_LENGTH}
 QUANTILES = (0.5, 0.95, 0.99)
 
 
@@ -113,7 +115,7 @@ def pool_queries(selector: str, window: float | str, fresh_s: float = 60.0) -> d
     """Every query behind one PoolMetrics snapshot, keyed by field (quantiles as ``ttft:0.95``);
     pods count as reporting with a sample at most ``fresh_s`` old."""
     queries: dict[str, str] = {}
-    for name, metric in LATENCY_HISTOGRAMS.items():
+    for name, metric in QUANTILE_HISTOGRAMS.items():
         for q in QUANTILES:
             queries[f"{name}:{q:g}"] = histogram_quantile(metric, q, selector, window)
         queries[f"{name}:samples"] = histogram_observations(metric, selector, window)
@@ -132,6 +134,7 @@ def pool_queries(selector: str, window: float | str, fresh_s: float = 60.0) -> d
         "mean_batch_size": histogram_mean(BATCH_SIZE, selector, window),
         "mean_step_tokens": histogram_mean(ITERATION_TOKENS, selector, window),
         "mean_step_seconds": histogram_mean(STEP_DURATION, selector, window),
+        "prompt_tokens_per_request": histogram_mean(PROMPT_LENGTH, selector, window),
         "ready_pods": pods_reporting(selector, fresh_s),
         "newest_sample": newest_sample_time(selector),
     }

@@ -35,13 +35,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmfleet.operator.metrics import promql
 from llmfleet.operator.metrics.quantile import bucket_deltas, bucket_quantile, parse_le
 from llmfleet.operator.metrics.source import (
+    EMPTY_MEAN,
     PoolMetrics,
     PoolRef,
     StalenessPolicy,
     judge_staleness,
-    latency_from_quantiles,
     least_squares_slope,
     stale_snapshot,
+    trusted_quantiles,
 )
 
 Targets = Mapping[PoolRef, Sequence[str]] | Callable[[PoolRef], Sequence[str]]
@@ -57,6 +58,7 @@ HISTOGRAM_MEANS = {
     "mean_batch_size": promql.BATCH_SIZE,
     "mean_step_tokens": promql.ITERATION_TOKENS,
     "mean_step_seconds": promql.STEP_DURATION,
+    "prompt_tokens_per_request": promql.PROMPT_LENGTH,
 }
 
 
@@ -287,10 +289,10 @@ class ScrapeSource:
         fields: dict[str, object] = {}
         for name, counter in COUNTER_FIELDS.items():
             fields[name] = rates.summed(counter, name, missing)
-        for name, histogram in promql.LATENCY_HISTOGRAMS.items():
+        for name, histogram in promql.QUANTILE_HISTOGRAMS.items():
             buckets, samples = rates.merged_buckets(histogram)
             quantiles = {q: bucket_quantile(q, buckets) if buckets else None for q in promql.QUANTILES}
-            fields[name] = latency_from_quantiles(name, quantiles, samples, self.policy, window_s, missing)
+            fields[name] = trusted_quantiles(name, quantiles, samples, self.policy, window_s, missing)
         for name, histogram in HISTOGRAM_MEANS.items():
             fields[name] = rates.mean(histogram, name, missing)
         fields |= _gauges(current, history, now, window_s, missing, scale=len(urls) / len(current))
@@ -355,7 +357,7 @@ class _Rates:
             missing[name] = f"{name}: no series {histogram}"
             return None
         if count <= 0:
-            missing[name] = f"{name}: no engine steps in the window"
+            missing[name] = f"{name}: {EMPTY_MEAN[name]}"
             return None
         return total / count
 

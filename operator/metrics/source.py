@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 LATENCY_FIELDS = ("ttft", "itl", "queue_time")
+QUANTILE_FIELDS = (*LATENCY_FIELDS, "prompt_length")  # histograms read as quantiles
 RATE_FIELDS = (
     "request_rate",
     "prompt_tokens_per_s",
@@ -35,7 +36,15 @@ LOAD_FIELDS = (
     "mean_batch_size",
     "mean_step_tokens",
     "mean_step_seconds",
+    "prompt_tokens_per_request",
 )
+# Histogram means (sum over count): what a window without observations means for each.
+EMPTY_MEAN = {
+    "mean_batch_size": "no engine steps in the window",
+    "mean_step_tokens": "no engine steps in the window",
+    "mean_step_seconds": "no engine steps in the window",
+    "prompt_tokens_per_request": "no request finished in the window",
+}
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,9 @@ class StalenessPolicy:
 
 
 @dataclass(frozen=True)
-class LatencyQuantiles:
-    """Windowed quantiles of one latency histogram, in seconds, and how many observations they rest on."""
+class Quantiles:
+    """Windowed quantiles of one histogram (latencies in seconds, prompt lengths in tokens), and how
+    many observations they rest on."""
 
     p50: float | None = None
     p95: float | None = None
@@ -91,9 +101,10 @@ class PoolMetrics:
     pool: PoolRef
     at: float
     window_s: float
-    ttft: LatencyQuantiles = field(default_factory=LatencyQuantiles)
-    itl: LatencyQuantiles = field(default_factory=LatencyQuantiles)
-    queue_time: LatencyQuantiles = field(default_factory=LatencyQuantiles)
+    ttft: Quantiles = field(default_factory=Quantiles)
+    itl: Quantiles = field(default_factory=Quantiles)
+    queue_time: Quantiles = field(default_factory=Quantiles)
+    prompt_length: Quantiles = field(default_factory=Quantiles)  # tokens, per finished request
     request_rate: float | None = None  # finished requests/s
     prompt_tokens_per_s: float | None = None
     prefix_cache_hits_per_s: float | None = None  # prompt tokens a prefix-cache hit covered
@@ -108,14 +119,15 @@ class PoolMetrics:
     mean_batch_size: float | None = None
     mean_step_tokens: float | None = None
     mean_step_seconds: float | None = None
+    prompt_tokens_per_request: float | None = None  # mean prompt of the requests finished in the window
     ready_pods: int | None = None  # pods whose series are in the snapshot
     newest_sample_age_s: float | None = None
     latency_window_s: float | None = None  # set where the latency quantiles come from a wider window
     # The SLO's own window (spec.slo.windowSeconds), where longer than the latencies': a p95 is
     # judged over it, so replica decisions read these; None: the same as ttft and itl.
     slo_window_s: float | None = None
-    slo_ttft: LatencyQuantiles | None = None
-    slo_itl: LatencyQuantiles | None = None
+    slo_ttft: Quantiles | None = None
+    slo_itl: Quantiles | None = None
     stale: bool = False
     reason: str = ""
     missing: dict[str, str] = field(default_factory=dict)  # field -> why it is None
@@ -125,12 +137,12 @@ class PoolMetrics:
         return not self.stale
 
     @property
-    def judged_ttft(self) -> LatencyQuantiles:
+    def judged_ttft(self) -> Quantiles:
         """TTFT over the SLO's window (the p95 the SLO is judged on)."""
         return self.slo_ttft if self.slo_ttft is not None and self.slo_ttft.known else self.ttft
 
     @property
-    def judged_itl(self) -> LatencyQuantiles:
+    def judged_itl(self) -> Quantiles:
         return self.slo_itl if self.slo_itl is not None and self.slo_itl.known else self.itl
 
     def why_missing(self, name: str) -> str:
@@ -155,10 +167,26 @@ class PoolMetrics:
         return max(self.prompt_tokens_per_s - (self.prefix_cache_hits_per_s or 0.0), 0.0)
 
     def mean_prompt_tokens(self) -> float | None:
-        """Average prompt length over the window, from the token and request rates."""
+        """Average prompt length over the window: the prompts of the requests that finished in it
+        (``vllm:request_prompt_tokens``). Without that histogram, the prompt token rate over the
+        finished-request rate stands in; it reads high while load rises, since prompt tokens are
+        counted when a prompt runs and requests when they finish (low while load falls)."""
+        if self.prompt_tokens_per_request is not None:
+            return self.prompt_tokens_per_request
         if self.prompt_tokens_per_s is None or not self.request_rate:
             return None
         return self.prompt_tokens_per_s / self.request_rate
+
+    def computed_prompt_tokens_per_request(self) -> float | None:
+        """The prompt tokens the pods computed for a mean request: its prompt less the share a
+        prefix-cache hit or a prefill server's KV covered (the computed prompt tokens over all
+        prompt tokens, both counted as prompts run)."""
+        computed = self.computed_prompt_tokens_per_s()
+        if computed is None:
+            return None
+        if self.prompt_tokens_per_request is not None and self.prompt_tokens_per_s:
+            return self.prompt_tokens_per_request * min(1.0, computed / self.prompt_tokens_per_s)
+        return computed / self.request_rate if self.request_rate else None
 
     def with_staleness(self, stale: bool, reason: str) -> PoolMetrics:
         return replace(self, stale=stale, reason=reason)
@@ -221,26 +249,26 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def latency_from_quantiles(
+def trusted_quantiles(
     name: str,
     quantiles: dict[float, float | None],
     samples: float | None,
     policy: StalenessPolicy,
     window_s: float,
     missing: dict[str, str],
-) -> LatencyQuantiles:
+) -> Quantiles:
     """Keep a histogram's quantiles only when enough observations back them; say why otherwise."""
     if samples is None:
         missing[name] = f"{name}: no histogram series"
-        return LatencyQuantiles()
+        return Quantiles()
     if samples < policy.min_samples:
         missing[name] = f"{name}: {samples:.0f} observations in the {window_s:.0f} s window (< {policy.min_samples})"
-        return LatencyQuantiles(samples=samples)
+        return Quantiles(samples=samples)
     values = {q: finite_or_none(v) for q, v in quantiles.items()}
     if values.get(0.95) is None:
         missing[name] = f"{name}: quantile undefined (no observations in the window)"
-        return LatencyQuantiles(samples=samples)
-    return LatencyQuantiles(p50=values.get(0.5), p95=values.get(0.95), p99=values.get(0.99), samples=samples)
+        return Quantiles(samples=samples)
+    return Quantiles(p50=values.get(0.5), p95=values.get(0.95), p99=values.get(0.99), samples=samples)
 
 
 def judge_staleness(metrics: PoolMetrics, policy: StalenessPolicy) -> PoolMetrics:
@@ -282,7 +310,6 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-LATENCIES = ("ttft", "itl", "queue_time")
 WIDEST = 4.0  # how many times its window a sparse pool's latency window may widen to
 
 
@@ -290,8 +317,9 @@ async def snapshot_widening_latency(
     source: MetricSource, pool: PoolRef, window_s: float, slo_window_s: float | None = None, widest: float = WIDEST
 ) -> PoolMetrics:
     """``source``'s snapshot over ``window_s``; where a latency quantile rests on too few
-    observations (a pool that sees few requests, each long), the latency quantiles come from the
-    window doubled, up to ``widest`` times, instead of the tuner going without them. Not for a
+    observations (a pool that sees few requests, each long), the latency quantiles (and the
+    prompt lengths') come from the window doubled, up to ``widest`` times, instead of the tuner
+    going without them. Not for a
     pool that is idle now: the quantiles of traffic that has ended say nothing of what it needs. Rates and
     gauges stay those of ``window_s``. With an SLO window longer than the latencies' (widened or
     not), TTFT and ITL over it come along as ``slo_ttft`` and ``slo_itl``."""
@@ -303,7 +331,7 @@ async def snapshot_widening_latency(
         wider = await source.snapshot(pool, wide)
         if wider.stale:
             break
-        took = {k: getattr(wider, k) for k in LATENCIES if not getattr(m, k).known and getattr(wider, k).known}
+        took = {k: getattr(wider, k) for k in QUANTILE_FIELDS if not getattr(m, k).known and getattr(wider, k).known}
         if took:
             missing = {k: v for k, v in m.missing.items() if k not in took}
             m = replace(m, **took, missing=missing, latency_window_s=wide)

@@ -409,15 +409,18 @@ class KnobRules:
     def _chunks_over_the_slo(self, pool: PoolInput, why: str, severity: float) -> Proposal:
         """The budget where a step that carries a prompt chunk breaks the ITL SLO at any budget a
         cut would reach: the p95 reads how many gaps such steps are, not how long each is. A
-        smaller budget cuts each prompt into more of them; where a mean prompt spans more than
-        one step, a bigger one (x2) puts it over fewer, and spends less of each pod on the steps'
-        fixed cost. Either way the budget cannot restore the SLO alone (``exhausted``): what
-        is left over is for replicas, which give each pod fewer prompts."""
+        smaller budget cuts each prompt into more of them; where the longer prompts (the p95 of
+        prompt lengths, else the mean) span more than one step, a bigger one (x2) puts them over
+        fewer, and spends less of each pod on the steps' fixed cost. Either way the budget cannot
+        restore the SLO alone (``exhausted``): what is left over is for replicas, which give each
+        pod fewer prompts."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
-        prompt = m.mean_prompt_tokens()
+        long, which = (
+            (m.prompt_length.p95, "p95 prompt") if m.prompt_length.known else (m.mean_prompt_tokens(), "mean prompt")
+        )
         new = allowed.clamp(math.floor(cur * c.budget_increase_factor))
-        if prompt is None or prompt <= cur or new <= cur:
+        if long is None or long <= cur or new <= cur:
             return Proposal(
                 cur,
                 f"{why}: smaller chunks only put each prompt over more gaps",
@@ -427,8 +430,8 @@ class KnobRules:
             )
         return Proposal(
             new,
-            f"{why}, and a mean prompt ({prompt:.0f} tokens) spans more than one step at {num(cur)}: "
-            "larger chunks put each prompt over fewer gaps",
+            f"{why}, and a {which} ({long:.0f} tokens) spans more than one step at {num(cur)}: "
+            "larger chunks put prompts over fewer gaps",
             f"x{c.budget_increase_factor:g}",
             protective=True,
             severity=severity,

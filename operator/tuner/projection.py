@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics
+from llmfleet.operator.metrics.source import PoolMetrics, Quantiles
 
 FULL = 0.95  # a batch or budget this full is queueing, not what the step model describes
 TAIL = 0.05  # p95
@@ -90,7 +90,7 @@ def project(
     return Projection(max(ratios), how)
 
 
-def itl_tail(itl: LatencyQuantiles, growth: float, slo_s: float | None = None) -> float:
+def itl_tail(itl: Quantiles, growth: float, slo_s: float | None = None) -> float:
     """ITL's p95 once the gaps in its tail are ``growth`` times as common, at today's step times.
 
     The slow gaps are the steps that carry prompt work beside the decodes; the share of steps that
@@ -179,7 +179,7 @@ class _StepLoad:
         # prefill pod's lone prompt fills its step whatever the load; more load fills the gaps)
         stepping = _busy_share(m, pods)
         per_step = max(tokens - seqs, 0.0) * stepping
-        mean_prompt = prompted / m.request_rate
+        mean_prompt = m.computed_prompt_tokens_per_request() or 0.0
         own = costs.per_prompt_token_s * mean_prompt
         shared = None
         if m.mean_step_seconds is not None:

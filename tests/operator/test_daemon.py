@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 
 from llmfleet.operator import daemon
 from llmfleet.operator.decision_metrics import REGISTRY
-from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.metrics.source import PoolMetrics, PoolRef, Quantiles
 from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE
 from llmfleet.operator.resource.spec import parse_spec
 from llmfleet.operator.tuner import run as tuner_run
@@ -38,10 +38,10 @@ SPEC = {
 def snapshot(pool: PoolRef, *, itl_ms: float | None, stale: bool = False) -> PoolMetrics:
     """``itl_ms`` None: too few observations for an ITL quantile in the window."""
 
-    def q(p95_ms: float | None) -> LatencyQuantiles:
+    def q(p95_ms: float | None) -> Quantiles:
         if p95_ms is None:
-            return LatencyQuantiles(samples=3)
-        return LatencyQuantiles(p50=p95_ms / 2000, p95=p95_ms / 1000, p99=p95_ms / 1000, samples=500)
+            return Quantiles(samples=3)
+        return Quantiles(p50=p95_ms / 2000, p95=p95_ms / 1000, p99=p95_ms / 1000, samples=500)
 
     return PoolMetrics(
         pool=pool,

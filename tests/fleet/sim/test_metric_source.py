@@ -39,3 +39,25 @@ def test_scrapes_are_kept_for_the_widest_window_the_longest_asked_may_widen_to()
             assert source.measure(pool, 60.0).mean_batch_size == 1.0
     assert len(series.window(clock[0], 60.0)) == 61
     assert len(series.scrapes) <= 4 * 60 + 1 + 256
+
+
+def test_the_mean_prompt_is_the_finished_requests_not_the_token_rate_over_them() -> None:
+    """On a ramp more prompts start than requests finish: the prompt token rate over the finished
+    rate puts the window's 30 prompts on its 10 finished requests (3x the mean prompt); the
+    prompt-length histogram reads the finished requests' own prompts."""
+    series = PoolSeries("colocated", max_model_len=4096)
+    clock = [0.0]
+    source = SimMetricSource(lambda pool: series, lambda pool: 1, lambda: clock[0])
+    series.scrape(0.0, [PodGauges(waiting=0, running=0, kv_usage=0.0)])
+    for i in range(30):
+        series.first_token(ttft=0.2, prompt_len=100 if i % 10 else 400)
+        if i % 3 == 0:
+            series.finished(queue_time=0.01, prompt_len=100 if i % 10 else 400)
+    clock[0] = 30.0
+    series.scrape(30.0, [PodGauges(waiting=0, running=20, kv_usage=0.2)])
+    m = source.measure(PoolRef("default", "svc", "colocated"), 30.0)
+    assert m.prompt_tokens_per_s / m.request_rate == pytest.approx(3 * (27 * 100 + 3 * 400) / 30)
+    finished = [100 if i % 10 else 400 for i in range(0, 30, 3)]  # 400, 100, 100, 100, 400, ...
+    assert m.mean_prompt_tokens() == pytest.approx(sum(finished) / len(finished))
+    assert m.prompt_length.p95 is None and m.prompt_length.samples == 10  # too few for a p95
+    assert "prompt_length: 10 observations" in m.missing["prompt_length"]

@@ -28,6 +28,10 @@ HEALTHY = {
     "queue_time:0.95": 0.05,
     "queue_time:0.99": 0.1,
     "queue_time:samples": 600.0,
+    "prompt_length:0.5": 150.0,
+    "prompt_length:0.95": 480.0,
+    "prompt_length:0.99": 505.0,
+    "prompt_length:samples": 600.0,
     "request_rate": 10.0,
     "prompt_tokens_per_s": 2560.0,
     "prefix_cache_hits_per_s": 512.0,
@@ -42,6 +46,7 @@ HEALTHY = {
     "mean_batch_size": 23.5,
     "mean_step_tokens": 60.0,
     "mean_step_seconds": 0.021,
+    "prompt_tokens_per_request": 200.0,
     "ready_pods": 2.0,
     "newest_sample": NOW - 3.0,
 }
@@ -92,7 +97,7 @@ async def test_healthy_snapshot() -> None:
     assert (m.request_rate, m.prompt_tokens_per_s, m.generation_tokens_per_s) == (10.0, 2560.0, 1280.0)
     assert (m.waiting, m.running, m.kv_usage_max, m.mean_batch_size) == (1.5, 24.0, 0.55, 23.5)
     assert m.ready_pods == 2 and m.newest_sample_age_s == pytest.approx(3.0)
-    assert m.mean_prompt_tokens() == 256.0
+    assert m.prompt_length.p95 == 480.0 and m.mean_prompt_tokens() == 200.0  # the finished requests'
     assert m.uncached_prompt_tokens_per_s() == 2048.0  # what the prefix cache held is no prompt work
     assert {s["time"] for s in fake.seen} == {f"{NOW:.3f}"}  # one instant for every query
     assert len(fake.seen) == len(HEALTHY)
@@ -108,6 +113,15 @@ async def test_no_requests_in_window_is_missing_not_zero() -> None:
     assert (
         m.mean_batch_size is None and m.missing["mean_batch_size"] == "mean_batch_size: no engine steps in the window"
     )
+
+
+async def test_without_the_prompt_length_histogram_the_token_rates_stand_in() -> None:
+    """Prompt tokens (counted as prompts run) over finished requests: 2560 / 10."""
+    m = await source(FakePrometheus(HEALTHY | {"prompt_tokens_per_request": None})).snapshot(REF, 60)
+    assert m.mean_prompt_tokens() == 256.0
+    m = await source(FakePrometheus(HEALTHY | {"prompt_tokens_per_request": math.nan})).snapshot(REF, 60)
+    assert m.missing["prompt_tokens_per_request"] == "prompt_tokens_per_request: no request finished in the window"
+    assert m.mean_prompt_tokens() == 256.0
 
 
 async def test_too_few_samples_drop_the_quantile() -> None:

@@ -21,6 +21,7 @@ REF = PoolRef("local", "fleet", "colocated")
 LABELS = 'model_name="m",role="colocated"'
 T0 = 1_700_000_000.0
 BOUNDS = [0.01, 0.05, 0.1, 0.5, 1.0, math.inf]
+SIZES = [50.0, 100.0, 200.0, 500.0, math.inf]  # tokens, for the prompt-length histogram
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Pod:
     itl: list[float] = field(default_factory=list)
     queue: list[float] = field(default_factory=list)
     batches: list[float] = field(default_factory=list)
+    prompts: list[float] = field(default_factory=list)  # each finished request's prompt length
 
     def render(self) -> str:
         out: list[str] = []
@@ -55,11 +57,11 @@ class Pod:
         def gauge(name: str, value: float) -> None:
             out.append(f"# HELP {name} x\n# TYPE {name} gauge\n{name}{{{LABELS}}} {value}")
 
-        def histogram(name: str, observations: list[float]) -> None:
+        def histogram(name: str, observations: list[float], bounds: list[float] = BOUNDS) -> None:
             if not observations:
                 return  # prometheus_client creates a labelled child on its first observation
             out.append(f"# HELP {name} x\n# TYPE {name} histogram")
-            for bound in BOUNDS:
+            for bound in bounds:
                 le = "+Inf" if bound == math.inf else repr(bound)
                 count = sum(1 for o in observations if o <= bound)
                 out.append(f'{name}_bucket{{le="{le}",{LABELS}}} {float(count)}')
@@ -80,6 +82,7 @@ class Pod:
         histogram("vllm:inter_token_latency_seconds", self.itl)
         histogram("vllm:request_queue_time_seconds", self.queue)
         histogram("llmfleet_batch_size", self.batches)
+        histogram("vllm:request_prompt_tokens", self.prompts, SIZES)
         return "\n".join(out) + "\n"
 
     def serve(self, requests: int, prompt_len: float, ttft: float, itl: float, tokens_each: int) -> None:
@@ -87,6 +90,7 @@ class Pod:
         self.prompt += requests * prompt_len
         self.generation += requests * tokens_each
         self.success["stop"] += requests
+        self.prompts += [prompt_len] * requests
         self.ttft += [ttft] * requests
         self.queue += [ttft / 10] * requests
         self.itl += [itl] * (requests * tokens_each)
@@ -155,6 +159,9 @@ async def test_first_snapshot_is_stale_then_rates_and_quantiles_over_the_window(
     assert m.ttft.p50 == pytest.approx(0.1 + 0.4 * (10 / 30))
     assert m.itl.samples == 400 and m.itl.p95 is not None and m.itl.p95 <= 0.05
     assert m.mean_batch_size == pytest.approx(8.0)
+    # the prompts of the requests finished in the window, not of the 100 before
+    assert m.prompt_tokens_per_request == pytest.approx(200.0)
+    assert m.prompt_length.p95 == pytest.approx(bucket_quantile(0.95, {100: 0, 200: 40, 500: 40, math.inf: 40}))
     # gauges: each pod's mean over its scrapes in the window, summed (queues) or averaged (KV)
     assert m.waiting == pytest.approx((2 + 4) / 2 + 0)
     assert m.waiting_growth_per_s == pytest.approx(2 / 30)  # pod A's queue rose 2 -> 4 in 30 s

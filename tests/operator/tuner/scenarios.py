@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.metrics.source import PoolMetrics, PoolRef, Quantiles
 from llmfleet.operator.tuner.law import (
     MAX_BATCH,
     TIMEOUT,
@@ -20,10 +20,10 @@ SLO = SLOTargets(ttft_p95_ms=500.0, itl_p95_ms=100.0)
 ONE_SHOT = TunerConfig(knob_relax_stabilization_s=0.0, scale_down_stabilization_s=0.0, flap_window_s=0.0)
 
 
-def latency(p95_ms: float | None, samples: float = 500.0) -> LatencyQuantiles:
+def latency(p95_ms: float | None, samples: float = 500.0) -> Quantiles:
     if p95_ms is None:
-        return LatencyQuantiles(samples=samples)
-    return LatencyQuantiles(p50=p95_ms / 2000.0, p95=p95_ms / 1000.0, p99=p95_ms * 1.2 / 1000.0, samples=samples)
+        return Quantiles(samples=samples)
+    return Quantiles(p50=p95_ms / 2000.0, p95=p95_ms / 1000.0, p99=p95_ms * 1.2 / 1000.0, samples=samples)
 
 
 def metrics(
@@ -34,6 +34,7 @@ def metrics(
     queue_ms: float | None = 20.0,
     rate: float | None = 10.0,
     prompt_tps: float | None = 1000.0,
+    prompt_p95: float | None = None,  # tokens; None: no prompt-length histogram (the token rates stand in)
     prefix_hits_tps: float | None = None,
     gen_tps: float | None = 200.0,
     waiting: float | None = 0.0,
@@ -58,6 +59,7 @@ def metrics(
         ttft=latency(ttft_ms),
         itl=latency(itl_ms),
         queue_time=latency(queue_ms),
+        prompt_length=Quantiles() if prompt_p95 is None else Quantiles(p95=prompt_p95, samples=500.0),
         request_rate=rate,
         prompt_tokens_per_s=prompt_tps,
         prefix_cache_hits_per_s=prefix_hits_tps,

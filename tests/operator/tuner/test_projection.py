@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from llmfleet.operator.metrics.source import LatencyQuantiles
+from llmfleet.operator.metrics.source import Quantiles
 from llmfleet.operator.tuner.decision import TunerConfig
 from llmfleet.operator.tuner.projection import StepCosts, erlang_c, itl_tail, project, surge
 from llmfleet.operator.tuner.proposal import busy_surge
@@ -118,7 +118,7 @@ def test_itl_p95_moves_up_the_tail_as_steps_with_prompt_work_grow_common() -> No
     """The slow gaps are steps that carry prompt work; with 1.5x as many of them per step, the
     p95 is today's p96.7 (simulated chat, 4 -> 3 pods: 0.143 -> 0.198 s, where p95 x the step
     ratio said 0.16), read linearly between the p95 and the p99."""
-    itl = LatencyQuantiles(p50=0.074, p95=0.143, p99=0.234, samples=8000)
+    itl = Quantiles(p50=0.074, p95=0.143, p99=0.234, samples=8000)
     assert itl_tail(itl, 1.5) == pytest.approx(0.143 + 0.091 * (0.05 - 0.05 / 1.5) / 0.04)
     assert itl_tail(itl, 10.0) == pytest.approx(0.143 + 0.091 * 0.045 / 0.04)  # past p99: its slope
     assert itl_tail(itl, 1.0) == itl_tail(itl, 0.5) == 0.143  # fewer: the p95 stands

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from llmfleet.operator.metrics.source import LatencyQuantiles, PoolMetrics, PoolRef
+from llmfleet.operator.metrics.source import PoolMetrics, PoolRef, Quantiles
 from llmfleet.operator.tuner.law import (
     INTEGER_KNOBS,
     KNOB_FIELDS,
@@ -34,11 +34,11 @@ rates = st.floats(0.0, 1e6, allow_nan=False)
 
 
 @st.composite
-def latencies(draw: st.DrawFn) -> LatencyQuantiles:
+def latencies(draw: st.DrawFn) -> Quantiles:
     p95 = draw(opt(seconds))
     if p95 is None:
-        return LatencyQuantiles(samples=draw(opt(st.floats(0, 19))))
-    return LatencyQuantiles(p50=p95 / 2, p95=p95, p99=p95 * 1.5, samples=draw(st.floats(20, 1e5)))
+        return Quantiles(samples=draw(opt(st.floats(0, 19))))
+    return Quantiles(p50=p95 / 2, p95=p95, p99=p95 * 1.5, samples=draw(st.floats(20, 1e5)))
 
 
 @st.composite

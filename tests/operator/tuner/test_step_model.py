@@ -173,9 +173,9 @@ def test_a_latency_cut_capacity_recovers_once_the_slos_are_met_with_margin(ttft_
         assert scale == pytest.approx(0.5)
 
 
-def itl_over_with_prompt_chunks(budget: float, prompt_tokens: float):
+def itl_over_with_prompt_chunks(budget: float, prompt_tokens: float, prompt_p95: float | None = None):
     """Steps of 8 sequences and 192 prompt tokens take 75 ms, ITL p95 is 130 ms against 100 ms,
-    and a request a second brings ``prompt_tokens``."""
+    and a request a second brings ``prompt_tokens`` (``prompt_p95``: the p95 prompt)."""
     return decide(
         with_plane(),
         settings(batch=16, budget=budget),
@@ -185,6 +185,7 @@ def itl_over_with_prompt_chunks(budget: float, prompt_tokens: float):
         step_ms=step_s(8, 192) * 1000,
         rate=1.0,
         prompt_tps=prompt_tokens,
+        prompt_p95=prompt_p95,
         gen_tps=100,
     )
 
@@ -218,8 +219,23 @@ def test_a_budget_whose_chunks_break_itl_anyway_grows_where_prompts_span_several
     reasons = " ".join(decision.reasons)
     assert decision.changed("colocated", TOKEN_BUDGET).new == 1024
     assert "a mean prompt (800 tokens) spans more than one step at 512" in reasons
-    assert "larger chunks put each prompt over fewer gaps" in reasons
+    assert "larger chunks put prompts over fewer gaps" in reasons
     assert decision.changed("colocated", MAX_BATCH) is None
     assert "maxNumBatchedTokens grows to put each prompt over fewer of them" in reasons
     assert decision.changed("colocated", REPLICAS).new > 1
     assert "SLO violated with maxNumBatchedTokens short of the excess" in reasons
+
+
+@pytest.mark.parametrize(("p95", "grows"), [(900, True), (480, False)])
+def test_the_longer_prompts_decide_whether_the_budget_grows(p95: float, grows: bool) -> None:
+    """The hold case above (prompts of 400 tokens on average at 512), where the prompt-length
+    histogram says the longer ones take two steps: a p95 of 900 tokens doubles the budget, one
+    of 480 fits a step and the budget holds."""
+    decision = itl_over_with_prompt_chunks(512, prompt_tokens=400, prompt_p95=p95)
+    budget = decision.changed("colocated", TOKEN_BUDGET)
+    if grows:
+        assert budget.new == 1024
+        assert "a p95 prompt (900 tokens) spans more than one step at 512" in " ".join(decision.reasons)
+    else:
+        assert budget is None
+    assert decision.changed("colocated", REPLICAS).new > 1
