@@ -191,6 +191,9 @@ class TunerConfig:
     forecast_beta: float = 0.1
     startup_guess_s: float = 60.0
     forecast_max_rise: float = 1.0  # a forecast adds at most this share of today's demand
+    # A rise priced through the latency projection (Tuner._latency_ahead) must clear this many of
+    # its level's spreads, not one: a latency past its knee turns a little load into a pod.
+    forecast_latency_spreads: float = 2.0
     # The fleet's spend against its need (spend.py), over this trailing window.
     cost_window_s: float = 600.0
     # Disaggregated: prefill:decode replicas stay within [low, high] (spec.autotune.prefillDecodeRatio).

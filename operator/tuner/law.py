@@ -270,6 +270,10 @@ class Tuner:
             if ahead > raw:
                 raw, driver = ahead, "forecast"
                 why += f"; {outlook.why} -> {ahead} a pod start-up ahead"
+            latency_ahead = self._latency_ahead(name, pool, slo, units, outlook, capacity)
+            if latency_ahead is not None and latency_ahead[0] > max(raw, cur):
+                raw, driver = latency_ahead[0], "forecast"
+                why += f"; {outlook.why}: {latency_ahead[1]}"
         if name in ("prefill", "decode") and raw < cur and c.ratio_hysteresis > 0:
             # the P:D ratio moves only for a pool's demand clearly below its count, not at its edge
             held = min(int(cur), math.ceil(units / (1.0 - c.headroom) + c.ratio_hysteresis - 1e-9))
@@ -516,12 +520,20 @@ class Tuner:
         return max(c.projected_latency_limit, today + 1.0 - c.projected_latency_limit)
 
     def _latency_replicas(
-        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, most: int, capacity: PerReplica
+        self,
+        name: str,
+        m: PoolMetrics,
+        slo: SLOTargets,
+        units: float,
+        cur: int,
+        most: int,
+        capacity: PerReplica,
+        growth: float = 1.0,
     ) -> int | None:
         """The fewest replicas above ``cur`` (up to ``most``) at which the owned latencies, over
-        their SLOs now, are projected back within them (``scale_up_latency_limit``); None when
-        none is (a prefill that alone takes longer than the SLO is not helped by pods) or nothing
-        says how loaded the pods are."""
+        their SLOs now (or at today's load x ``growth``), are projected back within them
+        (``scale_up_latency_limit``); None when none is (a prefill that alone takes longer than
+        the SLO is not helped by pods) or nothing says how loaded the pods are."""
         if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur:
             return None
         limit = self.config.scale_up_latency_limit
@@ -529,10 +541,35 @@ class Tuner:
             (
                 n
                 for n in range(cur + 1, most + 1)
-                if self._project(name, m, slo, units, cur, n, capacity, busy=False).ratio <= limit
+                if self._project(name, m, slo, units, cur, n, capacity, busy=False, growth=growth).ratio <= limit
             ),
             None,
         )
+
+    def _latency_ahead(
+        self, name: str, pool: PoolInput, slo: SLOTargets, units: float, outlook: Outlook, capacity: PerReplica
+    ) -> tuple[int, str] | None:
+        """Where the trend's load a pod start-up ahead would take an owned latency that holds
+        now past its SLO at today's count: the fewest pods projected to hold it there, and why;
+        None otherwise, and where no count would. Demand with headroom misses a latency that
+        turns sharply with load (ITL's p95 once prompt steps pass 5% of the gaps), so the
+        predicted load is also priced in latency, as Dynamo's planner does from its profiles;
+        here from the latency measured now, as a scale-down is. Only a rise clear of
+        ``forecast_latency_spreads`` of the level's spread counts: past the knee a little load
+        is a pod."""
+        m, cur, c = pool.metrics, pool.current.replicas, self.config
+        if outlook.rise_units <= c.forecast_latency_spreads * outlook.noise_units:
+            return None
+        if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur or not 0 < owned_latency_ratio(name, m, slo) <= 1.0:
+            return None
+        growth = (units + outlook.rise_units) / units
+        then = self._project(name, m, slo, units, cur, cur, capacity, busy=False, growth=growth)
+        if then.ratio <= c.scale_up_latency_limit:
+            return None
+        n = self._latency_replicas(name, m, slo, units, cur, pool.limits.max_replicas, capacity, growth)
+        if n is None:
+            return None  # no count holds it: pods would not help
+        return n, f"at {cur} pods that load projects the owned latency at {then.ratio:.2f}x its SLO ({then.how}) -> {n}"
 
     def _project(
         self,
@@ -544,11 +581,13 @@ class Tuner:
         n: int,
         capacity: PerReplica,
         busy: bool = True,
+        growth: float = 1.0,
     ) -> Projection:
-        """The owned latencies at ``n`` pods. A scale-down is judged at the load of a busy window
-        (``busy``), so that a count chosen at the mean holds through its surges; a scale-up for an
-        SLO broken now is not: the window that broke it already carries its surge."""
-        surge = busy_surge(m, self.config) if busy else 1.0
+        """The owned latencies at ``n`` pods, at today's load x ``growth``. A scale-down is judged
+        at the load of a busy window (``busy``), so that a count chosen at the mean holds through
+        its surges; a scale-up for an SLO broken now is not: the window that broke it already
+        carries its surge."""
+        surge = (busy_surge(m, self.config) if busy else 1.0) * growth
         return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, units / cur, cur / n, capacity.steps, surge)
 
     def _growth_units(

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
 
 from llmfleet.operator.tuner.law import REPLICAS, Decision, PoolInput, PoolSettings, Tuner, TunerConfig
 from llmfleet.operator.tuner.memory import TunerMemory
@@ -126,6 +129,32 @@ def test_a_ramp_is_met_a_start_up_ahead_and_the_decision_says_the_forecast_drove
     assert outlook["horizonSeconds"] == 20 and ramp(True)[0].inputs["colocated"]["forecast"]["horizonSeconds"] == 70
 
 
+def ramp_with_itl(itl_ms: float) -> list[Decision]:
+    """The ramp above, its ITL p95 ``itl_ms`` against the 100 ms SLO on every run."""
+
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        prompt = 4000.0 + 25.0 * i * INTERVAL
+        m = metrics(ttft_ms=100.0, itl_ms=itl_ms, prompt_tps=prompt, gen_tps=0.0, pods=current["colocated"].replicas)
+        return {"colocated": pool_input(replace(m, at=now), current["colocated"], limits(max_replicas=16))}
+
+    return run_loop(Tuner(CONFIG), make, runs=40, start={"colocated": settings(replicas=2)})
+
+
+def test_a_ramp_that_would_break_a_latency_near_its_slo_is_priced_in_latency() -> None:
+    """ITL at 90% of its SLO: the ramp's load a start-up ahead projects it past the SLO at
+    today's count well before demand with headroom asks for a pod, so the forecast adds the pods
+    that hold it, and says so. With ITL at 30% the forecast waits for demand."""
+    near, far = ramp_with_itl(90.0), ramp_with_itl(30.0)
+    first_up = [next(m for m in replica_moves(d) if m[2] > m[1]) for d in (near, far)]
+    assert first_up[0][3] == "forecast" and first_up[0][0] < first_up[1][0], first_up
+    reasons = [c.reason for d in near for c in d.changes if c.knob == REPLICAS]
+    assert any("that load projects the owned latency at" in r for r in reasons), reasons
+    pairs = [
+        (a.settings["colocated"].replicas, b.settings["colocated"].replicas) for a, b in zip(near, far, strict=True)
+    ]
+    assert all(a >= b for a, b in pairs), pairs
+
+
 def test_a_ramp_stands_out_of_the_noise_its_level_keeps_not_a_single_readings() -> None:
     """The ramp above with every reading 1000 tok/s off, up and down in turn: one run's forecast
     error (1000 tok/s and more) dwarfs the 250 tok/s the trend adds over a 20 s horizon, yet the
@@ -145,10 +174,11 @@ def test_a_ramp_stands_out_of_the_noise_its_level_keeps_not_a_single_readings() 
     assert ups and ups[0][3] == "forecast", ups
 
 
-def test_noise_without_a_trend_buys_no_pods() -> None:
+@pytest.mark.parametrize("itl_ms", [30.0, 90.0])  # far from its SLO, and where a little load would break it
+def test_noise_without_a_trend_buys_no_pods(itl_ms: float) -> None:
     def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
         prompt = 8000.0 + (600.0 if i % 2 else -600.0)
-        m = metrics(ttft_ms=100.0, itl_ms=30.0, prompt_tps=prompt, gen_tps=0.0, pods=current["colocated"].replicas)
+        m = metrics(ttft_ms=100.0, itl_ms=itl_ms, prompt_tps=prompt, gen_tps=0.0, pods=current["colocated"].replicas)
         return {"colocated": pool_input(m.__class__(**{**m.__dict__, "at": now}), current["colocated"])}
 
     decisions = run_loop(Tuner(CONFIG), make, runs=30, start={"colocated": settings(replicas=3)})
