@@ -7,10 +7,10 @@ Two records, for two readers:
 - ``PoolSeries``: each pool's metrics as its servers export them (server/http/server_metrics.py: the
   same histogram buckets, TTFT and prompt tokens counted at the first token, ITL per token gap,
   queue time and prompt length at the finish, batch size and tokens per step), scraped every
-  ``scrape_interval``. ``SimMetricSource`` turns scrapes into the tuner's ``PoolMetrics`` exactly as the direct-scrape
-  source does: counter increases over the window, ``histogram_quantile`` over bucket deltas
-  (PromQL's interpolation, so the tuner sees bucketed quantiles as it would in a cluster), gauge
-  means, and staleness when no pod reports.
+  ``scrape_interval``. ``SimMetricSource`` turns scrapes into the tuner's ``PoolMetrics`` exactly
+  as the direct-scrape source does: counter increases over the window, ``histogram_quantile``
+  over bucket deltas (PromQL's interpolation, so the tuner sees bucketed quantiles as it would in
+  a cluster), gauge means, and staleness when no pod reports.
 """
 
 from __future__ import annotations

@@ -319,10 +319,10 @@ async def snapshot_widening_latency(
     """``source``'s snapshot over ``window_s``; where a latency quantile rests on too few
     observations (a pool that sees few requests, each long), the latency quantiles (and the
     prompt lengths') come from the window doubled, up to ``widest`` times, instead of the tuner
-    going without them. Not for a
-    pool that is idle now: the quantiles of traffic that has ended say nothing of what it needs. Rates and
-    gauges stay those of ``window_s``. With an SLO window longer than the latencies' (widened or
-    not), TTFT and ITL over it come along as ``slo_ttft`` and ``slo_itl``."""
+    going without them. Not for a pool that is idle now: the quantiles of traffic that has ended
+    say nothing of what it needs. Rates and gauges stay those of ``window_s``. With an SLO window
+    longer than the latencies' (widened or not), TTFT and ITL over it come along as ``slo_ttft``
+    and ``slo_itl``."""
     m = await source.snapshot(pool, window_s)
     wide = window_s
     idle = not (m.request_rate or m.running or m.waiting)  # its latencies would be history, not sparse

@@ -321,8 +321,8 @@ class KnobRules:
         A cut helps ITL only where the steps it leaves fit the SLO: a prompt cut into more chunks
         that each still take longer puts it over more of the gaps the p95 reads. So where the step
         model (``costs``) puts a full step at the cut budget over the SLO, the budget is spent for
-        ITL (_chunks_over_the_slo): it holds, or grows where a mean prompt spans several steps,
-        and more replicas, which give each pod fewer prompts, are what is left."""
+        ITL (_chunks_over_the_slo): it holds, or grows where the longer prompts span several
+        steps, and more replicas, which give each pod fewer prompts, are what is left."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
         ttft, itl = ms(m.ttft.p95), ms(m.itl.p95) if name != "prefill" else None
