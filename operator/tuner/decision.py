@@ -166,6 +166,10 @@ class TunerConfig:
     # A replica count is chosen for latency only where its projection is this far within the SLOs:
     # a minute's p95 swings around the projection, and the projection errs by a few percent.
     projected_latency_limit: float = 0.95
+    # A count at which the owned SLO broke with every knob spent is not returned to within this
+    # long, while today's load level with headroom reaches the level it broke at
+    # (Tuner._above_counts_that_broke).
+    break_memory_s: float = 1800.0
     # A scale-up for a broken SLO is sized to project back within the SLO itself: it projects from
     # the window that broke it, which reads high (the next minute's p95 regresses toward the mean),
     # and a count that falls short adds one more once the window has seen the new pods.

@@ -130,6 +130,7 @@ class Tuner:
             replicas, units = self._with_the_slots_coming(
                 name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), moved, requests_s
             )
+            replicas = self._above_counts_that_broke(name, pool, replicas, mem, now)
             if units is not None:
                 demand[name] = units
             before = settings[name]
@@ -341,8 +342,18 @@ class Tuner:
             floor=floor,
             driver=driver,
             judged=judged,
+            load=m.request_rate,
+            broke=driver == "latency" and self._broke_at_this_count(m, added_since),
         )
         return proposal, (units, detail)
+
+    def _broke_at_this_count(self, m: PoolMetrics, added_since: float | None) -> bool:
+        """Whether an SLO broken with every knob spent says this many pods cannot hold it: no queue
+        (not a backlog, which more pods clear and then leave) and no fewer pods within the window
+        it was judged over (more only make the evidence stronger)."""
+        judged_s = m.slo_window_s or m.latency_window_s or m.window_s
+        queue = (m.waiting or 0.0) / max(m.ready_pods or 0, 1)
+        return queue < self.config.queue_per_pod and (added_since is None or m.at - added_since >= judged_s)
 
     def _drained_ttft_excess(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
         """Why an owned-latency excess is only the first tokens of a backlog the pods have already
@@ -690,7 +701,7 @@ class Tuner:
             if floor is not None and new < floor:
                 new, floored = min(floor, old), True
                 if new >= old:
-                    new, held_by = old, f"the latency projection keeps {_num(floor)} (highest need over {fall:.0f} s)"
+                    new, held_by = old, f"the latency floor keeps {_num(floor)} (highest need over {fall:.0f} s)"
         if new == old:
             if proposal.target == old:
                 lines.append(f"{name}: {proposal.why}: {knob} stays {_num(old)}")
@@ -707,13 +718,42 @@ class Tuner:
         how = proposal.how if new == proposal.target else f"stabilized over {_num(rise if new > old else fall)} s"
         driver = proposal.driver
         if floored:
-            how, driver = "the latency projection's floor", "floor"
+            how, driver = "the latency floor", "floor"
         reason = f"{name}: {proposal.why} -> {knob} {_num(old)} -> {_num(new)}" + (f" ({how})" if how else "")
         reason += f"; driven by {driver}" if driver else ""
         reason += f"; {note}" if note else ""
         changes.append(Change(name, knob, old, new, reason, driver))
         lines.append(reason)
         return current.with_value(knob, new)
+
+    def _above_counts_that_broke(
+        self, name: str, pool: PoolInput, proposal: Proposal, mem: TunerMemory, now: float
+    ) -> Proposal:
+        """The proposal, floored one above the most pods at which the owned SLO broke with every
+        knob spent, within ``break_memory_s`` and at a load level that today's, with headroom,
+        still reaches. A projection extrapolates from the pods there are; a break measured fewer:
+        long prompts whose steps stall the decodes of a busy minute, which the p95 at more pods
+        never shows, break a count again at the same load. Levels (requests/s smoothed over the
+        scale-down window), not windows, are compared: the minute that broke was a busy one, and
+        a quiet one says nothing of the next. Requests, not replica-equivalents: a break revises
+        the capacity a replica-equivalent stands for."""
+        if proposal.load is None:
+            return proposal
+        c, cur = self.config, pool.current.replicas
+        history = mem.key(name, REPLICAS)
+        level = history.follow_load(now, proposal.load, c.scale_down_stabilization_s)
+        if proposal.broke:
+            history.broke(now, int(cur), level, c.break_memory_s)
+        sized_for = level / (1.0 - c.headroom)
+        pods = history.broken_within(now, c.break_memory_s, sized_for)
+        if pods is None or proposal.needed > pods or pods + 1 > cur:
+            return proposal
+        when, then = max((t, load) for t, n, load in history.breaks if n == pods and load <= sized_for)
+        why = (
+            f"; {pods} pods broke the SLO {now - when:.0f} s ago at {then:.2f} requests/s, within the "
+            f"{sized_for:.2f} today's {level:.2f} is sized for (headroom {c.headroom:g}) -> {pods + 1}"
+        )
+        return replace(proposal, floor=float(pods + 1), why=proposal.why + why)
 
     def _gate(
         self, history: KeyHistory, now: float, rising: bool, proposal: Proposal, overridable: bool = True

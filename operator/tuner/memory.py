@@ -39,6 +39,10 @@ class KeyHistory(BaseModel):
     direction_changes: int = 0
     # replicas: (when, what a run judged the pool to need, at how many pods) where its latency was measured
     floors: list[tuple[float, float, int]] = Field(default_factory=list)
+    # replicas: (when, at how many pods, at what load level) the owned SLO broke with every knob spent
+    breaks: list[tuple[float, int, float]] = Field(default_factory=list)
+    # replicas: (as of when, the pool's requests/s smoothed over the scale-down window)
+    load_level: tuple[float, float] | None = None
 
     def judged(self, now: float, needed: float, pods: int, keep_s: float) -> None:
         self.floors = [f for f in self.floors if now - f[0] <= keep_s and f[0] < now]
@@ -49,6 +53,26 @@ class KeyHistory(BaseModel):
         """The most any run within the window judged the pool to need, at this many pods or fewer:
         a need judged at more pods extrapolated further, and that pool is gone."""
         return max((v for t, v, n in self.floors if now - t <= window_s and n <= pods), default=None)
+
+    def follow_load(self, now: float, load: float, window_s: float) -> float:
+        """The load level: an exponential average with the window as its time constant, so a busy
+        or quiet minute moves it little and a fall of the whole load moves it within a window or
+        two."""
+        at, level = self.load_level or (now, load)
+        weight = 1.0 if window_s <= 0 else 1.0 - math.exp(-max(now - at, 0.0) / window_s)
+        level += (load - level) * weight
+        self.load_level = (now, level)
+        return level
+
+    def broke(self, now: float, pods: int, level: float, keep_s: float) -> None:
+        self.breaks = [b for b in self.breaks if now - b[0] <= keep_s and b[0] < now]
+        self.breaks.append((now, pods, level))
+        del self.breaks[:-MAX_RECOMMENDATIONS]
+
+    def broken_within(self, now: float, window_s: float, level: float) -> int | None:
+        """The most pods at which the SLO broke within the window at a load level no higher than
+        ``level``: evidence that so few do not hold it, which no projection outweighs."""
+        return max((n for t, n, at in self.breaks if now - t <= window_s and at <= level), default=None)
 
     def record(self, now: float, value: float, keep_s: float) -> None:
         """Add this run's recommendation, dropping those too old to matter."""

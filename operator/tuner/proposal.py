@@ -24,9 +24,13 @@ class Proposal:
     exhausted: bool = False  # the SLO is violated and this knob is already at its limit
     protects: str = ""  # the SLO a protective or exhausted proposal is about: "ttft" or "itl"
     slots: int | None = None  # replicas: the batch cap a scale-down counts on, where above the current one
-    floor: float | None = None  # replicas: the fewest the latency projection holds within the SLOs, judged now
+    # replicas: the fewest the latency projection holds within the SLOs, judged now, or one above a
+    # count that broke them at the load there is now
+    floor: float | None = None
     driver: str = ""  # replicas: which term set the count (demand, queue, forecast, latency, bounds)
     judged: bool = False  # replicas: the owned latency was measured at this count, so needed is judged
+    load: float | None = None  # replicas: the requests/s the pool finished this run
+    broke: bool = False  # replicas: the owned SLO broke at this count with every knob spent, without a queue
 
     @property
     def needed(self) -> float:

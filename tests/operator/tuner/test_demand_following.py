@@ -84,7 +84,7 @@ def test_the_latency_projection_is_the_floor_and_says_so() -> None:
     assert all(new < old for _, old, new, _ in moves)  # down only: no flapping
     later = [t for t, *_ in moves[1:]]
     assert all(b - a >= 60.0 for a, b in zip([moves[0][0], *later], later, strict=False))
-    assert any("the latency projection" in c.reason for d in decisions for c in d.changes)
+    assert any("(the latency floor)" in c.reason for d in decisions for c in d.changes)
 
 
 def test_a_latency_no_pod_count_lowers_does_not_hold_the_pods() -> None:
@@ -97,6 +97,57 @@ def test_a_latency_no_pod_count_lowers_does_not_hold_the_pods() -> None:
     moves = replica_moves(decisions)
     assert moves and moves[0][1] == 16 and moves[-1][2] == 5, moves
     assert all(new < old for _, old, new, _ in moves)
+
+
+def broke_at_three(waiting: float = 0.0) -> Callable[[int, float, dict[str, PoolSettings]], dict[str, PoolInput]]:
+    """TTFT over its SLO at 3 pods with the batching window spent, at 10 requests/s; then, at the
+    same request rate, requests a quarter the size (demand 0.75 replicas) that hold the SLO at
+    any count; from the 40th run on, 4 requests/s."""
+
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        pods, tokens = current["colocated"].replicas, 1.0 if i < 2 else 0.25
+        m = metrics(
+            ttft_ms=800.0 if i < 2 else 250.0,
+            itl_ms=20.0,
+            rate=10.0 if i < 40 else 4.0,
+            prompt_tps=4000.0 * tokens,
+            gen_tps=200.0 * tokens,
+            waiting=waiting if i < 2 else 0.0,
+            pods=pods,
+            at=now,
+        )
+        return {"colocated": pool_input(m, current["colocated"], limits(budget=(64, 512)))}
+
+    return make
+
+
+def test_a_count_that_broke_the_slo_is_not_returned_to_at_the_load_it_broke_at() -> None:
+    """A projection extrapolates from the pods there are; a count that broke the SLO measured
+    fewer. While the load level (requests/s over the scale-down window) stays within the headroom
+    of the one it broke at, the pool holds one pod above it and says why; once the level has
+    fallen further, it comes down to what the projection and demand allow."""
+    start = {"colocated": settings(replicas=3, timeout=0, budget=512)}
+    decisions = run_loop(Tuner(CONFIG), broke_at_three(), runs=70, start=start)
+    moves = replica_moves(decisions)
+    assert moves[0][1:] == (3, 4, "latency"), moves
+    at_load = [d for d in decisions if 1100.0 <= d.at < 1400.0]
+    assert all(d.settings["colocated"].replicas == 4 for d in at_load)
+    assert all(d.inputs["colocated"]["neededReplicas"] == 4 for d in at_load)  # the need, so no scale-down lag
+    assert "3 pods broke the SLO 390 s ago at 10.00 requests/s" in " ".join(at_load[-1].reasons)
+    assert moves[-1][2] == 1 and moves[1][0] > 1400.0, moves
+
+    # without the memory the pool would go as low as demand and the projection say, at once
+    forgetful = TunerConfig(**{**CONFIG.__dict__, "break_memory_s": 0.0})
+    early = replica_moves(run_loop(Tuner(forgetful), broke_at_three(), runs=40, start=start))
+    assert len(early) > 1 and early[1][0] < 1400.0 and early[1][2] < 4, early
+
+
+def test_a_break_under_a_backlog_is_not_remembered() -> None:
+    """An SLO broken while requests queue says the pods were behind, not that the count cannot
+    hold the load once they catch up: the pool comes down as before."""
+    start = {"colocated": settings(replicas=3, timeout=0, budget=512)}
+    moves = replica_moves(run_loop(Tuner(CONFIG), broke_at_three(waiting=6.0), runs=40, start=start))
+    assert len(moves) > 1 and moves[1][0] < 1400.0 and moves[-1][2] < 4, moves
 
 
 def ramp(predictive: bool) -> list[Decision]:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
+
+import pytest
 
 from llmfleet.operator.tuner.law import (
     MAX_BATCH,
@@ -15,7 +18,7 @@ from llmfleet.operator.tuner.law import (
     Tuner,
     TunerConfig,
 )
-from llmfleet.operator.tuner.memory import TunerMemory
+from llmfleet.operator.tuner.memory import KeyHistory, TunerMemory
 from tests.operator.tuner.scenarios import SLO, metrics, pool_input, settings
 
 INTERVAL = 30.0
@@ -172,3 +175,19 @@ def test_memory_round_trips_through_json_and_bad_memory_starts_fresh() -> None:
     assert [r.at for r in memory.recent] == [1000.0, 1030.0, 1060.0]
     for bad in ("{not json", '{"version": 7}', "", None, {"keys": "nope"}):
         assert TunerMemory.load(bad) == TunerMemory()
+
+
+def test_the_load_level_moves_a_window_at_a_time_and_breaks_are_kept_as_long_as_asked() -> None:
+    history = KeyHistory()
+    assert history.follow_load(1000.0, 10.0, 120.0) == 10.0  # the first reading is the level
+    assert history.follow_load(1010.0, 0.0, 120.0) == pytest.approx(10.0 * math.exp(-10.0 / 120.0))
+    assert history.follow_load(1130.0, 0.0, 120.0) == pytest.approx(10.0 * math.exp(-130.0 / 120.0))
+    assert history.follow_load(1140.0, 4.0, 0.0) == 4.0  # no window: the reading itself
+    history.broke(1000.0, 3, 10.0, keep_s=600.0)
+    history.broke(1100.0, 2, 6.0, keep_s=600.0)
+    assert history.broken_within(1200.0, 600.0, 12.0) == 3  # the most pods that broke at this level or below
+    assert history.broken_within(1200.0, 600.0, 8.0) == 2
+    assert history.broken_within(1200.0, 600.0, 5.0) is None
+    assert history.broken_within(1650.0, 600.0, 12.0) == 2  # the first is older than the window
+    history.broke(1750.0, 4, 9.0, keep_s=600.0)
+    assert [n for _, n, _ in history.breaks] == [4]  # those older than keep_s are dropped
