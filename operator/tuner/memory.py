@@ -65,7 +65,10 @@ class KeyHistory(BaseModel):
         return level
 
     def broke(self, now: float, pods: int, level: float, keep_s: float) -> None:
-        self.breaks = [b for b in self.breaks if now - b[0] <= keep_s and b[0] < now]
+        """Note a break; an earlier one at as many pods and no lower a level says nothing more."""
+        self.breaks = [
+            b for b in self.breaks if now - b[0] <= keep_s and b[0] < now and not (b[1] == pods and b[2] >= level)
+        ]
         self.breaks.append((now, pods, level))
         del self.breaks[:-MAX_RECOMMENDATIONS]
 
