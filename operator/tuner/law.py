@@ -49,6 +49,7 @@ from llmfleet.operator.tuner.proposal import (
     exhausted_knobs,
     fmt_ms,
     owned_latency_ratio,
+    protecting_knobs,
     spent,
 )
 from llmfleet.operator.tuner.spend import Spend
@@ -322,6 +323,11 @@ class Tuner:
                     raw, driver = int(cur) + 1, "latency"
                     why += f"; SLO violated with {used} -> one more replica"
         floor = None
+        protecting = protecting_knobs(pool, knobs)
+        if raw < cur and latency > 1.0 and protecting and units > 0:
+            # what the knob does has yet to show; a scale-down now would be undone once it has
+            why += f"; SLO violated ({latency:.2f}x) while {', '.join(protecting)} moves to protect it: replicas hold"
+            raw = int(cur)
         if raw < cur:
             floor, note = self._projected_scale_down(name, m, slo, units, int(cur), raw, capacity, removed_since)
             why += note

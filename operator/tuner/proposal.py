@@ -47,6 +47,11 @@ def exhausted_knobs(pool: PoolInput, knobs: Mapping[str, Proposal]) -> list[str]
     return [k for k, p in knobs.items() if p.exhausted and p.protects not in moving]
 
 
+def protecting_knobs(pool: PoolInput, knobs: Mapping[str, Proposal]) -> list[str]:
+    """Knobs that move this run to protect an SLO, with room left to do it."""
+    return [k for k, p in knobs.items() if p.protective and not p.exhausted and p.target != pool.current.value(k)]
+
+
 def spent(pool: PoolInput, knobs: Mapping[str, Proposal], exhausted: list[str]) -> str:
     """'batchTimeoutMs at its limit' or '... short of the excess', for each knob that cannot
     restore its SLO."""

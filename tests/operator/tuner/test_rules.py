@@ -102,6 +102,13 @@ CASES = [
         ],
     ),
     Case(
+        "TTFT over SLO while the window shrinks to protect it: replicas hold, though demand asks fewer",
+        colocated(ttft_ms=510, queue_ms=100, itl_ms=90, prompt_tps=400, gen_tps=40, current=settings(replicas=4)),
+        expect={("colocated", TIMEOUT): (20, 10)},
+        unchanged=[("colocated", REPLICAS)],
+        says=["SLO violated (1.02x) while batchTimeoutMs moves to protect it: replicas hold"],
+    ),
+    Case(
         "a window under 1 ms snaps to its minimum",
         colocated(ttft_ms=800, queue_ms=100, current=settings(timeout=1.5)),
         expect={("colocated", TIMEOUT): (1.5, 0)},
