@@ -191,6 +191,6 @@ def test_the_load_level_moves_a_window_at_a_time_and_breaks_are_kept_as_long_as_
     assert history.broken_within(1650.0, 600.0, 12.0) == 2  # the first is older than the window
     history.broke(1750.0, 4, 9.0, keep_s=600.0)
     assert [n for _, n, _ in history.breaks] == [4]  # those older than keep_s are dropped
-    history.broke(1760.0, 4, 8.0, keep_s=600.0)  # a pool that stays broken keeps one entry per count
-    history.broke(1770.0, 4, 8.5, keep_s=600.0)
-    assert history.breaks == [(1760.0, 4, 8.0), (1770.0, 4, 8.5)]  # ... and any lower level it broke at
+    history.broke(1760.0, 4, 8.0, keep_s=600.0)  # a newer break at as many pods and a lower level replaces it
+    history.broke(1770.0, 4, 8.5, keep_s=600.0)  # one at a higher level does not: the lower binds at less load
+    assert history.breaks == [(1760.0, 4, 8.0), (1770.0, 4, 8.5)]
