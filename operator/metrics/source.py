@@ -145,6 +145,11 @@ class PoolMetrics:
     def judged_itl(self) -> Quantiles:
         return self.slo_itl if self.slo_itl is not None and self.slo_itl.known else self.itl
 
+    @property
+    def judged_window_s(self) -> float:
+        """The window the latencies are judged over: the SLO's, else the (widened) latencies'."""
+        return self.slo_window_s or self.latency_window_s or self.window_s
+
     def why_missing(self, name: str) -> str:
         return self.missing.get(name, f"{name} not measured")
 

@@ -240,8 +240,7 @@ class Tuner:
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
         added_since, removed_since, outlook = moved
         judged = owned_latency_ratio(name, m, slo) > 0 and (m.ready_pods or 0) == cur
-        seen_s = m.slo_window_s or m.latency_window_s or m.window_s
-        if removed_since is not None and m.at - removed_since < seen_s:
+        if removed_since is not None and m.at - removed_since < m.judged_window_s:
             judged = False  # the window still holds more pods than there are: nothing judged at this count yet
         parts: list[tuple[float | None, float, str]] = []
         if name in ("colocated", "prefill"):
@@ -357,9 +356,8 @@ class Tuner:
         """Whether an SLO broken with every knob spent says this many pods cannot hold it: no queue
         (not a backlog, which more pods clear and then leave) and no fewer pods within the window
         it was judged over (more only make the evidence stronger)."""
-        judged_s = m.slo_window_s or m.latency_window_s or m.window_s
         queue = (m.waiting or 0.0) / max(m.ready_pods or 0, 1)
-        return queue < self.config.queue_per_pod and (added_since is None or m.at - added_since >= judged_s)
+        return queue < self.config.queue_per_pod and (added_since is None or m.at - added_since >= m.judged_window_s)
 
     def _drained_ttft_excess(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
         """Why an owned-latency excess is only the first tokens of a backlog the pods have already
@@ -495,7 +493,7 @@ class Tuner:
         pods = m.ready_pods or 0
         if ratio <= 0 or pods != cur or units <= 0:
             return target, ""  # nothing measured, the pods measured are not the pods counted, or no demand
-        judged_s = m.slo_window_s or m.latency_window_s or m.window_s
+        judged_s = m.judged_window_s
         if removed_since is not None and m.at - removed_since < judged_s:
             return cur, (
                 f"; {cur} pods only {m.at - removed_since:.0f} s, and the {judged_s:.0f} s window still holds "
@@ -751,10 +749,12 @@ class Tuner:
         if proposal.broke:
             history.broke(now, int(cur), level, c.break_memory_s)
         sized_for = level / (1.0 - c.headroom)
-        pods = history.broken_within(now, c.break_memory_s, sized_for)
-        if pods is None or proposal.needed > pods or pods + 1 > cur:
+        binding = history.broken_within(now, c.break_memory_s, sized_for)
+        if binding is None:
             return proposal
-        when, then = max((t, load) for t, n, load in history.breaks if n == pods and load <= sized_for)
+        when, pods, then = binding
+        if proposal.needed > pods or pods + 1 > cur:
+            return proposal
         why = (
             f"; {pods} pods broke the SLO {now - when:.0f} s ago at {then:.2f} requests/s, within the "
             f"{sized_for:.2f} today's {level:.2f} is sized for (headroom {c.headroom:g}) -> {pods + 1}"

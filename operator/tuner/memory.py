@@ -72,10 +72,11 @@ class KeyHistory(BaseModel):
         self.breaks.append((now, pods, level))
         del self.breaks[:-MAX_RECOMMENDATIONS]
 
-    def broken_within(self, now: float, window_s: float, level: float) -> int | None:
-        """The most pods at which the SLO broke within the window at a load level no higher than
-        ``level``: evidence that so few do not hold it, which no projection outweighs."""
-        return max((n for t, n, at in self.breaks if now - t <= window_s and at <= level), default=None)
+    def broken_within(self, now: float, window_s: float, level: float) -> tuple[float, int, float] | None:
+        """The break at the most pods (the latest of them) within the window at a load level no
+        higher than ``level``: evidence that so few do not hold it, which no projection outweighs."""
+        held = [b for b in self.breaks if now - b[0] <= window_s and b[2] <= level]
+        return max(held, key=lambda b: (b[1], b[0]), default=None)
 
     def record(self, now: float, value: float, keep_s: float) -> None:
         """Add this run's recommendation, dropping those too old to matter."""

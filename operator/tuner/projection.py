@@ -48,7 +48,7 @@ def project(
         itl_p95 = None if itl is None else itl.p95
         after = rho * k * surge
         return Projection(_queueing(ttft, itl_p95, trusted_queue_s(m), ttft_slo_ms, itl_slo_ms, rho, after), "M/M/1")
-    period = m.slo_window_s or m.latency_window_s or m.window_s  # the busy window's, as busy_surge's
+    period = m.judged_window_s  # the busy window's, as busy_surge's
     spread = load.spread(k, surge, period)
     if spread is None:
         return Projection(math.inf, f"{load.saturation(k, surge, period)}: saturated")

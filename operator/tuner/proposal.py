@@ -41,9 +41,7 @@ class Proposal:
 def exhausted_knobs(pool: PoolInput, knobs: Mapping[str, Proposal]) -> list[str]:
     """Knobs that cannot restore a violated SLO (at their limit, or short of the excess) that no
     other knob is protecting this run."""
-    moving = {
-        p.protects for k, p in knobs.items() if p.protective and not p.exhausted and p.target != pool.current.value(k)
-    }
+    moving = {knobs[k].protects for k in protecting_knobs(pool, knobs)}
     return [k for k, p in knobs.items() if p.exhausted and p.protects not in moving]
 
 
@@ -76,8 +74,7 @@ def owned_latency_ratio(name: str, m: PoolMetrics, slo: SLOTargets) -> float:
 def busy_surge(m: PoolMetrics, config: TunerConfig) -> float:
     """The load factor of a busy window as long as the one the latencies are judged over, whose
     work is that of the requests in flight in it (running and waiting, and its arrivals)."""
-    period = m.slo_window_s or m.latency_window_s or m.window_s
-    return surge(m.request_rate, period, config.surge_sd, (m.running or 0.0) + (m.waiting or 0.0))
+    return surge(m.request_rate, m.judged_window_s, config.surge_sd, (m.running or 0.0) + (m.waiting or 0.0))
 
 
 def kv_under_pressure(m: PoolMetrics, config: TunerConfig) -> bool:

@@ -185,10 +185,10 @@ def test_the_load_level_moves_a_window_at_a_time_and_breaks_are_kept_as_long_as_
     assert history.follow_load(1140.0, 4.0, 0.0) == 4.0  # no window: the reading itself
     history.broke(1000.0, 3, 10.0, keep_s=600.0)
     history.broke(1100.0, 2, 6.0, keep_s=600.0)
-    assert history.broken_within(1200.0, 600.0, 12.0) == 3  # the most pods that broke at this level or below
-    assert history.broken_within(1200.0, 600.0, 8.0) == 2
+    assert history.broken_within(1200.0, 600.0, 12.0) == (1000.0, 3, 10.0)  # most pods, at this level or below
+    assert history.broken_within(1200.0, 600.0, 8.0) == (1100.0, 2, 6.0)
     assert history.broken_within(1200.0, 600.0, 5.0) is None
-    assert history.broken_within(1650.0, 600.0, 12.0) == 2  # the first is older than the window
+    assert history.broken_within(1650.0, 600.0, 12.0) == (1100.0, 2, 6.0)  # the first is older than the window
     history.broke(1750.0, 4, 9.0, keep_s=600.0)
     assert [n for _, n, _ in history.breaks] == [4]  # those older than keep_s are dropped
     history.broke(1760.0, 4, 8.0, keep_s=600.0)  # a newer break at as many pods and a lower level replaces it
