@@ -93,7 +93,7 @@ class CapacityEstimator:
             capacity.steps.observe(m.at, *step)  # type: ignore[arg-type]
         if capacity.pods != pods:  # a fresh memory (pods None) assumes the count it first sees has held
             capacity.pods_since = m.at if capacity.pods is not None else None
-            capacity.pods = pods
+            capacity.pods_before, capacity.pods = capacity.pods, pods
         held = math.inf if capacity.pods_since is None else m.at - capacity.pods_since
         if held < m.window_s:
             capacity.updated_at = m.at

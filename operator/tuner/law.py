@@ -43,6 +43,7 @@ from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory,
 from llmfleet.operator.tuner.per_request import Finished, requests_per_s
 from llmfleet.operator.tuner.projection import Projection, project, trusted_queue_s
 from llmfleet.operator.tuner.proposal import (
+    Moved,
     Proposal,
     busy_kv_load,
     busy_surge,
@@ -125,7 +126,8 @@ class Tuner:
             outlook = self._forecast(name, pool, per_replica, mem.forecast.setdefault(name, PoolForecast()))
             finished = mem.finished.setdefault(name, Finished())
             finished.observe(pool.metrics)
-            moved = (added_since, removed_since, outlook)
+            seen = mem.capacity[name].window_pods(now, pool.metrics.judged_window_s)
+            moved = Moved(added_since, removed_since, outlook, seen)
             requests_s = requests_per_s(pool.metrics, finished)
             replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved, requests_s)
             replicas, units = self._with_the_slots_coming(
@@ -228,7 +230,7 @@ class Tuner:
         slo: SLOTargets,
         capacity: PerReplica,
         knobs: Mapping[str, Proposal],
-        moved: tuple[float | None, float | None, Outlook | None],
+        moved: Moved,
         requests_s: float | None = None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
         """The replica count demand, the trend and the owned latencies ask for, the queue priced
@@ -238,7 +240,8 @@ class Tuner:
         a floor judged at an earlier, larger count must not hold the pool a window per step (_act
         takes the highest need judged at this count or fewer within the window)."""
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
-        added_since, removed_since, outlook = moved
+        added_since, removed_since, outlook, seen = moved
+        seen = cur if seen is None else seen  # the pods the owned latencies were measured with
         judged = owned_latency_ratio(name, m, slo) > 0 and (m.ready_pods or 0) == cur
         if removed_since is not None and m.at - removed_since < m.judged_window_s:
             judged = False  # the window still holds more pods than there are: nothing judged at this count yet
@@ -271,7 +274,7 @@ class Tuner:
             if ahead > raw:
                 raw, driver = ahead, "forecast"
                 why += f"; {outlook.why} -> {ahead} a pod start-up ahead"
-            latency_ahead = self._latency_ahead(name, pool, slo, units, outlook, capacity)
+            latency_ahead = self._latency_ahead(name, pool, slo, units, outlook, capacity, seen)
             if latency_ahead is not None and latency_ahead[0] > max(raw, cur):
                 raw, driver = latency_ahead[0], "forecast"
                 why += f"; {outlook.why}: {latency_ahead[1]}"
@@ -420,7 +423,7 @@ class Tuner:
         mem: TunerMemory,
         now: float,
         proposal: tuple[Proposal, tuple[float, str] | None],
-        moved: tuple[float | None, float | None, Outlook | None],
+        moved: Moved,
         requests_s: float | None = None,
     ) -> tuple[Proposal, tuple[float, str] | None]:
         """The replica proposal at the batch cap this run recommends, where that is more than the
@@ -544,25 +547,35 @@ class Tuner:
         most: int,
         capacity: PerReplica,
         growth: float = 1.0,
+        seen: float | None = None,
     ) -> int | None:
         """The fewest replicas above ``cur`` (up to ``most``) at which the owned latencies, over
         their SLOs now (or at today's load x ``growth``), are projected back within them
         (``scale_up_latency_limit``); None when none is (a prefill that alone takes longer than
-        the SLO is not helped by pods) or nothing says how loaded the pods are."""
+        the SLO is not helped by pods) or nothing says how loaded the pods are. The latencies are
+        projected from the ``seen`` pods their window held (``cur`` by default): right after a
+        scale-up, read as today's count's, they ask for the pods that just came all over again."""
         if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur:
             return None
-        limit = self.config.scale_up_latency_limit
+        limit, at = self.config.scale_up_latency_limit, cur if seen is None else seen
         return next(
             (
                 n
                 for n in range(cur + 1, most + 1)
-                if self._project(name, m, slo, units, cur, n, capacity, busy=False, growth=growth).ratio <= limit
+                if self._project(name, m, slo, units, at, n, capacity, busy=False, growth=growth).ratio <= limit
             ),
             None,
         )
 
     def _latency_ahead(
-        self, name: str, pool: PoolInput, slo: SLOTargets, units: float, outlook: Outlook, capacity: PerReplica
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        units: float,
+        outlook: Outlook,
+        capacity: PerReplica,
+        seen: float,
     ) -> tuple[int, str] | None:
         """Where the trend's load a pod start-up ahead would take an owned latency that holds
         now past its SLO at today's count: the fewest pods projected to hold it there, and why;
@@ -578,10 +591,10 @@ class Tuner:
         if units <= 0 or cur <= 0 or (m.ready_pods or 0) != cur or not 0 < owned_latency_ratio(name, m, slo) <= 1.0:
             return None
         growth = (units + outlook.rise_units) / units
-        then = self._project(name, m, slo, units, cur, cur, capacity, busy=False, growth=growth)
+        then = self._project(name, m, slo, units, seen, cur, capacity, busy=False, growth=growth)
         if then.ratio <= c.scale_up_latency_limit:
             return None
-        n = self._latency_replicas(name, m, slo, units, cur, pool.limits.max_replicas, capacity, growth)
+        n = self._latency_replicas(name, m, slo, units, cur, pool.limits.max_replicas, capacity, growth, seen)
         if n is None:
             return None  # no count holds it: pods would not help
         return n, f"at {cur} pods that load projects the owned latency at {then.ratio:.2f}x its SLO ({then.how}) -> {n}"
@@ -592,18 +605,19 @@ class Tuner:
         m: PoolMetrics,
         slo: SLOTargets,
         units: float,
-        cur: int,
+        cur: float,
         n: int,
         capacity: PerReplica,
         busy: bool = True,
         growth: float = 1.0,
     ) -> Projection:
-        """The owned latencies at ``n`` pods, at today's load x ``growth``. A scale-down is judged
-        at the load of a busy window (``busy``), so that a count chosen at the mean holds through
-        its surges; a scale-up for an SLO broken now is not: the window that broke it already
-        carries its surge."""
+        """The owned latencies at ``n`` pods, measured at ``cur``, at today's load x ``growth``.
+        A scale-down is judged at the load of a busy window (``busy``), so that a count chosen at
+        the mean holds through its surges; a scale-up for an SLO broken now is not: the window
+        that broke it already carries its surge."""
         surge = (busy_surge(m, self.config) if busy else 1.0) * growth
-        return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, units / cur, cur / n, capacity.steps, surge)
+        rho, k = units / cur, cur / n
+        return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, rho, k, capacity.steps, surge, pods=cur)
 
     def _growth_units(
         self, m: PoolMetrics, parts: list[tuple[float | None, float, str]], requests_s: float | None

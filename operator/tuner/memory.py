@@ -119,6 +119,18 @@ class Capacity(BaseModel):
     updated_at: float | None = None
     pods: int | None = None  # ready pods at the last run, and since when (per-pod rates need a steady count)
     pods_since: float | None = None
+    pods_before: int | None = None  # the count before that
+
+    def window_pods(self, at: float, window_s: float) -> float | None:
+        """The ready pods a window of ``window_s`` up to ``at`` saw on average (pod-seconds over
+        seconds), from the last change of the count: the pods its latencies were measured with.
+        An earlier change within the window counts as the one before it."""
+        if self.pods is None:
+            return None
+        if self.pods_since is None or self.pods_before is None or window_s <= 0:
+            return float(self.pods)
+        share = min(1.0, max(0.0, (at - self.pods_since) / window_s))
+        return self.pods_before + (self.pods - self.pods_before) * share
 
 
 class DecisionRecord(BaseModel):

@@ -36,14 +36,16 @@ def project(
     k: float,
     steps: StepCosts | None,
     surge: float = 1.0,
+    pods: float | None = None,
 ) -> Projection:
     """The owned latency over its SLO with each pod's load x ``k`` (``cur / n`` to spread it over
     ``n`` pods instead of ``cur``) in a window whose requests in flight run ``surge`` times their
-    mean; ``rho`` is the demand per pod now over capacity (for the M/M/1 fallback)."""
+    mean; ``rho`` is the demand per pod now over capacity (for the M/M/1 fallback). ``pods``: the
+    pods the window's load was spread over (the ready pods by default)."""
     owns_ttft, owns_itl = pool in ("colocated", "prefill"), pool in ("colocated", "decode")
     ttft = m.judged_ttft.p95 if owns_ttft else None
     itl = m.judged_itl if owns_itl and m.judged_itl.known else None
-    load = _StepLoad.of(m, steps) if steps is not None else None
+    load = _StepLoad.of(m, steps, pods) if steps is not None else None
     if load is None:
         itl_p95 = None if itl is None else itl.p95
         after = rho * k * surge
@@ -161,8 +163,8 @@ class _StepLoad:
     stepping: float = 1.0  # the share of a pod's time it runs steps, overheads included (1: back to back)
 
     @classmethod
-    def of(cls, m: PoolMetrics, costs: StepCosts) -> _StepLoad | None:
-        pods = m.ready_pods
+    def of(cls, m: PoolMetrics, costs: StepCosts, pods: float | None = None) -> _StepLoad | None:
+        pods = m.ready_pods if pods is None else pods
         values = (
             m.running,
             m.mean_batch_size,
@@ -278,7 +280,7 @@ class _StepLoad:
         return life / (self.slots - busy) * math.log(waits / TAIL)
 
 
-def _busy_share(m: PoolMetrics, pods: int) -> float:
+def _busy_share(m: PoolMetrics, pods: float) -> float:
     """The share of a pod's time it runs steps (1 where the metrics cannot say)."""
     if m.steps_per_s is None or m.mean_step_seconds is None:
         return 1.0

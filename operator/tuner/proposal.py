@@ -6,10 +6,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from llmfleet.operator.metrics.source import PoolMetrics
 from llmfleet.operator.tuner.decision import PoolInput, SLOTargets, TunerConfig
+from llmfleet.operator.tuner.forecast import Outlook
 from llmfleet.operator.tuner.projection import surge, trusted_queue_s
+
+
+class Moved(NamedTuple):
+    """What earlier runs tell a replica proposal about the pool's pods and load."""
+
+    added_since: float | None  # pods the tuner added, ready since: the SLO window has yet to see them all
+    removed_since: float | None  # pods the tuner removed, gone since
+    outlook: Outlook | None  # the forecast's
+    window_pods: float | None = None  # the ready pods the latencies' window saw on average
 
 
 @dataclass(frozen=True)

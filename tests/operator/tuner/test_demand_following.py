@@ -11,9 +11,10 @@ from dataclasses import replace
 
 import pytest
 
+from llmfleet.operator.tuner.forecast import Holt, PoolForecast
 from llmfleet.operator.tuner.law import REPLICAS, Decision, PoolInput, PoolSettings, Tuner, TunerConfig
-from llmfleet.operator.tuner.memory import TunerMemory
-from tests.operator.tuner.scenarios import SLO, limits, metrics, pool_input, settings
+from llmfleet.operator.tuner.memory import Capacity, TunerMemory
+from tests.operator.tuner.scenarios import SLO, latency, limits, metrics, pool_input, settings
 
 INTERVAL = 10.0
 WINDOW = 120.0
@@ -204,6 +205,48 @@ def test_a_ramp_that_would_break_a_latency_near_its_slo_is_priced_in_latency() -
         (a.settings["colocated"].replicas, b.settings["colocated"].replicas) for a, b in zip(near, far, strict=True)
     ]
     assert all(a >= b for a, b in pairs), pairs
+
+
+def rising_at_four_pods(ready_since: float, now: float = 1000.0) -> Decision:
+    """4 pods, the fourth ready since ``ready_since`` (three before it), ITL p95 95 ms against the
+    100 ms SLO over a 60 s window, and prompt load rising 480 tok/s a minute: about 0.37 replicas
+    over the 40 s horizon, short of a pod by demand with headroom."""
+    capacity = Capacity(
+        prompt_tps=1000.0, generation_tps=100.0, measured=True, observations=1, pods=4, pods_since=ready_since
+    )
+    capacity.pods_before = 3
+    for at, seqs, prompt in ((700.0, 2.0, 10.0), (800.0, 8.0, 40.0), (900.0, 16.0, 5.0)):
+        capacity.steps.observe(at, seqs, seqs + prompt, 0.060 + 0.005 * seqs + 0.001 * prompt)
+    memory = TunerMemory()
+    memory.capacity["colocated"] = capacity
+    memory.key("colocated", REPLICAS).moved(ready_since - 40.0, 1)
+    forecast = PoolForecast(startup_s=30.0)
+    for series, value, trend in (("prompt_tokens_per_s", 1600.0, 8.0), ("generation_tokens_per_s", 100.0, 0.0)):
+        forecast.series[series] = Holt(level=value - trend * INTERVAL, trend=trend, at=now - INTERVAL, points=10)
+    memory.forecast["colocated"] = forecast
+    m = metrics(itl_ms=95.0, prompt_tps=1600.0, gen_tps=100.0, rate=8.0, step_ms=100.0, steps_per_s=32.0, pods=4)
+    m = replace(m, at=now, slo_window_s=60.0, slo_ttft=latency(200.0), slo_itl=latency(95.0))
+    pools = {"colocated": pool_input(m, settings(replicas=4, timeout=0), limits(max_replicas=16))}
+    return Tuner(CONFIG).decide(pools, SLO, memory, now)
+
+
+def test_a_ramp_is_priced_in_latency_at_the_pods_that_measured_it() -> None:
+    """Once the window has seen 4 pods at 95% of the ITL SLO, the ramp projects it past the SLO
+    and the forecast adds a fifth. With the fourth pod ready only this run, that latency was
+    measured on three: read as four's, it asked for the pod that had just come all over again
+    (the diurnal ramp climbed to 7 pods where 5 held it)."""
+    held = rising_at_four_pods(ready_since=900.0)
+    assert held.changed("colocated", REPLICAS).new == 5, held.reasons
+    assert any("at 4 pods that load projects the owned latency at" in r for r in held.reasons), held.reasons
+    fresh = rising_at_four_pods(ready_since=1000.0)
+    assert fresh.changed("colocated", REPLICAS) is None, fresh.reasons
+
+
+def test_the_window_pods_are_its_pod_seconds_over_its_seconds() -> None:
+    capacity = Capacity(prompt_tps=1.0, generation_tps=1.0, pods=4, pods_since=1000.0)
+    assert capacity.window_pods(1000.0, 60.0) == 4.0  # no earlier count known: the one there is
+    capacity.pods_before = 3
+    assert [capacity.window_pods(at, 60.0) for at in (1000.0, 1030.0, 1060.0, 1200.0)] == [3.0, 3.5, 4.0, 4.0]
 
 
 def test_a_ramp_stands_out_of_the_noise_its_level_keeps_not_a_single_readings() -> None:
