@@ -177,6 +177,9 @@ class TunerConfig:
     # ... at the load of a busy window: its arrivals surge_sd standard deviations above their mean
     # (Poisson), so that a count chosen at the mean load holds through the windows the tuner reads.
     surge_sd: float = 2.0
+    # A colocated pool whose ITL, within its SLO now, a busy window projects past this multiple of
+    # it gets one more pod (Tuner._busy_itl): 1.6-3.7x where a count broke a minute later.
+    busy_itl_limit: float = 3.0
     # priors of the step-time plane until its points spread: a step's fixed cost in decoding
     # sequences' worth, and a prompt token's cost as a share of a decoding sequence's
     step_overhead_seqs: float = 16.0

@@ -287,6 +287,11 @@ class Tuner:
 
         latency = owned_latency_ratio(name, m, slo)
         judged_s = m.slo_window_s or m.window_s
+        if raw <= cur and judged and (added_since is None or m.at - added_since >= m.judged_window_s):
+            busy = self._busy_itl(name, m, slo, units, int(cur), capacity)
+            if busy is not None:
+                raw, driver = int(cur) + 1, "busy window"
+                why += f"; a busy window projects ITL at {busy.ratio:.2f}x its SLO ({busy.how}) -> {raw}"
         exhausted = exhausted_knobs(pool, knobs)
         if exhausted:
             pods = m.ready_pods or 0
@@ -351,7 +356,7 @@ class Tuner:
             driver=driver,
             judged=judged,
             load=m.request_rate,
-            broke=driver == "latency" and self._broke_at_this_count(m, added_since),
+            broke=driver in ("latency", "busy window") and self._broke_at_this_count(m, added_since),
         )
         return proposal, (units, detail)
 
@@ -567,6 +572,23 @@ class Tuner:
             None,
         )
 
+    def _busy_itl(
+        self, name: str, m: PoolMetrics, slo: SLOTargets, units: float, cur: int, capacity: PerReplica
+    ) -> Projection | None:
+        """ITL projected over ``busy_itl_limit`` of its SLO in a busy window at today's count,
+        where it holds now (within the SLO, judged at this count); else None. In a colocated
+        pool the slow gaps are the steps that carry prompts beside the decodes, and ITL's p95
+        turns from the decode steps' to the prompt steps' once their share passes 5%: the
+        mean minute shows nothing until a busy one breaks. Only a projection far past the SLO
+        counts, since the tail read past p95 overstates (projection.itl_tail)."""
+        if name != "colocated" or capacity.steps is None or units <= 0 or not m.request_rate:
+            return None
+        if not 0 < owned_latency_ratio(name, m, slo) <= 1.0:
+            return None
+        itl_only = replace(slo, ttft_p95_ms=math.inf)
+        busy = self._project(name, m, itl_only, units, cur, cur, capacity)
+        return busy if busy.ratio > self.config.busy_itl_limit else None
+
     def _latency_ahead(
         self,
         name: str,
@@ -748,10 +770,11 @@ class Tuner:
         self, name: str, pool: PoolInput, proposal: Proposal, mem: TunerMemory, now: float
     ) -> Proposal:
         """The proposal, floored one above the most pods at which the owned SLO broke with every
-        knob spent, within ``break_memory_s`` and at a load level that today's, with headroom,
-        still reaches. A projection extrapolates from the pods there are; a break measured fewer:
-        long prompts whose steps stall the decodes of a busy minute, which the p95 at more pods
-        never shows, break a count again at the same load. Levels (requests/s smoothed over the
+        knob spent (or a busy window projected ITL far past it, _busy_itl), within
+        ``break_memory_s`` and at a load level that today's, with headroom, still reaches. A
+        projection extrapolates from the pods there are; a break measured fewer: long prompts
+        whose steps stall the decodes of a busy minute, which the p95 at more pods never shows,
+        break a count again at the same load. Levels (requests/s smoothed over the
         scale-down window), not windows, are compared: the minute that broke was a busy one, and
         a quiet one says nothing of the next. Requests, not replica-equivalents: a break revises
         the capacity a replica-equivalent stands for."""
@@ -770,7 +793,7 @@ class Tuner:
         if proposal.needed > pods or pods + 1 > cur:
             return proposal
         why = (
-            f"; {pods} pods broke the SLO {now - when:.0f} s ago at {then:.2f} requests/s, within the "
+            f"; {pods} pods fell short of the SLO {now - when:.0f} s ago at {then:.2f} requests/s, within the "
             f"{sized_for:.2f} today's {level:.2f} is sized for (headroom {c.headroom:g}) -> {pods + 1}"
         )
         return replace(proposal, floor=float(pods + 1), why=proposal.why + why)

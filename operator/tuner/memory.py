@@ -39,7 +39,8 @@ class KeyHistory(BaseModel):
     direction_changes: int = 0
     # replicas: (when, what a run judged the pool to need, at how many pods) where its latency was measured
     floors: list[tuple[float, float, int]] = Field(default_factory=list)
-    # replicas: (when, at how many pods, at what load level) the owned SLO broke with every knob spent
+    # replicas: (when, at how many pods, at what load level) the owned SLO broke with every knob
+    # spent, or a busy window projected ITL far past it
     breaks: list[tuple[float, int, float]] = Field(default_factory=list)
     # replicas: (as of when, the pool's requests/s smoothed over the scale-down window)
     load_level: tuple[float, float] | None = None

@@ -41,7 +41,9 @@ class Proposal:
     driver: str = ""  # replicas: which term set the count (demand, queue, forecast, latency, bounds)
     judged: bool = False  # replicas: the owned latency was measured at this count, so needed is judged
     load: float | None = None  # replicas: the requests/s the pool finished this run
-    broke: bool = False  # replicas: the owned SLO broke at this count with every knob spent, without a queue
+    # replicas: the owned SLO broke at this count with every knob spent, or a busy window projects
+    # ITL far past it (Tuner._busy_itl), without a queue
+    broke: bool = False
 
     @property
     def needed(self) -> float:

@@ -134,7 +134,7 @@ def test_a_count_that_broke_the_slo_is_not_returned_to_at_the_load_it_broke_at()
     at_load = [d for d in decisions if 1100.0 <= d.at < 1400.0]
     assert all(d.settings["colocated"].replicas == 4 for d in at_load)
     assert all(d.inputs["colocated"]["neededReplicas"] == 4 for d in at_load)  # the need, so no scale-down lag
-    assert "3 pods broke the SLO 390 s ago at 10.00 requests/s" in " ".join(at_load[-1].reasons)
+    assert "3 pods fell short of the SLO 390 s ago at 10.00 requests/s" in " ".join(at_load[-1].reasons)
     assert moves[-1][2] == 1 and moves[1][0] > 1400.0, moves
 
     # without the memory the pool would go as low as demand and the projection say, at once

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from llmfleet.operator.metrics.source import Quantiles
 from llmfleet.operator.tuner.law import MAX_BATCH, REPLICAS, TOKEN_BUDGET, Tuner
 from llmfleet.operator.tuner.memory import Capacity, TunerMemory
 from tests.operator.tuner.scenarios import ONE_SHOT, SLO, latency, limits, metrics, pool_input, settings
@@ -344,3 +345,29 @@ def test_a_drained_backlogs_first_tokens_add_no_replica() -> None:
         {"colocated": pool_input(live, settings(replicas=2, timeout=0))}, SLO, _memory(2), now=1000.0
     )
     assert decision.changed("colocated", REPLICAS).new > 2, decision.reasons
+
+
+def busy_four_pods(itl_p99_ms: float, pool: str = "colocated"):
+    """4 pods busy 68% of the time (76% in a busy window), ITL p95 55 ms against the 100 ms SLO
+    and its p99 ``itl_p99_ms``: the prompt steps, 1% of the gaps and more."""
+    itl = Quantiles(p50=0.040, p95=0.055, p99=itl_p99_ms / 1000.0, samples=3000.0)
+    m = metrics(pool, pods=4, rate=4.0, prompt_tps=1200, gen_tps=250, running=20, mean_batch=4, step_tokens=30)
+    m = replace(m, mean_step_seconds=0.080, steps_per_s=60.0, slo_window_s=60.0, slo_itl=itl, itl=itl)
+    memory = _memory(4, steps=True)
+    memory.capacity[pool] = memory.capacity.pop("colocated")
+    pools = {pool: pool_input(m, settings(replicas=4, timeout=0), limits(max_replicas=16))}
+    return Tuner(ONE_SHOT).decide(pools, SLO, memory, now=1000.0)
+
+
+def test_a_busy_window_that_stalls_itl_behind_prompt_steps_adds_a_pod_and_remembers_it() -> None:
+    """ITL's p95 is the decode steps' while prompt steps are under 5% of the gaps; a busy window
+    with more of them turns it into theirs. Projected past 3x the SLO, the pool gets one more pod
+    before the minute breaks, and the count is remembered as one that fell short at this load."""
+    stalling = busy_four_pods(itl_p99_ms=900.0)
+    assert stalling.changed("colocated", REPLICAS).new == 5, stalling.reasons
+    reason = stalling.changed("colocated", REPLICAS).reason
+    assert "a busy window projects ITL at 5.50x its SLO" in reason and "driven by busy window" in reason
+    assert [pods for _, pods, _ in stalling.memory.key("colocated", REPLICAS).breaks] == [4]
+    # a tail that a busy window takes only to 1.07x is not a stall; a decode pool has no prompt steps
+    assert busy_four_pods(itl_p99_ms=150.0).changed("colocated", REPLICAS) is None
+    assert busy_four_pods(itl_p99_ms=900.0, pool="decode").changed("decode", REPLICAS) is None
