@@ -178,7 +178,8 @@ class TunerConfig:
     # (Poisson), so that a count chosen at the mean load holds through the windows the tuner reads.
     surge_sd: float = 2.0
     # A colocated pool whose ITL, within its SLO now, a busy window projects past this multiple of
-    # it gets one more pod (Tuner._busy_itl): 1.6-3.7x where a count broke a minute later.
+    # it gets one more pod (Tuner._busy_itl); the projection read 3.1-3.7x where a count broke a
+    # minute or two later, since the tail read past p95 overstates.
     busy_itl_limit: float = 3.0
     # priors of the step-time plane until its points spread: a step's fixed cost in decoding
     # sequences' worth, and a prompt token's cost as a share of a decoding sequence's
@@ -260,7 +261,9 @@ class Change:
     old: float
     new: float
     reason: str
-    driver: str = ""  # replicas: the term that set the count (demand, queue, forecast, latency, floor, ratio, bounds)
+    # replicas: the term that set the count (demand, queue, forecast, latency, busy window, floor,
+    # ratio, bounds)
+    driver: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {

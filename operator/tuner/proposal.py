@@ -38,7 +38,7 @@ class Proposal:
     # replicas: the fewest the latency projection holds within the SLOs, judged now, or one above a
     # count that broke them at the load there is now
     floor: float | None = None
-    driver: str = ""  # replicas: which term set the count (demand, queue, forecast, latency, bounds)
+    driver: str = ""  # replicas: which term set the count (demand, queue, forecast, latency, busy window, bounds)
     judged: bool = False  # replicas: the owned latency was measured at this count, so needed is judged
     load: float | None = None  # replicas: the requests/s the pool finished this run
     # replicas: the owned SLO broke at this count with every knob spent, or a busy window projects
