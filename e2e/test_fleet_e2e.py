@@ -103,7 +103,9 @@ def test_on_the_emulator(tmp_path, monkeypatch):
         ):
             spec = {**SPEC, "autotune": {**SPEC["autotune"], "prometheusUrl": prometheus.url}}
             kube.create(inference_service("tiny", spec))
+            # the operator writes the ConfigMap before the Deployment: wait for both
             eventually(lambda: kube.get("ConfigMap", "tiny-colocated-engine"), timeout=20)
+            eventually(lambda: kube.get("Deployment", "tiny-colocated"), timeout=20)
             engine_yaml = tmp_path / "engine.yaml"
             engine = _project_config_map(kube, engine_yaml)
             assert engine["max_batch_size"] == SPEC["pools"]["colocated"]["engine"]["maxBatchSize"]
