@@ -368,6 +368,6 @@ def test_a_busy_window_that_stalls_itl_behind_prompt_steps_adds_a_pod_and_rememb
     reason = stalling.changed("colocated", REPLICAS).reason
     assert "a busy window projects ITL at 5.50x its SLO" in reason and "driven by busy window" in reason
     assert [pods for _, pods, _ in stalling.memory.key("colocated", REPLICAS).breaks] == [4]
-    # a tail that a busy window takes only to 1.07x is not a stall; a decode pool has no prompt steps
+    # a tail that a busy window takes only to 1.27x is not a stall; a decode pool has no prompt steps
     assert busy_four_pods(itl_p99_ms=150.0).changed("colocated", REPLICAS) is None
     assert busy_four_pods(itl_p99_ms=900.0, pool="decode").changed("decode", REPLICAS) is None
