@@ -78,6 +78,12 @@ __all__ = [
 # --- the law -----------------------------------------------------------------------------------
 
 
+def _window_saw_the_added(m: PoolMetrics, added_since: float | None) -> bool:
+    """Whether the window the latencies are judged over began after the pods the tuner last
+    added were ready (or none were added): only then was it measured at today's count."""
+    return added_since is None or m.at - added_since >= m.judged_window_s
+
+
 class Tuner:
     def __init__(self, config: TunerConfig | None = None) -> None:
         self.config = config or TunerConfig()
@@ -287,7 +293,7 @@ class Tuner:
 
         latency = owned_latency_ratio(name, m, slo)
         judged_s = m.slo_window_s or m.window_s
-        if raw <= cur and judged and (added_since is None or m.at - added_since >= m.judged_window_s):
+        if raw <= cur and judged and _window_saw_the_added(m, added_since):
             busy = self._busy_itl(name, m, slo, units, int(cur), capacity)
             if busy is not None:
                 raw, driver = int(cur) + 1, "busy window"
@@ -365,7 +371,7 @@ class Tuner:
         (not a backlog, which more pods clear and then leave) and no fewer pods within the window
         it was judged over (more only make the evidence stronger)."""
         queue = (m.waiting or 0.0) / max(m.ready_pods or 0, 1)
-        return queue < self.config.queue_per_pod and (added_since is None or m.at - added_since >= m.judged_window_s)
+        return queue < self.config.queue_per_pod and _window_saw_the_added(m, added_since)
 
     def _drained_ttft_excess(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
         """Why an owned-latency excess is only the first tokens of a backlog the pods have already
