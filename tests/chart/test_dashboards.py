@@ -277,6 +277,9 @@ def test_every_query_parses_and_returns_data_from_real_servers(tmp_path):
         stack.callback(stop.set)
         prometheus.wait_for("sum(rate(vllm:generation_tokens_total[20s])) > 0", timeout=60)
         prometheus.wait_for("sum(increase(vllm:inter_token_latency_seconds_count[30s])) > 100", timeout=60)
+        # A scrape of the series at 0 from just before the decision, so the increase below sees
+        # it however long the waits above took on a busy machine.
+        prometheus.wait_for("timestamp(llmfleet_tuner_decisions_total) > time() - 15", timeout=60)
 
         second = _tune_and_export(Autotuner(SPEC, PrometheusSource(prometheus.url), {"colocated": REF}), actuator)
         assert second.decision.changes, second.decision.hold_reason or second.decision.reasons
