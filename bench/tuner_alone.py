@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from llmfleet.bench.tuner_cases import AUTOTUNE, Case, draw
+from llmfleet.bench.tuner_cases import Case, draw
 from llmfleet.bench.tuner_eval import ATTAINMENT_TARGET, minutes_cell, prediction_cell, prediction_check, tuner_run
 from llmfleet.bench.tuner_scores import judged_minutes, reaches, scale_down_lag
 
@@ -69,7 +69,7 @@ def _scored(
     """One tuner run and its scores; ``run`` keeps what the prediction check reads."""
     drawn = draw(case, seed, quick)
     result = tuner_run(case, cost, drawn.requests, startup_s, drawn.warmup_s, predictive)
-    excused_s = startup_s + float(AUTOTUNE["intervalSeconds"])
+    excused_s = startup_s + float(case.autotune["intervalSeconds"])
     return {
         "workload": case.workload,
         "seed": seed,

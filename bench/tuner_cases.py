@@ -55,8 +55,18 @@ class Case:
     pair_knobs: dict[str, dict[str, tuple[float, ...]]] = field(default_factory=dict)
     ramp: bool = False  # judged on prediction: the tuner against its reactive law alone
     thin: float = 1.0  # trace: the share of the shipped window's requests kept
+    trace: Path | None = None  # trace: the request log (default: the shipped Azure window)
+    trace_start_s: float = 0.0  # trace: replayed from this many seconds in
+    max_prompt_tokens: int = 2048  # trace: builtin:small's context is 4096
+    max_output_tokens: int = 512
+    autotune_overrides: dict[str, Any] = field(default_factory=dict)  # over AUTOTUNE
     expect: dict[str, int] = field(default_factory=dict)  # knob -> +1 (up) or -1 (down), net over the run
     why: str = ""
+
+    @property
+    def autotune(self) -> dict[str, Any]:
+        """The spec's autotune block (timing, headroom) for this case."""
+        return AUTOTUNE | self.autotune_overrides
 
 
 PAIRS = tuple((p, d) for p in (1, 2, 3, 4) for d in (1, 2, 3, 4, 5))
@@ -172,7 +182,7 @@ def spec_for(
             "mode": case.mode,
             "slo": {"ttftP95Ms": case.ttft_ms, "itlP95Ms": case.itl_ms},
             "pools": pools,
-            "autotune": AUTOTUNE | {"enabled": autotune, "predictive": predictive},
+            "autotune": case.autotune | {"enabled": autotune, "predictive": predictive},
         }
     )
 
@@ -197,15 +207,19 @@ def draw(case: Case, seed: int | None, quick: bool = False) -> Drawn:
         duration = min(duration, 300.0)
     warmup = min(case.warmup_s, 120.0) if quick else case.warmup_s
     if case.source == "trace":
+        if quick and duration is None:
+            duration = 300.0
+        path = case.trace or TRACE
         cut = TraceOptions(
-            duration_s=warmup + (duration or 1800.0),
+            start_s=case.trace_start_s,
+            duration_s=None if duration is None else warmup + duration,
             thin=case.thin,
-            max_prompt_tokens=2048,  # builtin:small's context is 4096
-            max_output_tokens=512,
+            max_prompt_tokens=case.max_prompt_tokens,
+            max_output_tokens=case.max_output_tokens,
             seed=seed or 0,
         )
-        requests = read_trace(TRACE, cut)
-        return Drawn(requests, warmup, f"{TRACE.name}: {len(requests)} requests, {cut.describe()}")
+        requests = read_trace(path, cut)
+        return Drawn(requests, warmup, f"{path.name}: {len(requests)} requests, {cut.describe()}")
     if case.source == "diurnal":
         workload = diurnal(seed)
         warm = with_warmup(workload, warmup)

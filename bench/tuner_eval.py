@@ -2,9 +2,10 @@
 simulator.
 
 For each workload (tuner_cases.py: the built-in shapes, bursty, two disaggregated ones, a diurnal
-ramp and a window of the Azure LLM inference trace), one InferenceService spec runs in the
-simulator (``llmfleet.sim``: every pod the real scheduler and engine loop with the calibrated
-cost model, pods start ``--startup-s`` after a scale-up and drain on scale-down) under:
+ramp and a window of the Azure LLM inference trace; or, with ``--trace``, a request log of your
+own, cut as ``llm-fleet sim`` cuts it and judged on the SLOs given), one InferenceService spec
+runs in the simulator (``llmfleet.sim``: every pod the real scheduler and engine loop with the
+calibrated cost model, pods start ``--startup-s`` after a scale-up and drain on scale-down) under:
 
 - **tuner**: the real tuner (operator/tuner/law.py through operator/tuner/run.py), moving knobs
   and replicas; on ramps also with its reactive law alone (``autotune.predictive: false``);
@@ -40,18 +41,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmfleet.arguments import non_negative, positive_int
+from llmfleet.arguments import non_negative, positive, positive_int
 from llmfleet.bench.tuner_cases import (
     AUTOTUNE,
     BOUNDS,
     CASES,
     INITIAL_ENGINE,
+    LONG_GRID,
     QUICK_GRID,
     Case,
     draw,
     spec_for,
 )
 from llmfleet.bench.tuner_scores import cheapest_reaching, judged_minutes, oracle, reaches, scale_down_lag
+from llmfleet.sim.cli import add_trace_arguments
 
 ATTAINMENT_TARGET = 0.99
 FIXED_RATIO_TARGET = 1.1
@@ -82,6 +85,26 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="tuner: the tuner's runs alone, without the fixed grid, HPA and oracle (a change to the law in a minute)",
     )
+    # Your own traffic instead of the bench's workloads (--trace and its cut are the sim's flags).
+    add_trace_arguments(parser)
+    parser.add_argument("--ttft-ms", type=positive, help="tuner --trace: the p95 TTFT SLO")
+    parser.add_argument("--itl-ms", type=positive, help="tuner --trace: the p95 ITL SLO")
+    parser.add_argument(
+        "--max-replicas", type=positive_int, default=12, help="tuner --trace: the pool's maxReplicas (default 12)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=non_negative,
+        default=300.0,
+        help="tuner --trace: seconds of the trace served first and not counted (default 300: the fleet has been "
+        "running)",
+    )
+    parser.add_argument(
+        "--scale-down-window-s",
+        type=positive_int,
+        help=f"tuner --trace: autotune.scaleDownStabilizationSeconds (default the bench's "
+        f"{AUTOTUNE['scaleDownStabilizationSeconds']})",
+    )
 
 
 def seeds_of(args) -> list[int | None]:
@@ -100,19 +123,27 @@ def run(args) -> int:
     cost = CostModel.load(path)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    wanted = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
-    unknown = sorted(set(wanted) - {c.workload for c in CASES})
-    if unknown:
-        print(f"unknown workload(s) {', '.join(unknown)}: choose from {', '.join(c.workload for c in CASES)}")
-        return 2
-    cases = [c for c in CASES if not wanted or c.workload in wanted]
     quick = bool(getattr(args, "quick", False))
     seeds = seeds_of(args)
+    if getattr(args, "trace", None):
+        try:
+            cases = [trace_case(args)]
+        except ValueError as exc:
+            print(exc)
+            return 2
+    else:
+        wanted = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
+        unknown = sorted(set(wanted) - {c.workload for c in CASES})
+        if unknown:
+            print(f"unknown workload(s) {', '.join(unknown)}: choose from {', '.join(c.workload for c in CASES)}")
+            return 2
+        cases = [c for c in CASES if not wanted or c.workload in wanted]
     print(f"== tuner evaluation in the simulator: {cost.model} {cost.dtype} on {cost.device}, profile {path}")
     print(f"   cost model: {cost.describe()}")
     print(f"   initial knobs {INITIAL_ENGINE}, bounds {BOUNDS}")
+    autotune = cases[0].autotune  # the bench's workloads share it; a --trace is alone
     print(
-        f"   autotune {AUTOTUNE}; pods start {args.startup_s:g} s after a scale-up; draws "
+        f"   autotune {autotune}; pods start {args.startup_s:g} s after a scale-up; draws "
         + ", ".join("default" if s is None else str(s) for s in seeds)
     )
     if getattr(args, "tuner_only", False):
@@ -126,7 +157,7 @@ def run(args) -> int:
         "model": cost.model,
         "initial_engine": INITIAL_ENGINE,
         "bounds": BOUNDS,
-        "autotune": AUTOTUNE,
+        "autotune": autotune,
         "startup_s": args.startup_s,
         "seeds": seeds,
         "targets": {
@@ -152,14 +183,54 @@ def run(args) -> int:
     return 0
 
 
+def trace_case(args) -> Case:
+    """The workload `--trace` asks for: the trace cut as the sim cuts it, the SLOs and bounds
+    given, the bench's initial knobs, grid and autotune timing. ValueError says what is missing."""
+    path = Path(args.trace)
+    if args.ttft_ms is None or args.itl_ms is None:
+        raise ValueError("--trace needs the SLOs it is judged on: --ttft-ms and --itl-ms")
+    if getattr(args, "workloads", None):
+        raise ValueError("--trace replaces the bench's workloads: leave out --workloads")
+    if args.trace_duration is not None and args.trace_duration <= args.warmup:
+        raise ValueError(
+            f"--trace-duration {args.trace_duration:g} leaves nothing after the {args.warmup:g} s --warmup"
+        )
+    window = args.scale_down_window_s
+    case = Case(
+        path.stem,
+        args.ttft_ms,
+        args.itl_ms,
+        source="trace",
+        duration_s=None if args.trace_duration is None else args.trace_duration - args.warmup,
+        warmup_s=args.warmup,
+        max_replicas=args.max_replicas,
+        grid=LONG_GRID,
+        ramp=True,
+        thin=1.0 if args.thin is None else args.thin,
+        trace=path,
+        trace_start_s=args.trace_start or 0.0,
+        max_prompt_tokens=args.max_prompt_tokens or 2048,
+        max_output_tokens=args.max_output_tokens or 512,
+        autotune_overrides={} if window is None else {"scaleDownStabilizationSeconds": window},
+        why=f"{path}: your trace",
+    )
+    try:
+        drawn = draw(case, seeds_of(args)[0], bool(getattr(args, "quick", False)))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the trace: {exc}") from exc
+    if not any(r.arrival_s >= drawn.warmup_s for r in drawn.requests):
+        raise ValueError(f"no request of {path} arrives after the {drawn.warmup_s:g} s warm-up: nothing to judge")
+    return case
+
+
 def evaluate(
     case: Case, cost, startup_s: float, quick: bool = False, workers: int | None = None, seed: int | None = None
 ) -> dict[str, Any]:
     from concurrent.futures import ProcessPoolExecutor
 
     drawn = draw(case, seed, quick)
-    interval = float(AUTOTUNE["intervalSeconds"])
-    window = float(AUTOTUNE["scaleDownStabilizationSeconds"])
+    interval = float(case.autotune["intervalSeconds"])
+    window = float(case.autotune["scaleDownStabilizationSeconds"])
     tuner_jobs = [(case, cost, drawn.requests, startup_s, drawn.warmup_s, True)]
     if case.ramp:
         tuner_jobs.append((case, cost, drawn.requests, startup_s, drawn.warmup_s, False))

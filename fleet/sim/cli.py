@@ -18,16 +18,7 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("-f", "--file", required=True, help="InferenceService YAML (e.g. examples/local.yaml)")
     parser.add_argument("--workload", choices=TRACE_NAMES, help="built-in workload (default bursty)")
-    parser.add_argument(
-        "--trace",
-        help="a request log: JSONL (arrival_s, prompt_tokens, output_tokens per line) or CSV in the Azure LLM "
-        "inference trace format (TIMESTAMP, ContextTokens, GeneratedTokens)",
-    )
-    parser.add_argument("--trace-start", type=non_negative, help="--trace: replay from this many seconds in")
-    parser.add_argument("--trace-duration", type=positive, help="--trace: replay this many seconds of it")
-    parser.add_argument("--thin", type=fraction, help="--trace: keep this fraction of its requests (drawn with --seed)")
-    parser.add_argument("--max-prompt-tokens", type=positive_int, help="--trace: cap prompt lengths")
-    parser.add_argument("--max-output-tokens", type=positive_int, help="--trace: cap output lengths")
+    add_trace_arguments(parser)
     parser.add_argument("--duration", type=positive, help="seconds of built-in workload (default: its own length)")
     parser.add_argument("--rate-scale", type=positive, help="multiply the built-in workload's rates")
     parser.add_argument("--seed", type=int, help="workload seed (default: the workload's), or --thin's draw")
@@ -51,6 +42,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kv-transfer-gbps", type=positive, default=10.0, help="disaggregated: prefill->decode Gbit/s")
     parser.add_argument("--out", default="sim-results", help="directory for the JSON and PNG")
     parser.add_argument("--decisions", type=int, default=20, help="how many decisions to print")
+
+
+def add_trace_arguments(parser) -> None:
+    """--trace and the flags that cut it (also `llm-fleet bench tuner`'s)."""
+    parser.add_argument(
+        "--trace",
+        help="a request log: JSONL (arrival_s, prompt_tokens, output_tokens per line) or CSV in the Azure LLM "
+        "inference trace format (TIMESTAMP, ContextTokens, GeneratedTokens)",
+    )
+    parser.add_argument("--trace-start", type=non_negative, help="--trace: replay from this many seconds in")
+    parser.add_argument("--trace-duration", type=positive, help="--trace: replay this many seconds of it")
+    parser.add_argument("--thin", type=fraction, help="--trace: keep this fraction of its requests (drawn with --seed)")
+    parser.add_argument("--max-prompt-tokens", type=positive_int, help="--trace: cap prompt lengths")
+    parser.add_argument("--max-output-tokens", type=positive_int, help="--trace: cap output lengths")
 
 
 def run(args) -> int:

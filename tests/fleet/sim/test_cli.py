@@ -138,6 +138,40 @@ def test_bench_tuner_quick(tmp_path, capsys) -> None:
     assert (tmp_path / "tuner_eval.png").is_file()
 
 
+def test_bench_tuner_judges_a_trace_of_your_own(tmp_path, capsys) -> None:
+    """`bench tuner --trace`: a user's request log cut as the sim cuts it, judged against the
+    SLOs given, beside the fixed grid, the HPA targets and the oracle."""
+    profile = synthetic_profile().save(tmp_path / "small.json")
+    requests = [RequestSpec(i * 0.5, 64 + 16 * (i % 5), 8 + (i % 7)) for i in range(720)]  # 6 minutes at 2 req/s
+    trace = write_trace(tmp_path / "ours.jsonl", requests)
+    argv = ["bench", "tuner", "--quick", "--trace", str(trace), "--trace-start", "30", "--trace-duration", "300"]
+    argv += ["--ttft-ms", "2000", "--itl-ms", "300", "--warmup", "60", "--max-replicas", "3"]
+    argv += ["--scale-down-window-s", "60", "--profile", str(profile), "--out", str(tmp_path), "--workers", "1"]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "'scaleDownStabilizationSeconds': 60" in out
+    assert "ours.jsonl: 600 requests, window 30-330 s, prompts capped at 2048, outputs capped at 512" in out
+    assert "best fixed" in out and "best HPA target" in out and "oracle" in out
+    (row,) = json.loads((tmp_path / "tuner_eval.json").read_text())["workloads"]
+    assert row["workload"] == "ours" and row["tuner"]["slo_minutes"] == 4  # the 240 s after the warm-up
+
+
+def test_bench_tuner_says_what_a_trace_of_your_own_lacks(tmp_path, capsys) -> None:
+    trace = write_trace(tmp_path / "ours.jsonl", [RequestSpec(i * 1.0, 64, 8) for i in range(100)])
+    base = ["bench", "tuner", "--trace", str(trace), "--out", str(tmp_path)]
+    slos = ["--ttft-ms", "2000", "--itl-ms", "300"]
+    for argv, why in [
+        (base, "--trace needs the SLOs it is judged on: --ttft-ms and --itl-ms"),
+        ([*base, *slos, "--workloads", "chat"], "--trace replaces the bench's workloads: leave out --workloads"),
+        ([*base, *slos, "--trace-duration", "200"], "--trace-duration 200 leaves nothing after the 300 s --warmup"),
+        ([*base, *slos], f"no request of {trace} arrives after the 300 s warm-up: nothing to judge"),
+        ([*base[:3], str(tmp_path / "none.csv"), *base[4:], *slos], "cannot read the trace: "),
+    ]:
+        assert main(argv) == 2, argv
+        assert why in capsys.readouterr().out, argv
+
+
 def test_the_tuner_bench_defaults_to_the_reference_profile() -> None:
     """The profile the tuner bench's SLOs were set for ships with the package and loads."""
     from llmfleet.bench.tuner_eval import REFERENCE_PROFILE
