@@ -184,8 +184,9 @@ def run(args) -> int:
 
 
 def trace_case(args) -> Case:
-    """The workload `--trace` asks for: the trace cut as the sim cuts it, the SLOs and bounds
-    given, the bench's initial knobs, grid and autotune timing. ValueError says what is missing."""
+    """The workload `--trace` asks for: the trace cut as the sim cuts it, the SLOs and
+    maxReplicas given, the bench's initial knobs, grid and autotune timing (its scale-down window
+    unless ``--scale-down-window-s``). ValueError says what is missing."""
     path = Path(args.trace)
     if args.ttft_ms is None or args.itl_ms is None:
         raise ValueError("--trace needs the SLOs it is judged on: --ttft-ms and --itl-ms")
