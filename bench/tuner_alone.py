@@ -11,12 +11,12 @@ change looks worth keeping."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from llmfleet.bench.tuner_cases import Case, draw
+from llmfleet.bench.tuner_cases import Case, Drawn, draw
 from llmfleet.bench.tuner_eval import ATTAINMENT_TARGET, minutes_cell, prediction_cell, prediction_check, tuner_run
 from llmfleet.bench.tuner_scores import judged_minutes, reaches, scale_down_lag
 
@@ -31,17 +31,20 @@ def run(
     workers: int | None,
     out_dir: Path,
     quick: bool = False,
+    draws: Mapping[tuple[str, int | None], Drawn] | None = None,
 ) -> list[dict[str, Any]]:
     """Each case and draw under the tuner, and on the ramps under its reactive law alone, run and
     scored as the full bench (tuner_eval.py) runs and scores it; print the table and totals,
-    write tuner_alone.json."""
+    write tuner_alone.json. A draw found in ``draws`` (by workload and seed) is used as it is;
+    the others are drawn in their jobs."""
+    draws = draws or {}
     jobs = [(case, seed, True) for seed in seeds for case in cases]
     jobs += [(case, seed, False) for seed in seeds for case in cases if case.ramp]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         scored = list(
             pool.map(
                 _scored,
-                *zip(*[(c, s, p, cost, startup_s, quick) for c, s, p in jobs], strict=True),
+                *zip(*[(c, s, p, cost, startup_s, quick, draws.get((c.workload, s))) for c, s, p in jobs], strict=True),
             )
         )
     reactive = {(r["workload"], r["seed"]): r for r in scored if not r["predictive"]}
@@ -65,9 +68,10 @@ def _scored(
     cost,
     startup_s: float,
     quick: bool,
+    drawn: Drawn | None = None,
 ) -> dict[str, Any]:
     """One tuner run and its scores; ``run`` keeps what the prediction check reads."""
-    drawn = draw(case, seed, quick)
+    drawn = drawn or draw(case, seed, quick)
     result = tuner_run(case, cost, drawn.requests, startup_s, drawn.warmup_s, predictive)
     excused_s = startup_s + float(case.autotune["intervalSeconds"])
     return {

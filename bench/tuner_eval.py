@@ -50,6 +50,7 @@ from llmfleet.bench.tuner_cases import (
     LONG_GRID,
     QUICK_GRID,
     Case,
+    Drawn,
     draw,
     spec_for,
 )
@@ -125,12 +126,15 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     quick = bool(getattr(args, "quick", False))
     seeds = seeds_of(args)
+    draws: dict[tuple[str, int | None], Drawn] = {}  # a --trace's, read once a seed; the bench's are drawn in the jobs
     if getattr(args, "trace", None):
         try:
-            cases = [trace_case(args)]
+            case, by_seed = trace_case(args, seeds, quick)
         except ValueError as exc:
             print(exc)
             return 2
+        cases = [case]
+        draws = {(case.workload, seed): drawn for seed, drawn in by_seed.items()}
     else:
         wanted = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
         unknown = sorted(set(wanted) - {c.workload for c in CASES})
@@ -149,7 +153,7 @@ def run(args) -> int:
     if getattr(args, "tuner_only", False):
         from llmfleet.bench import tuner_alone
 
-        tuner_alone.run(cases, seeds, cost, args.startup_s, getattr(args, "workers", None), out_dir, quick)
+        tuner_alone.run(cases, seeds, cost, args.startup_s, getattr(args, "workers", None), out_dir, quick, draws)
         return 0
     results: dict[str, Any] = {
         "profile": str(path),
@@ -171,7 +175,8 @@ def run(args) -> int:
     for seed in seeds:  # a whole table per draw, then the next draw
         for case in cases:
             started = time.perf_counter()
-            row = evaluate(case, cost, args.startup_s, quick, workers=getattr(args, "workers", None), seed=seed)
+            drawn = draws.get((case.workload, seed))
+            row = evaluate(case, cost, args.startup_s, quick, getattr(args, "workers", None), seed, drawn)
             row["wall_s"] = time.perf_counter() - started
             results["workloads"].append(row)
             print_workload(row)
@@ -183,10 +188,11 @@ def run(args) -> int:
     return 0
 
 
-def trace_case(args) -> Case:
-    """The workload `--trace` asks for: the trace cut as the sim cuts it, the SLOs and
-    maxReplicas given, the bench's initial knobs, grid and autotune timing (its scale-down window
-    unless ``--scale-down-window-s``). ValueError says what is missing."""
+def trace_case(args, seeds: list[int | None], quick: bool) -> tuple[Case, dict[int | None, Drawn]]:
+    """The workload `--trace` asks for, and its draw for each seed: the trace cut as the sim cuts
+    it, the SLOs and maxReplicas given, the bench's initial knobs, grid and autotune timing (its
+    scale-down window unless ``--scale-down-window-s``). Each draw is read here, once, and handed
+    to the runs, since a long log takes a while to read. ValueError says what is missing."""
     path = Path(args.trace)
     if args.ttft_ms is None or args.itl_ms is None:
         raise ValueError("--trace needs the SLOs it is judged on: --ttft-ms and --itl-ms")
@@ -215,21 +221,35 @@ def trace_case(args) -> Case:
         autotune_overrides={} if window is None else {"scaleDownStabilizationSeconds": window},
         why=f"{path}: your trace",
     )
-    try:
-        drawn = draw(case, seeds_of(args)[0], bool(getattr(args, "quick", False)))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read the trace: {exc}") from exc
-    if not any(r.arrival_s >= drawn.warmup_s for r in drawn.requests):
-        raise ValueError(f"no request of {path} arrives after the {drawn.warmup_s:g} s warm-up: nothing to judge")
-    return case
+    draws = {}
+    for seed in seeds:
+        try:
+            drawn = draw(case, seed, quick)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read the trace: {exc}") from exc
+        if not any(r.arrival_s >= drawn.warmup_s for r in drawn.requests):
+            which = "" if seed is None else f" (draw {seed})"
+            raise ValueError(
+                f"no request of {path}{which} arrives after the {drawn.warmup_s:g} s warm-up: nothing to judge"
+            )
+        draws[seed] = drawn
+    return case, draws
 
 
 def evaluate(
-    case: Case, cost, startup_s: float, quick: bool = False, workers: int | None = None, seed: int | None = None
+    case: Case,
+    cost,
+    startup_s: float,
+    quick: bool = False,
+    workers: int | None = None,
+    seed: int | None = None,
+    drawn: Drawn | None = None,
 ) -> dict[str, Any]:
+    """Every contender on one draw of a case (``drawn``, or drawn here), scored against the
+    targets."""
     from concurrent.futures import ProcessPoolExecutor
 
-    drawn = draw(case, seed, quick)
+    drawn = drawn or draw(case, seed, quick)
     interval = float(case.autotune["intervalSeconds"])
     window = float(case.autotune["scaleDownStabilizationSeconds"])
     tuner_jobs = [(case, cost, drawn.requests, startup_s, drawn.warmup_s, True)]

@@ -157,6 +157,30 @@ def test_bench_tuner_judges_a_trace_of_your_own(tmp_path, capsys) -> None:
     assert row["workload"] == "ours" and row["tuner"]["slo_minutes"] == 4  # the 240 s after the warm-up
 
 
+def test_bench_tuner_reads_a_trace_of_your_own_once_a_draw(tmp_path, capsys, monkeypatch) -> None:
+    """A long log takes a while to read: each draw is read once, checked, and handed to every run
+    on it (the worker processes, forked, would count their own reads in the same file)."""
+    from llmfleet.sim import trace as trace_module
+
+    reads = tmp_path / "reads"
+
+    def counted(*args, **kwargs):
+        with reads.open("a") as out:
+            out.write("read\n")
+        return read_trace(*args, **kwargs)
+
+    monkeypatch.setattr(trace_module, "read_trace", counted)
+    profile = synthetic_profile().save(tmp_path / "small.json")
+    trace = write_trace(tmp_path / "ours.jsonl", [RequestSpec(i * 0.5, 64, 8) for i in range(600)])
+    argv = ["bench", "tuner", "--tuner-only", "--quick", "--trace", str(trace), "--thin", "0.5", "--seeds", "1,2"]
+    argv += ["--ttft-ms", "2000", "--itl-ms", "300", "--warmup", "60", "--max-replicas", "2"]
+    assert main([*argv, "--profile", str(profile), "--out", str(tmp_path), "--workers", "2"]) == 0
+    assert reads.read_text().count("read") == 2
+    rows = json.loads((tmp_path / "tuner_alone.json").read_text())["workloads"]
+    assert sorted((r["seed"], r["predictive"]) for r in rows) == [(1, False), (1, True), (2, False), (2, True)]
+    assert "/2; minutes met " in capsys.readouterr().out
+
+
 def test_bench_tuner_says_what_a_trace_of_your_own_lacks(tmp_path, capsys) -> None:
     trace = write_trace(tmp_path / "ours.jsonl", [RequestSpec(i * 1.0, 64, 8) for i in range(100)])
     base = ["bench", "tuner", "--trace", str(trace), "--out", str(tmp_path)]
