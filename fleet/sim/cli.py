@@ -48,8 +48,9 @@ def add_trace_arguments(parser) -> None:
     """--trace and the flags that cut it (also `llm-fleet bench tuner`'s)."""
     parser.add_argument(
         "--trace",
-        help="a request log: JSONL (arrival_s, prompt_tokens, output_tokens per line) or CSV in the Azure LLM "
-        "inference trace format (TIMESTAMP, ContextTokens, GeneratedTokens)",
+        help="a request log: JSONL (arrival_s, prompt_tokens, output_tokens per line, or Mooncake's timestamp, "
+        "input_length, output_length) or CSV (Azure's TIMESTAMP, ContextTokens, GeneratedTokens, or BurstGPT's "
+        "Timestamp, Request tokens, Response tokens)",
     )
     parser.add_argument("--trace-start", type=non_negative, help="--trace: replay from this many seconds in")
     parser.add_argument("--trace-duration", type=positive, help="--trace: replay this many seconds of it")

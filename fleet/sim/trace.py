@@ -1,10 +1,6 @@
 """Workload traces for the simulator: the built-in workloads (llmfleet.workloads), stretched to a
-duration, or a request log read from a file. Two formats are read:
-
-- JSONL, one request per line: ``{"arrival_s": 0.42, "prompt_tokens": 180, "output_tokens": 96}``
-  (``arrival_s`` in seconds from the start of the trace; other keys are ignored);
-- CSV with a ``TIMESTAMP,ContextTokens,GeneratedTokens`` header, as Azure's public LLM inference
-  traces (2023) are published: an ISO timestamp (or seconds) and the prompt and output lengths.
+duration, or a request log read from a file: JSONL, ours or Mooncake's, or CSV, Azure's or
+BurstGPT's (trace_formats.py says what each holds).
 
 ``TraceOptions`` cut a time window out of a trace, thin it to a fraction of its requests (a
 seeded draw, so a trace's rate fits a small fleet and each seed is another draw), and cap its
@@ -14,17 +10,15 @@ prompt_len, output_len) in arrival order.
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
 import random
-from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
+from llmfleet.sim.trace_formats import Rows, TraceError, read_rows
 from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Workload, anyscale_online
 
 TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
@@ -32,14 +26,9 @@ TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
 
 _TIMESTAMPS_FROM_S = 86_400.0  # a first arrival this late is a timestamp, not an offset
 # The simulator steps through idle time (a scrape every simulated second), so a trace spanning
-# decades would run for ever; a week is more than any replay needs.
-MAX_SPAN_S = 7 * 86_400.0
-CSV_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-MAX_TOKENS = 2**31 - 1  # a length past any context (and past the 32-bit arrays the reader keeps)
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be read; the message names the line."""
+# decades (offsets from its start mixed with Unix timestamps) would run for ever. The longest
+# public logs span months: BurstGPT's third holds 110 days.
+MAX_SPAN_S = 366 * 86_400.0
 
 
 @dataclass(frozen=True)
@@ -96,16 +85,16 @@ class TraceOptions:
 
 
 def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[RequestSpec]:
-    """The requests of a JSONL or Azure-format CSV trace, by arrival (seconds from the trace's
+    """The requests of a trace in any of the formats trace_formats.py reads, by arrival (seconds from the trace's
     start), then cut by ``options``. A trace whose first arrival is a day or more in holds
     timestamps (a log's Unix seconds): its arrivals count from the first one, so it replays as it
     happened, not after decades of idling. A trace whose arrivals span more than ``MAX_SPAN_S``
     is refused (a mix of offsets and timestamps).
 
     The file is read as a stream into flat arrays and only the requests ``options`` keep become
-    ``RequestSpec``s: Azure's 2024 traces hold 17 and 27 million requests over a week, of which a
-    replay takes a window."""
-    rows = _Rows()
+    ``RequestSpec``s: Azure's 2024 traces hold 17 and 27 million requests over a week, BurstGPT's
+    up to 5 million over months, of which a replay takes a window."""
+    rows = Rows()
     try:
         with open(path, encoding="utf-8", newline="") as f:
             lines = iter(f)
@@ -113,10 +102,7 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
             for number, first in enumerate(lines, 1):  # noqa: B007 (the loop finds the first line with text)
                 if first.strip():
                     break
-            if _is_csv(path, first):
-                _read_csv(path, itertools.chain([first], lines), number, rows)
-            else:
-                _read_jsonl(path, itertools.chain([first], lines), number, rows)
+            read_rows(path, itertools.chain([first], lines), number, first, rows)
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc
     if not rows.arrivals:
@@ -131,137 +117,6 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
     if not kept:
         raise TraceError(f"trace {path}: no request left after {options.describe()}")
     return kept
-
-
-def _is_csv(path: str | Path, first: str) -> bool:
-    """A CSV trace's first line is its header (a JSONL one's is an object), so a CSV with other
-    columns is told which it lacks, not that its header is not JSON."""
-    head = first.lstrip("\ufeff \t")
-    return not head.startswith(("{", "[")) and ("," in head or Path(path).suffix.lower() == ".csv")
-
-
-class _Rows:
-    """A trace's requests as read, in file order, in flat arrays (16 bytes a request)."""
-
-    def __init__(self) -> None:
-        self.arrivals = array("d")
-        self.prompts = array("i")
-        self.outputs = array("i")
-
-    def add(self, arrival: float, prompt: int, output: int) -> None:
-        self.arrivals.append(arrival)
-        self.prompts.append(prompt)
-        self.outputs.append(output)
-
-    def by_arrival(self) -> Sequence[int]:
-        """Indices in arrival order, ties in file order (a log is usually in order already)."""
-        a = self.arrivals
-        if all(x <= y for x, y in itertools.pairwise(a)):
-            return range(len(a))
-        return sorted(range(len(a)), key=a.__getitem__)
-
-
-def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows: _Rows) -> None:
-    for number, line in enumerate(lines, first_number):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise TraceError(f"{where}: not JSON: {exc}") from exc
-        if not isinstance(record, dict):
-            raise TraceError(f"{where}: expected an object with arrival_s, prompt_tokens, output_tokens")
-        missing = [k for k in ("arrival_s", "prompt_tokens", "output_tokens") if k not in record]
-        if missing:
-            raise TraceError(f"{where}: missing {', '.join(missing)}")
-        arrival, prompt, output = record["arrival_s"], record["prompt_tokens"], record["output_tokens"]
-        if (
-            isinstance(arrival, bool)
-            or not isinstance(arrival, int | float)
-            or not math.isfinite(arrival)
-            or arrival < 0
-        ):
-            raise TraceError(f"{where}: arrival_s must be a finite number >= 0, got {arrival!r}")
-        for key, value in (("prompt_tokens", prompt), ("output_tokens", output)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-            _check_length(key, value, where)
-        rows.add(float(arrival), prompt, output)
-
-
-def _check_length(key: str, value: int, where: str) -> None:
-    if value < 1:
-        raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-    if value > MAX_TOKENS:
-        raise TraceError(f"{where}: {key} {value} is past any model's context (at most {MAX_TOKENS})")
-
-
-def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: _Rows) -> None:
-    """Azure's format: ``TIMESTAMP`` an ISO date and time (``2023-11-16 18:15:46.6805900`` in the
-    2023 traces, ``2024-05-10 00:00:00.009930+00:00`` in the 2024 ones; UTC where it names no
-    zone) or seconds, ``ContextTokens`` the prompt's length, ``GeneratedTokens`` the output's."""
-    reader = csv.reader(lines)
-    header = [h.strip().lstrip("\ufeff") for h in next(reader)]
-    missing = [c for c in CSV_COLUMNS if c not in header]
-    if missing:
-        raise TraceError(
-            f"{path}:{header_number}: a CSV trace needs the columns {', '.join(CSV_COLUMNS)}; "
-            f"missing {', '.join(missing)}"
-        )
-    at, prompt_at, output_at = (header.index(c) for c in CSV_COLUMNS)
-    timestamps = _Timestamps()
-    for row in reader:
-        if not row or not any(cell.strip() for cell in row):
-            continue
-        where = f"{path}:{header_number - 1 + reader.line_num}"
-        if len(row) < len(header):
-            raise TraceError(f"{where}: expected {len(header)} columns, got {len(row)}")
-        arrival = timestamps.seconds(row[at].strip(), where)
-        lengths = []
-        for column, index in (("ContextTokens", prompt_at), ("GeneratedTokens", output_at)):
-            try:
-                value = int(row[index])
-            except ValueError:
-                raise TraceError(f"{where}: {column} must be an integer >= 1, got {row[index]!r}") from None
-            _check_length(column, value, where)
-            lengths.append(value)
-        rows.add(arrival, lengths[0], lengths[1])
-
-
-class _Timestamps:
-    """Reads a TIMESTAMP as seconds or as an ISO date and time, trying first the form the last
-    one had (a trace keeps one form; an exception a row would cost more than the row)."""
-
-    def __init__(self) -> None:
-        self.dates = False
-
-    def seconds(self, text: str, where: str) -> float:
-        value = self._date(text) if self.dates else self._number(text, where)
-        if value is None:
-            self.dates = not self.dates
-            value = self._date(text) if self.dates else self._number(text, where)
-        if value is None:
-            raise TraceError(f"{where}: TIMESTAMP {text!r} is neither seconds nor an ISO date and time")
-        return value
-
-    @staticmethod
-    def _number(text: str, where: str) -> float | None:
-        try:
-            value = float(text)
-        except ValueError:
-            return None
-        if not math.isfinite(value) or value < 0:
-            raise TraceError(f"{where}: TIMESTAMP must be a finite number >= 0 or a date, got {text!r}")
-        return value
-
-    @staticmethod
-    def _date(text: str) -> float | None:
-        try:
-            when = datetime.fromisoformat(text)
-        except ValueError:
-            return None
-        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _check_span(path: str | Path, first: float, last: float) -> None:

@@ -41,8 +41,8 @@ def test_arrivals_count_from_the_first_so_log_timestamps_replay_as_they_happened
     assert [r.arrival_s for r in read_trace(path)] == [0.0, 0.25, 0.5]
 
 
-@pytest.mark.parametrize("last", [1_700_000_000.0, 1e300, 7 * 86_400.0 + 1])
-def test_a_trace_spanning_more_than_a_week_is_refused(tmp_path, last) -> None:
+@pytest.mark.parametrize("last", [1_700_000_000.0, 1e300, 366 * 86_400.0 + 1])
+def test_a_trace_spanning_more_than_a_year_is_refused(tmp_path, last) -> None:
     # offsets from the start mixed with Unix timestamps would idle for decades of simulated seconds
     path = tmp_path / "t.jsonl"
     path.write_text(
@@ -52,14 +52,14 @@ def test_a_trace_spanning_more_than_a_week_is_refused(tmp_path, last) -> None:
         read_trace(path)
 
 
-def test_a_trace_of_a_week_replays(tmp_path) -> None:
-    path = tmp_path / "t.jsonl"
+def test_a_trace_of_months_replays(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"  # BurstGPT's third log spans 110 days
     path.write_text(
         "".join(
-            json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n" for t in (0.0, 7 * 86_400.0)
+            json.dumps({"arrival_s": t, "prompt_tokens": 3, "output_tokens": 1}) + "\n" for t in (0.0, 110 * 86_400.0)
         )
     )
-    assert [r.arrival_s for r in read_trace(path)] == [0.0, 7 * 86_400.0]
+    assert [r.arrival_s for r in read_trace(path)] == [0.0, 110 * 86_400.0]
 
 
 @pytest.mark.parametrize(("content", "message"), [("\n\n", "holds no requests"), (b"\xff\xfe", "cannot read trace")])
@@ -157,8 +157,13 @@ def test_a_window_thinning_and_caps_cut_a_trace(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("TIMESTAMP,ContextTokens\n1,2\n", "needs the columns TIMESTAMP, ContextTokens, GeneratedTokens; missing Gen"),
-        ("Timestamp,Model,Request tokens,Response tokens\n5,x,2,3\n", ":1: a CSV trace needs .*missing TIMESTAMP"),
+        ("TIMESTAMP,ContextTokens\n1,2\n", ":1: a CSV trace needs TIMESTAMP, .* missing GeneratedTokens$"),
+        (
+            "Timestamp,Model,Request tokens\n5,x,2\n",
+            r"\(Azure\) or Timestamp, .*\(BurstGPT\); missing Response tokens$",
+        ),
+        ("Timestamp,Request tokens,Response tokens\nnoon,2,3\n", ":2: Timestamp 'noon' is neither seconds"),
+        ("Timestamp,Request tokens,Response tokens\n5,2,-1\n", ":2: Response tokens must be an integer >= 1"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", ":2: TIMESTAMP 'yesterday' is neither"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,2,0\n", ":2: GeneratedTokens must be an integer >= 1, got 0"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,x,3\n", ":2: ContextTokens must be an integer >= 1, got 'x'"),
@@ -202,3 +207,48 @@ def test_a_timestamp_without_a_zone_is_utc_whatever_the_local_zone(tmp_path, mon
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_mooncake_traces_read_in_milliseconds(tmp_path) -> None:
+    # Mooncake's FAST'25 traces (as Dynamo and AIPerf replay them): milliseconds from the first
+    # request; the prefix blocks (hash_ids) are not read
+    path = tmp_path / "conversation_trace.jsonl"
+    lines = [
+        {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]},
+        {"timestamp": 3052, "input_length": 2290, "output_length": 316, "hash_ids": [0, 3]},
+        {"timestamp": 1500, "input_length": 891, "output_length": 1, "hash_ids": [4]},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cut = read_trace(path, TraceOptions(max_prompt_tokens=4096))
+    assert cut == [RequestSpec(0.0, 4096, 500), RequestSpec(1.5, 891, 1), RequestSpec(3.052, 2290, 316)]
+    path.write_text(path.read_text() + '{"timestamp": 4000, "input_length": 0, "output_length": 3}\n')
+    with pytest.raises(TraceError, match=r"trace\.jsonl:4: input_length must be an integer >= 1, got 0"):
+        read_trace(path)
+
+
+def test_burstgpt_traces_read_and_leave_out_failed_requests(tmp_path) -> None:
+    # BurstGPT's columns, its extra ones ignored, its Timestamp seconds from midnight of its first
+    # day (kept: a window counts from that midnight); a failed request has 0 response tokens
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "45,GPT-4,1087,0,1087,API log\n"
+        "118.5,GPT-4,417,276,693,Conversation log\n"
+    )
+    assert read_trace(path) == [RequestSpec(5.0, 472, 18), RequestSpec(118.5, 417, 276)]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"arrival_s": 1, "input_length": 3}', ":1: a JSONL trace needs .*; missing prompt_tokens, output_tokens$"),
+        ('{"timestamp": 1, "input_length": 3}', r"\(llm-fleet\) or timestamp, .*\(Mooncake\); missing output_length$"),
+        ('{"timestamp": -1, "input_length": 3, "output_length": 1}', ":1: timestamp must be a finite number >= 0"),
+    ],
+)
+def test_a_jsonl_trace_of_neither_format_says_what_it_lacks(tmp_path, line, message) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)

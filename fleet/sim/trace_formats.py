@@ -1,0 +1,213 @@
+"""The request-log formats a trace is read in, each told from the file's first line, and their
+readers: each line becomes (arrival, prompt length, output length) in flat arrays.
+
+- JSONL, llm-fleet's own: ``{"arrival_s": 0.42, "prompt_tokens": 180, "output_tokens": 96}``.
+- JSONL, Mooncake's (its FAST'25 traces, which Dynamo's planner and AIPerf replay):
+  ``{"timestamp": 3052, "input_length": 7234, "output_length": 794, "hash_ids": [...]}``, the
+  timestamp in milliseconds. ``hash_ids`` (the prompt's shared prefix blocks) are not read:
+  simulated pods cache nothing.
+- CSV, Azure's public LLM inference traces (2023 and 2024): ``TIMESTAMP`` an ISO date and time
+  (``2023-11-16 18:15:46.6805900``; ``2024-05-10 00:00:00.009930+00:00``; UTC where it names no
+  zone) or seconds, ``ContextTokens``, ``GeneratedTokens``.
+- CSV, BurstGPT's: ``Timestamp`` in seconds, ``Request tokens``, ``Response tokens``. Its traces
+  log failed requests with 0 response tokens; a row with 0 tokens either way is a request that
+  did not run and is left out.
+
+Other keys and columns are ignored.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+MAX_TOKENS = 2**31 - 1  # a length past any context (and past the 32-bit arrays the reader keeps)
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the line."""
+
+
+@dataclass(frozen=True)
+class Format:
+    """A log format: the names of its arrival, prompt-length and output-length fields, the
+    seconds in one unit of its arrival, and whether a row without tokens is a failed request to
+    leave out (rather than an error)."""
+
+    name: str
+    fields: tuple[str, str, str]
+    seconds_per_unit: float = 1.0
+    skips_empty: bool = False
+
+    def describe(self) -> str:
+        return f"{', '.join(self.fields)} ({self.name})"
+
+
+JSONL_FORMATS = (
+    Format("llm-fleet", ("arrival_s", "prompt_tokens", "output_tokens")),
+    Format("Mooncake", ("timestamp", "input_length", "output_length"), seconds_per_unit=1e-3),
+)
+CSV_FORMATS = (
+    Format("Azure", ("TIMESTAMP", "ContextTokens", "GeneratedTokens")),
+    Format("BurstGPT", ("Timestamp", "Request tokens", "Response tokens"), skips_empty=True),
+)
+
+
+class Rows:
+    """A trace's requests as read, in file order, in flat arrays (16 bytes a request)."""
+
+    def __init__(self) -> None:
+        self.arrivals = array("d")
+        self.prompts = array("i")
+        self.outputs = array("i")
+
+    def add(self, arrival: float, prompt: int, output: int) -> None:
+        self.arrivals.append(arrival)
+        self.prompts.append(prompt)
+        self.outputs.append(output)
+
+    def by_arrival(self) -> Sequence[int]:
+        """Indices in arrival order, ties in file order (a log is usually in order already)."""
+        a = self.arrivals
+        if all(x <= y for x, y in itertools.pairwise(a)):
+            return range(len(a))
+        return sorted(range(len(a)), key=a.__getitem__)
+
+
+def read_rows(path: str | Path, lines: Iterable[str], first_number: int, first: str, rows: Rows) -> None:
+    """Every request of ``lines`` (the file from its first line with text, ``first``, which is
+    line ``first_number``) into ``rows``, in the format that line shows."""
+    if is_csv(path, first):
+        _read_csv(path, lines, first_number, rows)
+    else:
+        _read_jsonl(path, lines, first_number, rows)
+
+
+def is_csv(path: str | Path, first: str) -> bool:
+    """A CSV trace's first line is its header (a JSONL one's is an object), so a CSV with other
+    columns is told which it lacks, not that its header is not JSON."""
+    head = first.lstrip("\ufeff \t")
+    return not head.startswith(("{", "[")) and ("," in head or Path(path).suffix.lower() == ".csv")
+
+
+def _format_of(names: Iterable[str], formats: Sequence[Format], where: str, what: str) -> Format:
+    """The format whose fields ``names`` hold; else a TraceError naming what the nearest lacks."""
+    present = set(names)
+    for fmt in formats:
+        if present.issuperset(fmt.fields):
+            return fmt
+    nearest = max(formats, key=lambda f: len(present.intersection(f.fields)))
+    missing = [k for k in nearest.fields if k not in present]
+    known = " or ".join(f.describe() for f in formats)
+    raise TraceError(f"{where}: {what} needs {known}; missing {', '.join(missing)}")
+
+
+def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows: Rows) -> None:
+    fmt: Format | None = None
+    for number, line in enumerate(lines, first_number):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise TraceError(f"{where}: not JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise TraceError(f"{where}: expected an object with {' or '.join(f.describe() for f in JSONL_FORMATS)}")
+        if fmt is None:
+            fmt = _format_of(record, JSONL_FORMATS, where, "a JSONL trace")
+        at, prompt_key, output_key = fmt.fields
+        missing = [k for k in fmt.fields if k not in record]
+        if missing:
+            raise TraceError(f"{where}: missing {', '.join(missing)}")
+        arrival, prompt, output = record[at], record[prompt_key], record[output_key]
+        if (
+            isinstance(arrival, bool)
+            or not isinstance(arrival, int | float)
+            or not math.isfinite(arrival)
+            or arrival < 0
+        ):
+            raise TraceError(f"{where}: {at} must be a finite number >= 0, got {arrival!r}")
+        for key, value in ((prompt_key, prompt), (output_key, output)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+        if fmt.skips_empty and (prompt == 0 or output == 0):
+            continue
+        for key, value in ((prompt_key, prompt), (output_key, output)):
+            _check_length(key, value, where)
+        rows.add(float(arrival) * fmt.seconds_per_unit, prompt, output)
+
+
+def _check_length(key: str, value: int, where: str) -> None:
+    if value < 1:
+        raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    if value > MAX_TOKENS:
+        raise TraceError(f"{where}: {key} {value} is past any model's context (at most {MAX_TOKENS})")
+
+
+def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: Rows) -> None:
+    reader = csv.reader(lines)
+    header = [h.strip().lstrip("\ufeff") for h in next(reader)]
+    fmt = _format_of(header, CSV_FORMATS, f"{path}:{header_number}", "a CSV trace")
+    at, prompt_at, output_at = (header.index(c) for c in fmt.fields)
+    timestamps = _Timestamps(fmt.fields[0])
+    for row in reader:
+        if not row or not any(cell.strip() for cell in row):
+            continue
+        where = f"{path}:{header_number - 1 + reader.line_num}"
+        if len(row) < len(header):
+            raise TraceError(f"{where}: expected {len(header)} columns, got {len(row)}")
+        arrival = timestamps.seconds(row[at].strip(), where)
+        lengths = []
+        for column, index in ((fmt.fields[1], prompt_at), (fmt.fields[2], output_at)):
+            try:
+                lengths.append(int(row[index]))
+            except ValueError:
+                raise TraceError(f"{where}: {column} must be an integer >= 1, got {row[index]!r}") from None
+        if fmt.skips_empty and 0 in lengths:
+            continue
+        for column, value in zip(fmt.fields[1:], lengths, strict=True):
+            _check_length(column, value, where)
+        rows.add(arrival * fmt.seconds_per_unit, lengths[0], lengths[1])
+
+
+class _Timestamps:
+    """Reads a timestamp column as seconds or as an ISO date and time, trying first the form the
+    last one had (a trace keeps one form; an exception a row would cost more than the row)."""
+
+    def __init__(self, column: str) -> None:
+        self.column = column
+        self.dates = False
+
+    def seconds(self, text: str, where: str) -> float:
+        value = self._date(text) if self.dates else self._number(text, where)
+        if value is None:
+            self.dates = not self.dates
+            value = self._date(text) if self.dates else self._number(text, where)
+        if value is None:
+            raise TraceError(f"{where}: {self.column} {text!r} is neither seconds nor an ISO date and time")
+        return value
+
+    def _number(self, text: str, where: str) -> float | None:
+        try:
+            value = float(text)
+        except ValueError:
+            return None
+        if not math.isfinite(value) or value < 0:
+            raise TraceError(f"{where}: {self.column} must be a finite number >= 0 or a date, got {text!r}")
+        return value
+
+    @staticmethod
+    def _date(text: str) -> float | None:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
