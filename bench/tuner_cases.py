@@ -49,6 +49,7 @@ class Case:
     warmup_s: float = 300.0  # served first, not counted (the fleet has been running)
     mode: str = "colocated"
     max_replicas: int = 8
+    initial_replicas: int = 1  # the tuner's and the HPA's pool at the start (a fixed fleet is its own)
     grid: dict[str, tuple[float, ...]] = field(default_factory=lambda: GRID)
     pairs: tuple[tuple[int, int], ...] = ()  # disaggregated: the fixed (prefill, decode) grid
     # disaggregated: per pool, the knob values the fixed pairs also run at (every combination)
@@ -164,6 +165,7 @@ def spec_for(
         out: dict[str, Any] = {
             "minReplicas": 1,
             "maxReplicas": case.max_replicas,
+            "replicas": case.initial_replicas,
             "engine": (engine or INITIAL_ENGINE) | (pool_knobs or {}).get(name, {}),
             "bounds": BOUNDS,
         }

@@ -94,6 +94,12 @@ def add_arguments(parser) -> None:
         "--max-replicas", type=positive_int, default=12, help="tuner --trace: the pool's maxReplicas (default 12)"
     )
     parser.add_argument(
+        "--initial-replicas",
+        type=positive_int,
+        default=1,
+        help="tuner --trace: the pool the tuner and the HPA start from (default 1; your fleet's size today, say)",
+    )
+    parser.add_argument(
         "--warmup",
         type=non_negative,
         default=300.0,
@@ -146,8 +152,11 @@ def run(args) -> int:
     print(f"   cost model: {cost.describe()}")
     print(f"   initial knobs {INITIAL_ENGINE}, bounds {BOUNDS}")
     autotune = cases[0].autotune  # the bench's workloads share it; a --trace is alone
+    start = (
+        "" if cases[0].initial_replicas == 1 else f"; the tuner and the HPA start at {cases[0].initial_replicas} pods"
+    )
     print(
-        f"   autotune {autotune}; pods start {args.startup_s:g} s after a scale-up; draws "
+        f"   autotune {autotune}; pods start {args.startup_s:g} s after a scale-up{start}; draws "
         + ", ".join("default" if s is None else str(s) for s in seeds)
     )
     if getattr(args, "tuner_only", False):
@@ -163,6 +172,7 @@ def run(args) -> int:
         "bounds": BOUNDS,
         "autotune": autotune,
         "startup_s": args.startup_s,
+        "initial_replicas": cases[0].initial_replicas,
         "seeds": seeds,
         "targets": {
             "attainment": ATTAINMENT_TARGET,
@@ -202,6 +212,8 @@ def trace_case(args, seeds: list[int | None], quick: bool) -> tuple[Case, dict[i
         raise ValueError(
             f"--trace-duration {args.trace_duration:g} leaves nothing after the {args.warmup:g} s --warmup"
         )
+    if args.initial_replicas > args.max_replicas:
+        raise ValueError(f"--initial-replicas {args.initial_replicas} is above --max-replicas {args.max_replicas}")
     window = args.scale_down_window_s
     case = Case(
         path.stem,
@@ -211,6 +223,7 @@ def trace_case(args, seeds: list[int | None], quick: bool) -> tuple[Case, dict[i
         duration_s=None if args.trace_duration is None else args.trace_duration - args.warmup,
         warmup_s=args.warmup,
         max_replicas=args.max_replicas,
+        initial_replicas=args.initial_replicas,
         grid=LONG_GRID,
         ramp=True,
         thin=1.0 if args.thin is None else args.thin,

@@ -117,3 +117,19 @@ def test_tuner_only_runs_the_tuner_alone_and_totals_its_draws(tmp_path, monkeypa
     assert "draws meeting >= 99% of their minutes: " in out and "/1; minutes met " in out
     (row,) = json.loads((tmp_path / "tuner_alone.json").read_text())["workloads"]
     assert row["workload"] == "chat" and row["predictive"] and row["minutes"]["judged"] == 5
+
+
+def test_the_tuner_and_the_hpa_start_where_the_case_says_and_a_fixed_fleet_at_its_own_size() -> None:
+    """`bench tuner --trace --initial-replicas N`: your fleet as it runs today, for the tuner and
+    the HPA alike; the bench's own workloads start at one pod."""
+    import dataclasses
+
+    from llmfleet.bench.tuner_cases import spec_for
+
+    chat = next(c for c in CASES if c.workload == "chat")
+    assert spec_for(chat).pools["colocated"].initial_replicas == 1
+    yours = dataclasses.replace(chat, initial_replicas=5)
+    assert spec_for(yours).pools["colocated"].initial_replicas == 5
+    assert spec_for(yours, replicas=3, autotune=False).pools["colocated"].initial_replicas == 3
+    disagg = dataclasses.replace(next(c for c in CASES if c.workload == "chat-disagg"), initial_replicas=2)
+    assert {p.initial_replicas for p in spec_for(disagg).pools.values()} == {2}

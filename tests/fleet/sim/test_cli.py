@@ -147,11 +147,11 @@ def test_bench_tuner_judges_a_trace_of_your_own(tmp_path, capsys) -> None:
     trace = write_trace(tmp_path / "ours.jsonl", requests)
     argv = ["bench", "tuner", "--quick", "--trace", str(trace), "--trace-start", "30", "--trace-duration", "300"]
     argv += ["--ttft-ms", "2000", "--itl-ms", "300", "--warmup", "60", "--max-replicas", "3"]
-    argv += ["--scale-down-window-s", "60", "--profile", str(profile), "--out", str(tmp_path), "--workers", "1"]
-    code = main(argv)
+    argv += ["--scale-down-window-s", "60", "--initial-replicas", "2"]
+    code = main([*argv, "--profile", str(profile), "--out", str(tmp_path), "--workers", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "'scaleDownStabilizationSeconds': 60" in out
+    assert "'scaleDownStabilizationSeconds': 60" in out and "the tuner and the HPA start at 2 pods" in out
     assert "ours.jsonl: 600 requests, window 30-330 s, prompts capped at 2048, outputs capped at 512" in out
     assert "best fixed" in out and "best HPA target" in out and "oracle" in out
     (row,) = json.loads((tmp_path / "tuner_eval.json").read_text())["workloads"]
@@ -190,6 +190,7 @@ def test_bench_tuner_says_what_a_trace_of_your_own_lacks(tmp_path, capsys) -> No
         (base, "--trace needs the SLOs it is judged on: --ttft-ms and --itl-ms"),
         ([*base, *slos, "--workloads", "chat"], "--trace replaces the bench's workloads: leave out --workloads"),
         ([*base, *slos, "--trace-duration", "200"], "--trace-duration 200 leaves nothing after the 300 s --warmup"),
+        ([*base, *slos, "--initial-replicas", "13"], "--initial-replicas 13 is above --max-replicas 12"),
         ([*base, *slos], f"no request of {trace} arrives after the 300 s warm-up: nothing to judge"),
         ([*base[:3], str(tmp_path / "none.csv"), *base[4:], *slos], "cannot read the trace: "),
     ]:
