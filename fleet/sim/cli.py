@@ -50,7 +50,7 @@ def add_trace_arguments(parser) -> None:
         "--trace",
         help="a request log: JSONL (arrival_s, prompt_tokens, output_tokens per line, or Mooncake's timestamp, "
         "input_length, output_length) or CSV (Azure's TIMESTAMP, ContextTokens, GeneratedTokens, or BurstGPT's "
-        "Timestamp, Request tokens, Response tokens)",
+        "Timestamp, Request tokens, Response tokens), plain or compressed (gzip, bzip2, xz)",
     )
     parser.add_argument("--trace-start", type=non_negative, help="--trace: replay from this many seconds in")
     parser.add_argument("--trace-duration", type=positive, help="--trace: replay this many seconds of it")

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llmfleet.sim.trace_formats import Rows, TraceError, read_rows
+from llmfleet.sim.trace_formats import READ_ERRORS, Rows, TraceError, open_text, read_rows
 from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Workload, anyscale_online
 
 TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
@@ -85,25 +85,25 @@ class TraceOptions:
 
 
 def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[RequestSpec]:
-    """The requests of a trace in any of the formats trace_formats.py reads, by arrival (seconds from the trace's
-    start), then cut by ``options``. A trace whose first arrival is a day or more in holds
-    timestamps (a log's Unix seconds): its arrivals count from the first one, so it replays as it
-    happened, not after decades of idling. A trace whose arrivals span more than ``MAX_SPAN_S``
-    is refused (a mix of offsets and timestamps).
+    """The requests of a trace in any of the formats trace_formats.py reads, compressed or not,
+    by arrival (seconds from the trace's start), then cut by ``options``. A trace whose first
+    arrival is a day or more in holds timestamps (a log's Unix seconds): its arrivals count from
+    the first one, so it replays as it happened, not after decades of idling. A trace whose
+    arrivals span more than ``MAX_SPAN_S`` is refused (a mix of offsets and timestamps).
 
     The file is read as a stream into flat arrays and only the requests ``options`` keep become
     ``RequestSpec``s: Azure's 2024 traces hold 17 and 27 million requests over a week, BurstGPT's
     up to 5 million over months, of which a replay takes a window."""
     rows = Rows()
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open_text(path) as f:
             lines = iter(f)
             number, first = 0, ""
             for number, first in enumerate(lines, 1):  # noqa: B007 (the loop finds the first line with text)
                 if first.strip():
                     break
             read_rows(path, itertools.chain([first], lines), number, first, rows)
-    except (OSError, UnicodeDecodeError) as exc:
+    except READ_ERRORS as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc
     if not rows.arrivals:
         raise TraceError(f"trace {path} holds no requests")

@@ -13,26 +13,47 @@ readers: each line becomes (arrival, prompt length, output length) in flat array
   log failed requests with 0 response tokens; a row with 0 tokens either way is a request that
   did not run and is left out.
 
-Other keys and columns are ignored.
+Other keys and columns are ignored. A file compressed with gzip, bzip2 or xz (told from its first
+bytes, whatever its name) is read as it is decompressed.
 """
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import itertools
 import json
+import lzma
 import math
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
 MAX_TOKENS = 2**31 - 1  # a length past any context (and past the 32-bit arrays the reader keeps)
 
 
 class TraceError(ValueError):
     """A trace file that cannot be read; the message names the line."""
+
+
+_COMPRESSED = ((b"\x1f\x8b", gzip.open, ".gz"), (b"BZh", bz2.open, ".bz2"), (b"\xfd7zXZ\x00", lzma.open, ".xz"))
+# what a compressed file's read raises beyond OSError: a truncated stream, a corrupt xz block
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError)
+
+
+def open_text(path: str | Path) -> IO[str]:
+    """The trace as text, decompressed as it is read where its first bytes say gzip, bzip2 or xz:
+    a long log is usually kept compressed, and a replay reads it once."""
+    with open(path, "rb") as raw:
+        head = raw.read(6)
+    for magic, opener, _ in _COMPRESSED:
+        if head.startswith(magic):
+            return opener(path, "rt", encoding="utf-8", newline="")  # type: ignore[operator]
+    return open(path, encoding="utf-8", newline="")
 
 
 @dataclass(frozen=True)
@@ -94,7 +115,10 @@ def is_csv(path: str | Path, first: str) -> bool:
     """A CSV trace's first line is its header (a JSONL one's is an object), so a CSV with other
     columns is told which it lacks, not that its header is not JSON."""
     head = first.lstrip("\ufeff \t")
-    return not head.startswith(("{", "[")) and ("," in head or Path(path).suffix.lower() == ".csv")
+    name = Path(path).name.lower()
+    for _, _, suffix in _COMPRESSED:
+        name = name.removesuffix(suffix)
+    return not head.startswith(("{", "[")) and ("," in head or name.endswith(".csv"))
 
 
 def _format_of(names: Iterable[str], formats: Sequence[Format], where: str, what: str) -> Format:

@@ -252,3 +252,23 @@ def test_a_jsonl_trace_of_neither_format_says_what_it_lacks(tmp_path, line, mess
     path.write_text(line + "\n")
     with pytest.raises(TraceError, match=message):
         read_trace(path)
+
+
+@pytest.mark.parametrize("compress", ["gzip", "bz2", "lzma"])
+def test_a_compressed_trace_reads_as_it_decompresses_whatever_its_name(tmp_path, compress) -> None:
+    import importlib
+
+    module = importlib.import_module(compress)
+    csv_text = "TIMESTAMP,ContextTokens,GeneratedTokens\n0.5,374,44\n4.8,396,109\n"
+    for name in ("conv.csv.gz", "conv.csv"):  # a compressed log keeps its name, or loses it
+        path = tmp_path / name
+        path.write_bytes(module.compress(csv_text.encode()))
+        assert read_trace(path) == [RequestSpec(0.5, 374, 44), RequestSpec(4.8, 396, 109)]
+    lines = [RequestSpec(1.0, 3, 1), RequestSpec(2.0, 5, 2)]
+    jsonl = write_trace(tmp_path / "t.jsonl", lines)
+    packed = tmp_path / "t.jsonl.xz"
+    packed.write_bytes(module.compress(jsonl.read_bytes()))
+    assert read_trace(packed) == lines
+    packed.write_bytes(module.compress(jsonl.read_bytes())[:-8])  # cut short in transit
+    with pytest.raises(TraceError, match="cannot read trace"):
+        read_trace(packed)
