@@ -162,18 +162,20 @@ def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows:
         for key, value in ((prompt_key, prompt), (output_key, output)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-        if fmt.skips_empty and (prompt == 0 or output == 0):
-            continue
-        for key, value in ((prompt_key, prompt), (output_key, output)):
-            _check_length(key, value, where)
-        rows.add(float(arrival) * fmt.seconds_per_unit, prompt, output)
+        _keep(fmt, rows, where, float(arrival), prompt, output)
 
 
-def _check_length(key: str, value: int, where: str) -> None:
-    if value < 1:
-        raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-    if value > MAX_TOKENS:
-        raise TraceError(f"{where}: {key} {value} is past any model's context (at most {MAX_TOKENS})")
+def _keep(fmt: Format, rows: Rows, where: str, arrival: float, prompt: int, output: int) -> None:
+    """One row's request into ``rows``, in seconds; a failed request (no tokens, where ``fmt``
+    logs those) is left out, and a length no model could have is an error."""
+    if fmt.skips_empty and (prompt == 0 or output == 0):
+        return
+    for key, value in zip(fmt.fields[1:], (prompt, output), strict=True):
+        if value < 1:
+            raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+        if value > MAX_TOKENS:
+            raise TraceError(f"{where}: {key} {value} is past any model's context (at most {MAX_TOKENS})")
+    rows.add(arrival * fmt.seconds_per_unit, prompt, output)
 
 
 def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: Rows) -> None:
@@ -195,11 +197,7 @@ def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: 
                 lengths.append(int(row[index]))
             except ValueError:
                 raise TraceError(f"{where}: {column} must be an integer >= 1, got {row[index]!r}") from None
-        if fmt.skips_empty and 0 in lengths:
-            continue
-        for column, value in zip(fmt.fields[1:], lengths, strict=True):
-            _check_length(column, value, where)
-        rows.add(arrival * fmt.seconds_per_unit, lengths[0], lengths[1])
+        _keep(fmt, rows, where, arrival, lengths[0], lengths[1])
 
 
 class _Timestamps:
