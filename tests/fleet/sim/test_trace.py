@@ -155,26 +155,51 @@ def test_a_window_thinning_and_caps_cut_a_trace(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("name", "text", "message"),
     [
-        ("TIMESTAMP,ContextTokens\n1,2\n", ":1: a CSV trace needs TIMESTAMP, .* missing GeneratedTokens$"),
         (
+            "t.jsonl",
+            '{"arrival_s": 1, "input_length": 3}\n',
+            ":1: a JSONL trace needs .*; missing prompt_tokens, output_tokens$",
+        ),
+        (
+            "t.jsonl",
+            '{"timestamp": 1, "input_length": 3}\n',
+            r"\(llm-fleet\) or timestamp, .*\(Mooncake\); missing output_length$",
+        ),
+        (
+            "t.jsonl",
+            '{"timestamp": -1, "input_length": 3, "output_length": 1}\n',
+            ":1: timestamp must be a finite number >= 0",
+        ),
+        ("t.csv", "TIMESTAMP,ContextTokens\n1,2\n", ":1: a CSV trace needs TIMESTAMP, .* missing GeneratedTokens$"),
+        (
+            "t.csv",
             "Timestamp,Model,Request tokens\n5,x,2\n",
             r"\(Azure\) or Timestamp, .*\(BurstGPT\); missing Response tokens$",
         ),
-        ("Timestamp,Request tokens,Response tokens\nnoon,2,3\n", ":2: Timestamp 'noon' is neither seconds"),
-        ("Timestamp,Request tokens,Response tokens\n5,2,-1\n", ":2: Response tokens must be an integer >= 1"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", ":2: TIMESTAMP 'yesterday' is neither"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,2,0\n", ":2: GeneratedTokens must be an integer >= 1, got 0"),
-        ("TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,x,3\n", ":2: ContextTokens must be an integer >= 1, got 'x'"),
+        ("t.csv", "Timestamp,Request tokens,Response tokens\nnoon,2,3\n", ":2: Timestamp 'noon' is neither seconds"),
+        ("t.csv", "Timestamp,Request tokens,Response tokens\n5,2,-1\n", ":2: Response tokens must be an integer >= 1"),
+        ("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,2,3\n", ":2: TIMESTAMP 'yesterday' is neither"),
         (
+            "t.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,2,0\n",
+            ":2: GeneratedTokens must be an integer >= 1, got 0",
+        ),
+        (
+            "t.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,x,3\n",
+            ":2: ContextTokens must be an integer >= 1, got 'x'",
+        ),
+        (
+            "t.csv",
             "TIMESTAMP,ContextTokens,GeneratedTokens\n1.5,9999999999,3\n",
             ":2: ContextTokens 9999999999 is past any model's",
         ),
     ],
 )
-def test_a_bad_csv_trace_names_its_line(tmp_path, text, message) -> None:
-    path = tmp_path / "t.csv"
+def test_a_trace_of_no_known_format_or_a_bad_row_names_its_line(tmp_path, name, text, message) -> None:
+    path = tmp_path / name
     path.write_text(text)
     with pytest.raises(TraceError, match=message):
         read_trace(path)
@@ -237,21 +262,6 @@ def test_burstgpt_traces_read_and_leave_out_failed_requests(tmp_path) -> None:
         "118.5,GPT-4,417,276,693,Conversation log\n"
     )
     assert read_trace(path) == [RequestSpec(5.0, 472, 18), RequestSpec(118.5, 417, 276)]
-
-
-@pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ('{"arrival_s": 1, "input_length": 3}', ":1: a JSONL trace needs .*; missing prompt_tokens, output_tokens$"),
-        ('{"timestamp": 1, "input_length": 3}', r"\(llm-fleet\) or timestamp, .*\(Mooncake\); missing output_length$"),
-        ('{"timestamp": -1, "input_length": 3, "output_length": 1}', ":1: timestamp must be a finite number >= 0"),
-    ],
-)
-def test_a_jsonl_trace_of_neither_format_says_what_it_lacks(tmp_path, line, message) -> None:
-    path = tmp_path / "t.jsonl"
-    path.write_text(line + "\n")
-    with pytest.raises(TraceError, match=message):
-        read_trace(path)
 
 
 @pytest.mark.parametrize("compress", ["gzip", "bz2", "lzma"])
