@@ -215,6 +215,7 @@ def trace_case(args, seeds: list[int | None], quick: bool) -> tuple[Case, dict[i
     if args.initial_replicas > args.max_replicas:
         raise ValueError(f"--initial-replicas {args.initial_replicas} is above --max-replicas {args.max_replicas}")
     window = args.scale_down_window_s
+    caps = {"max_prompt_tokens": args.max_prompt_tokens, "max_output_tokens": args.max_output_tokens}
     case = Case(
         path.stem,
         args.ttft_ms,
@@ -229,8 +230,7 @@ def trace_case(args, seeds: list[int | None], quick: bool) -> tuple[Case, dict[i
         thin=1.0 if args.thin is None else args.thin,
         trace=path,
         trace_start_s=args.trace_start or 0.0,
-        max_prompt_tokens=args.max_prompt_tokens or 2048,
-        max_output_tokens=args.max_output_tokens or 512,
+        **{cap: tokens for cap, tokens in caps.items() if tokens is not None},  # else the bench's, for builtin:small
         autotune_overrides={} if window is None else {"scaleDownStabilizationSeconds": window},
         why=f"{path}: your trace",
     )
