@@ -8,9 +8,16 @@ from dataclasses import asdict, dataclass
 
 @dataclass
 class RequestSpec:
+    """One request of a workload or trace. ``blocks``: where a trace says what its prompts share,
+    ids naming the prompt's content block by block, ``block_tokens`` tokens each (Mooncake's
+    ``hash_ids``): two prompts that open with the same ids open with the same tokens. Empty: the
+    prompt shares nothing with any other."""
+
     arrival_s: float
     prompt_len: int
     output_len: int
+    blocks: tuple[int, ...] = ()
+    block_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from llmfleet.operator.tuner.law import KNOB_FIELDS
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.validation import InvalidRequestError
 from llmfleet.server.engine.engine import QueueFullError
-from llmfleet.server.router.load import load_score
+from llmfleet.server.router.load import Server, load_score
+from llmfleet.server.router.policies import POLICIES, Policy
 from llmfleet.sim.cost_model import CostModel
 from llmfleet.sim.metric_source import PodGauges, PoolSeries, RequestRecord, SimMetricSource
 from llmfleet.sim.pod import PodConfigError, PodState, SimPod, pod_max_model_len
@@ -155,6 +156,16 @@ class SimPool:
         return len(self.with_state(PodState.STARTING, PodState.READY))
 
 
+def block_prefixes(blocks: tuple[int, ...]) -> list[int]:
+    """The chained hashes of a prompt's content blocks, the i-th naming its first i + 1 blocks:
+    what the router's prefix policy remembers (it hashes chunks of the prompt's text the same way)."""
+    hashes, parent = [], 0
+    for block in blocks:
+        parent = hash((parent, block))
+        hashes.append(parent)
+    return hashes
+
+
 def check_spec(spec: InferenceServiceSpec, cost: CostModel) -> None:
     """Refuse, before anything runs, a spec whose pods the real engine would not start (a pool's
     pods may start only later, on a scale-up). Raises ``PodConfigError``."""
@@ -180,13 +191,17 @@ class Fleet:
         self.spec = spec
         self.cost = cost
         self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.caches = any(r.blocks for r in self.requests)  # prompts say what they share: pods cache
         self.options = options or SimOptions()
         self.name = name
         self.now = 0.0
         self.disaggregated = spec.mode == "disaggregated"
         self.entry = "prefill" if self.disaggregated else "colocated"
         self.pools = {}
+        self.policies: dict[str, Policy] = {}  # the router's policy per pool, where it is not `load`
         for p in spec.active_pools:
+            if spec.router.policy != "load":
+                self.policies[p] = POLICIES[spec.router.policy]()
             engine = effective_engine(spec, p, None)
             self.pools[p] = SimPool(p, engine, PoolSeries(p, pod_max_model_len(engine, cost)))
         self.records: list[RequestRecord] = []
@@ -356,14 +371,23 @@ class Fleet:
 
     def _dispatch(self, pool_name: str, record: RequestRecord, arrived: float) -> None:
         pool = self.pools[pool_name]
-        pod = self._pick(pool)
+        spec = self.requests[record.index]
+        pod = self._pick(pool, spec.blocks)
         if pod is None:
             pool.backlog.append((record, arrived, self.now))
             if not pool.with_state(PodState.STARTING):
                 self._wake()
             return
         try:
-            pod.add(str(record.index), record.prompt_len, record.output_len, arrived)
+            pod.add(
+                str(record.index),
+                record.prompt_len,
+                record.output_len,
+                arrived,
+                spec.blocks,
+                spec.block_tokens,
+                record.index,
+            )
         except QueueFullError as exc:
             self._close(record, "rejected", f"429 from {pod.name}: {exc}")
             return
@@ -375,12 +399,17 @@ class Fleet:
         record.pod, record.dispatched_at = pod.name, self.now
         self._kick(pod)
 
-    def _pick(self, pool: SimPool) -> SimPod | None:
+    def _pick(self, pool: SimPool, blocks: tuple[int, ...] = ()) -> SimPod | None:
         """Least loaded ready pod by the router's load score, then fewest requests held, then round
-        robin (the router's own counts, exact at every pick: a lone router needs no poll for them)."""
+        robin (the router's own counts, exact at every pick: a lone router needs no poll for them).
+        Under another router policy (``spec.router.policy``), the router's own policy picks: round
+        robin, or prefix affinity over the request's content ``blocks``."""
         ready = pool.with_state(PodState.READY)
         if not ready:
             return None
+        policy = self.policies.get(pool.name)
+        if policy is not None:
+            return self._pick_by(policy, ready, blocks)
         pool.turn += 1
         n = len(ready)
 
@@ -389,6 +418,16 @@ class Fleet:
             return load_score(pod.in_flight, len(pod.unstarted), pod.kv_usage), pod.in_flight, (i - pool.turn) % n
 
         return min(enumerate(ready), key=load)[1]
+
+    @staticmethod
+    def _pick_by(policy: Policy, ready: list[SimPod], blocks: tuple[int, ...]) -> SimPod:
+        """The router policy's pick among ``ready``, each shown as the router sees a server."""
+        servers = [
+            Server(pod.name, pod.pool, kv_usage=pod.kv_usage, assigned=pod.in_flight, unstarted=len(pod.unstarted))
+            for pod in ready
+        ]
+        chosen = policy(servers, block_prefixes(blocks))
+        return next(pod for pod in ready if pod.name == chosen.url)
 
     def _publish(self, pod: SimPod) -> None:
         """The step that just ended: its tokens reach the clients and the pool's metrics."""
@@ -443,6 +482,9 @@ class Fleet:
             new = pod.new_preemptions()
             if new:
                 series.preempted(new)
+            hits = pod.new_prefix_hits()
+            if hits:
+                series.prefix_hit(hits)
             self._push(step.end, "step_end", pod)
             return
         self._publish(pod)  # aborts only
@@ -465,7 +507,13 @@ class Fleet:
             pool.created += 1
             startup = 0.0 if initial and self.options.initial_pods_ready else self.options.startup_s
             pod = SimPod.create(
-                f"{pool_name}-{pool.created}", pool_name, pool.config, self.cost, now=self.now, startup_s=startup
+                f"{pool_name}-{pool.created}",
+                pool_name,
+                pool.config,
+                self.cost,
+                now=self.now,
+                startup_s=startup,
+                caches=self.caches,
             )
             pool.pods.append(pod)
             if pod.state == PodState.STARTING:
@@ -519,4 +567,10 @@ class Fleet:
                 "running": float(sum(g.running for g in gauges)),
                 **{knob: float(getattr(pool.config, attr)) for knob, attr in KNOB_FIELDS.items()},
             }
+            if self.caches:  # counted so far, for the hit rate from the report's start
+                counters = pool.series.counters
+                point[pool.name] |= {
+                    "prompt_tokens": counters["prompt_tokens"],
+                    "prefix_cache_hits": counters["prefix_cache_hits"],
+                }
         self.timeline.append(TimelinePoint(self.now, point))

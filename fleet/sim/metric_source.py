@@ -41,6 +41,7 @@ COUNTERS = (
     "prompt_tokens",
     "generation_tokens",
     "preemptions",
+    "prefix_cache_hits",  # prompt tokens, as vllm:prefix_cache_hits
     "steps",
     "step_batch",
     "step_tokens",
@@ -160,6 +161,9 @@ class PoolSeries:
     def preempted(self, count: int) -> None:
         self.counters["preemptions"] += count
 
+    def prefix_hit(self, tokens: int) -> None:
+        self.counters["prefix_cache_hits"] += tokens
+
     # -- scrapes --------------------------------------------------------------------------------
 
     def scrape(self, at: float, pods: list[PodGauges]) -> None:
@@ -241,6 +245,7 @@ class SimMetricSource:
             prompt_tokens_per_s=delta["prompt_tokens"] / span,
             generation_tokens_per_s=delta["generation_tokens"] / span,
             preemptions_per_s=delta["preemptions"] / span,
+            prefix_cache_hits_per_s=delta["prefix_cache_hits"] / span,
             steps_per_s=steps / span,
             waiting_growth_per_s=least_squares_slope([(s.at, s.waiting) for s in scrapes]),
             waiting=sum(s.waiting for s in scrapes) / len(scrapes),

@@ -22,6 +22,7 @@ from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
 from llmfleet.sim.cost_model import CostModel, StepFeatures
 
 TOKEN = SampledToken(token_id=0)  # what every simulated sample "generates"; never a stop token
+OWN_TOKENS = 1 << 62  # past any content block id: a request's own tokens are OWN_TOKENS + its number
 MIN_STEP_S = 1e-6  # a step always takes some time, so simulated time always moves
 
 
@@ -118,12 +119,25 @@ class SimPod:
     wake_at: float | None = None  # a pending wake-up for a batching window
     pending: list[RequestOutput] = field(default_factory=list)
     preemptions_seen: int = 0
+    prefix_hits_seen: int = 0
     unstarted: set[str] = field(default_factory=set)  # sent here, no token seen by the router yet
+    caches: bool = False  # prompts carry content: the prefix cache runs as the pool's config says
 
     @classmethod
     def create(
-        cls, name: str, pool: str, config: EngineConfig, cost: CostModel, *, now: float, startup_s: float
+        cls,
+        name: str,
+        pool: str,
+        config: EngineConfig,
+        cost: CostModel,
+        *,
+        now: float,
+        startup_s: float,
+        caches: bool = False,
     ) -> SimPod:
+        """``caches``: the requests say what their prompts share (``RequestSpec.blocks``), so the
+        pod's prefix cache runs if its config enables it; otherwise prompts are lengths alone and
+        the pod caches nothing."""
         clock = SimClock(now)
         blocks = config.num_kv_blocks or cost.num_kv_blocks(config.kv_cache_memory_mb, config.kv_block_size)
         max_model_len = pod_max_model_len(config, cost)
@@ -139,17 +153,28 @@ class SimPod:
             max_model_len=max_model_len,
             warmed=warmed,
         )
-        engine = LLMEngine(_uncached(config), runner, clock=clock)
+        engine = LLMEngine(_caching(config, caches), runner, clock=clock)
         state = PodState.READY if startup_s <= 0 else PodState.STARTING
-        return cls(name, pool, engine, clock, created_at=now, ready_at=now + max(0.0, startup_s), state=state)
+        ready_at = now + max(0.0, startup_s)
+        return cls(name, pool, engine, clock, created_at=now, ready_at=ready_at, state=state, caches=caches)
 
     # -- requests -------------------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt_len: int, output_len: int, arrival: float) -> Request:
+    def add(
+        self,
+        request_id: str,
+        prompt_len: int,
+        output_len: int,
+        arrival: float,
+        blocks: tuple[int, ...] = (),
+        block_tokens: int = 0,
+        number: int = 0,
+    ) -> Request:
         """Queue a client request of ``prompt_len`` tokens and ``output_len`` out, as a server of
         this pod's pool gets it. Raises the server's errors: too long for the context (checked
         first, as the server's API does, for the whole request), queue full, more KV than the
-        cache holds.
+        cache holds. On a caching pod the prompt is its content ``blocks`` of ``block_tokens``
+        tokens, then request ``number``'s own tokens (``simulated_prompt``).
 
         In disaggregated mode each pod runs its server's share (server/openai/kv_transfer.py): a
         prefill pod computes all but the last prompt token and samples one token, which nobody
@@ -164,7 +189,10 @@ class SimPod:
         elif self.pool == "decode" and prompt_len > 1:
             kv_import = KVImport(num_tokens=prompt_len - 1, payload=memoryview(b""))  # the runner writes nothing
         sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-        prompt = [1] * prompt_len
+        if self.caches:
+            prompt = simulated_prompt(prompt_len, blocks, block_tokens, number)
+        else:
+            prompt = [1] * prompt_len
         return self.engine.add_request(request_id, prompt, sampling, arrival_time=arrival, kv_import=kv_import)
 
     @property
@@ -219,6 +247,12 @@ class SimPod:
         new, self.preemptions_seen = total - self.preemptions_seen, total
         return new
 
+    def new_prefix_hits(self) -> int:
+        """Prompt tokens found in the prefix cache since the last call (vllm:prefix_cache_hits)."""
+        total = self.engine.block_manager.prefix_hits
+        new, self.prefix_hits_seen = total - self.prefix_hits_seen, total
+        return new
+
     def drain(self, now: float, timeout_s: float) -> None:
         self.state = PodState.DRAINING
         self.drain_deadline = now + timeout_s
@@ -232,10 +266,18 @@ class SimPod:
         return ids
 
     def update_config(self, config: EngineConfig) -> None:
-        self.engine.update_config(_uncached(config))
+        self.engine.update_config(_caching(config, self.caches))
 
 
-def _uncached(config: EngineConfig) -> EngineConfig:
-    """A trace gives prompt lengths, not tokens: its filler prompts would all read as one cached
-    prefix, so a simulated pod caches none."""
-    return config.model_copy(update={"enable_prefix_caching": False})
+def simulated_prompt(length: int, blocks: tuple[int, ...], block_tokens: int, number: int) -> list[int]:
+    """Token ids that stand for a prompt: each content block's id over its ``block_tokens``
+    tokens, then request ``number``'s own id for the rest. Prompts opening with the same blocks
+    open with the same tokens and share those KV blocks in the prefix cache; nothing else matches."""
+    ids = [block for block in blocks for _ in range(block_tokens)][:length]
+    return ids + [OWN_TOKENS + number] * (length - len(ids))
+
+
+def _caching(config: EngineConfig, caches: bool) -> EngineConfig:
+    """Where requests give lengths alone, filler prompts would all read as one cached prefix: such
+    a pod caches nothing."""
+    return config if caches else config.model_copy(update={"enable_prefix_caching": False})

@@ -181,7 +181,24 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "held_p95_s": pct(held, 95),
         "cold_starts": len(cold),
         "cold_start_max_s": max((c.seconds for c in cold), default=None),
+        **prefix_cache_hit_rates(result),
     }
+
+
+def prefix_cache_hit_rates(result: SimResult) -> dict[str, dict[str, float]]:
+    """Per pool, the share of prompt tokens found in the prefix cache over the measured span
+    (as vllm:prefix_cache_hits over vllm:prompt_tokens); nothing where the pods cached nothing."""
+    points = [p for p in result.timeline if p.at >= result.measure_from]
+    if len(points) < 2:
+        return {}
+    first, last = points[0].pools, points[-1].pools
+    rates = {}
+    for pool, counts in last.items():
+        if "prefix_cache_hits" not in counts:
+            continue
+        prompt = counts["prompt_tokens"] - first[pool]["prompt_tokens"]
+        rates[pool] = (counts["prefix_cache_hits"] - first[pool]["prefix_cache_hits"]) / prompt if prompt else 0.0
+    return {"prefix_cache_hit_rate_by_pool": rates} if rates else {}
 
 
 def failure_reasons(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
@@ -242,6 +259,9 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
         f"at most {s['max_direction_changes_per_window']} direction change(s) "
         f"per {s['stabilization_window_s']:.0f} s"
     )
+    if rates := s.get("prefix_cache_hit_rate_by_pool"):
+        pools = ", ".join(f"{pool} {rate:.0%}" for pool, rate in rates.items())
+        print(f"   prefix cache: {pools} of prompt tokens found cached")
     if s["cold_starts"] or s["held_requests"]:
         longest = "-" if s["cold_start_max_s"] is None else f"{s['cold_start_max_s']:.1f} s"
         print(

@@ -5,7 +5,8 @@ BurstGPT's (trace_formats.py says what each holds).
 ``TraceOptions`` cut a time window out of a trace, thin it to a fraction of its requests (a
 seeded draw, so a trace's rate fits a small fleet and each seed is another draw), and cap its
 lengths (to the model's context). Requests are ``llmfleet.workloads.RequestSpec`` (arrival_s,
-prompt_len, output_len) in arrival order.
+prompt_len, output_len, and the prompt's content blocks where the trace names them) in arrival
+order.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llmfleet.sim.trace_formats import READ_ERRORS, Rows, TraceError, open_text, read_rows
+from llmfleet.sim.trace_formats import READ_ERRORS, Content, Rows, TraceError, open_text, read_rows
 from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Workload, anyscale_online
 
 TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
@@ -55,19 +56,23 @@ class TraceOptions:
             if cap is not None and cap < 1:
                 raise ValueError(f"length caps must be >= 1, got {cap}")
 
-    def apply(self, requests: Iterable[tuple[float, int, int]]) -> list[RequestSpec]:
-        """The requests kept of (arrival_s, prompt_len, output_len) in arrival order."""
+    def apply(self, requests: Iterable[tuple[float, int, int, Content]]) -> list[RequestSpec]:
+        """The requests kept of (arrival_s, prompt_len, output_len, content: the prompt's block
+        ids and the tokens in a block) in arrival order. A capped prompt keeps the blocks that
+        still hold its tokens."""
         end = math.inf if self.duration_s is None else self.start_s + self.duration_s
         rng = random.Random(self.seed)
         out = []
-        for arrival, prompt, output in requests:
+        for arrival, prompt, output, (blocks, block_tokens) in requests:
             if not self.start_s <= arrival < end:
                 continue
             if self.thin < 1.0 and rng.random() >= self.thin:
                 continue
             prompt = min(prompt, self.max_prompt_tokens or prompt)
             output = min(output, self.max_output_tokens or output)
-            out.append(RequestSpec(arrival - self.start_s, prompt, output))
+            if blocks:
+                blocks = blocks[: -(-prompt // block_tokens)]
+            out.append(RequestSpec(arrival - self.start_s, prompt, output, blocks, block_tokens))
         return out
 
     def describe(self) -> str:
@@ -111,7 +116,7 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
     first_s, last_s = rows.arrivals[order[0]], rows.arrivals[order[-1]]
     _check_span(path, first_s, last_s)
     base = first_s if first_s >= _TIMESTAMPS_FROM_S else 0.0
-    requests = ((rows.arrivals[i] - base, rows.prompts[i], rows.outputs[i]) for i in order)
+    requests = ((rows.arrivals[i] - base, rows.prompts[i], rows.outputs[i], rows.content_of(i)) for i in order)
     options = options or TraceOptions()
     kept = options.apply(requests)
     if not kept:
@@ -134,6 +139,8 @@ def write_trace(path: str | Path, requests: list[RequestSpec]) -> Path:
     with path.open("w") as f:
         for r in requests:
             record = {"arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_len, "output_tokens": r.output_len}
+            if r.blocks:
+                record |= {"hash_ids": list(r.blocks), "block_tokens": r.block_tokens}
             f.write(json.dumps(record) + "\n")
     return path
 
@@ -195,4 +202,4 @@ def with_warmup(workload: Workload | PhasedWorkload, warmup_s: float, seed: int 
     warm = [
         r for r in replace(base, rate_per_s=rate, num_requests=count, seed=seed).requests() if r.arrival_s < warmup_s
     ]
-    return warm + [RequestSpec(r.arrival_s + warmup_s, r.prompt_len, r.output_len) for r in requests]
+    return warm + [replace(r, arrival_s=r.arrival_s + warmup_s) for r in requests]

@@ -1,11 +1,13 @@
 """The request-log formats a trace is read in, each told from the file's first line, and their
 readers: each line becomes (arrival, prompt length, output length) in flat arrays.
 
-- JSONL, llm-fleet's own: ``{"arrival_s": 0.42, "prompt_tokens": 180, "output_tokens": 96}``.
+- JSONL, llm-fleet's own: ``{"arrival_s": 0.42, "prompt_tokens": 180, "output_tokens": 96}``,
+  and where the prompt's content is known, ``hash_ids`` as Mooncake's, in blocks of
+  ``block_tokens`` (default 512).
 - JSONL, Mooncake's (its FAST'25 traces, which Dynamo's planner and AIPerf replay):
   ``{"timestamp": 3052, "input_length": 7234, "output_length": 794, "hash_ids": [...]}``, the
-  timestamp in milliseconds. ``hash_ids`` (the prompt's shared prefix blocks) are not read:
-  simulated pods cache nothing.
+  timestamp in milliseconds. ``hash_ids`` name the prompt's content in blocks of 512 tokens,
+  so requests that share a prefix share its ids: the simulated pods' prefix caches hit on them.
 - CSV, Azure's public LLM inference traces (2023 and 2024): ``TIMESTAMP`` an ISO date and time
   (``2023-11-16 18:15:46.6805900``; ``2024-05-10 00:00:00.009930+00:00``; UTC where it names no
   zone) or seconds, ``ContextTokens``, ``GeneratedTokens``.
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 MAX_TOKENS = 2**31 - 1  # a length past any context (and past the 32-bit arrays the reader keeps)
+BLOCK_TOKENS = 512  # the tokens one of a Mooncake trace's hash_ids stands for
 
 
 class TraceError(ValueError):
@@ -59,21 +62,23 @@ def open_text(path: str | Path) -> IO[str]:
 @dataclass(frozen=True)
 class Format:
     """A log format: the names of its arrival, prompt-length and output-length fields, the
-    seconds in one unit of its arrival, and whether a row without tokens is a failed request to
-    leave out (rather than an error)."""
+    seconds in one unit of its arrival, whether a row without tokens is a failed request to
+    leave out (rather than an error), and whether its rows may name the prompt's content blocks
+    (``hash_ids``, of ``block_tokens`` tokens each where a row does not say)."""
 
     name: str
     fields: tuple[str, str, str]
     seconds_per_unit: float = 1.0
     skips_empty: bool = False
+    has_blocks: bool = False
 
     def describe(self) -> str:
         return f"{', '.join(self.fields)} ({self.name})"
 
 
 JSONL_FORMATS = (
-    Format("llm-fleet", ("arrival_s", "prompt_tokens", "output_tokens")),
-    Format("Mooncake", ("timestamp", "input_length", "output_length"), seconds_per_unit=1e-3),
+    Format("llm-fleet", ("arrival_s", "prompt_tokens", "output_tokens"), has_blocks=True),
+    Format("Mooncake", ("timestamp", "input_length", "output_length"), seconds_per_unit=1e-3, has_blocks=True),
 )
 CSV_FORMATS = (
     Format("Azure", ("TIMESTAMP", "ContextTokens", "GeneratedTokens")),
@@ -81,18 +86,29 @@ CSV_FORMATS = (
 )
 
 
+Content = tuple[tuple[int, ...], int]  # a prompt's content block ids, and the tokens in one block
+NO_CONTENT: Content = ((), 0)
+
+
 class Rows:
-    """A trace's requests as read, in file order, in flat arrays (16 bytes a request)."""
+    """A trace's requests as read, in file order, in flat arrays (16 bytes a request), and the
+    prompts' content where the format names it."""
 
     def __init__(self) -> None:
         self.arrivals = array("d")
         self.prompts = array("i")
         self.outputs = array("i")
+        self.content: list[Content] = []  # one per request, or none at all
 
-    def add(self, arrival: float, prompt: int, output: int) -> None:
+    def add(self, arrival: float, prompt: int, output: int, content: Content | None = None) -> None:
         self.arrivals.append(arrival)
         self.prompts.append(prompt)
         self.outputs.append(output)
+        if content is not None:
+            self.content.append(content)
+
+    def content_of(self, index: int) -> Content:
+        return self.content[index] if self.content else NO_CONTENT
 
     def by_arrival(self) -> Sequence[int]:
         """Indices in arrival order, ties in file order (a log is usually in order already)."""
@@ -162,10 +178,27 @@ def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows:
         for key, value in ((prompt_key, prompt), (output_key, output)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-        _keep(fmt, rows, where, float(arrival), prompt, output)
+        content = _content(record, where) if fmt.has_blocks else None
+        _keep(fmt, rows, where, float(arrival), prompt, output, content)
 
 
-def _keep(fmt: Format, rows: Rows, where: str, arrival: float, prompt: int, output: int) -> None:
+def _content(record: dict, where: str) -> Content:
+    """A row's content blocks (none: its prompt shares nothing) and their size in tokens."""
+    ids, size = record.get("hash_ids", []), record.get("block_tokens", BLOCK_TOKENS)
+    if not isinstance(ids, list) or not all(_whole(i, 0) for i in ids):
+        raise TraceError(f"{where}: hash_ids must be a list of integers >= 0, got {ids!r:.80}")
+    if not _whole(size, 1):
+        raise TraceError(f"{where}: block_tokens must be an integer >= 1, got {size!r}")
+    return (tuple(ids), size) if ids else NO_CONTENT
+
+
+def _whole(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _keep(
+    fmt: Format, rows: Rows, where: str, arrival: float, prompt: int, output: int, content: Content | None = None
+) -> None:
     """One row's request into ``rows``, in seconds; a failed request (no tokens, where ``fmt``
     logs those) is left out, and a length no model could have is an error."""
     if fmt.skips_empty and (prompt == 0 or output == 0):
@@ -175,7 +208,7 @@ def _keep(fmt: Format, rows: Rows, where: str, arrival: float, prompt: int, outp
             raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
         if value > MAX_TOKENS:
             raise TraceError(f"{where}: {key} {value} is past any model's context (at most {MAX_TOKENS})")
-    rows.add(arrival * fmt.seconds_per_unit, prompt, output)
+    rows.add(arrival * fmt.seconds_per_unit, prompt, output, content)
 
 
 def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: Rows) -> None:

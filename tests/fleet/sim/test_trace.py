@@ -234,21 +234,49 @@ def test_a_timestamp_without_a_zone_is_utc_whatever_the_local_zone(tmp_path, mon
         time.tzset()
 
 
-def test_mooncake_traces_read_in_milliseconds(tmp_path) -> None:
+def test_mooncake_traces_read_in_milliseconds_with_their_prompts_blocks(tmp_path) -> None:
     # Mooncake's FAST'25 traces (as Dynamo and AIPerf replay them): milliseconds from the first
-    # request; the prefix blocks (hash_ids) are not read
+    # request, and hash_ids naming each prompt's blocks of 512 tokens; a capped prompt keeps the
+    # blocks that still hold its tokens
     path = tmp_path / "conversation_trace.jsonl"
     lines = [
-        {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]},
-        {"timestamp": 3052, "input_length": 2290, "output_length": 316, "hash_ids": [0, 3]},
-        {"timestamp": 1500, "input_length": 891, "output_length": 1, "hash_ids": [4]},
+        {"timestamp": 0, "input_length": 1500, "output_length": 500, "hash_ids": [0, 1, 2]},
+        {"timestamp": 3052, "input_length": 600, "output_length": 316, "hash_ids": [0, 3]},
+        {"timestamp": 1500, "input_length": 300, "output_length": 1, "hash_ids": [4]},
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    cut = read_trace(path, TraceOptions(max_prompt_tokens=4096))
-    assert cut == [RequestSpec(0.0, 4096, 500), RequestSpec(1.5, 891, 1), RequestSpec(3.052, 2290, 316)]
+    cut = read_trace(path, TraceOptions(max_prompt_tokens=1024))
+    assert cut == [
+        RequestSpec(0.0, 1024, 500, (0, 1), 512),
+        RequestSpec(1.5, 300, 1, (4,), 512),
+        RequestSpec(3.052, 600, 316, (0, 3), 512),
+    ]
     path.write_text(path.read_text() + '{"timestamp": 4000, "input_length": 0, "output_length": 3}\n')
     with pytest.raises(TraceError, match=r"trace\.jsonl:4: input_length must be an integer >= 1, got 0"):
         read_trace(path)
+
+
+@pytest.mark.parametrize(
+    ("row", "error"),
+    [
+        ('"hash_ids": [0, -1]', "hash_ids must be a list of integers >= 0"),
+        ('"hash_ids": "0,1"', "hash_ids must be a list of integers >= 0"),
+        ('"hash_ids": [0, true]', "hash_ids must be a list of integers >= 0"),
+        ('"hash_ids": [1.5]', "hash_ids must be a list of integers >= 0"),
+        ('"hash_ids": [1], "block_tokens": 0', "block_tokens must be an integer >= 1, got 0"),
+    ],
+)
+def test_content_blocks_must_be_ids(tmp_path, row, error) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(f'{{"timestamp": 0, "input_length": 9, "output_length": 3, {row}}}\n')
+    with pytest.raises(TraceError, match=rf"t\.jsonl:1: {error}"):
+        read_trace(path)
+
+
+def test_a_saved_trace_keeps_the_prompts_blocks(tmp_path) -> None:
+    requests = [RequestSpec(0.0, 100, 4, (1, 2), 64), RequestSpec(1.0, 30, 2), RequestSpec(2.0, 70, 3, (1, 5), 64)]
+    path = write_trace(tmp_path / "saved.jsonl", requests)
+    assert read_trace(path) == requests
 
 
 def test_burstgpt_traces_read_and_leave_out_failed_requests(tmp_path) -> None:
