@@ -2,10 +2,11 @@
 
 One disaggregated fleet per contender, the same for both: a router, two prefill and two decode
 servers (one torch thread each). The workload is conversations that go on: each one opens with a
-prompt of its own, and each next turn sends the whole conversation so far plus a new message, a
-short think time after the last answer (closed loop per conversation). Every turn's prompt begins
-with the one before, so the server that took the previous turn holds most of its KV in its prefix
-cache; whether the next turn lands there is the router policy's doing.
+prompt of its own (behind a system prompt they all share, with ``--system-tokens``), and each
+next turn sends the whole conversation so far plus a new message, a short think time after the
+last answer (closed loop per conversation). Every turn's prompt begins with the one before, so
+the server that took the previous turn holds most of its KV in its prefix cache; whether the next
+turn lands there is the router policy's doing.
 
 Reported per contender: TTFT and end-to-end p50/p99 as the clients see them, the prefill
 servers' prefix cache hit rate (``vllm:prefix_cache_hits`` / ``_queries``), and the KV the decode
@@ -21,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmfleet.arguments import positive_int
+from llmfleet.arguments import non_negative_int, positive_int
 from llmfleet.bench.disagg_bench import Servers
 from llmfleet.bench.report import latency_summary, print_table
 from llmfleet.bench.server_bench import stream_completion
@@ -34,6 +35,7 @@ PREFILL_SERVERS = DECODE_SERVERS = 2
 class Conversations:
     count: int = 8
     turns: int = 4
+    system_tokens: int = 0  # a system prompt every conversation opens with
     opening_tokens: int = 320  # each conversation's own first prompt
     turn_tokens: int = 64  # the answer and the next message each turn adds
     output_tokens: int = 24
@@ -43,9 +45,10 @@ class Conversations:
     def prompts(self, vocab: int, seed: int = 7) -> list[list[list[int]]]:
         """Per conversation, the prompt of each turn (each one extends the one before)."""
         rng = random.Random(seed)
+        system = [rng.randrange(5, vocab) for _ in range(self.system_tokens)]
         out = []
         for _ in range(self.count):
-            prompt = [rng.randrange(5, vocab) for _ in range(self.opening_tokens)]
+            prompt = system + [rng.randrange(5, vocab) for _ in range(self.opening_tokens)]
             turns = [list(prompt)]
             for _ in range(self.turns - 1):
                 prompt += [rng.randrange(5, vocab) for _ in range(self.turn_tokens)]
@@ -58,6 +61,12 @@ def add_arguments(parser) -> None:
     group = parser.add_argument_group("router bench")
     group.add_argument("--conversations", type=positive_int, default=Conversations.count, help="router: conversations")
     group.add_argument("--turns", type=positive_int, default=Conversations.turns, help="router: turns per conversation")
+    group.add_argument(
+        "--system-tokens",
+        type=non_negative_int,
+        default=Conversations.system_tokens,
+        help="router: a system prompt of this many tokens that every conversation opens with",
+    )
 
 
 async def _converse(http, url: str, turns: list[list[int]], n: int, start: float, delay: float, think: float):
@@ -114,7 +123,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model_dir = Path(resolve_model(args.model))  # built once here, not by five servers at once
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    workload = Conversations(count=args.conversations, turns=args.turns)
+    workload = Conversations(count=args.conversations, turns=args.turns, system_tokens=args.system_tokens)
     conversations = workload.prompts(vocab)
     config = EngineConfig(dtype=args.dtype, max_batch_size=32, max_num_batched_tokens=512, kv_cache_memory_mb=512)
     config_file = out / "router_bench_engine.yaml"
@@ -122,6 +131,7 @@ def run(args) -> int:
     engine_args = ("--model", args.model, "--config", str(config_file), "--served-model-name", "bench")
     print(
         f"== router policies on conversations: {workload.count} conversations x {workload.turns} turns, "
+        f"{workload.system_tokens} tokens of a shared system prompt, "
         f"{workload.opening_tokens}-token openings, +{workload.turn_tokens} tokens a turn, "
         f"{workload.output_tokens} out; {PREFILL_SERVERS} prefill + {DECODE_SERVERS} decode servers "
         f"(1 thread each), {args.model}, {config.dtype}"

@@ -36,12 +36,21 @@ def fraction(text: str) -> float:
 
 def positive_int(text: str) -> int:
     """A count of at least one (requests, clients, threads, rounds)."""
+    return _whole(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """A count that may be zero (tokens of a part a workload may leave out)."""
+    return _whole(text, 0)
+
+
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
     return value
 
 

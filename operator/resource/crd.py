@@ -522,9 +522,9 @@ def spec_schema() -> dict[str, Any]:
                 default=70,
             ),
             "policy": _str(
-                "How the router picks pods: load (the least loaded), round-robin, or prefix (the pod that took the "
-                "longest prefix of the prompt, while its load stays within two queued requests of the least loaded: "
-                "its prefix cache hits).",
+                "How the router picks pods: load (the least loaded), round-robin, or prefix (of the pods that took "
+                "the longest prefix of the prompt, the least loaded, while its load stays within two queued requests "
+                "of the least loaded: its prefix cache hits).",
                 enum=list(ROUTER_POLICIES),
                 default="load",
             ),

@@ -10,9 +10,11 @@
   decode server, most of its KV transfer). The router does not tokenize: it cuts the prompt's
   text into chunks of ``CHUNK_CHARS`` characters and chains their hashes, the way servers chain
   their KV blocks' hashes, so one hash names one prefix, and remembers in a bounded LRU table
-  which server each prefix went to last. Among the servers whose load score is within ``SLACK``
-  of the least loaded one it picks the one that took the longest matching prefix; with no match,
-  the least loaded. Past the slack load wins: a hot prefix spreads once its server queues.
+  which servers each prefix went to. Among the servers whose load score is within ``SLACK`` of
+  the least loaded one it picks, of those that took the longest matching prefix, the least
+  loaded; with no match, the least loaded. Past the slack load wins: a hot prefix spreads once
+  its server queues, and a prefix every server has taken (a system prompt all requests share)
+  leaves the choice to the next, rarer one, or to load.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from llmfleet.server.router.load import UNSTARTED_WEIGHT, Server
 Policy = Callable[["list[Server]", Sequence[int]], "Server"]  # candidates, the prompt's prefix hashes
 
 CHUNK_CHARS = 128  # about 30-60 tokens: a few KV blocks
-MAX_PREFIXES = 100_000  # remembered prefix hashes: about 14 MB, some 125 prompts of 100k characters
+MAX_PREFIXES = 100_000  # remembered prefix hashes: about 33 MB, some 125 prompts of 100k characters
 SLACK = 2 * (1 + UNSTARTED_WEIGHT)  # load score units: two requests yet to start
 
 
@@ -68,30 +70,32 @@ def prefix_hashes(body: dict[str, Any]) -> list[int]:
 
 
 class PrefixAffinity:
-    """The policy: the server that took the longest prefix of this prompt, within the slack."""
+    """The policy: of the servers within the slack, the least loaded that took the longest prefix
+    of this prompt."""
 
     def __init__(self, slack: float = SLACK, max_prefixes: int = MAX_PREFIXES) -> None:
         self.slack = slack
         self.max_prefixes = max_prefixes
-        self._server_of: OrderedDict[int, str] = OrderedDict()  # prefix hash -> url, least recent first
+        # prefix hash -> the urls that took it (a dict as an ordered set), least recent prefix first
+        self._servers_of: OrderedDict[int, dict[str, None]] = OrderedDict()
 
     def __call__(self, candidates: list[Server], prefixes: Sequence[int] = ()) -> Server:
         chosen = least_loaded(candidates)
         within = {s.url: s for s in candidates if s.score <= chosen.score + self.slack}
         for prefix in reversed(prefixes):  # the longest prefix first
-            url = self._server_of.get(prefix)
-            if url in within:
-                chosen = within[url]
+            holders = [within[url] for url in self._servers_of.get(prefix, ()) if url in within]
+            if holders:
+                chosen = least_loaded(holders)
                 break
         self._remember(prefixes, chosen.url)
         return chosen
 
     def _remember(self, prefixes: Sequence[int], url: str) -> None:
         for prefix in prefixes:
-            self._server_of[prefix] = url
-            self._server_of.move_to_end(prefix)
-        while len(self._server_of) > self.max_prefixes:
-            self._server_of.popitem(last=False)
+            self._servers_of.setdefault(prefix, {})[url] = None
+            self._servers_of.move_to_end(prefix)
+        while len(self._servers_of) > self.max_prefixes:
+            self._servers_of.popitem(last=False)
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {

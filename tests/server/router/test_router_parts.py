@@ -157,8 +157,12 @@ def test_prefix_affinity_follows_the_prefix_while_load_allows():
     a.assigned = a.unstarted = 3  # a's queue is past the slack: load wins, and b takes the prefix
     assert a.score > b.score + SLACK
     assert policy([a, b], prefix_hashes({"prompt": system + "third"})) is b
+    thread = system + "A conversation b took on. " * 10
+    assert policy([a, b], prefix_hashes({"prompt": thread})) is b
     a.assigned = a.unstarted = 0
-    assert policy([a, b], prefix_hashes({"prompt": system + "fourth"})) is b
+    # both took the system prompt: the less loaded of them; b alone took the thread's longer prefix
+    assert policy([a, b], prefix_hashes({"prompt": system + "fourth"})) is a
+    assert policy([a, b], prefix_hashes({"prompt": thread + "its next turn"})) is b
     assert policy([a], turn) is a  # a prefix's server gone from the candidates: another one
 
 
