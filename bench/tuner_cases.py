@@ -58,6 +58,7 @@ class Case:
     thin: float = 1.0  # trace: the share of the shipped window's requests kept
     trace: Path | None = None  # trace: the request log (default: the shipped Azure window)
     trace_start_s: float = 0.0  # trace: replayed from this many seconds in
+    trace_match: tuple[tuple[str, str], ...] = ()  # trace: only the rows whose fields hold these values
     max_prompt_tokens: int = 2048  # trace: builtin:small's context is 4096
     max_output_tokens: int = 512
     autotune_overrides: dict[str, Any] = field(default_factory=dict)  # over AUTOTUNE
@@ -219,6 +220,7 @@ def draw(case: Case, seed: int | None, quick: bool = False) -> Drawn:
             max_prompt_tokens=case.max_prompt_tokens,
             max_output_tokens=case.max_output_tokens,
             seed=seed or 0,
+            match=case.trace_match,
         )
         requests = read_trace(path, cut)
         return Drawn(requests, warmup, f"{path.name}: {len(requests)} requests, {cut.describe()}")

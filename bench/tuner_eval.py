@@ -230,6 +230,7 @@ def trace_case(args, seeds: list[int | None], quick: bool) -> tuple[Case, dict[i
         thin=1.0 if args.thin is None else args.thin,
         trace=path,
         trace_start_s=args.trace_start or 0.0,
+        trace_match=tuple(args.trace_match or ()),
         **{cap: tokens for cap, tokens in caps.items() if tokens is not None},  # else the bench's, for builtin:small
         autotune_overrides={} if window is None else {"scaleDownStabilizationSeconds": window},
         why=f"{path}: your trace",

@@ -8,6 +8,8 @@ decisions; writes JSON and a PNG plot.
 
 from __future__ import annotations
 
+import argparse
+
 from llmfleet.arguments import fraction, non_negative, positive, positive_int
 
 HELP = "simulate an InferenceService on a workload trace: real scheduler and tuner, cost-model pods"
@@ -57,6 +59,22 @@ def add_trace_arguments(parser) -> None:
     parser.add_argument("--thin", type=fraction, help="--trace: keep this fraction of its requests (drawn with --seed)")
     parser.add_argument("--max-prompt-tokens", type=positive_int, help="--trace: cap prompt lengths")
     parser.add_argument("--max-output-tokens", type=positive_int, help="--trace: cap output lengths")
+    parser.add_argument(
+        "--trace-match",
+        type=field_value,
+        action="append",
+        metavar="FIELD=VALUE",
+        help="--trace: replay only the rows whose FIELD (a CSV column or JSONL key) is VALUE, e.g. "
+        "'Model=GPT-4' of BurstGPT's; again for more fields, all of which must match",
+    )
+
+
+def field_value(text: str) -> tuple[str, str]:
+    """FIELD=VALUE, split at the first '='."""
+    field, equals, value = text.partition("=")
+    if not equals or not field.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    return field.strip(), value.strip()
 
 
 def run(args) -> int:
@@ -172,6 +190,7 @@ def _trace_flags(args) -> dict[str, object]:
         "--thin": args.thin,
         "--max-prompt-tokens": args.max_prompt_tokens,
         "--max-output-tokens": args.max_output_tokens,
+        "--trace-match": args.trace_match,
     }
 
 
@@ -188,6 +207,7 @@ def trace_options(args):
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         seed=args.seed or 0,
+        match=tuple(args.trace_match or ()),
     )
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llmfleet.sim.trace_formats import READ_ERRORS, Content, Rows, TraceError, open_text, read_rows
+from llmfleet.sim.trace_formats import READ_ERRORS, Content, Match, Rows, TraceError, open_text, read_rows
 from llmfleet.workloads import BURSTY, SHAPES, PhasedWorkload, RequestSpec, Workload, anyscale_online
 
 TRACE_NAMES = ("chat", "long-prompt", "creative", "bursty", "anyscale-online")
@@ -34,8 +34,9 @@ MAX_SPAN_S = 366 * 86_400.0
 
 @dataclass(frozen=True)
 class TraceOptions:
-    """What of a trace to replay: the window ``[start_s, start_s + duration_s)`` from its first
-    arrival (re-based to start at 0), a ``thin`` fraction of its requests (each kept with that
+    """What of a trace to replay: the rows whose fields hold the values ``match`` gives (all
+    rows where it gives none), the window ``[start_s, start_s + duration_s)`` from their first
+    arrival (re-based to start at 0), a ``thin`` fraction of their requests (each kept with that
     probability, drawn with ``seed``), and caps on prompt and output lengths."""
 
     start_s: float = 0.0
@@ -44,6 +45,7 @@ class TraceOptions:
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
     seed: int = 0
+    match: Match = ()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.thin <= 1.0:
@@ -76,7 +78,7 @@ class TraceOptions:
         return out
 
     def describe(self) -> str:
-        parts = []
+        parts = [f"{field} = {value}" for field, value in self.match]
         if self.start_s or self.duration_s is not None:
             end = "" if self.duration_s is None else f"{self.start_s + self.duration_s:g}"
             parts.append(f"window {self.start_s:g}-{end} s")
@@ -91,7 +93,8 @@ class TraceOptions:
 
 def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[RequestSpec]:
     """The requests of a trace in any of the formats trace_formats.py reads, compressed or not,
-    by arrival (seconds from the trace's start), then cut by ``options``. A trace whose first
+    by arrival (seconds from the trace's start), the rows ``options.match`` picks, then cut by
+    the rest of ``options``. A trace whose first
     arrival is a day or more in holds timestamps (a log's Unix seconds): its arrivals count from
     the first one, so it replays as it happened, not after decades of idling. A trace whose
     arrivals span more than ``MAX_SPAN_S`` is refused (a mix of offsets and timestamps).
@@ -99,6 +102,7 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
     The file is read as a stream into flat arrays and only the requests ``options`` keep become
     ``RequestSpec``s: Azure's 2024 traces hold 17 and 27 million requests over a week, BurstGPT's
     up to 5 million over months, of which a replay takes a window."""
+    options = options or TraceOptions()
     rows = Rows()
     try:
         with open_text(path) as f:
@@ -107,17 +111,17 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
             for number, first in enumerate(lines, 1):  # noqa: B007 (the loop finds the first line with text)
                 if first.strip():
                     break
-            read_rows(path, itertools.chain([first], lines), number, first, rows)
+            read_rows(path, itertools.chain([first], lines), number, first, rows, options.match)
     except READ_ERRORS as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc
     if not rows.arrivals:
-        raise TraceError(f"trace {path} holds no requests")
+        where = " and ".join(f"{field} = {value}" for field, value in options.match)
+        raise TraceError(f"trace {path}: no request where {where}" if where else f"trace {path} holds no requests")
     order = rows.by_arrival()
     first_s, last_s = rows.arrivals[order[0]], rows.arrivals[order[-1]]
     _check_span(path, first_s, last_s)
     base = first_s if first_s >= _TIMESTAMPS_FROM_S else 0.0
     requests = ((rows.arrivals[i] - base, rows.prompts[i], rows.outputs[i], rows.content_of(i)) for i in order)
-    options = options or TraceOptions()
     kept = options.apply(requests)
     if not kept:
         raise TraceError(f"trace {path}: no request left after {options.describe()}")

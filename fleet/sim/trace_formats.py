@@ -15,8 +15,10 @@ readers: each line becomes (arrival, prompt length, output length) in flat array
   log failed requests with 0 response tokens; a row with 0 tokens either way is a request that
   did not run and is left out.
 
-Other keys and columns are ignored. A file compressed with gzip, bzip2 or xz (told from its first
-bytes, whatever its name) is read as it is decompressed.
+Other keys and columns are ignored, but may pick the rows replayed: ``match`` keeps only those
+whose fields hold the values given (BurstGPT's ``Model`` = ``GPT-4``, a log's tenant). A file
+compressed with gzip, bzip2 or xz (told from its first bytes, whatever its name) is read as it is
+decompressed.
 """
 
 from __future__ import annotations
@@ -118,13 +120,19 @@ class Rows:
         return sorted(range(len(a)), key=a.__getitem__)
 
 
-def read_rows(path: str | Path, lines: Iterable[str], first_number: int, first: str, rows: Rows) -> None:
+Match = tuple[tuple[str, str], ...]  # (field, value): a row is kept where every field holds its value
+
+
+def read_rows(
+    path: str | Path, lines: Iterable[str], first_number: int, first: str, rows: Rows, match: Match = ()
+) -> None:
     """Every request of ``lines`` (the file from its first line with text, ``first``, which is
-    line ``first_number``) into ``rows``, in the format that line shows."""
+    line ``first_number``) whose fields hold the values ``match`` gives, into ``rows``, in the
+    format that line shows."""
     if is_csv(path, first):
-        _read_csv(path, lines, first_number, rows)
+        _read_csv(path, lines, first_number, rows, match)
     else:
-        _read_jsonl(path, lines, first_number, rows)
+        _read_jsonl(path, lines, first_number, rows, match)
 
 
 def is_csv(path: str | Path, first: str) -> bool:
@@ -149,7 +157,7 @@ def _format_of(names: Iterable[str], formats: Sequence[Format], where: str, what
     raise TraceError(f"{where}: {what} needs {known}; missing {', '.join(missing)}")
 
 
-def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows: Rows) -> None:
+def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows: Rows, match: Match) -> None:
     fmt: Format | None = None
     for number, line in enumerate(lines, first_number):
         if not line.strip():
@@ -161,6 +169,8 @@ def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows:
             raise TraceError(f"{where}: not JSON: {exc}") from exc
         if not isinstance(record, dict):
             raise TraceError(f"{where}: expected an object with {' or '.join(f.describe() for f in JSONL_FORMATS)}")
+        if match and not all(_as_text(record.get(field)) == value for field, value in match):
+            continue
         if fmt is None:
             fmt = _format_of(record, JSONL_FORMATS, where, "a JSONL trace")
         at, prompt_key, output_key = fmt.fields
@@ -211,11 +221,22 @@ def _keep(
     rows.add(arrival * fmt.seconds_per_unit, prompt, output, content)
 
 
-def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: Rows) -> None:
+def _as_text(value: object) -> str | None:
+    """A JSONL field as a match compares it: text as it is, anything else as JSON (1, true)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: Rows, match: Match) -> None:
     reader = csv.reader(lines)
     header = [h.strip().lstrip("\ufeff") for h in next(reader)]
     fmt = _format_of(header, CSV_FORMATS, f"{path}:{header_number}", "a CSV trace")
     at, prompt_at, output_at = (header.index(c) for c in fmt.fields)
+    for field, _ in match:
+        if field not in header:
+            raise TraceError(f"{path}:{header_number}: no column {field!r} to match; it has {', '.join(header)}")
+    wanted = [(header.index(field), value) for field, value in match]
     timestamps = _Timestamps(fmt.fields[0])
     for row in reader:
         if not row or not any(cell.strip() for cell in row):
@@ -223,6 +244,8 @@ def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: 
         where = f"{path}:{header_number - 1 + reader.line_num}"
         if len(row) < len(header):
             raise TraceError(f"{where}: expected {len(header)} columns, got {len(row)}")
+        if any(row[index].strip() != value for index, value in wanted):
+            continue
         arrival = timestamps.seconds(row[at].strip(), where)
         lengths = []
         for column, index in ((fmt.fields[1], prompt_at), (fmt.fields[2], output_at)):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from llmfleet.cli import main
 from llmfleet.sim.trace import builtin_workload, read_trace, write_trace
 from llmfleet.workloads import RequestSpec
@@ -98,6 +100,9 @@ def test_an_azure_csv_trace_is_cut_thinned_and_capped(tmp_path, capsys, repo_roo
     assert 10 <= len(used) <= 50 and all(r.output_len == 8 and r.arrival_s < 120 for r in used)
     assert main([*args[:-4], "--thin", "0.5"]) == 2
     assert "--thin cut a --trace" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*args, "--trace-match", "Model"])
+    assert "--trace-match: expected FIELD=VALUE, got 'Model'" in capsys.readouterr().err
 
 
 def test_sim_explains_what_is_missing(tmp_path, capsys, repo_root, monkeypatch) -> None:
@@ -193,6 +198,7 @@ def test_bench_tuner_says_what_a_trace_of_your_own_lacks(tmp_path, capsys) -> No
         ([*base, *slos, "--initial-replicas", "13"], "--initial-replicas 13 is above --max-replicas 12"),
         ([*base, *slos], f"no request of {trace} arrives after the 300 s warm-up: nothing to judge"),
         ([*base[:3], str(tmp_path / "none.csv"), *base[4:], *slos], "cannot read the trace: "),
+        ([*base, *slos, "--trace-match", "tenant=a"], f"trace {trace}: no request where tenant = a"),
     ]:
         assert main(argv) == 2, argv
         assert why in capsys.readouterr().out, argv

@@ -292,6 +292,37 @@ def test_burstgpt_traces_read_and_leave_out_failed_requests(tmp_path) -> None:
     assert read_trace(path) == [RequestSpec(5.0, 472, 18), RequestSpec(118.5, 417, 276)]
 
 
+def test_a_replay_can_keep_only_the_rows_a_field_picks(tmp_path) -> None:
+    # BurstGPT logs two models and two kinds of log in one file: a fleet serves one model
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "45,GPT-4,1087,20,1107,API log\n"
+        "118.5,GPT-4,417,276,693,Conversation log\n"
+    )
+    gpt4 = (("Model", "GPT-4"),)
+    assert read_trace(path, TraceOptions(match=gpt4)) == [RequestSpec(45.0, 1087, 20), RequestSpec(118.5, 417, 276)]
+    both = TraceOptions(match=(*gpt4, ("Log Type", "API log")))
+    assert read_trace(path, both) == [RequestSpec(45.0, 1087, 20)]
+    assert both.describe() == "Model = GPT-4, Log Type = API log"
+    with pytest.raises(TraceError, match=r"BurstGPT_1\.csv:1: no column 'model' to match; it has Timestamp, Model, "):
+        read_trace(path, TraceOptions(match=(("model", "GPT-4"),)))
+    with pytest.raises(TraceError, match=r"no request where Model = Claude$"):
+        read_trace(path, TraceOptions(match=(("Model", "Claude"),)))
+    # a JSONL key matches as text, or as its JSON where it is not text; a row without it does not
+    jsonl = tmp_path / "tenants.jsonl"
+    rows = [{"tenant": "a", "tier": 1}, {"tenant": "b", "tier": 2}, {"tier": 1}, {"tenant": "a", "tier": True}]
+    jsonl.write_text(
+        "".join(
+            json.dumps({"arrival_s": i, "prompt_tokens": 5, "output_tokens": 2} | r) + "\n" for i, r in enumerate(rows)
+        )
+    )
+    assert [r.arrival_s for r in read_trace(jsonl, TraceOptions(match=(("tier", "1"),)))] == [0.0, 2.0]
+    assert [r.arrival_s for r in read_trace(jsonl, TraceOptions(match=(("tenant", "a"),)))] == [0.0, 3.0]
+    assert [r.arrival_s for r in read_trace(jsonl, TraceOptions(match=(("tier", "true"),)))] == [3.0]
+
+
 @pytest.mark.parametrize("compress", ["gzip", "bz2", "lzma"])
 def test_a_compressed_trace_reads_as_it_decompresses_whatever_its_name(tmp_path, compress) -> None:
     import importlib
