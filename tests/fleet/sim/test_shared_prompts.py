@@ -89,3 +89,13 @@ def test_the_prefix_policy_keeps_a_conversation_on_one_pod(profile) -> None:
     assert _pods_per_conversation("prefix", profile) == [1, 1, 1, 1]
     assert max(_pods_per_conversation("load", profile)) > 1  # the least loaded spreads the turns
     assert _pods_per_conversation("round-robin", profile) == [3, 3, 3, 3]  # 24 turns in turn over 3 pods
+
+
+def test_a_disaggregated_fleets_prefill_pods_hit_on_shared_blocks(profile) -> None:
+    # prefill pods compute the prompts, so theirs is the cache that hits; a one-token prompt
+    # goes straight to a decode pod, which computes it
+    requests = [*_system_prompt_requests(shared=True), RequestSpec(50.0, 1, 3)]
+    for policy in ("load", "prefix"):
+        fleet = Fleet(_with_policy(make_spec(mode="disaggregated", replicas=2), policy), profile, requests)
+        assert all(r.status == "finished" for r in fleet.run().records)
+        assert fleet.pools["prefill"].series.counters["prefix_cache_hits"] >= 18 * 128  # one miss per pod at most
