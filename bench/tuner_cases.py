@@ -50,6 +50,7 @@ class Case:
     mode: str = "colocated"
     max_replicas: int = 8
     initial_replicas: int = 1  # the tuner's and the HPA's pool at the start (a fixed fleet is its own)
+    router_policy: str = "load"  # spec.router.policy: how the simulated router picks pods
     grid: dict[str, tuple[float, ...]] = field(default_factory=lambda: GRID)
     pairs: tuple[tuple[int, int], ...] = ()  # disaggregated: the fixed (prefill, decode) grid
     # disaggregated: per pool, the knob values the fixed pairs also run at (every combination)
@@ -185,6 +186,7 @@ def spec_for(
             "mode": case.mode,
             "slo": {"ttftP95Ms": case.ttft_ms, "itlP95Ms": case.itl_ms},
             "pools": pools,
+            "router": {"policy": case.router_policy},
             "autotune": case.autotune | {"enabled": autotune, "predictive": predictive},
         }
     )

@@ -55,6 +55,7 @@ from llmfleet.bench.tuner_cases import (
     spec_for,
 )
 from llmfleet.bench.tuner_scores import cheapest_reaching, judged_minutes, oracle, reaches, scale_down_lag
+from llmfleet.server.router.policies import POLICIES as ROUTER_POLICIES
 from llmfleet.sim.cli import add_trace_arguments
 
 ATTAINMENT_TARGET = 0.99
@@ -107,6 +108,13 @@ def add_arguments(parser) -> None:
         "running)",
     )
     parser.add_argument(
+        "--router-policy",
+        choices=ROUTER_POLICIES,
+        default="load",
+        help="tuner --trace: spec.router.policy, for every contender (default load; prefix where your router "
+        "follows prompt prefixes and the trace names them, as Mooncake's hash_ids do)",
+    )
+    parser.add_argument(
         "--scale-down-window-s",
         type=positive_int,
         help=f"tuner --trace: autotune.scaleDownStabilizationSeconds (default the bench's "
@@ -155,6 +163,8 @@ def run(args) -> int:
     start = (
         "" if cases[0].initial_replicas == 1 else f"; the tuner and the HPA start at {cases[0].initial_replicas} pods"
     )
+    if cases[0].router_policy != "load":
+        start += f"; router policy {cases[0].router_policy}"
     print(
         f"   autotune {autotune}; pods start {args.startup_s:g} s after a scale-up{start}; draws "
         + ", ".join("default" if s is None else str(s) for s in seeds)
@@ -173,6 +183,7 @@ def run(args) -> int:
         "autotune": autotune,
         "startup_s": args.startup_s,
         "initial_replicas": cases[0].initial_replicas,
+        "router_policy": cases[0].router_policy,
         "seeds": seeds,
         "targets": {
             "attainment": ATTAINMENT_TARGET,
@@ -225,6 +236,7 @@ def trace_case(args, seeds: list[int | None], quick: bool) -> tuple[Case, dict[i
         warmup_s=args.warmup,
         max_replicas=args.max_replicas,
         initial_replicas=args.initial_replicas,
+        router_policy=args.router_policy,
         grid=LONG_GRID,
         ramp=True,
         thin=1.0 if args.thin is None else args.thin,

@@ -152,14 +152,17 @@ def test_bench_tuner_judges_a_trace_of_your_own(tmp_path, capsys) -> None:
     trace = write_trace(tmp_path / "ours.jsonl", requests)
     argv = ["bench", "tuner", "--quick", "--trace", str(trace), "--trace-start", "30", "--trace-duration", "300"]
     argv += ["--ttft-ms", "2000", "--itl-ms", "300", "--warmup", "60", "--max-replicas", "3"]
-    argv += ["--scale-down-window-s", "60", "--initial-replicas", "2"]
+    argv += ["--scale-down-window-s", "60", "--initial-replicas", "2", "--router-policy", "prefix"]
     code = main([*argv, "--profile", str(profile), "--out", str(tmp_path), "--workers", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "'scaleDownStabilizationSeconds': 60" in out and "the tuner and the HPA start at 2 pods" in out
+    assert "; router policy prefix" in out
     assert "ours.jsonl: 600 requests, window 30-330 s, prompts capped at 2048, outputs capped at 512" in out
     assert "best fixed" in out and "best HPA target" in out and "oracle" in out
-    (row,) = json.loads((tmp_path / "tuner_eval.json").read_text())["workloads"]
+    result = json.loads((tmp_path / "tuner_eval.json").read_text())
+    assert result["router_policy"] == "prefix"
+    (row,) = result["workloads"]
     assert row["workload"] == "ours" and row["tuner"]["slo_minutes"] == 4  # the 240 s after the warm-up
 
 
