@@ -94,10 +94,10 @@ class TraceOptions:
 def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[RequestSpec]:
     """The requests of a trace in any of the formats trace_formats.py reads, compressed or not,
     by arrival (seconds from the trace's start), the rows ``options.match`` picks, then cut by
-    the rest of ``options``. A trace whose first
-    arrival is a day or more in holds timestamps (a log's Unix seconds): its arrivals count from
-    the first one, so it replays as it happened, not after decades of idling. A trace whose
-    arrivals span more than ``MAX_SPAN_S`` is refused (a mix of offsets and timestamps).
+    the rest of ``options``. A trace whose first arrival is a day or more in holds timestamps (a
+    log's Unix seconds): its arrivals count from the first one, so it replays as it happened, not
+    after decades of idling. A trace whose arrivals span more than ``MAX_SPAN_S`` is refused (a
+    mix of offsets and timestamps).
 
     The file is read as a stream into flat arrays and only the requests ``options`` keep become
     ``RequestSpec``s: Azure's 2024 traces hold 17 and 27 million requests over a week, BurstGPT's

@@ -100,13 +100,15 @@ class Rows:
         self.arrivals = array("d")
         self.prompts = array("i")
         self.outputs = array("i")
-        self.content: list[Content] = []  # one per request, or none at all
+        self.content: list[Content] = []  # one per request from the first that names any, else none
 
-    def add(self, arrival: float, prompt: int, output: int, content: Content | None = None) -> None:
+    def add(self, arrival: float, prompt: int, output: int, content: Content = NO_CONTENT) -> None:
         self.arrivals.append(arrival)
         self.prompts.append(prompt)
         self.outputs.append(output)
-        if content is not None:
+        if content[0] and not self.content:  # a log of lengths alone pays nothing for the list
+            self.content = [NO_CONTENT] * (len(self.arrivals) - 1)
+        if self.content or content[0]:
             self.content.append(content)
 
     def content_of(self, index: int) -> Content:
@@ -188,7 +190,7 @@ def _read_jsonl(path: str | Path, lines: Iterable[str], first_number: int, rows:
         for key, value in ((prompt_key, prompt), (output_key, output)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-        content = _content(record, where) if fmt.has_blocks else None
+        content = _content(record, where) if fmt.has_blocks else NO_CONTENT
         _keep(fmt, rows, where, float(arrival), prompt, output, content)
 
 
@@ -207,7 +209,7 @@ def _whole(value: object, least: int) -> bool:
 
 
 def _keep(
-    fmt: Format, rows: Rows, where: str, arrival: float, prompt: int, output: int, content: Content | None = None
+    fmt: Format, rows: Rows, where: str, arrival: float, prompt: int, output: int, content: Content = NO_CONTENT
 ) -> None:
     """One row's request into ``rows``, in seconds; a failed request (no tokens, where ``fmt``
     logs those) is left out, and a length no model could have is an error."""

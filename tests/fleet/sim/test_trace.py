@@ -274,7 +274,9 @@ def test_content_blocks_must_be_ids(tmp_path, row, error) -> None:
 
 
 def test_a_saved_trace_keeps_the_prompts_blocks(tmp_path) -> None:
-    requests = [RequestSpec(0.0, 100, 4, (1, 2), 64), RequestSpec(1.0, 30, 2), RequestSpec(2.0, 70, 3, (1, 5), 64)]
+    # blocks from the second request on: the rows before them read as sharing nothing
+    requests = [RequestSpec(0.0, 30, 2), RequestSpec(1.0, 100, 4, (1, 2), 64), RequestSpec(2.0, 5, 1)]
+    requests.append(RequestSpec(3.0, 70, 3, (1, 5), 64))
     path = write_trace(tmp_path / "saved.jsonl", requests)
     assert read_trace(path) == requests
 
