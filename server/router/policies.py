@@ -3,18 +3,18 @@
 - ``load``: the least loaded (``load_score``: the requests a server holds, those of them still
   waiting for their first token counted four times, and its KV usage).
 - ``round-robin``: the baseline.
-- ``prefix``: prefix affinity. A request goes to the server that last took a request with the
-  same prompt prefix, as long as that server is not much busier than the least loaded one. A
-  server's prefix cache holds the prompts it served recently, so a conversation's next turn, or
-  another request behind the same long system prompt, skips most of its prefill there (and, on a
-  decode server, most of its KV transfer). The router does not tokenize: it cuts the prompt's
-  text into chunks of ``CHUNK_CHARS`` characters and chains their hashes, the way servers chain
-  their KV blocks' hashes, so one hash names one prefix, and remembers in a bounded LRU table
-  which servers each prefix went to. Among the servers whose load score is within ``SLACK`` of
-  the least loaded one it picks, of those that took the longest matching prefix, the least
-  loaded; with no match, the least loaded. Past the slack load wins: a hot prefix spreads once
-  its server queues, and a prefix every server has taken (a system prompt all requests share)
-  leaves the choice to the next, rarer one, or to load.
+- ``prefix``: prefix affinity. A request goes to a server that took a request with the same
+  prompt prefix, as long as that server is not much busier than the least loaded one. A server's
+  prefix cache holds the prompts it served recently, so a conversation's next turn, or another
+  request behind the same long system prompt, skips most of its prefill there (and, on a decode
+  server, most of its KV transfer). The router does not tokenize: it cuts the prompt's text into
+  chunks of ``CHUNK_CHARS`` characters and chains their hashes, the way servers chain their KV
+  blocks' hashes, so one hash names one prefix, and remembers in a bounded LRU table which
+  servers each prefix went to (the latest ``MAX_HOLDERS`` of them). Among the servers whose load
+  score is within ``SLACK`` of the least loaded one it picks, of those that took the longest
+  matching prefix, the least loaded; with no match, the least loaded. Past the slack load wins:
+  a hot prefix spreads once its server queues, and a prefix every server has taken (a system
+  prompt all requests share) leaves the choice to the next, rarer one, or to load.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ Policy = Callable[["list[Server]", Sequence[int]], "Server"]  # candidates, the 
 CHUNK_CHARS = 128  # about 30-60 tokens: a few KV blocks
 MAX_PREFIXES = 100_000  # remembered prefix hashes: about 33 MB, some 125 prompts of 100k characters
 SLACK = 2 * (1 + UNSTARTED_WEIGHT)  # load score units: two requests yet to start
+# servers remembered per prefix, the most recent takers: pods come and go (new addresses) under
+# autoscaling, and a prefix every request shares would otherwise list every pod that ever ran
+MAX_HOLDERS = 64
 
 
 def least_loaded(candidates: list[Server], prefixes: Sequence[int] = ()) -> Server:
@@ -92,7 +95,11 @@ class PrefixAffinity:
 
     def _remember(self, prefixes: Sequence[int], url: str) -> None:
         for prefix in prefixes:
-            self._servers_of.setdefault(prefix, {})[url] = None
+            holders = self._servers_of.setdefault(prefix, {})
+            holders.pop(url, None)  # the most recent taker last
+            holders[url] = None
+            if len(holders) > MAX_HOLDERS:
+                del holders[next(iter(holders))]
             self._servers_of.move_to_end(prefix)
         while len(self._servers_of) > self.max_prefixes:
             self._servers_of.popitem(last=False)

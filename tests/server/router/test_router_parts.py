@@ -13,7 +13,15 @@ import pytest
 
 from llmfleet.server.router.balancer import SLOW_POLLS, Balancer
 from llmfleet.server.router.load import Server
-from llmfleet.server.router.policies import CHUNK_CHARS, SLACK, PrefixAffinity, least_loaded, prefix_hashes, prompt_text
+from llmfleet.server.router.policies import (
+    CHUNK_CHARS,
+    MAX_HOLDERS,
+    SLACK,
+    PrefixAffinity,
+    least_loaded,
+    prefix_hashes,
+    prompt_text,
+)
 from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.stream_meter import StreamMeter
 from llmfleet.server.wire.endpoints import EndpointsFile, EndpointSlices, StaticEndpoints, ready_urls
@@ -164,6 +172,21 @@ def test_prefix_affinity_follows_the_prefix_while_load_allows():
     assert policy([a, b], prefix_hashes({"prompt": system + "fourth"})) is a
     assert policy([a, b], prefix_hashes({"prompt": thread + "its next turn"})) is b
     assert policy([a], turn) is a  # a prefix's server gone from the candidates: another one
+
+
+def test_prefix_affinity_remembers_the_most_recent_servers_of_a_prefix():
+    # pods come and go under autoscaling: a prefix every request shares keeps its latest takers
+    policy = PrefixAffinity()
+    shared = prefix_hashes({"prompt": "s" * (2 * CHUNK_CHARS)})
+    gone = [Server(f"http://10.0.{i // 250}.{i % 250}:8000", "decode") for i in range(MAX_HOLDERS + 10)]
+    for server in gone:
+        assert policy([server], shared) is server
+    assert len(policy._servers_of[shared[-1]]) == MAX_HOLDERS
+    assert gone[0].url not in policy._servers_of[shared[-1]] and gone[-1].url in policy._servers_of[shared[-1]]
+    # a holder taken again moves to the most recent end: the oldest other one goes next
+    assert policy([gone[10]], shared) is gone[10]
+    policy([Server("http://new:8000", "decode")], shared)
+    assert gone[10].url in policy._servers_of[shared[-1]] and gone[11].url not in policy._servers_of[shared[-1]]
 
 
 @pytest.mark.parametrize(("max_prefixes", "remembered"), [(100, True), (3, False)])
