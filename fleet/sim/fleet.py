@@ -42,7 +42,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.validation import InvalidRequestError
 from llmfleet.server.engine.engine import QueueFullError
 from llmfleet.server.router.load import Server, load_score
-from llmfleet.server.router.policies import POLICIES, Policy
+from llmfleet.server.router.policies import POLICIES, Policy, chained_hashes
 from llmfleet.sim.cost_model import CostModel
 from llmfleet.sim.metric_source import PodGauges, PoolSeries, RequestRecord, SimMetricSource
 from llmfleet.sim.pod import PodConfigError, PodState, SimPod, pod_max_model_len
@@ -154,16 +154,6 @@ class SimPool:
     def replicas(self) -> int:
         """Pods counted against the desired replicas: starting and ready, not draining."""
         return len(self.with_state(PodState.STARTING, PodState.READY))
-
-
-def block_prefixes(blocks: tuple[int, ...]) -> list[int]:
-    """The chained hashes of a prompt's content blocks, the i-th naming its first i + 1 blocks:
-    what the router's prefix policy remembers (it hashes chunks of the prompt's text the same way)."""
-    hashes, parent = [], 0
-    for block in blocks:
-        parent = hash((parent, block))
-        hashes.append(parent)
-    return hashes
 
 
 def check_spec(spec: InferenceServiceSpec, cost: CostModel) -> None:
@@ -426,7 +416,7 @@ class Fleet:
             Server(pod.name, pod.pool, kv_usage=pod.kv_usage, assigned=pod.in_flight, unstarted=len(pod.unstarted))
             for pod in ready
         ]
-        chosen = policy(servers, block_prefixes(blocks))
+        chosen = policy(servers, chained_hashes(blocks))  # as the router hashes text chunks
         return next(pod for pod in ready if pod.name == chosen.url)
 
     def _publish(self, pod: SimPod) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from llmfleet.server.router.load import UNSTARTED_WEIGHT, Server
@@ -65,9 +65,17 @@ def prompt_text(body: dict[str, Any]) -> str:
 def prefix_hashes(body: dict[str, Any]) -> list[int]:
     """The chained hashes of the prompt's whole chunks: the i-th names its first i + 1 chunks."""
     text = prompt_text(body)
+    return chained_hashes(
+        text[start : start + CHUNK_CHARS] for start in range(0, len(text) - CHUNK_CHARS + 1, CHUNK_CHARS)
+    )
+
+
+def chained_hashes(parts: Iterable[Hashable]) -> list[int]:
+    """One hash per prefix of ``parts``: the i-th names its first i + 1 parts, as servers chain
+    their KV blocks' hashes (the simulator chains a trace's content block ids the same way)."""
     hashes, parent = [], 0
-    for start in range(0, len(text) - CHUNK_CHARS + 1, CHUNK_CHARS):
-        parent = hash((parent, text[start : start + CHUNK_CHARS]))
+    for part in parts:
+        parent = hash((parent, part))
         hashes.append(parent)
     return hashes
 
