@@ -9,8 +9,9 @@ Events, in simulated time:
   its first ready pod is a cold start. Pods are picked as the router picks servers (``load_score``:
   the requests a pod holds, those whose first token has not come back yet weighing more).
 - ``step_end``: a pod's step is over; its tokens become visible (client records, pool metrics),
-  and the pod starts its next step. A prefill pod's finished request moves to the decode pool
-  after the KV transfer delay (``transfer``).
+  and the pod starts its next step. A prefill pod's finished request goes to the decode pod the
+  router calls then, after the delay of the KV it fetches: all of it, less the blocks that pod's
+  prefix cache holds (``transfer``).
 - ``wake``: a batching window of an idle pod runs out.
 - ``ready``: a new pod has started (``startup_s`` after the scale-up) and joins the router.
 - ``drain_deadline``: a draining pod still holding requests is killed; they are reported aborted.
@@ -91,6 +92,17 @@ class ColdStart:
     at: float
     seconds: float
     held: int
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A request on its way from a prefill pod to the decode pod the router called at ``sent``,
+    which found its first ``cached_blocks`` blocks in its own prefix cache (None: none was ready)."""
+
+    record: RequestRecord
+    sent: float
+    pod: SimPod | None
+    cached_blocks: int
 
 
 @dataclass
@@ -334,9 +346,10 @@ class Fleet:
             self._waking[name] = self.now
         self.wake_hook()
 
-    def _on_transfer(self, handoff: tuple[RequestRecord, float]) -> None:
-        record, sent = handoff  # the decode server's clock runs from the router's call, the KV fetch in it
-        self._dispatch("decode", record, sent)
+    def _on_transfer(self, handoff: Handoff) -> None:
+        # the decode server's clock runs from the router's call, the KV fetch in it
+        pod = handoff.pod if handoff.pod is not None and handoff.pod.state == PodState.READY else None
+        self._dispatch("decode", handoff.record, handoff.sent, pod, handoff.cached_blocks if pod else 0)
 
     def _on_drain_deadline(self, pod: SimPod) -> None:
         if pod.state != PodState.DRAINING:
@@ -359,10 +372,35 @@ class Fleet:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _dispatch(self, pool_name: str, record: RequestRecord, arrived: float) -> None:
+    def _hand_off(self, record: RequestRecord, sent: float, tokens: int) -> None:
+        """A prefill pod has computed ``tokens`` of the prompt: the router calls a decode server
+        now, and that server fetches their KV less the leading blocks its own prefix cache holds
+        (server/openai/kv_transfer.py), so the transfer takes as long as those bytes. With no
+        decode pod ready, the whole KV is charged and the pick waits for the transfer's end."""
+        spec = self.requests[record.index]
+        pod = self._pick(self.pools["decode"], spec.blocks)
+        cached = 0
+        if pod is not None:
+            cached = pod.cached_prefix_blocks(record.prompt_len, spec.blocks, spec.block_tokens, record.index)
+        fetched = max(tokens - (cached * pod.block_size if pod is not None else 0), 0)
+        delay = self.options.kv_transfer_latency_s + (
+            fetched * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
+        )
+        self._push(sent + delay, "transfer", Handoff(record, sent, pod, cached))
+
+    def _dispatch(
+        self,
+        pool_name: str,
+        record: RequestRecord,
+        arrived: float,
+        pod: SimPod | None = None,
+        cached_blocks: int = 0,
+    ) -> None:
+        """Send a request to ``pod``, or to the pod the router picks in the pool; with none ready it
+        waits at the router."""
         pool = self.pools[pool_name]
         spec = self.requests[record.index]
-        pod = self._pick(pool, spec.blocks)
+        pod = pod or self._pick(pool, spec.blocks)
         if pod is None:
             pool.backlog.append((record, arrived, self.now))
             if not pool.with_state(PodState.STARTING):
@@ -377,6 +415,7 @@ class Fleet:
                 spec.blocks,
                 spec.block_tokens,
                 record.index,
+                cached_blocks,
             )
         except QueueFullError as exc:
             self._close(record, "rejected", f"429 from {pod.name}: {exc}")
@@ -448,10 +487,7 @@ class Fleet:
             if out.finish_reason == "abort":
                 self._close(record, "aborted", f"aborted on {pod.name}")
             elif pod.pool == "prefill":
-                delay = self.options.kv_transfer_latency_s + (
-                    out.num_prompt_tokens * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
-                )
-                self._push(at + delay, "transfer", (record, at))
+                self._hand_off(record, at, out.num_prompt_tokens)
             else:
                 self._close(record, "finished")
 

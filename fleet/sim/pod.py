@@ -169,6 +169,7 @@ class SimPod:
         blocks: tuple[int, ...] = (),
         block_tokens: int = 0,
         number: int = 0,
+        cached_blocks: int = 0,
     ) -> Request:
         """Queue a client request of ``prompt_len`` tokens and ``output_len`` out, as a server of
         this pod's pool gets it. Raises the server's errors: too long for the context (checked
@@ -180,20 +181,35 @@ class SimPod:
         prefill pod computes all but the last prompt token and samples one token, which nobody
         sees; a decode pod imports the KV of those tokens, computes the last one and samples the
         client's tokens, the first of them too. A one-token prompt has nothing to transfer: its
-        decode pod computes it."""
+        decode pod computes it. ``cached_blocks``: the leading blocks the decode pod found in its
+        prefix cache when it fetched the rest (``cached_prefix_blocks``), as its server's
+        ``first_block``."""
         # before the filler prompt is built: a prompt of 1e11 tokens is refused, not allocated
         check_context_length(self.max_model_len, prompt_len, output_len)
         kv_import = None
         if self.pool == "prefill":
             prompt_len, output_len = prompt_len - 1, 1
         elif self.pool == "decode" and prompt_len > 1:
-            kv_import = KVImport(num_tokens=prompt_len - 1, payload=memoryview(b""))  # the runner writes nothing
+            # the runner writes nothing
+            kv_import = KVImport(num_tokens=prompt_len - 1, payload=memoryview(b""), first_block=cached_blocks)
         sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
         if self.caches:
             prompt = simulated_prompt(prompt_len, blocks, block_tokens, number)
         else:
             prompt = [1] * prompt_len
         return self.engine.add_request(request_id, prompt, sampling, arrival_time=arrival, kv_import=kv_import)
+
+    def cached_prefix_blocks(self, prompt_len: int, blocks: tuple[int, ...], block_tokens: int, number: int) -> int:
+        """The leading full blocks of a prompt's transferred part (all but its last token) in this
+        pod's prefix cache now: what its server leaves out of the KV it fetches."""
+        if not self.caches or not blocks or prompt_len < 2:
+            return 0
+        prompt = simulated_prompt(prompt_len, blocks, block_tokens, number)
+        return self.engine.block_manager.cached_prefix_blocks(prompt[:-1])
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.block_manager.block_size
 
     @property
     def max_model_len(self) -> int:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
+
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.sim.fleet import Fleet, SimOptions
-from llmfleet.sim.pod import simulated_prompt
+from llmfleet.sim.pod import SimPod, simulated_prompt
 from llmfleet.workloads import RequestSpec
 from tests.fleet.sim.conftest import make_spec
 
@@ -99,3 +101,23 @@ def test_a_disaggregated_fleets_prefill_pods_hit_on_shared_blocks(profile) -> No
         fleet = Fleet(_with_policy(make_spec(mode="disaggregated", replicas=2), policy), profile, requests)
         assert all(r.status == "finished" for r in fleet.run().records)
         assert fleet.pools["prefill"].series.counters["prefix_cache_hits"] >= 18 * 128  # one miss per pod at most
+
+
+def test_a_decode_pod_fetches_only_the_blocks_its_prefix_cache_lacks(profile, monkeypatch) -> None:
+    # as its server does (first_block): over a slow link, a system prompt the decode pod already
+    # holds is not fetched again, and its reuse counts as the pool's prefix-cache hits
+    spec = make_spec(mode="disaggregated", replicas=1, max_replicas=1)
+    slow = SimOptions(kv_transfer_bytes_per_s=profile.kv_bytes_per_token * 1000.0)  # 1000 tokens/s
+    requests = _system_prompt_requests(shared=True)
+    fleet = Fleet(spec, profile, requests, slow)
+    fetching = fleet.run()
+    monkeypatch.setattr(SimPod, "cached_prefix_blocks", lambda *_: 0)  # a decode pod that fetches it all
+    everything = Fleet(spec, profile, requests, slow)
+    fetching_all = everything.run()
+    assert all(r.status == "finished" for r in (*fetching.records, *fetching_all.records))
+    # the first request fetches the whole system prompt; the rest find its 128 tokens (one block
+    # of the 191 transferred is partial and always sent)
+    assert fleet.pools["decode"].series.counters["prefix_cache_hits"] == 19 * 128
+    assert everything.pools["decode"].series.counters["prefix_cache_hits"] == 0
+    for cached, whole in zip(fetching.records[1:], fetching_all.records[1:], strict=True):
+        assert whole.ttft - cached.ttft == pytest.approx(0.128, abs=0.02)  # 128 tokens at 1000 tokens/s
