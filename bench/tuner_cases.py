@@ -32,8 +32,10 @@ BOUNDS = {
 AUTOTUNE = {"intervalSeconds": 10, "scaleDownStabilizationSeconds": 120, "cooldownSeconds": 30, "headroom": 0.2}
 # The batching window stays at 0 in the grid, which halves the bench's time: with 0 or 20 ms, the
 # best fixed configuration ran 0 ms on three of the four colocated workloads (creative: 20 ms).
-GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (64, 256, 2048), "batchTimeoutMs": (0,)}
-LONG_GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (0,)}
+# Budgets up to the bounds' 4096, where the tuner may take a pool (as in PAIR_KNOBS): a fixed
+# fleet at the bound served azure-conv's default draw with 5 pods where 2048 needed 6.
+GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (64, 256, 2048, 4096), "batchTimeoutMs": (0,)}
+LONG_GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (256, 2048, 4096), "batchTimeoutMs": (0,)}
 QUICK_GRID = {"maxBatchSize": (8, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (20,)}
 STEP_RISE = 1.5  # a phase whose rate is this much above the one before is a step the trace gives no warning of
 
@@ -75,7 +77,7 @@ class Case:
 PAIRS = tuple((p, d) for p in (1, 2, 3, 4) for d in (1, 2, 3, 4, 5))
 # The knobs each disaggregated pool's tuner moves most, so that the cheapest fixed pair is one an
 # engineer would set by hand: the prefill pool's token budget and the decode pool's batch cap.
-PAIR_KNOBS = {"prefill": {"maxNumBatchedTokens": (256, 2048)}, "decode": {"maxBatchSize": (8, 16, 32)}}
+PAIR_KNOBS = {"prefill": {"maxNumBatchedTokens": (256, 2048, 4096)}, "decode": {"maxBatchSize": (8, 16, 32)}}
 CASES = (
     Case("bursty", 3000, 300, rate_scale=0.5, duration_s=None, why="anyscale-online lengths, rate steps and a spike"),
     Case(

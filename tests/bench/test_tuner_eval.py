@@ -82,8 +82,8 @@ def test_the_fixed_pairs_run_at_every_combination_of_their_pools_knobs() -> None
 
     case = next(c for c in CASES if c.workload == "chat-disagg")
     sets = pair_knob_sets(case)
-    assert len(sets) == 6 and {s["decode"]["maxBatchSize"] for s in sets} == {8, 16, 32}
-    assert {s["prefill"]["maxNumBatchedTokens"] for s in sets} == {256, 2048}
+    assert len(sets) == 9 and {s["decode"]["maxBatchSize"] for s in sets} == {8, 16, 32}
+    assert {s["prefill"]["maxNumBatchedTokens"] for s in sets} == {256, 2048, 4096}
     assert pair_knob_sets(case, quick=True) == [
         {"prefill": {"maxNumBatchedTokens": 256}, "decode": {"maxBatchSize": 8}}
     ]
@@ -92,7 +92,7 @@ def test_the_fixed_pairs_run_at_every_combination_of_their_pools_knobs() -> None
         spec.pools["decode"].engine["maxBatchSize"] == 32 and spec.pools["decode"].engine["maxNumBatchedTokens"] == 256
     )
     assert (
-        spec.pools["prefill"].engine["maxNumBatchedTokens"] == 2048
+        spec.pools["prefill"].engine["maxNumBatchedTokens"] == 4096
         and spec.pools["prefill"].engine["maxBatchSize"] == 8
     )
     assert pair_knob_sets(next(c for c in CASES if c.workload == "chat")) == [{}]  # colocated: its own grid
