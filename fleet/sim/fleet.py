@@ -348,6 +348,8 @@ class Fleet:
 
     def _on_transfer(self, handoff: Handoff) -> None:
         # the decode server's clock runs from the router's call, the KV fetch in it
+        if handoff.pod is not None:
+            handoff.pod.incoming -= 1
         pod = handoff.pod if handoff.pod is not None and handoff.pod.state == PodState.READY else None
         self._dispatch("decode", handoff.record, handoff.sent, pod, handoff.cached_blocks if pod else 0)
 
@@ -375,13 +377,17 @@ class Fleet:
     def _hand_off(self, record: RequestRecord, sent: float, tokens: int) -> None:
         """A prefill pod has computed ``tokens`` of the prompt: the router calls a decode server
         now, and that server fetches their KV less the leading blocks its own prefix cache holds
-        (server/openai/kv_transfer.py), so the transfer takes as long as those bytes. With no
-        decode pod ready, the whole KV is charged and the pick waits for the transfer's end."""
+        (server/openai/kv_transfer.py), so the transfer takes as long as those bytes. The router
+        counts the request on that pod from the call, so the picks made during the transfer see
+        it. With no decode pod ready, the whole KV is charged and the pick waits for the
+        transfer's end."""
         spec = self.requests[record.index]
         pod = self._pick(self.pools["decode"], spec.blocks)
         cached = 0
         if pod is not None:
             cached = pod.cached_prefix_blocks(record.prompt_len, spec.blocks, spec.block_tokens, record.index)
+            pod.incoming += 1  # the router counts it sent from now: the next pick sees it
+            pod.unstarted.add(str(record.index))
         fetched = max(tokens - (cached * pod.block_size if pod is not None else 0), 0)
         delay = self.options.kv_transfer_latency_s + (
             fetched * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
@@ -444,7 +450,7 @@ class Fleet:
 
         def load(ip: tuple[int, SimPod]) -> tuple[float, float, int]:
             i, pod = ip
-            return load_score(pod.in_flight, len(pod.unstarted), pod.kv_usage), pod.in_flight, (i - pool.turn) % n
+            return load_score(pod.assigned, len(pod.unstarted), pod.kv_usage), pod.assigned, (i - pool.turn) % n
 
         return min(enumerate(ready), key=load)[1]
 
@@ -452,7 +458,7 @@ class Fleet:
     def _pick_by(policy: Policy, ready: list[SimPod], blocks: tuple[int, ...]) -> SimPod:
         """The router policy's pick among ``ready``, each shown as the router sees a server."""
         servers = [
-            Server(pod.name, pod.pool, kv_usage=pod.kv_usage, assigned=pod.in_flight, unstarted=len(pod.unstarted))
+            Server(pod.name, pod.pool, kv_usage=pod.kv_usage, assigned=pod.assigned, unstarted=len(pod.unstarted))
             for pod in ready
         ]
         chosen = policy(servers, chained_hashes(blocks))  # as the router hashes text chunks

@@ -121,6 +121,7 @@ class SimPod:
     preemptions_seen: int = 0
     prefix_hits_seen: int = 0
     unstarted: set[str] = field(default_factory=set)  # sent here, no token seen by the router yet
+    incoming: int = 0  # sent here by the router, their KV still on its way (a decode pod)
     caches: bool = False  # prompts carry content: the prefix cache runs as the pool's config says
 
     @classmethod
@@ -219,6 +220,12 @@ class SimPod:
     def in_flight(self) -> int:
         s = self.engine.scheduler
         return s.num_waiting + s.num_running
+
+    @property
+    def assigned(self) -> int:
+        """The requests the router sent here and has not seen finish: those in the engine, and
+        those whose KV is still on its way."""
+        return self.in_flight + self.incoming
 
     @property
     def kv_usage(self) -> float:

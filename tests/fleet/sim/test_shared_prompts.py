@@ -121,3 +121,17 @@ def test_a_decode_pod_fetches_only_the_blocks_its_prefix_cache_lacks(profile, mo
     assert everything.pools["decode"].series.counters["prefix_cache_hits"] == 0
     for cached, whole in zip(fetching.records[1:], fetching_all.records[1:], strict=True):
         assert whole.ttft - cached.ttft == pytest.approx(0.128, abs=0.02)  # 128 tokens at 1000 tokens/s
+
+
+def test_the_router_counts_a_request_on_its_decode_pod_while_its_kv_is_on_the_way(profile) -> None:
+    # as the real router counts a request from the call: two prefills that end together, over a
+    # slow link, go to two decode pods, not both to the one that was idle
+    spec = make_spec(mode="disaggregated", replicas=2, max_replicas=2)
+    slow = SimOptions(kv_transfer_bytes_per_s=profile.kv_bytes_per_token * 100.0)  # 100 tokens/s
+    requests = [RequestSpec(0.0, 8, 400), RequestSpec(5.0, 64, 4), RequestSpec(5.0, 64, 4)]
+    fleet = Fleet(spec, profile, requests, slow)
+    result = fleet.run()
+    assert all(r.status == "finished" for r in result.records)
+    first, second = sorted(result.records, key=lambda r: r.index)[1:]
+    assert first.pod != second.pod
+    assert all(pod.incoming == 0 for pod in fleet.pools["decode"].pods)
