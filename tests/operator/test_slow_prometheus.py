@@ -107,6 +107,7 @@ def test_a_reconcile_pass_never_waits_for_the_tuners_queries(kube, slow_promethe
         eventually(lambda: slow_prometheus.in_flight > 0, timeout=30)  # a run is measuring
         kube.patch("InferenceService", "tiny", {"spec": {"pools": {"colocated": {"engine": {"maxBatchSize": 20}}}}})
         eventually(lambda: engine_of(kube)["max_batch_size"] == 20, timeout=20)
-        assert kube.get("InferenceService", "tiny")["status"]["observedGeneration"] == 2
+        # the pass writes the Deployment, then its status: the second call may come a moment later
+        eventually(lambda: kube.get("InferenceService", "tiny")["status"]["observedGeneration"] == 2, timeout=10)
         assert slow_prometheus.in_flight > 0, "the query was answered: this proves nothing"
         slow_prometheus.release.set()
