@@ -383,14 +383,14 @@ class Fleet:
         transfer's end."""
         spec = self.requests[record.index]
         pod = self._pick(self.pools["decode"], spec.blocks)
-        cached = 0
+        cached = cached_tokens = 0
         if pod is not None:
             cached = pod.cached_prefix_blocks(record.prompt_len, spec.blocks, spec.block_tokens, record.index)
+            cached_tokens = cached * pod.block_size
             pod.incoming += 1  # the router counts it sent from now: the next pick sees it
             pod.unstarted.add(str(record.index))
-        fetched = max(tokens - (cached * pod.block_size if pod is not None else 0), 0)
         delay = self.options.kv_transfer_latency_s + (
-            fetched * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
+            max(tokens - cached_tokens, 0) * self.cost.kv_bytes_per_token / self.options.kv_transfer_bytes_per_s
         )
         self._push(sent + delay, "transfer", Handoff(record, sent, pod, cached))
 
