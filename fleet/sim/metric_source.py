@@ -19,6 +19,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from llmfleet.operator.metrics import promql
 from llmfleet.operator.metrics.quantile import bucket_quantile
 from llmfleet.operator.metrics.source import (
     EMPTY_MEAN,
@@ -227,7 +228,7 @@ class SimMetricSource:
             d = [b - a for a, b in zip(first.buckets[name], last.buckets[name], strict=True)]
             samples = float(d[-1])
             pairs = [(le, float(c)) for le, c in zip([*histogram.bounds, float("inf")], d, strict=True)]
-            quantiles = {q: bucket_quantile(q, pairs) if samples else None for q in (0.5, 0.95, 0.99)}
+            quantiles = {q: bucket_quantile(q, pairs) if samples else None for q in promql.measured_quantiles(name)}
             histograms[name] = trusted_quantiles(name, quantiles, samples, self.policy, window_s, missing)
         steps, finished = delta["steps"], delta["requests"]
         observed = dict.fromkeys(("mean_batch_size", "mean_step_tokens", "mean_step_seconds"), steps)

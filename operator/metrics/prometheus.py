@@ -117,7 +117,7 @@ class PrometheusSource:
         missing: dict[str, str] = {}
         fields: dict[str, Any] = {}
         for name in QUANTILE_FIELDS:
-            quantiles = {q: values[f"{name}:{q:g}"] for q in promql.QUANTILES}
+            quantiles = {q: values[f"{name}:{q:g}"] for q in promql.measured_quantiles(name)}
             fields[name] = trusted_quantiles(name, quantiles, values[f"{name}:samples"], self.policy, window_s, missing)
         for name in (*RATE_FIELDS, *LOAD_FIELDS):
             value = values[name]

@@ -32,7 +32,14 @@ PROMPT_LENGTH = "vllm:request_prompt_tokens"  # per finished request
 
 LATENCY_HISTOGRAMS = {"ttft": TTFT, "itl": ITL, "queue_time": QUEUE_TIME}
 QUANTILE_HISTOGRAMS = {**LATENCY_HISTOGRAMS, "prompt_length": PROMPT_LENGTH}
-QUANTILES = (0.5, 0.95, 0.99)
+QUANTILES = (0.5, 0.95, 0.99)  # what every source measures and the dashboards plot
+# ... and between p95 and p99 where a projection reads a rarer tail (projection.itl_tail)
+TAIL_QUANTILES = {"itl": (0.96, 0.97, 0.98)}
+
+
+def measured_quantiles(name: str) -> tuple[float, ...]:
+    """The quantiles a source measures of one histogram (a PoolMetrics field name), ascending."""
+    return tuple(sorted((*QUANTILES, *TAIL_QUANTILES.get(name, ()))))
 
 
 def quote(value: str) -> str:
@@ -116,7 +123,7 @@ def pool_queries(selector: str, window: float | str, fresh_s: float = 60.0) -> d
     pods count as reporting with a sample at most ``fresh_s`` old."""
     queries: dict[str, str] = {}
     for name, metric in QUANTILE_HISTOGRAMS.items():
-        for q in QUANTILES:
+        for q in measured_quantiles(name):
             queries[f"{name}:{q:g}"] = histogram_quantile(metric, q, selector, window)
         queries[f"{name}:samples"] = histogram_observations(metric, selector, window)
     queries |= {

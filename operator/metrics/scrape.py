@@ -291,7 +291,7 @@ class ScrapeSource:
             fields[name] = rates.summed(counter, name, missing)
         for name, histogram in promql.QUANTILE_HISTOGRAMS.items():
             buckets, samples = rates.merged_buckets(histogram)
-            quantiles = {q: bucket_quantile(q, buckets) if buckets else None for q in promql.QUANTILES}
+            quantiles = {q: bucket_quantile(q, buckets) if buckets else None for q in promql.measured_quantiles(name)}
             fields[name] = trusted_quantiles(name, quantiles, samples, self.policy, window_s, missing)
         for name, histogram in HISTOGRAM_MEANS.items():
             fields[name] = rates.mean(histogram, name, missing)

@@ -80,6 +80,7 @@ class Quantiles:
     p95: float | None = None
     p99: float | None = None
     samples: float | None = None  # observations in the window (increase of the histogram's _count)
+    between: tuple[tuple[float, float], ...] = ()  # (q, value) measured between p95 and p99, ascending
 
     @property
     def known(self) -> bool:
@@ -273,7 +274,8 @@ def trusted_quantiles(
     if values.get(0.95) is None:
         missing[name] = f"{name}: quantile undefined (no observations in the window)"
         return Quantiles(samples=samples)
-    return Quantiles(p50=values.get(0.5), p95=values.get(0.95), p99=values.get(0.99), samples=samples)
+    between = tuple((q, v) for q, v in sorted(values.items()) if 0.95 < q < 0.99 and v is not None)
+    return Quantiles(p50=values.get(0.5), p95=values.get(0.95), p99=values.get(0.99), samples=samples, between=between)
 
 
 def judge_staleness(metrics: PoolMetrics, policy: StalenessPolicy) -> PoolMetrics:

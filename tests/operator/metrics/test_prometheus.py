@@ -22,6 +22,9 @@ HEALTHY = {
     "ttft:samples": 600.0,
     "itl:0.5": 0.02,
     "itl:0.95": 0.045,
+    "itl:0.96": 0.05,
+    "itl:0.97": 0.055,
+    "itl:0.98": 0.07,
     "itl:0.99": 0.09,
     "itl:samples": 40000.0,
     "queue_time:0.5": 0.001,
@@ -94,6 +97,8 @@ async def test_healthy_snapshot() -> None:
     assert not m.stale and m.reason == "" and m.missing == {}
     assert (m.ttft.p50, m.ttft.p95, m.ttft.p99, m.ttft.samples) == (0.08, 0.31, 0.6, 600.0)
     assert m.itl.p95 == 0.045 and m.queue_time.p95 == 0.05
+    assert m.itl.between == ((0.96, 0.05), (0.97, 0.055), (0.98, 0.07))  # where a busy window reads its tail
+    assert m.ttft.between == ()  # only ITL's tail is projected
     assert (m.request_rate, m.prompt_tokens_per_s, m.generation_tokens_per_s) == (10.0, 2560.0, 1280.0)
     assert (m.waiting, m.running, m.kv_usage_max, m.mean_batch_size) == (1.5, 24.0, 0.55, 23.5)
     assert m.ready_pods == 2 and m.newest_sample_age_s == pytest.approx(3.0)

@@ -158,6 +158,7 @@ async def test_first_snapshot_is_stale_then_rates_and_quantiles_over_the_window(
     assert m.ttft.p95 == pytest.approx(bucket_quantile(0.95, window))
     assert m.ttft.p50 == pytest.approx(0.1 + 0.4 * (10 / 30))
     assert m.itl.samples == 400 and m.itl.p95 is not None and m.itl.p95 <= 0.05
+    assert [q for q, _ in m.itl.between] == [0.96, 0.97, 0.98]  # ITL's tail, as Prometheus's source reads it
     assert m.mean_batch_size == pytest.approx(8.0)
     # the prompts of the requests finished in the window, not of the 100 before
     assert m.prompt_tokens_per_request == pytest.approx(200.0)
