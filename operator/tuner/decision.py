@@ -178,9 +178,10 @@ class TunerConfig:
     # (Poisson), so that a count chosen at the mean load holds through the windows the tuner reads.
     surge_sd: float = 2.0
     # A colocated pool whose ITL, within its SLO now, a busy window projects past this multiple of
-    # it gets one more pod (Tuner._busy_itl); the projection read 3.1-3.7x where a count broke a
-    # minute or two later, since the tail read past p95 overstates.
-    busy_itl_limit: float = 3.0
+    # it gets one more pod (Tuner._busy_itl). Against a break within the next two minutes at that
+    # count (fixed fleets, docs/tuner.md), 2.5x caught more breaks and added fewer pods for none
+    # than the 3x that the line from p95 to p99 needed.
+    busy_itl_limit: float = 2.5
     # priors of the step-time plane until its points spread: a step's fixed cost in decoding
     # sequences' worth, and a prompt token's cost as a share of a decoding sequence's
     step_overhead_seqs: float = 16.0

@@ -585,14 +585,16 @@ class Tuner:
         where it holds now (within the SLO, judged at this count); else None. In a colocated
         pool the slow gaps are the steps that carry prompts beside the decodes, and ITL's p95
         turns from the decode steps' to the prompt steps' once their share passes 5%: the
-        mean minute shows nothing until a busy one breaks. Only a projection far past the SLO
-        counts, since the tail read past p95 overstates (projection.itl_tail)."""
+        mean minute shows nothing until a busy one breaks. The load is the one the window
+        measured, so its tail is read through the quantiles measured between p95 and p99
+        (projection.itl_tail); only a projection well past the SLO counts, since the busiest
+        window of the next few is not every one."""
         if name != "colocated" or capacity.steps is None or units <= 0 or not m.request_rate:
             return None
         if not 0 < owned_latency_ratio(name, m, slo) <= 1.0:
             return None
         itl_only = replace(slo, ttft_p95_ms=math.inf)
-        busy = self._project(name, m, itl_only, units, cur, cur, capacity)
+        busy = self._project(name, m, itl_only, units, cur, cur, capacity, measured_tail=True)
         return busy if busy.ratio > self.config.busy_itl_limit else None
 
     def _latency_ahead(
@@ -638,14 +640,17 @@ class Tuner:
         capacity: PerReplica,
         busy: bool = True,
         growth: float = 1.0,
+        measured_tail: bool = False,
     ) -> Projection:
         """The owned latencies at ``n`` pods, measured at ``cur``, at today's load x ``growth``.
         A scale-down is judged at the load of a busy window (``busy``), so that a count chosen at
         the mean holds through its surges; a scale-up for an SLO broken now is not: the window
-        that broke it already carries its surge."""
+        that broke it already carries its surge. ``measured_tail``: ITL's tail read through the
+        quantiles measured between p95 and p99 (projection.itl_tail)."""
         surge = (busy_surge(m, self.config) if busy else 1.0) * growth
         rho, k = units / cur, cur / n
-        return project(name, m, slo.ttft_p95_ms, slo.itl_p95_ms, rho, k, capacity.steps, surge, pods=cur)
+        slos = slo.ttft_p95_ms, slo.itl_p95_ms
+        return project(name, m, *slos, rho, k, capacity.steps, surge, pods=cur, measured_tail=measured_tail)
 
     def _growth_units(
         self, m: PoolMetrics, parts: list[tuple[float | None, float, str]], requests_s: float | None

@@ -10,6 +10,7 @@ is in docs/tuner.md."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -37,11 +38,13 @@ def project(
     steps: StepCosts | None,
     surge: float = 1.0,
     pods: float | None = None,
+    measured_tail: bool = False,
 ) -> Projection:
     """The owned latency over its SLO with each pod's load x ``k`` (``cur / n`` to spread it over
     ``n`` pods instead of ``cur``) in a window whose requests in flight run ``surge`` times their
     mean; ``rho`` is the demand per pod now over capacity (for the M/M/1 fallback). ``pods``: the
-    pods the window's load was spread over (the ready pods by default)."""
+    pods the window's load was spread over (the ready pods by default). ``measured_tail``: ITL's
+    tail read through the quantiles measured between p95 and p99 (itl_tail)."""
     owns_ttft, owns_itl = pool in ("colocated", "prefill"), pool in ("colocated", "decode")
     ttft = m.judged_ttft.p95 if owns_ttft else None
     itl = m.judged_itl if owns_itl and m.judged_itl.known else None
@@ -82,7 +85,8 @@ def project(
         own = min(own, served) if k * surge > 1.0 else 0.0
         ratios.append(((served - own) * first_step * budget_growth + own + wait_then) * 1000.0 / ttft_slo_ms)
     if itl is not None:
-        ratios.append(itl_tail(itl, k * surge * step, itl_slo_ms / 1000.0) * step * 1000.0 / itl_slo_ms)
+        tail = itl_tail(itl, k * surge * step, itl_slo_ms / 1000.0, measured_tail)
+        ratios.append(tail * step * 1000.0 / itl_slo_ms)
     how = f"pods busy {load.work:.0%} -> {load.work * k:.0%} of the time"
     how += f" ({load.work * k * surge:.0%} in a busy window)" if surge > 1.0 else ""
     how += f", steps x{step:.2f}"
@@ -92,24 +96,35 @@ def project(
     return Projection(max(ratios), how)
 
 
-def itl_tail(itl: Quantiles, growth: float, slo_s: float | None = None) -> float:
+def itl_tail(itl: Quantiles, growth: float, slo_s: float | None = None, measured: bool = False) -> float:
     """ITL's p95 once the gaps in its tail are ``growth`` times as common, at today's step times.
 
     The slow gaps are the steps that carry prompt work beside the decodes; the share of steps that
     do grows with the prompts that arrive per step (arrivals per pod x step time). So tomorrow's
-    p95 is today's quantile at a tail of ``5% / growth``, read off the measured p50, p95 and p99
-    (linear in the tail's mass, as histogram_quantile is within a bucket). Scaling the p95 alone
-    missed the jump where that share crosses 5%: 4 -> 3 chat pods (growth 1.5) took ITL p95 from
-    0.143 to 0.198 s, their p96.7 times the step ratio, where p95 x the step ratio said 0.16.
+    p95 is today's quantile at a tail of ``5% / growth``, read off the measured p95 and p99
+    (linear in the tail's mass, as histogram_quantile is within a bucket; past p99 the same
+    slope). Scaling the p95 alone missed the jump where that share crosses 5%: 4 -> 3 chat pods
+    (growth 1.5) took ITL p95 from 0.143 to 0.198 s, their p96.7 times the step ratio, where p95 x
+    the step ratio said 0.16. ``measured``: through the quantiles measured between p95 and p99
+    instead (Quantiles.between), for the load the window measured (today's pods in a busy window).
+    The line overstates where the slow gaps are few and very slow: 1-2% of the gaps at seconds
+    (long prompts in a big budget) put p99 there while p98 is a decode step's. For other counts
+    and loads the line stands: read through the measured quantiles, projections to one pod fewer
+    missed more of the breaks that count then saw (docs/tuner.md).
     A p99 that a handful of gaps decide (a quiet pool's) is noise: then the p95 stands, as before,
     unless those gaps alone break the SLO (``slo_s``): long prompts in a few hundred gaps a minute
     (at 3 pods p95 0.14 s, p99 3.3 s; at 2 pods the p95 is the prompt steps')."""
     tail = TAIL / growth if growth > 0 else 1.0
     beyond = (itl.samples or 0) * 0.01
     breaking = slo_s is not None and itl.p99 is not None and itl.p99 >= slo_s and beyond >= MIN_BEYOND_P99
-    if tail < TAIL and itl.p99 is not None and (beyond >= BEYOND_P99 or breaking):
-        return itl.p95 + (itl.p99 - itl.p95) * (TAIL - tail) / (TAIL - 0.01)  # past p99: the same slope
-    return itl.p95
+    if tail >= TAIL or itl.p99 is None or not (beyond >= BEYOND_P99 or breaking):
+        return itl.p95
+    q = 1.0 - tail
+    if q >= 0.99 or not measured:
+        return itl.p95 + (itl.p99 - itl.p95) * (q - 0.95) / (0.99 - 0.95)
+    ladder = [(0.95, itl.p95), *itl.between, (0.99, itl.p99)]
+    (lo, low), (hi, high) = next(pair for pair in itertools.pairwise(ladder) if q <= pair[1][0])
+    return low + (high - low) * (q - lo) / (hi - lo)
 
 
 def slots_for(m: PoolMetrics, steps: StepCosts, k: float) -> int | None:

@@ -125,6 +125,20 @@ def test_itl_p95_moves_up_the_tail_as_steps_with_prompt_work_grow_common() -> No
     assert itl_tail(replace(itl, samples=4000), 1.5) == 0.143  # a p99 that 40 gaps decide is noise
 
 
+def test_a_measured_tail_is_read_through_the_quantiles_between_p95_and_p99() -> None:
+    """1.5% of the gaps are prompt steps of seconds: p98 is still a decode step's, p99 is theirs.
+    Read through the measured quantiles, growth 2 (p97.5) sits between p97 and p98, where the line
+    from p95 to p99 reads a second; without them, or asked for the line, it stays the line."""
+    ladder = ((0.96, 0.15), (0.97, 0.16), (0.98, 0.18))
+    itl = Quantiles(p50=0.1, p95=0.14, p99=4.0, samples=8000, between=ladder)
+    assert itl_tail(itl, 2.0, measured=True) == pytest.approx(0.17)
+    line = 0.14 + (4.0 - 0.14) * 0.025 / 0.04
+    assert itl_tail(itl, 2.0) == pytest.approx(line)
+    assert itl_tail(replace(itl, between=()), 2.0, measured=True) == pytest.approx(line)
+    assert itl_tail(itl, 1.0, measured=True) == 0.14  # no more prompt steps: the p95 stands
+    assert itl_tail(itl, 10.0, measured=True) == itl_tail(itl, 10.0)  # past p99: the slope, either way
+
+
 def test_the_projection_reads_itl_up_its_tail_by_the_growth_of_prompts_per_step() -> None:
     m = replace(metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS), itl=latency(50.0, samples=6000.0))
     # half the pods: arrivals x2, steps x4/3, so prompts per step x8/3: the p98.1 (p99 = 1.2 x p95)
