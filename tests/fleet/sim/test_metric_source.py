@@ -61,3 +61,22 @@ def test_the_mean_prompt_is_the_finished_requests_not_the_token_rate_over_them()
     assert m.mean_prompt_tokens() == pytest.approx(sum(finished) / len(finished))
     assert m.prompt_length.p95 is None and m.prompt_length.samples == 10  # too few for a p95
     assert "prompt_length: 10 observations" in m.missing["prompt_length"]
+
+
+def test_itls_tail_between_p95_and_p99_is_measured_as_prometheus_would() -> None:
+    """1.5% of the gaps are prompt steps of 4 s: p98 is still a decode step's, p99 theirs. A
+    straight line from p95 to p99 would put p98 at 2.5 s; the simulated pool reports p96-p98 from
+    its buckets, as the tuner's Prometheus and scrape sources do."""
+    series = PoolSeries("colocated")
+    clock = [0.0]
+    source = SimMetricSource(lambda pool: series, lambda pool: 1, lambda: clock[0])
+    series.scrape(0.0, [PodGauges(waiting=0, running=8, kv_usage=0.1)])
+    for i in range(4000):
+        series.next_token(4.0 if i % 200 < 3 else 0.09)
+    series.step(batch=8, tokens=8, seconds=0.09)
+    clock[0] = 30.0
+    series.scrape(30.0, [PodGauges(waiting=0, running=8, kv_usage=0.1)])
+    itl = source.measure(PoolRef("default", "svc", "colocated"), 60.0).itl
+    assert itl.samples == 4000 and itl.p99 is not None and itl.p99 > 2.5
+    assert [q for q, _ in itl.between] == [0.96, 0.97, 0.98]
+    assert all(value <= 0.1 for _, value in itl.between)  # the decode steps' bucket, (0.075, 0.1]

@@ -128,7 +128,7 @@ def test_itl_p95_moves_up_the_tail_as_steps_with_prompt_work_grow_common() -> No
 def test_a_measured_tail_is_read_through_the_quantiles_between_p95_and_p99() -> None:
     """1.5% of the gaps are prompt steps of seconds: p98 is still a decode step's, p99 is theirs.
     Read through the measured quantiles, growth 2 (p97.5) sits between p97 and p98, where the line
-    from p95 to p99 reads a second; without them, or asked for the line, it stays the line."""
+    from p95 to p99 reads 2.6 s; without them, or asked for the line, it stays the line."""
     ladder = ((0.96, 0.15), (0.97, 0.16), (0.98, 0.18))
     itl = Quantiles(p50=0.1, p95=0.14, p99=4.0, samples=8000, between=ladder)
     assert itl_tail(itl, 2.0, measured=True) == pytest.approx(0.17)
