@@ -120,9 +120,9 @@ def itl_tail(itl: Quantiles, growth: float, slo_s: float | None = None, measured
     if tail >= TAIL or itl.p99 is None or not (beyond >= BEYOND_P99 or breaking):
         return itl.p95
     q = 1.0 - tail
-    if q >= 0.99 or not measured:
+    if q >= 0.99:
         return itl.p95 + (itl.p99 - itl.p95) * (q - 0.95) / (0.99 - 0.95)
-    ladder = [(0.95, itl.p95), *itl.between, (0.99, itl.p99)]
+    ladder = [(0.95, itl.p95), *(itl.between if measured else ()), (0.99, itl.p99)]
     (lo, low), (hi, high) = next(pair for pair in itertools.pairwise(ladder) if q <= pair[1][0])
     return low + (high - low) * (q - lo) / (hi - lo)
 
