@@ -2,10 +2,10 @@
 
 ``TunerMemory`` is small and JSON-serializable (it is stored on the InferenceService, in an
 annotation or status). For every controlled quantity, keyed ``pool/knob`` (``decode/maxBatchSize``,
-``prefill/replicas``), it keeps the recommendations of recent runs, when the quantity last changed
-and in which direction, and when that direction last flipped. Per pool it keeps the measured
-per-replica capacity, its load's trend (forecast.py), its spend against its need (spend.py) and
-how many requests it has finished (per_request.py).
+``prefill/replicas``), it keeps the recent runs' recommendations (as their changes), when the
+quantity last changed and in which direction, and when that direction last flipped. Per pool it
+keeps the measured per-replica capacity, its load's trend (forecast.py), its spend against its
+need (spend.py) and how many requests it has finished (per_request.py).
 A memory that cannot be read back starts fresh: the tuner then only acts
 once new recommendations span its stabilization windows, so forgetting errs on the side of holding.
 
@@ -26,13 +26,15 @@ from llmfleet.operator.tuner.spend import Spend
 from llmfleet.operator.tuner.step_model import StepModel
 
 MAX_RECOMMENDATIONS = 64
+MAX_CHANGES = 256  # recommendations are kept as changes: a window of any length holds few
 MAX_RECENT_DECISIONS = 10
 
 
 class KeyHistory(BaseModel):
     """One controlled quantity: recent recommendations and its change history."""
 
-    recommendations: list[tuple[float, float]] = Field(default_factory=list)  # (time, value)
+    recommendations: list[tuple[float, float]] = Field(default_factory=list)  # (since when, value)
+    recorded_at: float | None = None  # the last run that recorded one
     last_change_at: float | None = None
     last_direction: Literal[-1, 0, 1] = 0
     direction_since: float | None = None  # when the current run of moves in last_direction began
@@ -80,10 +82,17 @@ class KeyHistory(BaseModel):
         return max(held, key=lambda b: (b[1], b[0]), default=None)
 
     def record(self, now: float, value: float, keep_s: float) -> None:
-        """Add this run's recommendation, dropping those too old to matter."""
-        self.recommendations = [(t, v) for t, v in self.recommendations if now - t <= keep_s and t < now]
-        self.recommendations.append((now, value))
-        del self.recommendations[:-MAX_RECOMMENDATIONS]
+        """Add this run's recommendation where it differs from the one in force (a recommendation
+        stands until the next, so a window of any length costs only its changes), dropping those
+        too old to matter but the one in force since before. After a gap in the runs longer than
+        ``keep_s`` (the tuner stopped, or its metrics went stale) nothing earlier is kept."""
+        recs = [] if self.recorded_at is not None and now - self.recorded_at > keep_s else self.recommendations
+        recs = [(t, v) for t, v in recs if t < now]
+        older = [r for r in recs if now - r[0] > keep_s][-1:]
+        recs = older + [r for r in recs if now - r[0] <= keep_s]
+        if not recs or recs[-1][1] != value:
+            recs.append((now, value))
+        self.recommendations, self.recorded_at = recs[-MAX_CHANGES:], now
 
     def reverses_within(self, now: float, direction: int, window_s: float) -> bool:
         """Would a move in ``direction`` reverse a run of moves begun less than ``window_s`` ago?"""

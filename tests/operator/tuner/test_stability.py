@@ -124,6 +124,39 @@ def test_replicas_scale_up_at_once_and_down_after_the_window() -> None:
     assert downs[0][0] >= last_high + 300.0, (downs, replica_moves)
 
 
+def test_a_scale_down_window_of_an_hour_scales_down_after_the_hour() -> None:
+    """HPA allows stabilization windows up to an hour: 120 runs of 30 s. Recommendations are kept
+    as their changes, so such a window is covered and the pool comes down once it has passed."""
+    config = TunerConfig(scale_up_stabilization_s=0.0, scale_down_stabilization_s=3600.0, cooldown_s=60.0)
+
+    def demand(i: int, now: float, current: PoolSettings) -> PoolInput:
+        prompt = 6000.0 if i < 4 else 400.0
+        return pool_input(metrics(prompt_tps=prompt, gen_tps=10, pods=current.replicas, at=now), current)
+
+    decisions = run_loop(Tuner(config), demand, runs=160, start=settings(replicas=1))
+    replica_moves = [(d.at, c.old, c.new) for d in decisions for c in d.changes if c.knob == REPLICAS]
+    last_high = 1000.0 + 3 * INTERVAL
+    assert replica_moves == [(1000.0, 1, 2), (last_high + 3600.0 + INTERVAL, 2, 1)]
+    assert len(decisions[-1].memory.key("colocated", REPLICAS).recommendations) <= 3
+
+
+def test_recommendations_are_kept_as_changes_and_forgotten_after_a_gap() -> None:
+    history = KeyHistory()
+    for t, v in ((0.0, 2.0), (10.0, 2.0), (20.0, 3.0), (30.0, 3.0), (40.0, 2.0)):
+        history.record(t, v, keep_s=100.0)
+    assert history.recommendations == [(0.0, 2.0), (20.0, 3.0), (40.0, 2.0)]
+    history.record(200.0, 2.0, keep_s=100.0)  # 160 s since the last run: a gap, nothing earlier counts
+    assert history.recommendations == [(200.0, 2.0)]
+    for t in range(210, 400, 10):
+        history.record(float(t), 2.0, keep_s=100.0)
+    assert history.recommendations == [(200.0, 2.0)]  # in force since 200 s, however old
+    history.record(400.0, 1.0, keep_s=100.0)
+    history.record(490.0, 1.0, keep_s=100.0)
+    assert history.recommendations == [(200.0, 2.0), (400.0, 1.0)]  # the first was in force 100 s ago
+    history.record(550.0, 1.0, keep_s=100.0)
+    assert history.recommendations == [(400.0, 1.0)]
+
+
 def test_reversal_inside_the_window_needs_a_badly_violated_slo() -> None:
     config = TunerConfig(knob_relax_stabilization_s=0.0, cooldown_s=30.0, flap_window_s=300.0)
     tuner = Tuner(config)
