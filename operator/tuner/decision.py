@@ -170,6 +170,11 @@ class TunerConfig:
     # long, while today's load level with headroom reaches the level it broke at
     # (Tuner._above_counts_that_broke).
     break_memory_s: float = 1800.0
+    # A scale-down of this many replicas or more, undone within the scale-down window, stretches
+    # that window by the time it took to undo it, for break_memory_s (Tuner._act): load that comes
+    # back after quiet spells longer than the window. One replica undone is the latency
+    # projection's knife edge, which the remembered break answers.
+    regret_min_fall: int = 2
     # A scale-up for a broken SLO is sized to project back within the SLO itself: it projects from
     # the window that broke it, which reads high (the next minute's p95 regresses toward the mean),
     # and a count that falls short adds one more once the window has seen the new pods.

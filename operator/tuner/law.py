@@ -741,7 +741,11 @@ class Tuner:
         rise, fall = self.config.windows(knob)
         if proposal.protective and knob != REPLICAS:  # a knob protecting an SLO does not wait for a relaxation's window
             rise, fall = (0.0, fall) if proposal.target > old else (rise, 0.0)
+        window, stretch = fall, ""
+        if knob == REPLICAS:
+            fall, stretch = self._stretched(history, now, fall)
         new, held_by = stabilize(history, now, old, rise, fall)
+        held_by += stretch if held_by and proposal.target < old else ""
         floored = False
         if knob == REPLICAS and proposal.judged:
             history.judged(now, proposal.needed, int(old), self.config.memory_horizon_s)
@@ -765,17 +769,39 @@ class Tuner:
         if gate:
             lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(new)} held: {gate}")
             return current
+        if knob == REPLICAS and new > old:
+            history.rising(now, window, self.config.regret_min_fall, self.config.break_memory_s)
         history.moved(now, 1 if new > old else -1)
+        if knob == REPLICAS and new < old:
+            history.last_fall = old - new
         how = proposal.how if new == proposal.target else f"stabilized over {_num(rise if new > old else fall)} s"
         driver = proposal.driver
         if floored:
             how, driver = "the latency floor", "floor"
+        how += stretch if new < old else ""
         reason = f"{name}: {proposal.why} -> {knob} {_num(old)} -> {_num(new)}" + (f" ({how})" if how else "")
         reason += f"; driven by {driver}" if driver else ""
         reason += f"; {note}" if note else ""
         changes.append(Change(name, knob, old, new, reason, driver))
         lines.append(reason)
         return current.with_value(knob, new)
+
+    def _stretched(self, history: KeyHistory, now: float, window_s: float) -> tuple[float, str]:
+        """The scale-down window, stretched by the longest regret within ``break_memory_s`` (a
+        scale-down of ``regret_min_fall`` or more undone within the window, memory.py): where the
+        load comes back after quiet spells longer than the window, bursts shorter than a pod
+        start-up meet the pods a scale-down let go, and the pods added come up after the burst.
+        So the window covers the spells seen, as a longer scale-down window holds an HPA's pods.
+        Also (window, note) for the reasons."""
+        regret = history.regret_within(now, self.config.break_memory_s)
+        if regret is None or window_s <= 0:
+            return window_s, ""
+        when, gap = regret
+        note = (
+            f", the {window_s:.0f} s window stretched by {gap:.0f} s: a scale-down was undone {gap:.0f} s after "
+            f"it, {now - when:.0f} s ago"
+        )
+        return window_s + gap, note
 
     def _above_counts_that_broke(
         self, name: str, pool: PoolInput, proposal: Proposal, mem: TunerMemory, now: float

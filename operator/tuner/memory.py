@@ -3,7 +3,8 @@
 ``TunerMemory`` is small and JSON-serializable (it is stored on the InferenceService, in an
 annotation or status). For every controlled quantity, keyed ``pool/knob`` (``decode/maxBatchSize``,
 ``prefill/replicas``), it keeps the recent runs' recommendations (as their changes), when the
-quantity last changed and in which direction, and when that direction last flipped. Per pool it
+quantity last changed and in which direction, when that direction last flipped, and for replicas
+the scale-downs that had to be undone (regrets, which stretch the scale-down window). Per pool it
 keeps the measured per-replica capacity, its load's trend (forecast.py), its spend against its
 need (spend.py) and how many requests it has finished (per_request.py).
 A memory that cannot be read back starts fresh: the tuner then only acts
@@ -46,6 +47,10 @@ class KeyHistory(BaseModel):
     breaks: list[tuple[float, int, float]] = Field(default_factory=list)
     # replicas: (as of when, the pool's requests/s smoothed over the scale-down window)
     load_level: tuple[float, float] | None = None
+    # replicas: how many the last scale-down took off, and (when, how long after it) a scale-down of
+    # several was undone within the scale-down window
+    last_fall: float = 0.0
+    regrets: list[tuple[float, float]] = Field(default_factory=list)
 
     def judged(self, now: float, needed: float, pods: int, keep_s: float) -> None:
         self.floors = [f for f in self.floors if now - f[0] <= keep_s and f[0] < now]
@@ -80,6 +85,19 @@ class KeyHistory(BaseModel):
         higher than ``level``: evidence that so few do not hold it, which no projection outweighs."""
         held = [b for b in self.breaks if now - b[0] <= window_s and b[2] <= level]
         return max(held, key=lambda b: (b[1], b[0]), default=None)
+
+    def rising(self, now: float, within_s: float, min_fall: float, keep_s: float) -> None:
+        """Note a scale-up that undoes a scale-down of ``min_fall`` or more made less than
+        ``within_s`` before (a regret); before ``moved`` records the rise."""
+        self.regrets = [r for r in self.regrets if now - r[0] <= keep_s and r[0] < now]
+        since = None if self.last_change_at is None else now - self.last_change_at
+        if self.last_direction < 0 and self.last_fall >= min_fall and since is not None and since <= within_s:
+            self.regrets.append((now, since))
+            del self.regrets[:-MAX_RECOMMENDATIONS]
+
+    def regret_within(self, now: float, window_s: float) -> tuple[float, float] | None:
+        """The regret within the window whose scale-up came the longest after its scale-down."""
+        return max((r for r in self.regrets if now - r[0] <= window_s), key=lambda r: (r[1], r[0]), default=None)
 
     def record(self, now: float, value: float, keep_s: float) -> None:
         """Add this run's recommendation where it differs from the one in force (a recommendation

@@ -73,6 +73,62 @@ def test_a_drained_backlogs_pods_go_within_the_window_plus_two_intervals_in_one_
     assert decisions[-1].inputs["colocated"]["neededReplicas"] == 5
 
 
+def on_off(bursts: list[float]) -> Callable[[int, float, dict[str, PoolSettings]], dict[str, PoolInput]]:
+    """8 pods serving a burst (24000 prompt tok/s, 6 replica-equivalents at 4000 each); quiet (half
+    a replica's worth) until two runs after the pool has scaled down, then a burst that queues on
+    the pods left (each at its 4000), then quiet. ``bursts`` gets the times of the bursts."""
+    fell: list[float] = []
+
+    def make(i: int, now: float, current: dict[str, PoolSettings]) -> dict[str, PoolInput]:
+        pods = current["colocated"].replicas
+        if i > 0 and pods < 8 and not fell:
+            fell.append(now)
+        if i == 0 or (fell and len(bursts) == 1 and now == fell[0] + 2 * INTERVAL):
+            bursts.append(now)
+        prompt, waiting, growth = 2000.0, 0.0, None
+        if now in bursts:
+            prompt = min(24000.0, 4000.0 * pods)
+            waiting, growth = (0.0, None) if pods >= 8 else (40.0, 5.0)
+        m = metrics(
+            ttft_ms=100.0,
+            itl_ms=20.0,
+            prompt_tps=prompt,
+            gen_tps=20.0,
+            running=2.0,
+            mean_batch=2.0,
+            waiting=waiting,
+            growth=growth,
+            pods=pods,
+            at=now,
+        )
+        return {"colocated": pool_input(m, current["colocated"], limits(max_replicas=16))}
+
+    return make
+
+
+def test_a_scale_down_undone_within_the_window_stretches_it_by_the_time_it_took() -> None:
+    """Load that comes back after quiet spells longer than the scale-down window (bursts shorter
+    than a pod start-up) meets the pods a scale-down let go: once a scale-down of several pods has
+    been undone within the window, later scale-downs wait out the window plus that spell."""
+    bursts: list[float] = []
+    start = {"colocated": settings(replicas=8)}
+    decisions = run_loop(Tuner(CONFIG), on_off(bursts), runs=60, start=start)
+    moves = replica_moves(decisions)
+    down, undone, again = moves[:3]
+    # each move comes the run after the window has left the last high recommendation behind
+    assert down[0] == bursts[0] + WINDOW + INTERVAL and down[1] - down[2] >= CONFIG.regret_min_fall, moves
+    assert undone[0] == bursts[1] and undone[2] > undone[1]  # within the window: a regret
+    gap = bursts[1] - down[0]
+    assert again[0] == bursts[1] + WINDOW + gap + INTERVAL and again[2] < again[1], moves
+    reason = next(c.reason for d in decisions for c in d.changes if d.at == again[0])
+    assert f"the {WINDOW:.0f} s window stretched by {gap:.0f} s: a scale-down was undone {gap:.0f} s after" in reason
+
+    # a regret needs a fall of regret_min_fall pods or more: the window holds
+    bursts.clear()
+    decisions = run_loop(Tuner(replace(CONFIG, regret_min_fall=7)), on_off(bursts), runs=60, start=start)
+    assert replica_moves(decisions)[2][0] == bursts[1] + WINDOW + INTERVAL
+
+
 def test_the_latency_projection_is_the_floor_and_says_so() -> None:
     """TTFT near its SLO: the projection holds more pods than throughput asks for, and the move
     that goes as far as it allows says the floor drove it. Further steps wait until the SLO's

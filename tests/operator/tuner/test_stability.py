@@ -124,6 +124,31 @@ def test_replicas_scale_up_at_once_and_down_after_the_window() -> None:
     assert downs[0][0] >= last_high + 300.0, (downs, replica_moves)
 
 
+def test_regrets_are_scale_downs_of_several_undone_within_the_window() -> None:
+    history = KeyHistory()
+    history.moved(1000.0, -1)
+    history.last_fall = 3
+    history.rising(1050.0, within_s=120.0, min_fall=2, keep_s=600.0)
+    history.moved(1050.0, 1)
+    assert history.regrets == [(1050.0, 50.0)]
+    history.rising(1070.0, within_s=120.0, min_fall=2, keep_s=600.0)  # a rise after a rise is none
+    history.moved(1100.0, -1)
+    history.last_fall = 1
+    history.rising(1130.0, within_s=120.0, min_fall=2, keep_s=600.0)  # one pod: the projection's knife edge
+    history.moved(1130.0, 1)
+    history.moved(1200.0, -1)
+    history.last_fall = 4
+    history.rising(1400.0, within_s=120.0, min_fall=2, keep_s=600.0)  # undone after the window: new load
+    assert history.regrets == [(1050.0, 50.0)]
+    history.moved(1400.0, 1)
+    history.moved(1500.0, -1)
+    history.rising(1530.0, within_s=120.0, min_fall=2, keep_s=600.0)
+    assert history.regret_within(1600.0, 600.0) == (1050.0, 50.0)  # the longest spell within the memory
+    assert history.regret_within(1700.0, 600.0) == (1530.0, 30.0)
+    history.rising(1700.0, within_s=120.0, min_fall=2, keep_s=100.0)
+    assert history.regrets == []  # those older than keep_s are dropped
+
+
 def test_a_scale_down_window_of_an_hour_scales_down_after_the_hour() -> None:
     """HPA allows stabilization windows up to an hour: 120 runs of 30 s. Recommendations are kept
     as their changes, so such a window is covered and the pool comes down once it has passed."""
