@@ -769,11 +769,10 @@ class Tuner:
         if gate:
             lines.append(f"{name}: {proposal.why}: {knob} {_num(old)} -> {_num(new)} held: {gate}")
             return current
-        if knob == REPLICAS and new > old:
-            history.rising(now, window, self.config.regret_min_fall, self.config.break_memory_s)
-        history.moved(now, 1 if new > old else -1)
-        if knob == REPLICAS and new < old:
-            history.last_fall = old - new
+        if knob == REPLICAS:
+            history.moved_replicas(now, new - old, window, self.config.regret_min_fall, self.config.break_memory_s)
+        else:
+            history.moved(now, 1 if new > old else -1)
         how = proposal.how if new == proposal.target else f"stabilized over {_num(rise if new > old else fall)} s"
         driver = proposal.driver
         if floored:

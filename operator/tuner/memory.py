@@ -47,8 +47,8 @@ class KeyHistory(BaseModel):
     breaks: list[tuple[float, int, float]] = Field(default_factory=list)
     # replicas: (as of when, the pool's requests/s smoothed over the scale-down window)
     load_level: tuple[float, float] | None = None
-    # replicas: how many the last scale-down took off, and (when, how long after it) a scale-down of
-    # several was undone within the scale-down window
+    # replicas: how many the last scale-down took off (moved_replicas), and (when, how long after
+    # it) a scale-down of several was undone within the scale-down window
     last_fall: float = 0.0
     regrets: list[tuple[float, float]] = Field(default_factory=list)
 
@@ -126,6 +126,18 @@ class KeyHistory(BaseModel):
             self.direction_changes += 1
         self.last_direction = direction  # type: ignore[assignment]
         self.last_change_at = now
+        self.last_fall = 0.0  # a fall's size is kept by moved_replicas alone
+        return reversed_
+
+    def moved_replicas(self, now: float, by: float, within_s: float, min_fall: float, keep_s: float) -> bool:
+        """``moved`` for a replica count changed by ``by`` pods: a rise first notes whether it
+        undoes a recent scale-down (``rising``), and a fall keeps its size for the rise that may.
+        Replica moves made through ``moved`` alone (spec bounds, the P:D ratio, a scale to zero)
+        keep none, so no rise counts as undoing them."""
+        if by > 0:
+            self.rising(now, within_s, min_fall, keep_s)
+        reversed_ = self.moved(now, 1 if by > 0 else -1)
+        self.last_fall = max(-by, 0.0)
         return reversed_
 
 

@@ -142,6 +142,7 @@ def test_regrets_are_scale_downs_of_several_undone_within_the_window() -> None:
     assert history.regrets == [(1050.0, 50.0)]
     history.moved(1400.0, 1)
     history.moved(1500.0, -1)
+    history.last_fall = 2
     history.rising(1530.0, within_s=120.0, min_fall=2, keep_s=600.0)
     assert history.regret_within(1600.0, 600.0) == (1050.0, 50.0)  # the longest spell within the memory
     assert history.regret_within(1700.0, 600.0) == (1530.0, 30.0)
