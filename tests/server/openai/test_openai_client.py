@@ -628,9 +628,10 @@ def test_responses_refuse_what_needs_a_store_a_hosted_tool_or_another_modality(c
 
 
 def test_responses_take_null_as_a_fields_default(client):
-    """What the SDK sends for an explicit None."""
+    """What the SDK sends for an explicit None. Greedy, so the two tokens are never an EOS that
+    would finish the answer early."""
     nulls = dict.fromkeys(("store", "tools", "tool_choice", "truncation", "parallel_tool_calls", "background"))
-    answer = client.responses.create(model="tiny", input="hi", max_output_tokens=2, **nulls)
+    answer = client.responses.create(model="tiny", input="hi", max_output_tokens=2, temperature=0, **nulls)
     assert answer.status == "incomplete" and answer.tool_choice == "auto" and answer.store is False
 
 
