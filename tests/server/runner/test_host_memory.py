@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import platform
 import resource
@@ -11,7 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-from llmfleet.server.runner.host_memory import HUGE_PAGES_ENV, ask_for_huge_pages, keep_freed_host_memory
+from llmfleet.server.runner.host_memory import (
+    HUGE_PAGES_ENV,
+    LARGE_ALLOC_REPORT_ENV,
+    TCMALLOC_ENV,
+    ask_for_huge_pages,
+    ask_for_tcmalloc,
+    keep_freed_host_memory,
+)
 
 MB = 1 << 20
 
@@ -60,3 +68,39 @@ sys.exit(cli.main(["sim"]))
     env = {k: v for k, v in os.environ.items() if k != HUGE_PAGES_ENV}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "False"]
+
+
+def test_tcmalloc_goes_first_on_ld_preload_where_the_system_has_it(monkeypatch) -> None:
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"lib{name}.so.4" if name == "tcmalloc" else None)
+    env = ask_for_tcmalloc({"LD_PRELOAD": "libfoo.so"})
+    assert env["LD_PRELOAD"] == "libtcmalloc.so.4:libfoo.so"
+    assert int(env[LARGE_ALLOC_REPORT_ENV]) > 1 << 30  # a KV cache is one allocation: no report for it
+    assert ask_for_tcmalloc({LARGE_ALLOC_REPORT_ENV: "5"})[LARGE_ALLOC_REPORT_ENV] == "5"
+    assert ask_for_tcmalloc(dict(env)) == env  # a restarted process does not start again
+
+
+def test_the_users_choice_of_allocator_stands(monkeypatch) -> None:
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"lib{name}.so.4")
+    assert "LD_PRELOAD" not in ask_for_tcmalloc({TCMALLOC_ENV: "0"})
+    assert ask_for_tcmalloc({"LD_PRELOAD": "/opt/libjemalloc.so.2"})["LD_PRELOAD"] == "/opt/libjemalloc.so.2"
+    assert ask_for_tcmalloc({TCMALLOC_ENV: "/opt/alloc.so"})["LD_PRELOAD"] == "/opt/alloc.so"
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert ask_for_tcmalloc({}) == {}  # none on the system: glibc's malloc, nothing said
+
+
+RESTART = """
+import os, sys
+from llmfleet.server.runner.host_memory import restart_under_tcmalloc
+restart_under_tcmalloc([sys.executable, "-c", "import os; print('restarted', os.environ['LD_PRELOAD'])"])
+print("not restarted")
+"""
+
+
+def test_a_process_starts_again_under_the_allocator_once() -> None:
+    libc = ctypes.util.find_library("c")  # any library the loader can preload harmlessly
+    env = {**os.environ, TCMALLOC_ENV: libc, "LD_PRELOAD": ""}
+    out = subprocess.run([sys.executable, "-c", RESTART], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["restarted", libc]
+    env["LD_PRELOAD"] = libc
+    out = subprocess.run([sys.executable, "-c", RESTART], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["not", "restarted"]
