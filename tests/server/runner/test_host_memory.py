@@ -1,4 +1,5 @@
-"""CPU steps keep the memory they free: a prompt step must not page-fault its buffers in again."""
+"""CPU steps keep the memory they free (a prompt step must not page-fault its buffers in again),
+and the engine's commands run under tcmalloc where the system has it."""
 
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ print("not restarted")
 """
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's loader's")
 def test_a_process_starts_again_under_the_allocator_once() -> None:
     libc = ctypes.util.find_library("c")  # any library the loader can preload harmlessly
     env = {**os.environ, TCMALLOC_ENV: libc, "LD_PRELOAD": ""}
