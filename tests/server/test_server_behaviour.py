@@ -4,7 +4,6 @@ processes with builtin:tiny."""
 from __future__ import annotations
 
 import asyncio
-import ctypes.util
 import json
 import math
 import os
@@ -14,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmfleet.server.runner.host_memory import TCMALLOC_NAMES
+from llmfleet.server.runner.host_memory import tcmalloc_library
 from tests.support import ServerProcess
 
 
@@ -61,7 +60,7 @@ def server(tmp_path_factory):
 def test_the_server_runs_under_the_systems_tcmalloc(server):
     """Where the system has tcmalloc (CI's machine and the image install Debian's
     libtcmalloc-minimal4), `llm-fleet serve` starts again with it preloaded, in the same process."""
-    system = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
+    system = tcmalloc_library({})
     if system is None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("CI installs libtcmalloc-minimal4 (scripts/install-tools.sh)")
