@@ -313,7 +313,7 @@ def evaluate(
     hpa_equal = cheapest_reaching(hpas, tuner["slo_minutes_met"])
     least = 2 if case.mode == "disaggregated" else 1
     most = (2 if case.mode == "disaggregated" else 1) * case.max_replicas
-    oracle_rm, oracle_counts = oracle(fixed, minutes, startup_s, least, most)
+    oracle_rm, oracle_counts = oracle(fixed, minutes, startup_s, least, most, tuner["span_s"] / 60.0)
     lag = scale_down_lag(tuner.pop("needed"), drawn.warmup_s)
     ratio = _ratio_check(case, tuner, best_fixed)
     prediction = prediction_check(tuner, reactive)
@@ -415,6 +415,7 @@ def _brief(result, label: str, **extra: Any) -> dict[str, Any]:
     return {
         "contender": label,
         **{k: s[k] for k in keep},
+        "span_s": s["end_s"] - s["measured_from_s"],  # the time its replica-minutes count
         "per_minute": [m["met"] for m in per_minute(result)],
         "needed": result.notes.get("tuner_needed", []),
         **extra,

@@ -48,19 +48,33 @@ def cheapest_reaching(runs: Sequence[dict[str, Any]], minutes_met: int) -> dict[
 
 
 def oracle(
-    runs: Sequence[dict[str, Any]], minutes: int, startup_s: float, least: int, most: int
+    runs: Sequence[dict[str, Any]],
+    minutes: int,
+    startup_s: float,
+    least: int,
+    most: int,
+    span_minutes: float | None = None,
 ) -> tuple[float, list[int]]:
     """The oracle lower bound: per minute, the fewest replicas any fixed run met that minute
     with (a knob set's runs above the count that met every minute meet every minute too), as if
     replicas could change each minute with perfect foresight; each added pod paid from a start-up
     before its minute. Minutes no run met take ``most``, minutes without traffic ``least``.
-    Returns (replica-minutes, the count per minute)."""
+
+    ``span_minutes`` is the measured time the runs compared with it paid for (from the warm-up's
+    end until their last request finished): a last minute cut short pays its part, and the drain
+    after the last minute is paid at that minute's count, as any fleet keeps its pods until its
+    requests finish. Without it, every minute is paid whole. Returns (replica-minutes, the count
+    per minute)."""
     counts = []
     for m in range(minutes):
         met = [r["replicas_total"] for r in runs if m < len(r["per_minute"]) and r["per_minute"][m] is not False]
         quiet = all(m >= len(r["per_minute"]) or r["per_minute"][m] is None for r in runs)
         counts.append(least if quiet else min(met, default=most))
-    rm = float(sum(counts))
+    span = float(minutes) if span_minutes is None else span_minutes
+    paid = [min(max(span - m, 0.0), 1.0) for m in range(minutes)]
+    if paid:
+        paid[-1] = max(span - (minutes - 1), 0.0)  # the last minute and the drain after it
+    rm = sum(n * share for n, share in zip(counts, paid, strict=True))
     previous = counts[0] if counts else 0
     for n in counts[1:]:
         rm += max(0, n - previous) * startup_s / 60.0

@@ -40,6 +40,12 @@ def test_the_oracle_takes_each_minutes_fewest_and_pays_start_up_for_each_added_p
     rm, counts = oracle(runs, 4, startup_s=30.0, least=1, most=8)
     assert counts == [2, 4, 2, 1]
     assert rm == 2 + 4 + 2 + 1 + 2 * 30.0 / 60.0
+    # the runs it is held against paid for 3.5 minutes (a last minute cut short), or for 4.25 (a
+    # drain after the last minute's arrivals, paid at that minute's count)
+    assert oracle(runs, 4, 30.0, 1, 8, span_minutes=3.5)[0] == 2 + 4 + 2 + 0.5 * 1 + 2 * 30.0 / 60.0
+    assert oracle(runs, 4, 30.0, 1, 8, span_minutes=4.25)[0] == 2 + 4 + 2 + 1.25 * 1 + 2 * 30.0 / 60.0
+    # a two-request trace: seconds of one pod, not a whole minute, so never above the runs' cost
+    assert oracle([{"replicas_total": 1, "per_minute": [True]}], 1, 30.0, 1, 8, span_minutes=0.1)[0] == 0.1
 
 
 def test_the_scale_down_lag_is_the_longest_time_above_the_need() -> None:
