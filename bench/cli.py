@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from llmfleet.arguments import bind_problem, port, positive, positive_int
@@ -108,7 +109,25 @@ def _problem(args) -> str | None:
         from llmfleet.bench.sim_fidelity import profile_problem
 
         problem = profile_problem(args)
-    return problem or _model_problem(args.model) or _device_problem(args.device) or _port_problem(args)
+    return (
+        problem
+        or _model_problem(args.model)
+        or _device_problem(args.device)
+        or _port_problem(args)
+        or _threads_problem(args)
+    )
+
+
+def _threads_problem(args) -> str | None:
+    """vLLM binds its compute threads to cores by number (as its CPU docs ask): a thread count
+    past the cores this process may run on names cores that are not there."""
+    if args.which != "engine" or not (args.with_vllm or args.only_vllm) or not args.thread_counts:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    over = [n for n in args.thread_counts if n > cores]
+    if over:
+        return f"--thread-counts {','.join(map(str, over))}: the bench may run on {cores} CPU core(s) here"
+    return None
 
 
 def _model_problem(model: str) -> str | None:

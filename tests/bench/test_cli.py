@@ -108,6 +108,15 @@ def test_a_device_torch_cannot_use_is_refused(tmp_path, capsys, no_model_made) -
         assert "--device cuda: this torch sees no CUDA device" in _refused([*args, "--device", "cuda"], capsys)
 
 
+def test_more_threads_than_cores_is_refused_where_vllm_binds_them(tmp_path, capsys, no_model_made) -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    args = ["engine", "--model", "builtin:tiny", "--out", str(tmp_path), "--only-vllm"]
+    err = _refused([*args, "--thread-counts", f"1,{cores + 1}"], capsys)
+    assert f"--thread-counts {cores + 1}: the bench may run on {cores} CPU core(s) here" in err
+
+
 def test_a_port_in_use_is_refused(tmp_path, capsys, no_model_made) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
