@@ -56,6 +56,7 @@ def main() -> None:
 
     from llmfleet.server.config import EngineConfig
     from llmfleet.server.engine.build import build_engine
+    from llmfleet.server.gc_heap import freeze_startup_heap
 
     torch.set_num_threads(config["threads"])
     engine_config = EngineConfig(
@@ -66,6 +67,7 @@ def main() -> None:
         kv_cache_memory_mb=config["kv_cache_gib"] * 1024,
     )
     engine, _ = build_engine(config["model"], engine_config, device="cpu")
+    freeze_startup_heap()  # as `llm-fleet serve` does once it is built (vLLM's engine core does too)
     reply(config["result_path"], {"ready": True, "startup_s": time.perf_counter() - started})
     for line in sys.stdin:
         command = json.loads(line)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
+from llmfleet.server.gc_heap import freeze_startup_heap
 from llmfleet.server.http.metrics_port import MetricsPortOnly
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.wire.keepalive import SERVER_KEEP_ALIVE_S
@@ -121,6 +122,8 @@ def run_app(app: FastAPI, state: ServerState, args, on_exit: Callable[[], None] 
 
     server = DrainingServer(config(args.port), state, args.drain_timeout)
     sockets = [server.config.bind_socket(), config(metrics_port).bind_socket()] if metrics_port else None
+    frozen = freeze_startup_heap()  # everything is built: no full collection need walk it again
+    logging.getLogger("llmfleet.serve").debug("froze %d start-up objects out of the collector's passes", frozen)
     try:
         server.run(sockets)
     finally:
