@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from llmfleet.server.config import EngineConfig
+from llmfleet.server.gc_heap import freeze_startup_heap
 from llmfleet.server.parallel.channel import Outbox, Tag, recv_object, send_object
 from llmfleet.server.parallel.layout import ParallelLayout, layout_problem
 from llmfleet.server.parallel.sharding import keep_stage, shard_layers
@@ -91,6 +92,7 @@ def run_worker(spec: WorkerSpec) -> None:
         send_object(world, {"error": f"{type(exc).__name__}: {exc}"}, 0, Tag.HELLO).wait()
         return
     send_object(world, worker.hello, 0, Tag.HELLO).wait()
+    freeze_startup_heap()  # a full collection here stalls every stage's step, as in the server
     try:
         worker.serve(world)
     except Exception:
