@@ -26,6 +26,25 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def seeds(text: str) -> list[int | None]:
+    """A comma-separated list of draws: whole numbers, or ``default`` for a workload's own seed;
+    each at most once (a draw run twice gives the same rows twice)."""
+    values: list[int | None] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = None if item == "default" else int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is neither a whole number nor 'default'") from None
+        if value in values:
+            raise argparse.ArgumentTypeError(f"{item} is given twice")
+        values.append(value)
+    if not values:
+        raise argparse.ArgumentTypeError(f"no seeds in {text!r}")
+    return values
+
+
 def dtype(text: str) -> str:
     """A dtype name as EngineConfig takes it (vLLM's aliases too), checked by EngineConfig itself."""
     from pydantic import ValidationError

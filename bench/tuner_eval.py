@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.arguments import non_negative, positive, positive_int
+from llmfleet.bench.arguments import seeds
 from llmfleet.bench.tuner_cases import (
     AUTOTUNE,
     BOUNDS,
@@ -80,7 +81,9 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--seed", type=int, help="tuner: another draw of each workload's trace (default: its own seed)")
     parser.add_argument(
-        "--seeds", help="tuner: several draws in one run, comma-separated (`default` for the workloads' own seeds)"
+        "--seeds",
+        type=seeds,
+        help="tuner: several draws in one run, comma-separated (`default` for the workloads' own seeds)",
     )
     parser.add_argument(
         "--tuner-only",
@@ -123,9 +126,7 @@ def add_arguments(parser) -> None:
 
 
 def seeds_of(args) -> list[int | None]:
-    if getattr(args, "seeds", None):
-        return [None if s.strip() == "default" else int(s) for s in args.seeds.split(",") if s.strip()]
-    return [getattr(args, "seed", None)]
+    return getattr(args, "seeds", None) or [getattr(args, "seed", None)]
 
 
 def run(args) -> int:

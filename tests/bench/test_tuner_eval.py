@@ -139,3 +139,14 @@ def test_the_tuner_and_the_hpa_start_where_the_case_says_and_a_fixed_fleet_at_it
     assert spec_for(yours, replicas=3, autotune=False).pools["colocated"].initial_replicas == 3
     disagg = dataclasses.replace(next(c for c in CASES if c.workload == "chat-disagg"), initial_replicas=2)
     assert {p.initial_replicas for p in spec_for(disagg).pools.values()} == {2}
+
+
+def test_seeds_are_read_as_draws_in_the_order_given() -> None:
+    from argparse import Namespace
+
+    from llmfleet.bench.arguments import seeds
+    from llmfleet.bench.tuner_eval import seeds_of
+
+    assert seeds("default, 11,12,") == [None, 11, 12]
+    assert seeds_of(Namespace(seeds=seeds("13,default"), seed=None)) == [13, None]
+    assert seeds_of(Namespace(seeds=None, seed=7)) == [7]
