@@ -41,8 +41,8 @@ KV_CACHE_GIB = 2  # offline-32 at float32 needs about 0.9 GiB on builtin:small
 
 
 class ContenderError(RuntimeError):
-    """vLLM could not be installed, or a contender's process ended before it answered (it could
-    not load or serve the model)."""
+    """vLLM could not be installed, or a contender's process ended (it could not load or serve
+    the model) or stopped answering."""
 
 
 def venv_dir() -> Path:
@@ -126,13 +126,12 @@ class Worker:
                 self._read += 1
                 return json.loads(lines[self._read - 1])
             if self.process.poll() is not None:
-                self._log.flush()
                 raise ContenderError(
                     f"{self.name} worker exited ({self.process.returncode}): {last_line(self._log.name)}; "
                     f"its log: {self._log.name}"
                 )
             time.sleep(0.05)
-        raise TimeoutError(f"{self.name} worker gave no answer in {timeout_s:.0f} s; see {self._log.name}")
+        raise ContenderError(f"{self.name} worker gave no answer in {timeout_s:.0f} s; its log: {self._log.name}")
 
     def close(self) -> None:
         """Ask the worker to quit (a worker that does not within a minute is killed)."""
