@@ -61,8 +61,9 @@ class Balancer:
 
     # --- choosing ------------------------------------------------------------------------------
     def has_open(self, pool: str) -> bool:
-        """Some server of ``pool`` takes new requests (known and not draining)."""
-        return any(not s.draining for s in self.servers[pool].values())
+        """Some server of ``pool`` takes new requests: known, not draining, and not refusing
+        connections (a server that exited stays listed until its endpoint is withdrawn)."""
+        return any(not (s.draining or s.unreachable) for s in self.servers[pool].values())
 
     def not_ready(self) -> str | None:
         """Why the router cannot serve now: it knows no server of its serving pool that takes
@@ -107,8 +108,11 @@ class Balancer:
             server = self.pick(pool, exclude, prefixes)
         return server
 
-    def failed(self, server: Server, why: str) -> None:
+    def failed(self, server: Server, why: str, unreachable: bool = False) -> None:
+        """Set ``server`` aside until a poll finds it well; ``unreachable``: no connection to it
+        could be made, so it no longer counts as open (requests for its pool may be held)."""
         server.failures += 1
+        server.unreachable = server.unreachable or unreachable
         if server.healthy:
             log.warning("%s server %s set aside: %s", server.pool, server.url, why)
         server.healthy = False
@@ -156,9 +160,10 @@ class Balancer:
                 self.failed(server, f"/load timed out {server.slow_polls} times in a row: {exc!r}")
             return
         except (httpx.HTTPError, ValueError) as exc:
-            self.failed(server, f"/load: {exc!r}")
+            self.failed(server, f"/load: {exc!r}", unreachable=never_reached(exc))
             return
         server.slow_polls = 0
+        server.unreachable = False
         server.draining = bool(load.get("draining", False))
         server.waiting = int(load.get("waiting", 0))
         server.running = int(load.get("running", 0))
@@ -194,3 +199,8 @@ class Balancer:
                 await job()
             except Exception:  # the router keeps routing on the last good table
                 log.exception("router background job failed")
+
+
+def never_reached(exc: Exception) -> bool:
+    """No connection could be made: the request never reached the server."""
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))

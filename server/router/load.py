@@ -32,6 +32,7 @@ class Server:
     others: int = 0  # requests the last poll found beyond this router's own: other routers'
     healthy: bool = True  # a new server is tried at once; a failure sets it aside until a poll succeeds
     draining: bool = False  # its /load says so: it takes no new request
+    unreachable: bool = False  # a connection to it failed since its last good poll (it exited, say)
     failures: int = 0
     slow_polls: int = 0
     polling: bool = False

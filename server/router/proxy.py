@@ -27,7 +27,9 @@ Faults, and what the client sees:
   is a deployment error: 502 with its message.
 
 The router never holds KV: it only passes ids. A request that finds no server of the serving
-pool (the colocated or decode pool) at all waits for one first (hold.py).
+pool (the colocated or decode pool) at all waits for one first (hold.py), and so does one that
+ran out of servers to try because every one it tried had gone (a pool scaled to zero whose last
+server exited before the router saw its endpoint withdrawn).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from fastapi.responses import Response
 
 from llmfleet.server.http.errors import error_response
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
-from llmfleet.server.router.balancer import Balancer
+from llmfleet.server.router.balancer import Balancer, never_reached
 from llmfleet.server.router.hold import Holding, HoldSettings
 from llmfleet.server.router.load import Server
 from llmfleet.server.router.policies import prefix_hashes
@@ -72,14 +74,21 @@ class ProxySettings:
 class ServerFailed(Exception):
     """The server could not serve this request now; another one may. ``kv_lost``: a decode
     server that could not fetch the KV, which is the prefill server's failure, not its own.
-    ``token_refused``: a server that refuses the router's KV-transfer token (a rollout)."""
+    ``token_refused``: a server that refuses the router's KV-transfer token (a rollout).
+    ``unreached``: no connection to it could be made (it exited, or its node is gone)."""
 
     def __init__(
-        self, server: Server, message: str, status: int = 502, kv_lost: bool = False, token_refused: bool = False
+        self,
+        server: Server,
+        message: str,
+        status: int = 502,
+        kv_lost: bool = False,
+        token_refused: bool = False,
+        unreached: bool = False,
     ) -> None:
         super().__init__(message)
         self.server, self.message, self.status, self.kv_lost = server, message, status, kv_lost
-        self.token_refused = token_refused
+        self.token_refused, self.unreached = token_refused, unreached
 
 
 class Answered(Exception):
@@ -141,10 +150,18 @@ class Proxy:
         tried: dict[str, set[str]] = {pool: set() for pool in self.balancer.pools}
         last: ServerFailed | None = None
         prefixes = prefix_hashes(body) if self.balancer.reads_prefixes else []  # only a prefix policy reads them
-        for attempt in range(self.settings.attempts):
+        made = holds = 0
+        while made < self.settings.attempts:
             decode = await self.balancer.pick_or_rediscover(serving, tried[serving], prefixes)
+            if decode is None and self._holds_again(serving, holds):
+                holds += 1  # its servers exited before their endpoints went: as at zero, wait for one
+                refused = await self.holding.wait(serving)
+                if refused is not None:
+                    return refused
+                continue
             if decode is None:  # before any prefill: KV nobody can decode would only wait for its TTL
                 break
+            made += 1
             prefill = None
             try:
                 if "prefill" in tried:
@@ -164,23 +181,29 @@ class Proxy:
             except ServerFailed as failure:
                 if failure.kv_lost and prefill is not None:  # the decode server is fine: keep it
                     failure = ServerFailed(prefill[1], failure.message, failure.status)
-                self._set_aside(failure, tried, attempt)
+                self._set_aside(failure, tried, made)
                 last = failure
             except Answered as answer:
                 return answer.response
         if last is None:
             return error_response(503, f"no {serving} server is available; retry later", "unavailable")
         status = last.status if last.status in (429, 503) else 502
-        made = attempt + (decode is not None)  # the last round may have found no server to try
         message = f"no server could take the request after {made} attempt{'s' * (made > 1)}; last: {last.message}"
         return error_response(status, message, "unavailable" if status != 502 else "bad_gateway")
 
+    def _holds_again(self, pool: str, holds: int) -> bool:
+        """A request that ran out of servers to try because none of ``pool`` takes requests any
+        more (each refused the connection, or drains) is held as one that found the pool at zero,
+        a few times at most."""
+        return self.holding.settings.enabled and holds < self.settings.attempts and not self.balancer.has_open(pool)
+
     def _set_aside(self, failure: ServerFailed, tried: dict[str, set[str]], attempt: int) -> None:
+        """``attempt``: which one failed, counting from 1."""
         pool = failure.server.pool
         tried[pool].add(failure.server.url)
-        self.balancer.failed(failure.server, failure.message)
+        self.balancer.failed(failure.server, failure.message, unreachable=failure.unreached)
         self.metrics.lab(self.metrics.retries, pool=pool).inc()
-        log.warning("attempt %d: %s", attempt + 1, failure.message)
+        log.warning("attempt %d: %s", attempt, failure.message)
 
     async def _prefill(
         self, path: str, body: dict, tried: dict[str, set[str]], prefixes: list[int]
@@ -198,7 +221,7 @@ class Proxy:
             try:
                 return await self._prefill_on(server, path, body), server
             except ServerFailed as failure:
-                self._set_aside(failure, tried, attempt)
+                self._set_aside(failure, tried, attempt + 1)
         self.metrics.lab(self.metrics.fallbacks).inc()
         return None
 
@@ -210,7 +233,7 @@ class Proxy:
         try:
             response = await self.client.post(f"{server.url}{path}", **json_request(ask), timeout=timeout)
         except httpx.HTTPError as exc:
-            raise ServerFailed(server, f"prefill server {server.url}: {exc!r}") from exc
+            raise ServerFailed(server, f"prefill server {server.url}: {exc!r}", unreached=never_reached(exc)) from exc
         finally:
             server.hold(-1)
         if response.status_code == 200:
@@ -252,7 +275,8 @@ class Proxy:
             server.assigned -= 1
             if response is not None:
                 await response.aclose()
-            raise ServerFailed(server, f"{server.pool} server {server.url}: {exc!r}") from exc
+            message = f"{server.pool} server {server.url}: {exc!r}"
+            raise ServerFailed(server, message, unreached=never_reached(exc)) from exc
         except BaseException:
             server.assigned -= 1
             if response is not None:

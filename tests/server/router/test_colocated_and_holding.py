@@ -98,6 +98,55 @@ async def test_a_request_for_an_empty_pool_is_held_the_waker_asked_and_it_goes_o
     assert get("llmfleet_router_held_total", LABELS) == 3
 
 
+async def test_a_request_whose_only_server_exited_before_its_endpoint_went_is_held_not_failed():
+    """A pool scaled to zero: its last server exits while the endpoint source still lists it."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "c1":
+            raise httpx.ConnectError("All connection attempts failed", request=request)
+        return _answer(request.url.host)
+
+    waker = Waker()
+    proxy, balancer, source, metrics = await _colocated(handle, ["http://c1:8000"], HoldSettings(timeout_s=10.0), waker)
+    first = asyncio.create_task(proxy._open("/v1/completions", {"prompt": "a"}, False, 0.0))
+    await asyncio.sleep(0.3)
+    assert not first.done() and proxy.holding.held == 1 and waker.calls == 1
+    assert not balancer.has_open("colocated")  # the router knows now: later requests wait at once
+    second = asyncio.create_task(proxy._open("/v1/completions", {"prompt": "b"}, False, 0.0))
+    await asyncio.sleep(0.1)
+    assert proxy.holding.held == 2
+    source.endpoints["colocated"] = ["http://c1:8000", "http://c2:8000"]  # woken; c1 not withdrawn yet
+    answers = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert [json.loads(a.head[0])["choices"][0]["text"] for a in answers] == ["c2", "c2"]
+    assert metrics.registry.get_sample_value("llmfleet_router_retries_total", LABELS | {"pool": "colocated"}) == 1
+
+
+async def test_an_unreachable_server_counts_again_once_a_poll_reaches_it():
+    reachable = False
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if not reachable:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"waiting": 0, "running": 0, "kv_usage": 0.0})
+
+    _, balancer, _, _ = await _colocated(handle, ["http://c1:8000"])
+    await balancer._read_load(balancer.servers["colocated"]["http://c1:8000"])
+    assert not balancer.has_open("colocated") and balancer.not_ready()
+    reachable = True
+    await balancer._read_load(balancer.servers["colocated"]["http://c1:8000"])
+    assert balancer.has_open("colocated") and balancer.not_ready() is None
+
+
+async def test_without_holding_a_request_whose_servers_all_refuse_is_a_502_that_says_so():
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("All connection attempts failed", request=request)
+
+    proxy, _, _, _ = await _colocated(handle, ["http://c1:8000", "http://c2:8000"])
+    refused = await proxy._open("/v1/completions", {"prompt": "a"}, False, 0.0)
+    message = json.loads(refused.body)["error"]["message"]
+    assert refused.status_code == 502 and message.startswith("no server could take the request after 2 attempts")
+
+
 @pytest.mark.parametrize("why", ["timeout", "full"])
 async def test_held_requests_are_bounded_in_time_and_number_then_503_with_retry_after(why):
     proxy, _, _, metrics = await _colocated(lambda r: _answer("x"), [], HoldSettings(timeout_s=0.5, max_held=1))
