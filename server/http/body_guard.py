@@ -4,9 +4,11 @@ deeper nesting than ``MAX_JSON_DEPTH`` refused with a 400 and one log line, befo
 validator can recurse into it. The endpoints get the parsed value (``GuardedRoute`` hands it to
 FastAPI's own body reading; the router reads ``parsed_body``), so no body is parsed twice.
 
-Bodies past ``LARGE_BODY_BYTES`` are taken one at a time, from their first byte until their
-endpoint has its prompt (``done_with_body``) or answers: a small request then waits behind one
-large body's work at most, never behind all of them, and only one is in memory at once."""
+Bodies past ``LARGE_BODY_BYTES`` are worked on one at a time, from their last byte's arrival
+until their endpoint has its prompt (``done_with_body``) or answers: a small request then waits
+behind one large body's work at most, never behind all of them, and only one is parsed at once.
+Arriving holds no turn: a slow upload, or a client that stops sending, delays only itself; one that
+sends nothing for ``BODY_IDLE_S`` gets a 408, as nginx's ``client_body_timeout`` answers."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ DEFAULT_MAX_BODY_MB = 4.0
 # megabyte of token ids takes tens of ms), and each body's copies are megabytes
 LARGE_BODY_BYTES = 1 << 20
 OFF_LOOP_BYTES = 256 * 2**10  # bodies parsed off the event loop from this size
+BODY_IDLE_S = 60.0  # the longest a body may stop arriving before the request is answered 408
 _PARSED = "llmfleet.parsed_body"  # the scope key the parsed JSON body travels under
 _RELEASE = "llmfleet.release_large_body"  # and the large-body slot's release
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -52,30 +55,37 @@ class BodyGuardMiddleware:
         if declared.isdigit() and int(declared) > self.max_bytes:
             await self._too_large(scope, send, int(declared))
             return
-        if declared.isdigit() and int(declared) <= LARGE_BODY_BYTES:
-            body = await self._read(scope, receive, send)
-            if body is not None:
+        body = await self._receive(scope, receive, send)
+        if body is None:
+            return
+        if len(body) <= LARGE_BODY_BYTES:
+            if await self._parse(scope, send, body):
                 await self.app(scope, _replay(body, receive), send)
             return
-        # A large body holds the slot from its first byte read until its endpoint is done with
-        # the prompt (done_with_body) or answers: its parsing, validation and tokenizing hold the
+        # A large body holds the turn from its last byte until its endpoint is done with the
+        # prompt (done_with_body) or answers: its parsing, validation and tokenizing hold the
         # event loop in turns, and its copies are megabytes. Generation does not hold it.
         await self._large.acquire()
         release = _Once(self._large.release)
         scope[_RELEASE] = release
         try:
-            body = await self._read(scope, receive, send)
-            if body is not None:
+            if await self._parse(scope, send, body):
                 await self.app(scope, _replay(body, receive), _releasing(send, release))
         finally:
             release()
 
-    async def _read(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The body, its JSON parsed into the scope; None where it was answered here (too
-        large, too deep) or the client left."""
+    async def _receive(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body; None where it was answered here (too large, stopped arriving) or the
+        client left."""
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), BODY_IDLE_S)
+            except TimeoutError:
+                log.warning("%s %s: the body stopped arriving after %d bytes", scope["method"], scope["path"], size)
+                message = f"the request body stopped arriving for {BODY_IDLE_S:g} s"
+                await _answer(send, 408, error_body(message, "invalid_request_error", 408))
+                return None
             if message["type"] != "http.request":  # the client left before its body was in
                 return None
             chunk = message.get("body", b"")
@@ -85,22 +95,25 @@ class BodyGuardMiddleware:
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks
+                return b"".join(chunks)
+
+    async def _parse(self, scope: Scope, send: Send, body: bytes) -> bool:
+        """A JSON body parsed into the scope; False where it was answered here (too deep)."""
         if body and _is_json(dict(scope["headers"]).get(b"content-type")):
             try:
-                if size < OFF_LOOP_BYTES:
+                if len(body) < OFF_LOOP_BYTES:
                     scope[_PARSED] = json_depth.loads(body, self.max_depth)
                 else:  # tens of ms per MiB: in a thread, so small requests get the loop meanwhile
                     scope[_PARSED] = await asyncio.to_thread(json_depth.loads, body, self.max_depth)
             except json_depth.TooDeepError as exc:
-                log.warning("%s %s: refused a body nested too deep (%d bytes)", scope["method"], scope["path"], size)
+                log.warning(
+                    "%s %s: refused a body nested too deep (%d bytes)", scope["method"], scope["path"], len(body)
+                )
                 await _answer(send, 400, error_body(f"invalid request: {exc}", "invalid_request_error", 400))
-                return None
+                return False
             except ValueError:  # not JSON: the endpoint's own parsing says so, as it always has
                 pass
-        return body
+        return True
 
     async def _too_large(self, scope: Scope, send: Send, size: int) -> None:
         limit_mb = self.max_bytes / 2**20
