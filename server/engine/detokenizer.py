@@ -63,11 +63,12 @@ class IncrementalDetokenizer:
             return self._release(len(self.text)), False
         return self._scan(final=False)
 
-    def flush(self) -> str:
+    def flush(self) -> tuple[str, bool]:
         """The request finished for another reason: release everything held back, including
-        an incomplete character (as U+FFFD), still cutting at a stop string."""
+        an incomplete character (as U+FFFD), still cutting at a stop string; returns (the text,
+        hit_stop_string), since a stop string in the held-back text is then why it ends."""
         self._absorb(final=True)
-        return self._scan(final=True)[0]
+        return self._scan(final=True)
 
     def _absorb(self, final: bool) -> bool:
         """Decode the tokens not yet in ``self.text``; False if they end mid-character."""

@@ -370,7 +370,9 @@ class LLMEngine:
             status = RequestStatus.FINISHED_LENGTH
         if status is not None:
             if tracked.detok is not None and not hit_stop:
-                text += tracked.detok.flush()
+                held, hit_stop = tracked.detok.flush()
+                text += held
+                status = RequestStatus.FINISHED_STOPPED if hit_stop else status
             self._finish(request, status)
         logprobs = [token] if request.sampling.logprobs is not None else None
         event = self._event(request, [token.token_id], text, logprobs)

@@ -30,8 +30,9 @@ def stream(tokens: list[int], stop: list[str]) -> tuple[list[str], bool]:
         pieces.append(piece)
         if hit:
             return pieces, True
-    pieces.append(detok.flush())
-    return pieces, False
+    piece, hit = detok.flush()  # a stop string can end in the text held back (a half character)
+    pieces.append(piece)
+    return pieces, hit
 
 
 def test_half_characters_wait_for_the_rest():
@@ -40,7 +41,15 @@ def test_half_characters_wait_for_the_rest():
     assert detok.add(HALF) == ("", False)
     assert detok.add(1) == ("b", False)
     assert detok.add(HALF) == ("", False)
-    assert detok.flush() == "\ufffd"  # finished mid-character: the client still sees it
+    assert detok.flush() == ("\ufffd", False)  # finished mid-character: the client still sees it
+
+
+def test_a_stop_string_in_the_text_held_back_at_the_end_is_a_hit():
+    detok = IncrementalDetokenizer(LetterDecoder(), ["b\ufffd"])
+    assert detok.add(0) == ("a", False)
+    assert detok.add(1) == ("", False)  # "b" could start the stop string
+    assert detok.add(HALF) == ("", False)  # half a character: held
+    assert detok.flush() == ("", True) and detok.stopped_by == "b\ufffd" and detok.text == "a"
 
 
 def test_partial_stop_prefix_is_held_then_released():
@@ -56,7 +65,7 @@ def test_partial_stop_prefix_is_held_then_released():
 @settings(max_examples=300, deadline=None)
 @given(
     tokens=st.lists(st.integers(0, HALF).map(lambda t: t if t == HALF else t % 4), max_size=30),
-    stop=st.lists(st.text(alphabet="abcd", min_size=1, max_size=4), max_size=3),
+    stop=st.lists(st.text(alphabet="abcd\ufffd", min_size=1, max_size=4), max_size=3),
 )
 def test_streamed_text_is_the_full_text_cut_at_the_first_stop(tokens, stop):
     full = LetterDecoder().decode(tokens)
@@ -114,7 +123,7 @@ def test_the_first_word_keeps_its_space_after_the_prompt():
     decoder = SentencePieceDecoder()
     prompt, answer = [0, 1, 2], [3, 4]
     detok = IncrementalDetokenizer(decoder, [], context=prompt)
-    text = "".join(detok.add(t)[0] for t in answer) + detok.flush()
+    text = "".join(detok.add(t)[0] for t in answer) + detok.flush()[0]
     assert text == " Paris."
     assert decoder.decode(prompt) + text == decoder.decode(prompt + answer)
     alone = IncrementalDetokenizer(decoder, [])  # no prompt (a bare token list): nothing to keep a space after

@@ -113,6 +113,23 @@ def test_stop_strings_are_cut_and_partial_matches_held_back():
     assert events[-1].finish_reason == "stop"
 
 
+def test_a_stop_string_in_the_last_tokens_held_back_text_is_a_stop_not_length():
+    """The last token allowed ends mid-character: its text is released as U+FFFD at the end, and
+    a stop string there cuts it and is why the request ended, as in vLLM."""
+    prompt = [5, 6, 7]
+    ref = reference_output(prompt, 6)
+
+    class HalfLast(LetterDecoder):
+        def decode(self, ids, skip_special_tokens=True):
+            return super().decode([999 if t == ref[-1] else t for t in ids], skip_special_tokens)
+
+    engine, _, clock = make(decoder=HalfLast())
+    engine.add_request("a", prompt, SamplingParams(max_tokens=6, temperature=0, stop=["\ufffd"]))
+    events = run_all(engine, clock)
+    assert "\ufffd" not in "".join(e.new_text for e in events)
+    assert (events[-1].finish_reason, events[-1].stop_reason) == ("stop", "\ufffd")
+
+
 def test_a_stop_tokens_text_is_kept_when_asked_for():
     prompt = [5, 6, 7]
     ref = reference_output(prompt, 10)
