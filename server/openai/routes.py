@@ -451,7 +451,9 @@ class _Reply:
                 if self.want_logprobs and event.logprobs:
                     at = offsets[owner.index]
                     logprobs = completion_logprobs(self.names, event.new_token_ids, event.logprobs, at)
-                offsets[owner.index] += len(event.new_text)
+                    # counted by the tokens' own text, as the whole answer counts them: a token
+                    # whose text was held back (half a character) still takes its place
+                    offsets[owner.index] = at + sum(map(len, logprobs["tokens"]))
                 finish = api_finish_reason(event.finish_reason) if event.finished else None
                 choice = _text_choice(owner.index, event.new_text, logprobs, finish, event.stop_reason)
                 yield self.chunk("text_completion", choice, owner, event.num_output_tokens)

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.openai.app import create_app
 from tests.server.fakes import real_tiny_state
+from tests.server.openai.helpers import sse_chunks
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +174,16 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(tiny, stream):
     assert all(
         e["token"].startswith("token_id:") and e["top_logprobs"][0]["token"].startswith("token_id:") for e in entries
     )
+
+
+def test_streamed_logprobs_text_offsets_are_the_whole_answers(tiny):
+    """A token whose text is held back (half a character) still takes its place in the offsets of
+    the tokens after it, streamed as in the whole answer."""
+    _, client = tiny
+    ask = {"prompt": "Story 5: the cat", "max_tokens": 30, "temperature": 0, "logprobs": 1}
+    whole = client.post("/v1/completions", json=ask).json()["choices"][0]["logprobs"]
+    assert "\ufffd" in whole["tokens"]  # this prompt's answer has a token of half a character
+    chunks = sse_chunks(client.post("/v1/completions", json=ask | {"stream": True}))
+    streamed = [c["logprobs"] for chunk in chunks for c in chunk["choices"] if c["logprobs"]]
+    assert [o for lp in streamed for o in lp["text_offset"]] == whole["text_offset"]
+    assert [t for lp in streamed for t in lp["tokens"]] == whole["tokens"]
