@@ -34,7 +34,7 @@ import kopf
 from llmfleet.arguments import positive
 from llmfleet.operator import decision_metrics
 from llmfleet.operator.daemon import autotune_once, measure, new_events, prepare_scale_down
-from llmfleet.operator.metrics.prometheus import DEFAULT_TIMEOUT_S
+from llmfleet.operator.metrics.prometheus import DEFAULT_TIMEOUT_S, redacted
 from llmfleet.operator.reconcile.cluster import (
     INFERENCE_SERVICE,
     LEADER_WORKER_SET,
@@ -192,7 +192,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
 
         start_http_server(memo.metrics_port, registry=decision_metrics.REGISTRY)
         logger.info(f"tuner metrics on :{memo.metrics_port}/metrics")
-    logger.info(f"llm-fleet operator ready (prometheus: {url or 'direct scraping'}, resync: {RESYNC_SECONDS}s)")
+    shown = redacted(url) if url else "direct scraping"
+    logger.info(f"llm-fleet operator ready (prometheus: {shown}, resync: {RESYNC_SECONDS}s)")
 
 
 @kopf.on.cleanup()

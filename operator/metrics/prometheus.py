@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,18 @@ from llmfleet.operator.metrics.source import (
 )
 
 DEFAULT_TIMEOUT_S = 5.0  # one snapshot's queries, all of them
+ERROR_EXCERPT = 300  # characters of a Prometheus error's text kept in a message
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")  # up to the authority's last @
+
+
+def redacted(url: str) -> str:
+    """``url`` with any user and password in it replaced: it is shown in status and Events."""
+    return _USERINFO.sub(r"\1***@", url)
+
+
+def excerpt(text: str, limit: int = ERROR_EXCERPT) -> str:
+    """At most ``limit`` characters of what a server said, for a message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class PrometheusError(RuntimeError):
@@ -53,6 +66,7 @@ class PrometheusSource:
         max_concurrency: int = 8,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.shown_url = redacted(self.base_url)  # what messages, status and Events may show
         self.policy = policy or StalenessPolicy()
         self.timeout_s = timeout_s
         self._clock = clock
@@ -72,7 +86,7 @@ class PrometheusSource:
                     f"{self.base_url}/api/v1/query", data={"query": expr, "time": f"{at:.3f}"}
                 )
             except (httpx.HTTPError, httpx.InvalidURL) as exc:  # a bad --prometheus-url: stale, not a crash
-                raise PrometheusError(f"prometheus at {self.base_url} unreachable: {exc!r}") from exc
+                raise PrometheusError(f"prometheus at {self.shown_url} unreachable: {exc!r}") from exc
         try:
             body = response.json()
         except ValueError:
@@ -80,9 +94,10 @@ class PrometheusSource:
         if not isinstance(body, dict):
             raise PrometheusError(f"prometheus answered {response.status_code} with JSON that is not an API answer")
         if response.status_code != 200 or body.get("status") != "success":
+            error = excerpt(str(body.get("error", "no error message")))  # its text reaches status and Events
             raise PrometheusError(
-                f"prometheus answered {response.status_code} {body.get('errorType', '')}: "
-                f"{body.get('error', 'no error message')} (query: {expr})"
+                f"prometheus answered {response.status_code} {excerpt(str(body.get('errorType', '')), 40)}: "
+                f"{error} (query: {expr})"
             )
         try:
             return _parse_result(body.get("data") or {})
@@ -103,7 +118,7 @@ class PrometheusSource:
                     *(self.scalar(expr, now) for expr in queries.values()), return_exceptions=True
                 )
         except TimeoutError:
-            reason = f"prometheus at {self.base_url} did not answer within {self.timeout_s:g} s"
+            reason = f"prometheus at {self.shown_url} did not answer within {self.timeout_s:g} s"
             return stale_snapshot(pool, now, window_s, f"{pool.pool}: {reason}")
         failures = [a for a in answers if isinstance(a, BaseException)]
         if failures:

@@ -12,6 +12,7 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 TUNER_ACTIVE = "TunerActive"
 CONDITION_ORDER = (READY, PROGRESSING, DEGRADED, TUNER_ACTIVE)
+MESSAGE_MAX = 2048  # characters of a condition's message: status must stay small whatever fed it
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ def merge_conditions(
             "type": update.type,
             "status": update.status,
             "reason": update.reason,
-            "message": update.message,
+            "message": _capped(update.message),
             "lastTransitionTime": old.get("lastTransitionTime", at) if old.get("status") == update.status else at,
         }
         if generation is not None:
@@ -45,3 +46,7 @@ def merge_conditions(
 
 def condition_of(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
     return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
+def _capped(message: str) -> str:
+    return message if len(message) <= MESSAGE_MAX else message[: MESSAGE_MAX - 3] + "..."

@@ -27,6 +27,8 @@ from llmfleet.operator.resource.spec import (
     QUANTITY,
     REASONING_PARSERS,
     ROUTER_POLICIES,
+    SLO_MAX_MS,
+    STARTUP_TIMEOUT_MAX_SECONDS,
     TOOL_CALL_PARSERS,
     TUNABLE_KNOBS,
 )
@@ -245,6 +247,7 @@ def _pod_options() -> dict[str, Any]:
                 "(the startup probe's budget). Raise it for large models on slow volumes.",
                 minimum=10,
                 default=600,
+                maximum=STARTUP_TIMEOUT_MAX_SECONDS,
             ),
             "maxSurge": _pods_or_percent(
                 "Pods a rollout may start above the desired count (the Deployments' strategy).", 1
@@ -450,8 +453,18 @@ def spec_schema() -> dict[str, Any]:
     slo = _obj(
         "Latency objectives the tuner holds the fleet to, at the lowest cost.",
         {
-            "ttftP95Ms": {"type": "number", "minimum": 1, "description": "p95 time to first token, milliseconds."},
-            "itlP95Ms": {"type": "number", "minimum": 1, "description": "p95 inter-token latency, milliseconds."},
+            "ttftP95Ms": {
+                "type": "number",
+                "minimum": 1,
+                "maximum": SLO_MAX_MS,
+                "description": "p95 time to first token, milliseconds.",
+            },
+            "itlP95Ms": {
+                "type": "number",
+                "minimum": 1,
+                "maximum": SLO_MAX_MS,
+                "description": "p95 inter-token latency, milliseconds.",
+            },
             "windowSeconds": _int(
                 "The window each p95 is judged over (as an SLO's evaluation period): the tuner adds or keeps "
                 "replicas for latency read over it, while its knobs react to its shorter metric window.",

@@ -39,6 +39,8 @@ BUILTIN_CONTEXT = {"tiny": 2048, "small": 4096}
 # A pool's default drain: its longest stream (maxModelLen tokens at the ITL SLO) and a margin, at most the cap.
 DRAIN_MARGIN_SECONDS = 10
 DRAIN_CAP_SECONDS = 600
+SLO_MAX_MS = 3_600_000  # an hour: no latency objective past it means anything
+STARTUP_TIMEOUT_MAX_SECONDS = 86_400  # a day to load a model; the startup probe's threshold stays an int32
 GRACE_MARGIN_SECONDS = 10  # a pod's grace period beyond the preStop sleep and the drain: the process's exit
 TUNABLE_KNOBS = {
     "maxBatchSize": "max_batch_size",
@@ -277,8 +279,8 @@ class Pool(_Model):
 
 
 class SLO(_Model):
-    ttft_p95_ms: float = Field(gt=0)
-    itl_p95_ms: float = Field(gt=0)
+    ttft_p95_ms: float = Field(gt=0, le=SLO_MAX_MS)
+    itl_p95_ms: float = Field(gt=0, le=SLO_MAX_MS)
     window_seconds: int = Field(60, ge=10)  # each p95 is judged over this window
 
 
@@ -404,7 +406,7 @@ class PodOptions(_Model):
     affinity: dict[str, Any] = Field(default_factory=dict)
     # Loading weights can take many minutes: how long a server may take to become ready before the
     # kubelet restarts it (the startup probe's budget).
-    startup_timeout_seconds: int = Field(600, ge=10)
+    startup_timeout_seconds: int = Field(600, ge=10, le=STARTUP_TIMEOUT_MAX_SECONDS)
     # The Deployments' rollout: new pods start before old ones drain, unless there is no room for
     # one more (a GPU pool on a full node pool: maxSurge 0, maxUnavailable 1).
     max_surge: int | str = 1

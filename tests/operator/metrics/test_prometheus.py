@@ -178,6 +178,23 @@ async def test_unreachable_prometheus_makes_it_stale() -> None:
     assert m.stale and "InvalidURL" in m.reason
 
 
+async def test_what_reaches_status_shows_no_password_and_no_long_answer() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    secret = PrometheusSource("http://admin:hunter2@prometheus:9090", client=client, clock=lambda: NOW)
+    m = await secret.snapshot(REF, 60)
+    assert "prometheus at http://***@prometheus:9090 unreachable" in m.reason and "hunter2" not in m.reason
+
+    def chatty(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"status": "error", "errorType": "bad_data", "error": "x" * 300_000})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(chatty))
+    m = await PrometheusSource("http://prometheus:9090", client=client, clock=lambda: NOW).snapshot(REF, 60)
+    assert m.stale and "x" * 297 + "..." in m.reason and len(m.reason) < 2000
+
+
 async def test_a_snapshot_waits_no_longer_than_its_timeout_for_all_its_queries() -> None:
     """A Prometheus that would answer after 30 s: the snapshot is stale once timeout_s has passed
     for its queries together (8 at a time: per query, 4 rounds of them would wait 4 times as long)."""

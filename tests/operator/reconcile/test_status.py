@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmfleet.operator.reconcile import status as st
 from llmfleet.operator.reconcile.pod_trouble import pod_trouble
-from llmfleet.operator.resource.conditions import Condition, merge_conditions
+from llmfleet.operator.resource.conditions import MESSAGE_MAX, Condition, merge_conditions
 
 
 def deployment(replicas=2, ready=2, updated=2, current=2, generation=3, observed=3):
@@ -37,6 +37,11 @@ def test_transition_time_moves_only_on_a_flip():
     assert same[0]["lastTransitionTime"] == "T1" and same[0]["message"] == "0/2"
     flipped = merge_conditions(same, [Condition("Ready", "True", "AllPoolsReady", "")], 2, "T3")
     assert flipped[0]["lastTransitionTime"] == "T3"
+
+
+def test_a_message_past_its_cap_is_cut():
+    (long,) = merge_conditions([], [Condition("TunerActive", "False", "MetricsUnavailable", "x" * 10**6)], 1, "T1")
+    assert len(long["message"]) == MESSAGE_MAX and long["message"].endswith("...")
 
 
 def test_others_conditions_are_kept_in_order():

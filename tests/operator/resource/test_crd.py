@@ -140,6 +140,7 @@ SCHEMA_REJECTS = {
     "missing slo": ({"model": {"builtin": "tiny"}}, "'slo' is a required property"),
     "missing itl": (with_("slo", {"ttftP95Ms": 100}), "'itlP95Ms' is a required property"),
     "ttft below 1 ms": (with_("slo.ttftP95Ms", 0.5), "less than the minimum"),
+    "itl past an hour": (with_("slo.itlP95Ms", 1e306), "greater than the maximum"),
     "unknown mode": (with_("mode", "sharded"), "is not one of"),
     "unknown builtin": (with_("model.builtin", "huge"), "is not one of"),
     "zero max replicas": (with_("pools.colocated.maxReplicas", 0), "less than the minimum"),
@@ -153,6 +154,7 @@ SCHEMA_REJECTS = {
     "interval 1s": (with_("autotune.intervalSeconds", 1), "less than the minimum"),
     "unknown router policy": (with_("router.policy", "random"), "is not one of"),
     "startup timeout 5 s": (with_("pod.startupTimeoutSeconds", 5), "less than the minimum"),
+    "startup timeout past a day": (with_("pod.startupTimeoutSeconds", 10**12), "greater than the maximum"),
     "negative max surge": (with_("pod.maxSurge", -1), "less than the minimum"),
     "max surge in words": (with_("pod.maxSurge", "lots"), "does not match"),
     # names and keys the API server would refuse in the Deployment, after other objects were written
@@ -411,6 +413,16 @@ OPERATOR_REJECTS = {
         with_("pools.colocated.bounds", {"batchTimeoutMs": {"min": 70000}}),
         "InvalidSpec",
         "bounds.batchTimeoutMs: no value the engine accepts lies within it (from 0 to 60000)",
+    ),
+    "an SLO past an hour": (  # its drain time once overflowed the reconcile into a retry loop
+        with_("slo", {"ttftP95Ms": 500, "itlP95Ms": 1e306}),
+        "InvalidSpec",
+        "slo.itlP95Ms: Input should be less than or equal to 3600000",
+    ),
+    "a start-up timeout past a day": (
+        with_("pod", {"startupTimeoutSeconds": 10**12}),
+        "InvalidSpec",
+        "pod.startupTimeoutSeconds: Input should be less than or equal to 86400",
     ),
     "a Prometheus URL no request can go to": (
         with_("autotune", {"prometheusUrl": "http://[::1"}),
