@@ -93,6 +93,7 @@ def test_on_the_emulator(tmp_path, monkeypatch):
     config_file = tmp_path / "kubeconfig"
     config_file.write_text(kubeconfig(running.url))
     monkeypatch.setenv("KUBECONFIG", str(config_file))
+    monkeypatch.setenv("LLMFLEET_POD_SECURITY_ALLOW", "prometheusUrl")  # the spec names its own Prometheus
     kube = Kube(running)
     port = free_port()
     labels = {"namespace": NAMESPACE, "inference_service": "tiny", "pool": "colocated"}

@@ -33,6 +33,7 @@ def test_scale_to_zero_and_back_on_the_emulator(tmp_path, monkeypatch):
     config_file = tmp_path / "kubeconfig"
     config_file.write_text(kubeconfig(running.url))
     monkeypatch.setenv("KUBECONFIG", str(config_file))
+    monkeypatch.setenv("LLMFLEET_POD_SECURITY_ALLOW", "prometheusUrl")  # the spec names its own Prometheus
     kube = Kube(running)
     targets = tmp_path / "targets.json"
     targets.write_text("[]")

@@ -1,9 +1,12 @@
-"""What an InferenceService may ask of its pods: by default nothing that reaches past the pod.
+"""What an InferenceService may ask of its pods and of the operator: by default nothing that
+reaches past the pod.
 
 Whoever may create an InferenceService must not get, through the operator, what they could not
 do with a pod of their own: the node's filesystem or namespaces, privileges, added capabilities,
-another ServiceAccount's identity or token, or a Secret the spec names for no purpose of its own
-(apiKeySecret, kvTransferSecret and imagePullSecrets are such purposes). Each rule has a key; an
+another ServiceAccount's identity or token, a Secret the spec names for no purpose of its own
+(apiKeySecret, kvTransferSecret and imagePullSecrets are such purposes), or requests the operator
+sends from its own place in the network to an address the spec names (its Prometheus, whose
+answers reach status and Events). Each rule has a key; an
 admin allows a key for the whole operator (``llm-fleet operator --pod-security-allow KEY``, the
 chart's ``podSecurity.allow``).
 
@@ -96,6 +99,10 @@ def _service_account(spec: dict[str, Any], name: str) -> list[str]:
     return ["spec.pod.serviceAccountName"] if account not in (None, server_account_name(name)) else []
 
 
+def _prometheus_url(spec: dict[str, Any], name: str) -> list[str]:
+    return ["spec.autotune.prometheusUrl"] if _get(spec, "autotune", "prometheusUrl") is not None else []
+
+
 def _privileged(spec: dict[str, Any], name: str) -> list[str]:
     context = _get(spec, "pod", "securityContext") or {}
     return [
@@ -180,6 +187,12 @@ RULES: tuple[Rule, ...] = (
         f"!has({_POD}) || !has({_CONTEXT}) || !has({_CONTEXT}.capabilities) "
         f"|| !has({_CONTEXT}.capabilities.add) || size({_CONTEXT}.capabilities.add) == 0",
         _capabilities,
+    ),
+    Rule(
+        "prometheusUrl",
+        "a Prometheus of its own for the operator to query (the operator's --prometheus-url is the admin's)",
+        "!has(object.spec.autotune) || !has(object.spec.autotune.prometheusUrl)",
+        _prometheus_url,
     ),
 )
 KEYS = tuple(rule.key for rule in RULES)

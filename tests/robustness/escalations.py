@@ -54,6 +54,10 @@ ESCALATIONS: dict[str, tuple[dict[str, Any], set[str]]] = {
         {"secretVolume"},
     ),
     "Secret env": (spec(**{"pod.env": [SECRET_ENV]}), {"secretEnv"}),
+    "the cloud's metadata service as Prometheus": (
+        spec(**{"autotune.prometheusUrl": "http://169.254.169.254/latest/meta-data"}),
+        {"prometheusUrl"},
+    ),
 }
 # Refused as unservable (InvalidSpec) by the operator and by the CRD's own CEL rule, not by a key.
 PATH_ESCAPES: dict[str, dict[str, Any]] = {
