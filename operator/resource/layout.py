@@ -2,7 +2,7 @@
 a group of pods, one per node.
 
 A pool whose ``resources`` name a GPU (``nvidia.com/gpu``, or any ``<vendor>/gpu`` extended
-resource) asks for that kind; the operator sets the count. A replica that fits on a node
+resource) asks for that kind; the operator sets the count, in requests and limits alike. A replica that fits on a node
 (T x S <= gpusPerNode) is one pod with T x S GPUs. One that does not spans
 ceil(T x S / gpusPerNode) nodes, a LeaderWorkerSet group of pods with gpusPerNode GPUs each: every
 node of the group must be full, or ranks would sit on a node's GPUs that no other pod could use,
@@ -48,9 +48,9 @@ class Layout:
 
     @property
     def gpus_per_pod(self) -> int | None:
-        """The GPU count of each pod; None for a CPU pool, and for a single-device one (its
-        resources stand as written)."""
-        if self.gpu_resource is None or self.devices == 1:
+        """The GPU count of each pod, whatever count the resources wrote (a pod given more GPUs
+        than its ranks would hold the rest idle); None for a CPU pool."""
+        if self.gpu_resource is None:
             return None
         return self.devices // self.nodes
 
@@ -88,12 +88,17 @@ def layout(resources: Mapping[str, Any], tensor: int, pipeline: int, gpus_per_no
 
 def with_gpu_count(resources: Mapping[str, Any], placed: Layout) -> dict[str, Any]:
     """``resources`` with the GPU count of each pod set in requests and limits (an extended
-    resource must have both, equal); unchanged where the layout leaves the count alone."""
+    resource must have both, equal). A single-GPU pool's are left as written where they already
+    ask for one GPU in limits and in every section that names it: its pods render as they always
+    have, and do not roll when the operator is upgraded."""
     out = {section: dict(value) for section, value in resources.items() if isinstance(value, Mapping)}
     out |= {section: value for section, value in resources.items() if not isinstance(value, Mapping)}
-    count = placed.gpus_per_pod
-    if count is None or placed.gpu_resource is None:
+    count, gpu = placed.gpus_per_pod, placed.gpu_resource
+    if count is None or gpu is None:
+        return out
+    written = [out[s][gpu] for s in ("requests", "limits") if gpu in out.get(s, {})]
+    if placed.devices == 1 and gpu in out.get("limits", {}) and all(str(v).strip() == "1" for v in written):
         return out
     for section in ("requests", "limits"):
-        out.setdefault(section, {})[placed.gpu_resource] = count
+        out.setdefault(section, {})[gpu] = count
     return out

@@ -12,7 +12,7 @@ import yaml
 from llmfleet.operator.reconcile import leader_worker_set as lws
 from llmfleet.operator.reconcile.desired import Owner, desired_objects, restart_checksum
 from llmfleet.operator.reconcile.network_policy import admits
-from llmfleet.operator.resource.layout import LayoutError, gpu_resource, layout
+from llmfleet.operator.resource.layout import LayoutError, gpu_resource, layout, with_gpu_count
 from llmfleet.operator.resource.spec import SpecError, parse_spec
 
 OWNER = Owner("big", "ml", "0c0ffee0-0000-4000-8000-000000000002")
@@ -61,6 +61,23 @@ def test_a_single_device_pool_renders_as_before():
     parallel = spec_with(tensor=2, resources=GPU).pool("colocated").engine_config()
     assert restart_checksum(spec.pool("colocated").engine_config()) != restart_checksum(parallel)
     assert container(by_kind(objects, "Deployment")["big-colocated"]["spec"]["template"])["resources"] == GPU
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        {"limits": {"nvidia.com/gpu": 2}},
+        {"limits": {"nvidia.com/gpu": "-1"}},
+        {"limits": {"nvidia.com/gpu": "0.5"}},
+        {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}},
+        {"requests": {"nvidia.com/gpu": 1}},
+    ],
+)
+def test_a_single_device_pool_asks_for_one_gpu_whatever_count_was_written(written):
+    """One rank uses one GPU: a pod asking for more would hold the rest idle, and a count the
+    scheduler refuses (negative, a fraction, requests and limits apart) would fail only at apply."""
+    placed = layout(written, 1, 1, 8)
+    assert with_gpu_count(written, placed) == {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}
 
 
 def test_a_replica_over_nodes_is_a_leader_worker_set_of_full_nodes():
@@ -142,7 +159,7 @@ def test_a_layout_takes_whole_nodes_or_is_refused(tensor, pipeline, gpus_per_nod
     else:
         placed = layout(GPU, tensor, pipeline, gpus_per_node)
         assert placed.nodes == nodes and placed.devices == tensor * pipeline
-        assert placed.gpus_per_pod == (None if placed.devices == 1 else placed.devices // nodes)
+        assert placed.gpus_per_pod == placed.devices // nodes
 
 
 def test_the_gpu_kind_is_any_vendors_and_only_one():
