@@ -134,6 +134,11 @@ class Balancer:
                 del table[url]
                 log.info("%s server %s left", pool, url)
 
+    async def recheck(self, servers: Sequence[Server]) -> None:
+        """Poll ``servers`` now, not at their next turn: one that just failed a request may have
+        exited, which only a poll tells from a failure of that request alone."""
+        await asyncio.gather(*(self._read_load(server) for server in servers))
+
     async def poll(self) -> None:
         """Poll every server not still answering an earlier poll (a slow one holds up no other)."""
         servers = [s for table in self.servers.values() for s in table.values() if not s.polling]
@@ -157,9 +162,11 @@ class Balancer:
         except httpx.TimeoutException as exc:  # busy, or stopped: only a streak of them counts
             server.slow_polls += 1
             if server.slow_polls >= SLOW_POLLS:
+                server.poll_failures += 1
                 self.failed(server, f"/load timed out {server.slow_polls} times in a row: {exc!r}")
             return
         except (httpx.HTTPError, ValueError) as exc:
+            server.poll_failures += 1
             self.failed(server, f"/load: {exc!r}", unreachable=never_reached(exc))
             return
         server.slow_polls = 0

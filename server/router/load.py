@@ -33,7 +33,8 @@ class Server:
     healthy: bool = True  # a new server is tried at once; a failure sets it aside until a poll succeeds
     draining: bool = False  # its /load says so: it takes no new request
     unreachable: bool = False  # a connection to it failed since its last good poll (it exited, say)
-    failures: int = 0
+    failures: int = 0  # requests and polls that failed here
+    poll_failures: int = 0  # of those, the /load polls: the server itself, not one request's trouble
     slow_polls: int = 0
     polling: bool = False
     polled_at: float | None = None

@@ -15,6 +15,10 @@ Faults, and what the client sees:
 - a prefill server that refuses the connection, times out, is busy (429) or draining (503), or
   fails (5xx): the request goes to another one; with no healthy one left, the decode server
   computes the prompt itself (``llmfleet_router_local_prefills``). These cost no decode attempt;
+- a server whose ``/load`` polls fail while a request waits on it (its process stopped, its node
+  lost: nothing resets the connection) fails that request as a timeout would, at once, whether
+  it waits for a prefill, a stream's first content or a whole answer. One request's refusal
+  there (a 429, a 5xx) sets the server aside for new requests but fails no other;
 - a decode server that fails the same ways before the first byte of content left the router:
   the request starts over on other servers (the KV is taken once);
 - a decode server that cannot fetch the KV: the prefill server that held it is set aside, and
@@ -153,7 +157,7 @@ class Proxy:
         made = holds = 0
         while made < self.settings.attempts:
             decode = await self.balancer.pick_or_rediscover(serving, tried[serving], prefixes)
-            if decode is None and self._holds_again(serving, holds):
+            if decode is None and await self._holds_again(serving, tried[serving], holds):
                 holds += 1  # its servers exited before their endpoints went: as at zero, wait for one
                 refused = await self.holding.wait(serving)
                 if refused is not None:
@@ -189,13 +193,18 @@ class Proxy:
             return error_response(503, f"no {serving} server is available; retry later", "unavailable")
         status = last.status if last.status in (429, 503) else 502
         message = f"no server could take the request after {made} attempt{'s' * (made > 1)}; last: {last.message}"
-        return error_response(status, message, "unavailable" if status != 502 else "bad_gateway")
+        return error_response(status, message, _ERROR_TYPES[status])
 
-    def _holds_again(self, pool: str, holds: int) -> bool:
+    async def _holds_again(self, pool: str, tried: set[str], holds: int) -> bool:
         """A request that ran out of servers to try because none of ``pool`` takes requests any
-        more (each refused the connection, or drains) is held as one that found the pool at zero,
-        a few times at most."""
-        return self.holding.settings.enabled and holds < self.settings.attempts and not self.balancer.has_open(pool)
+        more (each refuses connections, or drains) is held as one that found the pool at zero, a
+        few times at most. The servers it tried are polled first: one that failed it by exiting
+        (a reset connection) refuses connections by now."""
+        if not self.holding.settings.enabled or holds >= self.settings.attempts:
+            return False
+        if self.balancer.has_open(pool):
+            await self.balancer.recheck([s for s in self.balancer.servers[pool].values() if s.url in tried])
+        return not self.balancer.has_open(pool)
 
     def _set_aside(self, failure: ServerFailed, tried: dict[str, set[str]], attempt: int) -> None:
         """``attempt``: which one failed, counting from 1."""
@@ -231,7 +240,9 @@ class Proxy:
         timeout = httpx.Timeout(self.settings.prefill_timeout_s, connect=self.settings.connect_timeout_s)
         server.hold(+1)  # a prefill server's whole answer is the client's wait for a first token
         try:
-            response = await self.client.post(f"{server.url}{path}", **json_request(ask), timeout=timeout)
+            response = await _while_polled(
+                server, self.client.post(f"{server.url}{path}", **json_request(ask), timeout=timeout)
+            )
         except httpx.HTTPError as exc:
             raise ServerFailed(server, f"prefill server {server.url}: {exc!r}", unreached=never_reached(exc)) from exc
         finally:
@@ -242,7 +253,7 @@ class Proxy:
             except (ValueError, KeyError, TypeError) as exc:
                 raise ServerFailed(server, f"prefill server {server.url} answered no KV ids") from exc
             return {**params, "do_remote_prefill": True, "remote_url": server.url}
-        raise _refusal(server, response.status_code, response.content)
+        raise _refusal(server, response)
 
     async def _decode(
         self, server: Server, path: str, body: dict, params: dict | None, stream: bool, started: float
@@ -256,20 +267,15 @@ class Proxy:
         response = None
         try:
             request = self.client.build_request("POST", f"{server.url}{path}", **json_request(send), timeout=timeout)
-            sent = self.client.send(request, stream=True)
-            response = await (sent if stream else _while_polled(server, sent))
+            response = await _while_polled(server, self.client.send(request, stream=True))
             if response.status_code != 200:
-                raise _refusal(server, response.status_code, await response.aread())
+                await response.aread()
+                raise _refusal(server, response)
             if not stream:
                 return _Opened(server, response, [await _while_polled(server, response.aread())], None, None)
             meter = StreamMeter(self.metrics, started, echo=flag(body.get("echo")))
             rest = response.aiter_raw()
-            head = []
-            async for chunk in rest:  # hold the bytes until content comes: until then a retry is free
-                if whole := meter.feed(chunk):
-                    head.append(whole)
-                if meter.started_content:
-                    break
+            head = await _while_polled(server, _first_content(rest, meter))
             return _Opened(server, response, head, rest, meter)
         except httpx.HTTPError as exc:
             server.assigned -= 1
@@ -343,8 +349,13 @@ class _Relay:
         self.metrics.finished(self.started, self.opened.meter.finish_reason)
 
 
-def _refusal(server: Server, status: int, content: bytes) -> ServerFailed | Answered:
-    """What a server's non-200 answer means for the request: try elsewhere, or answer the client."""
+_ERROR_TYPES = {429: "rate_limit_exceeded", 503: "unavailable", 502: "bad_gateway"}  # as the servers type them
+
+
+def _refusal(server: Server, response: httpx.Response) -> ServerFailed | Answered:
+    """What a server's non-200 answer (read whole) means for the request: try elsewhere, or
+    answer the client."""
+    status, content = response.status_code, response.content
     message, kind = _error_fields(content)
     message = message or f"status {status}"
     where = f"{server.pool} server {server.url}"
@@ -359,7 +370,7 @@ def _refusal(server: Server, status: int, content: bytes) -> ServerFailed | Answ
         return ServerFailed(server, f"{where} refuses the router's KV transfer", 502, token_refused=True)
     if status == 409 and server.pool == "decode":
         return Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
-    return Answered(Response(content, status, media_type="application/json"))
+    return Answered(Response(content, status, media_type=response.headers.get("content-type", "application/json")))
 
 
 def _error_fields(content: bytes) -> tuple[str | None, str | None]:
@@ -373,18 +384,30 @@ def _error_fields(content: bytes) -> tuple[str | None, str | None]:
 
 async def _while_polled(server: Server, work: Awaitable[T]) -> T:
     """``work``, for as long as the balancer's polls find its server alive. One they fail from
-    now on (its node gone, say: no connection reset tells) fails it as a read timeout would."""
-    failures = server.failures
+    now on (its node gone, or its process stopped: no connection reset tells) fails it as a read
+    timeout would. Another request's failure there (a 429, a 5xx) is that request's alone."""
+    failures = server.poll_failures
     task = asyncio.ensure_future(work)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=HEALTH_CHECK_S)
             if done:
                 return task.result()
-            if server.failures > failures and not server.healthy:
+            if server.poll_failures > failures and not server.healthy:
                 raise httpx.ReadTimeout(f"{server.url} stopped answering its /load polls")
     finally:
         task.cancel()
+
+
+async def _first_content(rest: AsyncIterator[bytes], meter: StreamMeter) -> list[bytes]:
+    """The stream's events up to its first content, held back: until then a retry is free."""
+    head = []
+    async for chunk in rest:
+        if whole := meter.feed(chunk):
+            head.append(whole)
+        if meter.started_content:
+            break
+    return head
 
 
 def json_request(body: dict) -> dict:

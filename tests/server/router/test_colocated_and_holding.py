@@ -23,6 +23,12 @@ def _answer(host: str) -> httpx.Response:
     return httpx.Response(200, json={"choices": [{"index": 0, "text": host, "finish_reason": "length"}]})
 
 
+async def _chunks(body: bytes):
+    """A body that arrives as a stream does, in two pieces."""
+    yield body[:10]
+    yield body[10:]
+
+
 class Waker:
     description = "a test"
 
@@ -145,6 +151,79 @@ async def test_without_holding_a_request_whose_servers_all_refuse_is_a_502_that_
     refused = await proxy._open("/v1/completions", {"prompt": "a"}, False, 0.0)
     message = json.loads(refused.body)["error"]["message"]
     assert refused.status_code == 502 and message.startswith("no server could take the request after 2 attempts")
+
+
+async def test_one_requests_refusal_fails_no_other_request_waiting_on_that_server():
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["prompt"] == "busy":
+            return httpx.Response(429, json={"error": {"message": "queue full", "type": "rate_limit_exceeded"}})
+        await asyncio.sleep(2.5)  # a long whole answer: past two of the router's health checks
+        return _answer(request.url.host)
+
+    proxy, _, _, _ = await _colocated(handle, ["http://c1:8000"])
+    long = asyncio.create_task(proxy._open("/v1/completions", {"prompt": "long"}, False, 0.0))
+    await asyncio.sleep(0.1)
+    refused = await proxy._open("/v1/completions", {"prompt": "busy"}, False, 0.0)
+    assert refused.status_code == 429
+    opened = await asyncio.wait_for(long, 10)
+    assert json.loads(opened.head[0])["choices"][0]["text"] == "c1"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_waiting_on_a_server_whose_polls_fail_goes_elsewhere_at_once(stream):
+    """A stopped process (SIGSTOP, a lost node): its connections stay open and silent."""
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "c1":
+            await asyncio.sleep(60)
+        if stream:
+            events = b'data: {"choices": [{"index": 0, "text": "c2"}]}\n\ndata: [DONE]\n\n'
+            return httpx.Response(200, content=_chunks(events), headers={"content-type": "text/event-stream"})
+        return _answer(request.url.host)
+
+    proxy, balancer, _, _ = await _colocated(handle, ["http://c1:8000", "http://c2:8000"])
+    balancer.servers["colocated"]["http://c2:8000"].others = 5  # c1 looks idler: it is picked first
+    started = time.monotonic()
+    waiting = asyncio.create_task(proxy._open("/v1/completions", {"prompt": "a", "stream": stream}, stream, 0.0))
+    await asyncio.sleep(0.2)
+    c1 = balancer.servers["colocated"]["http://c1:8000"]
+    c1.poll_failures += 1  # what a streak of timed-out /load polls does
+    balancer.failed(c1, "/load timed out 3 times in a row")
+    opened = await asyncio.wait_for(waiting, 10)
+    assert opened.server.url == "http://c2:8000" and time.monotonic() - started < 5
+    assert b"c2" in b"".join(opened.head)
+
+
+async def test_a_request_whose_only_server_died_under_it_is_held_not_failed():
+    """kill -9 mid-request: the connection resets (no refusal yet); a poll then finds it gone."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "c1" and request.url.path == "/load":
+            raise httpx.ConnectError("All connection attempts failed", request=request)
+        if request.url.host == "c1":
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return _answer(request.url.host)
+
+    proxy, _, source, _ = await _colocated(handle, ["http://c1:8000"], HoldSettings(timeout_s=10.0))
+    request = asyncio.create_task(proxy._open("/v1/completions", {"prompt": "a"}, False, 0.0))
+    await asyncio.sleep(0.3)
+    assert not request.done() and proxy.holding.held == 1
+    source.endpoints["colocated"] = ["http://c2:8000"]  # its replacement
+    opened = await asyncio.wait_for(request, 5)
+    assert json.loads(opened.head[0])["choices"][0]["text"] == "c2"
+
+
+async def test_a_servers_own_answer_keeps_its_type_and_a_busy_pools_429_is_typed_as_the_servers():
+    def handle(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["prompt"] == "html":
+            return httpx.Response(400, text="<h1>Bad Request</h1>", headers={"content-type": "text/html"})
+        return httpx.Response(429, json={"error": {"message": "queue full", "type": "rate_limit_exceeded"}})
+
+    proxy, _, _, _ = await _colocated(handle, ["http://c1:8000"])
+    relayed = await proxy._open("/v1/completions", {"prompt": "html"}, False, 0.0)
+    assert (relayed.status_code, relayed.media_type) == (400, "text/html")
+    busy = await proxy._open("/v1/completions", {"prompt": "a"}, False, 0.0)
+    assert busy.status_code == 429 and json.loads(busy.body)["error"]["type"] == "rate_limit_exceeded"
 
 
 @pytest.mark.parametrize("why", ["timeout", "full"])
