@@ -192,7 +192,7 @@ class Proxy:
         if last is None:
             return error_response(503, f"no {serving} server is available; retry later", "unavailable")
         status = last.status if last.status in (429, 503) else 502
-        message = f"no server could take the request after {made} attempt{'s' * (made > 1)}; last: {last.message}"
+        message = f"no server could take the request after {made} attempt{'s' * (made > 1)}; last: {_public(last)}"
         return error_response(status, message, _ERROR_TYPES[status])
 
     async def _holds_again(self, pool: str, tried: set[str], holds: int) -> bool:
@@ -369,8 +369,17 @@ def _refusal(server: Server, response: httpx.Response) -> ServerFailed | Answere
         log.error("%s refuses the router's KV transfer: %s", where, message)
         return ServerFailed(server, f"{where} refuses the router's KV transfer", 502, token_refused=True)
     if status == 409 and server.pool == "decode":
-        return Answered(error_response(502, f"{where} cannot use the prefill server's KV: {message}", "bad_gateway"))
+        answer = f"the decode server cannot use the prefill server's KV: {message}"
+        log.error("%s cannot use the prefill server's KV: %s", where, message)
+        return Answered(error_response(502, answer, "bad_gateway"))
     return Answered(Response(content, status, media_type=response.headers.get("content-type", "application/json")))
+
+
+def _public(failure: ServerFailed) -> str:
+    """A failure's message for the client: the servers' addresses are the fleet's own (the log
+    and the router's /load have them)."""
+    url = failure.server.url
+    return failure.message.replace(f" {url}", "").replace(url, "the server")
 
 
 def _error_fields(content: bytes) -> tuple[str | None, str | None]:

@@ -151,6 +151,7 @@ async def test_without_holding_a_request_whose_servers_all_refuse_is_a_502_that_
     refused = await proxy._open("/v1/completions", {"prompt": "a"}, False, 0.0)
     message = json.loads(refused.body)["error"]["message"]
     assert refused.status_code == 502 and message.startswith("no server could take the request after 2 attempts")
+    assert message.endswith("last: colocated server: ConnectError('All connection attempts failed')")  # no address
 
 
 async def test_one_requests_refusal_fails_no_other_request_waiting_on_that_server():
