@@ -104,7 +104,9 @@ def _problem(args) -> str | None:
     if problem:
         return f"cannot write --out {args.out}: {problem}"
     if args.which == "tuner":  # simulated: no model, dtype or device of its own
-        return None
+        from llmfleet.sim.cost_model import profile_error
+
+        return profile_error(args.profile) if args.profile else None
     if args.which == "sim-fidelity":
         from llmfleet.bench.sim_fidelity import profile_problem
 

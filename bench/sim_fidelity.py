@@ -37,7 +37,7 @@ from llmfleet.bench.machine import CPUPressure, describe, wait_quiet
 from llmfleet.bench.report import Trace, latency_summary, print_table
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
-from llmfleet.sim.cost_model import CostModel, StepFeatures, default_profile_path
+from llmfleet.sim.cost_model import CostModel, StepFeatures, default_profile_path, profile_error
 from llmfleet.sim.paths import file_problem
 from llmfleet.workloads import RequestSpec, Workload, anyscale_online, prompt_tokens
 
@@ -72,8 +72,8 @@ def profile_problem(args) -> str | None:
     """Why the cost profile can be neither read nor made: an explicit --profile that is missing
     (unless --calibrate makes it), or a profile to calibrate that could not be saved; or None."""
     path = _profile_path(args)
-    if not args.calibrate and path.is_file():
-        return None
+    if not args.calibrate and path.exists():
+        return profile_error(path)
     if args.profile and not args.calibrate:
         return f"no cost profile at {path}: pass --calibrate to make one"
     problem = file_problem(path)  # now, not after the minutes of calibrating

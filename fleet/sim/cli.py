@@ -112,7 +112,7 @@ def run(args) -> int:
         return 2
     model = spec.model.server_arg
     profile = Path(args.profile) if args.profile else default_profile_path(model)
-    if not profile.is_file():
+    if not profile.exists():
         quick = " --quick" if model == "builtin:tiny" else ""
         print(
             f"no cost profile at {profile}: run `llm-fleet calibrate --model {model}{quick}` first, or pass --profile"

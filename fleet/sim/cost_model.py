@@ -263,6 +263,15 @@ class CostModel:
             raise ValueError(f"bad cost profile {path}: {exc}") from exc
 
 
+def profile_error(path: str | Path) -> str | None:
+    """Why ``path`` holds no cost profile to run on, in one line; None where it loads."""
+    try:
+        CostModel.load(path)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 _TEXT_FIELDS = ("model", "device", "dtype", "created", "host")
 _COUNT_FIELDS = ("kv_bytes_per_token", "max_model_len", "kv_block_size")
 

@@ -142,6 +142,17 @@ def test_sim_fidelity_refuses_a_missing_profile_unless_asked_to_calibrate(tmp_pa
         main(["bench", *base, "--calibrate", "--profile", str(missing)])
 
 
+@pytest.mark.parametrize("bench", ["sim-fidelity", "tuner"])
+def test_a_cost_profile_that_is_no_profile_is_one_line(bench, tmp_path, capsys) -> None:
+    bad, folder = tmp_path / "list.json", tmp_path / "profiles"
+    bad.write_text("[1]")
+    folder.mkdir()
+    base = ["--model", "builtin:tiny"] if bench == "sim-fidelity" else ["--tuner-only"]
+    for profile, says in ((bad, "a cost profile is a JSON object"), (folder, "Is a directory")):
+        err = _refused([bench, *base, "--out", str(tmp_path / "out"), "--profile", str(profile)], capsys)
+        assert f"cost profile {profile}" in err and says in err
+
+
 def test_the_structured_output_ratio_is_the_json_object_speed() -> None:
     """What is stored is what is printed: JSON-object throughput over plain (below 1: slower)."""
     assert engine_bench.json_object_speed({"plain": 1.0, "json_object": 1.25}) == 0.8
