@@ -111,6 +111,8 @@ def read_trace(path: str | Path, options: TraceOptions | None = None) -> list[Re
             for number, first in enumerate(lines, 1):  # noqa: B007 (the loop finds the first line with text)
                 if first.strip():
                     break
+            if not first.strip():  # whatever its name says, no header and no request
+                raise TraceError(f"trace {path} holds no requests: it is empty")
             read_rows(path, itertools.chain([first], lines), number, first, rows, options.match)
     except READ_ERRORS as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc

@@ -57,8 +57,8 @@ def open_text(path: str | Path) -> IO[str]:
         head = raw.read(6)
     for magic, opener, _ in _COMPRESSED:
         if head.startswith(magic):
-            return opener(path, "rt", encoding="utf-8", newline="")  # type: ignore[operator]
-    return open(path, encoding="utf-8", newline="")
+            return opener(path, "rt", encoding="utf-8-sig", newline="")  # type: ignore[operator]
+    return open(path, encoding="utf-8-sig", newline="")  # utf-8-sig: a BOM some editors write goes
 
 
 @dataclass(frozen=True)

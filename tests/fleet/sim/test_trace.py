@@ -63,11 +63,18 @@ def test_a_trace_of_months_replays(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("content", "message"), [("\n\n", "holds no requests"), (b"\xff\xfe", "cannot read trace")])
-def test_an_empty_or_binary_trace_is_an_error(tmp_path, content, message) -> None:
-    path = tmp_path / "t.jsonl"
+@pytest.mark.parametrize("name", ["t.jsonl", "t.csv"])
+def test_an_empty_or_binary_trace_is_an_error(tmp_path, content, message, name) -> None:
+    path = tmp_path / name
     path.write_bytes(content.encode() if isinstance(content, str) else content)
     with pytest.raises(TraceError, match=message):
         read_trace(path)
+
+
+def test_a_jsonl_trace_may_begin_with_a_byte_order_mark(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\ufeff" + json.dumps({"arrival_s": 0.5, "prompt_tokens": 3, "output_tokens": 1}) + "\n")
+    assert [(r.arrival_s, r.prompt_len) for r in read_trace(path)] == [(0.5, 3)]
 
 
 @pytest.mark.parametrize(
