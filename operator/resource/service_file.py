@@ -22,24 +22,45 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def read_service(source: Traversable, default_name: str) -> tuple[str, InferenceServiceSpec]:
-    """(name, parsed spec) of the first InferenceService in ``source``. A file that is not YAML,
-    or an InferenceService whose metadata or spec is not a mapping, is a ValueError that says
-    so; a spec the operator would refuse is its SpecError."""
+    """(name, parsed spec) of the InferenceService in ``source``, in a document of its own or in a
+    ``kind: List``'s items, as ``kubectl apply -f`` reads them. A file that is not YAML, that holds
+    more than one InferenceService (one fleet runs one), or whose InferenceService's metadata or
+    spec is not a mapping, is a ValueError that says so in one line; a spec the operator would
+    refuse is its SpecError."""
     try:
         docs = list(yaml.safe_load_all(source.read_text()))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(source)
+        raise ValueError(f"{where}: not valid YAML: {exc.problem or exc.context}") from exc
     except yaml.YAMLError as exc:
         raise ValueError(f"{source}: not valid YAML: {exc}") from exc
+    services = [doc for doc in _objects(docs) if doc.get("kind") == "InferenceService"]
+    if not services:
+        raise ValueError(f"no InferenceService in {source}")
+    if len(services) > 1:
+        names = ", ".join(str((doc.get("metadata") or {}).get("name", "?")) for doc in services)
+        raise ValueError(f"{source} holds {len(services)} InferenceServices ({names}): one fleet runs one a file")
+    doc = services[0]
+    metadata, spec = doc.get("metadata") or {}, doc.get("spec") or {}
+    for field, value in (("metadata", metadata), ("spec", spec)):
+        if not isinstance(value, dict):
+            raise ValueError(f"{source}: InferenceService {field} must be a mapping, got {value!r}")
+    problems = strict_decoding_problems(spec, spec_schema(), "spec")
+    if problems:  # what `kubectl apply` (strict field validation) refuses, not run half-read
+        raise ValueError(f"{source}: InferenceService {'; '.join(problems)}")
+    return metadata.get("name") or default_name, parse_spec(spec)
+
+
+def _objects(docs: list[Any]) -> list[dict[str, Any]]:
+    """The objects of a file's documents, a ``kind: List``'s items among them."""
+    out = []
     for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind") == "InferenceService":
-            metadata, spec = doc.get("metadata") or {}, doc.get("spec") or {}
-            for field, value in (("metadata", metadata), ("spec", spec)):
-                if not isinstance(value, dict):
-                    raise ValueError(f"{source}: InferenceService {field} must be a mapping, got {value!r}")
-            problems = strict_decoding_problems(spec, spec_schema(), "spec")
-            if problems:  # what `kubectl apply` (strict field validation) refuses, not run half-read
-                raise ValueError(f"{source}: InferenceService {'; '.join(problems)}")
-            return metadata.get("name") or default_name, parse_spec(spec)
-    raise ValueError(f"no InferenceService in {source}")
+        if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+            out += [item for item in doc["items"] if isinstance(item, dict)]
+        elif isinstance(doc, dict):
+            out.append(doc)
+    return out
 
 
 def strict_decoding_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:

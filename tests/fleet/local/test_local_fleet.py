@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -232,9 +233,15 @@ def test_a_bad_file_is_refused_with_its_reason(tmp_path):
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("kind: InferenceService\nspec: {model: [builtin: tiny\n", "not valid YAML"),
+        ("kind: InferenceService\nspec: {model: [builtin: tiny\n", "bad.yaml:3:1: not valid YAML: expected ','"),
         ("kind: InferenceService\nmetadata: name-only\nspec: {}\n", "metadata must be a mapping"),
         ("kind: Deployment\n", "no InferenceService"),
+        (
+            "kind: List\nitems:\n- {kind: InferenceService, metadata: {name: a}}\n"
+            "- {kind: InferenceService, metadata: {name: b}}\n",
+            "holds 2 InferenceServices (a, b): one fleet runs one a file",
+        ),
+        ("kind: List\nitems:\n- {kind: InferenceService, metadata: {name-only: x}, spec: 5}\n", "spec must be"),
         # what kubectl's strict field validation refuses: a typo, a string for a number or a bool
         (
             "kind: InferenceService\nspec: {pools: {colocated: {minReplica: 2}}}\n",
@@ -249,12 +256,13 @@ def test_a_bad_file_is_refused_with_its_reason(tmp_path):
 def test_a_file_that_is_no_inference_service_is_a_clear_error(tmp_path, text, words):
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match=re.escape(words)):
         load_service(str(bad))
     result = subprocess.run(
         [sys.executable, "-m", "llmfleet.cli", "up", "-f", str(bad)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
 
 
 def test_up_needs_the_key_of_an_api_key_secret(tmp_path, repo_root):
