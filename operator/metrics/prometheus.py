@@ -32,6 +32,7 @@ from llmfleet.operator.metrics.source import (
     stale_snapshot,
     trusted_quantiles,
 )
+from llmfleet.operator.resource.conditions import cut
 
 DEFAULT_TIMEOUT_S = 5.0  # one snapshot's queries, all of them
 ERROR_EXCERPT = 300  # characters of a Prometheus error's text kept in a message
@@ -41,11 +42,6 @@ _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")  # up to the au
 def redacted(url: str) -> str:
     """``url`` with any user and password in it replaced: it is shown in status and Events."""
     return _USERINFO.sub(r"\1***@", url)
-
-
-def excerpt(text: str, limit: int = ERROR_EXCERPT) -> str:
-    """At most ``limit`` characters of what a server said, for a message."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class PrometheusError(RuntimeError):
@@ -94,9 +90,9 @@ class PrometheusSource:
         if not isinstance(body, dict):
             raise PrometheusError(f"prometheus answered {response.status_code} with JSON that is not an API answer")
         if response.status_code != 200 or body.get("status") != "success":
-            error = excerpt(str(body.get("error", "no error message")))  # its text reaches status and Events
+            error = cut(str(body.get("error", "no error message")), ERROR_EXCERPT)  # it reaches status and Events
             raise PrometheusError(
-                f"prometheus answered {response.status_code} {excerpt(str(body.get('errorType', '')), 40)}: "
+                f"prometheus answered {response.status_code} {cut(str(body.get('errorType', '')), 40)}: "
                 f"{error} (query: {expr})"
             )
         try:

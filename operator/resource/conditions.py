@@ -34,7 +34,7 @@ def merge_conditions(
             "type": update.type,
             "status": update.status,
             "reason": update.reason,
-            "message": _capped(update.message),
+            "message": cut(update.message, MESSAGE_MAX),
             "lastTransitionTime": old.get("lastTransitionTime", at) if old.get("status") == update.status else at,
         }
         if generation is not None:
@@ -48,5 +48,6 @@ def condition_of(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | 
     return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), None)
 
 
-def _capped(message: str) -> str:
-    return message if len(message) <= MESSAGE_MAX else message[: MESSAGE_MAX - 3] + "..."
+def cut(text: str, limit: int) -> str:
+    """At most ``limit`` characters of ``text``, for a message in status: a cut one ends in "..."."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
