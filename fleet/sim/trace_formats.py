@@ -52,13 +52,14 @@ READ_ERRORS = (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError)
 
 def open_text(path: str | Path) -> IO[str]:
     """The trace as text, decompressed as it is read where its first bytes say gzip, bzip2 or xz:
-    a long log is usually kept compressed, and a replay reads it once."""
+    a long log is usually kept compressed, and a replay reads it once. A byte order mark (some
+    editors and spreadsheets write one) is dropped by the decoder, whatever the format."""
     with open(path, "rb") as raw:
         head = raw.read(6)
     for magic, opener, _ in _COMPRESSED:
         if head.startswith(magic):
             return opener(path, "rt", encoding="utf-8-sig", newline="")  # type: ignore[operator]
-    return open(path, encoding="utf-8-sig", newline="")  # utf-8-sig: a BOM some editors write goes
+    return open(path, encoding="utf-8-sig", newline="")
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def read_rows(
 def is_csv(path: str | Path, first: str) -> bool:
     """A CSV trace's first line is its header (a JSONL one's is an object), so a CSV with other
     columns is told which it lacks, not that its header is not JSON."""
-    head = first.lstrip("\ufeff \t")
+    head = first.lstrip(" \t")
     name = Path(path).name.lower()
     for _, _, suffix in _COMPRESSED:
         name = name.removesuffix(suffix)
@@ -232,7 +233,7 @@ def _as_text(value: object) -> str | None:
 
 def _read_csv(path: str | Path, lines: Iterable[str], header_number: int, rows: Rows, match: Match) -> None:
     reader = csv.reader(lines)
-    header = [h.strip().lstrip("\ufeff") for h in next(reader)]
+    header = [h.strip() for h in next(reader)]
     fmt = _format_of(header, CSV_FORMATS, f"{path}:{header_number}", "a CSV trace")
     at, prompt_at, output_at = (header.index(c) for c in fmt.fields)
     for field, _ in match:
