@@ -80,7 +80,8 @@ class BodyGuardMiddleware:
         chunks, size = [], 0
         while True:
             try:
-                message = await asyncio.wait_for(receive(), BODY_IDLE_S)
+                async with asyncio.timeout(BODY_IDLE_S):
+                    message = await receive()
             except TimeoutError:
                 log.warning("%s %s: the body stopped arriving after %d bytes", scope["method"], scope["path"], size)
                 message = f"the request body stopped arriving for {BODY_IDLE_S:g} s"
