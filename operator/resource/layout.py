@@ -2,12 +2,12 @@
 a group of pods, one per node.
 
 A pool whose ``resources`` name a GPU (``nvidia.com/gpu``, or any ``<vendor>/gpu`` extended
-resource) asks for that kind; the operator sets the count, in requests and limits alike. A replica that fits on a node
-(T x S <= gpusPerNode) is one pod with T x S GPUs. One that does not spans
-ceil(T x S / gpusPerNode) nodes, a LeaderWorkerSet group of pods with gpusPerNode GPUs each: every
-node of the group must be full, or ranks would sit on a node's GPUs that no other pod could use,
-so T x S must then be a multiple of gpusPerNode. A CPU pool (no GPU resource) always runs a
-replica as one pod of T x S processes.
+resource) asks for that kind; the operator sets the count, in requests and limits alike. A
+replica that fits on a node (T x S <= gpusPerNode) is one pod with T x S GPUs. One that does
+not spans ceil(T x S / gpusPerNode) nodes, a LeaderWorkerSet group of pods with gpusPerNode GPUs
+each: every node of the group must be full, or ranks would sit on a node's GPUs that no other
+pod could use, so T x S must then be a multiple of gpusPerNode. A CPU pool (no GPU resource)
+always runs a replica as one pod of T x S processes.
 
 No spec or Kubernetes types here: spec.py checks a layout when it parses a spec, and the reconcile
 pass renders it.
