@@ -1,11 +1,11 @@
-"""argparse types of the bench's own: a list of rates and a dtype. Counts, rates and ports use
-llmfleet.arguments' (``positive_int``, ``positive``, ``non_negative``, ``port``): a wrong value is
-the parser's one-line error (exit 2) before a model loads, not a traceback or a nan table."""
+"""argparse types of the bench's own: lists of rates, counts and seeds. Counts, rates and ports use
+llmfleet.arguments' (``positive_int``, ``positive``, ``non_negative``, ``port``), a dtype
+server/engine_flags.py's ``dtype``: a wrong value is the parser's one-line error (exit 2) before a
+model loads, not a traceback or a nan table."""
 
 from __future__ import annotations
 
 import argparse
-import typing
 
 from llmfleet.arguments import positive, positive_int
 
@@ -43,16 +43,3 @@ def seeds(text: str) -> list[int | None]:
     if not values:
         raise argparse.ArgumentTypeError(f"no seeds in {text!r}")
     return values
-
-
-def dtype(text: str) -> str:
-    """A dtype name as EngineConfig takes it (vLLM's aliases too), checked by EngineConfig itself."""
-    from pydantic import ValidationError
-
-    from llmfleet.server.config import DTYPE_ALIASES, EngineConfig
-
-    try:
-        return EngineConfig(dtype=text).dtype
-    except ValidationError:
-        names = [*typing.get_args(EngineConfig.model_fields["dtype"].annotation), *DTYPE_ALIASES]
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(names)}, got {text!r}") from None

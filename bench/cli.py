@@ -6,7 +6,8 @@ import os
 import sys
 
 from llmfleet.arguments import bind_problem, port, positive, positive_int
-from llmfleet.bench.arguments import dtype, positive_ints
+from llmfleet.bench.arguments import positive_ints
+from llmfleet.server.engine_flags import dtype
 
 HELP = (
     "run a benchmark: engine (offline-32 vs HF, decode ceiling, scheduler, online policies), server, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import typing
 from decimal import Decimal
 from typing import Any
 
@@ -34,12 +35,25 @@ def human_readable_int(text: str) -> int:
     return int(value)
 
 
+def dtype(text: str) -> str:
+    """A dtype name as EngineConfig takes it (vLLM's aliases too), checked by EngineConfig itself."""
+    from pydantic import ValidationError
+
+    from llmfleet.server.config import DTYPE_ALIASES, EngineConfig
+
+    try:
+        return EngineConfig(dtype=text).dtype
+    except ValidationError:
+        names = [*typing.get_args(EngineConfig.model_fields["dtype"].annotation), *DTYPE_ALIASES]
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(names)}, got {text!r}") from None
+
+
 # flag -> (EngineConfig field, type, help)
 FLAGS: dict[str, tuple[str, Any, str]] = {
     "--max-num-seqs": ("max_batch_size", int, "most sequences in one step (maxBatchSize)"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", human_readable_int, "token budget of one step (8k, 8K)"),
     "--max-model-len": ("max_model_len", human_readable_int, "context limit (default: the model's; 32k, 32K)"),
-    "--dtype": ("dtype", str, "auto, float32 (float), bfloat16 or float16 (half)"),
+    "--dtype": ("dtype", dtype, "auto, float32 (float), bfloat16 or float16 (half)"),
     "--block-size": ("kv_block_size", int, "tokens per KV cache block"),
     "--kv-cache-memory-mb": ("kv_cache_memory_mb", int, "KV cache size"),
     "--scheduling-policy": ("scheduling", str, "fcfs or priority (waiting order and preemption victims)"),

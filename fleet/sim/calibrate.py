@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 
 from llmfleet.arguments import positive_int
+from llmfleet.server.engine_flags import dtype
 from llmfleet.sim.cost_model import (
     CPU_GROUP_COST_BLOCKS,
     FEATURES,
@@ -80,7 +81,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--threads", type=positive_int, help="torch threads (default: torch's default); recorded in the profile"
     )
-    parser.add_argument("--dtype", default="auto", help="auto (the engine's default: bfloat16 where native), float32")
+    parser.add_argument(
+        "--dtype", type=dtype, default="auto", help="auto (the engine's default: bfloat16 where native), float32"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--out", help="profile path (default $LLMFLEET_CACHE/calibration/<model>.json)")
     parser.add_argument("--seed", type=int, default=0)

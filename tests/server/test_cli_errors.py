@@ -50,6 +50,8 @@ def test_a_prompt_over_the_context_is_one_line(capsys):
         (["sim", "-f", "x.yaml", "--warmup", "-5"], "--warmup: must be >= 0"),
         (["sim", "-f", "x.yaml", "--duration", "inf"], "--duration: must be finite"),
         (["calibrate", "--threads", "0"], "--threads: must be >= 1, got 0"),  # torch refused it after loading
+        (["calibrate", "--dtype", "fp8"], "--dtype: must be one of auto, float32"),  # pydantic's lines, after start
+        (["serve", "--dtype", "fp8"], "--dtype: must be one of auto, float32"),
     ],
 )
 def test_a_flag_out_of_its_range_is_an_argument_error(argv, words, capsys):

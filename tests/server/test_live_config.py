@@ -196,8 +196,8 @@ def test_command_line_engine_flags_are_start_values_under_the_file(tmp_path):
     assert watcher.check() == "applied"
     (config,) = applied
     assert (config.max_batch_size, config.max_num_batched_tokens, config.policy) == (6, 96, "dynamic")
-    with pytest.raises(ValueError, match="dtype"):
-        load_engine_config(None, engine_flags(parser.parse_args(["--dtype", "float64"])))
+    with pytest.raises(SystemExit):  # refused as it is parsed, before a model loads
+        parser.parse_args(["--dtype", "float64"])
     assert engine_flags(parser.parse_args(["--enforce-eager"])) == {"enforce_eager": True}  # vLLM's switch
     assert engine_flags(parser.parse_args(["--no-enable-chunked-prefill"])) == {"prefill_mode": "merged"}
     assert engine_flags(parser.parse_args(["--enable-chunked-prefill"])) == {"prefill_mode": "chunked"}
