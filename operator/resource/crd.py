@@ -145,8 +145,9 @@ def _bounds() -> dict[str, Any]:
 _QUANTITY = {
     "anyOf": [{"type": "integer"}, {"type": "string"}],
     "x-kubernetes-int-or-string": True,
-    # The API server's own quantity pattern, as in the built-in types' CRD schemas.
-    "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    # The API server's own quantity pattern, as in the built-in types' CRD schemas, less the leading
+    # minus: a Deployment asking for a negative amount would be refused after the other objects land.
+    "pattern": r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
 }
 

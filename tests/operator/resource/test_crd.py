@@ -149,6 +149,7 @@ SCHEMA_REJECTS = {
     "batch size 0": (with_("pools.colocated.engine.maxBatchSize", 0), "less than the minimum"),
     "string batch": (with_("pools.colocated.engine.maxBatchSize", "big"), "is not of type"),
     "bad gpu quantity": (with_("pools.colocated.resources", {"limits": {"nvidia.com/gpu": "one"}}), "does not match"),
+    "negative cpu request": (with_("router.resources", {"requests": {"cpu": "-500m"}}), "does not match"),
     "bad toleration effect": (with_("pools.colocated.tolerations", [{"effect": "Sometimes"}]), "is not one of"),
     "headroom 2": (with_("autotune.headroom", 2), "greater than the maximum"),
     "interval 1s": (with_("autotune.intervalSeconds", 1), "less than the minimum"),
