@@ -450,12 +450,16 @@ SLO_KINDS = {"ttft": ("TTFT", promql.TTFT), "itl": ("ITL", promql.ITL)}
 # disaggregated mode, on the router, which relays the decode server's first token after the
 # prefill, the KV fetch and any wait for a decode slot (the tuner holds the prefill pool to the
 # SLO less what a decode server adds, operator/tuner/law.py); ITL where tokens are generated.
+# Every mode has routers: a fleet with a colocated pool is judged on it alone (_judged).
 SLO_POOLS = {"ttft": "colocated|router", "itl": "colocated|decode"}
 # Short, so "no decision for 15 minutes" is the alert's `for:`, not window + `for:` (2m: two
 # scrapes of the operator even at a 1-minute scrape interval).
 DECISION_WINDOW = "2m"
 # "No engine step for 5 minutes": this window plus the alert's 3-minute `for:`.
 STALL_WINDOW = "2m"
+# A target that answered a scrape within this window and no longer does is down; one that never
+# has is still loading its model.
+TARGET_SEEN_WINDOW = "1h"
 
 
 def _quantile_rule(name: str, metric: str, q: float, window: str, selector: str = "") -> dict[str, str]:
@@ -485,10 +489,19 @@ def recording_rules() -> list[dict[str, str]]:
     return rules
 
 
+def _judged(record: str, kind: str) -> str:
+    """A recorded quantile on the pools its SLO is judged on. TTFT: the colocated pool, else the
+    router (a disaggregated fleet's), never both for one service, which would alert twice."""
+    if kind != "ttft":
+        return f'{record}{{pool=~"{SLO_POOLS[kind]}"}}'
+    colocated = f'{record}{{pool="colocated"}}'
+    return f'({colocated} or ({record}{{pool="router"}} unless on ({SERVICE_LABELS}) {colocated}))'
+
+
 def _over_slo(record: str, kind: str) -> str:
     """A pool's recorded quantile where it exceeds its InferenceService's SLO (pool labels kept), for
     the pools the SLO is judged on."""
-    quantile = f'{record}{{pool=~"{SLO_POOLS[kind]}"}}'
+    quantile = _judged(record, kind)
     return f'{quantile} > on ({SERVICE_LABELS}) group_left max by ({SERVICE_LABELS}) ({SLO}{{kind="{kind}"}})'
 
 
@@ -563,13 +576,16 @@ def alert_rules() -> list[dict[str, Any]]:
             f"{where} should run pods, but Prometheus has no {promql.RUNNING} series for it: the tuner cannot "
             "act; check the PodMonitor and the pods.",
         ),
+        # Only a pod that has been scraped: a server opens its ports once its model is loaded, and
+        # a download or a load may take longer than 5 minutes (the startup probe bounds it).
         alert(
             "LLMFleetTargetDown",
-            'up{inference_service!=""} == 0',
+            f'up{{inference_service!=""}} == 0 and on (job, instance) max_over_time(up[{TARGET_SEEN_WINDOW}]) == 1',
             5,
             "warning",
             "A fleet pod cannot be scraped",
-            f"{where}: Prometheus has failed to scrape {{{{ $labels.instance }}}} for 5 minutes.",
+            f"{where}: Prometheus has failed to scrape {{{{ $labels.instance }}}} for 5 minutes, after scraping "
+            "it before.",
         ),
         alert(
             "LLMFleetEngineStalled",
