@@ -21,14 +21,20 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
-def check_context_length(max_model_len: int, prompt_len: int, max_tokens: int | None) -> None:
-    """A prompt that leaves no room for a token, or one with ``max_tokens`` past the context."""
+def check_prompt_length(max_model_len: int, prompt_len: int) -> None:
+    """A prompt that leaves no room for a token."""
     if prompt_len >= max_model_len:
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, your request has "
             f"{prompt_len} input tokens. Please reduce the length of the input messages.",
             "prompt",
         )
+
+
+def check_context_length(max_model_len: int, prompt_len: int, max_tokens: int | None) -> None:
+    """A prompt that leaves no room for a token, or one with ``max_tokens`` past the context (the
+    engine's own admission: the API has cut max_tokens to the context already)."""
+    check_prompt_length(max_model_len, prompt_len)
     if max_tokens is not None and prompt_len + max_tokens > max_model_len:
         raise InvalidRequestError(
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "

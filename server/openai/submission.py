@@ -13,8 +13,8 @@ from llmfleet.server.core.kv_wire import KVImport
 from llmfleet.server.core.request import SampledToken, SamplingParams, StructuredOutput
 from llmfleet.server.core.validation import (
     InvalidRequestError,
-    check_context_length,
     check_id_list,
+    check_prompt_length,
     check_sequences,
     check_token_ids,
     truncation_length,
@@ -103,9 +103,12 @@ async def build_subrequests(
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             raise APIError(400, "prompt must contain at least one token", param="prompt")
-        check_context_length(state.max_model_len, len(prompt), max_tokens)
-        # no max_tokens: the rest of the context, as far as the KV cache can hold it
-        limit = max_tokens if max_tokens is not None else max(1, limit_tokens - len(prompt))
+        check_prompt_length(state.max_model_len, len(prompt))
+        # max_tokens past the context is cut to what is left of it, as vLLM cuts it (a client's
+        # fixed max_tokens then works on any prompt); none: the rest of the context, as far as
+        # the KV cache can hold it
+        room = state.max_model_len - len(prompt)
+        limit = min(max_tokens, room) if max_tokens is not None else max(1, limit_tokens - len(prompt))
         if max_tokens is None and "max_tokens" in defaults:  # the model's max_new_tokens, as vLLM takes it
             limit = max(1, min(limit, int(defaults["max_tokens"])))
         for j in range(body.n):
