@@ -33,7 +33,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* The image tag as a label value: a tag may hold up to 128 characters (and a digest "@" and
      ":"), a label value 63 of letters, digits, "-", "_" and ".", starting and ending alphanumeric. */}}
 {{- define "llm-fleet.versionLabel" -}}
-{{- $tag := .Values.image.tag | default .Chart.AppVersion | toString }}
+{{- $tag := include "llm-fleet.tag" .Values.image.tag | default .Chart.AppVersion | toString }}
 {{- regexReplaceAll "[^A-Za-z0-9._-]" $tag "_" | trunc 63 | trimAll "-_." }}
 {{- end }}
 
@@ -55,10 +55,23 @@ app.kubernetes.io/component: operator
 {{/* The llm-fleet image. No default: a default would name an image that may not exist where the
      cluster pulls from, and the pods would sit in ImagePullBackOff. */}}
 {{- define "llm-fleet.image" -}}
-{{- if not (and .Values.image.repository .Values.image.tag) }}
+{{- $tag := include "llm-fleet.tag" .Values.image.tag }}
+{{- if not (and .Values.image.repository $tag) }}
 {{- fail "image.repository and image.tag are required: the llm-fleet image your cluster can pull, built from the Dockerfile or a release's ghcr.io/<owner>/llm-fleet:<version>-cuda (see docs/cluster-quickstart.md), e.g. --set image.repository=ghcr.io/<owner>/llm-fleet --set image.tag=0.1.0-cuda" }}
 {{- end }}
-{{- printf "%s:%s" .Values.image.repository .Values.image.tag }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+
+{{/* An image tag (the context) as a string: YAML and --set make a number of `tag: 20250101`, which
+     helm may hold as a float64 and print as 2.0250101e+07; an integral one prints as an integer.
+     (A float such as 1.10 has lost its trailing zero already: quote such a tag, or --set-string.)
+     Empty where unset. */}}
+{{- define "llm-fleet.tag" -}}
+{{- if kindIs "float64" . }}
+{{- if eq . (floor .) }}{{ printf "%d" (int64 .) }}{{ else }}{{ toString . }}{{ end }}
+{{- else if not (kindIs "invalid" .) }}
+{{- toString . }}
+{{- end }}
 {{- end }}
 
 {{/* The image of server pods whose InferenceService sets no spec.image. */}}
