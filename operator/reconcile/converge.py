@@ -48,6 +48,7 @@ from llmfleet.operator.resource.conditions import (
 from llmfleet.operator.resource.spec import (
     InferenceServiceSpec,
     SpecError,
+    group_name_problem,
     name_problem,
     parse_spec,
     require_image,
@@ -112,6 +113,9 @@ async def converge(
     if refused:  # nothing is applied; what runs (from before) keeps running
         return await _degrade(client, owner, body, pod_security.REASON, "; ".join(refused), stops_tuner=True)
 
+    problem = group_name_problem(owner.name, spec)
+    if problem is not None:
+        return await _degrade(client, owner, body, "InvalidName", problem)
     spanning = [pool for pool in spec.active_pools if spec.layout(pool).spans_nodes]
     if spanning and not leader_worker_sets:
         return await _degrade(client, owner, body, LWS_MISSING, _lws_missing(spec, spanning))

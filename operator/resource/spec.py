@@ -649,6 +649,25 @@ NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_NAME_LENGTH = 63 - max(len(f"-{pool}") for pool in (*POOL_NAMES, "router"))
 
 
+# A pool whose replicas span nodes is a LeaderWorkerSet "<name>-<pool>"; its worker StatefulSets
+# are "<that>-<group>", and their pods' controller-revision-hash label is the StatefulSet's name and
+# an 11-character "-<hash>", which the API server refuses past 63 (kubernetes#64023, lws#410): the
+# LeaderWorkerSet is made, its worker pods never are. Room for groups 0-99.
+MAX_GROUP_NAME_LENGTH = 63 - len("-99") - len("-0123456789")
+
+
+def group_name_problem(name: str, spec: InferenceServiceSpec) -> str | None:
+    """Why a pool of this fleet spanning nodes cannot be named after it, or None."""
+    for pool in spec.active_pools:
+        if spec.layout(pool).spans_nodes and len(f"{name}-{pool}") > MAX_GROUP_NAME_LENGTH:
+            longest = MAX_GROUP_NAME_LENGTH - len(f"-{pool}")
+            return (
+                f"name {name!r} is too long for pool {pool}, whose replicas span nodes: its LeaderWorkerSet's "
+                f"worker pods would carry a label past 63 characters; use at most {longest} characters"
+            )
+    return None
+
+
 def name_problem(name: str) -> str | None:
     """Why an InferenceService cannot have this name (its Services would be rejected), or None."""
     if re.fullmatch(NAME_PATTERN, name) and len(name) <= MAX_NAME_LENGTH:

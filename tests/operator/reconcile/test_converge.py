@@ -171,3 +171,30 @@ async def test_a_named_token_secret_or_a_colocated_fleet_makes_none(running, cli
         assert await client.get(SECRET, "ml", f"{name}-kv-transfer") is None
     (container,) = (await client.get(DEPLOYMENT, "ml", "plain-colocated"))["spec"]["template"]["spec"]["containers"]
     assert "LLMFLEET_KV_TRANSFER_TOKEN" not in str(container["env"])
+
+
+SPANNING = {
+    **SPEC,
+    "gpusPerNode": 8,
+    "pools": {
+        "colocated": {"parallelism": {"tensor": 8, "pipeline": 2}, "resources": {"limits": {"nvidia.com/gpu": 8}}}
+    },
+}
+
+
+async def test_a_name_too_long_for_a_pool_that_spans_nodes_degrades_before_anything_is_written(running, client):
+    """The worker pods of a LeaderWorkerSet named "<name>-colocated" carry a label of the worker
+    StatefulSet's name and its hash: past 63 characters the API server refuses every one of them."""
+    name = "n" * 40  # a Deployment's Services take it; "<name>-colocated-<group>-<hash>" is 64+
+    body = await create(client, SPANNING, name=name)
+    outcome = await converge(client, body, pod_monitor=False, leader_worker_sets=True)
+    assert outcome.degraded is not None and outcome.degraded.reason == "InvalidName"
+    assert "use at most 39 characters" in outcome.degraded.message
+    assert not [w for w in running.call(running.cluster.writes) if "/deployments" in w or "leaderworkersets" in w]
+
+    fits = await create(client, SPANNING, name="n" * 39)
+    outcome = await converge(client, fits, pod_monitor=False, leader_worker_sets=True)
+    assert outcome.degraded is None or outcome.degraded.reason != "InvalidName"
+    single = await create(client, SPEC, name="m" * 40)  # one node a replica: a Deployment, no group
+    outcome = await converge(client, single, pod_monitor=False)
+    assert outcome.degraded is None
