@@ -11,7 +11,9 @@ wants, and is evicted (its hash forgotten) only when the list reaches it: least 
 first. The block holding a request's last token is never shared, so no request writes into a
 block another one reads. Hashes are Python's 64-bit tuple hashes by default, as vLLM's; with
 ``sha256`` (vLLM's ``--prefix-caching-hash-algo sha256``) two prefixes sharing KV would take a
-SHA-256 collision, for fleets whose tenants must never read each other's prefixes.
+SHA-256 collision, for fleets whose tenants must never read each other's prefixes. A request's
+``cache_salt`` (vLLM's) starts its chain from a root of its own: it shares prefixes only with
+requests of the same salt, so one tenant cannot time another's prompts out of the cache.
 """
 
 from __future__ import annotations
@@ -40,6 +42,17 @@ def _sha256_hash(parent: int | bytes | None, tokens: list[int]) -> bytes:
 BLOCK_HASHES = {"builtin": _builtin_hash, "sha256": _sha256_hash}
 
 
+def _builtin_root(salt: str) -> int:
+    return hash((_ROOT, salt))
+
+
+def _sha256_root(salt: str) -> bytes:
+    return hashlib.sha256(f"{_ROOT}\x00{salt}".encode()).digest()
+
+
+ROOTS = {"builtin": _builtin_root, "sha256": _sha256_root}  # a salted chain's parent of its first block
+
+
 class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, prefix_caching: bool = False, hash_algo: str = "builtin"
@@ -52,6 +65,7 @@ class BlockManager:
         self._ref_counts = [0] * num_blocks
         self.prefix_caching = prefix_caching
         self._block_hash = BLOCK_HASHES[hash_algo]
+        self._root = ROOTS[hash_algo]
         self._cached: dict[int | bytes, int] = {}  # prefix hash -> block
         self._hash_of: dict[int, int | bytes] = {}  # block -> its prefix hash, while cached
         self.prefix_queries = 0  # tokens looked up, and found (vllm:prefix_cache_queries / _hits)
@@ -125,7 +139,7 @@ class BlockManager:
         request.num_cached_blocks = len(request.block_table)
         return len(request.block_table) * self.block_size
 
-    def cached_prefix_blocks(self, token_ids: list[int]) -> int:
+    def cached_prefix_blocks(self, token_ids: list[int], salt: str | None = None) -> int:
         """How many of ``token_ids``' leading full blocks are cached now, touching nothing.
 
         A decode server asks this before it fetches a prompt's KV, from its server thread while
@@ -134,7 +148,7 @@ class BlockManager:
         if not self.prefix_caching:
             return 0
         found = 0
-        for h in self._chain(token_ids, 0, None):
+        for h in self._chain(token_ids, 0, self._first_parent(salt)):
             if h not in self._cached:
                 break
             found += 1
@@ -164,9 +178,14 @@ class BlockManager:
         """The prefix hashes of ``request``'s first ``count`` full blocks (computed once each)."""
         hashes = request.block_hashes
         if len(hashes) < count:
-            more = self._chain(request.all_token_ids, len(hashes), hashes[-1] if hashes else None)
+            parent = hashes[-1] if hashes else self._first_parent(request.sampling.cache_salt)
+            more = self._chain(request.all_token_ids, len(hashes), parent)
             hashes.extend(itertools.islice(more, count - len(hashes)))
         return hashes[:count]
+
+    def _first_parent(self, salt: str | None) -> int | bytes | None:
+        """The parent of a chain's first block: none unsalted, the salt's own root otherwise."""
+        return None if salt is None else self._root(salt)
 
     def _chain(self, tokens: list[int], start: int, parent: int | bytes | None) -> Iterator[int | bytes]:
         """The prefix hashes of ``tokens``' full blocks from block ``start`` on, as they are needed

@@ -111,6 +111,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     allowed_token_ids: frozenset[int] | None = None  # only these are sampled (vLLM's); None: all
     structured: StructuredOutput | None = None  # only tokens its grammar allows are sampled
+    # Not sampling, but what the engine needs of the request beside it: vLLM's cache_salt, which
+    # keys the request's prefix-cache blocks (block_manager.py)
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -72,10 +72,10 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._streams)
 
-    def cached_prefix_blocks(self, token_ids: list[int]) -> int:
+    def cached_prefix_blocks(self, token_ids: list[int], salt: str | None = None) -> int:
         """Leading full blocks of ``token_ids`` in the prefix cache now. A hint read while the
         engine runs, without a round trip to its thread: the scheduler checks again at admission."""
-        return self.engine.block_manager.cached_prefix_blocks(token_ids)
+        return self.engine.block_manager.cached_prefix_blocks(token_ids, salt)
 
     # --- asyncio side ---------------------------------------------------------------------------
     async def add(

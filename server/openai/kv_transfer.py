@@ -147,7 +147,9 @@ async def _send(state: ServerState, header: bytes, payload: memoryview, mac: byt
 
 
 # --- the decode side -------------------------------------------------------------------------------
-async def receive(state: ServerState, params: KVTransferParams, prompts: list[list[int]]) -> list[KVImport | None]:
+async def receive(
+    state: ServerState, params: KVTransferParams, prompts: list[list[int]], salt: str | None = None
+) -> list[KVImport | None]:
     """Fetch and check the KV of every prompt from the prefill server named in ``params``, which
     must be one of this server's prefill pool (a 403, with no connection made, where it is not).
 
@@ -176,7 +178,7 @@ async def receive(state: ServerState, params: KVTransferParams, prompts: list[li
         if kv_id is None:
             return None
         started = time.perf_counter()
-        cached = state.engine.cached_prefix_blocks(prompt[:-1])
+        cached = state.engine.cached_prefix_blocks(prompt[:-1], salt)
         query = f"?first_block={cached}" if cached else ""
         limit = max_body_bytes(state.kv_layout, len(prompt) - 1, cached)
         try:

@@ -12,6 +12,11 @@ from llmfleet.server.openai.structured import StructuredOutputFields
 from llmfleet.server.openai.tool_calls import AutoToolCalls, ForcedToolCalls, tool_call_replies
 from llmfleet.server.wire import json_depth
 
+# vLLM's bounds on a cache salt (validate_cache_salt in its protocol): it names a tenant's share
+# of the prefix cache, and reaches the cache's keys
+CACHE_SALT_MAX = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -123,6 +128,19 @@ class _Sampling(StructuredOutputFields, TextRequest):
         False, description="As in vLLM: the prompt's and each choice's token ids (prompt_token_ids, token_ids)."
     )
     bad_words: list[str] | None = None
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=CACHE_SALT_MAX,
+        description="As in vLLM: prompts share cached prefixes only with requests of the same salt.",
+    )
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt(cls, value):
+        if value is not None and any(char in CACHE_SALT_FORBIDDEN for char in value):
+            raise ValueError("must not contain '@', '/', '\\' or NUL (as in vLLM)")
+        return value
 
     @field_validator("stop")
     @classmethod

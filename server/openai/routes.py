@@ -289,7 +289,7 @@ async def _received_kv(state: ServerState, body, prompts: list[list[int]], score
     params = body.kv_transfer_params
     if params is None or not params.do_remote_prefill or scored is not None:
         return None
-    return await kv_transfer.receive(state, params, prompts)
+    return await kv_transfer.receive(state, params, prompts, body.cache_salt)
 
 
 # --- prompts -------------------------------------------------------------------------------------

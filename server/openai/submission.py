@@ -134,6 +134,7 @@ async def build_subrequests(
                     logit_bias=logit_bias,
                     allowed_token_ids=allowed,
                     structured=structured,
+                    cache_salt=body.cache_salt,
                 )
             except InvalidRequestError as exc:
                 raise APIError.invalid(exc) from exc

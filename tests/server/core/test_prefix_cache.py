@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.server.core.block_manager import BLOCK_HASHES, BlockManager
-from llmfleet.server.core.request import Request
+from llmfleet.server.core.request import Request, SamplingParams
 
 
-def computed(manager: BlockManager, request_id: str, tokens: list[int]) -> Request:
+def computed(manager: BlockManager, request_id: str, tokens: list[int], salt: str | None = None) -> Request:
     """A request whose tokens' KV is all computed, its full blocks cached."""
-    request = Request(request_id, list(tokens))
+    request = Request(request_id, list(tokens), SamplingParams(cache_salt=salt))
     assert manager.allocate(request, len(tokens))
     request.num_computed_tokens = len(tokens)
     manager.cache_computed(request)
@@ -78,3 +78,25 @@ def test_a_decode_servers_hint_counts_cached_full_blocks_and_takes_none(hash_alg
     off = BlockManager(num_blocks=8, block_size=4)
     computed(off, "a", list(range(12)))
     assert off.cached_prefix_blocks(list(range(12))) == 0
+
+
+@pytest.mark.parametrize("hash_algo", list(BLOCK_HASHES))
+def test_a_cache_salt_shares_prefixes_only_with_its_own(hash_algo):
+    """vLLM's cache_salt: a tenant's prompts never hit another tenant's (or the unsalted) blocks,
+    so no one can time another's prompt out of the cache; the same salt shares as before."""
+    manager = BlockManager(num_blocks=16, block_size=4, prefix_caching=True, hash_algo=hash_algo)
+    tokens = list(range(12))
+    held = [computed(manager, "a", tokens, salt="tenant-a"), computed(manager, "plain", tokens)]
+
+    def found(salt: str | None) -> int:
+        request = Request(f"probe-{salt}", [*tokens, 99], SamplingParams(cache_salt=salt))
+        hit = manager.match_prefix(request)
+        held.append(request)
+        return hit
+
+    assert (found("tenant-a"), found("tenant-b"), found(None)) == (12, 0, 12)
+    assert manager.cached_prefix_blocks(tokens, "tenant-a") == 3 and manager.cached_prefix_blocks(tokens, "b") == 0
+    computed(manager, "b", tokens, salt="tenant-b")
+    assert found("tenant-b") == 12
+    for request in held:
+        manager.free(request)
