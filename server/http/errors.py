@@ -65,6 +65,11 @@ def invalid_request(exc: ValidationError) -> APIError:
     return APIError(400, message, param=param)
 
 
+def _is_json(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _clean(msg: str) -> str:
     # pydantic phrasing that names our classes or its own machinery says nothing to a client
     msg = re.sub(r" or instance of \w+", "", msg)
@@ -91,7 +96,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, str(exc), "invalid_request_error", exc.param)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError):
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        if not _is_json(request) and any(tuple(err.get("loc", ())) == ("body",) for err in exc.errors()):
+            # FastAPI reads a body as JSON only under a JSON content type; vLLM's words
+            message = "Unsupported Media Type: Only 'application/json' is allowed (send Content-Type: application/json)"
+            return error_response(400, message, "invalid_request_error", None)
         message, param = validation_message(exc)
         return error_response(400, message, "invalid_request_error", param)
 

@@ -4,13 +4,17 @@ guidellm send. Unknown fields are ignored; bad values become 400 errors with a m
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from llmfleet.server.openai.structured import StructuredOutputFields
 from llmfleet.server.openai.tool_calls import AutoToolCalls, ForcedToolCalls, tool_call_replies
 from llmfleet.server.wire import json_depth
+
+# A chat message's content parts a text model reads, and the key holding each one's text
+TEXT_PARTS = {"text": "text", "refusal": "refusal"}
+ROLE_MAX = 64  # no role of any chat template is near it; a bound on what is echoed back in errors
 
 # vLLM's bounds on a cache salt (validate_cache_salt in its protocol): it names a tenant's share
 # of the prefix cache, and reaches the cache's keys
@@ -244,8 +248,12 @@ class CompletionRequest(_Sampling):
 
 
 class ChatMessage(BaseModel):
+    """One message of a conversation. Any role, as vLLM takes it (OpenAI's, the older ``function``,
+    Llama 3's ``ipython``, a model's own): the chat template decides what a role means, and one
+    that knows none refuses it with its own words (a 400)."""
+
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: str = Field(min_length=1, max_length=ROLE_MAX)
     content: str | list[dict[str, Any]] | None = None
     # A conversation's earlier tool calls and results, passed to the chat template as given
     name: str | None = None
@@ -260,8 +268,12 @@ class ChatMessage(BaseModel):
     def _text_parts_only(cls, value):
         if isinstance(value, list):
             for part in value:
-                if part.get("type", "text") != "text" or not isinstance(part.get("text", ""), str):
-                    raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
+                key = TEXT_PARTS.get(part.get("type", "text"))
+                if key is None or not isinstance(part.get(key, ""), str):
+                    raise ValueError(
+                        "only text content parts ({'type': 'text', 'text': ...}, or an assistant's "
+                        "{'type': 'refusal', 'refusal': ...}) are supported"
+                    )
         return value
 
     def text(self) -> str:
@@ -270,7 +282,7 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         # vLLM's chat_utils, for templates that take content as a string: the parts' texts, one per line
-        return "\n".join(part.get("text", "") for part in self.content)
+        return "\n".join(part.get(TEXT_PARTS[part.get("type", "text")], "") for part in self.content)
 
     @field_validator("tool_calls")
     @classmethod

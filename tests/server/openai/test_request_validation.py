@@ -280,8 +280,8 @@ def test_malformed_json_and_wrong_shapes_are_400_never_422(client):
     assert_openai_error(raw, 400)
     assert_openai_error(client.post("/v1/completions", json=["prompt"]), 400)
     assert_openai_error(client.post("/v1/chat/completions", json={"messages": []}), 400, "messages")
-    robot = [{"role": "robot", "content": "x"}]
-    assert_openai_error(client.post("/v1/chat/completions", json={"messages": robot}), 400)
+    nobody = [{"role": "", "content": "x"}]
+    assert_openai_error(client.post("/v1/chat/completions", json={"messages": nobody}), 400, "messages")
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     assert_openai_error(client.post("/v1/chat/completions", json={"messages": image}), 400, "messages")
 
@@ -369,3 +369,33 @@ def test_unknown_fields_are_ignored(client):
     body = {"prompt": "hi", "max_tokens": 3, "frequency_penalty": 0.5, "suffix": None, "best_of": 1, "x": {"y": 1}}
     response = client.post("/v1/completions", json=body)
     assert response.status_code == 200, response.text
+
+
+def test_any_role_and_a_refusal_part_reach_the_template_as_vllm_passes_them(client):
+    """OpenAI's older ``function`` role, Llama 3's ``ipython``, a model's own roles: vLLM passes
+    them to the chat template, which decides; an assistant's refusal part is its text."""
+    messages = [
+        {"role": "user", "content": "what is 6 x 7?"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I compute with a tool."}]},
+        {"role": "function", "name": "multiply", "content": "42"},
+        {"role": "ipython", "content": "42"},
+        {"role": "robot", "content": "beep"},
+    ]
+    ask = {"messages": messages, "max_tokens": 1, "echo": True, "add_generation_prompt": False}
+    answer = client.post("/v1/chat/completions", json=ask)
+    assert answer.status_code == 200, answer.text
+    tokens = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    text = client.post("/detokenize", json={"tokens": tokens}).json()["prompt"]
+    for said in ("I compute with a tool.", "function", "ipython", "robot", "beep"):
+        assert said in text, text
+
+
+def test_a_body_without_a_json_content_type_is_told_so(client):
+    """FastAPI reads a body as JSON only under a JSON content type: the 400 says what to send,
+    in vLLM's words, not that the body "should be a valid dictionary"."""
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    for headers in ({}, {"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}):
+        error = assert_openai_error(client.post("/v1/completions", content=body, headers=headers), 400)
+        assert error["message"].startswith("Unsupported Media Type: Only 'application/json' is allowed"), headers
+    ok = client.post("/v1/completions", content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200
