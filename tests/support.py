@@ -64,7 +64,7 @@ class ServerProcess:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 labels = ",".join(
-                    f"{k}={v}" for k, v in sorted(sample.labels.items()) if k not in ("model_name", "role")
+                    f"{k}={v}" for k, v in sorted(sample.labels.items()) if k not in ("model_name", "engine", "role")
                 )
                 out[f"{sample.name}{{{labels}}}"] = sample.value
         return out

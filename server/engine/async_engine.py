@@ -51,6 +51,7 @@ class AsyncEngine:
         self.config_observers: list[Callable[[LLMEngine], None]] = []
         self.stats: EngineStats = engine.stats()
         self.error: BaseException | None = None
+        self._client_aborts: set[str] = set()  # engine thread: aborted for their clients, final event to come
 
     def start(self) -> None:
         self._thread.start()
@@ -132,15 +133,17 @@ class AsyncEngine:
             if not finished:  # the client went away: free the KV now
                 self.abort(request_id)
 
-    def abort(self, request_id: str) -> None:
-        """Thread-safe; the request's KV is freed before the engine's next step."""
-        self._send(_Command("abort", (request_id,)))
+    def abort(self, request_id: str, by_client: bool = True) -> None:
+        """Thread-safe; the request's KV is freed before the engine's next step. ``by_client``: the
+        API gives up on it for its client (gone, or its call refused), and its final event says so
+        (``client_aborted``: the metrics leave it out, as vLLM does); False: the server ends it."""
+        self._send(_Command("abort", (request_id, by_client)))
 
     def abort_all(self) -> int:
         """Abort every request this engine is serving (drain timeout); returns how many."""
         ids = list(self._streams)
         for request_id in ids:
-            self.abort(request_id)
+            self.abort(request_id, by_client=False)
         return len(ids)
 
     async def update_config(self, config: EngineConfig) -> list[str]:
@@ -184,6 +187,7 @@ class AsyncEngine:
                         log.exception("engine step failed; its requests were aborted")
                         continue
                     self.stats = engine.stats()
+                    self._mark_client_aborts(events)
                     self._observe(events)
                     self._deliver(events)
                     if events or engine.scheduler.num_running or engine.batches_in_flight:
@@ -198,6 +202,13 @@ class AsyncEngine:
             log.exception("engine loop crashed")
             self._fail_all(exc)
             self._fail_commands()
+
+    def _mark_client_aborts(self, events: list[RequestOutput]) -> None:
+        if self._client_aborts:
+            for event in events:
+                if event.finished and event.request_id in self._client_aborts:
+                    self._client_aborts.discard(event.request_id)
+                    event.client_aborted = True
 
     def _observe(self, events: list[RequestOutput]) -> None:
         for observer in self.observers:
@@ -245,7 +256,11 @@ class AsyncEngine:
             self.stats = engine.stats()
             return None
         if command.kind == "abort":
-            return engine.abort_request(*command.args)
+            request_id, by_client = command.args
+            aborted = engine.abort_request(request_id)
+            if aborted and by_client:  # not one the server ended first (nor one already finished)
+                self._client_aborts.add(request_id)
+            return aborted
         if command.kind == "config":
             ignored = engine.update_config(*command.args)
             if ignored:

@@ -70,6 +70,9 @@ class RequestOutput:
     # Why the request ended on its own failure (finish_reason "abort"): no token could be sampled
     # for it (see SampledToken.error). The API hands it to the client as an error.
     error: str | None = None
+    # On the final event of a request aborted because its client gave up on it (AsyncEngine.abort
+    # with by_client): vLLM records no finished request for those (server_metrics.py)
+    client_aborted: bool = False
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The HTTP app of every role: the endpoints all of them serve (health, readiness, version, metrics,
-models, load) plus the role's own routes, OpenAI-style errors and an in-flight request gauge.
+models, load) plus the role's own routes, OpenAI-style errors, an in-flight request gauge and
+vLLM's HTTP metrics.
 
 A role hands its routes in as an installer ``(app, state) -> None``, installed before the common
 routes so that it can answer one of them its own way (the router's ``/v1/models`` and ``/load``).
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_fastapi_instrumentator import Instrumentator, metrics
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llmfleet import __version__
@@ -26,6 +28,11 @@ from llmfleet.server.wire.errors import error_body
 
 RouteInstaller = Callable[[FastAPI, ServerState], None]
 
+# Left out of the HTTP metrics, as vLLM leaves its scrapes and probes out (its list, plus /ready)
+NOT_INSTRUMENTED = ("/metrics", "/health", "/ready", "/load", "/ping", "/version")
+# The HTTP metrics' method label: one of these (RFC 9110's and PATCH), else "other"
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+
 
 def build_app(state: ServerState, install_role: RouteInstaller) -> FastAPI:
     """The app serving ``state``'s role: ``install_role`` adds the role's own routes."""
@@ -35,12 +42,36 @@ def build_app(state: ServerState, install_role: RouteInstaller) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(InFlightMiddleware, state=state)
     app.add_middleware(BodyGuardMiddleware, max_bytes=state.max_body_bytes)  # inside the key check
+    instrument_http(app, state.metrics.registry)  # inside the key check too, as vLLM's: a 401 is not counted
     if state.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)  # outermost: before anything counts it
     _document_400_not_422(app)  # first: a role may document more on top of it (the router's bodies)
     install_role(app, state)
     _install_common_routes(app, state)
     return app
+
+
+def instrument_http(app: FastAPI, registry: CollectorRegistry) -> None:
+    """vLLM's HTTP metrics, from the library vLLM takes them from (prometheus-fastapi-instrumentator,
+    with vLLM's settings): ``http_requests_total{handler,method,status}`` (status grouped: ``2xx``),
+    ``http_request_duration_seconds{handler,method}``, ``http_request_duration_highr_seconds``,
+    ``http_request_size_bytes{handler}`` and ``http_response_size_bytes{handler}``.
+
+    ``handler`` is the route's template (``/v1/responses/{response_id}``), and ``none`` for every
+    path no route matches; ``method`` is ``other`` for any but the standard ones (vLLM passes any
+    through): made-up paths and methods cannot add series. The middleware is plain ASGI: a
+    stream's chunks pass through as they come, and its duration runs to its last byte (vLLM's)."""
+    record = metrics.default(registry=registry)  # the library's own (vLLM's) metrics, as it makes them
+    if record is None:  # they are in this registry already: a second app on one ServerState (tests)
+        return
+
+    def known_method(info: metrics.Info) -> None:
+        if info.method not in HTTP_METHODS:
+            info.method = "other"
+        record(info)
+
+    excluded = [f"^{path}$" for path in NOT_INSTRUMENTED]
+    Instrumentator(excluded_handlers=excluded, registry=registry).add(known_method).instrument(app)
 
 
 def _install_common_routes(app: FastAPI, state: ServerState) -> None:
@@ -77,11 +108,15 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/load")
     async def load():
-        """Cheap load report for routers: queue depth, running requests and KV usage."""
+        """Cheap load report for routers: vLLM's ``server_load`` (the API calls in flight, as its
+        --enable-server-load-tracking counts them: from arrival to a stream's end), queue depth,
+        running requests and KV usage."""
         if state.engine is None:
-            return {"waiting": 0, "running": 0, "kv_usage": 0.0, "role": state.role, "draining": state.draining}
+            idle = {"waiting": 0, "running": 0, "kv_usage": 0.0}
+            return {"server_load": state.in_flight, **idle, "role": state.role, "draining": state.draining}
         s = state.engine.stats
         return {
+            "server_load": state.in_flight,
             "waiting": s.num_waiting,
             "running": s.num_running,
             "kv_usage": s.kv_usage,

@@ -1,13 +1,44 @@
 """Prometheus metrics with vLLM's names, so existing dashboards and autoscalers work unchanged,
-plus llm-fleet's own under ``llmfleet_*``. One registry per app, labels ``model_name`` and ``role``.
+plus llm-fleet's own under ``llmfleet_*``. One registry per app, labels ``model_name``, vLLM's
+``engine`` (``"0"``: one engine per server; the router has none) and ``role``. The registry also
+holds prometheus_client's process, platform and GC collectors (``process_*``, ``python_*``), as
+vLLM's default registry does, and the app adds the HTTP metrics (app.py).
 
 Request histograms are observed on the engine thread right after each step, from the engine's
 own timestamps (arrival, first scheduled, first token, each token, finish).
+
+Which finished requests count (``vllm:request_success_total`` and the per-request histograms),
+as vLLM 0.32 decides:
+
+- A request the API gave up on for its client (a closed stream or connection; the choices already
+  handed over of a call refused part-way, say by a full queue) is not recorded at all. vLLM's
+  ``AsyncLLM.abort`` drops it from the output processor (``OutputProcessor.abort_requests``),
+  which never calls ``_update_stats_from_finished`` for it: no ``finished_reason="abort"``, no
+  e2e, queue, prefill, decode, inference, size or max_tokens observation. What it produced before
+  (its TTFT, inter-token gaps and tokens) counts, as vLLM counts those per step.
+- A request the server ends itself counts under the finish reason its answer carries, with every
+  histogram: vLLM's engine core sends an ``abort`` output for each request it aborts (a pause or
+  a shutdown in abort mode, a request added during shutdown), and the output processor records
+  those as finished. Ours: the drain timeout (vLLM's shutdown abort), and a request whose token
+  could not be sampled or detokenized, or whose step the runner failed (where vLLM's engine would
+  die and record nothing, ours goes on), each answered with ``finish_reason: "abort"``.
+- The engine never ends a request for want of KV blocks: a preempted request waits and is
+  recomputed (``vllm:num_preemptions``), and one that can never fit is refused before it is
+  admitted (a 400, which neither server records as a finished request).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.engine.engine import EngineStats, LLMEngine, RequestOutput
@@ -23,6 +54,9 @@ from llmfleet.server.metric_buckets import (
     length_buckets,
 )
 
+# vLLM's FinishReason (vllm/v1/engine/__init__.py), every one exported from the start as vLLM does;
+# this engine ends requests with the first three only
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 KV_FAILURE_REASONS = ("fetch", "mismatch")  # the KV body could not be fetched; it did not match the request
 
 NUMERIC_KNOBS = sorted(
@@ -33,9 +67,15 @@ NUMERIC_KNOBS = sorted(
 
 
 class ServerMetrics:
+    # vLLM's engine index (label ``engine``): a server runs one engine; None: no label (the router)
+    ENGINE_INDEX: str | None = "0"
+
     def __init__(self, model_name: str, role: str, max_model_len: int | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.labels = {"model_name": model_name, "role": role}
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=self.registry)
+        engine = {} if self.ENGINE_INDEX is None else {"engine": self.ENGINE_INDEX}
+        self.labels = {"model_name": model_name, **engine, "role": role}
         names = list(self.labels)
         reg = self.registry
 
@@ -118,7 +158,7 @@ class ServerMetrics:
         # first, often slowest, request missing from the TTFT p95), and dashboards show "no data".
         for metric in plain:
             metric.labels(**self.labels)
-        for reason in ("stop", "length", "abort"):
+        for reason in FINISH_REASONS:
             self.success.labels(**self.labels, finished_reason=reason)
         for reason in KV_FAILURE_REASONS:
             self.kv_failures.labels(**self.labels, reason=reason)
@@ -211,6 +251,8 @@ class ServerMetrics:
         if not ev.finished:
             return
         self._token_times.pop(ev.request_id, None)
+        if ev.client_aborted:  # vLLM records no finished request for it (see the module's doc)
+            return
         self.lab(self.success, finished_reason=ev.finish_reason).inc()
         self.lab(self.prompt_len).observe(ev.num_prompt_tokens)
         self.lab(self.generation_len).observe(ev.num_output_tokens)

@@ -20,6 +20,8 @@ HOLD_REFUSALS = ("full", "timeout")  # too many held already; no server came wit
 
 
 class RouterMetrics(ServerMetrics):
+    ENGINE_INDEX = None  # no engine here: no vLLM engine label
+
     def __init__(self, model_name: str, pools: tuple[str, ...] = ("prefill", "decode")) -> None:
         super().__init__(model_name, "router")
         names = list(self.labels)

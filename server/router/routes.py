@@ -184,6 +184,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         return {
             "role": "router",
             "mode": balancer.mode,
+            "server_load": state.in_flight,  # vLLM's name for it
             "in_flight": state.in_flight,
             "held": proxy.holding.held,
             "last_cold_start_s": proxy.holding.last_cold_start_s,

@@ -66,12 +66,15 @@ def test_metrics_names_types_and_labels(client):
     steps = {s.labels["le"] for s in families["vllm:iteration_tokens_total"].samples if s.name.endswith("_bucket")}
     assert {"1024.0", "16384.0"} <= steps  # vLLM's: a step's tokens reach the budget, often past 512
     for family in families.values():
+        if not family.name.startswith(("vllm:", "llmfleet_")):  # process_*, python_*, http_*
+            continue
         for sample in family.samples:
             assert sample.labels.get("model_name") == "fake", sample
             assert sample.labels.get("role") == "colocated", sample
     text = response.text
-    assert 'vllm:request_success_total{finished_reason="length",model_name="fake",role="colocated"} 1.0' in text
-    assert 'llmfleet_config_knob{knob="max_batch_size",model_name="fake",role="colocated"} 32.0' in text
+    success = 'engine="0",finished_reason="length",model_name="fake",role="colocated"'
+    assert f"vllm:request_success_total{{{success}}} 1.0" in text
+    assert 'llmfleet_config_knob{engine="0",knob="max_batch_size",model_name="fake",role="colocated"} 32.0' in text
     assert 'vllm:cache_config_info{block_size="4"' in text
     (info,) = families["vllm:cache_config_info"].samples
     assert (info.labels["enable_prefix_caching"], info.labels["scheduling"]) == ("True", "fcfs")
