@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import os
 import sys
+from pathlib import Path
 
 from llmfleet.arguments import LOG_LEVELS, bind_problem, non_negative, port, port_or_off, positive, positive_int
-from llmfleet.server.engine_flags import add_engine_flags
+from llmfleet.server.core.model_uri import HubModel, hub_reference
+from llmfleet.server.engine_flags import add_engine_flags, add_vllm_flags, no_effect_note
+from llmfleet.server.http.auth import api_keys
 from llmfleet.server.http.body_guard import DEFAULT_MAX_BODY_MB
 from llmfleet.server.parsers.reasoning import REASONING_PARSERS
 from llmfleet.server.parsers.tools import TOOL_CALL_PARSERS
@@ -15,6 +21,15 @@ from llmfleet.server.wire.auth import API_KEY_ENV, KV_TOKEN_ENV
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
 DEFAULT_MODEL = "builtin:tiny"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # every role's, as each configures it
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# vLLM flags the model-serving roles act on and the router does not (yet): dest -> flag
+NOT_ON_THE_ROUTER = {
+    "allowed_origins": "--allowed-origins",
+    "root_path": "--root-path",
+    "uvicorn_log_level": "--uvicorn-log-level",
+    "enable_request_id_headers": "--enable-request-id-headers",
+}
 
 
 def add_arguments(parser) -> None:
@@ -52,8 +67,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     parser.add_argument(
         "--api-key",
-        default=os.environ.get(API_KEY_ENV),
-        help=f"as vLLM's: /v1 paths need 'Authorization: Bearer <key>' (default: ${API_KEY_ENV})",
+        nargs="+",
+        metavar="KEY",
+        action=_APIKeys,
+        default=api_keys([os.environ.get(API_KEY_ENV)]),
+        help=f"as vLLM's: /v1 paths need 'Authorization: Bearer <key>', any of the keys given (default: "
+        f"${API_KEY_ENV}); put MODEL first, or it reads as a key",
     )
     parser.add_argument(
         "--max-request-body-mb",
@@ -106,6 +125,7 @@ def add_arguments(parser) -> None:
         help="as vLLM's: generation config keys over --generation-config's, e.g. '{\"temperature\": 0.5}'",
     )
     add_engine_flags(parser)
+    add_vllm_http_flags(add_vllm_flags(parser))
     distributed = parser.add_argument_group("parallel workers over several nodes (torchrun's names)")
     distributed.add_argument("--nnodes", type=positive_int, default=1, help="nodes the model's workers span")
     distributed.add_argument("--node-rank", type=int, default=0, help="this node's place: 0 serves the API")
@@ -207,11 +227,93 @@ def add_arguments(parser) -> None:
     )
 
 
+def add_vllm_http_flags(group) -> None:
+    """The vLLM flags llm-fleet acts on (the others are engine_flags.VLLM_FLAGS)."""
+    group.add_argument(
+        "--revision",
+        help="a Hub model's branch, tag or commit (the same as MODEL@REVISION); no effect on a local model",
+    )
+    group.add_argument(
+        "--tokenizer",
+        help="refused unless it names the model itself: llm-fleet loads the tokenizer from the model's own files",
+    )
+    group.add_argument(
+        "--allowed-origins",
+        type=json_list,
+        metavar="JSON",
+        help="CORS: the origins browsers may call from, a JSON list ('[\"https://app.example.com\"]' or "
+        "'[\"*\"]'); without it no CORS headers are sent",
+    )
+    group.add_argument(
+        "--allowed-methods", type=json_list, default=["*"], metavar="JSON", help="CORS: with --allowed-origins"
+    )
+    group.add_argument(
+        "--allowed-headers", type=json_list, default=["*"], metavar="JSON", help="CORS: with --allowed-origins"
+    )
+    group.add_argument(
+        "--allow-credentials",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CORS: with --allowed-origins, browsers may send cookies and Authorization",
+    )
+    group.add_argument("--root-path", help="the path prefix a proxy serves this server under")
+    group.add_argument(
+        "--uvicorn-log-level",
+        type=str.lower,
+        choices=UVICORN_LOG_LEVELS,
+        help="uvicorn's log level (default: --log-level)",
+    )
+    group.add_argument(
+        "--enable-request-id-headers",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="answers carry X-Request-Id: the request's own, else a new one",
+    )
+
+
+class _APIKeys(argparse.Action):
+    """``--api-key`` as vLLM takes it: one key or several, as a tuple (empty ones dropped)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, api_keys(values))
+
+
+def json_list(text: str) -> list[str]:
+    """vLLM's CORS flags: a JSON list of strings."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r} (e.g. '[\"https://a.example\"]')")
+    return value
+
+
 def run(args) -> int:
     if args.model_tag and args.model and args.model_tag != args.model:
         print(f"llm-fleet serve: two models given: {args.model_tag} and --model {args.model}", file=sys.stderr)
         return 2
     args.model = args.model_tag or args.model or DEFAULT_MODEL
+    unused = []  # vLLM flags given that change nothing here, beyond engine_flags.VLLM_FLAGS
+    if args.role == "router":
+        given = [flag for dest, flag in NOT_ON_THE_ROUTER.items() if getattr(args, dest)]
+        if given:
+            print(f"llm-fleet serve: {', '.join(given)}: not available with --role router", file=sys.stderr)
+            return 2
+    else:
+        try:
+            args.model, unused_revision = with_revision(args.model, args.revision)
+        except ValueError as exc:
+            print(f"llm-fleet serve: {exc}", file=sys.stderr)
+            return 2
+        unused += filter(None, [unused_revision])
+        if args.tokenizer not in (None, "", "None") and model_identity(args.tokenizer) != model_identity(args.model):
+            print(
+                f"llm-fleet serve: --tokenizer {args.tokenizer}: llm-fleet loads the tokenizer from the model's "
+                f"own files ({args.model}); a different one is not supported",
+                file=sys.stderr,
+            )
+            return 2
     for listen in (args.port, args.metrics_port):
         problem = listen and bind_problem(args.host, listen)
         if problem:
@@ -224,6 +326,10 @@ def run(args) -> int:
     if problem:
         print(f"llm-fleet serve: {problem}", file=sys.stderr)
         return 2
+    note = no_effect_note(args, unused)
+    if note:
+        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)  # the role's own call then keeps it
+        logging.getLogger("llmfleet.serve").info("%s", note)
     if args.role == "router":
         from llmfleet.server.router.serve import serve as serve_router
 
@@ -235,6 +341,34 @@ def run(args) -> int:
     from llmfleet.server.serve import serve
 
     return serve(args)
+
+
+def with_revision(model: str, revision: str | None) -> tuple[str, str | None]:
+    """``--revision`` folded into a Hub model (``hf://org/name@revision``), and where it changes
+    nothing (a built-in or a local model) the flag and why; ValueError: a bad one, or two revisions."""
+    if not revision:
+        return model, None
+    hub = None if Path(model).expanduser().exists() else hub_reference(model)
+    if hub is None:
+        return model, f"--revision {revision} ({model} is no Hub repository)"
+    if hub.revision not in (None, revision):
+        raise ValueError(f"two revisions given: {model} and --revision {revision}")
+    reference = HubModel(hub.repo_id, revision)
+    hub_reference(str(reference))  # checks the revision's spelling
+    return str(reference), None
+
+
+def model_identity(model: str) -> object:
+    """What ``model`` names, for telling whether two spellings name one model: a local directory,
+    else a Hub repository (whatever its revision), else the text."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return path.resolve()
+    try:
+        hub = hub_reference(model)
+    except ValueError:
+        hub = None
+    return hub.repo_id if hub is not None else model
 
 
 def distributed_problem(args) -> str | None:

@@ -10,6 +10,7 @@ Engine-backed roles get theirs from :mod:`llmfleet.server.openai.app`; the route
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 from fastapi import FastAPI
@@ -17,7 +18,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmfleet import __version__
 from llmfleet.server.http.auth import APIKeyMiddleware
@@ -43,8 +45,8 @@ def build_app(state: ServerState, install_role: RouteInstaller) -> FastAPI:
     app.add_middleware(InFlightMiddleware, state=state)
     app.add_middleware(BodyGuardMiddleware, max_bytes=state.max_body_bytes)  # inside the key check
     instrument_http(app, state.metrics.registry)  # inside the key check too, as vLLM's: a 401 is not counted
-    if state.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=state.api_key)  # outermost: before anything counts it
+    if state.api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=state.api_keys)  # outermost: before anything counts it
     _document_400_not_422(app)  # first: a role may document more on top of it (the router's bodies)
     install_role(app, state)
     _install_common_routes(app, state)
@@ -72,6 +74,40 @@ def instrument_http(app: FastAPI, registry: CollectorRegistry) -> None:
 
     excluded = [f"^{path}$" for path in NOT_INSTRUMENTED]
     Instrumentator(excluded_handlers=excluded, registry=registry).add(known_method).instrument(app)
+
+
+def add_cors(app: FastAPI, origins: list[str], methods: list[str], headers: list[str], credentials: bool) -> None:
+    """vLLM's ``--allowed-origins`` (with ``--allowed-methods``, ``--allowed-headers`` and
+    ``--allow-credentials``), added to a built app: outermost, so that a browser's preflight is
+    answered before the key check, and a 401 carries the CORS headers too."""
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=origins,
+        allow_methods=methods,
+        allow_headers=headers,
+        allow_credentials=credentials,
+    )
+
+
+class RequestIdHeaders:
+    """vLLM's ``--enable-request-id-headers``: every answer carries ``X-Request-Id``, the request's
+    own, else a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def _install_common_routes(app: FastAPI, state: ServerState) -> None:

@@ -47,7 +47,7 @@ class ServerState:
     # A role's own readiness condition: why it cannot serve yet (the router: no decode server)
     not_ready: Callable[[], str | None] | None = None
     model_aliases: tuple[str, ...] = ()  # --served-model-name's other names, as vLLM serves them
-    api_key: str | None = None  # --api-key: /v1 paths need it, and this server's own calls carry it
+    api_keys: tuple[str, ...] = ()  # --api-key: /v1 paths need one of them, this server's own calls the first
     kv_token: str | None = None  # LLMFLEET_KV_TRANSFER_TOKEN: what the transfer paths need (auth.py)
     tool_call_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: 'auto' is served
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
@@ -69,6 +69,11 @@ class ServerState:
             headers = fleet_headers(self.api_key, self.kv_token)
             self._http = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=pooled(), headers=headers)
         return self._http
+
+    @property
+    def api_key(self) -> str | None:
+        """The key this server's own calls to other servers carry (the fleet shares its keys)."""
+        return self.api_keys[0] if self.api_keys else None
 
     @property
     def model_names(self) -> tuple[str, ...]:

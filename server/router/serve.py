@@ -74,7 +74,7 @@ def serve(args) -> int:
     model_name, *aliases = args.served_model_name or [args.model]
     metrics = RouterMetrics(model_name, MODE_POOLS[mode])
     state = ServerState(
-        None, None, model_name, 0, metrics, role="router", api_key=args.api_key, model_aliases=tuple(aliases)
+        None, None, model_name, 0, metrics, role="router", api_keys=args.api_key, model_aliases=tuple(aliases)
     )
     state.max_body_bytes = int(args.max_request_body_mb * 2**20)
     # Connections to the servers are reused: a KV-transfer round trip should cost no handshake.
@@ -85,7 +85,7 @@ def serve(args) -> int:
         logging.getLogger("llmfleet.router").warning(
             "no %s: prefill and decode servers started with one refuse this router's transfers", KV_TOKEN_ENV
         )
-    client = httpx.AsyncClient(limits=limits, headers=fleet_headers(args.api_key, token))
+    client = httpx.AsyncClient(limits=limits, headers=fleet_headers(args.api_key[0] if args.api_key else None, token))
     balancer = Balancer(source, args.router_policy, client, mode)
     settings = ProxySettings(prefill_timeout_s=args.prefill_timeout, decode_timeout_s=args.decode_timeout)
     holding = Holding(balancer, HoldSettings(args.hold_timeout, args.max_held), metrics, waker(args))
