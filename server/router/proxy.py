@@ -132,8 +132,7 @@ class Proxy:
         started = time.monotonic()
         stream = flag(body.get("stream"))
         opened = await unless_client_gone(raw, self._open(path, body, stream, started))
-        if opened is None:  # the servers abort what they started; vLLM counts that as an abort
-            self.metrics.finished(started, None)
+        if opened is None:  # the servers abort what they started; like them, no finished request
             return Response(status_code=CLIENT_GONE)
         if isinstance(opened, Response):
             return opened
@@ -346,7 +345,8 @@ class _Relay:
         await self._chunks.aclose()
         self.opened.server.assigned -= 1
         await self.opened.response.aclose()  # a client that left: the decode server aborts its work
-        self.metrics.finished(self.started, self.opened.meter.finish_reason)
+        if self.opened.meter.finish_reason is not None:  # not a client that left (server_metrics.py)
+            self.metrics.finished(self.started, self.opened.meter.finish_reason)
 
 
 _ERROR_TYPES = {429: "rate_limit_exceeded", 503: "unavailable", 502: "bad_gateway"}  # as the servers type them

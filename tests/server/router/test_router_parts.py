@@ -389,6 +389,8 @@ async def test_a_decode_server_that_breaks_off_mid_event_leaves_no_half_event_in
     assert events[0] + b"\n\n" == token
     assert json.loads(events[1].removeprefix(b"data: "))["error"]["code"] == 502  # whole, parseable
     assert events[2] == b"data: [DONE]" and len(events) == 3
+    abort = {"model_name": "m", "role": "router", "finished_reason": "abort"}
+    assert metrics.registry.get_sample_value("vllm:request_success_total", abort) == 1  # the router's own abort
 
 
 async def test_a_request_counts_as_unstarted_until_its_first_content_and_assigned_until_it_ends():
@@ -525,7 +527,8 @@ async def test_the_502_counts_the_attempts_made():
     assert "after 1 attempt;" in json.loads(answered.body)["error"]["message"]  # not 2: nothing else was tried
 
 
-async def test_a_client_gone_before_the_answer_opened_counts_as_an_abort():
+async def test_a_client_gone_before_the_answer_opened_is_no_finished_request():
+    """As the servers count it, and vLLM: no request_success{abort}, no end-to-end latency."""
     from llmfleet.server.router.proxy import Proxy, ProxySettings
 
     async def handle(request: httpx.Request) -> httpx.Response:
@@ -546,7 +549,11 @@ async def test_a_client_gone_before_the_answer_opened_counts_as_an_abort():
     response = await proxy.serve("/v1/completions", {"prompt": "hi"}, Gone())
     assert response.status_code == 499
     labels = {"model_name": "m", "role": "router", "finished_reason": "abort"}
-    assert metrics.registry.get_sample_value("vllm:request_success_total", labels) == 1
+    assert metrics.registry.get_sample_value("vllm:request_success_total", labels) == 0
+    e2e = metrics.registry.get_sample_value(
+        "vllm:e2e_request_latency_seconds_count", {"model_name": "m", "role": "router"}
+    )
+    assert e2e == 0
     assert b.servers["prefill"]["http://p1:8000"].assigned == 0
 
 
@@ -605,3 +612,30 @@ async def test_round_robin_takes_turns_between_requests_through_the_routes():
             reply = await router.post("/v1/completions", json={"model": "m", "prompt": "hi"})
             assert reply.status_code == 200, reply.text
     assert sorted(decoded_on) == ["d1", "d1", "d2", "d2"]
+
+
+async def test_a_stream_its_client_closes_is_no_finished_request():
+    """A client that leaves mid-stream: the decode server aborts, and neither it nor the router
+    counts a finished request (vLLM's rule; a stream a server breaks off is one, an abort)."""
+    from llmfleet.server.router.proxy import _Relay
+
+    token = sse({"choices": [{"index": 0, "text": "Hello", "finish_reason": None}]})
+
+    class Endless(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            while True:
+                yield token
+                await asyncio.sleep(0.01)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Endless(), headers={"content-type": "text/event-stream"})
+
+    proxy, _, metrics = await _proxy(handle, [], ["http://d1:8000"])
+    opened = await proxy._open("/v1/completions", {"prompt": "hi", "stream": True}, True, 0.0)
+    relay = _Relay(opened, metrics, 0.0)
+    async for _ in relay:  # the client reads one chunk and leaves
+        break
+    await relay.aclose()
+    labels = {"model_name": "m", "role": "router"}
+    assert metrics.registry.get_sample_value("vllm:e2e_request_latency_seconds_count", labels) == 0
+    assert metrics.registry.get_sample_value("vllm:request_success_total", labels | {"finished_reason": "abort"}) == 0
