@@ -12,7 +12,7 @@ import pytest
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.http.drain import drain
 from llmfleet.server.openai.app import create_app
-from tests.server.openai.helpers import assert_openai_error
+from tests.server.openai.helpers import assert_openai_error, post_scope
 
 
 async def test_full_queue_is_429_with_retry_after_and_accepted_requests_finish(make_state):
@@ -176,20 +176,7 @@ async def test_a_client_gone_while_the_opening_chunk_is_sent_aborts_the_requests
         if message["type"] == "http.response.body":
             await asyncio.sleep(0.1)  # the write outlasts the client
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+    scope = post_scope(path, [(b"host", b"test")])
     await app(scope, receive, send)
     for _ in range(100):
         if state.engine.num_unfinished == 0:

@@ -25,6 +25,7 @@ from llmfleet.server.router.proxy import Proxy, ProxySettings
 from llmfleet.server.router.router_metrics import RouterMetrics
 from llmfleet.server.router.routes import install
 from llmfleet.server.wire.endpoints import StaticEndpoints
+from tests.server.openai.helpers import post_scope
 
 # vLLM 0.32's FinishReason (vllm/v1/engine/__init__.py), each pre-created by its PrometheusStatLogger
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -274,20 +275,7 @@ async def _call(app, path: str, body: bytes, on_body, leave=None) -> None:
         if message["type"] == "http.response.body" and message.get("body"):
             on_body(message["body"])
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+    scope = post_scope(path, [(b"content-length", str(len(body)).encode())])
     await app(scope, receive, send)
 
 
