@@ -17,8 +17,8 @@ import yaml
 
 from llmfleet.operator.resource.spec import (
     CHAT_TEMPLATE_MAX,
-    DRAIN_CAP_SECONDS,
     DRAIN_MARGIN_SECONDS,
+    DRAIN_STEPS_SECONDS,
     GRACE_MARGIN_SECONDS,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
@@ -309,8 +309,9 @@ def pool_schema(role: str) -> dict[str, Any]:
                 "How long a server told to stop (a scale-down, a rollout) may finish its streams: its "
                 f"--drain-timeout; the pod's grace period adds the preStop sleep and {GRACE_MARGIN_SECONDS} s. "
                 "Default: the longest stream the pool can serve, maxModelLen (or the built-in model's context) "
-                f"tokens at the ITL SLO, plus {DRAIN_MARGIN_SECONDS} s, at most {DRAIN_CAP_SECONDS} s (the cap "
-                "where the context is unknown).",
+                f"tokens at the ITL SLO, plus {DRAIN_MARGIN_SECONDS} s, rounded up to "
+                f"{', '.join(str(s) for s in DRAIN_STEPS_SECONDS)} s (the last where the context is unknown), "
+                "so that an SLO edit seldom changes the pod template, which would roll the pods.",
                 minimum=0,
                 maximum=86400,
             ),

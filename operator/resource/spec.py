@@ -36,9 +36,12 @@ ROUTER_POLICIES = get_args(RouterPolicy)
 # The context of each built-in model (server/runner/builtin_models.py, which the operator does
 # not import): what the longest stream of a pool that sets no maxModelLen is sized by.
 BUILTIN_CONTEXT = {"tiny": 2048, "small": 4096}
-# A pool's default drain: its longest stream (maxModelLen tokens at the ITL SLO) and a margin, at most the cap.
+# A pool's default drain: its longest stream (maxModelLen tokens at the ITL SLO) and a margin, rounded
+# up to a step, at most the cap. The drain is in the pod template, so each change rolls every pod and
+# reloads its model: the steps keep an SLO edit from doing that but where it crosses one.
 DRAIN_MARGIN_SECONDS = 10
-DRAIN_CAP_SECONDS = 600
+DRAIN_STEPS_SECONDS = (60, 120, 300, 600)
+DRAIN_CAP_SECONDS = DRAIN_STEPS_SECONDS[-1]
 SLO_MAX_MS = 3_600_000  # an hour: no latency objective past it means anything
 STARTUP_TIMEOUT_MAX_SECONDS = 86_400  # a day to load a model; the startup probe's threshold stays an int32
 GRACE_MARGIN_SECONDS = 10  # a pod's grace period beyond the preStop sleep and the drain: the process's exit
@@ -596,9 +599,9 @@ class InferenceServiceSpec(_Model):
         """How long a server of ``pool`` may finish its streams once told to stop (its
         ``--drain-timeout``; the pod's grace period adds the preStop sleep and a margin): the
         pool's ``drainSeconds``, else its longest stream, ``maxModelLen`` tokens at the ITL SLO
-        (the built-in model's context where none is set), plus a margin, at most
-        ``DRAIN_CAP_SECONDS``; the cap where the context is unknown. The router relays every
-        pool's streams: it gets the longest."""
+        (the built-in model's context where none is set), plus a margin, rounded up to one of
+        ``DRAIN_STEPS_SECONDS`` (the last, the cap, where the context is unknown). The router
+        relays every pool's streams: it gets the longest."""
         if pool == "router":
             return max(self.drain_seconds(p) for p in self.active_pools)
         spec = self.pool(pool)
@@ -607,7 +610,8 @@ class InferenceServiceSpec(_Model):
         context = spec.engine_config().max_model_len or BUILTIN_CONTEXT.get(self.model.builtin or "")
         if context is None:
             return DRAIN_CAP_SECONDS
-        return min(DRAIN_CAP_SECONDS, math.ceil(context * self.slo.itl_p95_ms / 1000.0) + DRAIN_MARGIN_SECONDS)
+        longest = math.ceil(context * self.slo.itl_p95_ms / 1000.0) + DRAIN_MARGIN_SECONDS
+        return next((step for step in DRAIN_STEPS_SECONDS if step >= longest), DRAIN_CAP_SECONDS)
 
 
 def parse_spec(raw: dict[str, Any]) -> InferenceServiceSpec:

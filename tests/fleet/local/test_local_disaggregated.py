@@ -47,7 +47,7 @@ def test_the_local_router_runs_the_cluster_routers_args_with_an_endpoints_file(t
         "--router-policy": "load",
         "--hold-timeout": "300",
         "--max-held": "1024",
-        "--drain-timeout": "215",  # builtin:tiny's 2048 tokens at the 100 ms ITL SLO, and 10 s
+        "--drain-timeout": "300",  # builtin:tiny's 2048 tokens at the 100 ms ITL SLO, and 10 s: 215, rounded up
         "--endpoints-file": str(tmp_path / "endpoints.yaml"),
         "--router-mode": "disaggregated",
     }

@@ -136,7 +136,7 @@ def test_a_scale_down_lets_a_stream_longer_than_the_old_30_s_drain_finish(tmp_pa
         autotune={"enabled": False},
     )
     name, spec = load_service(str(path))
-    assert spec.drain_seconds("colocated") == 420
+    assert spec.drain_seconds("colocated") == 600
     fleet = LocalFleet(name, spec, tmp_path / "run", free_port())
     result: dict = {}
     try:
@@ -147,7 +147,7 @@ def test_a_scale_down_lets_a_stream_longer_than_the_old_30_s_drain_finish(tmp_pa
             fleet.supervise()
             time.sleep(0.2)
         server = fleet.pools["colocated"].servers[0]
-        assert server.proc.args[server.proc.args.index("--drain-timeout") + 1] == "420"
+        assert server.proc.args[server.proc.args.index("--drain-timeout") + 1] == "600"
         # how fast this machine decodes: size the stream to last about a minute
         probe = stream(fleet.router.url, 40)
         per_token = probe["seconds"] / max(probe["tokens"], 1)

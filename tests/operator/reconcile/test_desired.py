@@ -485,9 +485,10 @@ def test_whatever_the_tuner_asks_the_result_is_within_bounds(replicas, batch, ti
 
 
 def test_the_drain_fits_the_longest_stream_a_pool_can_serve():
-    """drainSeconds, else maxModelLen tokens at the ITL SLO plus a margin, capped; the router
-    relays every pool's streams and gets the longest; the grace period wraps the drain."""
-    from llmfleet.operator.resource.spec import DRAIN_CAP_SECONDS, DRAIN_MARGIN_SECONDS
+    """drainSeconds, else maxModelLen tokens at the ITL SLO plus a margin, rounded up to a step,
+    capped; the router relays every pool's streams and gets the longest; the grace period wraps
+    the drain."""
+    from llmfleet.operator.resource.spec import DRAIN_CAP_SECONDS
 
     def spec(itl_ms: float, pools: dict, builtin: str | None = "tiny") -> object:
         model = {"builtin": builtin} if builtin else {"path": "/models/m"}
@@ -496,9 +497,11 @@ def test_the_drain_fits_the_longest_stream_a_pool_can_serve():
         )
 
     long_context = {"prefill": {}, "decode": {"engine": {"maxModelLen": 1000}}}
-    assert spec(50, long_context).drain_seconds("decode") == 50 + DRAIN_MARGIN_SECONDS  # 1000 x 50 ms
-    assert spec(50, long_context).drain_seconds("prefill") == 103 + DRAIN_MARGIN_SECONDS  # builtin:tiny's 2048
-    assert spec(50, long_context).drain_seconds("router") == 103 + DRAIN_MARGIN_SECONDS
+    assert spec(50, long_context).drain_seconds("decode") == 60  # 1000 x 50 ms and the margin, rounded up
+    assert spec(50, long_context).drain_seconds("prefill") == 120  # builtin:tiny's 2048: 103 + 10 s
+    assert spec(50, long_context).drain_seconds("router") == 120
+    # an SLO edit within a step leaves the pod template, which would roll the pods, as it is
+    assert {spec(itl, long_context).drain_seconds("prefill") for itl in (49, 52, 53)} == {120}
     assert spec(50, long_context, builtin=None).drain_seconds("prefill") == DRAIN_CAP_SECONDS  # context unknown
     assert spec(1000, long_context).drain_seconds("prefill") == DRAIN_CAP_SECONDS  # 2048 s: capped
     given = {"prefill": {"drainSeconds": 900}, "decode": {"drainSeconds": 0}}
