@@ -14,7 +14,8 @@ before any switch.
 
 Nothing is held when the old pools have no ready pod as the switch begins: there is no traffic
 to keep. Once begun, the switch is recorded (``status.handoverPool``: the pool that served) and
-held through a readiness blip of that pool or a deleted client Service.
+held through a readiness blip of that pool or a deleted client Service. A switch turned back
+before it is over is a switch of its own, from the pools the routers relay to by then.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def _between_modes(
     router = live.get(f"Deployment/{pool_object_name(owner, ROUTER)}")
     relaying = ((router or {}).get("metadata", {}).get("annotations") or {}).get(MODE_ANNOTATION)
     old_pool = recorded if recorded in _serving_pools() else None
+    if old_pool in ROUTED_POOLS[spec.mode]:  # a switch turned back: the old side is where the routers relay
+        old_pool = None
     if relaying not in (None, spec.mode) and old_pool is None:
         old_pool = ROUTED_POOLS[relaying][-1]
         if not _ready(live, owner, old_pool):

@@ -251,6 +251,33 @@ def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_r
     assert entry() == "router"
 
 
+def test_a_mode_switch_turned_back_keeps_the_pools_the_routers_relay_to(kube, operator):
+    """Switched to disaggregated, the new pools ready and the routers rolling to them, then back
+    to colocated: the prefill and decode pools were pruned in that pass while router pods still
+    relayed to them. They stay now until the routers have rolled back."""
+    kube.create(inference_service("tiny", TINY))
+    eventually(lambda: children(kube) == COLOCATED)
+    mark_ready(kube, "tiny-colocated")
+    mark_ready(kube, "tiny-router")
+    settle(kube, "tiny", 1)
+    kube.patch("InferenceService", "tiny", {"spec": {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}})
+    both = {kind: COLOCATED[kind] | DISAGGREGATED[kind] for kind in COLOCATED}
+    eventually(lambda: children(kube) == both)
+    for pool in ("prefill", "decode"):
+        mark_ready(kube, f"tiny-{pool}")
+    eventually(lambda: relays_to(kube) == "disaggregated")  # the routers roll to the new pools
+
+    colocated = {"mode": "colocated", "pools": {"colocated": TINY["pools"]["colocated"]}}
+    kube.patch("InferenceService", "tiny", {"spec": colocated})  # ... and the switch turns back
+    eventually(lambda: relays_to(kube) == "colocated")
+    settle(kube, "tiny", 3)
+    assert children(kube) == both  # router pods may still relay to prefill and decode
+    assert conditions(kube.get("InferenceService", "tiny"))["Ready"]["reason"] == "SwitchingMode"
+    mark_ready(kube, "tiny-router")  # rolled back: the disaggregated pools go
+    eventually(lambda: children(kube) == COLOCATED)
+    eventually(lambda: "handoverPool" not in kube.get("InferenceService", "tiny")["status"])
+
+
 def test_a_fleet_from_before_the_routers_keeps_its_clients_until_the_routers_are_ready(kube, operator):
     """Its client Service selected the colocated pool: it moves to the routers once they answer."""
     kube.create(inference_service("tiny", TINY))
