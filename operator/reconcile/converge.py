@@ -15,6 +15,7 @@ from typing import Any
 from llmfleet.operator.reconcile import status as st
 from llmfleet.operator.reconcile.apply import ApplyResult, OwnershipConflict, apply_all, list_children
 from llmfleet.operator.reconcile.cluster import (
+    DEPLOYMENT,
     INFERENCE_SERVICE,
     LEADER_WORKER_SET,
     POD,
@@ -208,20 +209,28 @@ def _handover_record(handover: Handover | None, current: dict[str, Any]) -> dict
 async def _degrade(
     client: KubeClient, owner: Owner, body: dict[str, Any], reason: str, message: str, *, stops_tuner: bool = False
 ) -> Outcome:
-    """Report a spec or object the operator cannot serve; existing objects keep serving.
-    ``stops_tuner``: the spec cannot be read, so the tuner does not run either."""
+    """Report a spec or object the operator cannot serve; existing objects keep serving, and
+    Ready and ``status.ready`` keep following them (a pool that lost its pods while the spec is
+    unservable must not read as ready). ``stops_tuner``: the spec cannot be read, so the tuner
+    does not run either."""
     generation = body["metadata"].get("generation")
     degraded = Condition(DEGRADED, "True", reason, message)
+    pools = await _live_pools(client, owner)
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
         updates = [degraded, Condition(PROGRESSING, "False", reason, "waiting for a servable spec")]
         if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
             updates.append(Condition(TUNER_ACTIVE, "False", reason, "the tuner waits for a servable spec"))
-        if condition_of(current, READY) is None:
+        serving = {}
+        if pools:  # what the last servable spec deployed
+            updates.append(st.serving_conditions(pools, None)[0])
+            serving["ready"] = st.ready_summary(pools)
+        elif condition_of(current, READY) is None:
             updates.append(Condition(READY, "False", reason, "nothing deployed yet"))
         return {
             "observedGeneration": generation,
             "conditions": merge_conditions(current.get("conditions") or [], updates, generation, st.now()),
+            **serving,
         }
 
     outcome = Outcome(degraded=degraded)
@@ -300,6 +309,23 @@ def _reverted_message(spec: InferenceServiceSpec, reverted: list[str]) -> str:
         else "the InferenceService's spec owns them: edit it instead"
     )
     return f"set back what was edited outside the InferenceService ({'; '.join(reverted)}); {owner}"
+
+
+async def _live_pools(client: KubeClient, owner: Owner) -> list[st.PoolState]:
+    """Each pool's live workload as it stands, whatever the spec says (a degraded pass): Deployments,
+    and LeaderWorkerSets where the cluster serves them."""
+    workloads = list(await client.list(DEPLOYMENT, owner.namespace, selector(owner)))
+    try:
+        workloads += await client.list(LEADER_WORKER_SET, owner.namespace, selector(owner))
+    except ApiError as err:
+        if err.retryable:
+            raise  # not served (a 404) is no LeaderWorkerSet
+    states = []
+    for workload in sorted(workloads, key=lambda w: w["metadata"]["name"]):
+        pool = (workload["metadata"].get("labels") or {}).get(POOL_LABEL)
+        if pool is not None:
+            states.append(st.PoolState.of(pool, int((workload.get("spec") or {}).get("replicas") or 0), workload))
+    return states
 
 
 def _pool_states(owner: Owner, spec: InferenceServiceSpec, applied: ApplyResult) -> list[st.PoolState]:

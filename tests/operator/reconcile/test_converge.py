@@ -198,3 +198,37 @@ async def test_a_name_too_long_for_a_pool_that_spans_nodes_degrades_before_anyth
     single = await create(client, SPEC, name="m" * 40)  # one node a replica: a Deployment, no group
     outcome = await converge(client, single, pod_monitor=False)
     assert outcome.degraded is None
+
+
+async def test_while_degraded_ready_follows_what_runs(running, client):
+    """An unservable edit leaves what runs in place; its pods then fail. Ready and status.ready
+    said True and 2/2 for as long as the spec stayed unservable: kubectl wait and health checks
+    read a service that was down as healthy."""
+    from llmfleet.operator.reconcile.cluster import DEPLOYMENT
+
+    async def pods_ready(count: int) -> None:
+        for name in ("svc-colocated", "svc-router"):
+            status = {"replicas": 1, "readyReplicas": count, "updatedReplicas": 1, "availableReplicas": count}
+            await client.patch_status(DEPLOYMENT, "ml", name, status)
+
+    body = await create(client)
+    await converge(client, body, pod_monitor=False)
+    await pods_ready(1)
+    await converge(client, await fetch(client), pod_monitor=False)
+    assert condition(await fetch(client), "Ready")["status"] == "True"
+
+    broken = {**SPEC, "pools": {"colocated": {"minReplicas": 5, "maxReplicas": 2}}}  # past the CRD (no CEL)
+    await client.request(
+        "PATCH", INFERENCE_SERVICE.path("ml", "svc"), body={"spec": broken}, content_type="application/merge-patch+json"
+    )
+    outcome = await converge(client, await fetch(client), pod_monitor=False)
+    assert outcome.degraded is not None and outcome.degraded.reason == "InvalidSpec"
+    status = (await fetch(client))["status"]
+    assert (condition({"status": status}, "Ready")["status"], status["ready"]) == ("True", "2/2")
+
+    await pods_ready(0)
+    await converge(client, await fetch(client), pod_monitor=False)
+    status = (await fetch(client))["status"]
+    ready = condition({"status": status}, "Ready")
+    assert (ready["status"], ready["reason"], status["ready"]) == ("False", "PoolsNotReady", "0/2")
+    assert condition({"status": status}, "Degraded")["reason"] == "InvalidSpec"  # still the spec's word
