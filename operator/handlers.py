@@ -398,8 +398,8 @@ async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logge
                 return
             try:
                 spec = parse_spec(dict(fresh.get("spec") or {}))
-            except SpecError:
-                return
+            except SpecError:  # what ran before still serves, and wakes (wake.py)
+                spec = None
             patch = wake_patch(spec, fresh.get("status") or {}, stamp)
             if patch is None:
                 return

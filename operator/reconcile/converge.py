@@ -35,7 +35,7 @@ from llmfleet.operator.reconcile.desired import (
 from llmfleet.operator.reconcile.handover import Handover, pending_handover
 from llmfleet.operator.reconcile.kv_secret import ensure_kv_secret
 from llmfleet.operator.reconcile.pod_trouble import PodTrouble, pod_trouble
-from llmfleet.operator.reconcile.wake import cold_starts, wakes_from_zero
+from llmfleet.operator.reconcile.wake import cold_starts, unapplied_wakes, wakes_from_zero
 from llmfleet.operator.resource import pod_security
 from llmfleet.operator.resource.conditions import (
     DEGRADED,
@@ -215,7 +215,7 @@ async def _degrade(
     does not run either."""
     generation = body["metadata"].get("generation")
     degraded = Condition(DEGRADED, "True", reason, message)
-    pools = await _live_pools(client, owner)
+    pools = await _live_pools(client, owner, body.get("status") or {})
 
     def build(current: dict[str, Any]) -> dict[str, Any]:
         updates = [degraded, Condition(PROGRESSING, "False", reason, "waiting for a servable spec")]
@@ -311,21 +311,28 @@ def _reverted_message(spec: InferenceServiceSpec, reverted: list[str]) -> str:
     return f"set back what was edited outside the InferenceService ({'; '.join(reverted)}); {owner}"
 
 
-async def _live_pools(client: KubeClient, owner: Owner) -> list[st.PoolState]:
-    """Each pool's live workload as it stands, whatever the spec says (a degraded pass): Deployments,
-    and LeaderWorkerSets where the cluster serves them."""
+async def _live_pools(client: KubeClient, owner: Owner, status: dict[str, Any]) -> list[st.PoolState]:
+    """Each pool's live workload as it stands, whatever the spec says (a degraded pass):
+    Deployments, and LeaderWorkerSets where the cluster serves them. A pool a router woke
+    (wake.py) that still runs nothing is scaled here: a degraded pass applies nothing else, and
+    the requests the routers hold must not wait for a fix of the spec."""
     workloads = list(await client.list(DEPLOYMENT, owner.namespace, selector(owner)))
     try:
         workloads += await client.list(LEADER_WORKER_SET, owner.namespace, selector(owner))
     except ApiError as err:
         if err.retryable:
             raise  # not served (a 404) is no LeaderWorkerSet
-    states = []
-    for workload in sorted(workloads, key=lambda w: w["metadata"]["name"]):
-        pool = (workload["metadata"].get("labels") or {}).get(POOL_LABEL)
-        if pool is not None:
-            states.append(st.PoolState.of(pool, int((workload.get("spec") or {}).get("replicas") or 0), workload))
-    return states
+    by_pool = {
+        w["metadata"]["labels"][POOL_LABEL]: w for w in workloads if POOL_LABEL in w["metadata"].get("labels", {})
+    }
+    replicas = {pool: int((w.get("spec") or {}).get("replicas") or 0) for pool, w in by_pool.items()}
+    for pool, woken in unapplied_wakes(status, replicas).items():
+        kind = LEADER_WORKER_SET if by_pool[pool]["kind"] == LEADER_WORKER_SET.kind else DEPLOYMENT
+        await client.patch_merge(
+            kind, owner.namespace, by_pool[pool]["metadata"]["name"], {"spec": {"replicas": woken}}
+        )
+        replicas[pool] = woken
+    return [st.PoolState.of(pool, replicas[pool], by_pool[pool]) for pool in sorted(by_pool)]
 
 
 def _pool_states(owner: Owner, spec: InferenceServiceSpec, applied: ApplyResult) -> list[st.PoolState]:

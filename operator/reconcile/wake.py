@@ -7,6 +7,10 @@ tuner's own decisions take; spec bounds still win in reconcile), and ``status.wa
 request. As each woken pool gets a ready pod, a pass records the time from the request in
 ``status.pools.<pool>.lastColdStartSeconds``. ``status.wake.requestedAt`` stays: a stamp no newer
 (the last one, seen again when the operator restarts) wakes nothing.
+
+A spec that cannot be served (or applied) does not stop a wake: the pools the tuner had at zero
+go to one in ``status.tuner``, and the degraded pass, which applies nothing, scales their live
+workloads itself (converge.py), as whatever ran before keeps serving.
 """
 
 from __future__ import annotations
@@ -32,18 +36,33 @@ def wakes_from_zero(spec: InferenceServiceSpec) -> bool:
     return _tuner_acts(spec) and any(spec.pool(p).min_replicas == 0 for p in spec.active_pools)
 
 
-def wake_patch(spec: InferenceServiceSpec, status: dict[str, Any], stamp: str) -> dict[str, Any] | None:
+def wake_patch(spec: InferenceServiceSpec | None, status: dict[str, Any], stamp: str) -> dict[str, Any] | None:
     """The status merge patch that wakes the pools at zero for a request stamped ``stamp``; None
     when the stamp is no newer than the last one handled, or no pool is at zero (woken already,
-    or the tuner is off or observing: the spec's replicas stand)."""
+    or the tuner is off or observing: the spec's replicas stand). ``spec`` None: the spec cannot
+    be read, and the pools the tuner has at zero go to one."""
     requested = parse_wake_stamp(stamp)
     handled = parse_wake_stamp((status.get("wake") or {}).get("requestedAt"))
-    if requested is None or (handled is not None and requested <= handled) or not _tuner_acts(spec):
+    if requested is None or (handled is not None and requested <= handled):
         return None
-    wake = pools_to_wake(spec, TunerState.from_status(status))
+    tuner = TunerState.from_status(status)
+    if spec is None:
+        wake = {pool: 1 for pool, replicas in tuner.replicas.items() if replicas == 0}
+    elif _tuner_acts(spec):
+        wake = pools_to_wake(spec, tuner)
+    else:
+        return None
     if not wake:
         return None
     return {"tuner": {"replicas": wake}, "wake": {"requestedAt": stamp, "pools": sorted(wake)}}
+
+
+def unapplied_wakes(status: dict[str, Any], replicas: dict[str, int]) -> dict[str, int]:
+    """Pools a wake asked for that still run no replica (``replicas``: each live workload's), and
+    the replicas ``status.tuner`` holds for them: what a pass that applies nothing scales itself."""
+    tuner = TunerState.from_status(status)
+    waiting = (status.get("wake") or {}).get("pools") or []
+    return {pool: tuner.replicas[pool] for pool in waiting if replicas.get(pool) == 0 and tuner.replicas.get(pool)}
 
 
 def cold_starts(

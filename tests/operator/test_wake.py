@@ -76,3 +76,25 @@ def test_an_observing_tuner_wakes_no_pool_its_replicas_do_not_run() -> None:
     observing = parse_spec({**SCALES_TO_ZERO, "autotune": {**SCALES_TO_ZERO["autotune"], "mode": "observe"}})
     assert wakes_from_zero(acting) and wake_patch(acting, status, wake_stamp()) is not None
     assert not wakes_from_zero(observing) and wake_patch(observing, status, wake_stamp()) is None
+
+
+def test_a_pool_at_zero_wakes_while_the_spec_cannot_be_served(kube, operator):
+    """An unservable edit (past the CRD where CEL does not run) left a pool at zero for good: the
+    wake handler stopped at the spec, and the degraded pass applies nothing, so the requests the
+    routers held timed out. What ran before serves, and wakes."""
+    kube.create(inference_service("tiny", SCALES_TO_ZERO))
+    eventually(lambda: kube.get("Deployment", "tiny-colocated") is not None)
+    settle(kube, "tiny", 1)
+    kube.patch("InferenceService", "tiny", {"status": {"tuner": {"replicas": {"colocated": 0}}}}, subresource="status")
+    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})
+    eventually(lambda: replicas(kube) == 0)
+    broken = {"pools": {"colocated": {"engine": {"policy": "fastest"}}}}
+    kube.patch("InferenceService", "tiny", {"spec": broken})
+    eventually(lambda: kube.condition("tiny", "Degraded")["status"] == "True")
+
+    stamp = wake_stamp()
+    kube.patch("ConfigMap", "tiny-wake", {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}})
+    eventually(lambda: replicas(kube) == 1, timeout=10)
+    status = kube.get("InferenceService", "tiny")["status"]
+    assert status["wake"] == {"requestedAt": stamp, "pools": ["colocated"]}
+    assert kube.condition("tiny", "Degraded")["reason"] == "InvalidEngineConfig"  # the spec still says why
