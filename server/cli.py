@@ -23,13 +23,6 @@ HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, ro
 DEFAULT_MODEL = "builtin:tiny"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # every role's, as each configures it
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-# vLLM flags the model-serving roles act on and the router does not (yet): dest -> flag
-NOT_ON_THE_ROUTER = {
-    "allowed_origins": "--allowed-origins",
-    "root_path": "--root-path",
-    "uvicorn_log_level": "--uvicorn-log-level",
-    "enable_request_id_headers": "--enable-request-id-headers",
-}
 
 
 def add_arguments(parser) -> None:
@@ -295,12 +288,7 @@ def run(args) -> int:
         return 2
     args.model = args.model_tag or args.model or DEFAULT_MODEL
     unused = []  # vLLM flags given that change nothing here, beyond engine_flags.VLLM_FLAGS
-    if args.role == "router":
-        given = [flag for dest, flag in NOT_ON_THE_ROUTER.items() if getattr(args, dest)]
-        if given:
-            print(f"llm-fleet serve: {', '.join(given)}: not available with --role router", file=sys.stderr)
-            return 2
-    else:
+    if args.role != "router":
         try:
             args.model, unused_revision = with_revision(args.model, args.revision)
         except ValueError as exc:

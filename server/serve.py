@@ -7,19 +7,16 @@ role, the router included (``llmfleet.server.router.serve``), runs its app throu
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
-
-from fastapi import FastAPI
 
 from llmfleet.server.config import file_overrides, load_engine_config, read_engine_file
 from llmfleet.server.core.chat_template import holds_jinja, template_problem
 from llmfleet.server.core.model_uri import hub_reference
 from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
 from llmfleet.server.engine_flags import FLAGS, SWITCHES, engine_flags
-from llmfleet.server.http.app import RequestIdHeaders, add_cors
-from llmfleet.server.http.drain import run_app
+from llmfleet.server.http.app import add_vllm_http_flags
+from llmfleet.server.http.drain import run_app, uvicorn_args
 from llmfleet.server.http.kv_store import KVExportStore
 from llmfleet.server.http.prefill_peers import PrefillPeers
 from llmfleet.server.http.state import ServerState
@@ -191,21 +188,3 @@ def serve(args) -> int:
             close_workers()
 
     return run_app(add_vllm_http_flags(create_app(state), args), state, uvicorn_args(args), on_exit=stop)
-
-
-def add_vllm_http_flags(app: FastAPI, args) -> FastAPI:
-    """vLLM's HTTP flags on the built app: CORS with ``--allowed-origins``, ``--root-path`` (as
-    vLLM sets it, on the app) and ``--enable-request-id-headers``."""
-    if getattr(args, "allowed_origins", None):
-        add_cors(app, args.allowed_origins, args.allowed_methods, args.allowed_headers, args.allow_credentials)
-    if getattr(args, "root_path", None):
-        app.root_path = args.root_path
-    if getattr(args, "enable_request_id_headers", False):
-        app.add_middleware(RequestIdHeaders)
-    return app
-
-
-def uvicorn_args(args):
-    """``args`` for run_app, whose log level is uvicorn's: ``--uvicorn-log-level`` where given."""
-    level = getattr(args, "uvicorn_log_level", None)
-    return args if not level else argparse.Namespace(**{**vars(args), "log_level": level})

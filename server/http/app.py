@@ -110,6 +110,18 @@ class RequestIdHeaders:
         await self.app(scope, receive, send_with_id)
 
 
+def add_vllm_http_flags(app: FastAPI, args) -> FastAPI:
+    """vLLM's HTTP flags on the built app: CORS with ``--allowed-origins``, ``--root-path`` (as
+    vLLM sets it, on the app) and ``--enable-request-id-headers``."""
+    if getattr(args, "allowed_origins", None):
+        add_cors(app, args.allowed_origins, args.allowed_methods, args.allowed_headers, args.allow_credentials)
+    if getattr(args, "root_path", None):
+        app.root_path = args.root_path
+    if getattr(args, "enable_request_id_headers", False):
+        app.add_middleware(RequestIdHeaders)
+    return app
+
+
 def _install_common_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health():

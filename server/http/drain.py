@@ -4,6 +4,7 @@ stops and the process exits 0. A second signal stops immediately."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -131,3 +132,9 @@ def run_app(app: FastAPI, state: ServerState, args, on_exit: Callable[[], None] 
             on_exit()
     logging.getLogger("llmfleet.serve").info("exited cleanly")
     return 0
+
+
+def uvicorn_args(args):
+    """``args`` for run_app, whose log level is uvicorn's: ``--uvicorn-log-level`` where given."""
+    level = getattr(args, "uvicorn_log_level", None)
+    return args if not level else argparse.Namespace(**{**vars(args), "log_level": level})

@@ -7,8 +7,8 @@ from functools import partial
 
 import httpx
 
-from llmfleet.server.http.app import build_app
-from llmfleet.server.http.drain import run_app
+from llmfleet.server.http.app import add_vllm_http_flags, build_app
+from llmfleet.server.http.drain import run_app, uvicorn_args
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.router.balancer import Balancer
 from llmfleet.server.router.hold import Holding, HoldSettings
@@ -103,4 +103,5 @@ def serve(args) -> int:
         if holding.settings.enabled
         else "no holding: 503 while a pool has no server",
     )
-    return run_app(build_app(state, partial(install, proxy=proxy, balancer=balancer)), state, args)
+    app = build_app(state, partial(install, proxy=proxy, balancer=balancer))
+    return run_app(add_vllm_http_flags(app, args), state, uvicorn_args(args))

@@ -163,15 +163,19 @@ def test_two_revisions_are_one_line(loads, capsys):
     assert capsys.readouterr().err == "llm-fleet serve: two revisions given: org/name@v1 and --revision v2\n"
 
 
-def test_the_router_refuses_the_http_flags_it_does_not_act_on(monkeypatch, capsys):
+def test_the_router_takes_the_http_flags_too(monkeypatch):
+    """The routers are what clients reach in a fleet: CORS, --root-path, --uvicorn-log-level and
+    --enable-request-id-headers act there as on a model server."""
     import llmfleet.server.router.serve as router_module
 
-    monkeypatch.setattr(router_module, "serve", lambda args: pytest.fail("started"))
+    ran = {}
+    monkeypatch.setattr(router_module, "run_app", lambda app, state, args: ran.update(app=app, args=args) or 0)
     argv = serve("--role", "router", "--decode-url", "http://127.0.0.1:1", "--root-path", "/llm")
-    assert main([*argv, "--allowed-origins", '["*"]']) == 2
-    assert (
-        "llm-fleet serve: --allowed-origins, --root-path: not available with --role router" in capsys.readouterr().err
-    )
+    argv += ["--allowed-origins", '["https://app.example"]', "--uvicorn-log-level", "warning"]
+    assert main([*argv, "--enable-request-id-headers"]) == 0
+    app, args = ran["app"], ran["args"]
+    assert app.root_path == "/llm" and args.log_level == "warning"
+    assert {m.cls.__name__ for m in app.user_middleware} >= {"CORSMiddleware", "RequestIdHeaders"}
 
 
 def test_vllm_short_forms_and_equals_signs_parse():
