@@ -222,8 +222,10 @@ async def _degrade(
         if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
             updates.append(Condition(TUNER_ACTIVE, "False", reason, "the tuner waits for a servable spec"))
         serving = {}
-        if pools:  # what the last servable spec deployed
-            updates.append(st.serving_conditions(pools, None)[0])
+        if pools:  # what the last servable spec deployed; a pool the tuner put at zero still wakes
+            tuned = TunerState.from_status(current).replicas
+            wakes = any(tuned.get(p.name) == 0 for p in pools if p.replicas == 0)
+            updates.append(st.serving_conditions(pools, None, wakes=wakes)[0])
             serving["ready"] = st.ready_summary(pools)
         elif condition_of(current, READY) is None:
             updates.append(Condition(READY, "False", reason, "nothing deployed yet"))

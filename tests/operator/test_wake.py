@@ -91,6 +91,15 @@ def test_a_pool_at_zero_wakes_while_the_spec_cannot_be_served(kube, operator):
     broken = {"pools": {"colocated": {"engine": {"policy": "fastest"}}}}
     kube.patch("InferenceService", "tiny", {"spec": broken})
     eventually(lambda: kube.condition("tiny", "Degraded")["status"] == "True")
+    mark_ready(kube, "tiny-router")
+    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "2"}}})
+    # it wakes: the service answers, after a cold start
+    eventually(
+        lambda: (
+            (kube.condition("tiny", "Ready")["status"], kube.condition("tiny", "Ready")["reason"])
+            == ("True", "ScaledToZero")
+        )
+    )
 
     stamp = wake_stamp()
     kube.patch("ConfigMap", "tiny-wake", {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}})
