@@ -206,6 +206,9 @@ def _handover_record(handover: Handover | None, current: dict[str, Any]) -> dict
     return {"handoverPool": None} if current.get("handoverPool") else {}
 
 
+TUNER_WAITS = "the tuner waits for a servable spec"  # TunerActive while the spec cannot be read
+
+
 async def _degrade(
     client: KubeClient, owner: Owner, body: dict[str, Any], reason: str, message: str, *, stops_tuner: bool = False
 ) -> Outcome:
@@ -220,7 +223,7 @@ async def _degrade(
     def build(current: dict[str, Any]) -> dict[str, Any]:
         updates = [degraded, Condition(PROGRESSING, "False", reason, "waiting for a servable spec")]
         if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
-            updates.append(Condition(TUNER_ACTIVE, "False", reason, "the tuner waits for a servable spec"))
+            updates.append(Condition(TUNER_ACTIVE, "False", reason, TUNER_WAITS))
         serving = {}
         if pools:  # what the last servable spec deployed; a pool the tuner put at zero still wakes
             tuned = TunerState.from_status(current).replicas
@@ -387,4 +390,6 @@ def _tuner_condition(spec: InferenceServiceSpec, status: dict[str, Any]) -> list
     current = condition_of(status, TUNER_ACTIVE)
     if current is None or current.get("reason") == "Disabled":
         return [Condition(TUNER_ACTIVE, "Unknown", "AwaitingMetrics", "the tuner has not reported yet")]
+    if current.get("message") == TUNER_WAITS:  # a degraded pass's word, not the tuner's: the spec serves now
+        return [Condition(TUNER_ACTIVE, "Unknown", "AwaitingMetrics", "the spec serves again; the tuner reports next")]
     return []  # the tuner's own word stands

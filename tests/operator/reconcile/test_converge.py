@@ -232,3 +232,28 @@ async def test_while_degraded_ready_follows_what_runs(running, client):
     ready = condition({"status": status}, "Ready")
     assert (ready["status"], ready["reason"], status["ready"]) == ("False", "PoolsNotReady", "0/2")
     assert condition({"status": status}, "Degraded")["reason"] == "InvalidSpec"  # still the spec's word
+
+
+async def test_a_fixed_spec_clears_the_tuners_wait_at_once(running, client):
+    """TunerActive said "the tuner waits for a servable spec" until the tuner's next run (30 s by
+    default) after the fix; the pass that finds the spec servable again says so itself."""
+    body = await create(client)
+    await converge(client, body, pod_monitor=False)
+    tuner_says = {"type": "TunerActive", "status": "True", "reason": "Tuning", "message": "p95 ITL 41 ms"}
+    await client.patch_status(INFERENCE_SERVICE, "ml", "svc", {"conditions": [tuner_says]})
+
+    async def edit(spec: dict) -> None:
+        await client.request(
+            "PATCH",
+            INFERENCE_SERVICE.path("ml", "svc"),
+            body={"spec": spec},
+            content_type="application/merge-patch+json",
+        )
+        await converge(client, await fetch(client), pod_monitor=False)
+
+    await edit({"pools": {"colocated": {"minReplicas": 5, "maxReplicas": 2}}})
+    assert condition(await fetch(client), "TunerActive")["reason"] == "InvalidSpec"
+    await edit({"pools": {"colocated": {"minReplicas": 1, "maxReplicas": 2}}})
+    tuner = condition(await fetch(client), "TunerActive")
+    assert (tuner["status"], tuner["reason"]) == ("Unknown", "AwaitingMetrics")
+    assert "waits for a servable spec" not in tuner["message"]
