@@ -10,6 +10,7 @@ import math
 import socket
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, as vLLM's --uvicorn-log-level
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # every server role's log lines
 
 
 def positive(text: str) -> float:

@@ -9,7 +9,16 @@ import os
 import sys
 from pathlib import Path
 
-from llmfleet.arguments import LOG_LEVELS, bind_problem, non_negative, port, port_or_off, positive, positive_int
+from llmfleet.arguments import (
+    LOG_FORMAT,
+    LOG_LEVELS,
+    bind_problem,
+    non_negative,
+    port,
+    port_or_off,
+    positive,
+    positive_int,
+)
 from llmfleet.server.core.model_uri import HubModel, hub_reference
 from llmfleet.server.engine_flags import add_engine_flags, add_vllm_flags, no_effect_note
 from llmfleet.server.http.auth import api_keys
@@ -21,7 +30,6 @@ from llmfleet.server.wire.auth import API_KEY_ENV, KV_TOKEN_ENV
 
 HELP = "serve a model over the OpenAI API (roles: colocated, prefill, decode, router)"
 DEFAULT_MODEL = "builtin:tiny"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # every role's, as each configures it
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from llmfleet.arguments import LOG_FORMAT
 from llmfleet.server.config import file_overrides, load_engine_config, read_engine_file
 from llmfleet.server.core.chat_template import holds_jinja, template_problem
 from llmfleet.server.core.model_uri import hub_reference
 from llmfleet.server.engine.build import LOAD_ERRORS, build_engine
 from llmfleet.server.engine_flags import FLAGS, SWITCHES, engine_flags
 from llmfleet.server.http.app import add_vllm_http_flags
-from llmfleet.server.http.drain import run_app, uvicorn_args
+from llmfleet.server.http.drain import run_app
 from llmfleet.server.http.kv_store import KVExportStore
 from llmfleet.server.http.prefill_peers import PrefillPeers
 from llmfleet.server.http.state import ServerState
@@ -176,7 +177,7 @@ def warn_of_overridden_flags(path: str, flags: dict) -> None:
 
 
 def serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     state, watcher = local_engine_state(args)
 
     def stop() -> None:
@@ -187,4 +188,4 @@ def serve(args) -> int:
         if close_workers is not None:  # a parallel model's worker processes
             close_workers()
 
-    return run_app(add_vllm_http_flags(create_app(state), args), state, uvicorn_args(args), on_exit=stop)
+    return run_app(add_vllm_http_flags(create_app(state), args), state, args, on_exit=stop)

@@ -4,7 +4,6 @@ stops and the process exits 0. A second signal stops immediately."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
@@ -115,7 +114,7 @@ def run_app(app: FastAPI, state: ServerState, args, on_exit: Callable[[], None] 
             served,
             host=args.host,
             port=port,
-            log_level=args.log_level.lower(),
+            log_level=uvicorn_log_level(args),
             access_log=False,
             timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
             timeout_keep_alive=SERVER_KEEP_ALIVE_S,  # longer than our clients pool connections
@@ -134,7 +133,6 @@ def run_app(app: FastAPI, state: ServerState, args, on_exit: Callable[[], None] 
     return 0
 
 
-def uvicorn_args(args):
-    """``args`` for run_app, whose log level is uvicorn's: ``--uvicorn-log-level`` where given."""
-    level = getattr(args, "uvicorn_log_level", None)
-    return args if not level else argparse.Namespace(**{**vars(args), "log_level": level})
+def uvicorn_log_level(args) -> str:
+    """uvicorn's log level: ``--uvicorn-log-level`` where given, else ``--log-level``."""
+    return (getattr(args, "uvicorn_log_level", None) or args.log_level).lower()

@@ -7,8 +7,9 @@ from functools import partial
 
 import httpx
 
+from llmfleet.arguments import LOG_FORMAT
 from llmfleet.server.http.app import add_vllm_http_flags, build_app
-from llmfleet.server.http.drain import run_app, uvicorn_args
+from llmfleet.server.http.drain import run_app
 from llmfleet.server.http.state import ServerState
 from llmfleet.server.router.balancer import Balancer
 from llmfleet.server.router.hold import Holding, HoldSettings
@@ -68,7 +69,7 @@ def waker(args) -> Waker:
 
 
 def serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     mode = router_mode(args)
     source = endpoint_source(args)
     model_name, *aliases = args.served_model_name or [args.model]
@@ -104,4 +105,4 @@ def serve(args) -> int:
         else "no holding: 503 while a pool has no server",
     )
     app = build_app(state, partial(install, proxy=proxy, balancer=balancer))
-    return run_app(add_vllm_http_flags(app, args), state, uvicorn_args(args))
+    return run_app(add_vllm_http_flags(app, args), state, args)

@@ -12,9 +12,10 @@ from llmfleet.cli import build_parser, main
 from llmfleet.local.processes import free_port
 from llmfleet.server.cli import with_revision
 from llmfleet.server.engine_flags import NO_EFFECT, REFUSED, VLLM_FLAGS
+from llmfleet.server.http.app import add_vllm_http_flags
 from llmfleet.server.http.auth import api_keys
+from llmfleet.server.http.drain import uvicorn_log_level
 from llmfleet.server.openai.app import create_app
-from llmfleet.server.serve import add_vllm_http_flags, uvicorn_args
 from tests.server.fakes import fake_state
 
 UNAUTHORIZED = {
@@ -174,7 +175,7 @@ def test_the_router_takes_the_http_flags_too(monkeypatch):
     argv += ["--allowed-origins", '["https://app.example"]', "--uvicorn-log-level", "warning"]
     assert main([*argv, "--enable-request-id-headers"]) == 0
     app, args = ran["app"], ran["args"]
-    assert app.root_path == "/llm" and args.log_level == "warning"
+    assert app.root_path == "/llm" and uvicorn_log_level(args) == "warning"
     assert {m.cls.__name__ for m in app.user_middleware} >= {"CORSMiddleware", "RequestIdHeaders"}
 
 
@@ -204,9 +205,9 @@ def test_help_lists_the_vllm_flags_in_their_own_group(capsys):
 
 def test_uvicorn_takes_its_own_log_level():
     args = parse("--log-level", "info", "--uvicorn-log-level", "warning")
-    assert (uvicorn_args(args).log_level, args.log_level) == ("warning", "info")
+    assert (uvicorn_log_level(args), args.log_level) == ("warning", "info")
     plain = parse("--log-level", "debug")
-    assert uvicorn_args(plain) is plain
+    assert uvicorn_log_level(plain) == "debug"
 
 
 # --- --api-key ------------------------------------------------------------------------------------
