@@ -251,10 +251,9 @@ def test_a_mode_switch_keeps_serving_from_the_old_pools_until_the_new_ones_are_r
     assert entry() == "router"
 
 
-def test_a_mode_switch_turned_back_keeps_the_pools_the_routers_relay_to(kube, operator):
-    """Switched to disaggregated, the new pools ready and the routers rolling to them, then back
-    to colocated: the prefill and decode pools were pruned in that pass while router pods still
-    relayed to them. They stay now until the routers have rolled back."""
+def switching_to_disaggregated(kube) -> dict[str, set[str]]:
+    """A colocated fleet serving (its pool and routers ready) switched to disaggregated: the new
+    pools are created beside the old one. Returns the children both modes' pools make."""
     kube.create(inference_service("tiny", TINY))
     eventually(lambda: children(kube) == COLOCATED)
     mark_ready(kube, "tiny-colocated")
@@ -263,6 +262,14 @@ def test_a_mode_switch_turned_back_keeps_the_pools_the_routers_relay_to(kube, op
     kube.patch("InferenceService", "tiny", {"spec": {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}})
     both = {kind: COLOCATED[kind] | DISAGGREGATED[kind] for kind in COLOCATED}
     eventually(lambda: children(kube) == both)
+    return both
+
+
+def test_a_mode_switch_turned_back_keeps_the_pools_the_routers_relay_to(kube, operator):
+    """Switched to disaggregated, the new pools ready and the routers rolling to them, then back
+    to colocated: the prefill and decode pools were pruned in that pass while router pods still
+    relayed to them. They stay now until the routers have rolled back."""
+    both = switching_to_disaggregated(kube)
     for pool in ("prefill", "decode"):
         mark_ready(kube, f"tiny-{pool}")
     eventually(lambda: relays_to(kube) == "disaggregated")  # the routers roll to the new pools
@@ -301,14 +308,7 @@ def test_a_mode_switch_once_begun_holds_through_a_blip(kube, operator, blip):
     """The handover was read from live state alone: one pass that saw the old entry's only pod
     restarting (its PDB allows it), or no client Service, pruned the pool that served, and moved
     clients to pools with nothing ready: an outage until the new pools loaded."""
-    kube.create(inference_service("tiny", TINY))
-    eventually(lambda: children(kube) == COLOCATED)
-    mark_ready(kube, "tiny-colocated")
-    mark_ready(kube, "tiny-router")
-    settle(kube, "tiny", 1)
-    kube.patch("InferenceService", "tiny", {"spec": {"mode": "disaggregated", "pools": {"prefill": {}, "decode": {}}}})
-    both = {kind: COLOCATED[kind] | DISAGGREGATED[kind] for kind in COLOCATED}
-    eventually(lambda: children(kube) == both)
+    both = switching_to_disaggregated(kube)
     assert settle(kube, "tiny", 2)["status"]["handoverPool"] == "colocated"
 
     if blip == "old pool unready":
