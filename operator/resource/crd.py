@@ -510,6 +510,14 @@ def spec_schema() -> dict[str, Any]:
                 "description": "Scale up one pod start-up ahead of a rising trend in the pools' rates (Holt's "
                 "smoothing); never to fewer replicas than the reactive law asks.",
             },
+            "seasonSeconds": _int(
+                "With predictive: the period the load repeats over (a day). Each pool keeps a profile of its "
+                "rates over it and scales up one pod start-up ahead of a rise the profile has seen twice; 0 "
+                "turns the season off.",
+                minimum=0,
+                default=86400,
+                **{"x-kubernetes-validations": [{"rule": "self == 0 || self >= 600", "message": "0 (off) or >= 600"}]},
+            ),
             "prefillDecodeRatio": _obj(
                 "Disaggregated: the prefill:decode replica ratio stays within [min, max] (inclusive); the pool "
                 "that falls short is raised.",

@@ -287,6 +287,9 @@ class SLO(_Model):
     window_seconds: int = Field(60, ge=10)  # each p95 is judged over this window
 
 
+MIN_SEASON_SECONDS = 600  # a season's profile needs bins of at least two tuner runs, and a few of them
+
+
 class Autotune(_Model):
     enabled: bool = True
     interval_seconds: int = Field(30, ge=5)
@@ -301,7 +304,18 @@ class Autotune(_Model):
     # changes nothing, to be trialled beside an autoscaler already in place
     mode: Literal["act", "observe"] = "act"
     predictive: bool = True  # scale up a pod start-up ahead of a rising trend (never below the reactive law)
+    # ... and ahead of a rise the load repeats each period (a day); 0: no season
+    season_seconds: int = Field(86400, ge=0)
     prefill_decode_ratio: Bound | None = None  # disaggregated: prefill:decode replicas within [min, max]
+
+    @field_validator("season_seconds")
+    @classmethod
+    def _season(cls, value: int) -> int:
+        if 0 < value < MIN_SEASON_SECONDS:
+            raise ValueError(
+                f"seasonSeconds {value} is shorter than {MIN_SEASON_SECONDS} s: 0 turns the season off, 86400 is a day"
+            )
+        return value
 
     @field_validator("prefill_decode_ratio")
     @classmethod

@@ -205,6 +205,9 @@ class TunerConfig:
     forecast_beta: float = 0.1
     startup_guess_s: float = 60.0
     forecast_max_rise: float = 1.0  # a forecast adds at most this share of today's demand
+    # The period the load repeats over (spec.autotune.seasonSeconds; 0: no season): season.py
+    # keeps the pools' rates over it and the forecast reads where they go next.
+    season_s: float = 86400.0
     # A rise priced through the latency projection (Tuner._latency_ahead) must clear this many of
     # its level's spreads, not one: a latency past its knee turns a little load into a pod.
     forecast_latency_spreads: float = 2.0
@@ -237,6 +240,7 @@ class TunerConfig:
             "knob_relax_stabilization_s": float(max(2 * autotune.interval_seconds, autotune.cooldown_seconds)),
             "interval_s": float(autotune.interval_seconds),
             "predictive": bool(autotune.predictive),
+            "season_s": float(autotune.season_seconds),
             "prefill_decode_ratio": ratio_bounds(autotune),
         }
         return cls(**(values | overrides))
@@ -267,8 +271,8 @@ class Change:
     old: float
     new: float
     reason: str
-    # replicas: the term that set the count (demand, queue, forecast, latency, busy window, floor,
-    # ratio, bounds)
+    # replicas: the term that set the count (demand, queue, forecast, season, latency, busy window,
+    # floor, ratio, bounds)
     driver: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from llmfleet.operator.tuner.season import Season
+
 SERIES = ("request_rate", "prompt_tokens_per_s", "generation_tokens_per_s")
 
 
@@ -63,6 +65,13 @@ class PoolForecast(BaseModel):
     startup_s: float | None = None  # measured: a scale-up's decision to its pods ready
     rising_since: float | None = None  # an unfinished scale-up: when, and to how many
     rising_to: int | None = None
+    season: Season | None = None  # where the spec's season is on: the rates' profile over it
+
+    def seasonal(self, period_s: float, bin_s: float) -> Season:
+        """The season at this period and bin (a new one where the spec changed them)."""
+        if self.season is None or (self.season.period_s, self.season.bin_s) != (period_s, bin_s):
+            self.season = Season(period_s=period_s, bin_s=bin_s)
+        return self.season
 
     def observe(self, at: float, rates: dict[str, float | None], alpha: float, beta: float) -> None:
         for name, value in rates.items():
@@ -85,17 +94,20 @@ class PoolForecast(BaseModel):
 
 @dataclass(frozen=True)
 class Outlook:
-    """What the trend adds to a pool's demand over the horizon, in replica-equivalents."""
+    """What the trend or the season adds to a pool's demand over the horizon, in
+    replica-equivalents."""
 
     horizon_s: float
-    rise_units: float  # 0 where the trend does not stand out of the noise
-    noise_units: float  # the smoothed level's spread (level_noise), in replica-equivalents
+    rise_units: float  # 0 where the rise does not stand out of the noise
+    noise_units: float  # the smoothed level's spread (level_noise), or the season's, in replica-equivalents
     trends: dict[str, float]  # per series, per second
     why: str
+    term: str = "trend"  # what the rise is: Holt's trend, or the season's profile
 
     def summary(self) -> dict[str, Any]:
         return {
             "horizonSeconds": round(self.horizon_s),
+            "term": self.term,
             "riseReplicas": round(self.rise_units, 2),
             "noiseReplicas": round(self.noise_units, 2),
             "trendsPerMinute": {k: round(v * 60.0, 3) for k, v in self.trends.items()},

@@ -53,6 +53,7 @@ from llmfleet.operator.tuner.proposal import (
     protecting_knobs,
     spent,
 )
+from llmfleet.operator.tuner.season import bin_seconds
 from llmfleet.operator.tuner.spend import Spend
 
 __all__ = [
@@ -278,11 +279,11 @@ class Tuner:
         if outlook is not None and outlook.rise_units > 0:
             ahead = math.ceil((units + outlook.rise_units) / (1.0 - c.headroom) - 1e-9)
             if ahead > raw:
-                raw, driver = ahead, "forecast"
+                raw, driver = ahead, "season" if outlook.term == "season" else "forecast"
                 why += f"; {outlook.why} -> {ahead} a pod start-up ahead"
             latency_ahead = self._latency_ahead(name, pool, slo, units, outlook, capacity, seen)
             if latency_ahead is not None and latency_ahead[0] > max(raw, cur):
-                raw, driver = latency_ahead[0], "forecast"
+                raw, driver = latency_ahead[0], "season" if outlook.term == "season" else "forecast"
                 why += f"; {outlook.why}: {latency_ahead[1]}"
         if name in ("prefill", "decode") and raw < cur and c.ratio_hysteresis > 0:
             # the P:D ratio moves only for a pool's demand clearly below its count, not at its edge
@@ -383,11 +384,14 @@ class Tuner:
         return self.knob_rules.drained_backlog(pool, slo)
 
     def _forecast(self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast) -> Outlook | None:
-        """Feed this run's rates to the pool's trends and say what they add over one pod start-up
-        and one interval. A rise counts only where it stands out of the noise its smoothed level
-        keeps (forecast.level_noise), only while no queue is draining (the queue terms speak for a
-        ramp already here, and a draining backlog lifts served rates), and never more than
-        ``forecast_max_rise`` of today's demand."""
+        """Feed this run's rates to the pool's trends (and its season's profile) and say what they
+        add over one pod start-up and one interval: the trend's rise, or the season's where that
+        is larger. A rise counts only where it stands out of its noise (the trend's: the spread
+        its smoothed level keeps, forecast.level_noise; the season's: how far its bins stray from
+        period to period), only while no queue is draining (the queue terms speak for a ramp
+        already here, and a draining backlog lifts served rates), and the trend's never more than
+        ``forecast_max_rise`` of today's demand (the season's goes no further than the periods
+        before it went)."""
         c, m = self.config, pool.metrics
         rates = {
             "request_rate": m.request_rate,
@@ -404,6 +408,9 @@ class Tuner:
             series.append(("prompt_tokens_per_s", capacity.prompt_tps))
         if name in ("colocated", "decode"):
             series.append(("generation_tokens_per_s", capacity.generation_tps))
+        # a rate measured over a window shows a rise a window after it came, and so does the profile
+        ahead = horizon + m.window_s
+        seasonal = self._seasonal(state, m.at, ahead, {s: (rates[s], cap) for s, cap in series})
         held = [(state.series[s], cap, rates[s]) for s, cap in series if s in state.series and cap > 0]
         if not held or any(rate is None for _, _, rate in held):
             return None
@@ -413,15 +420,40 @@ class Tuner:
         trends = {s: state.series[s].trend for s in (*(x for x, _ in series), "request_rate") if s in state.series}
         pods = max(m.ready_pods or 0, 1)
         source = "startup measured" if state.startup_s is not None else "startup guessed"
-        why = f"trend +{rise:.2f} replicas over {horizon:.0f} s ({source}; noise {noise:.2f})"
+        why, term = f"trend +{rise:.2f} replicas over {horizon:.0f} s ({source}; noise {noise:.2f})", "trend"
+        if seasonal is not None and seasonal[0] > seasonal[1] and (rise <= noise or seasonal[0] > rise):
+            rise, noise, term = seasonal[0], seasonal[1], "season"
+            why = (
+                f"the {c.season_s:.0f} s season's profile +{rise:.2f} replicas over {horizon:.0f} s and the "
+                f"{m.window_s:.0f} s rate window ({source}; seen over {seasonal[2]} periods, spread {noise:.2f}); {why}"
+            )
         if rise <= noise or rise <= 0:
-            return Outlook(horizon, 0.0, noise, trends, why + ": within the noise")
+            return Outlook(horizon, 0.0, noise, trends, why + ": within the noise", term)
         if (m.waiting or 0.0) / pods >= c.queue_per_pod or (m.waiting_growth_per_s or 0.0) < 0:
-            return Outlook(horizon, 0.0, noise, trends, why + ": a queue speaks for the load instead")
-        capped = min(rise, c.forecast_max_rise * now_units)
+            return Outlook(horizon, 0.0, noise, trends, why + ": a queue speaks for the load instead", term)
+        # the season rises no further than the periods it has seen went; a trend, unbounded, is capped
+        capped = rise if term == "season" else min(rise, c.forecast_max_rise * now_units)
         if capped < rise:
             why += f", at most {c.forecast_max_rise:g}x today's {now_units:.2f}"
-        return Outlook(horizon, capped, noise, trends, why)
+        return Outlook(horizon, capped, noise, trends, why, term)
+
+    def _seasonal(
+        self, state: PoolForecast, now: float, horizon: float, series: dict[str, tuple[float | None, float]]
+    ) -> tuple[float, float, int] | None:
+        """Add this run's rates to the pool's season and read its rise over the horizon, in
+        replica-equivalents: (rise, spread, periods seen), or None where the season is off or not
+        yet known for every series."""
+        c = self.config
+        if c.season_s <= 0:
+            return None
+        season = state.seasonal(c.season_s, bin_seconds(c.season_s, c.interval_s))
+        season.observe(now, {s: rate for s, (rate, _) in series.items()})
+        wanted = [(season.rise(s, now, horizon), cap) for s, (_, cap) in series.items() if cap > 0]
+        read = [(r, cap) for r, cap in wanted if r is not None]
+        if not read or len(read) < len(wanted):
+            return None
+        rise = sum(max(0.0, r.rise) / cap for r, cap in read)
+        return rise, sum(r.spread / cap for r, cap in read), min(r.periods for r, _ in read)
 
     def _with_the_slots_coming(
         self,

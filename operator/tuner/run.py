@@ -79,6 +79,7 @@ def tuner_config(spec: InferenceServiceSpec) -> TunerConfig:
     return TunerConfig(
         interval_s=float(a.interval_seconds),
         predictive=bool(a.predictive),
+        season_s=float(a.season_seconds),
         prefill_decode_ratio=ratio_bounds(a),
         scale_up_stabilization_s=float(a.scale_up_stabilization_seconds),
         scale_down_stabilization_s=float(a.scale_down_stabilization_seconds),

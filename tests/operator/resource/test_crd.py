@@ -207,6 +207,7 @@ SCHEMA_REJECTS = {
         "router.maxReplicas must be >= router.replicas",
     ),
     "router autoscaling without a CPU request": (with_("router", {"maxReplicas": 4}), "needs router.resources"),
+    "a season shorter than its bins": (with_("autotune", {"seasonSeconds": 300}), "0 (off) or >= 600"),
 }
 
 
@@ -214,7 +215,8 @@ SCHEMA_REJECTS = {
 def test_schema_rejects(crd, case):
     spec, fragment = SCHEMA_REJECTS[case]
     if any(
-        word in fragment for word in ("must", "exactly", "needs", "may not", "goes", "go with", "not both", "segment")
+        word in fragment
+        for word in ("must", "exactly", "needs", "may not", "goes", "go with", "not both", "segment", "(off)")
     ):
         pytest.importorskip("celpy")
     errors = crdcheck.validate(document(spec), crd)
@@ -308,6 +310,7 @@ def test_schema_applies_defaults(crd):
         "scaleToZeroAfterSeconds": 300,
         "mode": "act",
         "predictive": True,
+        "seasonSeconds": 86400,
     }
     assert spec["pools"]["decode"]["minReplicas"] == 1 and spec["pools"]["decode"]["maxReplicas"] == 4
     # the operator reads a defaulted spec exactly as it reads the sparse one
