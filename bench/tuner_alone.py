@@ -4,8 +4,8 @@ grid, the HPA targets and the oracle that the full bench scores it against.
 Those runs do not depend on the control law, so a change to the law shows in the tuner's runs
 alone: minutes met (an unannounced step's minutes set apart, as the full bench sets them),
 replica-minutes, direction changes, the scale-down lag and, on the ramps, the forecast against
-the reactive law. On two processes that takes well under a minute for the 24 draws, where the
-full bench takes about 13; the checks against fixed fleets and HPA come from a full run once a
+the reactive law. On two processes that takes under a minute for the 27 draws, where the full
+bench takes about 24; the checks against fixed fleets and HPA come from a full run once a
 change looks worth keeping."""
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ configuration. Three kinds of trace:
 - the built-in shapes (chat, long-prompt, creative: Poisson arrivals) and bursty (rate steps and a
   spike the trace gives no warning of), colocated; chat and long-prompt also disaggregated;
 - ``diurnal``: a synthetic day's rise, plateau and fall, compressed into 18 minutes;
+- ``daily-steps``: a day compressed into 20 minutes, four times over, with a step at the same
+  minute each day: the forecast's season (``seasonSeconds`` 1200) learns it;
 - ``azure-conv``: 35 minutes of the public Azure LLM inference trace (2023, conversations;
   bench/traces/README.md), thinned per seed so builtin:small needs 3-10 pods.
 """
@@ -37,6 +39,7 @@ AUTOTUNE = {"intervalSeconds": 10, "scaleDownStabilizationSeconds": 120, "cooldo
 GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (64, 256, 2048, 4096), "batchTimeoutMs": (0,)}
 LONG_GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (256, 2048, 4096), "batchTimeoutMs": (0,)}
 QUICK_GRID = {"maxBatchSize": (8, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (20,)}
+DAY_S, DAYS = 1200.0, 4  # daily-steps: a day compressed into 20 minutes, and how many of them
 STEP_RISE = 1.5  # a phase whose rate is this much above the one before is a step the trace gives no warning of
 
 
@@ -137,6 +140,17 @@ CASES = (
         why="a day's rise (0.4 -> 1.6 req/s over 10 min), plateau and fall, anyscale-online lengths",
     ),
     Case(
+        "daily-steps",
+        3000,
+        300,
+        source="daily-steps",
+        duration_s=None,
+        grid=LONG_GRID,
+        ramp=True,
+        autotune_overrides={"seasonSeconds": int(DAY_S)},
+        why="a compressed day, four times: a step at the same minute each day, which the season learns",
+    ),
+    Case(
         "azure-conv",
         6000,
         400,
@@ -233,7 +247,10 @@ def draw(case: Case, seed: int | None, quick: bool = False) -> Drawn:
         warm = with_warmup(workload, warmup)
         what = "diurnal: 0.4 -> 1.6 req/s over 10 min (half a cosine), 3 min there, 5 min back; anyscale-online lengths"
         return Drawn(warm, warmup, what)
-    workload = builtin_workload(case.source or case.workload, duration, case.rate_scale, seed=seed)
+    if case.source == "daily-steps":
+        workload = daily_steps(seed, 2 if quick else DAYS)
+    else:
+        workload = builtin_workload(case.source or case.workload, duration, case.rate_scale, seed=seed)
     steps: tuple[float, ...] = ()
     if isinstance(workload, PhasedWorkload):
         start, before, found = warmup, workload.phases[0][1], []
@@ -243,6 +260,23 @@ def draw(case: Case, seed: int | None, quick: bool = False) -> Drawn:
             start, before = start + seconds, rate
         steps = tuple(found)
     return Drawn(with_warmup(workload, warmup), warmup, describe(workload), steps)
+
+
+def daily_steps(seed: int | None, days: int = 4):
+    """A day compressed into ``DAY_S``, ``days`` times over: 0.5 req/s, a step to 1.5 for 6
+    minutes at minute 8, back to 0.5; anyscale-online lengths. The step gives no warning the first
+    time, and comes at the same time every day: a load the season learns (``seasonSeconds``)."""
+    from llmfleet.workloads import BURSTY, PhasedWorkload
+
+    day = ((480.0, 0.5), (360.0, 1.5), (DAY_S - 840.0, 0.5))
+    return PhasedWorkload(
+        "daily-steps",
+        day * days,
+        seed=7 if seed is None else seed,
+        prompt_len=BURSTY.prompt_len,
+        output_len=BURSTY.output_len,
+        output_mean=BURSTY.output_mean,
+    )
 
 
 def diurnal(seed: int | None):

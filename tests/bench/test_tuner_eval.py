@@ -1,7 +1,7 @@
 """The tuner bench's scoring (bench/tuner_scores.py): minutes an unannounced step explains, the
 cheapest contender at an attainment, the oracle lower bound and the scale-down lag."""
 
-from llmfleet.bench.tuner_cases import CASES, diurnal, draw
+from llmfleet.bench.tuner_cases import CASES, DAY_S, DAYS, diurnal, draw, spec_for
 from llmfleet.bench.tuner_scores import attainment, cheapest_reaching, oracle, scale_down_lag, step_minutes
 
 
@@ -19,6 +19,14 @@ def test_bursty_has_its_rate_steps_and_the_ramps_none() -> None:
     assert draw(next(c for c in CASES if c.workload == "diurnal"), None).steps == ()
     rates = [rate for _, rate in diurnal(None).phases]
     assert min(rates) >= 0.4 and max(rates) == 1.6 and rates.index(1.6) > 10
+
+
+def test_daily_steps_repeats_its_step_each_day_and_its_spec_knows_the_day() -> None:
+    case = next(c for c in CASES if c.workload == "daily-steps")
+    drawn = draw(case, None)
+    assert drawn.steps == tuple(300.0 + 480.0 + day * DAY_S for day in range(DAYS))  # past the warm-up
+    assert spec_for(case).autotune.season_seconds == DAY_S and case.ramp
+    assert drawn.requests[-1].arrival_s < 300.0 + DAYS * DAY_S
 
 
 def test_the_cheapest_run_that_reaches_an_attainment() -> None:
