@@ -208,6 +208,9 @@ class TunerConfig:
     # The period the load repeats over (spec.autotune.seasonSeconds; 0: no season): season.py
     # keeps the pools' rates over it and the forecast reads where they go next.
     season_s: float = 86400.0
+    # ... and a rise of its profile counts where it clears this many of its spreads (adjacent bins
+    # of a flat load differ by about one), as a forecast priced in latency must clear two noises.
+    season_spreads: float = 2.0
     # A rise priced through the latency projection (Tuner._latency_ahead) must clear this many of
     # its level's spreads, not one: a latency past its knee turns a little load into a pod.
     forecast_latency_spreads: float = 2.0

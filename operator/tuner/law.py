@@ -410,7 +410,9 @@ class Tuner:
             series.append(("generation_tokens_per_s", capacity.generation_tps))
         # a rate measured over a window shows a rise a window after it came, and so does the profile
         ahead = horizon + m.window_s
-        seasonal = self._seasonal(state, m.at, ahead, {s: (rates[s], cap) for s, cap in series})
+        # served rates under a queue are the pods' capacity, not the load: the profile skips them
+        queued = (m.waiting or 0.0) / max(m.ready_pods or 0, 1) >= c.queue_per_pod
+        seasonal = self._seasonal(state, m.at, ahead, {s: (None if queued else rates[s], cap) for s, cap in series})
         held = [(state.series[s], cap, rates[s]) for s, cap in series if s in state.series and cap > 0]
         if not held or any(rate is None for _, _, rate in held):
             return None
@@ -421,12 +423,16 @@ class Tuner:
         pods = max(m.ready_pods or 0, 1)
         source = "startup measured" if state.startup_s is not None else "startup guessed"
         why, term = f"trend +{rise:.2f} replicas over {horizon:.0f} s ({source}; noise {noise:.2f})", "trend"
-        if seasonal is not None and seasonal[0] > seasonal[1] and (rise <= noise or seasonal[0] > rise):
-            rise, noise, term = seasonal[0], seasonal[1], "season"
-            why = (
-                f"the {c.season_s:.0f} s season's profile +{rise:.2f} replicas over {horizon:.0f} s and the "
-                f"{m.window_s:.0f} s rate window ({source}; seen over {seasonal[2]} periods, spread {noise:.2f}); {why}"
-            )
+        # the season's rise clears its spreads and, as the trend's does, the level's noise
+        if seasonal is not None:
+            ahead_rise, spread, periods = seasonal
+            if ahead_rise > max(c.season_spreads * spread, noise) and (rise <= noise or ahead_rise > rise):
+                why = (
+                    f"the {c.season_s:.0f} s season's profile +{ahead_rise:.2f} replicas over {horizon:.0f} s and "
+                    f"the {m.window_s:.0f} s rate window ({source}; seen over {periods} periods, spread {spread:.2f}); "
+                    f"{why}"
+                )
+                rise, noise, term = ahead_rise, max(spread, noise), "season"
         if rise <= noise or rise <= 0:
             return Outlook(horizon, 0.0, noise, trends, why + ": within the noise", term)
         if (m.waiting or 0.0) / pods >= c.queue_per_pod or (m.waiting_growth_per_s or 0.0) < 0:

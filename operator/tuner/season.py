@@ -5,10 +5,12 @@ every day (a team's working hours, a nightly batch job) has begun the day before
 of the period, one mean per bin, says where the load goes next before today's rates show it, as
 Holt-Winters' additive season does. The profile keeps, per bin, the mean of its rates over the
 periods seen (each new period weighted ``PERIOD_WEIGHT``), how far a period's mean strayed from
-the profile it met (its spread), and how many periods it has seen. A rise counts only at a bin
+the profile it met (its spread), and how many periods it has seen; the law leaves out runs with
+a queue, whose served rates are the pods' capacity, not the load. A rise counts only at a bin
 that has seen two periods or more, so a season is used once it has repeated, and only where it
-clears both bins' spreads: a one-off burst, which the next period does not repeat, leaves a
-spread as large as itself. Pure: the state lives in ``TunerMemory``."""
+clears two spreads (the larger of both bins' and the series' mean one; law.py): a one-off burst,
+which the next period does not repeat, leaves a spread as large as itself, and a flat load's
+bins differ by about a spread. Pure: the state lives in ``TunerMemory``."""
 
 from __future__ import annotations
 
@@ -80,17 +82,19 @@ class Season(BaseModel):
         now, ahead = bins.get(self.slot(at)), bins.get(self.slot(at + horizon_s))
         if now is None or ahead is None or min(now[2], ahead[2]) < MIN_PERIODS:
             return None
-        return SeasonalRise(ahead[0] - now[0], max(now[1], ahead[1]), min(now[2], ahead[2]))
+        seen = [spread for _, spread, periods in bins.values() if periods >= MIN_PERIODS]
+        typical = sum(seen) / len(seen)  # two bins' spreads, from a period or two each, can be small by chance
+        return SeasonalRise(ahead[0] - now[0], max(now[1], ahead[1], typical), min(now[2], ahead[2]))
 
 
 @dataclass(frozen=True)
 class SeasonalRise:
     rise: float  # the profile's change over the horizon, in the series' units
-    spread: float  # the larger of the two bins' period-to-period spreads
+    spread: float  # the largest of the two bins' period-to-period spreads and the series' mean one
     periods: int  # periods the two bins have both seen
 
 
 def _rounded(value: float) -> float:
-    """Four significant digits: the profile lives in the InferenceService's status (some 12 KB a
+    """Four significant digits: the profile lives in the InferenceService's status (about 7 KB a
     series over a day's 288 bins)."""
     return float(f"{value:.4g}")

@@ -134,3 +134,16 @@ def test_the_season_comes_from_the_spec_and_zero_turns_it_off() -> None:
     with pytest.raises(SpecError, match="seasonSeconds 300 is shorter than 600 s: 0 turns the season off") as refused:
         spec(seasonSeconds=300)
     assert refused.value.reason == "InvalidSpec"
+
+
+def test_runs_with_a_queue_are_left_out_of_the_profile() -> None:
+    """Under a queue the served rates are the pods' capacity, and the backlog drained after it
+    reads as load that was not there: neither is the load a period repeats."""
+
+    def season_after(waiting: float):
+        m = metrics(prompt_tps=4000.0, gen_tps=0.0, waiting=waiting, pods=2, at=100.0)
+        pools = {"colocated": pool_input(m, settings(replicas=2), limits(max_replicas=16))}
+        return Tuner(CONFIG).decide(pools, SLO, TunerMemory(), 100.0).memory.forecast["colocated"].season
+
+    assert season_after(0.0).counts == {"prompt_tokens_per_s": 1, "generation_tokens_per_s": 1}
+    assert season_after(8.0).counts == {}
