@@ -266,24 +266,13 @@ def daily_steps(seed: int | None, days: int = 4):
     """A day compressed into ``DAY_S``, ``days`` times over: 0.5 req/s, a step to 1.5 for 6
     minutes at minute 8, back to 0.5; anyscale-online lengths. The step gives no warning the first
     time, and comes at the same time every day: a load the season learns (``seasonSeconds``)."""
-    from llmfleet.workloads import BURSTY, PhasedWorkload
-
     day = ((480.0, 0.5), (360.0, 1.5), (DAY_S - 840.0, 0.5))
-    return PhasedWorkload(
-        "daily-steps",
-        day * days,
-        seed=7 if seed is None else seed,
-        prompt_len=BURSTY.prompt_len,
-        output_len=BURSTY.output_len,
-        output_mean=BURSTY.output_mean,
-    )
+    return _anyscale_phases("daily-steps", day * days, 7 if seed is None else seed)
 
 
 def diurnal(seed: int | None):
     """Half a cosine up from 0.4 to 1.6 req/s over 10 minutes, 3 minutes there, 5 back down, in
     30 s phases: a day's ramp, compressed, with no step."""
-    from llmfleet.workloads import BURSTY, PhasedWorkload
-
     low, high, phase = 0.4, 1.6, 30.0
 
     def level(x: float) -> float:
@@ -292,11 +281,13 @@ def diurnal(seed: int | None):
     rise = [level((i + 0.5) / 20) for i in range(20)]
     fall = [level(1 - (i + 0.5) / 10) for i in range(10)]
     rates = rise + [high] * 6 + fall
-    return PhasedWorkload(
-        "diurnal",
-        tuple((phase, round(r, 3)) for r in rates),
-        seed=6 if seed is None else seed,
-        prompt_len=BURSTY.prompt_len,
-        output_len=BURSTY.output_len,
-        output_mean=BURSTY.output_mean,
-    )
+    return _anyscale_phases("diurnal", tuple((phase, round(r, 3)) for r in rates), 6 if seed is None else seed)
+
+
+def _anyscale_phases(name: str, phases: tuple[tuple[float, float], ...], seed: int):
+    """Poisson arrivals through ``phases`` with bursty's anyscale-online lengths."""
+    from dataclasses import replace
+
+    from llmfleet.workloads import BURSTY
+
+    return replace(BURSTY, name=name, phases=phases, seed=seed, description="")

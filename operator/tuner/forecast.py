@@ -104,6 +104,11 @@ class Outlook:
     why: str
     term: str = "trend"  # what the rise is: Holt's trend, or the season's profile
 
+    @property
+    def driver(self) -> str:
+        """The term a replica change it drives is said to be driven by."""
+        return "season" if self.term == "season" else "forecast"
+
     def summary(self) -> dict[str, Any]:
         return {
             "horizonSeconds": round(self.horizon_s),

@@ -279,11 +279,11 @@ class Tuner:
         if outlook is not None and outlook.rise_units > 0:
             ahead = math.ceil((units + outlook.rise_units) / (1.0 - c.headroom) - 1e-9)
             if ahead > raw:
-                raw, driver = ahead, "season" if outlook.term == "season" else "forecast"
+                raw, driver = ahead, outlook.driver
                 why += f"; {outlook.why} -> {ahead} a pod start-up ahead"
             latency_ahead = self._latency_ahead(name, pool, slo, units, outlook, capacity, seen)
             if latency_ahead is not None and latency_ahead[0] > max(raw, cur):
-                raw, driver = latency_ahead[0], "season" if outlook.term == "season" else "forecast"
+                raw, driver = latency_ahead[0], outlook.driver
                 why += f"; {outlook.why}: {latency_ahead[1]}"
         if name in ("prefill", "decode") and raw < cur and c.ratio_hysteresis > 0:
             # the P:D ratio moves only for a pool's demand clearly below its count, not at its edge
@@ -410,7 +410,8 @@ class Tuner:
             series.append(("generation_tokens_per_s", capacity.generation_tps))
         # a rate measured over a window shows a rise a window after it came, and so does the profile
         ahead = horizon + m.window_s
-        # served rates under a queue are the pods' capacity, not the load: the profile skips them
+        # served rates under a queue are the pods' capacity, not the load: the profile skips them,
+        # and the forecast leaves the load to the queue terms (below)
         queued = (m.waiting or 0.0) / max(m.ready_pods or 0, 1) >= c.queue_per_pod
         seasonal = self._seasonal(state, m.at, ahead, {s: (None if queued else rates[s], cap) for s, cap in series})
         held = [(state.series[s], cap, rates[s]) for s, cap in series if s in state.series and cap > 0]
@@ -420,7 +421,6 @@ class Tuner:
         rise = sum(max(0.0, h.rise(horizon)) / cap for h, cap, _ in held)
         noise = sum(h.error / cap for h, cap, _ in held) * level_noise(c.forecast_alpha)
         trends = {s: state.series[s].trend for s in (*(x for x, _ in series), "request_rate") if s in state.series}
-        pods = max(m.ready_pods or 0, 1)
         source = "startup measured" if state.startup_s is not None else "startup guessed"
         why, term = f"trend +{rise:.2f} replicas over {horizon:.0f} s ({source}; noise {noise:.2f})", "trend"
         # the season's rise clears its spreads and, as the trend's does, the level's noise
@@ -435,7 +435,7 @@ class Tuner:
                 rise, noise, term = ahead_rise, max(spread, noise), "season"
         if rise <= noise or rise <= 0:
             return Outlook(horizon, 0.0, noise, trends, why + ": within the noise", term)
-        if (m.waiting or 0.0) / pods >= c.queue_per_pod or (m.waiting_growth_per_s or 0.0) < 0:
+        if queued or (m.waiting_growth_per_s or 0.0) < 0:
             return Outlook(horizon, 0.0, noise, trends, why + ": a queue speaks for the load instead", term)
         # the season rises no further than the periods it has seen went; a trend, unbounded, is capped
         capped = rise if term == "season" else min(rise, c.forecast_max_rise * now_units)
