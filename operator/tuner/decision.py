@@ -233,14 +233,17 @@ class TunerConfig:
 
     @classmethod
     def from_autotune(cls, autotune: Any, **overrides: Any) -> TunerConfig:
-        """From a spec ``Autotune``; the anti-flap window is the scale-down stabilization window."""
+        """From a spec ``Autotune``, as HPA ``behavior``: the anti-flap window is the scale-down
+        stabilization window, and a knob's relaxation waits one cooldown (no longer than that window)."""
         values: dict[str, Any] = {
             "scale_up_stabilization_s": float(autotune.scale_up_stabilization_seconds),
             "scale_down_stabilization_s": float(autotune.scale_down_stabilization_seconds),
             "cooldown_s": float(autotune.cooldown_seconds),
             "headroom": float(autotune.headroom),
             "flap_window_s": float(autotune.scale_down_stabilization_seconds),
-            "knob_relax_stabilization_s": float(max(2 * autotune.interval_seconds, autotune.cooldown_seconds)),
+            "knob_relax_stabilization_s": float(
+                min(autotune.cooldown_seconds, autotune.scale_down_stabilization_seconds)
+            ),
             "interval_s": float(autotune.interval_seconds),
             "predictive": bool(autotune.predictive),
             "season_s": float(autotune.season_seconds),

@@ -19,7 +19,6 @@ from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef,
 from llmfleet.operator.resource.conditions import Condition
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
-from llmfleet.operator.tuner.decision import ratio_bounds
 from llmfleet.operator.tuner.law import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
 from llmfleet.operator.tuner.memory import TunerMemory
 from llmfleet.operator.tuner.zero import pools_at_zero, scale_to_zero
@@ -73,23 +72,6 @@ def measured_pools(spec: InferenceServiceSpec) -> list[str]:
     return [*spec.active_pools, *([ROUTER] if spec.mode == "disaggregated" else [])]
 
 
-def tuner_config(spec: InferenceServiceSpec) -> TunerConfig:
-    """The tuner's timing from spec.autotune, as HPA ``behavior``: knob relaxations wait one cooldown."""
-    a = spec.autotune
-    return TunerConfig(
-        interval_s=float(a.interval_seconds),
-        predictive=bool(a.predictive),
-        season_s=float(a.season_seconds),
-        prefill_decode_ratio=ratio_bounds(a),
-        scale_up_stabilization_s=float(a.scale_up_stabilization_seconds),
-        scale_down_stabilization_s=float(a.scale_down_stabilization_seconds),
-        cooldown_s=float(a.cooldown_seconds),
-        headroom=float(a.headroom),
-        knob_relax_stabilization_s=float(min(a.cooldown_seconds, a.scale_down_stabilization_seconds)),
-        flap_window_s=float(a.scale_down_stabilization_seconds),
-    )
-
-
 def metric_window_s(spec: InferenceServiceSpec) -> float:
     """The trailing window each run measures: three intervals, at least 30 s of samples."""
     return float(max(30, 3 * spec.autotune.interval_seconds))
@@ -120,7 +102,7 @@ class Autotuner:
         self.spec = spec
         self.source = source
         self.pools = pools
-        self.tuner = tuner or Tuner(tuner_config(spec))
+        self.tuner = tuner or Tuner(TunerConfig.from_autotune(spec.autotune))
         self.memory = memory or TunerMemory()
 
     async def step(self, actuator: Actuator, now: float) -> AutotuneOutcome:

@@ -486,7 +486,7 @@ def test_config_from_spec_autotune() -> None:
     config = TunerConfig.from_autotune(Autotune(scaleDownStabilizationSeconds=120, cooldownSeconds=45, headroom=0.3))
     assert config.scale_down_stabilization_s == 120 and config.flap_window_s == 120
     assert config.cooldown_s == 45 and config.headroom == 0.3
-    assert config.knob_relax_stabilization_s == 60  # two 30 s intervals
+    assert config.knob_relax_stabilization_s == 45  # one cooldown, within the scale-down window
 
 
 def test_limits_from_spec_pool() -> None:

@@ -11,7 +11,6 @@ import pytest
 from llmfleet.operator.resource.spec import SpecError, parse_spec
 from llmfleet.operator.tuner.law import REPLICAS, Decision, PoolInput, PoolSettings, Tuner, TunerConfig
 from llmfleet.operator.tuner.memory import TunerMemory
-from llmfleet.operator.tuner.run import tuner_config
 from llmfleet.operator.tuner.season import MIN_PERIODS, Season, bin_seconds
 from tests.operator.tuner.scenarios import SLO, limits, metrics, pool_input, settings
 
@@ -128,8 +127,8 @@ def test_the_season_comes_from_the_spec_and_zero_turns_it_off() -> None:
             }
         )
 
-    assert tuner_config(spec()).season_s == 86400.0
-    assert tuner_config(spec(seasonSeconds=0)).season_s == 0.0
+    assert TunerConfig.from_autotune(spec().autotune).season_s == 86400.0
+    assert TunerConfig.from_autotune(spec(seasonSeconds=0).autotune).season_s == 0.0
     assert TunerConfig.from_autotune(spec(seasonSeconds=3600).autotune).season_s == 3600.0
     with pytest.raises(SpecError, match="seasonSeconds 300 is shorter than 600 s: 0 turns the season off") as refused:
         spec(seasonSeconds=300)
