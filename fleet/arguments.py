@@ -1,16 +1,22 @@
 """argparse types for numbers that must be positive or not negative, and for ports: a wrong value
 is the parser's one-line error, not a traceback or a run that never ends (a negative rate, a zero
 divisor); and whether a port can be listened on, checked before a model loads, not after; the
-log levels every command takes."""
+log levels every command takes, and the log line every server role writes."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import socket
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # logging's, as vLLM's --uvicorn-log-level
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # every server role's log lines
+
+
+def configure_logging(level: str) -> None:
+    """A server role's logging at ``--log-level``, in LOG_FORMAT (a no-op where it is set up)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
 def positive(text: str) -> float:

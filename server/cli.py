@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from llmfleet.arguments import (
-    LOG_FORMAT,
     LOG_LEVELS,
     bind_problem,
+    configure_logging,
     non_negative,
     port,
     port_or_off,
@@ -324,7 +324,7 @@ def run(args) -> int:
         return 2
     note = no_effect_note(args, unused)
     if note:
-        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)  # the role's own call then keeps it
+        configure_logging(args.log_level)  # the role's own call then keeps it
         logging.getLogger("llmfleet.serve").info("%s", note)
     if args.role == "router":
         from llmfleet.server.router.serve import serve as serve_router

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from llmfleet.arguments import LOG_FORMAT
+from llmfleet.arguments import configure_logging
 from llmfleet.server.config import file_overrides, load_engine_config, read_engine_file
 from llmfleet.server.core.chat_template import holds_jinja, template_problem
 from llmfleet.server.core.model_uri import hub_reference
@@ -177,7 +177,7 @@ def warn_of_overridden_flags(path: str, flags: dict) -> None:
 
 
 def serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    configure_logging(args.log_level)
     state, watcher = local_engine_state(args)
 
     def stop() -> None:

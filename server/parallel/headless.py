@@ -11,7 +11,7 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from llmfleet.arguments import LOG_FORMAT
+from llmfleet.arguments import configure_logging
 from llmfleet.server.config import load_engine_config
 from llmfleet.server.engine_flags import engine_flags
 from llmfleet.server.parallel.layout import ParallelLayout
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def serve_headless(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    configure_logging(args.log_level)
     try:
         config = load_engine_config(args.config, engine_flags(args))
         layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)

@@ -7,7 +7,7 @@ from functools import partial
 
 import httpx
 
-from llmfleet.arguments import LOG_FORMAT
+from llmfleet.arguments import configure_logging
 from llmfleet.server.http.app import add_vllm_http_flags, build_app
 from llmfleet.server.http.drain import run_app
 from llmfleet.server.http.state import ServerState
@@ -69,7 +69,7 @@ def waker(args) -> Waker:
 
 
 def serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    configure_logging(args.log_level)
     mode = router_mode(args)
     source = endpoint_source(args)
     model_name, *aliases = args.served_model_name or [args.model]
