@@ -13,6 +13,10 @@ configuration. Three kinds of trace:
   minute each day: the forecast's season (``seasonSeconds`` 1200) learns it;
 - ``azure-conv``: 35 minutes of the public Azure LLM inference trace (2023, conversations;
   bench/traces/README.md), thinned per seed so builtin:small needs 3-10 pods.
+
+And, run on request (``--workloads working-days,working-days-no-season --tuner-only``), four
+whole days with a step at 09:00 each, the tuner with its season at the default day and without:
+the season at its own scale, where the compressed day's bins are a tuner run or two.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (64, 256, 2048, 4096
 LONG_GRID = {"maxBatchSize": (8, 16, 32), "maxNumBatchedTokens": (256, 2048, 4096), "batchTimeoutMs": (0,)}
 QUICK_GRID = {"maxBatchSize": (8, 32), "maxNumBatchedTokens": (256, 2048), "batchTimeoutMs": (20,)}
 DAY_S, DAYS = 1200.0, 4  # daily-steps: a day compressed into 20 minutes, and how many of them
+WORKING_DAYS = 4  # working-days: whole days, each with a step at 09:00
 STEP_RISE = 1.5  # a phase whose rate is this much above the one before is a step the trace gives no warning of
 
 
@@ -68,6 +73,7 @@ class Case:
     max_prompt_tokens: int = 2048  # trace: builtin:small's context is 4096
     max_output_tokens: int = 512
     autotune_overrides: dict[str, Any] = field(default_factory=dict)  # over AUTOTUNE
+    tuner_only: bool = False  # days long: the tuner's runs alone (--tuner-only), no fixed grid or HPA
     expect: dict[str, int] = field(default_factory=dict)  # knob -> +1 (up) or -1 (down), net over the run
     why: str = ""
 
@@ -164,6 +170,31 @@ CASES = (
     ),
 )
 
+# Whole days, run on request with --tuner-only (5-6 minutes a run here): the season at a day's
+# own scale (5-minute bins), against the same tuner without it.
+SEASON_CASES = (
+    Case(
+        "working-days",
+        3000,
+        300,
+        source="working-days",
+        duration_s=None,
+        ramp=True,
+        tuner_only=True,
+        why="four days at 0.4 req/s, a step to 1.2 at 09:00 for two hours each day; the season at a day",
+    ),
+    Case(
+        "working-days-no-season",
+        3000,
+        300,
+        source="working-days",
+        duration_s=None,
+        tuner_only=True,
+        autotune_overrides={"seasonSeconds": 0},
+        why="working-days without the season: Holt's trend alone ahead of the step",
+    ),
+)
+
 
 def spec_for(
     case: Case,
@@ -249,6 +280,8 @@ def draw(case: Case, seed: int | None, quick: bool = False) -> Drawn:
         return Drawn(warm, warmup, what)
     if case.source == "daily-steps":
         workload = daily_steps(seed, 2 if quick else DAYS)
+    elif case.source == "working-days":
+        workload = working_days(seed, 1 if quick else WORKING_DAYS)
     else:
         workload = builtin_workload(case.source or case.workload, duration, case.rate_scale, seed=seed)
     steps: tuple[float, ...] = ()
@@ -268,6 +301,15 @@ def daily_steps(seed: int | None, days: int = 4):
     time, and comes at the same time every day: a load the season learns (``seasonSeconds``)."""
     day = ((480.0, 0.5), (360.0, 1.5), (DAY_S - 840.0, 0.5))
     return _anyscale_phases("daily-steps", day * days, 7 if seed is None else seed)
+
+
+def working_days(seed: int | None, days: int = WORKING_DAYS):
+    """Whole days, ``days`` of them: 0.4 req/s, a step to 1.2 at 09:00 for two hours, back to 0.4;
+    anyscale-online lengths. A team's working hours in one time zone, a morning batch job: a step
+    the trend cannot see coming, at the same time every day (the default season is a day)."""
+    hour = 3600.0
+    day = ((9 * hour, 0.4), (2 * hour, 1.2), (13 * hour, 0.4))
+    return _anyscale_phases("working-days", day * days, 7 if seed is None else seed)
 
 
 def diurnal(seed: int | None):

@@ -50,6 +50,7 @@ from llmfleet.bench.tuner_cases import (
     INITIAL_ENGINE,
     LONG_GRID,
     QUICK_GRID,
+    SEASON_CASES,
     Case,
     Drawn,
     draw,
@@ -74,7 +75,11 @@ QUICK_HPA_TARGETS = (0.1, 0.5, 2.0)
 def add_arguments(parser) -> None:
     """Options of `llm-fleet bench tuner` (bench/cli.py adds them)."""
     names = ",".join(c.workload for c in CASES)
-    parser.add_argument("--workloads", help=f"tuner: comma-separated subset of {names}")
+    days = ",".join(c.workload for c in SEASON_CASES)
+    parser.add_argument(
+        "--workloads",
+        help=f"tuner: comma-separated subset of {names}; or of {days} (whole days, with --tuner-only)",
+    )
     parser.add_argument("--startup-s", type=non_negative, default=30.0, help="tuner: pod start-up delay on scale-up")
     parser.add_argument(
         "--workers", type=positive_int, help="tuner: processes for the fixed grid (default: one per CPU)"
@@ -152,11 +157,16 @@ def run(args) -> int:
         draws = {(case.workload, seed): drawn for seed, drawn in by_seed.items()}
     else:
         wanted = [w.strip() for w in (args.workloads or "").split(",") if w.strip()]
-        unknown = sorted(set(wanted) - {c.workload for c in CASES})
+        known = (*CASES, *SEASON_CASES)
+        unknown = sorted(set(wanted) - {c.workload for c in known})
         if unknown:
-            print(f"unknown workload(s) {', '.join(unknown)}: choose from {', '.join(c.workload for c in CASES)}")
+            print(f"unknown workload(s) {', '.join(unknown)}: choose from {', '.join(c.workload for c in known)}")
             return 2
-        cases = [c for c in CASES if not wanted or c.workload in wanted]
+        cases = [c for c in known if c.workload in wanted] if wanted else list(CASES)
+        days_long = [c.workload for c in cases if c.tuner_only]
+        if days_long and not getattr(args, "tuner_only", False):
+            print(f"{', '.join(days_long)}: days long, run with --tuner-only (a fixed grid over days takes hours)")
+            return 2
     print(f"== tuner evaluation in the simulator: {cost.model} {cost.dtype} on {cost.device}, profile {path}")
     print(f"   cost model: {cost.describe()}")
     print(f"   initial knobs {INITIAL_ENGINE}, bounds {BOUNDS}")

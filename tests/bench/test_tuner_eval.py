@@ -1,7 +1,7 @@
 """The tuner bench's scoring (bench/tuner_scores.py): minutes an unannounced step explains, the
 cheapest contender at an attainment, the oracle lower bound and the scale-down lag."""
 
-from llmfleet.bench.tuner_cases import CASES, DAY_S, DAYS, diurnal, draw, spec_for
+from llmfleet.bench.tuner_cases import CASES, DAY_S, DAYS, SEASON_CASES, diurnal, draw, spec_for
 from llmfleet.bench.tuner_scores import attainment, cheapest_reaching, oracle, scale_down_lag, step_minutes
 
 
@@ -27,6 +27,24 @@ def test_daily_steps_repeats_its_step_each_day_and_its_spec_knows_the_day() -> N
     assert drawn.steps == tuple(300.0 + 480.0 + day * DAY_S for day in range(DAYS))  # past the warm-up
     assert spec_for(case).autotune.season_seconds == DAY_S and case.ramp
     assert drawn.requests[-1].arrival_s < 300.0 + DAYS * DAY_S
+
+
+def test_working_days_step_at_nine_each_whole_day_with_the_season_and_without() -> None:
+    with_season, without = SEASON_CASES
+    drawn = draw(with_season, 11, quick=True)  # one day
+    assert drawn.steps == (drawn.warmup_s + 9 * 3600.0,)  # past the warm-up
+    assert 86000.0 < drawn.requests[-1].arrival_s < drawn.warmup_s + 86400.0
+    assert spec_for(with_season).autotune.season_seconds == 86400 and with_season.ramp
+    assert spec_for(without).autotune.season_seconds == 0 and not without.ramp
+    assert with_season.tuner_only and without.tuner_only
+    assert not {c.workload for c in SEASON_CASES} & {c.workload for c in CASES}  # not in the default bench
+
+
+def test_days_long_workloads_run_only_with_tuner_only(capsys) -> None:
+    from llmfleet.cli import main
+
+    assert main(["bench", "tuner", "--workloads", "working-days"]) == 2
+    assert "days long, run with --tuner-only" in capsys.readouterr().out
 
 
 def test_the_cheapest_run_that_reaches_an_attainment() -> None:
