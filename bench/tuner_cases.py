@@ -4,7 +4,7 @@ autotune timing) and one trace, drawn per seed.
 SLOs and rates are set for the reference profile (builtin:small, float32, 2 CPU cores: a decode
 step of 16 sequences at a 300-token context takes about 190 ms, a pod prefills about 550 prompt
 tokens/s): each is reachable at the workload's rate with 3 to 10 pods of the best fixed
-configuration. Three kinds of trace:
+configuration. Four kinds of trace:
 
 - the built-in shapes (chat, long-prompt, creative: Poisson arrivals) and bursty (rate steps and a
   spike the trace gives no warning of), colocated; chat and long-prompt also disaggregated;
@@ -295,7 +295,7 @@ def draw(case: Case, seed: int | None, quick: bool = False) -> Drawn:
     return Drawn(with_warmup(workload, warmup), warmup, describe(workload), steps)
 
 
-def daily_steps(seed: int | None, days: int = 4):
+def daily_steps(seed: int | None, days: int = DAYS):
     """A day compressed into ``DAY_S``, ``days`` times over: 0.5 req/s, a step to 1.5 for 6
     minutes at minute 8, back to 0.5; anyscale-online lengths. The step gives no warning the first
     time, and comes at the same time every day: a load the season learns (``seasonSeconds``)."""
