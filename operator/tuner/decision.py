@@ -170,6 +170,10 @@ class TunerConfig:
     # long, while today's load level with headroom reaches the level it broke at
     # (Tuner._above_counts_that_broke).
     break_memory_s: float = 1800.0
+    # ... and a count at which they held, within this share of the SLOs over a window measured at
+    # it, outweighs a projection that fewer would not hold, for as long, while today's load level
+    # is no higher than the rate it held (Tuner._below_projection_where_held).
+    hold_latency_ratio: float = 0.8
     # A scale-down of this many replicas or more, undone within the scale-down window, stretches
     # that window by the time it took to undo it, for break_memory_s (Tuner._act): load that comes
     # back after quiet spells longer than the window. One replica undone is the latency

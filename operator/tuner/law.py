@@ -294,11 +294,13 @@ class Tuner:
 
         latency = owned_latency_ratio(name, m, slo)
         judged_s = m.slo_window_s or m.window_s
+        held = False
         if raw <= cur and judged and _window_saw_the_added(m, added_since):
             busy = self._busy_itl(name, m, slo, units, int(cur), capacity)
             if busy is not None:
                 raw, driver = int(cur) + 1, "busy window"
                 why += f"; a busy window projects ITL at {busy.ratio:.2f}x its SLO ({busy.how}) -> {raw}"
+            held = busy is None and 0 < latency <= c.hold_latency_ratio and units > 0
         exhausted = exhausted_knobs(pool, knobs)
         if exhausted:
             pods = m.ready_pods or 0
@@ -364,6 +366,7 @@ class Tuner:
             judged=judged,
             load=m.request_rate,
             broke=driver in ("latency", "busy window") and self._broke_at_this_count(m, added_since),
+            held=held,
         )
         return proposal, (units, detail)
 
@@ -843,9 +846,10 @@ class Tuner:
     def _above_counts_that_broke(
         self, name: str, pool: PoolInput, proposal: Proposal, mem: TunerMemory, now: float
     ) -> Proposal:
-        """The proposal, floored one above the most pods at which the owned SLO broke with every
-        knob spent (or a busy window projected ITL far past it, _busy_itl), within
-        ``break_memory_s`` and at a load level that today's, with headroom, still reaches. A
+        """The proposal, its latency floor lowered to a count that held this load
+        (_below_projection_where_held), then floored one above the most pods at which the owned
+        SLO broke with every knob spent (or a busy window projected ITL far past it, _busy_itl),
+        within ``break_memory_s`` and at a load level that today's, with headroom, still reaches. A
         projection extrapolates from the pods there are; a break measured fewer: long prompts
         whose steps stall the decodes of a busy minute, which the p95 at more pods never shows,
         break a count again at the same load. Levels (requests/s smoothed over the
@@ -859,6 +863,9 @@ class Tuner:
         level = history.follow_load(now, proposal.load, c.scale_down_stabilization_s)
         if proposal.broke:
             history.broke(now, int(cur), level, c.break_memory_s)
+        if proposal.held:
+            history.held(now, int(cur), proposal.load, c.break_memory_s)
+        proposal = self._below_projection_where_held(proposal, history, now, level)
         sized_for = level / (1.0 - c.headroom)
         binding = history.broken_within(now, c.break_memory_s, sized_for)
         if binding is None:
@@ -871,6 +878,26 @@ class Tuner:
             f"{sized_for:.2f} today's {level:.2f} is sized for (headroom {c.headroom:g}) -> {pods + 1}"
         )
         return replace(proposal, floor=float(pods + 1), why=proposal.why + why)
+
+    def _below_projection_where_held(
+        self, proposal: Proposal, history: KeyHistory, now: float, load: float
+    ) -> Proposal:
+        """The latency projection's floor, lowered to the fewest pods (not below demand) at which the
+        owned SLOs held, well within, over a window measured at that count, within
+        ``break_memory_s`` and at a load level no lower than today's: evidence outweighs a
+        projection."""
+        if proposal.floor is None or proposal.floor <= proposal.target:
+            return proposal
+        hold = history.held_within(now, self.config.break_memory_s, load, below=int(proposal.floor))
+        if hold is None:
+            return proposal
+        when, pods, then = hold
+        floor = max(float(pods), proposal.target)
+        why = (
+            f"; but {pods} pods held the SLOs {now - when:.0f} s ago at {then:.2f} requests/s, no less than "
+            f"today's {load:.2f} -> {_num(floor)}"
+        )
+        return replace(proposal, floor=floor, why=proposal.why + why)
 
     def _gate(
         self, history: KeyHistory, now: float, rising: bool, proposal: Proposal, overridable: bool = True

@@ -45,6 +45,9 @@ class KeyHistory(BaseModel):
     # replicas: (when, at how many pods, at what load level) the owned SLO broke with every knob
     # spent, or a busy window projected ITL far past it
     breaks: list[tuple[float, int, float]] = Field(default_factory=list)
+    # replicas: (when, at how many pods, at what requests/s) the owned SLOs held, well within, over
+    # a window measured at that count
+    holds: list[tuple[float, int, float]] = Field(default_factory=list)
     # replicas: (as of when, the pool's requests/s smoothed over the scale-down window)
     load_level: tuple[float, float] | None = None
     # replicas: how many the last scale-down took off (moved_replicas), and (when, how long after
@@ -85,6 +88,20 @@ class KeyHistory(BaseModel):
         higher than ``level``: evidence that so few do not hold it, which no projection outweighs."""
         held = [b for b in self.breaks if now - b[0] <= window_s and b[2] <= level]
         return max(held, key=lambda b: (b[1], b[0]), default=None)
+
+    def held(self, now: float, pods: int, level: float, keep_s: float) -> None:
+        """Note a count that held; an earlier one at as many pods and no more load says nothing more."""
+        self.holds = [
+            h for h in self.holds if now - h[0] <= keep_s and h[0] < now and not (h[1] == pods and h[2] <= level)
+        ]
+        self.holds.append((now, pods, level))
+        del self.holds[:-MAX_RECOMMENDATIONS]
+
+    def held_within(self, now: float, window_s: float, level: float, below: int) -> tuple[float, int, float] | None:
+        """The hold at the fewest pods (under ``below``) within the window at a load no lower than
+        ``level``: evidence that so few held today's load, which outweighs a projection."""
+        held = [h for h in self.holds if now - h[0] <= window_s and h[2] >= level and h[1] < below]
+        return min(held, key=lambda h: (h[1], -h[0]), default=None)
 
     def rising(self, now: float, within_s: float, min_fall: float, keep_s: float) -> None:
         """Note a scale-up that undoes a scale-down of ``min_fall`` or more made less than

@@ -44,6 +44,8 @@ class Proposal:
     # replicas: the owned SLO broke at this count with every knob spent, or a busy window projects
     # ITL far past it (Tuner._busy_itl), without a queue
     broke: bool = False
+    # replicas: the owned SLOs held over a whole window measured at this count, no busy window past its limit
+    held: bool = False
 
     @property
     def needed(self) -> float:

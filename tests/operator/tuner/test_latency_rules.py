@@ -139,6 +139,27 @@ def test_a_pool_that_sees_few_requests_keeps_a_pod_for_its_busy_minutes() -> Non
     assert kv_bound.new == 2 and "the KV cache would run 162% full with fewer than 2 -> 2" in kv_bound.reason
 
 
+def test_a_count_that_held_at_todays_load_outweighs_the_projection() -> None:
+    """The same 3 pods at 0.5 requests/s, whose projection keeps 2: where 1 pod held the SLOs,
+    well within, over a window measured at it 10 minutes ago at 0.6 requests/s, the pool goes to
+    1. A hold at less load than today's says nothing; nor does one past break_memory_s."""
+
+    def decide(hold: tuple[float, int, float] | None):
+        m = metrics(ttft_ms=350, queue_ms=10, itl_ms=20, prompt_tps=600, gen_tps=0.0, pods=3, mean_batch=2, rate=0.5)
+        memory = _memory(3)
+        if hold is not None:
+            memory.key("colocated", REPLICAS).held(*hold, keep_s=1800.0)
+        pools = {"colocated": pool_input(m, settings(replicas=3, timeout=0))}
+        return Tuner(ONE_SHOT).decide(pools, SLO, memory, now=1000.0).changed("colocated", REPLICAS)
+
+    assert decide(None).new == 2
+    held = decide((400.0, 1, 0.6))
+    assert held.new == 1, held.reason
+    assert "but 1 pods held the SLOs 600 s ago at 0.60 requests/s, no less than today's 0.50 -> 1" in held.reason
+    assert decide((400.0, 1, 0.4)).new == 2
+    assert decide((-900.0, 1, 0.6)).new == 2
+
+
 def test_the_batch_cap_grows_to_the_slots_a_busy_window_needs() -> None:
     """4 pods, 10 requests each in the batch, a cap of 12 and ITL to spare: with 3 pods at a busy
     minute's load each would run about 15, so the cap goes straight to what keeps their wait for

@@ -253,3 +253,16 @@ def test_the_load_level_moves_a_window_at_a_time_and_breaks_are_kept_as_long_as_
     history.broke(1760.0, 4, 8.0, keep_s=600.0)  # a newer break at as many pods and a lower level replaces it
     history.broke(1770.0, 4, 8.5, keep_s=600.0)  # one at a higher level does not: the lower binds at less load
     assert history.breaks == [(1760.0, 4, 8.0), (1770.0, 4, 8.5)]
+
+
+def test_counts_that_held_are_kept_at_the_most_load_they_held() -> None:
+    history = KeyHistory()
+    history.held(1000.0, 3, 10.0, keep_s=600.0)
+    history.held(1100.0, 2, 6.0, keep_s=600.0)
+    assert history.held_within(1200.0, 600.0, 5.0, below=4) == (1100.0, 2, 6.0)  # the fewest pods
+    assert history.held_within(1200.0, 600.0, 8.0, below=4) == (1000.0, 3, 10.0)  # at this level or above
+    assert history.held_within(1200.0, 600.0, 8.0, below=3) is None  # only counts under the floor
+    assert history.held_within(1650.0, 600.0, 8.0, below=4) is None  # older than the window
+    history.held(1700.0, 2, 7.0, keep_s=600.0)  # a newer hold at as many pods and more load replaces it
+    history.held(1710.0, 2, 6.5, keep_s=600.0)  # one at less load does not: the higher speaks for more
+    assert history.holds == [(1700.0, 2, 7.0), (1710.0, 2, 6.5)]
