@@ -103,6 +103,10 @@ class Outlook:
     trends: dict[str, float]  # per series, per second
     why: str
     term: str = "trend"  # what the rise is: Holt's trend, or the season's profile
+    # the season's highest rise within the scale-down window ahead (0 where none clears its
+    # spreads): fewer pods now would be wanted back within the window
+    peak_units: float = 0.0
+    peak_why: str = ""
 
     @property
     def driver(self) -> str:
@@ -115,5 +119,6 @@ class Outlook:
             "term": self.term,
             "riseReplicas": round(self.rise_units, 2),
             "noiseReplicas": round(self.noise_units, 2),
+            "seasonPeakReplicas": round(self.peak_units, 2),
             "trendsPerMinute": {k: round(v * 60.0, 3) for k, v in self.trends.items()},
         }

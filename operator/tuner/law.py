@@ -285,6 +285,11 @@ class Tuner:
             if latency_ahead is not None and latency_ahead[0] > max(raw, cur):
                 raw, driver = latency_ahead[0], outlook.driver
                 why += f"; {outlook.why}: {latency_ahead[1]}"
+        if outlook is not None and outlook.peak_units > 0 and raw < cur:
+            kept = min(int(cur), math.ceil((units + outlook.peak_units) / (1.0 - c.headroom) - 1e-9))
+            if kept > raw:
+                raw, driver = kept, "season"
+                why += f"; {outlook.peak_why}: fewer pods now would be wanted back within the window -> {kept}"
         if name in ("prefill", "decode") and raw < cur and c.ratio_hysteresis > 0:
             # the P:D ratio moves only for a pool's demand clearly below its count, not at its edge
             held = min(int(cur), math.ceil(units / (1.0 - c.headroom) + c.ratio_hysteresis - 1e-9))
@@ -417,6 +422,7 @@ class Tuner:
         # and the forecast leaves the load to the queue terms (below)
         queued = (m.waiting or 0.0) / max(m.ready_pods or 0, 1) >= c.queue_per_pod
         seasonal = self._seasonal(state, m.at, ahead, {s: (None if queued else rates[s], cap) for s, cap in series})
+        peak, peak_why = (0.0, "") if queued else self._seasonal_peak(state, m.at, c.flap_window_s + ahead, series)
         held = [(state.series[s], cap, rates[s]) for s, cap in series if s in state.series and cap > 0]
         if not held or any(rate is None for _, _, rate in held):
             return None
@@ -437,14 +443,31 @@ class Tuner:
                 )
                 rise, noise, term = ahead_rise, max(spread, noise), "season"
         if rise <= noise or rise <= 0:
-            return Outlook(horizon, 0.0, noise, trends, why + ": within the noise", term)
+            return Outlook(horizon, 0.0, noise, trends, why + ": within the noise", term, peak, peak_why)
         if queued or (m.waiting_growth_per_s or 0.0) < 0:
             return Outlook(horizon, 0.0, noise, trends, why + ": a queue speaks for the load instead", term)
         # the season rises no further than the periods it has seen went; a trend, unbounded, is capped
         capped = rise if term == "season" else min(rise, c.forecast_max_rise * now_units)
         if capped < rise:
             why += f", at most {c.forecast_max_rise:g}x today's {now_units:.2f}"
-        return Outlook(horizon, capped, noise, trends, why, term)
+        return Outlook(horizon, capped, noise, trends, why, term, peak, peak_why)
+
+    def _seasonal_peak(
+        self, state: PoolForecast, now: float, within: float, series: list[tuple[str, float]]
+    ) -> tuple[float, str]:
+        """The season's highest rise within ``within`` ahead, in replica-equivalents, where it clears
+        ``season_spreads`` of the largest spread among the bins it compared; (0, '') where not."""
+        c = self.config
+        if c.season_s <= 0 or state.season is None:
+            return 0.0, ""
+        read = [(state.season.peak(s, now, within), cap) for s, cap in series if cap > 0]
+        if not read or any(r is None for r, _ in read):
+            return 0.0, ""
+        peak = sum(max(0.0, r.rise) / cap for r, cap in read)  # type: ignore[union-attr]
+        spread = sum(r.spread / cap for r, cap in read)  # type: ignore[union-attr]
+        if peak <= c.season_spreads * spread:
+            return 0.0, ""
+        return peak, f"the {c.season_s:.0f} s season's profile rises +{peak:.2f} replicas within {within:.0f} s"
 
     def _seasonal(
         self, state: PoolForecast, now: float, horizon: float, series: dict[str, tuple[float | None, float]]
@@ -885,7 +908,8 @@ class Tuner:
         """The latency projection's floor, lowered to the fewest pods (not below demand) at which the
         owned SLOs held, well within, over a window measured at that count, within
         ``break_memory_s`` and at a load level no lower than today's: evidence outweighs a
-        projection."""
+        projection. Also the floor that waits for the window to see the pods after a step down:
+        a hold was measured at its own count, not read from a window that held more."""
         if proposal.floor is None or proposal.floor <= proposal.target:
             return proposal
         hold = history.held_within(now, self.config.break_memory_s, load, below=int(proposal.floor))

@@ -40,6 +40,10 @@ def test_a_bin_predicts_once_it_has_seen_two_periods() -> None:
     for at in range(0, 120, 5):
         young.observe(float(at), {"x": 1.0})
     assert MIN_PERIODS == 2 and young.rise("x", 110.0, 5.0) is None  # bin 1 has seen one period
+    peak = season.peak("x", 325.0, 25.0)  # bins 3, 4 and 5: the highest, 5, is 4 over now's
+    assert peak is not None and (peak.rise, peak.periods) == (4.0, 3)
+    assert season.peak("x", 325.0, 5.0).rise == 0.0  # within one bin: still the low half
+    assert young.peak("x", 110.0, 30.0) is None
 
 
 def test_a_burst_the_next_period_did_not_repeat_leaves_a_spread_as_large() -> None:
@@ -109,6 +113,30 @@ def test_a_repeated_step_gets_its_pods_a_start_up_ahead_and_says_the_season_drov
     assert before.settings["colocated"].replicas > reactive.settings["colocated"].replicas
     change = next(c for d in seasonal for c in d.changes if c.driver == "season")
     assert "season's profile" in change.reason and "seen over 2 periods" in change.reason
+
+
+def test_pods_the_season_wants_back_within_the_window_are_not_let_go() -> None:
+    """Demand says 1 of 4 pods, 100 s before a step the profile has seen twice: a scale-down to 1
+    would be undone within the 120 s window, where anti-flapping refuses the season's pods. The
+    recommendation is what the step needs, 2; far from the step it is demand's."""
+    memory = run_periods(CONFIG, repeating_step(), periods=2)[-1].memory
+
+    def reasons(into_period: float) -> str:
+        now = 2 * PERIOD + into_period
+        m = metrics(ttft_ms=100.0, itl_ms=30.0, prompt_tps=4000.0, gen_tps=0.0, pods=4)
+        m = m.__class__(**{**m.__dict__, "at": now, "window_s": 30.0})
+        pools = {"colocated": pool_input(m, settings(replicas=4, timeout=0, budget=512), limits(max_replicas=16))}
+        decision = Tuner(CONFIG).decide(pools, SLO, TunerMemory.load(memory.to_json()), now)
+        peaks.append(decision.inputs["colocated"]["forecast"]["seasonPeakReplicas"])
+        return "\n".join(decision.reasons)
+
+    peaks: list[float] = []
+
+    before = reasons(STEP_AT - 100.0)
+    assert "= 1; the 600 s season's profile rises +0.75 replicas within 170 s" in before
+    assert "fewer pods now would be wanted back within the window -> 2" in before
+    assert "wanted back" not in reasons(STEP_AT + STEP_S + 60.0)
+    assert peaks == [0.75, 0.0]  # and the decision's forecast input says so
 
 
 def test_a_step_that_did_not_repeat_buys_no_pods_later() -> None:
