@@ -460,11 +460,12 @@ class Tuner:
         c = self.config
         if c.season_s <= 0 or state.season is None:
             return 0.0, ""
-        read = [(state.season.peak(s, now, within), cap) for s, cap in series if cap > 0]
-        if not read or any(r is None for r, _ in read):
+        wanted = [(state.season.peak(s, now, within), cap) for s, cap in series if cap > 0]
+        read = [(r, cap) for r, cap in wanted if r is not None]
+        if not read or len(read) < len(wanted):
             return 0.0, ""
-        peak = sum(max(0.0, r.rise) / cap for r, cap in read)  # type: ignore[union-attr]
-        spread = sum(r.spread / cap for r, cap in read)  # type: ignore[union-attr]
+        peak = sum(max(0.0, r.rise) / cap for r, cap in read)
+        spread = sum(r.spread / cap for r, cap in read)
         if peak <= c.season_spreads * spread:
             return 0.0, ""
         return peak, f"the {c.season_s:.0f} s season's profile rises +{peak:.2f} replicas within {within:.0f} s"

@@ -89,12 +89,13 @@ class KeyHistory(BaseModel):
         held = [b for b in self.breaks if now - b[0] <= window_s and b[2] <= level]
         return max(held, key=lambda b: (b[1], b[0]), default=None)
 
-    def held(self, now: float, pods: int, level: float, keep_s: float) -> None:
-        """Note a count that held; an earlier one at as many pods and no more load says nothing more."""
+    def held(self, now: float, pods: int, load: float, keep_s: float) -> None:
+        """Note a count that held ``load`` requests/s; an earlier one at as many pods and no more
+        load says nothing more."""
         self.holds = [
-            h for h in self.holds if now - h[0] <= keep_s and h[0] < now and not (h[1] == pods and h[2] <= level)
+            h for h in self.holds if now - h[0] <= keep_s and h[0] < now and not (h[1] == pods and h[2] <= load)
         ]
-        self.holds.append((now, pods, level))
+        self.holds.append((now, pods, load))
         del self.holds[:-MAX_RECOMMENDATIONS]
 
     def held_within(self, now: float, window_s: float, level: float, below: int) -> tuple[float, int, float] | None:
