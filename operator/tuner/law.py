@@ -53,7 +53,7 @@ from llmfleet.operator.tuner.proposal import (
     protecting_knobs,
     spent,
 )
-from llmfleet.operator.tuner.season import bin_seconds
+from llmfleet.operator.tuner.season import SeasonalRise, bin_seconds
 from llmfleet.operator.tuner.spend import Spend
 
 __all__ = [
@@ -77,6 +77,16 @@ __all__ = [
 
 
 # --- the law -----------------------------------------------------------------------------------
+
+
+def _season_in_replicas(readings: list[tuple[SeasonalRise | None, float]]) -> tuple[float, float, int] | None:
+    """Seasonal readings of a pool's series, each over its per-replica capacity, summed in
+    replica-equivalents: (rise, spread, periods seen), or None where a series is not yet known."""
+    read = [(r, cap) for r, cap in readings if r is not None]
+    if not read or len(read) < len(readings):
+        return None
+    rise = sum(max(0.0, r.rise) / cap for r, cap in read)
+    return rise, sum(r.spread / cap for r, cap in read), min(r.periods for r, _ in read)
 
 
 def _window_saw_the_added(m: PoolMetrics, added_since: float | None) -> bool:
@@ -460,15 +470,10 @@ class Tuner:
         c = self.config
         if c.season_s <= 0 or state.season is None:
             return 0.0, ""
-        wanted = [(state.season.peak(s, now, within), cap) for s, cap in series if cap > 0]
-        read = [(r, cap) for r, cap in wanted if r is not None]
-        if not read or len(read) < len(wanted):
+        read = _season_in_replicas([(state.season.peak(s, now, within), cap) for s, cap in series if cap > 0])
+        if read is None or read[0] <= c.season_spreads * read[1]:
             return 0.0, ""
-        peak = sum(max(0.0, r.rise) / cap for r, cap in read)
-        spread = sum(r.spread / cap for r, cap in read)
-        if peak <= c.season_spreads * spread:
-            return 0.0, ""
-        return peak, f"the {c.season_s:.0f} s season's profile rises +{peak:.2f} replicas within {within:.0f} s"
+        return read[0], f"the {c.season_s:.0f} s season's profile rises +{read[0]:.2f} replicas within {within:.0f} s"
 
     def _seasonal(
         self, state: PoolForecast, now: float, horizon: float, series: dict[str, tuple[float | None, float]]
@@ -481,12 +486,7 @@ class Tuner:
             return None
         season = state.seasonal(c.season_s, bin_seconds(c.season_s, c.interval_s))
         season.observe(now, {s: rate for s, (rate, _) in series.items()})
-        wanted = [(season.rise(s, now, horizon), cap) for s, (_, cap) in series.items() if cap > 0]
-        read = [(r, cap) for r, cap in wanted if r is not None]
-        if not read or len(read) < len(wanted):
-            return None
-        rise = sum(max(0.0, r.rise) / cap for r, cap in read)
-        return rise, sum(r.spread / cap for r, cap in read), min(r.periods for r, _ in read)
+        return _season_in_replicas([(season.rise(s, now, horizon), cap) for s, (_, cap) in series.items() if cap > 0])
 
     def _with_the_slots_coming(
         self,
@@ -904,7 +904,7 @@ class Tuner:
         return replace(proposal, floor=float(pods + 1), why=proposal.why + why)
 
     def _below_projection_where_held(
-        self, proposal: Proposal, history: KeyHistory, now: float, load: float
+        self, proposal: Proposal, history: KeyHistory, now: float, level: float
     ) -> Proposal:
         """The latency projection's floor, lowered to the fewest pods (not below demand) at which the
         owned SLOs held, well within, over a window measured at that count, within
@@ -913,14 +913,14 @@ class Tuner:
         a hold was measured at its own count, not read from a window that held more."""
         if proposal.floor is None or proposal.floor <= proposal.target:
             return proposal
-        hold = history.held_within(now, self.config.break_memory_s, load, below=int(proposal.floor))
+        hold = history.held_within(now, self.config.break_memory_s, level, below=int(proposal.floor))
         if hold is None:
             return proposal
         when, pods, then = hold
         floor = max(float(pods), proposal.target)
         why = (
             f"; but {pods} pods held the SLOs {now - when:.0f} s ago at {then:.2f} requests/s, no less than "
-            f"today's {load:.2f} -> {_num(floor)}"
+            f"today's {level:.2f} -> {_num(floor)}"
         )
         return replace(proposal, floor=floor, why=proposal.why + why)
 

@@ -87,22 +87,14 @@ class Season(BaseModel):
         return SeasonalRise(ahead[0] - now[0], max(now[1], ahead[1], typical), min(now[2], ahead[2]))
 
     def peak(self, name: str, at: float, within_s: float) -> SeasonalRise | None:
-        """The profile's highest rise over now's bin within the next ``within_s`` (bins that have
-        seen ``MIN_PERIODS`` periods), with the largest spread among the bins it compared; None
-        where now's bin is not yet known."""
-        bins = self.profile.get(name) or {}
-        now = bins.get(self.slot(at))
-        if now is None or now[2] < MIN_PERIODS:
-            return None
+        """The profile's highest rise over now's bin within the next ``within_s``: ``rise`` to each
+        bin ahead that is known, with the largest spread among them; None where none is."""
         steps = max(1, math.ceil(within_s / self.bin_s))
-        ahead = [bins.get(self.slot(at + k * self.bin_s)) for k in range(1, steps + 1)]
-        known = [b for b in ahead if b is not None and b[2] >= MIN_PERIODS]
+        known = [r for k in range(1, steps + 1) if (r := self.rise(name, at, k * self.bin_s)) is not None]
         if not known:
             return None
-        top = max(known, key=lambda b: b[0])
-        seen = [spread for _, spread, periods in bins.values() if periods >= MIN_PERIODS]
-        spread = max(now[1], max(b[1] for b in known), sum(seen) / len(seen))
-        return SeasonalRise(top[0] - now[0], spread, min(now[2], top[2]))
+        top = max(known, key=lambda r: r.rise)
+        return SeasonalRise(top.rise, max(r.spread for r in known), top.periods)
 
 
 @dataclass(frozen=True)
