@@ -148,8 +148,9 @@ class PoolMetrics:
 
     @property
     def judged_window_s(self) -> float:
-        """The window the latencies are judged over: the SLO's, else the (widened) latencies'."""
-        return self.slo_window_s or self.latency_window_s or self.window_s
+        """The window the latencies are judged over: the SLO's, or the latencies' where they were
+        widened past it (a quantile the SLO's window holds too few of falls back to theirs)."""
+        return max(self.slo_window_s or 0.0, self.latency_window_s or self.window_s)
 
     def why_missing(self, name: str) -> str:
         return self.missing.get(name, f"{name} not measured")
@@ -328,23 +329,25 @@ async def snapshot_widening_latency(
     prompt lengths') come from the window doubled, up to ``widest`` times, instead of the tuner
     going without them. Not for a pool that is idle now: the quantiles of traffic that has ended
     say nothing of what it needs. Rates and gauges stay those of ``window_s``. With an SLO window
-    longer than the latencies' (widened or not), TTFT and ITL over it come along as ``slo_ttft``
-    and ``slo_itl``."""
+    longer than ``window_s``, TTFT and ITL over it come along as ``slo_ttft`` and ``slo_itl``:
+    a widening takes only the quantiles that were short, so an ITL measured over ``window_s``
+    beside a TTFT widened to the SLO's window is still a shorter window's p95."""
     m = await source.snapshot(pool, window_s)
-    wide = window_s
+    wide, over_slo_window = window_s, None
     idle = not (m.request_rate or m.running or m.waiting)  # its latencies would be history, not sparse
     while not m.stale and not idle and _too_few(m) and wide < widest * window_s:
         wide *= 2
         wider = await source.snapshot(pool, wide)
         if wider.stale:
             break
+        if wide == slo_window_s:
+            over_slo_window = wider
         took = {k: getattr(wider, k) for k in QUANTILE_FIELDS if not getattr(m, k).known and getattr(wider, k).known}
         if took:
             missing = {k: v for k, v in m.missing.items() if k not in took}
             m = replace(m, **took, missing=missing, latency_window_s=wide)
-    latencies_over = m.latency_window_s or window_s
-    if not m.stale and slo_window_s is not None and slo_window_s > latencies_over:
-        judged = await source.snapshot(pool, slo_window_s)
+    if not m.stale and slo_window_s is not None and slo_window_s > window_s:
+        judged = over_slo_window or await source.snapshot(pool, slo_window_s)
         if not judged.stale:
             m = replace(m, slo_window_s=slo_window_s, slo_ttft=judged.ttft, slo_itl=judged.itl)
     return m

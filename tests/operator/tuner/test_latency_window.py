@@ -94,8 +94,36 @@ def test_the_slo_window_comes_along_for_replica_decisions() -> None:
     assert m.summary()["ttftP95OverSloWindowMs"] == 350.0 and m.summary()["sloWindowS"] == 60.0
 
 
-def test_no_slo_window_query_when_the_latencies_already_span_it() -> None:
+def test_a_widening_to_the_slo_window_serves_it_without_a_second_query() -> None:
     source = SparseSource()  # widened to 60 s for its sparse latencies
     m = asyncio.run(snapshot_widening_latency(source, POOL, 30.0, slo_window_s=60.0))
     assert source.windows == [30.0, 60.0]
-    assert m.slo_window_s is None and m.judged_ttft is m.ttft
+    assert m.slo_window_s == 60.0 and m.judged_ttft.p95 == m.ttft.p95 == 0.9
+    assert m.judged_window_s == 60.0
+
+
+class SparseFirstTokens:
+    """Ten first tokens per 30 s (a p95 needs 60 s of them) but hundreds of gaps, and a burst of
+    long prompt steps in the last 30 s: ITL p95 2150 ms there, 170 ms over the minute."""
+
+    async def snapshot(self, pool: PoolRef, window_s: float) -> PoolMetrics:
+        itl = 2150 if window_s <= 30 else 170
+        if window_s < 60:
+            why = f"ttft: 10 observations in the {window_s:.0f} s window (< 20)"
+            return metrics(ttft_ms=None, itl_ms=itl, missing={"ttft": why})
+        return metrics(ttft_ms=4000, itl_ms=itl)
+
+
+def test_an_itl_beside_a_widened_ttft_is_judged_over_the_slo_window() -> None:
+    """A TTFT widened to the SLO's window made the 30 s ITL p95 read as the minute's, and the
+    tuner added a pod the minute did not need (long-prompt, seed 11: 16 minutes at 5 pods)."""
+    m = asyncio.run(snapshot_widening_latency(SparseFirstTokens(), POOL, 30.0, slo_window_s=60.0))
+    assert m.itl.p95 == 2.15  # the knobs read the short window
+    assert m.judged_itl.p95 == 0.17 and m.judged_ttft.p95 == 4.0
+
+
+def test_latencies_widened_past_the_slo_window_are_judged_over_theirs() -> None:
+    source = SparseSource()  # the SLO's 20 s hold too few, as do 40 s: the latencies widen to 80 s
+    m = asyncio.run(snapshot_widening_latency(source, POOL, 10.0, slo_window_s=20.0, widest=8.0))
+    assert m.latency_window_s == 80.0 and m.judged_ttft.p95 == 0.9
+    assert m.judged_window_s == 80.0
