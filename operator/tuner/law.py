@@ -895,13 +895,14 @@ class Tuner:
         if binding is None:
             return proposal
         when, pods, then = binding
-        if proposal.needed > pods or pods + 1 > cur:
+        floor = min(pods + 1, int(cur))  # a break at today's count or more keeps today's: fewer break sooner
+        if proposal.needed >= floor:
             return proposal
         why = (
             f"; {pods} pods fell short of the SLO {now - when:.0f} s ago at {then:.2f} requests/s, within the "
-            f"{sized_for:.2f} today's {level:.2f} is sized for (headroom {c.headroom:g}) -> {pods + 1}"
+            f"{sized_for:.2f} today's {level:.2f} is sized for (headroom {c.headroom:g}) -> {floor}"
         )
-        return replace(proposal, floor=float(pods + 1), why=proposal.why + why)
+        return replace(proposal, floor=float(floor), why=proposal.why + why)
 
     def _below_projection_where_held(
         self, proposal: Proposal, history: KeyHistory, now: float, level: float

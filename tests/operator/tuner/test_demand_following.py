@@ -401,3 +401,22 @@ def test_each_decision_reports_the_fleets_spend_against_its_need() -> None:
     assert cost["replicaMinutes"] == round(spent, 2) and cost["neededReplicaMinutes"] == round(needed, 2)
     assert math.isclose(cost["excess"], cost["replicaMinutes"] / cost["neededReplicaMinutes"], rel_tol=1e-2)
     assert cost["excess"] > 1.5  # 16 pods for two minutes where 5 would do
+
+
+def test_a_break_at_todays_count_keeps_it_where_one_below_broke_too() -> None:
+    """3 pods broke, then 4 (the scale-up it asked for refused as a reversal): the break at the
+    most pods is 4's, one above it is a scale-up, which is not the floor's to make. Fewer than
+    today's 4 break sooner than 4 did, so the floor keeps 4 (long-prompt seed 11 went to 3 and
+    missed a minute where this returned the proposal unfloored)."""
+    from llmfleet.operator.tuner.proposal import Proposal
+
+    mem = TunerMemory()
+    history = mem.key("colocated", REPLICAS)
+    history.follow_load(1000.0, 0.5, CONFIG.scale_down_stabilization_s)
+    history.broke(700.0, 3, 0.42, CONFIG.break_memory_s)
+    history.broke(760.0, 4, 0.48, CONFIG.break_memory_s)
+    pool = pool_input(metrics(rate=0.5, pods=4, at=1000.0), settings(replicas=4))
+    proposal = Proposal(2.0, "demand", driver="demand", load=0.5)
+    floored = Tuner(CONFIG)._above_counts_that_broke("colocated", pool, proposal, mem, 1000.0)
+    assert floored.floor == 4.0 and floored.needed == 4.0
+    assert "4 pods fell short of the SLO 240 s ago at 0.48 requests/s" in floored.why
