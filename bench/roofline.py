@@ -36,7 +36,9 @@ def gemm_peak(torch_dtype, n: int = 2048, reps: int = 4) -> float:
     a = torch.randn(n, n).to(torch_dtype)
     w = torch.randn(n, n).to(torch_dtype)
     runs = [lambda: a @ w]
-    if torch.backends.mkldnn.is_available():
+    from llmfleet.server.runner.cpu_linear import enabled
+
+    if enabled(torch.device("cpu"), torch_dtype):
         packed = torch.ops.mkldnn._reorder_linear_weight(w, n)
         runs.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     best = float("inf")

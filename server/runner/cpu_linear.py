@@ -26,13 +26,21 @@ PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def enabled(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a runner on ``device`` in ``dtype`` packs its linears."""
+    """Whether a runner on ``device`` in ``dtype`` packs its linears: oneDNN packs bfloat16 only
+    on CPUs with its bf16 instructions (AVX-512 or AVX-NE-CONVERT); elsewhere (AVX2) bfloat16
+    stays on the plain linears rather than failing at load."""
     return (
         device.type == "cpu"
         and dtype in PACKED_DTYPES
         and torch.backends.mkldnn.is_available()
+        and (dtype != torch.bfloat16 or packs_bfloat16())
         and os.environ.get("LLMFLEET_PACKED_LINEAR", "1") != "0"
     )
+
+
+def packs_bfloat16() -> bool:
+    """Whether oneDNN has bf16 kernels for this CPU."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(torch.nn.Module):

@@ -21,7 +21,13 @@ class _Tied(torch.nn.Module):
         self.head.weight = self.embed.weight
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+NO_BF16 = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not cpu_linear.packs_bfloat16(),
+    reason="oneDNN has no bf16 kernels for this CPU (AVX2)",
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=NO_BF16)])
 def test_packed_linears_compute_what_the_plain_ones_do(dtype):
     torch.manual_seed(0)
     model = _Tied().to(dtype)
@@ -45,8 +51,17 @@ def test_dense_weights_are_released_unless_tied():
 
 def test_only_cpu_float_runners_pack(monkeypatch):
     cpu = torch.device("cpu")
-    assert cpu_linear.enabled(cpu, torch.float32) and cpu_linear.enabled(cpu, torch.bfloat16)
+    assert cpu_linear.enabled(cpu, torch.float32)
+    assert cpu_linear.enabled(cpu, torch.bfloat16) == cpu_linear.packs_bfloat16()
     assert not cpu_linear.enabled(cpu, torch.float16)
     assert not cpu_linear.enabled(torch.device("cuda"), torch.float32)
     monkeypatch.setenv("LLMFLEET_PACKED_LINEAR", "0")
     assert not cpu_linear.enabled(cpu, torch.float32)
+
+
+def test_bfloat16_stays_plain_where_onednn_has_no_bf16_kernels(monkeypatch):
+    """On an AVX2 CPU oneDNN refuses to pack bf16 weights; the runner keeps nn.Linear there
+    instead of failing at load."""
+    monkeypatch.setattr(cpu_linear, "packs_bfloat16", lambda: False)
+    cpu = torch.device("cpu")
+    assert not cpu_linear.enabled(cpu, torch.bfloat16) and cpu_linear.enabled(cpu, torch.float32)
