@@ -50,6 +50,10 @@ class KVTransferParams(BaseModel):
         return value
 
 
+_TEXT_HOLDERS = frozenset({str, list, dict})  # what parsed JSON holds text in
+LONG_ID_LIST = 64  # a list of token ids longer than this is checked in one pass in C
+
+
 def _not_unicode(value: Any) -> bool:
     """Whether a string in ``value`` (keys included) is not valid Unicode: JSON's ``\\ud800``
     escapes decode to lone UTF-16 surrogates, which no tokenizer can encode."""
@@ -64,13 +68,15 @@ def _not_unicode(value: Any) -> bool:
     if isinstance(value, dict):
         return any(_not_unicode(key) or _not_unicode(item) for key, item in value.items())
     if isinstance(value, list):
+        if len(value) > LONG_ID_LIST and type(value[0]) is int:
+            # token ids: a field that takes a list starting with an int takes ints only, and its
+            # validation checks each (_token_ids_at_once): a second pass over a million ids would
+            # hold the event loop as long again
+            return False
         if not _TEXT_HOLDERS.intersection(map(type, value)):
             return False  # token ids: one pass in C, not a call per id
         return any(_not_unicode(item) for item in value)
     return False
-
-
-_TEXT_HOLDERS = frozenset({str, list, dict})  # what parsed JSON holds text in
 
 
 class TextRequest(BaseModel):
@@ -228,7 +234,7 @@ class CompletionRequest(_Sampling):
     def _token_ids_at_once(cls, value, handler):
         """A long list of token ids checked in one pass: the union would try each shape in turn,
         and list[str] alone makes an error per id (12 s for 11 million ids)."""
-        if isinstance(value, list) and len(value) > 64 and type(value[0]) is int:
+        if isinstance(value, list) and len(value) > LONG_ID_LIST and type(value[0]) is int:
             if {int}.issuperset(map(type, value)):
                 return value
             raise ValueError("a prompt of token ids must hold integers only")

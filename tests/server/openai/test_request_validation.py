@@ -351,6 +351,16 @@ def test_text_that_is_not_valid_unicode_is_a_400(client, path, body):
     assert "not valid Unicode" in assert_openai_error(response, 400)["message"]
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize"])
+def test_a_long_list_of_token_ids_with_text_in_it_is_a_400(client, path):
+    """Long id lists skip the Unicode walk (their field checks every element is an int, in one
+    pass), so text hidden in one, valid Unicode or not, is still refused, never tokenized."""
+    for tail in ('"\\ud800"', '"ok"', "1.5"):
+        body = '{"prompt": [' + "7, " * 100 + tail + "]}"
+        response = client.post(path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, (tail, response.text)
+
+
 def test_an_error_quoting_a_lone_surrogate_still_renders():
     from llmfleet.server.http.errors import error_response
 
