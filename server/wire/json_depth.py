@@ -16,8 +16,9 @@ MAX_JSON_DEPTH = 64
 _CONTAINERS = frozenset({dict, list})  # what parsed JSON nests
 # A run of 20 digits may be an integer past 64 bits, which orjson reads as a float and json keeps
 # exact: found by mapping digits to "0" and the rest to " " (a pass in C, unlike a regex's).
-_DIGITS_ONLY = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord(" ") for b in range(256))
+_DIGITS_ONLY = bytes(ord("0") if b in b"0123456789" else ord(" ") for b in range(256))
 _RUN_OF_20 = b"0" * 20
+_NOT_PARSED = object()
 
 
 class TooDeepError(ValueError):
@@ -51,12 +52,8 @@ def loads(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
     as long on a list of token ids; what it refuses (lone surrogate escapes, NaN, nesting past
     1024) or reads otherwise (integers of 20 digits or more) goes to ``json``, whose answers the
     endpoints are built on."""
-    raw = text.encode() if isinstance(text, str) else text
-    try:
-        if _RUN_OF_20 in raw.translate(_DIGITS_ONLY):
-            raise orjson.JSONDecodeError("an integer past 64 bits", "", 0)
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    value = _by_orjson(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
+    if value is _NOT_PARSED:
         try:
             value = json.loads(text)
         except RecursionError as exc:
@@ -65,3 +62,13 @@ def loads(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> Any:
     if text.count(opened[0:1]) + text.count(opened[1:2]) > limit and depth(value, limit) > limit:
         raise TooDeepError(limit)  # (fewer brackets than the limit cannot nest past it: no walk)
     return value
+
+
+def _by_orjson(raw: bytes) -> Any:
+    """``raw`` parsed by orjson, or _NOT_PARSED where json must answer (see loads)."""
+    if _RUN_OF_20 in raw.translate(_DIGITS_ONLY):
+        return _NOT_PARSED
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _NOT_PARSED

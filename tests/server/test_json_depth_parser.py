@@ -18,6 +18,7 @@ from llmfleet.server.wire import json_depth
         b'"a\\ud800b"',  # a lone surrogate, which the endpoints refuse as not valid Unicode
         b'{"a": 1, "a": 2}',
         '{"x": "\u00e9"}',
+        '["a\ud800b"]',  # text already decoded, holding a lone surrogate (JSON inside a body)
     ],
 )
 def test_the_same_values_as_json(text):
