@@ -29,7 +29,7 @@ TRANSFER = {KV_TOKEN_HEADER: TOKEN}
 
 def engine_config(tmp: Path) -> Path:
     path = tmp / "engine.yaml"
-    path.write_text("dtype: float32\nkv_block_size: 8\nkv_cache_memory_mb: 16\nmax_model_len: 512\n")
+    path.write_text("dtype: float32\nkv_block_size: 8\nkv_cache_memory_mb: 16\nmax_model_len: 128\n")
     return path
 
 

@@ -44,7 +44,7 @@ def test_a_body_past_the_limit_is_a_413_and_a_prompt_past_the_context_a_400(flee
     started = time.perf_counter()
     over = post(url, "/v1/completions", b'{"prompt": "' + b"x" * LIMIT + b'"}', AUTH)
     assert over.status_code == 413 and over.json()["error"]["code"] == 413
-    text = "word " * 200_000  # 1 MB: far past what 512 tokens can hold
+    text = "word " * 200_000  # 1 MB: far past what the context can hold
     for path, body in (("/v1/completions", {"prompt": text}), ("/tokenize", {"prompt": text})):
         refused = post(url, path, {"model": MODEL, **body}, AUTH)
         assert refused.status_code == 400 and "maximum context length" in refused.json()["error"]["message"]
