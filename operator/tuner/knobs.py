@@ -322,7 +322,9 @@ class KnobRules:
         that each still take longer puts it over more of the gaps the p95 reads. So where the step
         model (``costs``) puts a full step at the cut budget over the SLO, the budget is spent for
         ITL (_chunks_over_the_slo): it holds, or grows where the longer prompts span several
-        steps, and more replicas, which give each pod fewer prompts, are what is left."""
+        steps, and more replicas, which give each pod fewer prompts, are what is left. A TTFT
+        excess with a queue holds only a cut that would help ITL: fewer, larger chunks serve the
+        queue too (a cold start's, with prompts far longer than the starting budget)."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[TOKEN_BUDGET], pool.limits.knob(TOKEN_BUDGET)
         ttft, itl = ms(m.ttft.p95), ms(m.itl.p95) if name != "prefill" else None
@@ -332,9 +334,6 @@ class KnobRules:
                 f"ITL p95 {fmt_ms(itl)} ms > SLO {fmt_ms(slo.itl_p95_ms)} ms with prefill-heavy steps "
                 f"({steps:.0f} tokens per step for {batch:.1f} sequences)"
             )
-            crowded = self._ttft_over_with_a_queue(name, pool, slo)
-            if crowded:
-                return Proposal(cur, f"{why}, but {crowded}: a smaller budget would move the excess onto TTFT")
             floor_ = allowed.clamp(max(allowed.low, pool.current.knobs.get(MAX_BATCH, allowed.low)))
             new = max(floor_, allowed.clamp(math.floor(cur * c.budget_decrease_factor)))
             full = _full_step_ms(m, new, costs)
@@ -344,6 +343,9 @@ class KnobRules:
                     f"(> {c.projected_latency_limit:g} x SLO)"
                 )
                 return self._chunks_over_the_slo(pool, why, itl / slo.itl_p95_ms)
+            crowded = self._ttft_over_with_a_queue(name, pool, slo)
+            if crowded:
+                return Proposal(cur, f"{why}, but {crowded}: a smaller budget would move the excess onto TTFT")
             if new >= cur:
                 return Proposal(cur, f"{why} with {TOKEN_BUDGET} at its floor {num(floor_)}")
             return Proposal(

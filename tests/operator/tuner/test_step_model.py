@@ -173,12 +173,14 @@ def test_a_latency_cut_capacity_recovers_once_the_slos_are_met_with_margin(ttft_
         assert scale == pytest.approx(0.5)
 
 
-def itl_over_with_prompt_chunks(budget: float, prompt_tokens: float, prompt_p95: float | None = None):
+def itl_over_with_prompt_chunks(budget: float, prompt_tokens: float, prompt_p95: float | None = None, **queue):
     """Steps of 8 sequences and 192 prompt tokens take 75 ms, ITL p95 is 130 ms against 100 ms,
-    and a request a second brings ``prompt_tokens`` (``prompt_p95``: the p95 prompt)."""
+    and a request a second brings ``prompt_tokens`` (``prompt_p95``: the p95 prompt). ``queue``:
+    the TTFT and waiting requests, where not the defaults (TTFT within its SLO, none waiting)."""
     return decide(
         with_plane(),
         settings(batch=16, budget=budget),
+        **queue,
         itl_ms=130,
         mean_batch=8,
         step_tokens=200,
@@ -224,6 +226,23 @@ def test_a_budget_whose_chunks_break_itl_anyway_grows_where_prompts_span_several
     assert "maxNumBatchedTokens grows to put each prompt over fewer of them" in reasons
     assert decision.changed("colocated", REPLICAS).new > 1
     assert "SLO violated with maxNumBatchedTokens short of the excess" in reasons
+
+
+@pytest.mark.parametrize(("budget", "prompt_tokens", "new"), [(512, 800, 1024), (256, 400, None)])
+def test_a_queue_blocks_only_the_budget_cuts_that_would_help_itl(budget, prompt_tokens, new) -> None:
+    """TTFT over its SLO with 3 waiting as well (a cold start's queue). Where a cut would help ITL
+    (256 -> 192: 74 ms steps), it would move the excess onto TTFT, so the budget holds. Where no
+    cut would (512 -> 384: 112 ms steps) and prompts span two steps, the budget doubles as without
+    a queue: fewer, larger chunks serve both the queue and ITL."""
+    decision = itl_over_with_prompt_chunks(budget, prompt_tokens, ttft_ms=2000, waiting=3)
+    reasons = " ".join(decision.reasons)
+    if new is None:
+        assert decision.changed("colocated", TOKEN_BUDGET) is None
+        assert "a smaller budget would move the excess onto TTFT" in reasons
+    else:
+        assert decision.changed("colocated", TOKEN_BUDGET).new == new
+        assert "larger chunks put prompts over fewer gaps" in reasons
+    assert decision.changed("colocated", REPLICAS).new > 1
 
 
 @pytest.mark.parametrize(("p95", "grows"), [(900, True), (480, False)])
