@@ -40,7 +40,7 @@ from llmfleet.operator.tuner.decision import num as _num
 from llmfleet.operator.tuner.forecast import Outlook, PoolForecast, level_noise
 from llmfleet.operator.tuner.knobs import KnobRules
 from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
-from llmfleet.operator.tuner.per_request import Finished, requests_per_s
+from llmfleet.operator.tuner.per_request import Finished, offered, requests_per_s
 from llmfleet.operator.tuner.projection import Projection, project, trusted_queue_s
 from llmfleet.operator.tuner.proposal import (
     Moved,
@@ -140,12 +140,13 @@ class Tuner:
             direction = mem.key(name, REPLICAS).last_direction
             added_since = capacity.pods_since if direction > 0 else None
             removed_since = capacity.pods_since if direction < 0 else None
-            outlook = self._forecast(name, pool, per_replica, mem.forecast.setdefault(name, PoolForecast()))
             finished = mem.finished.setdefault(name, Finished())
             finished.observe(pool.metrics)
+            requests_s = requests_per_s(pool.metrics, finished)
+            forecast = mem.forecast.setdefault(name, PoolForecast())
+            outlook = self._forecast(name, pool, per_replica, forecast, requests_s)
             seen = mem.capacity[name].window_pods(now, pool.metrics.judged_window_s)
             moved = Moved(added_since, removed_since, outlook, seen)
-            requests_s = requests_per_s(pool.metrics, finished)
             replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved, requests_s)
             replicas, units = self._with_the_slots_coming(
                 name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), moved, requests_s
@@ -401,7 +402,9 @@ class Tuner:
             return ""
         return self.knob_rules.drained_backlog(pool, slo)
 
-    def _forecast(self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast) -> Outlook | None:
+    def _forecast(
+        self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast, requests_s: float | None = None
+    ) -> Outlook | None:
         """Feed this run's rates to the pool's trends (and its season's profile) and say what they
         add over one pod start-up and one interval: the trend's rise, or the season's where that
         is larger. A rise counts only where it stands out of its noise (the trend's: the spread
@@ -428,10 +431,12 @@ class Tuner:
             series.append(("generation_tokens_per_s", capacity.generation_tps))
         # a rate measured over a window shows a rise a window after it came, and so does the profile
         ahead = horizon + m.window_s
-        # served rates under a queue are the pods' capacity, not the load: the profile skips them,
-        # and the forecast leaves the load to the queue terms (below)
+        # served rates under a queue are the pods' capacity, not the load: the profile learns the
+        # load from them and the queue's growth (offered), and the forecast leaves it to the queue
+        # terms (below)
         queued = (m.waiting or 0.0) / max(m.ready_pods or 0, 1) >= c.queue_per_pod
-        seasonal = self._seasonal(state, m.at, ahead, {s: (None if queued else rates[s], cap) for s, cap in series})
+        load = offered(m, rates, requests_s) if queued else rates
+        seasonal = self._seasonal(state, m.at, ahead, {s: (load[s], cap) for s, cap in series})
         peak, peak_why = (0.0, "") if queued else self._seasonal_peak(state, m.at, c.flap_window_s + ahead, series)
         held = [(state.series[s], cap, rates[s]) for s, cap in series if s in state.series and cap > 0]
         if not held or any(rate is None for _, _, rate in held):

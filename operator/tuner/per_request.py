@@ -1,5 +1,5 @@
-"""What one request weighs, for pricing a queue in replicas: the window's token rates over the
-requests they belong to.
+"""What one request weighs, for pricing a queue in replicas (and the load a queued pool offers):
+the window's token rates over the requests they belong to.
 
 Token counters count work as it is done; the request counter counts requests as they finish.
 Once a pool has finished many requests the two agree on average (as many requests' tokens leave
@@ -43,3 +43,14 @@ def requests_per_s(m: PoolMetrics, finished: Finished) -> float | None:
         return m.request_rate
     share = running / (running + finished.count)
     return m.request_rate + running * share / m.window_s
+
+
+def offered(m: PoolMetrics, rates: dict[str, float | None], requests_s: float | None) -> dict[str, float | None]:
+    """The rates the load offers where a queue holds some of it back: each served rate plus the
+    queue's growth in requests/s, each weighing the window's tokens over ``requests_s``
+    (requests_per_s): arrivals are what the pods took plus what the queue kept. None where the
+    queue's growth is unknown."""
+    growth = m.waiting_growth_per_s
+    if growth is None or not requests_s:
+        return dict.fromkeys(rates)
+    return {s: None if rate is None else max(rate + growth * rate / requests_s, 0.0) for s, rate in rates.items()}

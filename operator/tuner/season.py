@@ -5,12 +5,13 @@ every day (a team's working hours, a nightly batch job) has begun the day before
 of the period, one mean per bin, says where the load goes next before today's rates show it, as
 Holt-Winters' additive season does. The profile keeps, per bin, the mean of its rates over the
 periods seen (each new period weighted ``PERIOD_WEIGHT``), how far a period's mean strayed from
-the profile it met (its spread), and how many periods it has seen; the law leaves out runs with
-a queue, whose served rates are the pods' capacity, not the load. A rise counts only at a bin
-that has seen two periods or more, so a season is used once it has repeated, and only where it
-clears two spreads (the larger of both bins' and the series' mean one; law.py): a one-off burst,
-which the next period does not repeat, leaves a spread as large as itself, and a flat load's
-bins differ by about a spread. Pure: the state lives in ``TunerMemory``."""
+the profile it met (its spread), and how many periods it has seen; the law feeds it, for runs
+with a queue, the load offered (served plus the queue's growth), not the pods' capacity. A rise
+counts only at a bin that has seen two periods or more, so a season is used once it has
+repeated, and only where it clears two spreads (the larger of both bins' and the series' mean
+one; law.py): a one-off burst, which the next period does not repeat, leaves a spread as large
+as itself, and a flat load's bins differ by about a spread. Pure: the state lives in
+``TunerMemory``."""
 
 from __future__ import annotations
 

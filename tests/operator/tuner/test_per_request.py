@@ -8,7 +8,7 @@ import math
 
 from llmfleet.operator.tuner.law import REPLICAS, Tuner
 from llmfleet.operator.tuner.memory import Capacity, TunerMemory
-from llmfleet.operator.tuner.per_request import Finished, requests_per_s
+from llmfleet.operator.tuner.per_request import Finished, offered, requests_per_s
 from tests.operator.tuner.scenarios import ONE_SHOT, SLO, limits, metrics, pool_input, settings
 
 
@@ -28,6 +28,16 @@ def test_running_requests_weigh_in_while_few_have_finished_and_fade_as_they_accr
     later = requests_per_s(m, Finished(count=10_000.0))
     assert math.isclose(later, 1.0 / 60.0, rel_tol=0.01)
     assert requests_per_s(metrics(rate=0.0, running=8.0), Finished()) == 0.0  # nothing finished: no price
+
+
+def test_the_load_a_queue_holds_back_is_the_served_rates_plus_its_growth_in_requests() -> None:
+    rates = {"prompt": 4000.0, "generation": 1000.0, "unknown": None}
+    grows, drains = metrics(growth=2.0), metrics(growth=-2.0)
+    assert offered(grows, rates, 10.0) == {"prompt": 4800.0, "generation": 1200.0, "unknown": None}
+    assert offered(drains, rates, 10.0) == {"prompt": 3200.0, "generation": 800.0, "unknown": None}
+    assert offered(metrics(growth=-20.0), rates, 10.0)["prompt"] == 0.0  # never below nothing
+    assert offered(metrics(growth=None), rates, 10.0) == dict.fromkeys(rates)  # growth unknown: no reading
+    assert offered(grows, rates, 0.0) == dict.fromkeys(rates)  # no finished requests to weigh one by
 
 
 def _start_up(finished: float) -> int:

@@ -163,14 +163,21 @@ def test_the_season_comes_from_the_spec_and_zero_turns_it_off() -> None:
     assert refused.value.reason == "InvalidSpec"
 
 
-def test_runs_with_a_queue_are_left_out_of_the_profile() -> None:
-    """Under a queue the served rates are the pods' capacity, and the backlog drained after it
-    reads as load that was not there: neither is the load a period repeats."""
+def test_runs_with_a_queue_count_at_the_load_they_offer() -> None:
+    """Under a queue the served rates are the pods' capacity: a step met with too few pods would
+    never enter the profile, and the season would never learn the step it is for. What the load
+    offered is the served rate plus the queue's growth, each request weighing the window's
+    tokens over the requests they belong to (a draining queue's growth is negative: the backlog
+    drained reads as load that was not there). Where the growth is unknown the run is left out."""
 
-    def season_after(waiting: float):
-        m = metrics(prompt_tps=4000.0, gen_tps=0.0, waiting=waiting, pods=2, at=100.0)
+    def season_after(waiting: float, growth: float | None):
+        m = metrics(prompt_tps=4000.0, gen_tps=1000.0, rate=10.0, waiting=waiting, growth=growth, pods=2, at=100.0)
         pools = {"colocated": pool_input(m, settings(replicas=2), limits(max_replicas=16))}
         return Tuner(CONFIG).decide(pools, SLO, TunerMemory(), 100.0).memory.forecast["colocated"].season
 
-    assert season_after(0.0).counts == {"prompt_tokens_per_s": 1, "generation_tokens_per_s": 1}
-    assert season_after(8.0).counts == {}
+    assert season_after(0.0, 2.0).sums == {"prompt_tokens_per_s": 4000.0, "generation_tokens_per_s": 1000.0}
+    rising, draining = season_after(8.0, 2.0).sums, season_after(8.0, -2.0).sums
+    assert rising["prompt_tokens_per_s"] == pytest.approx(4800.0, rel=1e-3)  # 2 req/s more, 400 tokens each
+    assert rising["generation_tokens_per_s"] == pytest.approx(1200.0, rel=1e-3)
+    assert draining["prompt_tokens_per_s"] == pytest.approx(3200.0, rel=1e-3)
+    assert season_after(8.0, None).counts == {}
