@@ -403,7 +403,7 @@ class Tuner:
         return self.knob_rules.drained_backlog(pool, slo)
 
     def _forecast(
-        self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast, requests_s: float | None = None
+        self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast, requests_s: float | None
     ) -> Outlook | None:
         """Feed this run's rates to the pool's trends (and its season's profile) and say what they
         add over one pod start-up and one interval: the trend's rise, or the season's where that

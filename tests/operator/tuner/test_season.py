@@ -167,8 +167,8 @@ def test_runs_with_a_queue_count_at_the_load_they_offer() -> None:
     """Under a queue the served rates are the pods' capacity: a step met with too few pods would
     never enter the profile, and the season would never learn the step it is for. What the load
     offered is the served rate plus the queue's growth, each request weighing the window's
-    tokens over the requests they belong to (a draining queue's growth is negative: the backlog
-    drained reads as load that was not there). Where the growth is unknown the run is left out."""
+    tokens over the requests they belong to (a draining queue's growth is negative, so the backlog
+    it drains does not read as load). Where the growth is unknown the run is left out."""
 
     def season_after(waiting: float, growth: float | None):
         m = metrics(prompt_tps=4000.0, gen_tps=1000.0, rate=10.0, waiting=waiting, growth=growth, pods=2, at=100.0)
