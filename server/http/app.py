@@ -16,6 +16,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 from starlette.middleware.cors import CORSMiddleware
@@ -50,7 +51,23 @@ def build_app(state: ServerState, install_role: RouteInstaller) -> FastAPI:
     _document_400_not_422(app)  # first: a role may document more on top of it (the router's bodies)
     install_role(app, state)
     _install_common_routes(app, state)
+    _drop_shadowed_routes(app)
     return app
+
+
+def _drop_shadowed_routes(app: FastAPI) -> None:
+    """Routes match in order, so a common route the role answers its own way is never reached:
+    it leaves the app, and the OpenAPI document lists each operation once (a repeated operation
+    id breaks clients generated from it)."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    kept = []
+    for route in app.router.routes:
+        key = (getattr(route, "path", ""), frozenset(getattr(route, "methods", None) or ()))
+        if isinstance(route, APIRoute) and key in seen:
+            continue
+        seen.add(key)
+        kept.append(route)
+    app.router.routes[:] = kept
 
 
 def instrument_http(app: FastAPI, registry: CollectorRegistry) -> None:

@@ -1,16 +1,43 @@
-"""The published OpenAPI document: one operation id per route."""
+"""The published OpenAPI document: one operation id per route, a server's and a router's."""
 
 from __future__ import annotations
 
+import warnings
+from functools import partial
+
+import httpx
+from fastapi.testclient import TestClient
+
+from llmfleet.server.http.app import build_app
+from llmfleet.server.http.state import ServerState
 from llmfleet.server.openai.app import create_app
+from llmfleet.server.router.balancer import Balancer
+from llmfleet.server.router.proxy import Proxy, ProxySettings
+from llmfleet.server.router.router_metrics import RouterMetrics
+from llmfleet.server.router.routes import install
+from llmfleet.server.wire.endpoints import StaticEndpoints
 
 
 def test_the_openapi_document_has_one_id_per_operation(state):
     """Clients generated from /openapi.json name methods by operation id: none may repeat."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # FastAPI warns of a duplicate id
         spec = create_app(state).openapi()
     ids = [op["operationId"] for path in spec["paths"].values() for op in path.values()]
     assert len(ids) == len(set(ids)) and {"get", "post"} <= set(spec["paths"]["/ping"])
+
+
+def test_the_routers_own_answers_replace_the_common_routes_in_its_document():
+    """The router answers /v1/models and /load its own way: the common routes they shadow are
+    gone, so its document lists each operation once, and the router's own /load answers."""
+    client = httpx.AsyncClient()
+    balancer = Balancer(StaticEndpoints([], ["http://d1:8000"]), "round-robin", client)
+    metrics = RouterMetrics("m")
+    state = ServerState(None, None, "m", 0, metrics, role="router")
+    app = build_app(state, partial(install, proxy=Proxy(balancer, client, metrics, ProxySettings()), balancer=balancer))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = app.openapi()
+    ids = [op["operationId"] for path in spec["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids)) and "/load" in spec["paths"] and "/v1/models" in spec["paths"]
+    assert TestClient(app).get("/load").json()["role"] == "router"
