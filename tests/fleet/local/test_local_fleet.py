@@ -20,12 +20,13 @@ import httpx
 import openai
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from llmfleet.local.fleet import LocalFleet
 from llmfleet.local.up import load_service
 from llmfleet.local.view import render
+from llmfleet.operator.metrics.quantile import bucket_deltas
+from llmfleet.operator.metrics.scrape import parse_exposition
 from llmfleet.operator.resource.spec import SpecError
 from tests.support import ServerProcess, free_port
 
@@ -222,15 +223,14 @@ async def _closed_loop(
 
     async with httpx.AsyncClient(base_url=url, timeout=120) as http:
         await asyncio.gather(watch(http), *(client(http) for _ in range(streams)))
-        since = {bound: count - settled.get(bound, 0) for bound, count in (await _router_ttft(http)).items()}
+        since = bucket_deltas(await _router_ttft(http), settled)
     return sorted(ttfts), tuned_at[0], since
 
 
 async def _router_ttft(http: httpx.AsyncClient) -> dict[float, float]:
     """The router's ``vllm:time_to_first_token_seconds`` buckets: cumulative count per bound."""
-    text = (await http.get("/metrics")).text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:time_to_first_token_seconds")
-    return {float(s.labels["le"]): s.value for s in family.samples if s.name.endswith("_bucket")}
+    scrape = parse_exposition((await http.get("/metrics")).text, at=time.monotonic())
+    return scrape.buckets["vllm:time_to_first_token_seconds"]
 
 
 def test_the_default_spec_is_the_local_example(repo_root):
