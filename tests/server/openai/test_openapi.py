@@ -18,13 +18,20 @@ from llmfleet.server.router.routes import install
 from llmfleet.server.wire.endpoints import StaticEndpoints
 
 
+def _document_with_one_id_per_operation(app) -> dict:
+    """The app's OpenAPI document, asserting no operation id repeats (FastAPI warns of one)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = app.openapi()
+    ids = [op["operationId"] for path in spec["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids)), ids
+    return spec
+
+
 def test_the_openapi_document_has_one_id_per_operation(state):
     """Clients generated from /openapi.json name methods by operation id: none may repeat."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # FastAPI warns of a duplicate id
-        spec = create_app(state).openapi()
-    ids = [op["operationId"] for path in spec["paths"].values() for op in path.values()]
-    assert len(ids) == len(set(ids)) and {"get", "post"} <= set(spec["paths"]["/ping"])
+    spec = _document_with_one_id_per_operation(create_app(state))
+    assert {"get", "post"} <= set(spec["paths"]["/ping"])
 
 
 def test_the_routers_own_answers_replace_the_common_routes_in_its_document():
@@ -35,9 +42,6 @@ def test_the_routers_own_answers_replace_the_common_routes_in_its_document():
     metrics = RouterMetrics("m")
     state = ServerState(None, None, "m", 0, metrics, role="router")
     app = build_app(state, partial(install, proxy=Proxy(balancer, client, metrics, ProxySettings()), balancer=balancer))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        spec = app.openapi()
-    ids = [op["operationId"] for path in spec["paths"].values() for op in path.values()]
-    assert len(ids) == len(set(ids)) and "/load" in spec["paths"] and "/v1/models" in spec["paths"]
+    spec = _document_with_one_id_per_operation(app)
+    assert "/load" in spec["paths"] and "/v1/models" in spec["paths"]
     assert TestClient(app).get("/load").json()["role"] == "router"
