@@ -302,6 +302,14 @@ def _pct(share: float | None) -> str:
     return "-" if share is None else f"{share:.0%}"
 
 
+def _goodput_ratio(ours: float, theirs: float) -> str:
+    """Our goodput over vLLM's: infinite where only vLLM met no request's SLOs, and no ratio
+    where neither did (the machine could not hold the rate)."""
+    if theirs:
+        return f"{ours / theirs:.2f}x"
+    return "infx" if ours else "- (neither met the SLOs)"
+
+
 def print_comparison(results: dict) -> None:
     from llmfleet.bench.report import print_table
 
@@ -363,13 +371,13 @@ def print_comparison(results: dict) -> None:
             rows,
         )
         goodput = [
-            a["goodput_req_s"] / b["goodput_req_s"] if b["goodput_req_s"] else float("inf")
+            _goodput_ratio(a["goodput_req_s"], b["goodput_req_s"])
             for a, b in zip(online[names[0]], online[names[1]], strict=True)
         ]
         ttft = [a["ttft_p99"] / b["ttft_p99"] for a, b in zip(online[names[0]], online[names[1]], strict=True)]
         print(
             "   llm-fleet / vLLM goodput by round: "
-            + ", ".join(f"{x:.2f}x" for x in goodput)
+            + ", ".join(goodput)
             + "; TTFT p99: "
             + ", ".join(f"{x:.2f}x" for x in ttft)
         )

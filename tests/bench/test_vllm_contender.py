@@ -89,8 +89,8 @@ def _round(n: int, tok_s: float, goodput: float, ttft_p99: float) -> tuple[dict,
 
 
 def test_the_table_prints_both_contenders_and_their_ratios(capsys):
-    ours = [_round(1, 300.0, 0.9, 1.0), _round(2, 330.0, 0.9, 1.0)]
-    theirs = [_round(1, 200.0, 0.6, 2.0), _round(2, 220.0, 0.0, 2.0)]
+    ours = [_round(1, 300.0, 0.9, 1.0), _round(2, 330.0, 0.9, 1.0), _round(3, 300.0, 0.0, 1.0)]
+    theirs = [_round(1, 200.0, 0.6, 2.0), _round(2, 220.0, 0.0, 2.0), _round(3, 200.0, 0.0, 2.0)]
     entry = {
         "startup_s": {"llm-fleet": 12.0, "vLLM CPU": 50.0},
         "offline": {"llm-fleet": [o for o, _ in ours], "vLLM CPU": [o for o, _ in theirs]},
@@ -98,8 +98,8 @@ def test_the_table_prints_both_contenders_and_their_ratios(capsys):
     }
     vllm_contender.print_comparison({"vllm_version": "0.32.0", "threads": {2: entry}})
     out = capsys.readouterr().out
-    assert "llm-fleet / vLLM useful tok/s by round: 1.50x, 1.50x" in out
-    assert "goodput by round: 1.50x, infx; TTFT p99: 0.50x, 0.50x" in out
+    assert "llm-fleet / vLLM useful tok/s by round: 1.50x, 1.50x, 1.50x" in out
+    assert "goodput by round: 1.50x, infx, - (neither met the SLOs); TTFT p99: 0.50x, 0.50x, 0.50x" in out
     assert "50.0s" in out and "12.0s" in out  # each contender's start-up
 
 
