@@ -13,8 +13,9 @@ DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look
 are kept in flight: while it scores a block of keys it prefetches the next block of keys and the
 same block of values, and while it sums values it prefetches the keys of the (request, KV head)
 it takes next, threads taking runs of them so that each knows its next one. The arithmetic is kept
-under the reads: keys are scored sixteen at a time (sixteen vector partial sums, then their lane
-sums, not a horizontal sum per key), and the softmax takes its exponentials sixteen at a time.
+under the reads: keys are scored as many at a time as the CPU's vector holds floats (8 with AVX2,
+16 with AVX-512), one vector partial sum per key, and the partial sums are then summed across
+lanes all together by a shuffle tree; the softmax takes its exponentials sixteen at a time.
 
 **Prompts.** torch's CPU SDPA (flash attention) computes a prompt's causal attention at a small
 fraction of the machine's FMA rate. This kernel is bound by arithmetic instead: one KV head at a
@@ -79,16 +80,28 @@ static inline float element(const void *p, int64_t at, int bf16) {
 /* 16 floats: one AVX-512 register, two AVX2 ones, four NEON ones; the compiler splits them. */
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-#define LANES 16 /* also the keys scored at once */
+#define LANES 16 /* the softmax's and the prompt kernel's vectors, and a prompt's key tiles */
 
-static inline f32x16 load16(const void *p, int bf16) {
-    f32x16 v;
+/* The machine's own vector, for scoring and summing a decode's keys and values: 16 floats with
+   AVX-512, 8 with AVX2, 4 elsewhere (NEON, SSE). */
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX__)
+#define VL 8
+#else
+#define VL 4
+#endif
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+
+static inline vf loadv(const void *p, int bf16) {
+    vf v;
     if (bf16) {
-        u16x16 h;
+        typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+        typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+        vh h;
         memcpy(&h, p, sizeof h);
-        const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+        const vu w = __builtin_convertvector(h, vu) << 16;
         memcpy(&v, &w, sizeof v);
     } else {
         memcpy(&v, p, sizeof v);
@@ -96,16 +109,32 @@ static inline f32x16 load16(const void *p, int bf16) {
     return v;
 }
 
-/* Lane t of the result is the sum of p[t]'s lanes. (Written as a shuffle tree, a transpose, it
-   was no faster: the loads of the keys dominate.) */
-static inline f32x16 reduce16(const f32x16 *p) {
-    f32x16 sums;
-    for (int t = 0; t < LANES; t++) {
-        float s = 0.0f;
-        for (int l = 0; l < LANES; l++) s += p[t][l];
-        sums[t] = s;
-    }
-    return sums;
+/* One level of a transposed sum: a and b each hold keys' partial sums, h * 2 lanes per key, in
+   order; the result holds a's keys then b's, h lanes each (lane i of the first half of each key's
+   lanes, plus the same lane of the second half). */
+#define HALF(i, h) (((i) / (h)) * 2 * (h) + (i) % (h))
+#if VL == 16
+#define MASK(h, o) ((vi){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o, HALF(4, h) + o, \
+    HALF(5, h) + o, HALF(6, h) + o, HALF(7, h) + o, HALF(8, h) + o, HALF(9, h) + o, HALF(10, h) + o, \
+    HALF(11, h) + o, HALF(12, h) + o, HALF(13, h) + o, HALF(14, h) + o, HALF(15, h) + o})
+#elif VL == 8
+#define MASK(h, o) ((vi){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o, HALF(4, h) + o, \
+    HALF(5, h) + o, HALF(6, h) + o, HALF(7, h) + o})
+#else
+#define MASK(h, o) ((vi){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o})
+#endif
+#define FOLD(a, b, h) (__builtin_shuffle(a, b, MASK(h, 0)) + __builtin_shuffle(a, b, MASK(h, h)))
+
+/* Lane t of the result is the sum of p[t]'s lanes: VL - 1 vector adds, not VL * VL scalar ones. */
+static inline vf reduce_lanes(vf *p) {
+#if VL == 16
+    for (int j = 0; j < 8; j++) p[j] = FOLD(p[2 * j], p[2 * j + 1], 8);
+#endif
+#if VL >= 8
+    for (int j = 0; j < 4; j++) p[j] = FOLD(p[2 * j], p[2 * j + 1], 4);
+#endif
+    for (int j = 0; j < 2; j++) p[j] = FOLD(p[2 * j], p[2 * j + 1], 2);
+    return FOLD(p[0], p[1], 1);
 }
 
 /* exp(x) for x <= 0 (scores less their max), within 2 ulp of expf, 0 below -87 (and for -inf):
@@ -185,35 +214,35 @@ static inline void axpy(float *acc, float p, const void *v, int64_t dim, int bf1
     }
 }
 
-/* scores[t] = q . k_t for count (<= 16) keys lying one after another */
+/* scores[t] = q . k_t for count (<= VL) keys lying one after another */
 static inline void score_keys(const float *q, const char *k, int64_t count, int64_t dim, int64_t item_size,
                               int bf16, float *scores) {
-    if (dim % LANES) {
+    if (count < VL || dim % VL) {
         for (int64_t t = 0; t < count; t++) scores[t] = dot(q, k + t * dim * item_size, dim, bf16);
         return;
     }
-    f32x16 partial[LANES];
-    for (int t = 0; t < LANES; t++) partial[t] = (f32x16){0};
-    for (int64_t d = 0; d < dim; d += LANES) {
-        f32x16 qd;
+    vf partial[VL];
+    for (int t = 0; t < VL; t++) partial[t] = (vf){0};
+    for (int64_t d = 0; d < dim; d += VL) {
+        vf qd;
         memcpy(&qd, q + d, sizeof qd);
-        for (int64_t t = 0; t < count; t++) partial[t] += qd * load16(k + (t * dim + d) * item_size, bf16);
+        for (int t = 0; t < VL; t++) partial[t] += qd * loadv(k + (t * dim + d) * item_size, bf16);
     }
-    const f32x16 s = reduce16(partial);
-    memcpy(scores, &s, sizeof(float) * count);
+    const vf s = reduce_lanes(partial);
+    memcpy(scores, &s, sizeof s);
 }
 
-/* acc += p[t] v_t over count (<= 16) values lying one after another */
+/* acc += p[t] v_t over count (<= VL) values lying one after another */
 static inline void add_values(float *acc, const float *p, const char *v, int64_t count, int64_t dim,
                               int64_t item_size, int bf16) {
-    if (dim % LANES) {
+    if (dim % VL) {
         for (int64_t t = 0; t < count; t++) axpy(acc, p[t], v + t * dim * item_size, dim, bf16);
         return;
     }
-    for (int64_t d = 0; d < dim; d += LANES) {
-        f32x16 a;
+    for (int64_t d = 0; d < dim; d += VL) {
+        vf a;
         memcpy(&a, acc + d, sizeof a);
-        for (int64_t t = 0; t < count; t++) a += p[t] * load16(v + (t * dim + d) * item_size, bf16);
+        for (int64_t t = 0; t < count; t++) a += p[t] * loadv(v + (t * dim + d) * item_size, bf16);
         memcpy(acc + d, &a, sizeof a);
     }
 }
@@ -269,7 +298,7 @@ void llmfleet_paged_decode(
             if (stop < length) prefetch(keys + table[b + 1] * block_bytes, block_bytes);
             prefetch(values + table[b] * block_bytes, block_bytes);  /* summed after the softmax */
             for (int64_t count; pos < stop; pos += count) {
-                count = stop - pos < LANES ? stop - pos : LANES;
+                count = stop - pos < VL ? stop - pos : VL;
                 const char *k = keys + (slot + pos) * dim * item_size;
                 for (int64_t g = 0; g < group; g++)
                     score_keys(queries + g * dim, k, count, dim, item_size, bf16, scores + g * padded + pos - first);
@@ -294,7 +323,7 @@ void llmfleet_paged_decode(
                 if (j * block_size < next_length) prefetch(next_keys + next_table[j] * block_bytes, block_bytes);
             }
             for (int64_t count; pos < stop; pos += count) {
-                count = stop - pos < LANES ? stop - pos : LANES;
+                count = stop - pos < VL ? stop - pos : VL;
                 const char *v = values + (slot + pos) * dim * item_size;
                 for (int64_t g = 0; g < group; g++)
                     add_values(acc + g * dim, scores + g * padded + pos - first, v, count, dim, item_size, bf16);
