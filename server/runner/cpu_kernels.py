@@ -91,11 +91,11 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 #else
 #define VL 4
 #endif
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
+typedef float fvec __attribute__((vector_size(VL * 4)));
+typedef int32_t ivec __attribute__((vector_size(VL * 4)));
 
-static inline vf loadv(const void *p, int bf16) {
-    vf v;
+static inline fvec loadv(const void *p, int bf16) {
+    fvec v;
     if (bf16) {
         typedef uint16_t vh __attribute__((vector_size(VL * 2)));
         typedef uint32_t vu __attribute__((vector_size(VL * 4)));
@@ -114,19 +114,19 @@ static inline vf loadv(const void *p, int bf16) {
    lanes, plus the same lane of the second half). */
 #define HALF(i, h) (((i) / (h)) * 2 * (h) + (i) % (h))
 #if VL == 16
-#define MASK(h, o) ((vi){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o, HALF(4, h) + o, \
+#define MASK(h, o) ((ivec){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o, HALF(4, h) + o, \
     HALF(5, h) + o, HALF(6, h) + o, HALF(7, h) + o, HALF(8, h) + o, HALF(9, h) + o, HALF(10, h) + o, \
     HALF(11, h) + o, HALF(12, h) + o, HALF(13, h) + o, HALF(14, h) + o, HALF(15, h) + o})
 #elif VL == 8
-#define MASK(h, o) ((vi){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o, HALF(4, h) + o, \
+#define MASK(h, o) ((ivec){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o, HALF(4, h) + o, \
     HALF(5, h) + o, HALF(6, h) + o, HALF(7, h) + o})
 #else
-#define MASK(h, o) ((vi){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o})
+#define MASK(h, o) ((ivec){HALF(0, h) + o, HALF(1, h) + o, HALF(2, h) + o, HALF(3, h) + o})
 #endif
 #define FOLD(a, b, h) (__builtin_shuffle(a, b, MASK(h, 0)) + __builtin_shuffle(a, b, MASK(h, h)))
 
 /* Lane t of the result is the sum of p[t]'s lanes: VL - 1 vector adds, not VL * VL scalar ones. */
-static inline vf reduce_lanes(vf *p) {
+static inline fvec reduce_lanes(fvec *p) {
 #if VL == 16
     for (int j = 0; j < 8; j++) p[j] = FOLD(p[2 * j], p[2 * j + 1], 8);
 #endif
@@ -186,7 +186,8 @@ static inline void store_row(void *out, int64_t at, const float *acc, float fact
     }
 }
 
-/* q . k for one key in the cache's dtype: head sizes that are not a multiple of 16 */
+/* q . k for one key in the cache's dtype: runs of fewer than VL keys, head sizes that are not a
+   multiple of VL */
 static inline float dot(const float *q, const void *k, int64_t dim, int bf16) {
     float s = 0.0f;
     if (bf16) {
@@ -201,7 +202,7 @@ static inline float dot(const float *q, const void *k, int64_t dim, int bf16) {
     return s;
 }
 
-/* acc += p * v for one value: head sizes that are not a multiple of 16 */
+/* acc += p * v for one value: head sizes that are not a multiple of VL */
 static inline void axpy(float *acc, float p, const void *v, int64_t dim, int bf16) {
     if (bf16) {
         const uint16_t *vh = v;
@@ -221,14 +222,14 @@ static inline void score_keys(const float *q, const char *k, int64_t count, int6
         for (int64_t t = 0; t < count; t++) scores[t] = dot(q, k + t * dim * item_size, dim, bf16);
         return;
     }
-    vf partial[VL];
-    for (int t = 0; t < VL; t++) partial[t] = (vf){0};
+    fvec partial[VL];
+    for (int t = 0; t < VL; t++) partial[t] = (fvec){0};
     for (int64_t d = 0; d < dim; d += VL) {
-        vf qd;
+        fvec qd;
         memcpy(&qd, q + d, sizeof qd);
         for (int t = 0; t < VL; t++) partial[t] += qd * loadv(k + (t * dim + d) * item_size, bf16);
     }
-    const vf s = reduce_lanes(partial);
+    const fvec s = reduce_lanes(partial);
     memcpy(scores, &s, sizeof s);
 }
 
@@ -240,7 +241,7 @@ static inline void add_values(float *acc, const float *p, const char *v, int64_t
         return;
     }
     for (int64_t d = 0; d < dim; d += VL) {
-        vf a;
+        fvec a;
         memcpy(&a, acc + d, sizeof a);
         for (int64_t t = 0; t < count; t++) a += p[t] * loadv(v + (t * dim + d) * item_size, bf16);
         memcpy(acc + d, &a, sizeof a);
