@@ -55,7 +55,11 @@ PATHS = {
 
 
 def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.1) -> Any:
-    """Poll until check() returns something truthy without raising; then return it."""
+    """Poll until check() returns something truthy without raising; then return it.
+
+    A missing key or an absent object (KeyError, TypeError on None) means "not written yet":
+    the operator writes status after its children, so a check may read it before it exists.
+    """
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while time.monotonic() < deadline:
@@ -63,7 +67,7 @@ def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float 
             result = check()
             if result:
                 return result
-        except (AssertionError, httpx.HTTPError) as exc:  # not yet, or not up yet
+        except (AssertionError, KeyError, TypeError, httpx.HTTPError) as exc:  # not yet, or not up yet
             last = exc
         time.sleep(interval)
     if last is not None:
