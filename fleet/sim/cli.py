@@ -158,6 +158,11 @@ def run(args) -> int:
     )
     print(f"== {name} ({spec.mode}, model {model}) on {source}")
     print(f"   cost profile {profile}: {cost.describe()}")
+    if cost.model not in (model, "unknown"):
+        print(
+            f"   note: the profile was measured on {cost.model}, not {model}: the pods step, hold KV and "
+            f"refuse long requests as {cost.model} does (calibrate {model} for its own)"
+        )
     result = simulate(
         spec,
         cost,

@@ -37,9 +37,19 @@ def test_sim_on_the_local_example(tmp_path, capsys, repo_root) -> None:
     out = capsys.readouterr().out
     assert code == 0, out
     assert "SLO p95 TTFT 500 ms, ITL 100 ms: met in" in out and "replica-minutes" in out
+    assert "note: the profile was measured on" not in out  # builtin:tiny's own profile
     report = json.loads((tmp_path / "out/sim-tiny-bursty-tuner.json").read_text())
     assert report["summary"]["conserved"] and report["per_minute"] and report["timeline"]
     assert (tmp_path / "out/sim-tiny-bursty-tuner.png").stat().st_size > 10_000
+
+
+def test_sim_says_when_the_profile_is_another_models(tmp_path, capsys, repo_root) -> None:
+    profile = synthetic_profile(intercept=0.002, tokens=5e-6, seqs=3e-5)
+    profile.model, profile.max_model_len, profile.kv_bytes_per_token = "builtin:small", 2048, 512
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(profile.save(tmp_path / "s.json"))]
+    assert main([*args, "--duration", "30", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: the profile was measured on builtin:small, not builtin:tiny" in out
 
 
 def test_sim_from_a_trace_with_the_hpa(tmp_path, capsys, repo_root) -> None:
