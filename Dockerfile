@@ -15,6 +15,7 @@ ENV PATH=/opt/llm-fleet/bin:$PATH
 WORKDIR /src
 # torch first, in a layer of its own: a source change does not download it again.
 COPY scripts/install.sh scripts/
+COPY constraints.txt ./
 RUN bash scripts/install.sh torch
 COPY pyproject.toml README.md ./
 COPY fleet fleet

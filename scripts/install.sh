@@ -9,8 +9,14 @@
 #
 # LLMFLEET_TORCH_INDEX: the index torch comes from (default PyTorch's CPU index;
 # https://download.pytorch.org/whl/cu128 for the CUDA image).
+# Every other distribution installs at the version constraints.txt pins (scripts/lock.sh writes
+# it), so a new release upstream cannot change what CI tests or an image holds; LLMFLEET_UNPINNED=1
+# installs the newest that pyproject.toml allows instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+PINS=(-c constraints.txt)
+[[ "${LLMFLEET_UNPINNED:-0}" == 1 ]] && PINS=()
 
 TORCH_VERSION=2.13.0
 TORCH_INDEX=${LLMFLEET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
@@ -22,7 +28,7 @@ install_torch() {
         return
     fi
     python -m pip install -q --no-deps "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX"
-    python -m pip install -q "torch==$TORCH_VERSION"  # its dependencies; the wheel above already satisfies it
+    python -m pip install -q "${PINS[@]}" "torch==$TORCH_VERSION"  # its dependencies; the wheel above already satisfies it
 }
 
 install_package() {
@@ -34,7 +40,7 @@ install_package() {
         esac
         shift
     done
-    python -m pip install -q "${editable[@]}" ".${extras:+[$extras]}"
+    python -m pip install -q "${PINS[@]}" "${editable[@]}" ".${extras:+[$extras]}"
     python -m llmfleet.cli --version  # the installed command answers
 }
 

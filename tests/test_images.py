@@ -89,3 +89,30 @@ def test_the_release_workflow_pushes_a_cpu_and_a_cuda_image_for_version_tags():
     version = steps["Version from the tag"]["run"]
     assert 'image=ghcr.io/${GITHUB_REPOSITORY_OWNER,,}/llm-fleet"' in version
     assert "does not match pyproject.toml's version" in version  # a tag never mislabels an image
+
+
+def test_the_pins_cover_every_requirement_and_fit_its_range():
+    """constraints.txt (scripts/lock.sh) is what CI and the images install: each of the package's
+    requirements is pinned there, within the range pyproject.toml gives, and torch is left to
+    install.sh, whose index chooses the CPU or CUDA build."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    assert "torch" not in pins and "llm-fleet" not in pins
+    project = PYPROJECT["project"]
+    extras = project["optional-dependencies"]
+    for text in [*project["dependencies"], *extras["test"], *extras["bench"]]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        if name == "torch":
+            continue
+        assert name in pins, f"{name} is not pinned: run scripts/lock.sh"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is not {text}"
+    install = (REPO / "scripts" / "install.sh").read_text()
+    assert "PINS=(-c constraints.txt)" in install and install.count('"${PINS[@]}"') == 2
+    assert "COPY constraints.txt ./" in DOCKERFILE
