@@ -14,13 +14,22 @@ and with the engine bench's "ceiling": the model's matmul FLOPs at its measured 
 
     python -m llmfleet.bench.runner_profile --model builtin:small --dtype auto --batches 1 8 32
     python -m llmfleet.bench.runner_profile --profile 32   # torch.profiler table for batch 32
+    python -m llmfleet.bench.runner_profile --parts        # each step split into its parts
+
+``--parts`` splits the fastest of the timed steps into what a step's time goes to: the linear
+layers, the paged attention (cache writes and kernels), the other ops of the forward (norms,
+rotary embedding, activations, residual adds, the module calls) and the runner's own work
+outside the forward (step inputs, sampling). The parts are wall times of the step itself, not
+a profiler's estimates, so they add up to the step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import time
+from collections import Counter
 
 
 def _best_seconds(fn, reps: int) -> float:
@@ -77,6 +86,65 @@ class _Decoding:
             r.num_computed_tokens -= 1
 
 
+@contextlib.contextmanager
+def timed_parts(runner, seconds: Counter):
+    """Adds each call's wall time to ``seconds`` under its part while the block runs: the runner's
+    steps, the model's forwards, its linear layers (packed or plain) and the paged attention."""
+    import torch
+
+    from llmfleet.server.runner import attention
+    from llmfleet.server.runner.cpu_linear import PackedLinear
+
+    def timing(function, part):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[part] += time.perf_counter() - start
+
+        return timed
+
+    patches = [
+        (PackedLinear, "forward", "linear"),
+        (torch.nn.Linear, "forward", "linear"),
+        (attention, "attend", "attention"),
+        (runner.model, "forward", "forward"),
+        (runner, "execute", "step"),
+    ]
+    saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
+    for owner, name, part in patches:
+        setattr(owner, name, timing(getattr(owner, name), part))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            if original is None:
+                delattr(owner, name)  # an instance's method: its class's comes back
+            else:
+                setattr(owner, name, original)
+
+
+def step_parts(decoding, reps: int) -> dict[str, float]:
+    """The fastest of ``reps`` steps, in milliseconds, split into its parts (``--parts``)."""
+    best: Counter = Counter()
+    with timed_parts(decoding.runner, seconds := Counter()):
+        decoding.step()
+        for _ in range(reps):
+            seconds.clear()
+            decoding.step()
+            if not best or seconds["step"] < best["step"]:
+                best = Counter(seconds)
+    ms = {part: value * 1e3 for part, value in best.items()}
+    return {
+        "step": ms["step"],
+        "linear": ms["linear"],
+        "attention": ms["attention"],
+        "other ops": ms["forward"] - ms["linear"] - ms["attention"],
+        "outside fwd": ms["step"] - ms["forward"],
+    }
+
+
 def model_linears(model) -> list:
     """The model's linear layers as its runner runs them: plain or oneDNN-packed."""
     import torch
@@ -126,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--profile", type=int, metavar="BATCH", help="print a torch.profiler table at this batch")
+    parser.add_argument("--parts", action="store_true", help="split each batch's step into its parts")
     args = parser.parse_args(argv)
 
     import torch
@@ -160,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         row = (batch, f"{step * 1e3:.1f}", f"{batch / step:.0f}", f"{floor * 1e3:.1f}", f"{fwd * 1e3:.1f}")
         row += (f"{step / floor:.2f}", f"{ceiling / step:.0%}")
         print(" ".join(f"{v:>11}" for v in row))
+    if args.parts:
+        print("\nms per step, the fastest step split into its parts")
+        names = ("step", "linear", "attention", "other ops", "outside fwd")
+        print(" ".join(f"{h:>11}" for h in ("batch", *names)))
+        for batch in args.batches:
+            parts = step_parts(_Decoding(runner, batch, args.context, args.spread), args.reps)
+            print(" ".join(f"{v:>11}" for v in (batch, *(f"{parts[n]:.1f}" for n in names))))
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
