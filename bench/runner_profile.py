@@ -128,7 +128,8 @@ def timed_parts(runner, seconds: Counter):
 def step_parts(decoding, reps: int) -> dict[str, float]:
     """The fastest of ``reps`` steps, in milliseconds, split into its parts (``--parts``)."""
     best: Counter = Counter()
-    with timed_parts(decoding.runner, seconds := Counter()):
+    seconds: Counter = Counter()
+    with timed_parts(decoding.runner, seconds):
         decoding.step()
         for _ in range(reps):
             seconds.clear()
@@ -220,9 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = ("batch", "step ms", "tok/s", "linear ms", "hf fwd ms", "step/linear", "vs ceiling")
     print(" ".join(f"{h:>11}" for h in header))
+    parts_by_batch = []
     for batch in args.batches:
         decoding = _Decoding(runner, batch, args.context, args.spread)
         step = _best_seconds(decoding.step, args.reps)
+        if args.parts:  # the same prefilled requests, timed part by part
+            parts_by_batch.append((batch, step_parts(decoding, args.reps)))
         floor = linear_floor(runner.model, batch, args.reps)
         fwd = forward_floor(path, runner.dtype, batch, max(3, args.reps // 2))
         ceiling = 2 * linear_params * batch / (gflops * 1e9)  # seconds at the square-matmul rate
@@ -233,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nms per step, the fastest step split into its parts")
         names = ("step", "linear", "attention", "other ops", "outside fwd")
         print(" ".join(f"{h:>11}" for h in ("batch", *names)))
-        for batch in args.batches:
-            parts = step_parts(_Decoding(runner, batch, args.context, args.spread), args.reps)
+        for batch, parts in parts_by_batch:
             print(" ".join(f"{v:>11}" for v in (batch, *(f"{parts[n]:.1f}" for n in names))))
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
