@@ -20,7 +20,10 @@ and with the engine bench's "ceiling": the model's matmul FLOPs at its measured 
 layers, the paged attention (cache writes and kernels), the other ops of the forward (norms,
 rotary embedding, activations, residual adds, the module calls) and the runner's own work
 outside the forward (step inputs, sampling). The parts are wall times of the step itself, not
-a profiler's estimates, so they add up to the step.
+a profiler's estimates, so they add up to the step. A second table times the step again with
+the linears, the attention, and both made free: what each would save, and what is left without
+them (the timed parts put some of the linears' cost, such as the caches they evict, under the
+other ops).
 """
 
 from __future__ import annotations
@@ -146,6 +149,58 @@ def step_parts(decoding, reps: int) -> dict[str, float]:
     }
 
 
+@contextlib.contextmanager
+def free_parts(*parts: str):
+    """While the block runs, the named parts ("linear", "attention") cost nothing: each linear
+    hands back a zero tensor of its output's shape, made once per shape, and the paged
+    attention leaves its output buffer as it is. The outputs are wrong; only the timing counts."""
+    import torch
+
+    from llmfleet.server.runner import attention
+    from llmfleet.server.runner.cpu_linear import PackedLinear
+
+    outputs: dict = {}
+
+    def free_linear(self, x):
+        key = (x.shape, x.dtype, self.out_features)
+        if key not in outputs:
+            outputs[key] = torch.zeros(*x.shape[:-1], self.out_features, dtype=x.dtype)
+        return outputs[key]
+
+    patches = []
+    if "linear" in parts:
+        patches += [(PackedLinear, "forward", free_linear), (torch.nn.Linear, "forward", free_linear)]
+    if "attention" in parts:
+        patches.append((attention, "attend", lambda *args, **kwargs: None))
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, stand_in in patches:
+        setattr(owner, name, stand_in)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def parts_by_removal(decoding, reps: int) -> dict[str, float]:
+    """Each part's cost as what the step saves when that part costs nothing (``--parts``), in
+    milliseconds: the step, then without its linears, without its attention and without both.
+    Unlike the timed parts, a part's saving here includes what it makes the others wait for
+    (caches it evicts, threads it leaves to wake), so the three need not add up to the step."""
+    step = _best_seconds(decoding.step, reps)
+    saved = {}
+    for parts in (("linear",), ("attention",), ("linear", "attention")):
+        with free_parts(*parts):
+            saved[parts] = _best_seconds(decoding.step, reps)
+    both = saved[("linear", "attention")]
+    return {
+        "step": step * 1e3,
+        "linear": (step - saved[("linear",)]) * 1e3,
+        "attention": (step - saved[("attention",)]) * 1e3,
+        "the rest": both * 1e3,
+    }
+
+
 def model_linears(model) -> list:
     """The model's linear layers as its runner runs them: plain or oneDNN-packed."""
     import torch
@@ -225,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     for batch in args.batches:
         decoding = _Decoding(runner, batch, args.context, args.spread)
         step = _best_seconds(decoding.step, args.reps)
-        if args.parts:  # the same prefilled requests, timed part by part
-            parts_by_batch.append((batch, step_parts(decoding, args.reps)))
+        if args.parts:  # the same prefilled requests, timed part by part, then each part removed
+            parts_by_batch.append((batch, step_parts(decoding, args.reps), parts_by_removal(decoding, args.reps)))
         floor = linear_floor(runner.model, batch, args.reps)
         fwd = forward_floor(path, runner.dtype, batch, max(3, args.reps // 2))
         ceiling = 2 * linear_params * batch / (gflops * 1e9)  # seconds at the square-matmul rate
@@ -237,8 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\nms per step, the fastest step split into its parts")
         names = ("step", "linear", "attention", "other ops", "outside fwd")
         print(" ".join(f"{h:>11}" for h in ("batch", *names)))
-        for batch, parts in parts_by_batch:
+        for batch, parts, _ in parts_by_batch:
             print(" ".join(f"{v:>11}" for v in (batch, *(f"{parts[n]:.1f}" for n in names))))
+        print("\nms per step each part saves when it costs nothing; the rest: the step without both")
+        names = ("step", "linear", "attention", "the rest")
+        print(" ".join(f"{h:>11}" for h in ("batch", *names)))
+        for batch, _, removed in parts_by_batch:
+            print(" ".join(f"{v:>11}" for v in (batch, *(f"{removed[n]:.1f}" for n in names))))
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
