@@ -114,7 +114,7 @@ class StageWorker:
         self.device = device
         self.shards = shard_group(store, layout, self.stage, self.shard, device) if layout.tensor > 1 else None
         self.dtype = resolve_dtype(config.dtype, device)
-        model = load_model(spec.model_dir, self.dtype, device)
+        model, _ = load_model(spec.model_dir, self.dtype, device)  # the split models' configs say their shapes
         hf = model.config
         problem = layout_problem(layout, hf)
         if problem:

@@ -331,23 +331,38 @@ def model_logits(
     ).logits[0]
 
 
+@dataclass(frozen=True)
+class KVShape:
+    """What each layer's attention hands over to be cached: KV heads and the head size."""
+
+    kv_heads: int
+    head_dim: int
+
+
 class _Probe:
-    """Answers every attention call of a forward with zeros, counting the calls."""
+    """Answers every attention call of a forward with zeros, counting the calls and noting the
+    shapes of the keys, values and queries each layer hands over."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.shapes: set[tuple[int, int, int, int, int]] = set()
 
     def split(
         self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scoring: Scoring
     ) -> torch.Tensor:
         self.calls += 1
+        # (1, heads, T, D) each: key heads and size, value heads and size, query heads
+        self.shapes.add((key.shape[1], key.shape[-1], value.shape[1], value.shape[-1], query.shape[1]))
         return torch.zeros_like(query).transpose(1, 2)  # (1, T, heads, D)
 
 
-def probe(model: torch.nn.Module, device: torch.device) -> None:
+def probe(model: torch.nn.Module, device: torch.device) -> KVShape:
     """A one-token forward at load, before the server reports ready: raises UnsupportedModel for
     a model whose layers drop our kwargs (every request's step would fail) or whose attention
-    does not come here in every layer (its own code: requests would attend across each other)."""
+    does not come here in every layer (its own code: requests would attend across each other).
+    Returns the KV shape the layers hand over, which sizes the cache: a config can carry a
+    ``num_key_value_heads`` its architecture ignores (GPT-NeoX) or name heads otherwise
+    (JetMoE), and the cache must hold what the attention gets, not what the config says."""
     one = torch.zeros((1, 1), dtype=torch.long, device=device)
     counter = _Probe()
     try:
@@ -361,6 +376,23 @@ def probe(model: torch.nn.Module, device: torch.device) -> None:
     if counter.calls != layers:
         reason = f"{OWN_ATTENTION} ({counter.calls} attention calls for {layers} layers)"
         raise refused(type(model).__name__, reason)
+    return kv_shape(type(model).__name__, counter.shapes)
+
+
+def kv_shape(model_name: str, shapes: set[tuple[int, int, int, int, int]]) -> KVShape:
+    """The one KV shape of every layer; refused where layers differ (one paged cache holds every
+    layer alike), where keys and values differ, or where query heads are not a whole number of
+    groups per KV head."""
+    if len(shapes) != 1:
+        described = ", ".join(f"{k} KV heads of {d}" for k, d, *_ in sorted(shapes))
+        raise refused(model_name, f"its layers cache keys of different shapes ({described}), one paged cache holds one")
+    ((key_heads, key_dim, value_heads, value_dim, query_heads),) = shapes
+    if (key_heads, key_dim) != (value_heads, value_dim):
+        reason = f"its keys ({key_heads} heads of {key_dim}) and values ({value_heads} of {value_dim}) differ in shape"
+        raise refused(model_name, reason)
+    if query_heads % key_heads:
+        raise refused(model_name, f"its {query_heads} query heads do not share its {key_heads} KV heads evenly")
+    return KVShape(key_heads, key_dim)
 
 
 def register() -> None:

@@ -69,10 +69,12 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.nn.Module, attention.KVShape]:
     """``from_pretrained`` with llm-fleet's attention, in eval mode, after a one-token probe: a
     model this runner would serve wrongly is refused (model_support.py) before or after its weights
-    load."""
+    load. Also the KV shape its layers hand the attention, which the cache is sized for."""
     attention.register()
     architecture = check_supported(model_dir)  # before any weights load: a refused model goes in a second
     try:
@@ -84,8 +86,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) 
             raise
         raise refused(architecture, OWN_ATTENTION) from exc
     model.eval()
-    attention.probe(model, device)
-    return model
+    return model, attention.probe(model, device)
 
 
 def context_limit(config: EngineConfig, hf_config) -> int:
@@ -132,14 +133,13 @@ class TorchModelRunner:
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
             if cpu_kernels.enabled():
                 cpu_kernels.built()  # compile the decode-attention kernel now, not in a first decode step
-        self.model = load_model(model_dir, self.dtype, self.device)
+        self.model, kv_shape = load_model(model_dir, self.dtype, self.device)
         fingerprint = model_fingerprint(self.model)  # reads weights that packing releases
         if packed:
             cpu_linear.pack_linears(self.model, config.max_num_batched_tokens)
         hf = self.model.config
         self.num_layers = hf.num_hidden_layers
-        self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-        self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        self.num_kv_heads, self.head_dim = kv_shape.kv_heads, kv_shape.head_dim
         self.max_model_len = context_limit(config, hf)
         self.kv_block_size = config.kv_block_size
         self.num_kv_blocks = config.num_kv_blocks or max(

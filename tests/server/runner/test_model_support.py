@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 from transformers import AutoConfig
 
+from llmfleet.server.runner.attention import KVShape, kv_shape
 from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir
 from llmfleet.server.runner.model_support import UnsupportedModel, check_supported, unsupported_reason
 from tests.server.runner.hand_scheduler import HandScheduler, hf_greedy
@@ -78,3 +79,42 @@ def test_what_the_config_does_not_show_fails_at_load_not_in_a_request(tmp_path, 
     model_dir = build_model_dir(spec, tmp_path / architecture)
     with pytest.raises(UnsupportedModel, match=words):
         make_runner(model_dir)
+
+
+@pytest.mark.parametrize(
+    "architecture",
+    [
+        "gpt_neox",  # keeps a num_key_value_heads of 2 in its config and ignores it: 4 heads reach the attention
+        "jetmoe",  # 2 KV heads, each shared by the query heads of its 2 attention experts
+    ],
+)
+def test_the_cache_holds_what_the_attention_gets_not_what_the_config_says(tmp_path, architecture):
+    spec = dataclasses.replace(BUILTINS["tiny"], architecture=architecture)
+    model_dir = build_model_dir(spec, tmp_path / architecture)
+    prompts = prompts_for(6, 3, longest=20)
+    max_tokens = [12, 9, 14]
+    expected = hf_greedy(model_dir, prompts, max_tokens)
+
+    hand = HandScheduler(make_runner(model_dir))
+    for i, chunk in enumerate([1 << 30, 5, 1 << 30]):
+        hand.add(str(i), prompts[i], max_tokens[i], chunk=chunk)
+    outputs = hand.run()
+    for i in range(len(prompts)):
+        assert outputs[str(i)] == expected[i], f"request {i} diverged on {architecture}"
+
+
+@pytest.mark.parametrize(
+    ("shapes", "words"),
+    [
+        ({(2, 16, 2, 16, 4), (4, 16, 4, 16, 4)}, "different shapes"),
+        ({(2, 16, 2, 32, 4)}, "keys .* and values .* differ"),
+        ({(3, 16, 3, 16, 4)}, "do not share"),
+    ],
+)
+def test_kv_shapes_one_paged_cache_cannot_hold_are_refused(shapes, words):
+    with pytest.raises(UnsupportedModel, match=words):
+        kv_shape("SomeForCausalLM", shapes)
+
+
+def test_one_kv_shape_is_read_as_heads_and_size():
+    assert kv_shape("SomeForCausalLM", {(2, 16, 2, 16, 4)}) == KVShape(kv_heads=2, head_dim=16)
