@@ -1,5 +1,5 @@
-"""Attention and cache writes for CPUs, in C: decodes read straight from the paged cache,
-prompts causally.
+"""Attention, cache writes and few-row linears for CPUs, in C: decodes read straight from the
+paged cache, prompts causally, and steps of a few rows read oneDNN's packed weights in place.
 
 **Decodes.** The torch path (attention._decode) gathers every decoding request's blocks into a
 padded copy before two batched matmuls, and the copy costs more than the matmuls. This kernel
@@ -28,7 +28,12 @@ than the CPU's caches, so each row's write first reads its lines from DRAM, and 
 ``index_copy_`` takes those misses one row after another. The write kernel asks for every
 destination line first (a prefetch for writing), so the misses overlap, then copies.
 
-All three are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
+**Few-row linears.** oneDNN's kernels, built for many rows, read a packed weight at about half
+the memory's rate when a decode step has only a few rows. This one streams each block of the
+packed weight once, start to end, into up to six rows at a time (cpu_linear.py uses it for steps
+of up to ``small_linear_rows()`` rows, on weights whose packed layout ``reads_packed`` checked).
+
+All of them are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
 this CPU (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command
 and the CPU's flags, and run in torch's own OpenMP threads (the same ``libgomp`` is already
 loaded).
@@ -462,6 +467,83 @@ int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_slots, const int
         }
     return 0;
 }
+
+/* Linears of a few rows over the weight oneDNN packed at load (cpu_linear.py), read in place: in
+   float32 oneDNN lays a [N, K] weight out as [N / 64][K][64], each block of 64 output columns
+   K rows of 64 floats, one after another (cpu_kernels.reads_packed checks this at load, and the
+   kernel is not used where it differs). A slice of a block's columns (SL_VECS vectors) is read
+   once, start to end, for up to SL_ROWS rows of x at a time, one FMA chain per output, so a
+   step's few rows stream the weights at the memory's rate where oneDNN's kernels, built for
+   many rows, reach about half of it. Each output is summed over k in one order whatever the
+   row count, so a row's result does not depend on the rows beside it. */
+#if VL == 16
+#define SL_ROWS 6  /* 24 accumulators, 4 weight vectors and a broadcast of 32 registers */
+#define SL_MAX_M 32
+#elif VL == 8
+#define SL_ROWS 2  /* 8 accumulators, 4 weight vectors and a broadcast of 16 */
+#define SL_MAX_M 4
+#else
+#define SL_ROWS 4
+#define SL_MAX_M 0  /* not measured: oneDNN's kernels throughout */
+#endif
+#define SL_VECS 4
+#define SL_SLICE (SL_VECS * VL)
+
+static inline __attribute__((always_inline)) void slice_rows(const float *x, int64_t k, const float *w,
+        const float *bias, float *out, int64_t n, int64_t col0, const int rows) {
+    fvec acc[SL_ROWS][SL_VECS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) acc[r][c] = (fvec){0};
+    for (int64_t kk = 0; kk < k; kk++) {
+        fvec wv[SL_VECS];
+        _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) memcpy(&wv[c], w + kk * 64 + c * VL, sizeof(fvec));
+        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
+            const float xv = x[r * k + kk];
+            _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) acc[r][c] += xv * wv[c];
+        }
+    }
+    const int64_t cols = n - col0 < SL_SLICE ? n - col0 : SL_SLICE;
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) {
+            float lanes[VL];
+            const fvec v = acc[r][c];  /* a copy: the accumulators stay in registers */
+            memcpy(lanes, &v, sizeof v);
+            for (int l = 0; l < VL && c * VL + l < cols; l++)
+                out[r * n + col0 + c * VL + l] = lanes[l] + (bias ? bias[col0 + c * VL + l] : 0.0f);
+        }
+}
+
+/* out (m, n) = x (m, k) . w^T + bias, w packed as above; threads take runs of column slices. */
+void llmfleet_small_linear(const float *x, int64_t m, int64_t k, const float *w, int64_t n, const float *bias,
+                           float *out, int num_threads) {
+    const int64_t slices = (n + SL_SLICE - 1) / SL_SLICE, passes = (m + SL_ROWS - 1) / SL_ROWS;
+    const int64_t per_pass = (m + passes - 1) / passes;  /* 8 rows: two passes of 4, not 6 and 2 */
+    #pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t s = 0; s < slices; s++) {
+        const int64_t col0 = s * SL_SLICE;
+        const float *ws = w + (col0 / 64) * k * 64 + col0 % 64;
+        for (int64_t r0 = 0; r0 < m; r0 += per_pass) {
+            const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
+            const float *xr = x + r0 * k;
+            float *o = out + r0 * n;
+            switch (rows) {
+                case 1: slice_rows(xr, k, ws, bias, o, n, col0, 1); break;
+                case 2: slice_rows(xr, k, ws, bias, o, n, col0, 2); break;
+#if SL_ROWS >= 4
+                case 3: slice_rows(xr, k, ws, bias, o, n, col0, 3); break;
+                case 4: slice_rows(xr, k, ws, bias, o, n, col0, 4); break;
+#endif
+#if SL_ROWS >= 6
+                case 5: slice_rows(xr, k, ws, bias, o, n, col0, 5); break;
+                case 6: slice_rows(xr, k, ws, bias, o, n, col0, 6); break;
+#endif
+            }
+        }
+    }
+}
+
+/* The most rows the kernel above is used for on this CPU (0: none) */
+int llmfleet_small_linear_rows(void) { return SL_MAX_M; }
 """
 
 _I64 = ctypes.c_int64
@@ -536,7 +618,20 @@ _WRITE_ARGTYPES = [
     _I64,  # kv heads, head dim, item size
 ]
 
+_LINEAR_ARGTYPES = [
+    _PTR,
+    _I64,
+    _I64,  # x, rows, in features
+    _PTR,
+    _I64,  # packed weight, out features
+    _PTR,
+    _PTR,  # bias (NULL: none), out
+    ctypes.c_int,  # threads
+]
+
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+# Places of a packed weight compared with the dense one (reads_packed), beside its first block
+_LAYOUT_SAMPLES = 4096
 
 
 def enabled() -> bool:
@@ -582,6 +677,10 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_prefill_attention.restype = None
     library.llmfleet_kv_write.argtypes = _WRITE_ARGTYPES
     library.llmfleet_kv_write.restype = ctypes.c_int
+    library.llmfleet_small_linear.argtypes = _LINEAR_ARGTYPES
+    library.llmfleet_small_linear.restype = None
+    library.llmfleet_small_linear_rows.argtypes = []
+    library.llmfleet_small_linear_rows.restype = ctypes.c_int
     return library
 
 
@@ -772,3 +871,53 @@ def kv_write(
     if outside:
         raise IndexError(f"a cache slot outside 0..{keys.shape[1] - 1}: {slots.tolist()}")
     return True
+
+
+def small_linear_rows() -> int:
+    """The most rows ``small_linear`` takes on this CPU: 0 where the kernels are off or not
+    built, or on CPUs where it was not measured faster than oneDNN; ``LLMFLEET_SMALL_LINEAR=0``
+    keeps oneDNN's kernels for every step."""
+    if not enabled() or os.environ.get("LLMFLEET_SMALL_LINEAR", "1") == "0":
+        return 0
+    library = _library()
+    return 0 if library is None else library.llmfleet_small_linear_rows()
+
+
+def reads_packed(packed: torch.Tensor, dense: torch.Tensor) -> bool:
+    """Whether ``small_linear`` reads ``packed``, oneDNN's packing of the float32 weight ``dense``
+    (out, in): it reads oneDNN's layout of today's CPUs, [out / 64][in][64], and oneDNN picks its
+    layout per CPU, shape and version. So the packed weight's bytes are compared with the dense
+    one's at its first block and at sampled places; any other layout, or size, says no."""
+    if dense.dtype != torch.float32 or dense.dim() != 2 or small_linear_rows() == 0:
+        return False
+    n, k = dense.shape
+    count = -(-n // 64) * 64 * k
+    if torch.ops.mkldnn._nbytes(packed) != count * 4:
+        return False
+    memory = (ctypes.c_float * count).from_address(torch.ops.mkldnn.data_ptr(packed))
+    raw = torch.frombuffer(memory, dtype=torch.float32)
+    sampled = torch.randint(count, (_LAYOUT_SAMPLES,), generator=torch.Generator().manual_seed(0))
+    places = torch.cat([torch.arange(min(count, 64 * k)), sampled])
+    cols, rows = (places // (64 * k)) * 64 + places % 64, (places // 64) % k
+    inside = cols < n  # the last block's columns past n are padding
+    return torch.equal(raw[places[inside]], dense.detach()[cols[inside], rows[inside]])
+
+
+def small_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for a float32 ``x`` of a few rows (at most ``small_linear_rows()``),
+    reading ``packed`` in place, a weight ``reads_packed`` said yes to."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
+    library = _library()
+    assert library is not None, "small_linear without the kernels: check small_linear_rows() first"
+    library.llmfleet_small_linear(
+        rows.data_ptr(),
+        rows.shape[0],
+        rows.shape[1],
+        torch.ops.mkldnn.data_ptr(packed),
+        out_features,
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out

@@ -12,7 +12,9 @@ still works), except where the weight is tied to another module (an embedding), 
 tensor stays. Compute anything that reads weight values (the KV fingerprint) before packing.
 
 oneDNN builds a kernel for each new row count on first use, so a packed runner pads its steps
-to a bounded set of sizes and warms them up at start-up (step_shapes.py, warm_up.py).
+to a bounded set of sizes and warms them up at start-up (step_shapes.py, warm_up.py). A step of a
+few rows (a decode of a few requests) skips oneDNN for a C kernel that streams the same packed
+weight at the memory's rate (cpu_kernels.small_linear), where its layout was checked at load.
 ``LLMFLEET_PACKED_LINEAR=0`` keeps the plain linears.
 """
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from llmfleet.server.runner import cpu_kernels
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -53,6 +57,10 @@ class PackedLinear(torch.nn.Module):
         dense = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(dense, rows_hint)
         self.bias = linear.bias
+        if self.bias is not None and self.bias.dtype != torch.float32:
+            self.small_rows = 0
+        else:  # a step of a few rows streams the packed weight through a C kernel instead
+            self.small_rows = cpu_kernels.small_linear_rows() if cpu_kernels.reads_packed(self.packed, dense) else 0
         if keep_weight:
             self.weight = linear.weight
         else:  # a stand-in: shape and dtype without the memory
@@ -61,6 +69,8 @@ class PackedLinear(torch.nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() <= self.small_rows * self.in_features and x.dtype == torch.float32 and x.numel():
+            return cpu_kernels.small_linear(x, self.packed, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

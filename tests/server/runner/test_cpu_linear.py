@@ -1,13 +1,14 @@
 """oneDNN-packed linears (cpu_linear.py): the same outputs as ``nn.Linear``, weights released
-except where tied, and a runner that packs its linears still matches HF generate (the oracle
-tests run with packing on, its default on a CPU)."""
+except where tied, steps of a few rows through the C kernel that streams the packed weight, and a
+runner that packs its linears still matches HF generate (the oracle tests run with packing and the
+kernel on, their defaults on a CPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from llmfleet.server.runner import cpu_linear
+from llmfleet.server.runner import cpu_kernels, cpu_linear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 
@@ -65,3 +66,58 @@ def test_bfloat16_stays_plain_where_onednn_has_no_bf16_kernels(monkeypatch):
     monkeypatch.setattr(cpu_linear, "packs_bfloat16", lambda: False)
     cpu = torch.device("cpu")
     assert not cpu_linear.enabled(cpu, torch.bfloat16) and cpu_linear.enabled(cpu, torch.float32)
+
+
+SMALL = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or cpu_kernels.small_linear_rows() == 0,
+    reason="no small-row kernel on this CPU (not built, or not measured faster than oneDNN here)",
+)
+
+
+@SMALL
+@pytest.mark.parametrize(("out_features", "in_features"), [(768, 768), (3072, 768), (768, 3072), (200, 128), (40, 96)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_step_of_a_few_rows_streams_the_packed_weight_and_computes_the_same(out_features, in_features, bias):
+    """Every row count the kernel takes (and one more, which oneDNN's kernel takes), on shapes whose
+    columns fill whole 64-column blocks and shapes that end in a padded one."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+    packed = cpu_linear.PackedLinear(linear, rows_hint=256, keep_weight=False)
+    assert packed.small_rows == cpu_kernels.small_linear_rows()
+    with torch.inference_mode():
+        for rows in range(1, packed.small_rows + 2):
+            x = torch.randn(1, rows, in_features)
+            torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+@SMALL
+def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it():
+    """One sum per output in one order: a request's logits do not depend on how many requests
+    share its step (for steps the kernel takes)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(768, 3072)
+    packed = cpu_linear.PackedLinear(linear, rows_hint=256, keep_weight=False)
+    x = torch.randn(packed.small_rows, 768)
+    with torch.inference_mode():
+        alone = packed(x[:1])
+        for rows in range(2, packed.small_rows + 1):
+            assert torch.equal(packed(x[:rows])[:1], alone)
+
+
+@SMALL
+def test_a_packed_layout_the_kernel_does_not_read_stays_on_onednn(monkeypatch):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 128, bias=False)
+    dense = linear.weight.detach()
+    packed = torch.ops.mkldnn._reorder_linear_weight(dense, 64)
+    assert cpu_kernels.reads_packed(packed, dense)
+    assert not cpu_kernels.reads_packed(packed, dense.t().contiguous().view(128, 64))  # the same bytes elsewhere
+    assert not cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(dense[:, :32].contiguous(), 64), dense)
+    monkeypatch.setattr(cpu_kernels, "reads_packed", lambda packed, dense: False)
+    assert cpu_linear.PackedLinear(linear, rows_hint=64, keep_weight=False).small_rows == 0
+
+
+def test_the_small_row_kernel_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("LLMFLEET_SMALL_LINEAR", "0")
+    assert cpu_kernels.small_linear_rows() == 0
+    assert cpu_linear.PackedLinear(torch.nn.Linear(64, 128), rows_hint=64, keep_weight=False).small_rows == 0
