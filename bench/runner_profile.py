@@ -108,16 +108,23 @@ def timed_parts(runner, seconds: Counter):
 
         return timed
 
-    patches = [
+    parts = [
         (PackedLinear, "forward", "linear"),
         (torch.nn.Linear, "forward", "linear"),
         (attention, "attend", "attention"),
         (runner.model, "forward", "forward"),
         (runner, "execute", "step"),
     ]
-    saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
-    for owner, name, part in patches:
-        setattr(owner, name, timing(getattr(owner, name), part))
+    with _patched([(owner, name, timing(getattr(owner, name), part)) for owner, name, part in parts]):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(replacements: list):
+    """Sets each (owner, name, replacement) while the block runs, then puts back what was there."""
+    saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in replacements]
+    for owner, name, replacement in replacements:
+        setattr(owner, name, replacement)
     try:
         yield
     finally:
@@ -167,19 +174,13 @@ def free_parts(*parts: str):
             outputs[key] = torch.zeros(*x.shape[:-1], self.out_features, dtype=x.dtype)
         return outputs[key]
 
-    patches = []
+    stand_ins = []
     if "linear" in parts:
-        patches += [(PackedLinear, "forward", free_linear), (torch.nn.Linear, "forward", free_linear)]
+        stand_ins += [(PackedLinear, "forward", free_linear), (torch.nn.Linear, "forward", free_linear)]
     if "attention" in parts:
-        patches.append((attention, "attend", lambda *args, **kwargs: None))
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    for owner, name, stand_in in patches:
-        setattr(owner, name, stand_in)
-    try:
+        stand_ins.append((attention, "attend", lambda *args, **kwargs: None))
+    with _patched(stand_ins):
         yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
 
 
 def parts_by_removal(decoding, reps: int) -> dict[str, float]:
@@ -188,16 +189,15 @@ def parts_by_removal(decoding, reps: int) -> dict[str, float]:
     Unlike the timed parts, a part's saving here includes what it makes the others wait for
     (caches it evicts, threads it leaves to wake), so the three need not add up to the step."""
     step = _best_seconds(decoding.step, reps)
-    saved = {}
+    without = {}
     for parts in (("linear",), ("attention",), ("linear", "attention")):
         with free_parts(*parts):
-            saved[parts] = _best_seconds(decoding.step, reps)
-    both = saved[("linear", "attention")]
+            without[parts] = _best_seconds(decoding.step, reps)
     return {
         "step": step * 1e3,
-        "linear": (step - saved[("linear",)]) * 1e3,
-        "attention": (step - saved[("attention",)]) * 1e3,
-        "the rest": both * 1e3,
+        "linear": (step - without[("linear",)]) * 1e3,
+        "attention": (step - without[("attention",)]) * 1e3,
+        "the rest": without[("linear", "attention")] * 1e3,
     }
 
 
