@@ -8,10 +8,23 @@ from collections.abc import Iterator
 
 from llmfleet.server.wire.errors import error_body
 
+# Characters JSON leaves raw that Python's str.splitlines (and so httpx's and requests'
+# iter_lines) takes for line ends: raw, a sampled "\x85" cuts a data line in two for those clients.
+_LINE_ENDS_TO_PYTHON = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
 
 def encode_event(chunk: dict | str) -> str:
-    data = chunk if isinstance(chunk, str) else json.dumps(chunk, separators=(",", ":"), ensure_ascii=False)
+    data = chunk if isinstance(chunk, str) else _json(chunk)
     return f"data: {data}\n\n"
+
+
+def _json(chunk: dict) -> str:
+    """Compact JSON, UTF-8 as is, but for the line ends above, which are escaped (same JSON)."""
+    data = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in _LINE_ENDS_TO_PYTHON.items():
+        if char in data:
+            data = data.replace(char, escaped)
+    return data
 
 
 class WholeEvents:

@@ -3,6 +3,8 @@ request ids, SSE framing, stop strings and reasons; /v1/models, /tokenize and /d
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -48,6 +50,18 @@ def test_echo_prepends_the_prompt(client):
     stream = client.post("/v1/completions", json={"prompt": [72, 73], "max_tokens": 4, "echo": True, "stream": True})
     text = "".join(c["choices"][0]["text"] for c in sse_chunks(stream) if c["choices"])
     assert text.startswith("hi") and len(text) == 6
+
+
+def test_streamed_text_reads_whole_with_splitlines_clients(client):
+    """U+0085, U+2028 and U+2029 are line ends to Python's splitlines, and so to httpx's and
+    requests' iter_lines: a data line carrying one raw would reach those clients in two pieces."""
+    prompt = "one\x85two\u2028three\u2029four"
+    body = {"prompt": prompt, "max_tokens": 2, "echo": True, "stream": True}
+    response = client.post("/v1/completions", json=body)
+    events = [line[len("data: ") :] for line in response.iter_lines() if line]
+    assert all(e == "[DONE]" or json.loads(e) for e in events), events
+    text = "".join(c["choices"][0]["text"] for c in sse_chunks(response) if c["choices"])
+    assert text.startswith(prompt)
 
 
 @pytest.mark.parametrize("stream", [False, True])
