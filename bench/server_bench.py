@@ -22,6 +22,7 @@ from llmfleet.bench.report import Trace, latency_summary, print_table
 from llmfleet.local.processes import ServerProcess
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.request import SamplingParams
+from llmfleet.server.wire.sse import event_lines
 from llmfleet.workloads import Workload, prompt_tokens
 
 
@@ -62,7 +63,7 @@ async def stream_completion(http, url: str, prompt: list[int], n: int, start: fl
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
     async with http.stream("POST", f"{url}/v1/completions", json=body, timeout=1800) as resp:
         resp.raise_for_status()
-        async for line in resp.aiter_lines():
+        async for line in event_lines(resp.aiter_text()):
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
                 if chunk["choices"] and (chunk["choices"][0]["text"] or chunk["choices"][0]["finish_reason"]):

@@ -134,6 +134,7 @@ async def generate_load(args, total: Summary) -> None:
 
     import httpx
 
+    from llmfleet.server.wire.sse import event_lines
     from llmfleet.workloads import SHAPES
 
     shape = SHAPES[args.shape]
@@ -168,7 +169,7 @@ async def generate_load(args, total: Summary) -> None:
                     if response.is_error:
                         await response.aread()
                         raise Failed(f"HTTP {response.status_code}", _error_message(response.text))
-                    async for line in response.aiter_lines():
+                    async for line in event_lines(response.aiter_text()):
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         if "error" in json.loads(line[6:]):

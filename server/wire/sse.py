@@ -4,7 +4,7 @@ Encoding our events, and cutting a relayed stream into whole events to read or p
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from llmfleet.server.wire.errors import error_body
 
@@ -55,6 +55,18 @@ def event_data(whole: bytes) -> Iterator[bytes]:
         for line in event.split(b"\n"):
             if line.startswith(b"data:"):
                 yield line[5:].strip()
+
+
+async def event_lines(texts: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The lines of a streamed answer's text as SSE ends them (LF or CRLF), not as
+    str.splitlines (httpx's ``aiter_lines``) does: another server's JSON may carry U+2028 raw."""
+    pending = ""
+    async for text in texts:
+        *lines, pending = (pending + text).split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if pending:
+        yield pending.removesuffix("\r")
 
 
 def broken_stream_end(message: str) -> bytes:
