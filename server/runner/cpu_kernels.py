@@ -31,7 +31,8 @@ destination line first (a prefetch for writing), so the misses overlap, then cop
 **Few-row linears.** oneDNN's kernels, built for many rows, read a packed weight at about half
 the memory's rate when a decode step has only a few rows. This one streams each block of the
 packed weight once, start to end, into up to six rows at a time (cpu_linear.py uses it for steps
-of up to ``small_linear_rows()`` rows, on weights whose packed layout ``reads_packed`` checked).
+of up to ``small_linear_rows()`` rows, on weights whose packed layout ``reads_packed`` checked);
+in float32, and in bfloat16 on CPUs with AVX512-BF16.
 
 All of them are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
 this CPU (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command
@@ -544,6 +545,73 @@ void llmfleet_small_linear(const float *x, int64_t m, int64_t k, const float *w,
 
 /* The most rows the kernel above is used for on this CPU (0: none) */
 int llmfleet_small_linear_rows(void) { return SL_MAX_M; }
+
+/* The same for bfloat16, on CPUs with AVX512-BF16: oneDNN packs a bf16 weight in pairs of its
+   inputs, [out / 64][in / 2][64][2], the layout VDPBF16PS takes, which multiplies 16 columns'
+   pairs by a broadcast pair of x and adds both products to float32 sums. Bias in float32; each
+   output rounded to bfloat16 once, at the end. */
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#define SLB_MAX_M 32
+
+static inline __attribute__((always_inline)) void slice_rows_bf16(const uint16_t *x, int64_t k, const uint16_t *w,
+        const float *bias, uint16_t *out, int64_t n, int64_t col0, const int rows) {
+    __m512 acc[SL_ROWS][4];
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    const int64_t pairs = k / 2;
+    for (int64_t kp = 0; kp < pairs; kp++) {
+        __m512bh wv[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            wv[c] = (__m512bh)_mm512_loadu_si512(w + kp * 128 + c * 32);
+        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * k + 2 * kp, sizeof pair);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+        }
+    }
+    const int64_t cols = n - col0 < 64 ? n - col0 : 64;
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            float lanes[16];
+            _mm512_storeu_ps(lanes, acc[r][c]);
+            for (int l = 0; l < 16 && c * 16 + l < cols; l++)
+                out[r * n + col0 + c * 16 + l] = float_to_bf16(lanes[l] + (bias ? bias[col0 + c * 16 + l] : 0.0f));
+        }
+}
+
+/* out (m, n) = x (m, k) . w^T + bias for bfloat16 x, w and out (k even) */
+void llmfleet_small_linear_bf16(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                                const float *bias, uint16_t *out, int num_threads) {
+    const int64_t slices = (n + 63) / 64, passes = (m + SL_ROWS - 1) / SL_ROWS;
+    const int64_t per_pass = (m + passes - 1) / passes;
+    #pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t s = 0; s < slices; s++) {
+        const int64_t col0 = s * 64;
+        const uint16_t *ws = w + s * k * 64;
+        for (int64_t r0 = 0; r0 < m; r0 += per_pass) {
+            const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
+            const uint16_t *xr = x + r0 * k;
+            uint16_t *o = out + r0 * n;
+            switch (rows) {
+                case 1: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 1); break;
+                case 2: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 2); break;
+                case 3: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 3); break;
+                case 4: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 4); break;
+                case 5: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 5); break;
+                case 6: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 6); break;
+            }
+        }
+    }
+}
+#else
+#define SLB_MAX_M 0
+void llmfleet_small_linear_bf16(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                                const float *bias, uint16_t *out, int num_threads) {}
+#endif
+
+int llmfleet_small_linear_bf16_rows(void) { return SLB_MAX_M; }
 """
 
 _I64 = ctypes.c_int64
@@ -681,6 +749,10 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_small_linear.restype = None
     library.llmfleet_small_linear_rows.argtypes = []
     library.llmfleet_small_linear_rows.restype = ctypes.c_int
+    library.llmfleet_small_linear_bf16.argtypes = _LINEAR_ARGTYPES
+    library.llmfleet_small_linear_bf16.restype = None
+    library.llmfleet_small_linear_bf16_rows.argtypes = []
+    library.llmfleet_small_linear_bf16_rows.restype = ctypes.c_int
     return library
 
 
@@ -873,44 +945,58 @@ def kv_write(
     return True
 
 
-def small_linear_rows() -> int:
-    """The most rows ``small_linear`` takes on this CPU: 0 where the kernels are off or not
-    built, or on CPUs where it was not measured faster than oneDNN; ``LLMFLEET_SMALL_LINEAR=0``
-    keeps oneDNN's kernels for every step."""
-    if not enabled() or os.environ.get("LLMFLEET_SMALL_LINEAR", "1") == "0":
+def small_linear_rows(dtype: torch.dtype = torch.float32) -> int:
+    """The most rows ``small_linear`` takes in ``dtype`` on this CPU: 0 where the kernels are off
+    or not built, or on CPUs where it was not measured faster than oneDNN (bfloat16: CPUs without
+    AVX512-BF16); ``LLMFLEET_SMALL_LINEAR=0`` keeps oneDNN's kernels for every step."""
+    if not enabled() or os.environ.get("LLMFLEET_SMALL_LINEAR", "1") == "0" or dtype not in _DTYPES:
         return 0
     library = _library()
-    return 0 if library is None else library.llmfleet_small_linear_rows()
+    if library is None:
+        return 0
+    if dtype == torch.bfloat16:
+        return library.llmfleet_small_linear_bf16_rows()
+    return library.llmfleet_small_linear_rows()
 
 
 def reads_packed(packed: torch.Tensor, dense: torch.Tensor) -> bool:
-    """Whether ``small_linear`` reads ``packed``, oneDNN's packing of the float32 weight ``dense``
-    (out, in): it reads oneDNN's layout of today's CPUs, [out / 64][in][64], and oneDNN picks its
-    layout per CPU, shape and version. So the packed weight's bytes are compared with the dense
-    one's at its first block and at sampled places; any other layout, or size, says no."""
-    if dense.dtype != torch.float32 or dense.dim() != 2 or small_linear_rows() == 0:
+    """Whether ``small_linear`` reads ``packed``, oneDNN's packing of the weight ``dense`` (out,
+    in): it reads oneDNN's layouts of today's CPUs, [out / 64][in][64] in float32 and
+    [out / 64][in / 2][64][2] in bfloat16, and oneDNN picks its layout per CPU, shape and
+    version. So the packed weight's bytes are compared with the dense one's at its first block
+    and at sampled places; any other layout, or size, says no."""
+    if dense.dim() != 2 or small_linear_rows(dense.dtype) == 0:
         return False
     n, k = dense.shape
-    count = -(-n // 64) * 64 * k
-    if torch.ops.mkldnn._nbytes(packed) != count * 4:
+    pair = 2 if dense.dtype == torch.bfloat16 else 1  # inputs side by side in a column
+    if k % pair:
         return False
-    memory = (ctypes.c_float * count).from_address(torch.ops.mkldnn.data_ptr(packed))
-    raw = torch.frombuffer(memory, dtype=torch.float32)
+    block = 64 * k  # elements of one 64-column block
+    count = -(-n // 64) * block
+    if torch.ops.mkldnn._nbytes(packed) != count * dense.element_size():
+        return False
+    item = ctypes.c_uint16 if pair == 2 else ctypes.c_float
+    memory = (item * count).from_address(torch.ops.mkldnn.data_ptr(packed))
+    raw = torch.frombuffer(memory, dtype=torch.int16 if pair == 2 else torch.float32).view(dense.dtype)
     sampled = torch.randint(count, (_LAYOUT_SAMPLES,), generator=torch.Generator().manual_seed(0))
-    places = torch.cat([torch.arange(min(count, 64 * k)), sampled])
-    cols, rows = (places // (64 * k)) * 64 + places % 64, (places // 64) % k
+    places = torch.cat([torch.arange(min(count, block)), sampled])
+    within = places % block  # (in / pair, 64, pair) in the block
+    cols = (places // block) * 64 + (within // pair) % 64
+    rows = (within // (64 * pair)) * pair + within % pair
     inside = cols < n  # the last block's columns past n are padding
     return torch.equal(raw[places[inside]], dense.detach()[cols[inside], rows[inside]])
 
 
 def small_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T + bias`` for a float32 ``x`` of a few rows (at most ``small_linear_rows()``),
-    reading ``packed`` in place, a weight ``reads_packed`` said yes to."""
+    """``x @ weight.T + bias`` for ``x`` of a few rows (at most ``small_linear_rows(x.dtype)``),
+    in ``x``'s dtype, reading ``packed`` in place, a weight ``reads_packed`` said yes to; ``bias``
+    in float32."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty((*x.shape[:-1], out_features), dtype=torch.float32)
+    out = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
     library = _library()
     assert library is not None, "small_linear without the kernels: check small_linear_rows() first"
-    library.llmfleet_small_linear(
+    kernel = library.llmfleet_small_linear_bf16 if x.dtype == torch.bfloat16 else library.llmfleet_small_linear
+    kernel(
         rows.data_ptr(),
         rows.shape[0],
         rows.shape[1],

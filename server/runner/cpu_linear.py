@@ -57,10 +57,12 @@ class PackedLinear(torch.nn.Module):
         dense = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(dense, rows_hint)
         self.bias = linear.bias
-        if self.bias is not None and self.bias.dtype != torch.float32:
-            self.small_rows = 0
-        else:  # a step of a few rows streams the packed weight through a C kernel instead
-            self.small_rows = cpu_kernels.small_linear_rows() if cpu_kernels.reads_packed(self.packed, dense) else 0
+        # a step of a few rows streams the packed weight through a C kernel instead, which adds
+        # the bias in float32
+        readable = cpu_kernels.reads_packed(self.packed, dense)
+        self.small_rows = cpu_kernels.small_linear_rows(dense.dtype) if readable else 0
+        self.small_dtype = dense.dtype
+        self.small_bias = None if self.bias is None else self.bias.detach().float()
         if keep_weight:
             self.weight = linear.weight
         else:  # a stand-in: shape and dtype without the memory
@@ -69,8 +71,8 @@ class PackedLinear(torch.nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() <= self.small_rows * self.in_features and x.dtype == torch.float32 and x.numel():
-            return cpu_kernels.small_linear(x, self.packed, self.out_features, self.bias)
+        if x.numel() <= self.small_rows * self.in_features and x.dtype == self.small_dtype and x.numel():
+            return cpu_kernels.small_linear(x, self.packed, self.out_features, self.small_bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

@@ -72,32 +72,44 @@ SMALL = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available() or cpu_kernels.small_linear_rows() == 0,
     reason="no small-row kernel on this CPU (not built, or not measured faster than oneDNN here)",
 )
+SMALL_BF16 = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available()
+    or not cpu_linear.packs_bfloat16()
+    or cpu_kernels.small_linear_rows(torch.bfloat16) == 0,
+    reason="no bfloat16 small-row kernel on this CPU (it needs AVX512-BF16)",
+)
+DTYPES = [pytest.param(torch.float32, marks=SMALL), pytest.param(torch.bfloat16, marks=SMALL_BF16)]
 
 
-@SMALL
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("out_features", "in_features"), [(768, 768), (3072, 768), (768, 3072), (200, 128), (40, 96)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_step_of_a_few_rows_streams_the_packed_weight_and_computes_the_same(out_features, in_features, bias):
+def test_a_step_of_a_few_rows_streams_the_packed_weight_and_computes_the_same(out_features, in_features, bias, dtype):
     """Every row count the kernel takes (and one more, which oneDNN's kernel takes), on shapes whose
-    columns fill whole 64-column blocks and shapes that end in a padded one."""
+    columns fill whole 64-column blocks and shapes that end in a padded one. In bfloat16 both sum
+    in float32 and round once; their orders differ, so they may differ in a last bit."""
     torch.manual_seed(0)
-    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias).to(dtype)
     packed = cpu_linear.PackedLinear(linear, rows_hint=256, keep_weight=False)
-    assert packed.small_rows == cpu_kernels.small_linear_rows()
+    assert packed.small_rows == cpu_kernels.small_linear_rows(dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    exact = torch.nn.Linear(in_features, out_features, bias=bias)  # the same weights, in float32
+    exact.load_state_dict({name: value.float() for name, value in linear.state_dict().items()})
     with torch.inference_mode():
         for rows in range(1, packed.small_rows + 2):
-            x = torch.randn(1, rows, in_features)
-            torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=1e-5)
+            x = torch.randn(1, rows, in_features, dtype=dtype)
+            expected = exact(x.float())
+            torch.testing.assert_close(packed(x).float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@SMALL
-def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it(dtype):
     """One sum per output in one order: a request's logits do not depend on how many requests
     share its step (for steps the kernel takes)."""
     torch.manual_seed(0)
-    linear = torch.nn.Linear(768, 3072)
+    linear = torch.nn.Linear(768, 3072).to(dtype)
     packed = cpu_linear.PackedLinear(linear, rows_hint=256, keep_weight=False)
-    x = torch.randn(packed.small_rows, 768)
+    x = torch.randn(packed.small_rows, 768, dtype=dtype)
     with torch.inference_mode():
         alone = packed(x[:1])
         for rows in range(2, packed.small_rows + 1):
@@ -113,11 +125,15 @@ def test_a_packed_layout_the_kernel_does_not_read_stays_on_onednn(monkeypatch):
     assert cpu_kernels.reads_packed(packed, dense)
     assert not cpu_kernels.reads_packed(packed, dense.t().contiguous().view(128, 64))  # the same bytes elsewhere
     assert not cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(dense[:, :32].contiguous(), 64), dense)
+    if cpu_kernels.small_linear_rows(torch.bfloat16):  # bf16 in pairs of inputs: another layout, checked too
+        bf16 = dense.to(torch.bfloat16)
+        assert cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(bf16, 64), bf16)
+        assert not cpu_kernels.reads_packed(packed, bf16)  # the float32 packing, read as bf16's
     monkeypatch.setattr(cpu_kernels, "reads_packed", lambda packed, dense: False)
     assert cpu_linear.PackedLinear(linear, rows_hint=64, keep_weight=False).small_rows == 0
 
 
 def test_the_small_row_kernel_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("LLMFLEET_SMALL_LINEAR", "0")
-    assert cpu_kernels.small_linear_rows() == 0
+    assert cpu_kernels.small_linear_rows() == cpu_kernels.small_linear_rows(torch.bfloat16) == 0
     assert cpu_linear.PackedLinear(torch.nn.Linear(64, 128), rows_hint=64, keep_weight=False).small_rows == 0
