@@ -514,33 +514,38 @@ static inline __attribute__((always_inline)) void slice_rows(const float *x, int
         }
 }
 
-/* out (m, n) = x (m, k) . w^T + bias, w packed as above; threads take runs of column slices. */
+/* The loop both dtypes' kernels run: threads take runs of column slices of width SLICE (a block
+   of 64 columns is k * 64 elements in either layout), and each slice's rows go in balanced passes
+   of at most SL_ROWS (8 rows: two passes of 4, not 6 and 2) through SLICE_FN, whose row count is
+   a constant in each call, so its accumulators stay in registers. */
+#if SL_ROWS >= 6
+#define SL_CASES(fn) SL_CASE(fn, 1) SL_CASE(fn, 2) SL_CASE(fn, 3) SL_CASE(fn, 4) SL_CASE(fn, 5) SL_CASE(fn, 6)
+#elif SL_ROWS >= 4
+#define SL_CASES(fn) SL_CASE(fn, 1) SL_CASE(fn, 2) SL_CASE(fn, 3) SL_CASE(fn, 4)
+#else
+#define SL_CASES(fn) SL_CASE(fn, 1) SL_CASE(fn, 2)
+#endif
+#define SL_CASE(fn, r) case r: fn(xr, k, ws, bias, o, n, col0, r); break;
+#define SMALL_LINEAR_SLICES(T, SLICE, SLICE_FN) do { \
+    const int64_t slices = (n + (SLICE) - 1) / (SLICE), passes = (m + SL_ROWS - 1) / SL_ROWS; \
+    const int64_t per_pass = (m + passes - 1) / passes; \
+    _Pragma("omp parallel for num_threads(num_threads) schedule(static)") \
+    for (int64_t s = 0; s < slices; s++) { \
+        const int64_t col0 = s * (SLICE); \
+        const T *ws = w + (col0 / 64) * k * 64 + col0 % 64; \
+        for (int64_t r0 = 0; r0 < m; r0 += per_pass) { \
+            const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass; \
+            const T *xr = x + r0 * k; \
+            T *o = out + r0 * n; \
+            switch (rows) { SL_CASES(SLICE_FN) } \
+        } \
+    } \
+} while (0)
+
+/* out (m, n) = x (m, k) . w^T + bias, w packed as above */
 void llmfleet_small_linear(const float *x, int64_t m, int64_t k, const float *w, int64_t n, const float *bias,
                            float *out, int num_threads) {
-    const int64_t slices = (n + SL_SLICE - 1) / SL_SLICE, passes = (m + SL_ROWS - 1) / SL_ROWS;
-    const int64_t per_pass = (m + passes - 1) / passes;  /* 8 rows: two passes of 4, not 6 and 2 */
-    #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t s = 0; s < slices; s++) {
-        const int64_t col0 = s * SL_SLICE;
-        const float *ws = w + (col0 / 64) * k * 64 + col0 % 64;
-        for (int64_t r0 = 0; r0 < m; r0 += per_pass) {
-            const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
-            const float *xr = x + r0 * k;
-            float *o = out + r0 * n;
-            switch (rows) {
-                case 1: slice_rows(xr, k, ws, bias, o, n, col0, 1); break;
-                case 2: slice_rows(xr, k, ws, bias, o, n, col0, 2); break;
-#if SL_ROWS >= 4
-                case 3: slice_rows(xr, k, ws, bias, o, n, col0, 3); break;
-                case 4: slice_rows(xr, k, ws, bias, o, n, col0, 4); break;
-#endif
-#if SL_ROWS >= 6
-                case 5: slice_rows(xr, k, ws, bias, o, n, col0, 5); break;
-                case 6: slice_rows(xr, k, ws, bias, o, n, col0, 6); break;
-#endif
-            }
-        }
-    }
+    SMALL_LINEAR_SLICES(float, SL_SLICE, slice_rows);
 }
 
 /* The most rows the kernel above is used for on this CPU (0: none) */
@@ -584,26 +589,7 @@ static inline __attribute__((always_inline)) void slice_rows_bf16(const uint16_t
 /* out (m, n) = x (m, k) . w^T + bias for bfloat16 x, w and out (k even) */
 void llmfleet_small_linear_bf16(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                                 const float *bias, uint16_t *out, int num_threads) {
-    const int64_t slices = (n + 63) / 64, passes = (m + SL_ROWS - 1) / SL_ROWS;
-    const int64_t per_pass = (m + passes - 1) / passes;
-    #pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t s = 0; s < slices; s++) {
-        const int64_t col0 = s * 64;
-        const uint16_t *ws = w + s * k * 64;
-        for (int64_t r0 = 0; r0 < m; r0 += per_pass) {
-            const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
-            const uint16_t *xr = x + r0 * k;
-            uint16_t *o = out + r0 * n;
-            switch (rows) {
-                case 1: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 1); break;
-                case 2: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 2); break;
-                case 3: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 3); break;
-                case 4: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 4); break;
-                case 5: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 5); break;
-                case 6: slice_rows_bf16(xr, k, ws, bias, o, n, col0, 6); break;
-            }
-        }
-    }
+    SMALL_LINEAR_SLICES(uint16_t, 64, slice_rows_bf16);
 }
 #else
 #define SLB_MAX_M 0
