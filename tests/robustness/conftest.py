@@ -5,7 +5,9 @@ token. builtin:tiny in float32 with small caches, one torch thread each: they sh
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,18 +29,24 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TRANSFER = {KV_TOKEN_HEADER: TOKEN}
 
 
-def engine_config(tmp: Path) -> Path:
+# Short, so that schemathesis' cases without max_tokens end in time; test_poison needs longer lives
+CONTEXT = 128
+
+
+def engine_config(tmp: Path, context: int = CONTEXT) -> Path:
     path = tmp / "engine.yaml"
-    path.write_text("dtype: float32\nkv_block_size: 8\nkv_cache_memory_mb: 16\nmax_model_len: 128\n")
+    path.write_text(f"dtype: float32\nkv_block_size: 8\nkv_cache_memory_mb: 16\nmax_model_len: {context}\n")
     return path
 
 
-def serve(tmp: Path, name: str, *args: str, env: dict | None = None, config: bool = True) -> ServerProcess:
+def serve(
+    tmp: Path, name: str, *args: str, env: dict | None = None, config: bool = True, context: int = CONTEXT
+) -> ServerProcess:
     common = ("--model", "builtin:tiny", "--served-model-name", MODEL)
     return ServerProcess(
         *common,
         *args,
-        config=engine_config(tmp) if config else None,
+        config=engine_config(tmp, context) if config else None,
         log_path=tmp / f"{name}.log",
         env=FLEET_ENV | (env or {}),
     )
@@ -55,13 +63,19 @@ class Fleet:
 
 
 @pytest.fixture(scope="session")
-def fleet(tmp_path_factory) -> Fleet:
-    tmp = tmp_path_factory.mktemp("robust")
+def fleet(tmp_path_factory) -> Iterator[Fleet]:
+    with running_fleet(tmp_path_factory.mktemp("robust")) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_fleet(tmp: Path, context: int = CONTEXT) -> Iterator[Fleet]:
+    """The colocated server and the disaggregated fleet, each with a `context`-token limit."""
     pool = tmp / "prefill-pool.yaml"
-    colocated = serve(tmp, "colocated", "--api-key", API_KEY)
-    prefill = serve(tmp, "prefill", "--role", "prefill")
+    colocated = serve(tmp, "colocated", "--api-key", API_KEY, context=context)
+    prefill = serve(tmp, "prefill", "--role", "prefill", context=context)
     pool.write_text(f"prefill:\n- {prefill.url}\n")
-    decode = serve(tmp, "decode", "--role", "decode", "--endpoints-file", str(pool))
+    decode = serve(tmp, "decode", "--role", "decode", "--endpoints-file", str(pool), context=context)
     started = [colocated, prefill, decode]
     try:
         with concurrent.futures.ThreadPoolExecutor(3) as waiting:

@@ -9,14 +9,16 @@ import concurrent.futures
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.robustness.conftest import AUTH, MODEL, post, report
+from tests.robustness.conftest import AUTH, MODEL, Fleet, post, report, running_fleet
 
 VICTIMS = [f"Victim {i}: the quick brown fox jumps over the lazy dog, again and again" for i in range(8)]
 VICTIM_TOKENS = 400  # long enough that every poison meets them in the batch
+CONTEXT = 512  # the shared fleet's 128 tokens end a victim in ~0.4 s, about when the poisons land
 # name -> (fields over a plain completion, what it gets: the 400's param, or "abort")
 POISONS = {
     "tiny-repetition-penalty": ({"repetition_penalty": 1e-300, "temperature": 1}, "repetition_penalty"),
@@ -86,8 +88,15 @@ def poison(url: str, headers: dict, name: str, stream: bool) -> float:
     return time.monotonic()
 
 
+@pytest.fixture(scope="module")
+def long_fleet(tmp_path_factory) -> Iterator[Fleet]:
+    with running_fleet(tmp_path_factory.mktemp("poison"), context=CONTEXT) as started:
+        yield started
+
+
 @pytest.mark.parametrize("through", ["colocated", "router"])
-def test_poison_requests_never_touch_other_streams(fleet, through):
+def test_poison_requests_never_touch_other_streams(long_fleet, through):
+    fleet = long_fleet
     url, headers = (fleet.colocated.url, AUTH) if through == "colocated" else (fleet.router.url, {})
     expected = alone(url, headers)
     started = threading.Barrier(len(VICTIMS) + 1)
