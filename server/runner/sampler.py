@@ -22,6 +22,7 @@ returns by default: the chosen token's and the top-N.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
@@ -54,8 +55,8 @@ class Sampler:
         processed = self._process(logits, requests, failed)
         if self.grammars is not None:
             processed = self.grammars.constrain(processed, logits, requests, failed)
-        processed = _set_aside_bad_rows(processed, logits, failed)
-        tokens = torch.argmax(processed, dim=-1)
+        best, tokens = processed.max(dim=-1)  # greedy rows' tokens: argmax's, the first of ties
+        _note_bad_rows(best, failed)
         random_rows = [i for i, r in enumerate(requests) if not r.sampling.greedy and i not in failed]
         if random_rows:
             drawn = self._draw(processed[random_rows], [requests[i] for i in random_rows], random_rows, failed)
@@ -166,21 +167,18 @@ def _process_row(row: torch.Tensor, request: Request, eos_token_ids: frozenset[i
         _penalize(row, request)
 
 
-def _set_aside_bad_rows(processed: torch.Tensor, logits: torch.Tensor, failed: dict[int, str]) -> torch.Tensor:
+def _note_bad_rows(best: torch.Tensor, failed: dict[int, str]) -> None:
     """Record in ``failed`` each row that holds NaN or +inf, or no candidate at all (every token at
-    -inf), and zero every failed row so that the batch's argmax and draws run on (their tokens are
-    dropped). A copy where ``processed`` is still the raw ``logits``."""
-    bad = torch.isnan(processed).any(dim=-1) | torch.isposinf(processed).any(dim=-1)
-    empty = torch.isneginf(processed).all(dim=-1)
-    for i in torch.nonzero(bad | empty).flatten().tolist():
-        failed.setdefault(
-            i, "no token is left to sample: its logits hold NaN or inf" if bad[i] else "no token is left to sample"
-        )
-    if not failed:
-        return processed
-    out = processed.clone() if processed is logits else processed
-    out[list(failed)] = 0.0
-    return out
+    -inf), read from its largest logit ``best`` (max carries a NaN through). Their tokens, drawn or
+    not, are dropped; the rest of the batch samples on."""
+    for i, value in enumerate(best.tolist()):
+        if not math.isfinite(value):
+            failed.setdefault(
+                i,
+                "no token is left to sample"
+                if value == -math.inf
+                else "no token is left to sample: its logits hold NaN or inf",
+            )
 
 
 def _processed(request: Request) -> bool:
