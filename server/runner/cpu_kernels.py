@@ -1,5 +1,6 @@
-"""Attention, cache writes and few-row linears for CPUs, in C: decodes read straight from the
-paged cache, prompts causally, and steps of a few rows read oneDNN's packed weights in place.
+"""Attention, cache writes, few-row linears and RMSNorm for CPUs, in C: decodes read straight
+from the paged cache, prompts causally, and steps of a few rows read oneDNN's packed weights in
+place.
 
 **Decodes.** The torch path (attention._decode) gathers every decoding request's blocks into a
 padded copy before two batched matmuls, and the copy costs more than the matmuls. This kernel
@@ -33,6 +34,9 @@ the memory's rate when a decode step has only a few rows. This one streams each 
 packed weight once, start to end, into up to six rows at a time (cpu_linear.py uses it for steps
 of up to ``small_linear_rows()`` rows, on weights whose packed layout ``reads_packed`` checked);
 in float32, and in bfloat16 on CPUs with AVX512-BF16.
+
+**RMSNorm.** Llama's RMSNorm in one pass to sum and one to write, where transformers' module runs
+eight tensor ops (cpu_norms.py swaps it in).
 
 All of them are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
 this CPU (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command
@@ -598,6 +602,45 @@ void llmfleet_small_linear_bf16(const uint16_t *x, int64_t m, int64_t k, const u
 #endif
 
 int llmfleet_small_linear_bf16_rows(void) { return SLB_MAX_M; }
+
+/* RMSNorm as Llama's module computes it (and the many of transformers' RMSNorms that share its
+   forward): per row x / sqrt(mean(x^2) + eps) in float32, then times the weight; in bfloat16 the
+   normalized row is rounded to bfloat16 before the weight multiplies it and the product is rounded
+   again, as the module's two steps do. One pass to sum, one to write, where the module runs eight
+   tensor ops. Rows split over threads only where there are many. */
+void llmfleet_rms_norm(const void *x, int64_t rows, int64_t dim, const void *weight, float eps, void *out,
+                       int bf16, int num_threads) {
+    const int64_t item = bf16 ? 2 : 4;
+    _Pragma("omp parallel for num_threads(num_threads) schedule(static) if (rows * dim >= 65536)")
+    for (int64_t r = 0; r < rows; r++) {
+        const char *xr = (const char *)x + r * dim * item;
+        fvec acc = {0};
+        int64_t d = 0;
+        for (; d + VL <= dim; d += VL) {
+            const fvec v = loadv(xr + d * item, bf16);
+            acc += v * v;
+        }
+        float sum = 0.0f;
+        for (int l = 0; l < VL; l++) sum += acc[l];
+        for (; d < dim; d++) {
+            const float v = element(xr, d, bf16);
+            sum += v * v;
+        }
+        const float scale = 1.0f / sqrtf(sum / (float)dim + eps);
+        if (bf16) {
+            const uint16_t *xh = (const uint16_t *)xr, *w = (const uint16_t *)weight;
+            uint16_t *o = (uint16_t *)out + r * dim;
+            for (d = 0; d < dim; d++) {
+                const float y = bf16_to_float(float_to_bf16(bf16_to_float(xh[d]) * scale));
+                o[d] = float_to_bf16(bf16_to_float(w[d]) * y);
+            }
+        } else {
+            const float *xf = (const float *)xr, *w = (const float *)weight;
+            float *o = (float *)out + r * dim;
+            for (d = 0; d < dim; d++) o[d] = w[d] * (xf[d] * scale);
+        }
+    }
+}
 """
 
 _I64 = ctypes.c_int64
@@ -733,6 +776,8 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_kv_write.restype = ctypes.c_int
     library.llmfleet_small_linear.argtypes = _LINEAR_ARGTYPES
     library.llmfleet_small_linear.restype = None
+    library.llmfleet_rms_norm.argtypes = [_PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR, ctypes.c_int, ctypes.c_int]
+    library.llmfleet_rms_norm.restype = None
     library.llmfleet_small_linear_rows.argtypes = []
     library.llmfleet_small_linear_rows.restype = ctypes.c_int
     library.llmfleet_small_linear_bf16.argtypes = _LINEAR_ARGTYPES
@@ -990,6 +1035,39 @@ def small_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias:
         out_features,
         None if bias is None else bias.data_ptr(),
         out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """Llama's RMSNorm of ``x`` over its last dimension (float32 or bfloat16, ``weight`` in the same
+    dtype), or None where the kernel cannot take it: kernels off or not built, another dtype or
+    device, a weight of another size."""
+    if (
+        x.device.type != "cpu"
+        or x.dtype not in _DTYPES
+        or weight.dtype != x.dtype
+        or weight.dim() != 1
+        or weight.shape[0] != x.shape[-1]
+        or x.numel() == 0
+        or not enabled()
+    ):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    rows = x.contiguous()
+    out = torch.empty_like(rows)
+    weight = weight.contiguous()
+    library.llmfleet_rms_norm(
+        rows.data_ptr(),
+        rows.numel() // rows.shape[-1],
+        rows.shape[-1],
+        weight.data_ptr(),
+        eps,
+        out.data_ptr(),
+        _DTYPES[x.dtype],
         torch.get_num_threads(),
     )
     return out
