@@ -2,9 +2,9 @@
 
 transformers' Llama RMSNorm, and the many RMSNorms written as the same forward (Qwen, Mistral,
 Granite, GLM, DeepSeek...), run eight tensor ops for each call: a float32 copy, square, mean, add,
-rsqrt, multiply, a copy back and the weight's multiply. Twice a layer and once more at the end,
-those small ops are a tenth of a bfloat16 decode step's time at 2 threads, and a second thread
-does not shorten them. ``fuse_rms_norms`` swaps each such module for one that calls
+rsqrt, multiply, a copy back and the weight's multiply, twice a layer and once more at the end;
+on a few rows each op costs its dispatch more than its arithmetic, and a second thread does not
+shorten them (docs/engine.md has the figures). ``fuse_rms_norms`` swaps each such module for one that calls
 ``cpu_kernels.rms_norm``, which reads the row once to sum and once to write, with the module's
 roundings. Which modules: those whose ``forward`` is, to the character, Llama's (their weight
 and epsilon the same attributes); any other (Gemma's ``1 + weight``, norms without a weight)
