@@ -1042,8 +1042,9 @@ def small_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """Llama's RMSNorm of ``x`` over its last dimension (float32 or bfloat16, ``weight`` in the same
-    dtype), or None where the kernel cannot take it: kernels off or not built, another dtype or
-    device, a weight of another size."""
+    dtype), or None where the kernel cannot take it: not built, another dtype or device, a weight
+    of another size. Called for every norm of every step: whether the kernels are switched on is
+    read once, where the norms are swapped (cpu_norms.enabled)."""
     if (
         x.device.type != "cpu"
         or x.dtype not in _DTYPES
@@ -1051,7 +1052,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         or weight.dim() != 1
         or weight.shape[0] != x.shape[-1]
         or x.numel() == 0
-        or not enabled()
     ):
         return None
     library = _library()
@@ -1059,12 +1059,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         return None
     rows = x.contiguous()
     out = torch.empty_like(rows)
-    weight = weight.contiguous()
     library.llmfleet_rms_norm(
         rows.data_ptr(),
         rows.numel() // rows.shape[-1],
         rows.shape[-1],
-        weight.data_ptr(),
+        weight.contiguous().data_ptr(),
         eps,
         out.data_ptr(),
         _DTYPES[x.dtype],

@@ -4,9 +4,9 @@ transformers' Llama RMSNorm, and the many RMSNorms written as the same forward (
 Granite, GLM, DeepSeek...), run eight tensor ops for each call: a float32 copy, square, mean, add,
 rsqrt, multiply, a copy back and the weight's multiply, twice a layer and once more at the end;
 on a few rows each op costs its dispatch more than its arithmetic, and a second thread does not
-shorten them (docs/engine.md has the figures). ``fuse_rms_norms`` swaps each such module for one that calls
-``cpu_kernels.rms_norm``, which reads the row once to sum and once to write, with the module's
-roundings. Which modules: those whose ``forward`` is, to the character, Llama's (their weight
+shorten them (docs/engine.md has the figures). ``fuse_rms_norms`` swaps each such module for one
+that calls ``cpu_kernels.rms_norm``, which reads the row once to sum and once to write, with the
+module's roundings. Which modules: those whose ``forward`` is, to the character, Llama's (their weight
 and epsilon the same attributes); any other (Gemma's ``1 + weight``, norms without a weight)
 keeps its own. ``LLMFLEET_FUSED_NORMS=0`` keeps every module's own.
 """
@@ -30,10 +30,10 @@ class FusedRMSNorm(torch.nn.Module):
     def __init__(self, norm: torch.nn.Module) -> None:
         super().__init__()
         self.weight = norm.weight
-        self.variance_epsilon = norm.variance_epsilon
+        self.variance_epsilon = float(norm.variance_epsilon)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out = cpu_kernels.rms_norm(hidden_states, self.weight, float(self.variance_epsilon))
+        out = cpu_kernels.rms_norm(hidden_states, self.weight, self.variance_epsilon)
         return LlamaRMSNorm.forward(self, hidden_states) if out is None else out
 
     def extra_repr(self) -> str:
@@ -41,7 +41,13 @@ class FusedRMSNorm(torch.nn.Module):
 
 
 def enabled(device: torch.device) -> bool:
-    return device.type == "cpu" and cpu_kernels.enabled() and os.environ.get("LLMFLEET_FUSED_NORMS", "1") != "0"
+    """Whether a runner on ``device`` swaps its norms: on a CPU, with the kernels on and built."""
+    return (
+        device.type == "cpu"
+        and cpu_kernels.enabled()
+        and os.environ.get("LLMFLEET_FUSED_NORMS", "1") != "0"
+        and cpu_kernels.built()
+    )
 
 
 def fuse_rms_norms(model: torch.nn.Module) -> int:
