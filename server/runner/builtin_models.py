@@ -53,6 +53,7 @@ class BuiltinSpec:
     seed: int
     sliding_window: int | None = None  # mistral/qwen2 only; None: a window wider than the context
     extra_config: tuple[tuple[str, Any], ...] = ()  # more config fields (other architectures, in tests)
+    dtype: str = "float32"  # the weights' dtype on disk (a checkpoint's torch_dtype)
 
 
 BUILTINS: dict[str, BuiltinSpec] = {
@@ -61,6 +62,36 @@ BUILTINS: dict[str, BuiltinSpec] = {
     "tiny-mistral": BuiltinSpec("mistral", 512, 64, 2, 4, 2, 128, 2048, 0.08, 3456),
     # ~125M parameters, Llama-shaped, for benchmarks
     "small": BuiltinSpec("llama", 8192, 768, 12, 12, 12, 3072, 4096, 0.04, 4567),
+    # Llama-3.2-1B's shape (1.24B parameters, tied embeddings, llama3 RoPE), stored in bfloat16 as
+    # Meta ships it: for GPU benchmarks against the hardware's roofline
+    "llama-1b": BuiltinSpec(
+        "llama",
+        128256,
+        2048,
+        16,
+        32,
+        8,
+        8192,
+        131072,
+        0.02,
+        5678,
+        extra_config=(
+            ("head_dim", 64),
+            ("tie_word_embeddings", True),
+            (
+                "rope_parameters",
+                (
+                    ("rope_type", "llama3"),
+                    ("rope_theta", 500000.0),
+                    ("factor", 32.0),
+                    ("low_freq_factor", 1.0),
+                    ("high_freq_factor", 4.0),
+                    ("original_max_position_embeddings", 8192),
+                ),
+            ),
+        ),
+        dtype="bfloat16",
+    ),
 }
 
 
@@ -196,7 +227,7 @@ def _build(spec: BuiltinSpec, out: Path) -> None:
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     model.generation_config.bos_token_id = config.bos_token_id
-    model.save_pretrained(out)
+    model.to(getattr(torch, spec.dtype)).save_pretrained(out)
 
 
 def _config_kwargs(spec: BuiltinSpec) -> dict[str, Any]:
@@ -219,7 +250,13 @@ def _config_kwargs(spec: BuiltinSpec) -> dict[str, Any]:
         kwargs["use_sliding_window"] = spec.sliding_window is not None
         kwargs["sliding_window"] = spec.sliding_window
         kwargs["max_window_layers"] = 1  # layers from this index on use the window
-    return kwargs | dict(spec.extra_config)
+    return kwargs | {name: _thawed(value) for name, value in spec.extra_config}
+
+
+def _thawed(value: Any) -> Any:
+    """A frozen spec holds a mapping (such as ``rope_parameters``) as (name, value) pairs."""
+    pairs = isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value)
+    return dict(value) if pairs else value
 
 
 def build_tokenizer(vocab_size: int):

@@ -91,3 +91,20 @@ def test_generate_command_prints_text_and_says_it_is_gibberish(capsys):
     assert main(["generate", "--max-tokens", "5", "Hello"]) == 0
     out = capsys.readouterr().out
     assert "gibberish" in out and "> Hello" in out and "5 tokens" in out
+
+
+def test_llama_1b_has_llama_3_2_1bs_shape_and_is_stored_in_bfloat16(tmp_path):
+    spec = builtin_models.BUILTINS["llama-1b"]
+    config = AutoConfig.for_model(spec.architecture, **builtin_models._config_kwargs(spec))
+    assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (2048, 16, 8192)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (32, 8, 64)
+    assert config.vocab_size == 128256 and config.tie_word_embeddings
+    assert config.rope_parameters["rope_type"] == "llama3" and config.rope_parameters["factor"] == 32.0
+    # the same spec at a small size, built: its weights saved in the spec's dtype, its mapping thawed
+    small = BuiltinSpec("llama", 300, 32, 1, 4, 2, 64, 256, 0.08, 7, extra_config=spec.extra_config, dtype=spec.dtype)
+    build_model_dir(small, tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["dtype"] == "bfloat16" and saved["rope_parameters"]["rope_theta"] == 500000.0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert model.dtype == torch.bfloat16
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
