@@ -73,7 +73,7 @@ class _Decoding:
         for start in range(0, batch, 4):
             group = self.requests[start : start + 4]
             self._advance(SchedulerOutput([ScheduledRequest(r, r.num_tokens) for r in group]))
-        self._make = lambda: SchedulerOutput([ScheduledRequest(r, 1) for r in self.requests])
+        self.make = lambda: SchedulerOutput([ScheduledRequest(r, 1) for r in self.requests])
 
     def _advance(self, output) -> None:
         tokens = self.runner.execute(output)
@@ -82,7 +82,7 @@ class _Decoding:
             item.request.output_token_ids.append(token.token_id)
 
     def step(self) -> None:
-        self._advance(self._make())
+        self._advance(self.make())
         # stay at the same context length so every timed step does the same work
         for r in self.requests:
             r.output_token_ids.pop()
