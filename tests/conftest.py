@@ -12,6 +12,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 os.environ.setdefault("LLMFLEET_CACHE", str(REPO / ".cache" / "llm-fleet"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Triton kernels (server/runner/triton_kernels.py) run through Triton's interpreter on a CPU; it
+# is chosen when Triton is first imported, so here, before anything imports it.
+if os.environ.get("LLMFLEET_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Property tests judge what comes out, not how fast: hypothesis's 200 ms deadline per example and
 # its too-slow health check would fail them on a loaded 2-core CI machine, at random.

@@ -13,7 +13,8 @@ The function writes this step's keys and values into the paged cache at the slot
 attends each request's queries to that request's cached keys, causally, with GQA:
 
 - one-query requests (decodes) are batched per group of similar context length. On a CPU a C
-  kernel attends them reading the cache in place (cpu_kernels.py); otherwise their blocks are
+  kernel attends them reading the cache in place (cpu_kernels.py), on a GPU a Triton kernel
+  (gpu_kernels.py); otherwise (or with a logit cap on a GPU) their blocks are
   gathered into a padded (kv_heads, n, ctx, head_dim) tensor and attended with two batched
   matmuls and a length mask (CPU SDPA is several times slower for one-token queries);
 - prompt chunks are attended one request at a time: a chunk that starts at position 0 attends
@@ -35,7 +36,7 @@ from typing import Protocol
 import torch
 from transformers import AttentionInterface
 
-from llmfleet.server.runner import cpu_kernels
+from llmfleet.server.runner import cpu_kernels, gpu_kernels
 from llmfleet.server.runner.kv_cache import PagedKVCache
 from llmfleet.server.runner.model_support import OWN_ATTENTION, UnsupportedModel, refused
 
@@ -207,19 +208,9 @@ def _decode(
     scoring: Scoring,
 ) -> None:
     kv = (cache.keys[layer], cache.values[layer], cache.block_size)
-    if cpu_kernels.paged_decode(
-        q,
-        out,
-        *kv,
-        group.rows,
-        group.blocks,
-        group.lengths,
-        scoring.scale,
-        scoring.window,
-        scoring.softcap,
-        scoring.sinks,
-    ):
-        return  # read in place by the C kernel (cpu_kernels.py)
+    group_kv = (group.rows, group.blocks, group.lengths, scoring.scale, scoring.window, scoring.softcap, scoring.sinks)
+    if cpu_kernels.paged_decode(q, out, *kv, *group_kv) or gpu_kernels.paged_decode(q, out, *kv, *group_kv):
+        return  # read in place by the C kernel (cpu_kernels.py) or the Triton one (gpu_kernels.py)
     n = group.rows.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = cache.num_kv_heads

@@ -36,7 +36,7 @@ of up to ``small_linear_rows()`` rows, on weights whose packed layout ``reads_pa
 in float32, and in bfloat16 on CPUs with AVX512-BF16.
 
 **RMSNorm.** Llama's RMSNorm in one pass to sum and one to write, where transformers' module runs
-eight tensor ops (cpu_norms.py swaps it in).
+eight tensor ops (fused_norms.py swaps it in).
 
 All of them are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
 this CPU (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command
@@ -1044,7 +1044,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     """Llama's RMSNorm of ``x`` over its last dimension (float32 or bfloat16, ``weight`` in the same
     dtype), or None where the kernel cannot take it: not built, another dtype or device, a weight
     of another size. Called for every norm of every step: whether the kernels are switched on is
-    read once, where the norms are swapped (cpu_norms.enabled)."""
+    read once, where the norms are swapped (fused_norms.enabled)."""
     if (
         x.device.type != "cpu"
         or x.dtype not in _DTYPES

@@ -23,7 +23,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVLayout
 from llmfleet.server.core.request import SampledToken, StructuredOutput
-from llmfleet.server.runner import attention, cpu_kernels, cpu_linear, cpu_norms
+from llmfleet.server.runner import attention, cpu_kernels, cpu_linear, fused_norms
 from llmfleet.server.runner.cuda_graphs import DecodeGraphs
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
@@ -137,8 +137,8 @@ class TorchModelRunner:
         fingerprint = model_fingerprint(self.model)  # reads weights that packing releases
         if packed:
             cpu_linear.pack_linears(self.model, config.max_num_batched_tokens)
-        if cpu_norms.enabled(self.device):
-            cpu_norms.fuse_rms_norms(self.model)
+        if fused_norms.enabled(self.device):
+            fused_norms.fuse_rms_norms(self.model)
         hf = self.model.config
         self.num_layers = hf.num_hidden_layers
         self.num_kv_heads, self.head_dim = kv_shape.kv_heads, kv_shape.head_dim

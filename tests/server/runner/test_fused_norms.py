@@ -1,4 +1,4 @@
-"""RMSNorm in C (cpu_norms.py): what Llama's module computes, to a rounding, in float32 and
+"""RMSNorm in C (fused_norms.py): what Llama's module computes, to a rounding, in float32 and
 bfloat16; a row's bits whatever rows share its call; swapped in only for modules whose forward is
 Llama's; the module's own forward wherever the kernel cannot run. The oracle tests run a CPU
 runner with it on, its default."""
@@ -11,7 +11,7 @@ from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from llmfleet.server.runner import cpu_kernels, cpu_norms
+from llmfleet.server.runner import cpu_kernels, fused_norms
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.built(), reason="no C compiler for the CPU kernels")
 
@@ -32,7 +32,7 @@ def _norm(dim: int, dtype: torch.dtype, cls=LlamaRMSNorm) -> torch.nn.Module:
 def test_the_kernel_computes_what_the_module_does(dtype, shape):
     norm = _norm(shape[-1], dtype)
     x = (torch.randn(*shape) * 3).to(dtype)
-    fused = cpu_norms.FusedRMSNorm(norm)
+    fused = fused_norms.FusedRMSNorm(norm)
     with torch.inference_mode():
         got = cpu_kernels.rms_norm(x, norm.weight, norm.variance_epsilon)
         expected = norm(x)
@@ -57,11 +57,11 @@ def test_only_norms_with_llamas_forward_are_swapped():
     model = torch.nn.ModuleDict(
         {"llama": _norm(16, torch.float32), "qwen2": _norm(16, torch.float32, Qwen2RMSNorm), "gemma": GemmaRMSNorm(16)}
     )
-    assert cpu_norms.fuse_rms_norms(model) == 2
-    assert isinstance(model["llama"], cpu_norms.FusedRMSNorm)
-    assert isinstance(model["qwen2"], cpu_norms.FusedRMSNorm)
+    assert fused_norms.fuse_rms_norms(model) == 2
+    assert isinstance(model["llama"], fused_norms.FusedRMSNorm)
+    assert isinstance(model["qwen2"], fused_norms.FusedRMSNorm)
     assert isinstance(model["gemma"], GemmaRMSNorm)  # 1 + weight: not Llama's forward
-    assert cpu_norms.fuse_rms_norms(model) == 0  # a fused norm is not swapped again
+    assert fused_norms.fuse_rms_norms(model) == 0  # a fused norm is not swapped again
 
 
 def test_what_the_kernel_does_not_take_runs_the_modules_own_forward(monkeypatch):
@@ -69,6 +69,6 @@ def test_what_the_kernel_does_not_take_runs_the_modules_own_forward(monkeypatch)
     x = torch.randn(3, 16).to(torch.float16)
     with torch.inference_mode():
         assert cpu_kernels.rms_norm(x, norm.weight, norm.variance_epsilon) is None
-        assert torch.equal(cpu_norms.FusedRMSNorm(norm)(x), norm(x))
+        assert torch.equal(fused_norms.FusedRMSNorm(norm)(x), norm(x))
     monkeypatch.setenv("LLMFLEET_FUSED_NORMS", "0")
-    assert not cpu_norms.enabled(torch.device("cpu"))
+    assert not fused_norms.enabled(torch.device("cpu"))

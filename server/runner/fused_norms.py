@@ -1,14 +1,15 @@
-"""RMSNorm in one C loop for CPUs.
+"""RMSNorm in one kernel: a C loop on a CPU, a Triton kernel on a GPU.
 
 transformers' Llama RMSNorm, and the many RMSNorms written as the same forward (Qwen, Mistral,
 Granite, GLM, DeepSeek...), run eight tensor ops for each call: a float32 copy, square, mean, add,
 rsqrt, multiply, a copy back and the weight's multiply, twice a layer and once more at the end;
-on a few rows each op costs its dispatch more than its arithmetic, and a second thread does not
-shorten them (docs/engine.md has the figures). ``fuse_rms_norms`` swaps each such module for one
-that calls ``cpu_kernels.rms_norm``, which reads the row once to sum and once to write, with the
-module's roundings. Which modules: those whose ``forward`` is, to the character, Llama's (their weight
-and epsilon the same attributes); any other (Gemma's ``1 + weight``, norms without a weight)
-keeps its own. ``LLMFLEET_FUSED_NORMS=0`` keeps every module's own.
+on a few rows each op costs its dispatch (on a GPU, its kernel) more than its arithmetic, and a
+second CPU thread does not shorten them (docs/engine.md has the figures). ``fuse_rms_norms`` swaps
+each such module for one that calls ``cpu_kernels.rms_norm`` or, on a GPU, ``gpu_kernels.rms_norm``,
+which read the row once to sum and once to write, with the module's roundings. Which modules:
+those whose ``forward`` is, to the character, Llama's (their weight and epsilon the same
+attributes); any other (Gemma's ``1 + weight``, norms without a weight) keeps its own.
+``LLMFLEET_FUSED_NORMS=0`` keeps every module's own.
 """
 
 from __future__ import annotations
@@ -20,20 +21,21 @@ import os
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from llmfleet.server.runner import cpu_kernels
+from llmfleet.server.runner import cpu_kernels, gpu_kernels
 
 
 class FusedRMSNorm(torch.nn.Module):
-    """A Llama-style RMSNorm (its weight, the same parameter, and epsilon) whose forward runs the C
-    kernel where it can and Llama's own elsewhere."""
+    """A Llama-style RMSNorm (its weight, the same parameter, and epsilon) whose forward runs the
+    kernel of its weight's device where it can and Llama's own elsewhere."""
 
     def __init__(self, norm: torch.nn.Module) -> None:
         super().__init__()
         self.weight = norm.weight
         self.variance_epsilon = float(norm.variance_epsilon)
+        self._kernel = gpu_kernels.rms_norm if norm.weight.is_cuda else cpu_kernels.rms_norm
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out = cpu_kernels.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+        out = self._kernel(hidden_states, self.weight, self.variance_epsilon)
         return LlamaRMSNorm.forward(self, hidden_states) if out is None else out
 
     def extra_repr(self) -> str:
@@ -41,13 +43,13 @@ class FusedRMSNorm(torch.nn.Module):
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether a runner on ``device`` swaps its norms: on a CPU, with the kernels on and built."""
-    return (
-        device.type == "cpu"
-        and cpu_kernels.enabled()
-        and os.environ.get("LLMFLEET_FUSED_NORMS", "1") != "0"
-        and cpu_kernels.built()
-    )
+    """Whether a runner on ``device`` swaps its norms: where its kernels are on and can be had (the C
+    kernel built on a CPU, Triton on a GPU)."""
+    if os.environ.get("LLMFLEET_FUSED_NORMS", "1") == "0":
+        return False
+    if device.type == "cpu":
+        return cpu_kernels.enabled() and cpu_kernels.built()
+    return device.type == "cuda" and gpu_kernels.available()
 
 
 def fuse_rms_norms(model: torch.nn.Module) -> int:
