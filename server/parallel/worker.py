@@ -25,7 +25,7 @@ from llmfleet.server.gc_heap import freeze_startup_heap
 from llmfleet.server.parallel.channel import Outbox, Tag, recv_object, send_object
 from llmfleet.server.parallel.layout import ParallelLayout, layout_problem
 from llmfleet.server.parallel.sharding import keep_stage, shard_layers
-from llmfleet.server.runner import cpu_kernels, cpu_linear, fused_norms
+from llmfleet.server.runner import cpu_kernels, model_prep
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
 from llmfleet.server.runner.kv_cache import PagedKVCache
 from llmfleet.server.runner.step_inputs import StepPlan
@@ -128,11 +128,7 @@ class StageWorker:
         keep_stage(model, layers, self.first, self.last)
         if self.shards is not None:
             shard_layers(model, self.shard, layout.tensor, self.shards)
-        packed = cpu_linear.enabled(device, self.dtype)
-        if packed:
-            cpu_linear.pack_linears(model, config.max_num_batched_tokens)
-        if fused_norms.enabled(device):
-            fused_norms.fuse_rms_norms(model)
+        packed = model_prep.prepare(model, device, self.dtype, config.max_num_batched_tokens)
         self.pad_steps = pads_steps(device.type, DTYPE_NAMES[self.dtype], packed)
         self.model = model
         kv_heads = (getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads) // layout.tensor

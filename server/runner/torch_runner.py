@@ -23,7 +23,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVLayout
 from llmfleet.server.core.request import SampledToken, StructuredOutput
-from llmfleet.server.runner import attention, cpu_kernels, cpu_linear, fused_norms
+from llmfleet.server.runner import attention, cpu_kernels, model_prep
 from llmfleet.server.runner.cuda_graphs import DecodeGraphs
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
@@ -127,18 +127,14 @@ class TorchModelRunner:
             # until every shape had been seen. Flash and memory-efficient need no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        packed = cpu_linear.enabled(self.device, self.dtype)
-        self.pad_steps = pads_steps(self.device.type, DTYPE_NAMES[self.dtype], packed)  # oneDNN's per-shape kernels
         if self.device.type == "cpu":
             keep_freed_host_memory()  # prompt steps would page-fault their activations in again
             if cpu_kernels.enabled():
                 cpu_kernels.built()  # compile the decode-attention kernel now, not in a first decode step
         self.model, kv_shape = load_model(model_dir, self.dtype, self.device)
         fingerprint = model_fingerprint(self.model)  # reads weights that packing releases
-        if packed:
-            cpu_linear.pack_linears(self.model, config.max_num_batched_tokens)
-        if fused_norms.enabled(self.device):
-            fused_norms.fuse_rms_norms(self.model)
+        packed = model_prep.prepare(self.model, self.device, self.dtype, config.max_num_batched_tokens)
+        self.pad_steps = pads_steps(self.device.type, DTYPE_NAMES[self.dtype], packed)  # oneDNN's per-shape kernels
         hf = self.model.config
         self.num_layers = hf.num_hidden_layers
         self.num_kv_heads, self.head_dim = kv_shape.kv_heads, kv_shape.head_dim
