@@ -38,6 +38,9 @@ in float32, and in bfloat16 on CPUs with AVX512-BF16.
 **RMSNorm.** Llama's RMSNorm in one pass to sum and one to write, where transformers' module runs
 eight tensor ops (fused_norms.py swaps it in).
 
+**Rotary embedding.** transformers' ``apply_rotary_pos_emb`` for a query and a key in one call, bit
+for bit (fused_rotary.py installs it), where transformers runs about ten tensor ops.
+
 All of them are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
 this CPU (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command
 and the CPU's flags, and run in torch's own OpenMP threads (the same ``libgomp`` is already
@@ -641,6 +644,51 @@ void llmfleet_rms_norm(const void *x, int64_t rows, int64_t dim, const void *wei
         }
     }
 }
+
+/* One tensor's rotary embedding, (heads, tokens, dim) at the given strides (the last is 1), with
+   cos and sin (tokens, dim): x * cos + rotate_half(x) * sin, where rotate_half(x) is
+   (-x[half:], x[:half]). Each product is rounded to the dtype, then their sum, as transformers'
+   four tensor ops do (no fused multiply-add: the products are rounded apart). */
+__attribute__((optimize("fp-contract=off")))
+static void rotate(const void *x, int64_t heads, int64_t tokens, int64_t dim, int64_t head_stride,
+                   int64_t token_stride, const void *cos, const void *sin, void *out, int bf16, int num_threads) {
+    const int64_t half = dim / 2;
+    _Pragma("omp parallel for collapse(2) num_threads(num_threads) if (heads * tokens * dim >= 262144)")
+    for (int64_t h = 0; h < heads; h++) {
+        for (int64_t t = 0; t < tokens; t++) {
+            const int64_t at = h * head_stride + t * token_stride;
+            if (bf16) {
+                const uint16_t *xr = (const uint16_t *)x + at, *c = (const uint16_t *)cos + t * dim;
+                const uint16_t *sn = (const uint16_t *)sin + t * dim;
+                uint16_t *o = (uint16_t *)out + at;
+                for (int64_t d = 0; d < half; d++) {  /* two loops without a branch: vectorized */
+                    const float a = bf16_to_float(float_to_bf16(bf16_to_float(xr[d]) * bf16_to_float(c[d])));
+                    const float b = bf16_to_float(float_to_bf16(-bf16_to_float(xr[d + half]) * bf16_to_float(sn[d])));
+                    o[d] = float_to_bf16(a + b);
+                }
+                for (int64_t d = half; d < dim; d++) {
+                    const float a = bf16_to_float(float_to_bf16(bf16_to_float(xr[d]) * bf16_to_float(c[d])));
+                    const float b = bf16_to_float(float_to_bf16(bf16_to_float(xr[d - half]) * bf16_to_float(sn[d])));
+                    o[d] = float_to_bf16(a + b);
+                }
+            } else {
+                const float *xr = (const float *)x + at, *c = (const float *)cos + t * dim;
+                const float *sn = (const float *)sin + t * dim;
+                float *o = (float *)out + at;
+                for (int64_t d = 0; d < half; d++) o[d] = xr[d] * c[d] + -xr[d + half] * sn[d];
+                for (int64_t d = half; d < dim; d++) o[d] = xr[d] * c[d] + xr[d - half] * sn[d];
+            }
+        }
+    }
+}
+
+/* transformers' apply_rotary_pos_emb for a query and a key tensor in one call. */
+void llmfleet_rotary(const void *q, int64_t q_heads, int64_t q_head_stride, int64_t q_token_stride, void *q_out,
+                     const void *k, int64_t k_heads, int64_t k_head_stride, int64_t k_token_stride, void *k_out,
+                     int64_t tokens, int64_t dim, const void *cos, const void *sin, int bf16, int num_threads) {
+    rotate(q, q_heads, tokens, dim, q_head_stride, q_token_stride, cos, sin, q_out, bf16, num_threads);
+    rotate(k, k_heads, tokens, dim, k_head_stride, k_token_stride, cos, sin, k_out, bf16, num_threads);
+}
 """
 
 _I64 = ctypes.c_int64
@@ -778,6 +826,15 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_small_linear.restype = None
     library.llmfleet_rms_norm.argtypes = [_PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR, ctypes.c_int, ctypes.c_int]
     library.llmfleet_rms_norm.restype = None
+    library.llmfleet_rotary.argtypes = [_PTR, _I64, _I64, _I64, _PTR] * 2 + [
+        _I64,
+        _I64,
+        _PTR,
+        _PTR,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    library.llmfleet_rotary.restype = None
     library.llmfleet_small_linear_rows.argtypes = []
     library.llmfleet_small_linear_rows.restype = ctypes.c_int
     library.llmfleet_small_linear_bf16.argtypes = _LINEAR_ARGTYPES
@@ -1070,3 +1127,58 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         torch.get_num_threads(),
     )
     return out
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """transformers' ``apply_rotary_pos_emb(q, k, cos, sin)`` for ``q`` and ``k`` of shape (1,
+    heads, tokens, dim) with ``cos`` and ``sin`` of shape (1, tokens, dim), bit for bit: the new
+    tensors keep the inputs' strides, as torch's element-wise ops do. None where the kernel does
+    not take them (another device, dtype, batch or layout; not built)."""
+    bf16 = _DTYPES.get(q.dtype)
+    shape = q.shape
+    if (
+        bf16 is None
+        or not q.is_cpu
+        or len(shape) != 4
+        or shape[0] != 1
+        or k.shape[2:] != shape[2:]
+        or k.shape[0] != 1
+        or k.dtype != q.dtype
+        or cos.dtype != q.dtype
+        or sin.dtype != q.dtype
+        or cos.shape != (1, *shape[2:])
+        or sin.shape != cos.shape
+        or not (cos.is_contiguous() and sin.is_contiguous())
+        or shape[3] % 2
+        or q.stride(3) != 1
+        or k.stride(3) != 1
+        or q.numel() == 0
+    ):
+        return None
+    library = _library()
+    if library is None:
+        return None
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # the inputs' strides, where they are dense
+    if q_out.stride() != q.stride() or k_out.stride() != k.stride():
+        return None
+    library.llmfleet_rotary(
+        q.data_ptr(),
+        q.shape[1],
+        q.stride(1),
+        q.stride(2),
+        q_out.data_ptr(),
+        k.data_ptr(),
+        k.shape[1],
+        k.stride(1),
+        k.stride(2),
+        k_out.data_ptr(),
+        q.shape[2],
+        q.shape[3],
+        cos.data_ptr(),
+        sin.data_ptr(),
+        bf16,
+        torch.get_num_threads(),
+    )
+    return q_out, k_out

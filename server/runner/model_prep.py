@@ -1,12 +1,13 @@
 """A loaded model's modules swapped for this device's faster ones, the same way for a runner and
-a parallel worker: oneDNN-packed linear layers on a CPU (cpu_linear.py), then RMSNorms in one
-kernel (fused_norms.py: a C loop on a CPU, Triton on a GPU)."""
+a parallel worker: oneDNN-packed linear layers on a CPU (cpu_linear.py), RMSNorms in one kernel
+(fused_norms.py: a C loop on a CPU, Triton on a GPU) and, on a CPU, the rotary embedding in one C
+call (fused_rotary.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from llmfleet.server.runner import cpu_linear, fused_norms
+from llmfleet.server.runner import cpu_linear, fused_norms, fused_rotary
 
 
 def prepare(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, max_num_batched_tokens: int) -> bool:
@@ -17,4 +18,6 @@ def prepare(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, ma
         cpu_linear.pack_linears(model, max_num_batched_tokens)
     if fused_norms.enabled(device):
         fused_norms.fuse_rms_norms(model)
+    if fused_rotary.enabled(device):
+        fused_rotary.install(model)
     return packed
