@@ -23,25 +23,18 @@ import os
 import time
 from contextlib import contextmanager
 
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from llmfleet.bench.engine_bench import _sync
+from llmfleet.bench.runner_profile import _best_seconds as best_of
 
 
 def _best_seconds(fn, device, reps: int) -> float:
-    """Fastest of ``reps`` runs after one warm-up, each timed to the end of its device work."""
-    fn()
-    _sync(device)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
+    """runner_profile's fastest of ``reps`` runs, each timed to the end of its device work."""
+
+    def synced() -> None:
         fn()
         _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+
+    return best_of(synced, reps)
 
 
 def read_bandwidth(device, nbytes: int = 4 << 30, reps: int = 10) -> dict[str, float]:
