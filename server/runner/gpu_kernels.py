@@ -2,8 +2,8 @@
 
 - ``paged_decode``: decode attention read in place from the paged cache. Without it a decode
   group gathers its blocks into a padded copy and attends with two batched matmuls, a mask and a
-  softmax: the gather alone reads and writes every cached key and value once more, and on an H200
-  took 36% of a Llama-3.2-1B-shaped decode step's GPU time at batch 64 (docs/benchmarks.md).
+  softmax: the gather alone reads and writes every cached key and value once more (its share of a
+  step on an H200: docs/benchmarks.md).
 - ``rms_norm``: Llama's RMSNorm in one kernel instead of seven.
 
 Each returns False or None, having done nothing, where it does not apply: not a CUDA tensor,
