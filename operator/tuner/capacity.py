@@ -156,7 +156,10 @@ class CapacityEstimator:
         at = ", ".join(f"{knob} {num(v)}" for knob, v in ((MAX_BATCH, batch), (TOKEN_BUDGET, budget)) if v is not None)
         scaled = "" if capacity.scale == 1.0 else f" x{capacity.scale:.2f} measured"
         slots = None if batch is None else int(batch)
-        costs = StepCosts(plane.per_seq_s / capacity.scale, plane.per_prompt_token_s / capacity.scale, slots, budget)
+        scale = capacity.scale
+        costs = StepCosts(
+            plane.per_seq_s / scale, plane.per_prompt_token_s / scale, slots, budget, plane.overhead_s / scale
+        )
         return PerReplica(prompt, generation, f"at {at}: {plane.describe()}{scaled}", costs)
 
     def _rescale(self, name: str, capacity: Capacity, factor: float) -> None:

@@ -41,7 +41,7 @@ from llmfleet.operator.tuner.forecast import Outlook, PoolForecast, level_noise
 from llmfleet.operator.tuner.knobs import KnobRules
 from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
 from llmfleet.operator.tuner.per_request import Finished, offered, requests_per_s
-from llmfleet.operator.tuner.projection import Projection, project, trusted_queue_s
+from llmfleet.operator.tuner.projection import Projection, first_token_floor, project, trusted_queue_s
 from llmfleet.operator.tuner.proposal import (
     Moved,
     Proposal,
@@ -146,7 +146,10 @@ class Tuner:
             forecast = mem.forecast.setdefault(name, PoolForecast())
             outlook = self._forecast(name, pool, per_replica, forecast, requests_s)
             seen = mem.capacity[name].window_pods(now, pool.metrics.judged_window_s)
-            moved = Moved(added_since, removed_since, outlook, seen)
+            floor = mem.key(name, REPLICAS).follow_first_token_floor(
+                now, first_token_floor(pool.metrics, per_replica.steps), self.config.scale_down_stabilization_s
+            )
+            moved = Moved(added_since, removed_since, outlook, seen, floor)
             replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved, requests_s)
             replicas, units = self._with_the_slots_coming(
                 name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), moved, requests_s
@@ -258,7 +261,7 @@ class Tuner:
         a floor judged at an earlier, larger count must not hold the pool a window per step (_act
         takes the highest need judged at this count or fewer within the window)."""
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
-        added_since, removed_since, outlook, seen = moved
+        added_since, removed_since, outlook, seen, _ = moved
         seen = cur if seen is None else seen  # the pods the owned latencies were measured with
         judged = owned_latency_ratio(name, m, slo) > 0 and (m.ready_pods or 0) == cur
         if removed_since is not None and m.at - removed_since < m.judged_window_s:
@@ -341,6 +344,8 @@ class Tuner:
                 )
             elif drained := self._drained_ttft_excess(name, pool, slo):
                 why += f"; SLO violated with {used}, but {drained}: no replica for that"
+            elif beyond := self._ttft_beyond_pods(name, m, slo, moved.first_token_floor):
+                why += f"; SLO violated with {used}, but {beyond}: no replica count meets it"
             elif itl_only and waiting < c.queue_per_pod:
                 why += (
                     f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
@@ -401,6 +406,26 @@ class Tuner:
         if name == "decode" or (name == "colocated" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms):
             return ""
         return self.knob_rules.drained_backlog(pool, slo)
+
+    @staticmethod
+    def _ttft_beyond_pods(name: str, m: PoolMetrics, slo: SLOTargets, floor: tuple[float, float] | None) -> str:
+        """Why the owned TTFT is over an SLO that the p95 prompt passes by its own prefill at
+        these knobs (``floor``: its tokens and seconds, averaged over runs), or '': every first
+        token waits for its own prompt, so no pod count brings the p95 within the SLO
+        (projection.first_token_floor), and pods added for it stand idle. Not where ITL is over
+        its SLO too, which pods can bring back."""
+        ttft = m.judged_ttft.p95
+        if name == "decode" or floor is None or ttft is None or ttft * 1000.0 <= slo.ttft_p95_ms:
+            return ""
+        if name == "colocated" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms:
+            return ""
+        tokens, alone = floor
+        if alone * 1000.0 < slo.ttft_p95_ms:
+            return ""
+        return (
+            f"a p95 prompt ({tokens:.0f} tokens) takes {fmt_ms(alone * 1000.0)} ms to prefill alone at these "
+            f"knobs, past the TTFT SLO {fmt_ms(slo.ttft_p95_ms)} ms"
+        )
 
     def _forecast(
         self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast, requests_s: float | None

@@ -50,6 +50,9 @@ class KeyHistory(BaseModel):
     holds: list[tuple[float, int, float]] = Field(default_factory=list)
     # replicas: (as of when, the pool's requests/s smoothed over the scale-down window)
     load_level: tuple[float, float] | None = None
+    # replicas: (as of when, the p95 prompt's computed tokens, their prefill alone in seconds),
+    # smoothed over the scale-down window (projection.first_token_floor)
+    first_token_floor: tuple[float, float, float] | None = None
     # replicas: how many the last scale-down took off (moved_replicas), and (when, how long after
     # it) a scale-down of several was undone within the scale-down window
     last_fall: float = 0.0
@@ -74,6 +77,22 @@ class KeyHistory(BaseModel):
         level += (load - level) * weight
         self.load_level = (now, level)
         return level
+
+    def follow_first_token_floor(
+        self, now: float, floor: tuple[float, float] | None, window_s: float
+    ) -> tuple[float, float] | None:
+        """The (tokens, seconds) of the p95 prompt's own prefill, averaged as the load level is: a
+        window's p95 rests on the few dozen prompts that finished in it (or on none), the step
+        costs on a fit that trades its terms from run to run, and a workload's prompts change
+        slowly. The last average where this run has none."""
+        last = self.first_token_floor
+        if floor is None:
+            return None if last is None else (last[1], last[2])
+        at, tokens, seconds = last or (now, *floor)
+        weight = 1.0 if window_s <= 0 else 1.0 - math.exp(-max(now - at, 0.0) / window_s)
+        tokens, seconds = tokens + (floor[0] - tokens) * weight, seconds + (floor[1] - seconds) * weight
+        self.first_token_floor = (now, tokens, seconds)
+        return tokens, seconds
 
     def broke(self, now: float, pods: int, level: float, keep_s: float) -> None:
         """Note a break; an earlier one at as many pods and no lower a level says nothing more."""

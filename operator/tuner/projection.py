@@ -96,6 +96,21 @@ def project(
     return Projection(max(ratios), how)
 
 
+def first_token_floor(m: PoolMetrics, steps: StepCosts | None) -> tuple[float, float] | None:
+    """(the p95 prompt's computed tokens, the seconds its prefill takes alone at ``steps``' knobs):
+    a floor under TTFT p95 that no pod count lowers, since every request's first token waits for
+    its own prompt and a longer prompt's takes longer. None without prompt lengths or step
+    costs. Computed tokens: a prefix-cache hit covers its share of every prompt (both rates
+    counted as requests are admitted)."""
+    if steps is None or not m.prompt_length.known:
+        return None
+    tokens = m.prompt_length.p95
+    uncached, total = m.uncached_prompt_tokens_per_s(), m.prompt_tokens_per_s
+    if uncached is not None and total:
+        tokens *= min(1.0, uncached / total)
+    return tokens, steps.prefill_alone_s(tokens)
+
+
 def itl_tail(itl: Quantiles, growth: float, slo_s: float | None = None, measured: bool = False) -> float:
     """ITL's p95 once the gaps in its tail are ``growth`` times as common, at today's step times.
 
@@ -161,6 +176,13 @@ class StepCosts:
     per_prompt_token_s: float
     slots: int | None  # maxBatchSize, where the pool has it
     budget: float | None  # maxNumBatchedTokens, where the pool has it
+    overhead_s: float = 0.0  # a step's own cost, whatever it carries
+
+    def prefill_alone_s(self, tokens: float) -> float:
+        """A prompt of ``tokens`` prefilled on an idle pod: its chunks (one per ``budget`` tokens),
+        each a step of its own, overhead included."""
+        chunks = math.ceil(tokens / self.budget) if self.budget else 1
+        return chunks * (self.overhead_s + self.per_seq_s) + self.per_prompt_token_s * tokens
 
 
 @dataclass(frozen=True)

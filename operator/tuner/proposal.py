@@ -21,6 +21,8 @@ class Moved(NamedTuple):
     removed_since: float | None  # pods the tuner removed, gone since
     outlook: Outlook | None  # the forecast's
     window_pods: float | None = None  # the ready pods the latencies' window saw on average
+    # (tokens, seconds) of the p95 prompt's own prefill, smoothed over the scale-down window
+    first_token_floor: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -405,3 +405,35 @@ def test_a_busy_window_reads_the_tail_the_pool_measured_between_p95_and_p99() ->
     many = ((0.96, 0.300), (0.97, 0.500), (0.98, 0.700))
     added = busy_four_pods(itl_p99_ms=900.0, between=many).changed("colocated", REPLICAS)
     assert added is not None and added.new == 5 and "driven by busy window" in added.reason
+
+
+def test_a_ttft_the_prompts_own_prefill_passes_adds_no_replica() -> None:
+    """TTFT 1.4x its SLO (500 ms) with the knobs spent and nobody waiting, where a p95 prompt of
+    600 tokens takes some 660 ms to prefill alone (60 ms + 5 ms a sequence + 1 ms a token): every first
+    token waits for its own prompt, so no pod count meets the SLO and none is added for it. With
+    p95 prompts of 300 tokens (365 ms alone), or half of each prompt a prefix-cache hit, pods can
+    bring it back and are added; so are they where ITL is over its SLO too. (A BurstGPT-shaped
+    log with 6% of its prompts past the TTFT SLO's worth took the tuner to its 12 pods, 2.3x the
+    cheapest fixed fleet meeting its minutes.)"""
+    m = replace(
+        metrics(ttft_ms=700, queue_ms=20, itl_ms=50, pods=2, rate=4.0, prompt_tps=600, gen_tps=40, prompt_p95=600),
+        slo_window_s=60.0,
+        slo_ttft=latency(700),
+        slo_itl=latency(50),
+    )
+
+    def decide(m):
+        pools = {"colocated": pool_input(m, settings(replicas=2, timeout=0, budget=1024))}
+        return Tuner(ONE_SHOT).decide(pools, SLO, _memory(2, steps=True), now=1000.0)
+
+    decision = decide(m)
+    assert decision.changed("colocated", REPLICAS) is None, decision.reasons
+    beyond = "to prefill alone at these knobs, past the TTFT SLO 500 ms: no replica count meets it"
+    assert any("a p95 prompt (600 tokens) takes 6" in r and beyond in r for r in decision.reasons), decision.reasons
+
+    for reachable in (
+        replace(m, prompt_length=Quantiles(p95=300.0, samples=500.0)),
+        replace(m, prefix_cache_hits_per_s=300.0),
+        replace(m, itl=latency(150), slo_itl=latency(150)),
+    ):
+        assert decide(reachable).changed("colocated", REPLICAS).new > 2, decide(reachable).reasons

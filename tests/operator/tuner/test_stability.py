@@ -266,3 +266,17 @@ def test_counts_that_held_are_kept_at_the_most_load_they_held() -> None:
     history.held(1700.0, 2, 7.0, keep_s=600.0)  # a newer hold at as many pods and more load replaces it
     history.held(1710.0, 2, 6.5, keep_s=600.0)  # one at less load does not: the higher speaks for more
     assert history.holds == [(1700.0, 2, 7.0), (1710.0, 2, 6.5)]
+
+
+def test_the_first_token_floor_is_averaged_over_the_window_and_kept_through_runs_without_one() -> None:
+    history = KeyHistory()
+    assert history.follow_first_token_floor(1000.0, None, 120.0) is None  # nothing read yet
+    assert history.follow_first_token_floor(1000.0, (1800.0, 3.6), 120.0) == (1800.0, 3.6)
+    kept = history.follow_first_token_floor(1010.0, None, 120.0)  # a window with no p95 prompt
+    assert kept == (1800.0, 3.6)
+    tokens, seconds = history.follow_first_token_floor(1130.0, (1200.0, 2.4), 120.0)
+    share = 1.0 - math.exp(-130.0 / 120.0)  # from the last reading, not the last run
+    assert (tokens, seconds) == pytest.approx((1800.0 - 600.0 * share, 3.6 - 1.2 * share))
+    assert TunerMemory.load(TunerMemory(keys={"colocated/replicas": history}).to_json()).keys[
+        "colocated/replicas"
+    ].first_token_floor == pytest.approx((1130.0, tokens, seconds))
