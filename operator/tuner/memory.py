@@ -73,8 +73,7 @@ class KeyHistory(BaseModel):
         or quiet minute moves it little and a fall of the whole load moves it within a window or
         two."""
         at, level = self.load_level or (now, load)
-        weight = 1.0 if window_s <= 0 else 1.0 - math.exp(-max(now - at, 0.0) / window_s)
-        level += (load - level) * weight
+        level += (load - level) * _followed(now - at, window_s)
         self.load_level = (now, level)
         return level
 
@@ -89,7 +88,7 @@ class KeyHistory(BaseModel):
         if floor is None:
             return None if last is None else (last[1], last[2])
         at, tokens, seconds = last or (now, *floor)
-        weight = 1.0 if window_s <= 0 else 1.0 - math.exp(-max(now - at, 0.0) / window_s)
+        weight = _followed(now - at, window_s)
         tokens, seconds = tokens + (floor[0] - tokens) * weight, seconds + (floor[1] - seconds) * weight
         self.first_token_floor = (now, tokens, seconds)
         return tokens, seconds
@@ -246,6 +245,12 @@ class TunerMemory(BaseModel):
             return cls.model_validate(data)
         except (ValueError, ValidationError):
             return cls()
+
+
+def _followed(elapsed_s: float, window_s: float) -> float:
+    """How far an exponential average with the window as its time constant moves toward a
+    reading ``elapsed_s`` after the last one (all the way without a window)."""
+    return 1.0 if window_s <= 0 else 1.0 - math.exp(-max(elapsed_s, 0.0) / window_s)
 
 
 def stabilize(
