@@ -123,6 +123,7 @@ def test_on_the_emulator(tmp_path, monkeypatch):
                 tuned = status["tuner"]["knobs"]["colocated"]["maxBatchSize"]
                 # a run may hold a while (a slow Prometheus answer): the next one acts again
                 eventually(lambda: kube.condition("tiny", "TunerActive")["status"] == "True", timeout=30)
+                assert kube.condition("tiny", "ScalingLimited")["status"] in ("True", "False")
                 # the knob reaches the ConfigMap, the mounted file, and the running server
                 eventually(lambda: _project_config_map(kube, engine_yaml)["max_batch_size"] == tuned, timeout=20)
                 eventually(lambda: _applied_batch(server) == tuned, timeout=20)

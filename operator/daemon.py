@@ -29,7 +29,13 @@ from llmfleet.operator.reconcile.cluster import DEPLOYMENT, INFERENCE_SERVICE, L
 from llmfleet.operator.reconcile.converge import owner_of, tuner_state
 from llmfleet.operator.reconcile.desired import METRICS_PORT, Owner, pool_object_name, serving_selector
 from llmfleet.operator.reconcile.scaledown import rank_pods_for_scale_down
-from llmfleet.operator.resource.conditions import TUNER_ACTIVE, Condition, condition_of, merge_conditions
+from llmfleet.operator.resource.conditions import (
+    SCALING_LIMITED,
+    TUNER_ACTIVE,
+    Condition,
+    condition_of,
+    merge_conditions,
+)
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import TunerState
 from llmfleet.operator.tuner.memory import TunerMemory
@@ -39,6 +45,7 @@ from llmfleet.operator.tuner.run import (
     InvalidLimits,
     PoolView,
     measured_pools,
+    scaling_event,
     views_from_state,
 )
 
@@ -219,7 +226,12 @@ async def autotune_once(
         # whole: what an earlier run wrote and this one did not (a pool of the old mode, a
         # quantity it could not measure, a hold's reason) must not stay beside this run's word
         **{key: st.replacing(current.get(key), value) for key, value in outcome.status.items()},
-        "conditions": merge_conditions(current.get("conditions") or [], [outcome.condition], generation, st.now()),
+        "conditions": merge_conditions(
+            current.get("conditions") or [],
+            [outcome.condition, *([outcome.scaling] if outcome.scaling is not None else [])],
+            generation,
+            st.now(),
+        ),
     }
     await client.patch_status(INFERENCE_SERVICE, owner.namespace, owner.name, patch)
     return outcome, {**body, "status": st.merge_patched(current, patch)}
@@ -241,7 +253,10 @@ def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> lis
     """The run's Events, less a hold warning already given for the same reason."""
     was = condition_of(previous_status, TUNER_ACTIVE) or {}
     repeated = was.get("reason") == outcome.condition.reason and was.get("message") == outcome.condition.message
-    return [e for e in outcome.events if not (e[1] == "TunerHolding" and repeated)]
+    events = [e for e in outcome.events if not (e[1] == "TunerHolding" and repeated)]
+    limited = condition_of(previous_status, SCALING_LIMITED) or {}
+    limit = scaling_event(outcome.scaling, limited.get("reason") if limited.get("status") == "True" else None)
+    return events + ([limit] if limit is not None else [])
 
 
 async def prepare_scale_down(

@@ -6,10 +6,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from llmfleet.operator.resource.spec import SLO as SLO_SPEC
+from llmfleet.operator.tuner.decision import OUT_OF_REACH, TOO_FEW, TOO_MANY
 from llmfleet.operator.tuner.decision import REPLICAS as REPLICAS_KNOB
 from llmfleet.operator.tuner.run import AutotuneOutcome
 
 REGISTRY = CollectorRegistry()
+SCALING_LIMIT_REASONS = (TOO_MANY, TOO_FEW, OUT_OF_REACH)
 
 DECISIONS = Counter(
     "llmfleet_tuner_decisions",
@@ -54,6 +56,13 @@ EXCESS = Gauge(
     ["namespace", "inference_service", "pool"],
     registry=REGISTRY,
 )
+SCALING_LIMITED = Gauge(
+    "llmfleet_tuner_scaling_limited",
+    "Per pool, 1 while its replicas are held from what its SLOs ask, by reason (the ScalingLimited "
+    "condition's: TooManyReplicas, TooFewReplicas, SLOOutOfReach), else 0.",
+    ["namespace", "inference_service", "pool", "reason"],
+    registry=REGISTRY,
+)
 SLO = Gauge(
     "llmfleet_slo_seconds",
     "The InferenceService's p95 SLOs (kind: ttft, itl), for dashboards and alerts.",
@@ -91,6 +100,13 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -
     for change in decision.changes:
         direction = "up" if change.new > change.old else "down"
         DECISIONS.labels(namespace, name, change.pool, change.knob, direction).inc()
+    if not decision.hold:  # a hold judged nothing: the last run's word stands
+        for pool in decision.settings:
+            limit = decision.limits.get(pool)
+            for reason in SCALING_LIMIT_REASONS:
+                SCALING_LIMITED.labels(namespace, name, pool, reason).set(
+                    1 if limit is not None and limit.reason == reason else 0
+                )
     for pool, settings in decision.settings.items():
         REPLICAS.labels(namespace, name, pool).set(settings.replicas)
         for knob, value in settings.knobs.items():
@@ -101,7 +117,7 @@ def record(namespace: str, name: str, outcome: AutotuneOutcome, slo: SLO_SPEC) -
 def _forget_pools(namespace: str, name: str, keep: set[str]) -> None:
     """Drop the series of pools the InferenceService no longer runs (a mode switch), which would
     otherwise stay frozen at their last value on every dashboard."""
-    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, REPLICA_MINUTES, EXCESS):
+    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, REPLICA_MINUTES, EXCESS, SCALING_LIMITED):
         for labels in list(metric._metrics):
             if labels[:2] == (namespace, name) and labels[2] not in keep:
                 metric.remove(*labels)
@@ -109,7 +125,18 @@ def _forget_pools(namespace: str, name: str, keep: set[str]) -> None:
 
 def forget(namespace: str, name: str) -> None:
     """Drop an InferenceService's series: deleted, or its tuner turned off."""
-    for metric in (DECISIONS, KNOB_VALUE, REPLICAS, HOLD, RUNS, SLO, OBSERVING, REPLICA_MINUTES, EXCESS):
+    for metric in (
+        DECISIONS,
+        KNOB_VALUE,
+        REPLICAS,
+        HOLD,
+        RUNS,
+        SLO,
+        OBSERVING,
+        REPLICA_MINUTES,
+        EXCESS,
+        SCALING_LIMITED,
+    ):
         for labels in list(metric._metrics):
             if labels[:2] == (namespace, name):
                 metric.remove(*labels)

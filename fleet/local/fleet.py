@@ -32,7 +32,7 @@ from llmfleet.operator.reconcile.desired import POOL_LABEL, Owner, desired_objec
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import TunerState, pools_to_wake
 from llmfleet.operator.tuner.law import Decision
-from llmfleet.operator.tuner.run import ROUTER, Autotuner, PoolView, measured_pools, views_from_state
+from llmfleet.operator.tuner.run import ROUTER, Autotuner, PoolView, measured_pools, scaling_event, views_from_state
 from llmfleet.server.wire.auth import KV_TOKEN_ENV
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ class LocalFleet:
         self.view = FleetView()
         self._router_failed_starts = 0  # in a row, as for the pools' servers
         self._next_tune = time.monotonic() + spec.autotune.interval_seconds
+        self._limited: str | None = None  # the last ScalingLimited reason while True, as status would hold it
         self._hurry = threading.Event()  # a second Ctrl-C: stop without waiting for the drain
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -228,6 +229,11 @@ class LocalFleet:
         for _, reason, message in outcome.events:
             if reason != "TunerHolding":
                 self._note(message)
+        if outcome.scaling is not None:  # the operator's ScalingLimited condition, said once per reason
+            limit = scaling_event(outcome.scaling, self._limited)
+            if limit is not None:
+                self._note(f"{limit[1]}: {limit[2]}")
+            self._limited = outcome.scaling.reason if outcome.scaling.status == "True" else None
         if outcome.decision.hold:
             log.info("tuner holds: %s", outcome.decision.hold_reason)
         return outcome.decision

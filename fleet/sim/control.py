@@ -59,6 +59,8 @@ class TunerController:
         self.runs = 0
         # per run: (time, {pool: (replicas it leaves, replicas it judged needed)}), for the bench
         self.needed: list[tuple[float, dict[str, tuple[int, float]]]] = []
+        # per ScalingLimited reason while True: runs, first and last time, the last message
+        self.limited: dict[str, dict[str, Any]] = {}
         fleet.wake_hook = self.wake
 
     def wake(self) -> None:
@@ -71,6 +73,10 @@ class TunerController:
         outcome = run_sync(self.autotuner.step(self.actuator, now))
         self.runs += 1
         decision = outcome.decision
+        scaling = outcome.scaling
+        if scaling is not None and scaling.status == "True":
+            seen = self.limited.setdefault(scaling.reason, {"runs": 0, "first_s": now})
+            seen.update(runs=seen["runs"] + 1, last_s=now, message=scaling.message)
         if not decision.hold:
             self.needed.append(
                 (

@@ -181,6 +181,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "held_p95_s": pct(held, 95),
         "cold_starts": len(cold),
         "cold_start_max_s": max((c.seconds for c in cold), default=None),
+        # the tuner's ScalingLimited condition, by reason: what no bound or count let it do
+        "tuner_runs": result.notes.get("tuner_runs"),
+        "scaling_limited": result.notes.get("scaling_limited", {}),
         **prefix_cache_hit_rates(result),
     }
 
@@ -267,6 +270,11 @@ def print_summary(result: SimResult, summary: dict[str, Any] | None = None, deci
         print(
             f"   from zero: {s['cold_starts']} cold start(s), the longest {longest}; {s['held_requests']} "
             f"request(s) held at the router, p95 {ms(s['held_p95_s'])}, at most {ms(s['held_max_s'])}"
+        )
+    for reason, seen in s.get("scaling_limited", {}).items():
+        print(
+            f"   ScalingLimited {reason} in {seen['runs']} of {s['tuner_runs']} tuner runs "
+            f"(t={seen['first_s']:.0f}-{seen['last_s']:.0f} s), last: {seen['message'][:240]}"
         )
     _print_reasons(s["reasons"])
     shown = result.decisions[-decisions:] if decisions else []

@@ -50,6 +50,8 @@ def simulate(
     result.notes["stabilization_window_s"] = float(spec.autotune.scale_down_stabilization_seconds)
     if tuners:
         result.notes["tuner_needed"] = tuners[0].needed
+        result.notes["tuner_runs"] = tuners[0].runs
+        result.notes["scaling_limited"] = tuners[0].limited
     result.measure_from = measure_from
     return result
 

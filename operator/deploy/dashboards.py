@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from llmfleet.operator.metrics import promql
-from llmfleet.operator.tuner.decision import KNOB_FIELDS
+from llmfleet.operator.tuner.decision import KNOB_FIELDS, OUT_OF_REACH, TOO_MANY
 
 POOL_LABELS = "namespace, inference_service, pool"  # a pool name is unique only within its service
 SERVICE_LABELS = "namespace, inference_service"
@@ -562,6 +562,17 @@ def alert_rules() -> list[dict[str, Any]]:
             "The SLO is violated and the tuner has changed nothing for 15 minutes",
             f"{where}: p95 TTFT or ITL over the SLO while the tuner runs but decides nothing: every knob is at "
             "its bound and the pool at maxReplicas (raise them, or add capacity), or the SLO is out of reach.",
+        ),
+        alert(
+            "LLMFleetScalingLimited",
+            # seen in every 5 minutes: a run whose window reads under the limit does not restart the 15
+            f"max by ({POOL_LABELS}, reason) "
+            f'(max_over_time(llmfleet_tuner_scaling_limited{{reason=~"{TOO_MANY}|{OUT_OF_REACH}"}}[5m])) == 1',
+            15,
+            "warning",
+            "The tuner cannot scale to what the SLO asks",
+            f"{where}: {{{{ $labels.reason }}}} for 15 minutes: the replicas the SLOs ask for are above "
+            "maxReplicas, or no replica count meets an SLO; the ScalingLimited condition says which and what to do.",
         ),
         # Per pool: one pool without series starves the tuner while another reports. Only pools the
         # tuner runs: without it nothing says what should run (no fleet is no fault), and

@@ -41,6 +41,7 @@ from llmfleet.operator.resource.conditions import (
     DEGRADED,
     PROGRESSING,
     READY,
+    SCALING_LIMITED,
     TUNER_ACTIVE,
     Condition,
     condition_of,
@@ -224,6 +225,8 @@ async def _degrade(
         updates = [degraded, Condition(PROGRESSING, "False", reason, "waiting for a servable spec")]
         if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
             updates.append(Condition(TUNER_ACTIVE, "False", reason, TUNER_WAITS))
+            if condition_of(current, SCALING_LIMITED) is not None:
+                updates.append(Condition(SCALING_LIMITED, "Unknown", reason, TUNER_WAITS))
         serving = {}
         if pools:  # what the last servable spec deployed; a pool the tuner put at zero still wakes
             tuned = TunerState.from_status(current).replicas
@@ -386,7 +389,10 @@ def _batch(spec: InferenceServiceSpec, tuner: TunerState | None) -> int:
 
 def _tuner_condition(spec: InferenceServiceSpec, status: dict[str, Any]) -> list[Condition]:
     if not spec.autotune.enabled:
-        return [Condition(TUNER_ACTIVE, "False", "Disabled", "spec.autotune.enabled is false")]
+        disabled = [Condition(TUNER_ACTIVE, "False", "Disabled", "spec.autotune.enabled is false")]
+        if condition_of(status, SCALING_LIMITED) is not None:  # the tuner's last word, which no run now revises
+            disabled.append(Condition(SCALING_LIMITED, "Unknown", "Disabled", "spec.autotune.enabled is false"))
+        return disabled
     current = condition_of(status, TUNER_ACTIVE)
     if current is None or current.get("reason") == "Disabled":
         return [Condition(TUNER_ACTIVE, "Unknown", "AwaitingMetrics", "the tuner has not reported yet")]

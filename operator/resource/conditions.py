@@ -1,6 +1,7 @@
 """Status conditions as Kubernetes writes them (type, status, reason, message, lastTransitionTime,
 observedGeneration): lastTransitionTime moves only when the status flips. The operator owns
-Ready, Progressing and Degraded; the tuner owns TunerActive."""
+Ready, Progressing and Degraded; the tuner owns TunerActive and ScalingLimited (HPA's name: True
+while a pool runs other than the replicas its SLOs ask for)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 TUNER_ACTIVE = "TunerActive"
-CONDITION_ORDER = (READY, PROGRESSING, DEGRADED, TUNER_ACTIVE)
+SCALING_LIMITED = "ScalingLimited"
+CONDITION_ORDER = (READY, PROGRESSING, DEGRADED, TUNER_ACTIVE, SCALING_LIMITED)
 MESSAGE_MAX = 2048  # characters of a condition's message: status must stay small whatever fed it
 
 

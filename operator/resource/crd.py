@@ -660,7 +660,7 @@ def spec_schema() -> dict[str, Any]:
 
 def status_schema() -> dict[str, Any]:
     condition = _obj(
-        "Ready, Progressing, Degraded or TunerActive.",
+        "Ready, Progressing, Degraded, TunerActive or ScalingLimited.",
         {
             "type": _str("Condition type."),
             "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
@@ -754,7 +754,7 @@ def status_schema() -> dict[str, Any]:
         {
             "conditions": {
                 "type": "array",
-                "description": "Ready, Progressing, Degraded, TunerActive.",
+                "description": "Ready, Progressing, Degraded, TunerActive, ScalingLimited.",
                 "items": condition,
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmfleet.operator.metrics.source import PoolMetrics
+from llmfleet.operator.resource.conditions import SCALING_LIMITED
 from llmfleet.operator.resource.spec import TUNABLE_KNOBS, is_integer_knob, knob_range
 from llmfleet.operator.tuner.memory import TunerMemory
 
@@ -299,6 +300,19 @@ class Change:
         return f"{self.pool}/{self.knob} {num(self.old)} -> {num(self.new)}"
 
 
+TOO_MANY, TOO_FEW, OUT_OF_REACH = "TooManyReplicas", "TooFewReplicas", "SLOOutOfReach"
+
+
+@dataclass(frozen=True)
+class ScalingLimit:
+    """Why a pool runs other than the replicas its SLOs ask for, in HPA's terms where they fit:
+    ``TooManyReplicas`` (wanted above maxReplicas), ``TooFewReplicas`` (below minReplicas), and
+    ours, ``SLOOutOfReach`` (an owned SLO no replica count meets, so none are added for it)."""
+
+    reason: str
+    message: str
+
+
 @dataclass(frozen=True)
 class Decision:
     at: float
@@ -309,6 +323,7 @@ class Decision:
     settings: Mapping[str, PoolSettings]  # every pool after the changes
     memory: TunerMemory
     inputs: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # per pool, the numbers used
+    limits: Mapping[str, ScalingLimit] = field(default_factory=dict)  # per pool held from what its SLOs ask
 
     def changed(self, pool: str, knob: str) -> Change | None:
         return next((c for c in self.changes if c.pool == pool and c.knob == knob), None)
@@ -340,6 +355,24 @@ class Decision:
             }
         reason = "Adjusted" if self.changes else "Steady"
         return {"type": "TunerActive", "status": "True", "reason": reason, "message": self._summary()}
+
+    def scaling_condition(self) -> dict[str, str] | None:
+        """The ScalingLimited condition, as HPA writes it (True while a pool's replicas are held
+        from what its SLOs ask), or None on a hold, which judged nothing. Where pools differ, the
+        reason is the one a user can least fix by raising a bound: SLOOutOfReach first."""
+        if self.hold:
+            return None
+        if not self.limits:
+            return {
+                "type": SCALING_LIMITED,
+                "status": "False",
+                "reason": "DesiredWithinRange",
+                "message": "every pool's desired replica count is within its minReplicas and maxReplicas",
+            }
+        order = (OUT_OF_REACH, TOO_MANY, TOO_FEW)
+        reason = min((limit.reason for limit in self.limits.values()), key=order.index)
+        message = "; ".join(limit.message for limit in self.limits.values())
+        return {"type": SCALING_LIMITED, "status": "True", "reason": reason, "message": message}
 
     def _summary(self) -> str:
         """The changes' reasons, or when nothing changed every reason for holding."""

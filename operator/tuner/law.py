@@ -22,16 +22,20 @@ from llmfleet.operator.tuner.decision import (
     INTEGER_KNOBS,
     KNOB_FIELDS,
     MAX_BATCH,
+    OUT_OF_REACH,
     POOL_ORDER,
     REPLICAS,
     TIMEOUT,
     TOKEN_BUDGET,
+    TOO_FEW,
+    TOO_MANY,
     Change,
     Decision,
     PoolInput,
     PoolLimits,
     PoolSettings,
     Range,
+    ScalingLimit,
     SLOTargets,
     TunerConfig,
     plain,
@@ -89,6 +93,34 @@ def _season_in_replicas(readings: list[tuple[SeasonalRise | None, float]]) -> tu
     return rise, sum(r.spread / cap for r, cap in read), min(r.periods for r, _ in read)
 
 
+def _bounds_limit(name: str, wanted: float, driver: str, low: int, high: int) -> ScalingLimit | None:
+    """HPA's ScalingLimited reasons for a count the spec's bounds cut: above maxReplicas, or
+    below minReplicas where some load wants a pod (an idle pool held at its minimum is no limit)."""
+    wants = f"{name}: {_num(wanted)} replica{'s' * (wanted != 1)} wanted ({driver})"
+    if wanted > high:
+        return ScalingLimit(TOO_MANY, f"{wants}, held at maxReplicas {high}")
+    if 1 <= wanted < low:
+        return ScalingLimit(TOO_FEW, f"{wants}, held at minReplicas {low}")
+    return None
+
+
+def _prefill_past_ttft(name: str, slo: SLOTargets, floor: tuple[float, float] | None) -> str:
+    """Where the p95 prompt's own prefill at these knobs (``floor``: its tokens and seconds,
+    averaged over the scale-down window; projection.first_token_floor) passes the TTFT SLO, the
+    numbers that say so, else '': at least 5% of first tokens then wait longer than the SLO
+    however many pods there are, whether or not this window's p95 shows it."""
+    if name == "decode" or floor is None:
+        return ""
+    tokens, alone = floor
+    if alone * 1000.0 < slo.ttft_p95_ms:
+        return ""
+    held_to = "the TTFT SLO" if name == "colocated" else "the prefill pool's share of the TTFT SLO"
+    return (
+        f"a p95 prompt ({tokens:.0f} tokens) takes {fmt_ms(alone * 1000.0)} ms to prefill alone at these "
+        f"knobs, past {held_to} {fmt_ms(slo.ttft_p95_ms)} ms"
+    )
+
+
 def _window_saw_the_added(m: PoolMetrics, added_since: float | None) -> bool:
     """Whether the window the latencies are judged over began after the pods the tuner last
     added were ready (or none were added): only then was it measured at today's count."""
@@ -125,6 +157,7 @@ class Tuner:
 
         demand: dict[str, tuple[float, str]] = {}
         needed: dict[str, float] = {}
+        limits: dict[str, ScalingLimit] = {}
         pool_slo = {name: slo for name in names} | self._prefill_ttft_budget(pools, slo, lines)
         for name in names:
             targets = pool_slo[name]  # the SLOs as this pool is held to them
@@ -169,6 +202,8 @@ class Tuner:
             if outlook is not None:
                 inputs[name]["forecast"] = outlook.summary()
             needed[name] = replicas.needed
+            if replicas.limit is not None:
+                limits[name] = replicas.limit
         self._ratio_bounds(pools, settings, mem, now, changes, lines)
         for name in names:
             spend = mem.spend.setdefault(name, Spend())
@@ -186,7 +221,7 @@ class Tuner:
                 f"({demand['prefill'][1]} vs {demand['decode'][1]}) -> "
                 f"{settings['prefill'].replicas}:{settings['decode'].replicas} replicas"
             )
-        return self._finish(now, changes, lines, False, "", settings, mem, inputs)
+        return self._finish(now, changes, lines, False, "", settings, mem, inputs, limits)
 
     def _prefill_ttft_budget(
         self, pools: Mapping[str, PoolInput], slo: SLOTargets, lines: list[str]
@@ -320,6 +355,13 @@ class Tuner:
                 raw, driver = int(cur) + 1, "busy window"
                 why += f"; a busy window projects ITL at {busy.ratio:.2f}x its SLO ({busy.how}) -> {raw}"
             held = busy is None and 0 < latency <= c.hold_latency_ratio and units > 0
+        out_of_reach: ScalingLimit | None = None
+        if past := _prefill_past_ttft(name, slo, moved.first_token_floor):  # a spec's matter, however TTFT reads now
+            out_of_reach = ScalingLimit(
+                OUT_OF_REACH,
+                f"{name}: {past}, so no replica count meets it; raise slo.ttftP95Ms past it, "
+                "or serve shorter prompts or a faster model",
+            )
         exhausted = exhausted_knobs(pool, knobs)
         if exhausted:
             pods = m.ready_pods or 0
@@ -351,6 +393,12 @@ class Tuner:
                     f"; ITL over SLO at the minimum {MAX_BATCH} with no queue ({waiting:.1f} waiting per pod):"
                     " more replicas would not lower it"
                 )
+                out_of_reach = out_of_reach or ScalingLimit(
+                    OUT_OF_REACH,
+                    f"{name}: ITL p95 {fmt_ms((m.judged_itl.p95 or 0.0) * 1000.0)} ms is over its SLO "
+                    f"{fmt_ms(slo.itl_p95_ms)} ms at the lowest {MAX_BATCH} with no queue, which more replicas "
+                    "would not lower; raise slo.itlP95Ms, or serve a faster model",
+                )
             else:
                 needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas, capacity)
                 if needed is not None and needed > max(raw, cur):
@@ -368,13 +416,14 @@ class Tuner:
         if raw < cur:
             floor, note = self._projected_scale_down(name, m, slo, units, int(cur), raw, capacity, removed_since)
             why += note
-        target = pool.limits.min_replicas if raw < pool.limits.min_replicas else raw
-        target = min(target, pool.limits.max_replicas)
+        low, high = pool.limits.min_replicas, pool.limits.max_replicas
+        limit = out_of_reach or _bounds_limit(name, max(raw, floor or 0), driver, low, high)
+        target = min(max(raw, low), high)
         if target != raw:
-            why += f", within [{pool.limits.min_replicas}, {pool.limits.max_replicas}] -> {target}"
+            why += f", within [{low}, {high}] -> {target}"
             driver = "bounds"
         if floor is not None:
-            floor = min(max(floor, pool.limits.min_replicas), pool.limits.max_replicas)
+            floor = min(max(floor, low), high)
             floor = None if floor <= target else float(floor)
         over = units / cur if cur > 0 else (math.inf if units > 0 else 0.0)
         proposal = Proposal(
@@ -388,6 +437,7 @@ class Tuner:
             load=m.request_rate,
             broke=driver in ("latency", "busy window") and self._broke_at_this_count(m, added_since),
             held=held,
+            limit=limit,
         )
         return proposal, (units, detail)
 
@@ -410,22 +460,15 @@ class Tuner:
     @staticmethod
     def _ttft_beyond_pods(name: str, m: PoolMetrics, slo: SLOTargets, floor: tuple[float, float] | None) -> str:
         """Why the owned TTFT is over an SLO that the p95 prompt passes by its own prefill at
-        these knobs (``floor``: its tokens and seconds, averaged over runs), or '': every first
-        token waits for its own prompt, so no pod count brings the p95 within the SLO
-        (projection.first_token_floor), and pods added for it stand idle. Not where ITL is over
-        its SLO too, which pods can bring back."""
+        these knobs (_prefill_past_ttft), or '': every first token waits for its own prompt, so
+        no pod count brings the p95 within the SLO, and pods added for it stand idle. Not where
+        ITL is over its SLO too, which pods can bring back."""
         ttft = m.judged_ttft.p95
-        if name == "decode" or floor is None or ttft is None or ttft * 1000.0 <= slo.ttft_p95_ms:
+        if ttft is None or ttft * 1000.0 <= slo.ttft_p95_ms:
             return ""
         if name == "colocated" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms:
             return ""
-        tokens, alone = floor
-        if alone * 1000.0 < slo.ttft_p95_ms:
-            return ""
-        return (
-            f"a p95 prompt ({tokens:.0f} tokens) takes {fmt_ms(alone * 1000.0)} ms to prefill alone at these "
-            f"knobs, past the TTFT SLO {fmt_ms(slo.ttft_p95_ms)} ms"
-        )
+        return _prefill_past_ttft(name, slo, floor)
 
     def _forecast(
         self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast, requests_s: float | None
@@ -985,8 +1028,9 @@ class Tuner:
         settings: dict[str, PoolSettings],
         mem: TunerMemory,
         inputs: dict[str, dict[str, Any]],
+        limits: dict[str, ScalingLimit] | None = None,
     ) -> Decision:
         mem.remember(DecisionRecord(at=now, hold=hold, changes=[str(c) for c in changes]))
         if not lines:
             lines.append("no pools to tune")
-        return Decision(now, tuple(changes), tuple(lines), hold, hold_reason, settings, mem, inputs)
+        return Decision(now, tuple(changes), tuple(lines), hold, hold_reason, settings, mem, inputs, limits or {})

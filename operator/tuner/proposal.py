@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from llmfleet.operator.metrics.source import PoolMetrics
-from llmfleet.operator.tuner.decision import PoolInput, SLOTargets, TunerConfig
+from llmfleet.operator.tuner.decision import PoolInput, ScalingLimit, SLOTargets, TunerConfig
 from llmfleet.operator.tuner.forecast import Outlook
 from llmfleet.operator.tuner.projection import surge, trusted_queue_s
 
@@ -48,6 +48,7 @@ class Proposal:
     broke: bool = False
     # replicas: the owned SLOs held over a whole window measured at this count, no busy window past its limit
     held: bool = False
+    limit: ScalingLimit | None = None  # replicas: why the count differs from what the SLOs ask (ScalingLimited)
 
     @property
     def needed(self) -> float:

@@ -19,6 +19,7 @@ from llmfleet.operator.metrics.source import MetricSource, PoolMetrics, PoolRef,
 from llmfleet.operator.resource.conditions import Condition
 from llmfleet.operator.resource.spec import InferenceServiceSpec
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas
+from llmfleet.operator.tuner.decision import OUT_OF_REACH, TOO_MANY
 from llmfleet.operator.tuner.law import Decision, PoolInput, PoolLimits, PoolSettings, SLOTargets, Tuner, TunerConfig
 from llmfleet.operator.tuner.memory import TunerMemory
 from llmfleet.operator.tuner.zero import pools_at_zero, scale_to_zero
@@ -44,6 +45,7 @@ class AutotuneOutcome:
     decision: Decision
     status: dict[str, Any]  # tuner (replicas, knobs, memory), lastDecision, latency
     condition: Condition  # TunerActive
+    scaling: Condition | None = None  # ScalingLimited; None on a hold, which judged nothing
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     metrics: dict[str, PoolMetrics] = field(default_factory=dict)  # per pool, and the router's where measured
     observed: bool = False  # autotune.mode observe: the decision's changes were not made
@@ -138,6 +140,7 @@ class Autotuner:
             decision=decision,
             status=self._status(decision, metrics, client, observe),
             condition=_condition(decision, observe),
+            scaling=_scaling_condition(decision),
             events=_events(decision, observe),
             metrics=metrics | ({ROUTER: client} if client is not None else {}),
             observed=observe,
@@ -212,6 +215,25 @@ def _condition(decision: Decision, observe: bool = False) -> Condition:
         reason = "Observing" if c["reason"] == "Adjusted" else "Steady"
         return Condition(c["type"], c["status"], reason, ("observe mode, nothing changed: " + c["message"]))
     return Condition(c["type"], c["status"], c["reason"], c["message"])
+
+
+def _scaling_condition(decision: Decision) -> Condition | None:
+    c = decision.scaling_condition()
+    return None if c is None else Condition(c["type"], c["status"], c["reason"], c["message"])
+
+
+LIMITS_TO_WARN = (TOO_MANY, OUT_OF_REACH)  # what a user acts on; an idle pool at its minimum is not news
+
+
+def scaling_event(scaling: Condition | None, previous_reason: str | None) -> tuple[str, str, str] | None:
+    """A Warning as a pool's replicas come to be held from what its SLOs ask (above maxReplicas,
+    or an SLO no count meets), once per such reason rather than every run: ``previous_reason``
+    is the last ScalingLimited reason while it was True, None otherwise."""
+    if scaling is None or scaling.status != "True" or scaling.reason not in LIMITS_TO_WARN:
+        return None
+    if scaling.reason == previous_reason:
+        return None
+    return ("Warning", scaling.reason, scaling.message)
 
 
 def _events(decision: Decision, observe: bool = False) -> list[tuple[str, str, str]]:

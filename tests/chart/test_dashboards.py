@@ -57,7 +57,8 @@ SPEC = parse_spec(
     }
 )
 REF = PoolRef(LABELS["namespace"], LABELS["inference_service"], LABELS["pool"])
-ALERTS_WITH_DATA = {"LLMFleetITLAboveSLO", "LLMFleetITLErrorBudgetFastBurn"}
+# an ITL SLO of 10 us: the tuner asks for more pods than maxReplicas (ScalingLimited) too
+ALERTS_WITH_DATA = {"LLMFleetITLAboveSLO", "LLMFleetITLErrorBudgetFastBurn", "LLMFleetScalingLimited"}
 
 
 def boards() -> dict[str, dict[str, Any]]:

@@ -155,6 +155,29 @@ def test_turning_the_tuner_off_drops_its_exported_series(kube, operator, scripte
     settle(kube, "tiny", 2)  # a stop amid the status writes the edit brings can race kopf into a late daemon
 
 
+def test_demand_above_max_replicas_says_scaling_limited_once(kube, operator, scripted):
+    """40 requests/s and 12 waiting on one pod whose maxReplicas is 1: ScalingLimited True
+    (TooManyReplicas, as HPA says it), one Warning Event however many runs repeat it, the gauge
+    the LLMFleetScalingLimited alert reads; then turned off, the condition is no one's word."""
+    capped = {**SPEC, "pools": {"colocated": {**SPEC["pools"]["colocated"], "maxReplicas": 1}}}
+    kube.create(inference_service("tiny", capped))
+    settle(kube, "tiny", 1)
+    limited = eventually(lambda: kube.condition("tiny", "ScalingLimited"), timeout=20)
+    assert (limited["status"], limited["reason"]) == ("True", "TooManyReplicas")
+    assert "held at maxReplicas 1" in limited["message"] and limited["message"].startswith("colocated: ")
+    decision_after(kube, decision_after(kube, None))  # two runs more, the same limit
+    warnings = eventually(lambda: [e for e in kube.events("tiny") if e["reason"] == "TooManyReplicas"], timeout=10)
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+    exposed = generate_latest(REGISTRY).decode()
+    assert (
+        'llmfleet_tuner_scaling_limited{inference_service="tiny",namespace="ml",pool="colocated",'
+        'reason="TooManyReplicas"} 1.0'
+    ) in exposed
+    kube.patch("InferenceService", "tiny", {"spec": {"autotune": {"enabled": False}}})
+    eventually(lambda: kube.condition("tiny", "ScalingLimited")["status"] == "Unknown", timeout=20)
+    settle(kube, "tiny", 2)
+
+
 def test_stale_metrics_hold_with_a_reason_and_touch_nothing(kube, operator, scripted):
     scripted.stale = True
     kube.create(inference_service("tiny", SPEC))

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from llmfleet.sim.fleet import SimOptions
-from llmfleet.sim.report import summarize
+from llmfleet.sim.report import print_summary, summarize
 from llmfleet.sim.simulate import simulate
 from llmfleet.sim.trace import builtin_workload
 from tests.fleet.sim.conftest import make_spec
@@ -60,3 +60,18 @@ assert "torch" not in sys.modules, "the simulator imported torch"
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_summary_says_where_the_tuner_was_held_from_what_the_slos_ask(profile, capsys) -> None:
+    """Long prompts at six times their rate on at most one pod: the tuner's ScalingLimited reasons,
+    counted over its runs, in the summary and its print, so a spec can be tried before a cluster
+    says the same in status."""
+    spec = make_spec(ttft_ms=1000, itl_ms=400, engine=START, bounds=BOUNDS, max_replicas=1)
+    requests = builtin_workload("long-prompt", duration_s=180.0, rate_scale=6.0).requests()
+    result = simulate(spec, profile, requests, controller="tuner", options=SimOptions(startup_s=30.0))
+    summary = summarize(result)
+    limited = summary["scaling_limited"]["TooManyReplicas"]
+    assert 0 < limited["runs"] <= summary["tuner_runs"]
+    assert "held at maxReplicas 1" in limited["message"]
+    print_summary(result, summary)
+    assert "ScalingLimited TooManyReplicas in " in capsys.readouterr().out

@@ -430,6 +430,11 @@ def test_a_ttft_the_prompts_own_prefill_passes_adds_no_replica() -> None:
     assert decision.changed("colocated", REPLICAS) is None, decision.reasons
     beyond = "to prefill alone at these knobs, past the TTFT SLO 500 ms: no replica count meets it"
     assert any("a p95 prompt (600 tokens) takes 6" in r and beyond in r for r in decision.reasons), decision.reasons
+    # and says so where users look: ScalingLimited, as HPA's condition, with what to do
+    condition = decision.scaling_condition()
+    assert (condition["status"], condition["reason"]) == ("True", "SLOOutOfReach")
+    assert condition["message"].startswith("colocated: a p95 prompt (600 tokens) takes 6")
+    assert "no replica count meets it; raise slo.ttftP95Ms past it" in condition["message"]
 
     for reachable in (
         replace(m, prompt_length=Quantiles(p95=300.0, samples=500.0)),
@@ -437,3 +442,7 @@ def test_a_ttft_the_prompts_own_prefill_passes_adds_no_replica() -> None:
         replace(m, itl=latency(150), slo_itl=latency(150)),
     ):
         assert decide(reachable).changed("colocated", REPLICAS).new > 2, decide(reachable).reasons
+    assert "colocated" not in decide(replace(m, prefix_cache_hits_per_s=300.0)).limits
+    # pods added for ITL leave the TTFT SLO as far out of reach; so does a window whose p95 dips under it
+    for still_beyond in (replace(m, itl=latency(150), slo_itl=latency(150)), replace(m, slo_ttft=latency(450))):
+        assert decide(still_beyond).limits["colocated"].reason == "SLOOutOfReach"

@@ -545,3 +545,30 @@ def test_a_tuned_pool_never_goes_below_one_replica() -> None:
     )
     assert decision.hold and decision.settings["colocated"].replicas == 1
     assert "minReplicas/maxReplicas (at least 1 while tuned) [1, 4] -> 1" in decision.reasons[0]
+
+
+def test_scaling_limited_says_when_the_bounds_cut_the_count_the_slos_ask_for() -> None:
+    """As HPA's ScalingLimited: TooManyReplicas where demand asks above maxReplicas,
+    TooFewReplicas where it asks for fewer than minReplicas but some; False (DesiredWithinRange)
+    otherwise, an idle pool at its minimum included; nothing on a hold, which judged nothing."""
+
+    def condition(**kw):
+        decision = Tuner(ONE_SHOT).decide(colocated(**kw), SLO, TunerMemory(), now=1000.0)
+        return decision.scaling_condition(), decision
+
+    busy = dict(prompt_tps=5600, gen_tps=200, pods=2, current=settings(replicas=2))
+    many, decision = condition(**busy, lim=limits(max_replicas=2))
+    assert (many["status"], many["reason"]) == ("True", "TooManyReplicas"), decision.reasons
+    assert many["message"] == "colocated: 3 replicas wanted (demand), held at maxReplicas 2"
+    within, _ = condition(**busy)
+    assert (within["status"], within["reason"]) == ("False", "DesiredWithinRange")
+
+    quiet = dict(prompt_tps=400, gen_tps=40, itl_ms=50, pods=4, current=settings(replicas=4))
+    few, decision = condition(**quiet, lim=limits(min_replicas=4))
+    assert (few["status"], few["reason"]) == ("True", "TooFewReplicas"), decision.reasons
+    assert few["message"].startswith("colocated: 1 replica wanted (demand), held at minReplicas 4")
+    idle, _ = condition(**(quiet | dict(prompt_tps=0, gen_tps=0, rate=0)), lim=limits(min_replicas=4))
+    assert idle["status"] == "False"
+
+    held, _ = condition(stale=True, reason="colocated: metrics stale")
+    assert held is None
