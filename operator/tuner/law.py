@@ -317,7 +317,7 @@ class Tuner:
         for extra in (self._growth_units(m, parts, requests_s), self._backlog_units(m, parts, requests_s)):
             if extra is not None:
                 units += extra[0]
-                detail += f" + {extra[1]}"
+                detail += f" {'-' if extra[0] < 0 else '+'} {extra[1]}"
         if capacity.basis:
             detail += f"; per replica {capacity.basis}"
         if not math.isfinite(units):  # e.g. a near-zero request rate under a queue: no usable estimate
@@ -796,13 +796,18 @@ class Tuner:
         """Replica-equivalents of the arrivals the pool is not keeping up with: served throughput
         stops growing once a pool saturates, while a queue that grows by g requests/s says the
         arrival rate is g above it. Counting them scales a step up in one move, before the
-        backlog they build gets long (a pod takes a while to start). Only a queue that grew by at
-        least one request over the window counts; smaller slopes are noise. A request weighs the
-        window's tokens over ``requests_s`` (per_request.py)."""
+        backlog they build gets long (a pod takes a while to start). A queue that shrinks says
+        the reverse: part of what was served was the backlog, which the backlog term already
+        prices, so the arrivals are that much below it (never below none). Only a queue that
+        moved by at least one request over the window counts; smaller slopes are noise. A
+        request weighs the window's tokens over ``requests_s`` (per_request.py)."""
         growth = m.waiting_growth_per_s
-        if growth is None or growth * m.window_s < 1.0 or not requests_s:
+        if growth is None or abs(growth) * m.window_s < 1.0 or not requests_s:
             return None
         units = sum(growth * (rate or 0.0) / requests_s / cap for rate, cap, _ in parts)
+        if growth < 0:
+            units = max(units, -sum((rate or 0.0) / cap for rate, cap, _ in parts))
+            return units, f"queue draining {-growth:.2f} req/s = {-units:.2f}"
         return units, f"queue growing {growth:.2f} req/s = {units:.2f}"
 
     def _backlog_units(

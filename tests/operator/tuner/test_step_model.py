@@ -143,6 +143,26 @@ def test_a_growing_queue_counts_as_demand(growth: float, counted: bool) -> None:
         assert "queue growing 0.50 req/s" in reasons
 
 
+def test_a_draining_queue_counts_its_backlog_once() -> None:
+    """A queue shrinking 0.5 requests/s while 6 still wait: of the 200 tokens/s served, a quarter
+    (0.5 of 2 requests/s) was backlog, which the backlog term prices too; the arrivals are the
+    rest. Never below none, however fast the queue empties (requests cancelled while waiting)."""
+
+    def demand(growth: float) -> str:
+        decision = decide(
+            with_plane(), settings(batch=8, timeout=0), waiting=6, growth=growth, rate=2.0, prompt_tps=0, gen_tps=200
+        )
+        return next(r for r in decision.reasons if "demand " in r)
+
+    steady, draining = demand(0.0), demand(-0.5)
+    served = float(steady.split("demand ")[1].split(" replicas")[0])
+    backlog = float(steady.split("= ")[1].split(";")[0].split(")")[0])
+    assert f"- queue draining 0.50 req/s = {0.25 * (served - backlog):.2f}" in draining
+    assert f"demand {served - 0.25 * (served - backlog):.2f} replicas" in draining
+    emptied = demand(-50.0)
+    assert f"demand {backlog:.2f} replicas" in emptied, emptied
+
+
 @pytest.mark.parametrize(("ttft_ms", "recovers"), [(200, True), (450, False)])
 def test_a_latency_cut_capacity_recovers_once_the_slos_are_met_with_margin(ttft_ms: float, recovers: bool) -> None:
     """A capacity cut to half the plane (saturated for latency, once) moves 30% of the way back per
