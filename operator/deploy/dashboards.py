@@ -308,12 +308,17 @@ def fleet_overview() -> dict[str, Any]:
                     f"max by ({SERVICE_LABELS}) (llmfleet_tuner_observe_mode{{{SERVICE_SELECTOR}}})",
                     "observe mode {{inference_service}}",
                 ),
+                (
+                    f"max by ({POOL_LABELS}, reason) (llmfleet_tuner_scaling_limited{{{s}}})",
+                    f"limited {pool} {{{{reason}}}}",
+                ),
             ],
             "short",
             12,
             40,
-            description="From the operator's metrics: changes per 5 min, 1 while holding, and 1 in observe mode "
-            "(autotune.mode: observe: the changes are what the tuner would have made).",
+            description="From the operator's metrics: changes per 5 min, 1 while holding, 1 in observe mode "
+            "(autotune.mode: observe: the changes are what the tuner would have made), and 1 while a pool's "
+            "replicas are held from what its SLOs ask, by the ScalingLimited condition's reason.",
         ),
         _panel(
             "Fleet cost: replica-minutes run vs needed",
