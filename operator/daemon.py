@@ -250,7 +250,8 @@ async def _running_replicas(client: KubeClient, owner: Owner, spec: InferenceSer
 
 
 def new_events(outcome: AutotuneOutcome, previous_status: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The run's Events, less a hold warning already given for the same reason."""
+    """The run's Events, less a hold warning already given for the same reason, and a Warning
+    where ScalingLimited turns to a reason the user acts on (run.scaling_event)."""
     was = condition_of(previous_status, TUNER_ACTIVE) or {}
     repeated = was.get("reason") == outcome.condition.reason and was.get("message") == outcome.condition.message
     events = [e for e in outcome.events if not (e[1] == "TunerHolding" and repeated)]
