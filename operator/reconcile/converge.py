@@ -224,9 +224,7 @@ async def _degrade(
     def build(current: dict[str, Any]) -> dict[str, Any]:
         updates = [degraded, Condition(PROGRESSING, "False", reason, "waiting for a servable spec")]
         if stops_tuner:  # the tuner's last word would stand for ever, though it no longer runs
-            updates.append(Condition(TUNER_ACTIVE, "False", reason, TUNER_WAITS))
-            if condition_of(current, SCALING_LIMITED) is not None:
-                updates.append(Condition(SCALING_LIMITED, "Unknown", reason, TUNER_WAITS))
+            updates += _tuner_stopped(current, reason, TUNER_WAITS)
         serving = {}
         if pools:  # what the last servable spec deployed; a pool the tuner put at zero still wakes
             tuned = TunerState.from_status(current).replicas
@@ -387,12 +385,17 @@ def _batch(spec: InferenceServiceSpec, tuner: TunerState | None) -> int:
     return effective_engine(spec, pool, tuner).max_batch_size
 
 
+def _tuner_stopped(status: dict[str, Any], reason: str, message: str) -> list[Condition]:
+    """TunerActive False, and ScalingLimited Unknown where a run wrote it: no run revises it now."""
+    stopped = [Condition(TUNER_ACTIVE, "False", reason, message)]
+    if condition_of(status, SCALING_LIMITED) is not None:
+        stopped.append(Condition(SCALING_LIMITED, "Unknown", reason, message))
+    return stopped
+
+
 def _tuner_condition(spec: InferenceServiceSpec, status: dict[str, Any]) -> list[Condition]:
     if not spec.autotune.enabled:
-        disabled = [Condition(TUNER_ACTIVE, "False", "Disabled", "spec.autotune.enabled is false")]
-        if condition_of(status, SCALING_LIMITED) is not None:  # the tuner's last word, which no run now revises
-            disabled.append(Condition(SCALING_LIMITED, "Unknown", "Disabled", "spec.autotune.enabled is false"))
-        return disabled
+        return _tuner_stopped(status, "Disabled", "spec.autotune.enabled is false")
     current = condition_of(status, TUNER_ACTIVE)
     if current is None or current.get("reason") == "Disabled":
         return [Condition(TUNER_ACTIVE, "Unknown", "AwaitingMetrics", "the tuner has not reported yet")]

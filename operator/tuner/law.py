@@ -356,7 +356,8 @@ class Tuner:
                 why += f"; a busy window projects ITL at {busy.ratio:.2f}x its SLO ({busy.how}) -> {raw}"
             held = busy is None and 0 < latency <= c.hold_latency_ratio and units > 0
         out_of_reach: ScalingLimit | None = None
-        if past := _prefill_past_ttft(name, slo, moved.first_token_floor):  # a spec's matter, however TTFT reads now
+        past = _prefill_past_ttft(name, slo, moved.first_token_floor)
+        if past:  # a spec's matter, however TTFT reads now
             out_of_reach = ScalingLimit(
                 OUT_OF_REACH,
                 f"{name}: {past}, so no replica count meets it; raise slo.ttftP95Ms past it, "
@@ -386,7 +387,7 @@ class Tuner:
                 )
             elif drained := self._drained_ttft_excess(name, pool, slo):
                 why += f"; SLO violated with {used}, but {drained}: no replica for that"
-            elif beyond := self._ttft_beyond_pods(name, m, slo, moved.first_token_floor):
+            elif beyond := self._ttft_beyond_pods(name, m, slo, past):
                 why += f"; SLO violated with {used}, but {beyond}: no replica count meets it"
             elif itl_only and waiting < c.queue_per_pod:
                 why += (
@@ -458,17 +459,17 @@ class Tuner:
         return self.knob_rules.drained_backlog(pool, slo)
 
     @staticmethod
-    def _ttft_beyond_pods(name: str, m: PoolMetrics, slo: SLOTargets, floor: tuple[float, float] | None) -> str:
-        """Why the owned TTFT is over an SLO that the p95 prompt passes by its own prefill at
-        these knobs (_prefill_past_ttft), or '': every first token waits for its own prompt, so
-        no pod count brings the p95 within the SLO, and pods added for it stand idle. Not where
-        ITL is over its SLO too, which pods can bring back."""
+    def _ttft_beyond_pods(name: str, m: PoolMetrics, slo: SLOTargets, past: str) -> str:
+        """``past`` (why the p95 prompt's own prefill at these knobs passes the TTFT SLO,
+        _prefill_past_ttft) where the owned TTFT is over that SLO now, or '': every first token
+        waits for its own prompt, so no pod count brings the p95 within the SLO, and pods added
+        for it stand idle. Not where ITL is over its SLO too, which pods can bring back."""
         ttft = m.judged_ttft.p95
-        if ttft is None or ttft * 1000.0 <= slo.ttft_p95_ms:
+        if not past or ttft is None or ttft * 1000.0 <= slo.ttft_p95_ms:
             return ""
         if name == "colocated" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms:
             return ""
-        return _prefill_past_ttft(name, slo, floor)
+        return past
 
     def _forecast(
         self, name: str, pool: PoolInput, capacity: PerReplica, state: PoolForecast, requests_s: float | None
