@@ -45,7 +45,13 @@ from llmfleet.operator.tuner.forecast import Outlook, PoolForecast, level_noise
 from llmfleet.operator.tuner.knobs import KnobRules
 from llmfleet.operator.tuner.memory import Capacity, DecisionRecord, KeyHistory, TunerMemory, stabilize
 from llmfleet.operator.tuner.per_request import Finished, offered, requests_per_s
-from llmfleet.operator.tuner.projection import Projection, first_token_floor, project, trusted_queue_s
+from llmfleet.operator.tuner.projection import (
+    Projection,
+    decode_step_floor,
+    first_token_floor,
+    project,
+    trusted_queue_s,
+)
 from llmfleet.operator.tuner.proposal import (
     Moved,
     Proposal,
@@ -78,6 +84,10 @@ __all__ = [
     "TunerConfig",
     "TunerMemory",
 ]
+
+# a lone decode step is read off a step plane fitted down to this many sequences per step: a
+# cold start's first fits, over full steps, put its overhead anywhere from 3 to 146 ms
+LONE_STEP_SEQS = 2.0
 
 
 # --- the law -----------------------------------------------------------------------------------
@@ -118,6 +128,19 @@ def _prefill_past_ttft(name: str, slo: SLOTargets, floor: tuple[float, float] | 
     return (
         f"a p95 prompt ({tokens:.0f} tokens) takes {fmt_ms(alone * 1000.0)} ms to prefill alone at these "
         f"knobs, past {held_to} {fmt_ms(slo.ttft_p95_ms)} ms"
+    )
+
+
+def _decode_past_itl(name: str, slo: SLOTargets, floor_s: float | None) -> str:
+    """Where a decode step of one sequence (``floor_s``, averaged over the scale-down window;
+    projection.decode_step_floor) takes longer than the ITL SLO, the numbers that say so, else '':
+    a pod with a single request still leaves that gap between its tokens, so no pod count brings
+    ITL's p95 within the SLO."""
+    if name == "prefill" or floor_s is None or floor_s * 1000.0 < slo.itl_p95_ms:
+        return ""
+    return (
+        f"a decode step of one sequence takes {fmt_ms(floor_s * 1000.0)} ms, past the ITL SLO "
+        f"{fmt_ms(slo.itl_p95_ms)} ms"
     )
 
 
@@ -179,10 +202,13 @@ class Tuner:
             forecast = mem.forecast.setdefault(name, PoolForecast())
             outlook = self._forecast(name, pool, per_replica, forecast, requests_s)
             seen = mem.capacity[name].window_pods(now, pool.metrics.judged_window_s)
-            floor = mem.key(name, REPLICAS).follow_first_token_floor(
-                now, first_token_floor(pool.metrics, per_replica.steps), self.config.scale_down_stabilization_s
-            )
-            moved = Moved(added_since, removed_since, outlook, seen, floor)
+            history, window_s = mem.key(name, REPLICAS), self.config.scale_down_stabilization_s
+            floor = history.follow_first_token_floor(now, first_token_floor(pool.metrics, per_replica.steps), window_s)
+            plane = capacity.steps.plane(self.config.step_overhead_seqs, self.config.step_prompt_token_share)
+            near = plane is not None and plane.fewest_seqs is not None and plane.fewest_seqs <= LONE_STEP_SEQS
+            lone = decode_step_floor(per_replica.steps) if near else None
+            decode_floor = history.follow_decode_step_floor(now, lone, window_s)
+            moved = Moved(added_since, removed_since, outlook, seen, floor, decode_floor)
             replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved, requests_s)
             replicas, units = self._with_the_slots_coming(
                 name, pool, targets, capacity, settings[name], proposals, mem, now, (replicas, units), moved, requests_s
@@ -296,7 +322,7 @@ class Tuner:
         a floor judged at an earlier, larger count must not hold the pool a window per step (_act
         takes the highest need judged at this count or fewer within the window)."""
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
-        added_since, removed_since, outlook, seen, _ = moved
+        added_since, removed_since, outlook, seen = moved[:4]
         seen = cur if seen is None else seen  # the pods the owned latencies were measured with
         judged = owned_latency_ratio(name, m, slo) > 0 and (m.ready_pods or 0) == cur
         if removed_since is not None and m.at - removed_since < m.judged_window_s:
@@ -357,12 +383,21 @@ class Tuner:
             held = busy is None and 0 < latency <= c.hold_latency_ratio and units > 0
         out_of_reach: ScalingLimit | None = None
         past = _prefill_past_ttft(name, slo, moved.first_token_floor)
+        itl_past = _decode_past_itl(name, slo, moved.decode_step_floor)
         if past:  # a spec's matter, however TTFT reads now
             out_of_reach = ScalingLimit(
                 OUT_OF_REACH,
                 f"{name}: {past}, so no replica count meets it; raise slo.ttftP95Ms past it, "
                 "or serve shorter prompts or a faster model",
             )
+        elif itl_past:
+            out_of_reach = ScalingLimit(
+                OUT_OF_REACH,
+                f"{name}: {itl_past}, so no replica count meets it; raise slo.itlP95Ms past it, "
+                "or serve a faster model",
+            )
+        # pods are sized for the latencies they can move: an ITL no count meets is left out
+        reachable = replace(slo, itl_p95_ms=math.inf) if itl_past else slo
         exhausted = exhausted_knobs(pool, knobs)
         if exhausted:
             pods = m.ready_pods or 0
@@ -387,7 +422,9 @@ class Tuner:
                 )
             elif drained := self._drained_ttft_excess(name, pool, slo):
                 why += f"; SLO violated with {used}, but {drained}: no replica for that"
-            elif beyond := self._ttft_beyond_pods(name, m, slo, past):
+            elif itl_past and owned_latency_ratio(name, m, reachable) <= 1.0:
+                why += f"; SLO violated with {used}, but {itl_past}: no replica count meets it"
+            elif beyond := self._ttft_beyond_pods(name, m, reachable, past):
                 why += f"; SLO violated with {used}, but {beyond}: no replica count meets it"
             elif itl_only and waiting < c.queue_per_pod:
                 why += (
@@ -401,7 +438,7 @@ class Tuner:
                     "would not lower; raise slo.itlP95Ms, or serve a faster model",
                 )
             else:
-                needed = self._latency_replicas(name, m, slo, units, int(cur), pool.limits.max_replicas, capacity)
+                needed = self._latency_replicas(name, m, reachable, units, int(cur), pool.limits.max_replicas, capacity)
                 if needed is not None and needed > max(raw, cur):
                     raw, driver = needed, "latency"
                     why += f"; SLO violated with {used} -> {needed}, where the owned latency projects within it"
@@ -415,7 +452,7 @@ class Tuner:
             why += f"; SLO violated ({latency:.2f}x) while {', '.join(protecting)} moves to protect it: replicas hold"
             raw = int(cur)
         if raw < cur:
-            floor, note = self._projected_scale_down(name, m, slo, units, int(cur), raw, capacity, removed_since)
+            floor, note = self._projected_scale_down(name, m, reachable, units, int(cur), raw, capacity, removed_since)
             why += note
         low, high = pool.limits.min_replicas, pool.limits.max_replicas
         limit = out_of_reach or _bounds_limit(name, max(raw, floor or 0), driver, low, high)

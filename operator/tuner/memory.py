@@ -53,6 +53,9 @@ class KeyHistory(BaseModel):
     # replicas: (as of when, the p95 prompt's computed tokens, their prefill alone in seconds),
     # smoothed over the scale-down window (projection.first_token_floor)
     first_token_floor: tuple[float, float, float] | None = None
+    # replicas: (as of when, a decode step of one sequence in seconds), smoothed over the
+    # scale-down window (projection.decode_step_floor)
+    decode_step_floor: tuple[float, float] | None = None
     # replicas: how many the last scale-down took off (moved_replicas), and (when, how long after
     # it) a scale-down of several was undone within the scale-down window
     last_fall: float = 0.0
@@ -92,6 +95,18 @@ class KeyHistory(BaseModel):
         tokens, seconds = tokens + (floor[0] - tokens) * weight, seconds + (floor[1] - seconds) * weight
         self.first_token_floor = (now, tokens, seconds)
         return tokens, seconds
+
+    def follow_decode_step_floor(self, now: float, seconds: float | None, window_s: float) -> float | None:
+        """A decode step of one sequence, averaged as the first-token floor is: the step costs'
+        fit trades its overhead against its per-sequence cost from run to run (3 to 146 ms of
+        overhead over a start-up), and one sequence is where it extrapolates furthest."""
+        last = self.decode_step_floor
+        if seconds is None:
+            return None if last is None else last[1]
+        at, level = last or (now, seconds)
+        level += (seconds - level) * _followed(now - at, window_s)
+        self.decode_step_floor = (now, level)
+        return level
 
     def broke(self, now: float, pods: int, level: float, keep_s: float) -> None:
         """Note a break; an earlier one at as many pods and no lower a level says nothing more."""

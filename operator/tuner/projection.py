@@ -111,6 +111,13 @@ def first_token_floor(m: PoolMetrics, steps: StepCosts | None) -> tuple[float, f
     return tokens, steps.prefill_alone_s(tokens)
 
 
+def decode_step_floor(steps: StepCosts | None) -> float | None:
+    """Seconds a decode step of one sequence takes at ``steps``' costs: a floor under ITL p95
+    that no pod count lowers, since a pod with one request still runs such a step per token.
+    None without step costs."""
+    return None if steps is None else steps.overhead_s + steps.per_seq_s
+
+
 def itl_tail(itl: Quantiles, growth: float, slo_s: float | None = None, measured: bool = False) -> float:
     """ITL's p95 once the gaps in its tail are ``growth`` times as common, at today's step times.
 

@@ -23,6 +23,8 @@ class Moved(NamedTuple):
     window_pods: float | None = None  # the ready pods the latencies' window saw on average
     # (tokens, seconds) of the p95 prompt's own prefill, smoothed over the scale-down window
     first_token_floor: tuple[float, float] | None = None
+    # seconds a decode step of one sequence takes, smoothed over the scale-down window
+    decode_step_floor: float | None = None
 
 
 @dataclass(frozen=True)

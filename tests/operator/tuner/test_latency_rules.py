@@ -446,3 +446,36 @@ def test_a_ttft_the_prompts_own_prefill_passes_adds_no_replica() -> None:
     # pods added for ITL leave the TTFT SLO as far out of reach; so does a window whose p95 dips under it
     for still_beyond in (replace(m, itl=latency(150), slo_itl=latency(150)), replace(m, slo_ttft=latency(450))):
         assert decide(still_beyond).limits["colocated"].reason == "SLOOutOfReach"
+
+
+def test_an_itl_a_lone_decode_step_passes_adds_no_replica() -> None:
+    """ITL p95 150 ms against an SLO of 30 ms with the batch at its minimum: a decode step of one
+    sequence takes 66 ms (the step plane's 60 ms + 5 ms a sequence), so a pod with a single
+    request still misses the SLO. No pod is added for it, and ScalingLimited says SLOOutOfReach with what to change.
+    (An ITL SLO of 60 ms on a conversation trace took the pool to its 12 pods and held them: 348
+    replica-minutes, where 255 serve the same minutes.) With TTFT over its SLO too, pods are
+    still added for TTFT, projected on TTFT alone; with an ITL SLO a lone step meets, the floor
+    says nothing."""
+    tight = replace(SLO, itl_p95_ms=30.0)
+    m = replace(
+        metrics(ttft_ms=300, queue_ms=20, itl_ms=150, pods=2, rate=2.0, prompt_tps=100, gen_tps=10, waiting=0.0),
+        slo_window_s=60.0,
+        slo_ttft=latency(300),
+        slo_itl=latency(150),
+    )
+
+    def decide(m, slo):
+        pools = {"colocated": pool_input(m, settings(replicas=2, batch=1, timeout=0, budget=1024))}
+        return Tuner(ONE_SHOT).decide(pools, slo, _memory(2, steps=True), now=1000.0)
+
+    decision = decide(m, tight)
+    assert decision.changed("colocated", REPLICAS) is None, decision.reasons
+    past = "a decode step of one sequence takes 66 ms, past the ITL SLO 30 ms: no replica count meets it"
+    assert any(past in r for r in decision.reasons), decision.reasons
+    condition = decision.scaling_condition()
+    assert (condition["status"], condition["reason"]) == ("True", "SLOOutOfReach")
+    assert "raise slo.itlP95Ms past it" in condition["message"]
+
+    slow_first = replace(m, ttft=latency(2000), slo_ttft=latency(2000), queue_time=latency(1800), waiting=1.5)
+    assert decide(slow_first, tight).changed("colocated", REPLICAS).new > 2, decide(slow_first, tight).reasons
+    assert not any("a decode step of one sequence" in r for r in decide(m, SLO).reasons)
