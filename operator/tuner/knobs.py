@@ -45,9 +45,12 @@ class KnobRules:
     def __init__(self, config: TunerConfig) -> None:
         self.config = config
 
-    def propose(self, name: str, pool: PoolInput, slo: SLOTargets, steps: StepCosts | None) -> dict[str, Proposal]:
+    def propose(
+        self, name: str, pool: PoolInput, slo: SLOTargets, steps: StepCosts | None, lone_step_s: float | None = None
+    ) -> dict[str, Proposal]:
         """One proposal per knob the pool has, in the order POOL_KNOBS decides them (the batch
-        rule reads the budget's). ``steps``: the step costs at the current knobs, or None."""
+        rule reads the budget's). ``steps``: the step costs at the current knobs, or None;
+        ``lone_step_s``: a decode step of one sequence, as the replica rule averages it, or None."""
         proposals: dict[str, Proposal] = {}
         for knob in POOL_KNOBS[name]:
             if knob not in pool.current.knobs:
@@ -55,17 +58,24 @@ class KnobRules:
             if knob == TOKEN_BUDGET:
                 proposals[knob] = self._budget_rule(name, pool, slo, steps)
             elif knob == MAX_BATCH:
-                proposals[knob] = self._batch_rule(name, pool, slo, proposals.get(TOKEN_BUDGET), steps)
+                proposals[knob] = self._batch_rule(name, pool, slo, proposals.get(TOKEN_BUDGET), steps, lone_step_s)
             else:
                 proposals[knob] = self._timeout_rule(name, pool, slo)
         return proposals
 
     def _batch_rule(
-        self, name: str, pool: PoolInput, slo: SLOTargets, budget: Proposal | None, steps: StepCosts | None
+        self,
+        name: str,
+        pool: PoolInput,
+        slo: SLOTargets,
+        budget: Proposal | None,
+        steps: StepCosts | None,
+        lone_step_s: float | None = None,
     ) -> Proposal:
         """AIMD against the ITL SLO (colocated, decode). Over the SLO: x0.75 of the batch that
         actually ran, as TCP decreases from the flight size, unless TTFT is over too with requests
-        waiting (a smaller batch would only move the excess onto TTFT). Under 0.8 SLO with the
+        waiting (a smaller batch would only move the excess onto TTFT) or a decode step of one
+        sequence (``lone_step_s``) is past the SLO (no batch meets it). Under 0.8 SLO with the
         batch the limit: +4, or straight to the slots a busy window needs. Never up while the KV
         cache is under pressure: a bigger batch would only preempt."""
         c, m = self.config, pool.metrics
@@ -75,6 +85,15 @@ class KnobRules:
             return Proposal(cur, f"ITL p95 unknown ({m.why_missing('itl')})")
         if itl > target_ms:
             why = f"ITL p95 {fmt_ms(itl)} ms > SLO {fmt_ms(target_ms)} ms"
+            if lone_step_s is not None and lone_step_s * 1000.0 >= target_ms:
+                return Proposal(
+                    cur,
+                    f"{why}, but a decode step of one sequence takes {fmt_ms(lone_step_s * 1000.0)} ms: "
+                    "no batch brings it within",
+                    severity=itl / target_ms,
+                    exhausted=True,
+                    protects="itl",
+                )
             if budget is not None and budget.target < pool.current.knobs[TOKEN_BUDGET]:
                 return Proposal(cur, f"{why}, but prefill chunks dominate the steps: {TOKEN_BUDGET} shrinks instead")
             if budget is not None and budget.exhausted and budget.protects == "itl":

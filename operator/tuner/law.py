@@ -85,8 +85,8 @@ __all__ = [
     "TunerMemory",
 ]
 
-# a lone decode step is read off a step plane fitted down to this many sequences per step: a
-# cold start's first fits, over full steps, put its overhead anywhere from 3 to 146 ms
+# a lone decode step is read off a step plane whose windows reach down to this many sequences
+# per step: a cold start's first fits, over fuller steps, put its overhead anywhere from 3 to 146 ms
 LONE_STEP_SEQS = 2.0
 
 
@@ -187,7 +187,8 @@ class Tuner:
             pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits, pools[name].devices)
             known = mem.capacity.get(name)  # the step costs at today's knobs, as earlier runs learned them
             steps = None if known is None else self.estimator.per_replica(name, known, pool.current).steps
-            proposals = self.knob_rules.propose(name, pool, targets, steps)
+            lone = mem.key(name, REPLICAS).decode_step_floor  # as the last run averaged it
+            proposals = self.knob_rules.propose(name, pool, targets, steps, None if lone is None else lone[1])
             capacity, measurable = self.estimator.update(name, pool, targets, mem, lines, proposals)
             for knob, proposal in proposals.items():
                 settings[name] = self._act(name, knob, settings[name], proposal, mem, now, changes, lines)
@@ -205,9 +206,9 @@ class Tuner:
             history, window_s = mem.key(name, REPLICAS), self.config.scale_down_stabilization_s
             floor = history.follow_first_token_floor(now, first_token_floor(pool.metrics, per_replica.steps), window_s)
             plane = capacity.steps.plane(self.config.step_overhead_seqs, self.config.step_prompt_token_share)
-            near = plane is not None and plane.fewest_seqs is not None and plane.fewest_seqs <= LONE_STEP_SEQS
-            lone = decode_step_floor(per_replica.steps) if near else None
-            decode_floor = history.follow_decode_step_floor(now, lone, window_s)
+            near = plane is not None and plane.fewest_seqs <= LONE_STEP_SEQS
+            step = decode_step_floor(per_replica.steps) if near else None
+            decode_floor = history.follow_decode_step_floor(now, step, window_s)
             moved = Moved(added_since, removed_since, outlook, seen, floor, decode_floor)
             replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved, requests_s)
             replicas, units = self._with_the_slots_coming(

@@ -37,7 +37,7 @@ class StepPlane:
     per_seq_s: float
     per_prompt_token_s: float
     basis: str  # how it was obtained, for reasons
-    fewest_seqs: float | None = None  # the fewest sequences per step a fit saw; None: the prior's split
+    fewest_seqs: float = 1.0  # the fewest sequences per step its windows saw
 
     def decode_tokens_per_s(self, batch: float) -> float:
         """Generated tokens/s of back-to-back decode steps of ``batch`` sequences."""
@@ -92,7 +92,7 @@ class StepModel(BaseModel):
         elif high >= MIN_SPREAD * low:
             return StepPlane(*fitted, f"fit over {n} windows, {low:.0f}-{high:.0f} seqs per step", low)
         basis = f"{n} window(s) of {mean_seqs:.0f} seqs + {mean_prompt:.0f} prompt tokens per step, the prior split"
-        return StepPlane(*fitted, basis)
+        return StepPlane(*fitted, basis, low)
 
 
 def _band(seqs: float, tokens: float) -> tuple[int, int]:

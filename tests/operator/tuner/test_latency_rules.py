@@ -479,3 +479,21 @@ def test_an_itl_a_lone_decode_step_passes_adds_no_replica() -> None:
     slow_first = replace(m, ttft=latency(2000), slo_ttft=latency(2000), queue_time=latency(1800), waiting=1.5)
     assert decide(slow_first, tight).changed("colocated", REPLICAS).new > 2, decide(slow_first, tight).reasons
     assert not any("a decode step of one sequence" in r for r in decide(m, SLO).reasons)
+
+    # Once a run has read the floor, the batch is not cut for that ITL either: no batch meets it,
+    # and each cut only costs the pods throughput. Without it, the batch shrinks as before.
+    pools = {"colocated": pool_input(m, settings(replicas=2, batch=8, timeout=0, budget=1024))}
+    read = Tuner(ONE_SHOT).decide(pools, tight, _memory(2, steps=True), now=1000.0)
+    assert read.changed("colocated", MAX_BATCH).new < 8, read.reasons  # the first run has no floor yet
+    held = Tuner(ONE_SHOT).decide(pools, tight, read.memory, now=1010.0)
+    assert held.changed("colocated", MAX_BATCH) is None, held.reasons
+    assert any("a decode step of one sequence takes 66 ms: no batch brings it within" in r for r in held.reasons)
+
+    # A plane whose windows all ran fuller steps says nothing about a lone one (a cold start's
+    # first fits put its overhead anywhere from 3 to 146 ms): no floor is read from it.
+    full_steps = _memory(2)
+    for at, seqs in ((700.0, 8.0), (800.0, 12.0), (900.0, 16.0)):
+        full_steps.capacity["colocated"].steps.observe(at, seqs, seqs + 20.0, 0.060 + 0.005 * seqs + 0.02)
+    pools = {"colocated": pool_input(m, settings(replicas=2, batch=1, timeout=0, budget=1024))}
+    unread = Tuner(ONE_SHOT).decide(pools, tight, full_steps, now=1000.0)
+    assert not any("a decode step of one sequence" in r for r in unread.reasons), unread.reasons
