@@ -99,7 +99,7 @@ class KeyHistory(BaseModel):
     def follow_decode_step_floor(self, now: float, seconds: float | None, window_s: float) -> float | None:
         """A decode step of one sequence, averaged as the first-token floor is: the step costs'
         fit trades its overhead against its per-sequence cost from run to run (3 to 146 ms of
-        overhead over a start-up), and one sequence is where it extrapolates furthest."""
+        overhead over a start-up), and their sum at one sequence moves with it."""
         last = self.decode_step_floor
         if seconds is None:
             return None if last is None else last[1]

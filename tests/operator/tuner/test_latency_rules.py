@@ -451,11 +451,11 @@ def test_a_ttft_the_prompts_own_prefill_passes_adds_no_replica() -> None:
 def test_an_itl_a_lone_decode_step_passes_adds_no_replica() -> None:
     """ITL p95 150 ms against an SLO of 30 ms with the batch at its minimum: a decode step of one
     sequence takes 66 ms (the step plane's 60 ms + 5 ms a sequence), so a pod with a single
-    request still misses the SLO. No pod is added for it, and ScalingLimited says SLOOutOfReach with what to change.
-    (An ITL SLO of 60 ms on a conversation trace took the pool to its 12 pods and held them: 348
-    replica-minutes, where 255 serve the same minutes.) With TTFT over its SLO too, pods are
-    still added for TTFT, projected on TTFT alone; with an ITL SLO a lone step meets, the floor
-    says nothing."""
+    request still misses the SLO. No pod is added for it, and ScalingLimited says SLOOutOfReach
+    with what to change. (An ITL SLO of 60 ms on a conversation trace took the pool to its 12
+    pods and held them: 348 replica-minutes, where 222 serve the same minutes.) With TTFT over
+    its SLO too, pods are still added for TTFT, projected on TTFT alone; with an ITL SLO a lone
+    step meets, the floor says nothing."""
     tight = replace(SLO, itl_p95_ms=30.0)
     m = replace(
         metrics(ttft_ms=300, queue_ms=20, itl_ms=150, pods=2, rate=2.0, prompt_tps=100, gen_tps=10, waiting=0.0),
