@@ -158,7 +158,12 @@ class CapacityEstimator:
         slots = None if batch is None else int(batch)
         scale = capacity.scale
         costs = StepCosts(
-            plane.per_seq_s / scale, plane.per_prompt_token_s / scale, slots, budget, plane.overhead_s / scale
+            plane.per_seq_s / scale,
+            plane.per_prompt_token_s / scale,
+            slots,
+            budget,
+            plane.overhead_s / scale,
+            plane.fewest_seqs,
         )
         return PerReplica(prompt, generation, f"at {at}: {plane.describe()}{scaled}", costs)
 

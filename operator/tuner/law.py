@@ -85,10 +85,6 @@ __all__ = [
     "TunerMemory",
 ]
 
-# a lone decode step is read off a step plane whose windows reach down to this many sequences
-# per step: a cold start's first fits, over fuller steps, put its overhead anywhere from 3 to 146 ms
-LONE_STEP_SEQS = 2.0
-
 
 # --- the law -----------------------------------------------------------------------------------
 
@@ -205,10 +201,7 @@ class Tuner:
             seen = mem.capacity[name].window_pods(now, pool.metrics.judged_window_s)
             history, window_s = mem.key(name, REPLICAS), self.config.scale_down_stabilization_s
             floor = history.follow_first_token_floor(now, first_token_floor(pool.metrics, per_replica.steps), window_s)
-            plane = capacity.steps.plane(self.config.step_overhead_seqs, self.config.step_prompt_token_share)
-            near = plane is not None and plane.fewest_seqs <= LONE_STEP_SEQS
-            step = decode_step_floor(per_replica.steps) if near else None
-            decode_floor = history.follow_decode_step_floor(now, step, window_s)
+            decode_floor = history.follow_decode_step_floor(now, decode_step_floor(per_replica.steps), window_s)
             moved = Moved(added_since, removed_since, outlook, seen, floor, decode_floor)
             replicas, units = self._replica_proposal(name, pool, targets, per_replica, proposals, moved, requests_s)
             replicas, units = self._with_the_slots_coming(
@@ -323,7 +316,7 @@ class Tuner:
         a floor judged at an earlier, larger count must not hold the pool a window per step (_act
         takes the highest need judged at this count or fewer within the window)."""
         c, m, cur = self.config, pool.metrics, float(pool.current.replicas)
-        added_since, removed_since, outlook, seen = moved[:4]
+        added_since, removed_since, outlook, seen, *_ = moved
         seen = cur if seen is None else seen  # the pods the owned latencies were measured with
         judged = owned_latency_ratio(name, m, slo) > 0 and (m.ready_pods or 0) == cur
         if removed_since is not None and m.at - removed_since < m.judged_window_s:

@@ -75,10 +75,8 @@ class KeyHistory(BaseModel):
         """The load level: an exponential average with the window as its time constant, so a busy
         or quiet minute moves it little and a fall of the whole load moves it within a window or
         two."""
-        at, level = self.load_level or (now, load)
-        level += (load - level) * _followed(now - at, window_s)
-        self.load_level = (now, level)
-        return level
+        self.load_level = _follow(self.load_level, now, load, window_s)
+        return self.load_level[1]
 
     def follow_first_token_floor(
         self, now: float, floor: tuple[float, float] | None, window_s: float
@@ -100,13 +98,9 @@ class KeyHistory(BaseModel):
         """A decode step of one sequence, averaged as the first-token floor is: the step costs'
         fit trades its overhead against its per-sequence cost from run to run (3 to 146 ms of
         overhead over a start-up), and their sum at one sequence moves with it."""
-        last = self.decode_step_floor
-        if seconds is None:
-            return None if last is None else last[1]
-        at, level = last or (now, seconds)
-        level += (seconds - level) * _followed(now - at, window_s)
-        self.decode_step_floor = (now, level)
-        return level
+        if seconds is not None:
+            self.decode_step_floor = _follow(self.decode_step_floor, now, seconds, window_s)
+        return None if self.decode_step_floor is None else self.decode_step_floor[1]
 
     def broke(self, now: float, pods: int, level: float, keep_s: float) -> None:
         """Note a break; an earlier one at as many pods and no lower a level says nothing more."""
@@ -266,6 +260,13 @@ def _followed(elapsed_s: float, window_s: float) -> float:
     """How far an exponential average with the window as its time constant moves toward a
     reading ``elapsed_s`` after the last one (all the way without a window)."""
     return 1.0 if window_s <= 0 else 1.0 - math.exp(-max(elapsed_s, 0.0) / window_s)
+
+
+def _follow(last: tuple[float, float] | None, now: float, value: float, window_s: float) -> tuple[float, float]:
+    """(now, the level): ``last``'s level moved toward ``value`` as _followed says; ``value``
+    itself where there is no last."""
+    at, level = last or (now, value)
+    return now, level + (value - level) * _followed(now - at, window_s)
 
 
 def stabilize(

@@ -111,11 +111,18 @@ def first_token_floor(m: PoolMetrics, steps: StepCosts | None) -> tuple[float, f
     return tokens, steps.prefill_alone_s(tokens)
 
 
+# a lone decode step is read off step costs whose windows reach down to this many sequences per
+# step: a cold start's first fits, over fuller steps, put its overhead anywhere from 3 to 146 ms
+LONE_STEP_SEQS = 2.0
+
+
 def decode_step_floor(steps: StepCosts | None) -> float | None:
     """Seconds a decode step of one sequence takes at ``steps``' costs: a floor under ITL p95
     that no pod count lowers, since a pod with one request still runs such a step per token.
-    None without step costs."""
-    return None if steps is None else steps.overhead_s + steps.per_seq_s
+    None without step costs, or where their windows never ran steps that small."""
+    if steps is None or steps.fewest_seqs > LONE_STEP_SEQS:
+        return None
+    return steps.overhead_s + steps.per_seq_s
 
 
 def itl_tail(itl: Quantiles, growth: float, slo_s: float | None = None, measured: bool = False) -> float:
@@ -184,6 +191,7 @@ class StepCosts:
     slots: int | None  # maxBatchSize, where the pool has it
     budget: float | None  # maxNumBatchedTokens, where the pool has it
     overhead_s: float = 0.0  # a step's own cost, whatever it carries
+    fewest_seqs: float = 1.0  # the fewest sequences per step the fit's windows saw
 
     def prefill_alone_s(self, tokens: float) -> float:
         """A prompt of ``tokens`` prefilled on an idle pod: its chunks (one per ``budget`` tokens),
