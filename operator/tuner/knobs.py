@@ -74,8 +74,10 @@ class KnobRules:
     ) -> Proposal:
         """AIMD against the ITL SLO (colocated, decode). Over the SLO: x0.75 of the batch that
         actually ran, as TCP decreases from the flight size, unless TTFT is over too with requests
-        waiting (a smaller batch would only move the excess onto TTFT) or a decode step of one
-        sequence (``lone_step_s``) is past the SLO (no batch meets it). Under 0.8 SLO with the
+        waiting (a smaller batch would only move the excess onto TTFT), a decode step of one
+        sequence (``lone_step_s``) is past the SLO (no batch meets it), or a decode step of a busy
+        batch is well within it (the slow gaps carry prompt work, which pods, each with fewer
+        prompts, thin out and a smaller batch does not). Under 0.8 SLO with the
         batch the limit: +4, or straight to the slots a busy window needs. Never up while the KV
         cache is under pressure: a bigger batch would only preempt."""
         c, m = self.config, pool.metrics
@@ -112,6 +114,18 @@ class KnobRules:
                 return Proposal(
                     cur,
                     f"{why}, but {crowded}: a smaller batch would move the excess onto TTFT",
+                    severity=itl / target_ms,
+                    exhausted=True,
+                    protects="itl",
+                )
+            busy = _busy_batch(m, cur, c.queue_per_pod)
+            decode_ms = _busy_decode_step_ms(m, steps, busy)
+            if decode_ms is not None and decode_ms < c.itl_low_water * target_ms:
+                return Proposal(
+                    cur,
+                    f"{why}, but a decode step of a busy batch ({busy:.0f} sequences) "
+                    f"takes {fmt_ms(decode_ms)} ms: the slow gaps are steps that carry prompt work, "
+                    "which a smaller batch leaves as long",
                     severity=itl / target_ms,
                     exhausted=True,
                     protects="itl",
@@ -537,3 +551,21 @@ def _full_step_ms(m: PoolMetrics, budget: float, costs: StepCosts | None) -> flo
     prompt = m.mean_prompt_tokens()
     tokens = budget if prompt is None else min(budget, m.mean_step_tokens + prompt)
     return 1000.0 * (m.mean_step_seconds + costs.per_prompt_token_s * (tokens - m.mean_step_tokens))
+
+
+def _busy_batch(m: PoolMetrics, cap: float, queue_per_pod: float) -> float:
+    """The batch of a busy step: the cap where requests queue (the batch runs full), else the
+    mean + 2 sd (Poisson-like occupancy, sd = sqrt(mean)), no more than the cap."""
+    mean = m.mean_batch_size or 0.0
+    if (m.waiting or 0.0) / max(m.ready_pods or 1, 1) >= queue_per_pod:
+        return cap
+    return min(cap, mean + 2.0 * math.sqrt(mean))
+
+
+def _busy_decode_step_ms(m: PoolMetrics, costs: StepCosts | None, batch: float) -> float | None:
+    """A decode step of ``batch`` sequences alone, no prompt work in it, at the step model's
+    costs, in ms; None without costs or a measured batch."""
+    if costs is None or m.mean_batch_size is None:
+        return None
+    return 1000.0 * (costs.overhead_s + costs.per_seq_s * max(batch, 1.0))
+

@@ -396,7 +396,10 @@ class Tuner:
         if exhausted:
             pods = m.ready_pods or 0
             waiting = (m.waiting or 0.0) / max(pods, 1)
-            itl_only = all(k == MAX_BATCH for k in exhausted)
+            # the batch cut down to its floor: the ITL left is the steps' own, not a shared pod's
+            itl_only = (
+                set(exhausted) == {MAX_BATCH} and pool.current.knobs[MAX_BATCH] <= pool.limits.knob(MAX_BATCH).low
+            )
             used = spent(pool, knobs, exhausted)
             if pods < cur:  # none fewer either: the pods still starting are what the SLO waits for
                 raw = max(raw, int(cur))

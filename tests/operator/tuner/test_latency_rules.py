@@ -497,3 +497,41 @@ def test_an_itl_a_lone_decode_step_passes_adds_no_replica() -> None:
     pools = {"colocated": pool_input(m, settings(replicas=2, batch=1, timeout=0, budget=1024))}
     unread = Tuner(ONE_SHOT).decide(pools, tight, full_steps, now=1000.0)
     assert not any("a decode step of one sequence" in r for r in unread.reasons), unread.reasons
+
+
+def test_an_itl_the_batch_does_not_make_holds_the_batch_and_adds_a_pod() -> None:
+    """ITL p95 250 ms against an SLO of 200 ms, while a decode step of a busy batch (4 sequences
+    + 2 sd: 8) takes about 60 ms + 8 x 5 ms = 100 ms, well within it: the slow gaps are steps that carry
+    prompts, which a smaller batch leaves as long. The batch holds, and a pod comes: fewer prompts
+    a pod are fewer slow gaps, so this is no ITL that pods cannot lower. (x0.75 of the observed
+    batch took chat at 4 requests/s from 32 slots to 4: requests queued behind them, TTFT p95 5.7 s,
+    and 8 pods where 3 had served.) Where a busy batch's decode step is itself near the SLO, the
+    batch is cut as before."""
+    slo = replace(SLO, itl_p95_ms=200.0)
+    m = replace(
+        metrics(
+            ttft_ms=300,
+            queue_ms=20,
+            itl_ms=250,
+            pods=2,
+            rate=2.0,
+            prompt_tps=100,
+            gen_tps=40,
+            mean_batch=4.0,
+            step_tokens=6,
+        ),
+        slo_window_s=60.0,
+        slo_ttft=latency(300),
+        slo_itl=latency(250),
+    )
+    pools = {"colocated": pool_input(m, settings(replicas=2, batch=32, timeout=0, budget=1024))}
+    decision = Tuner(ONE_SHOT).decide(pools, slo, _memory(2, steps=True), now=1000.0)
+    assert decision.changed("colocated", MAX_BATCH) is None, decision.reasons
+    held = "but a decode step of a busy batch (8 sequences) takes 101 ms: the slow gaps are steps that carry"
+    assert any(held in r for r in decision.reasons), "\n".join(decision.reasons)
+    assert decision.changed("colocated", REPLICAS).new > 2, decision.reasons
+    assert decision.scaling_condition()["reason"] != "SLOOutOfReach", decision.scaling_condition()
+
+    tight = replace(slo, itl_p95_ms=120.0)  # 100 ms is past 0.8 x 120 ms: the batch's own steps are slow
+    cut = Tuner(ONE_SHOT).decide(pools, tight, _memory(2, steps=True), now=1000.0)
+    assert cut.changed("colocated", MAX_BATCH).new == 3, cut.reasons  # x0.75 of the observed batch 4
