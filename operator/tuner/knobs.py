@@ -19,7 +19,7 @@ from llmfleet.operator.tuner.decision import (
     TunerConfig,
     num,
 )
-from llmfleet.operator.tuner.projection import StepCosts, project, slots_for
+from llmfleet.operator.tuner.projection import StepCosts, p95_prompt_computed, project, slots_for
 from llmfleet.operator.tuner.proposal import (
     Proposal,
     busy_kv_load,
@@ -347,7 +347,8 @@ class KnobRules:
 
     def _budget_rule(self, name: str, pool: PoolInput, slo: SLOTargets, costs: StepCosts | None) -> Proposal:
         """The step's token budget (colocated, prefill): x0.75 when prefill-heavy steps break the
-        ITL SLO (never below the batch), x2 when TTFT is over with prompts the budget cannot take
+        ITL SLO (never below the batch; from a budget no step reaches, straight to the largest
+        step, a p95 prompt beside the batch), x2 when TTFT is over with prompts the budget cannot take
         and ITL has room, but not for the first tokens of a backlog that already drained, which a
         bigger budget would not have served sooner.
 
@@ -368,7 +369,10 @@ class KnobRules:
                 f"({steps:.0f} tokens per step for {batch:.1f} sequences)"
             )
             floor_ = allowed.clamp(max(allowed.low, pool.current.knobs.get(MAX_BATCH, allowed.low)))
-            new = max(floor_, allowed.clamp(math.floor(cur * c.budget_decrease_factor)))
+            largest = _largest_step_tokens(m)
+            cut = math.floor(cur * c.budget_decrease_factor)
+            base = cut if largest is None else min(cut, math.ceil(largest))
+            new = max(floor_, allowed.clamp(base))
             full = _full_step_ms(m, new, costs)
             if full is not None and full > c.projected_latency_limit * slo.itl_p95_ms:
                 why += (
@@ -381,10 +385,11 @@ class KnobRules:
                 return Proposal(cur, f"{why}, but {crowded}: a smaller budget would move the excess onto TTFT")
             if new >= cur:
                 return Proposal(cur, f"{why} with {TOKEN_BUDGET} at its floor {num(floor_)}")
+            how = f"x{c.budget_decrease_factor:g}" if base == cut else "to the largest step run"
             return Proposal(
                 new,
                 why,
-                f"x{c.budget_decrease_factor:g}",
+                how,
                 protective=True,
                 severity=itl / slo.itl_p95_ms,
                 protects="itl",
@@ -569,3 +574,12 @@ def _busy_decode_step_ms(m: PoolMetrics, costs: StepCosts | None, batch: float) 
         return None
     return 1000.0 * (costs.overhead_s + costs.per_seq_s * max(batch, 1.0))
 
+
+def _largest_step_tokens(m: PoolMetrics) -> float | None:
+    """The tokens of the largest step the pool runs: a p95 prompt's computed tokens beside the
+    mean batch. A budget above it splits no prompt, so cutting a budget that never binds to x0.75
+    of itself changes no step. None without prompt lengths or a measured batch."""
+    prompt = p95_prompt_computed(m)
+    if prompt is None or m.mean_batch_size is None:
+        return None
+    return m.mean_batch_size + prompt

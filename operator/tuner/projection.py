@@ -102,13 +102,22 @@ def first_token_floor(m: PoolMetrics, steps: StepCosts | None) -> tuple[float, f
     its own prompt and a longer prompt's takes longer. None without prompt lengths or step
     costs. Computed tokens: a prefix-cache hit covers its share of every prompt (both rates
     counted as requests are admitted)."""
-    if steps is None or not m.prompt_length.known:
+    tokens = p95_prompt_computed(m)
+    if steps is None or tokens is None:
+        return None
+    return tokens, steps.prefill_alone_s(tokens)
+
+
+def p95_prompt_computed(m: PoolMetrics) -> float | None:
+    """The p95 prompt's tokens less its prefix-cache hits' share (both rates counted as requests
+    are admitted), or None without prompt lengths."""
+    if not m.prompt_length.known:
         return None
     tokens = m.prompt_length.p95
     uncached, total = m.uncached_prompt_tokens_per_s(), m.prompt_tokens_per_s
     if uncached is not None and total:
         tokens *= min(1.0, uncached / total)
-    return tokens, steps.prefill_alone_s(tokens)
+    return tokens
 
 
 # a lone decode step is read off step costs whose windows reach down to this many sequences per

@@ -268,6 +268,20 @@ CASES = [
         says=["prefill-heavy steps (400 tokens per step for 12.0 sequences)", "maxNumBatchedTokens shrinks instead"],
     ),
     Case(
+        "the same under a budget no step reaches (12 sequences beside a p95 prompt of 100 tokens, 112 "
+        "tokens): it goes to that step, where x0.75 of 2048 would split no prompt and change no step",
+        colocated(itl_ms=130, mean_batch=12, step_tokens=40, prompt_p95=100, current=settings(budget=2048)),
+        expect={("colocated", TOKEN_BUDGET): (2048, 112)},
+        unchanged=[("colocated", MAX_BATCH)],
+        says=["maxNumBatchedTokens 2048 -> 112 (to the largest step run)"],
+    ),
+    Case(
+        "and below it: x0.75 as before (the p95 prompt now splits)",
+        colocated(itl_ms=130, mean_batch=12, step_tokens=40, prompt_p95=100, current=settings(budget=112)),
+        expect={("colocated", TOKEN_BUDGET): (112, 84)},
+        says=["maxNumBatchedTokens 112 -> 84 (x0.75)"],
+    ),
+    Case(
         "TTFT far under SLO and ITL to spare: the window grows (+5 ms)",
         colocated(ttft_ms=100, itl_ms=40),
         expect={("colocated", TIMEOUT): (20, 25)},
