@@ -77,7 +77,9 @@ class KnobRules:
         waiting (a smaller batch would only move the excess onto TTFT), a decode step of one
         sequence (``lone_step_s``) is past the SLO (no batch meets it), or a decode step of a busy
         batch is well within it (the slow gaps carry prompt work, which pods, each with fewer
-        prompts, thin out and a smaller batch does not). Under 0.8 SLO with the
+        prompts, thin out and a smaller batch does not), or the cut batch's slots on every pod
+        maxReplicas allows are fewer than the requests running (they would queue for good). Under
+        0.8 SLO with the
         batch the limit: +4, or straight to the slots a busy window needs. Never up while the KV
         cache is under pressure: a bigger batch would only preempt."""
         c, m = self.config, pool.metrics
@@ -136,6 +138,16 @@ class KnobRules:
                 return Proposal(
                     cur,
                     f"{why} with {MAX_BATCH} at its minimum {num(allowed.low)}",
+                    severity=itl / target_ms,
+                    exhausted=True,
+                    protects="itl",
+                )
+            most = pool.limits.max_replicas
+            if m.running is not None and new * most < m.running:
+                return Proposal(
+                    cur,
+                    f"{why}, but {num(new)} slots on each of at most {most} pods (maxReplicas) are fewer than the "
+                    f"{m.running:.0f} requests running: the cut would queue them with no pod to make up for it",
                     severity=itl / target_ms,
                     exhausted=True,
                     protects="itl",

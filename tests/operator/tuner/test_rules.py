@@ -53,6 +53,35 @@ CASES = [
         says=["x0.75 of the observed batch 12"],
     ),
     Case(
+        "ITL over SLO at maxReplicas, where the cut batch's slots on every pod allowed are fewer than "
+        "the requests running: it holds (cut 6 -> 2 on 10 pods, 1 request/s of creative queued for the "
+        "rest of the run, TTFT p95 10-25 s)",
+        colocated(
+            itl_ms=116,
+            mean_batch=3,
+            running=30,
+            step_tokens=4,
+            pods=10,
+            current=settings(replicas=10, batch=6),
+            lim=limits(max_replicas=10),
+        ),
+        unchanged=[("colocated", MAX_BATCH)],
+        says=["2 slots on each of at most 10 pods (maxReplicas) are fewer than the 30 requests running"],
+    ),
+    Case(
+        "the same where pods may still come: the cut, and demand at the new cap sizes the pool",
+        colocated(
+            itl_ms=116,
+            mean_batch=3,
+            running=30,
+            step_tokens=4,
+            pods=10,
+            current=settings(replicas=10, batch=6),
+            lim=limits(max_replicas=20),
+        ),
+        expect={("colocated", MAX_BATCH): (6, 2)},
+    ),
+    Case(
         "ITL under SLO with a queue raises the batch (+4)",
         colocated(itl_ms=50, ttft_ms=300, waiting=3, mean_batch=20),
         expect={("colocated", MAX_BATCH): (32, 36)},
