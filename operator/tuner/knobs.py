@@ -73,15 +73,15 @@ class KnobRules:
         lone_step_s: float | None = None,
     ) -> Proposal:
         """AIMD against the ITL SLO (colocated, decode). Over the SLO: x0.75 of the batch that
-        actually ran, as TCP decreases from the flight size, unless TTFT is over too with requests
-        waiting (a smaller batch would only move the excess onto TTFT), a decode step of one
-        sequence (``lone_step_s``) is past the SLO (no batch meets it), or a decode step of a busy
-        batch is well within it (the slow gaps carry prompt work, which pods, each with fewer
-        prompts, thin out and a smaller batch does not), or the cut batch's slots on every pod
-        maxReplicas allows are fewer than the requests running (they would queue for good). Under
-        0.8 SLO with the
-        batch the limit: +4, or straight to the slots a busy window needs. Never up while the KV
-        cache is under pressure: a bigger batch would only preempt."""
+        actually ran, as TCP decreases from the flight size, but not
+        - with TTFT over too and requests waiting (a smaller batch would only move the excess
+          onto TTFT);
+        - where a decode step of one sequence (``lone_step_s``) is past the SLO (no batch meets it);
+        - where a decode step of a busy batch is well within it (the slow gaps carry prompt work,
+          which pods, each with fewer prompts, thin out and a smaller batch does not);
+        - below the requests running on every pod maxReplicas allows (they would queue for good).
+        Under 0.8 SLO with the batch the limit: +4, or straight to the slots a busy window needs.
+        Never up while the KV cache is under pressure: a bigger batch would only preempt."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
         itl, target_ms = ms(m.itl.p95), slo.itl_p95_ms
@@ -360,9 +360,9 @@ class KnobRules:
     def _budget_rule(self, name: str, pool: PoolInput, slo: SLOTargets, costs: StepCosts | None) -> Proposal:
         """The step's token budget (colocated, prefill): x0.75 when prefill-heavy steps break the
         ITL SLO (never below the batch; from a budget no step reaches, straight to the largest
-        step, a p95 prompt beside the batch), x2 when TTFT is over with prompts the budget cannot take
-        and ITL has room, but not for the first tokens of a backlog that already drained, which a
-        bigger budget would not have served sooner.
+        step, a p95 prompt beside the batch), x2 when TTFT is over with prompts the budget cannot
+        take and ITL has room, but not for the first tokens of a backlog that already drained,
+        which a bigger budget would not have served sooner.
 
         A cut helps ITL only where the steps it leaves fit the SLO: a prompt cut into more chunks
         that each still take longer puts it over more of the gaps the p95 reads. So where the step
