@@ -199,7 +199,7 @@ class TunerConfig:
     saturation_queue_per_pod: float = 1.0
     backlog_drain_s: float = 60.0  # waiting requests count as demand to be served within this time
     # Disaggregated: a client's TTFT is the prefill server's plus what the decode server adds, so
-    # the prefill pool is held to the TTFT SLO less that (Tuner._prefill_ttft_budget); never to
+    # the prefill pool is held to the TTFT SLO less that (Tuner._ttft_budgets); never to
     # less than this share of it.
     prefill_ttft_min_share: float = 0.25
     # Predictive scale-up (forecast.py): Holt's smoothing of the pools' rates, looking one pod

@@ -81,7 +81,8 @@ class KnobRules:
           which pods, each with fewer prompts, thin out and a smaller batch does not);
         - below the requests running on every pod maxReplicas allows (they would queue for good).
         Under 0.8 SLO with the batch the limit: +4, or straight to the slots a busy window needs.
-        Never up while the KV cache is under pressure: a bigger batch would only preempt."""
+        Never up while the KV cache is under pressure: a bigger batch would only preempt. Within
+        0.8-1x, a decode pool's TTFT share broken by waits for a slot is spent: pods must cut it."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
         itl, target_ms = ms(m.itl.p95), slo.itl_p95_ms
@@ -154,11 +155,23 @@ class KnobRules:
                 )
             how = f"x{c.batch_decrease_factor:g}" + (f" of the observed batch {num(base)}" if base < cur else "")
             return Proposal(new, why, how, protective=True, severity=itl / target_ms, protects="itl")
-        slots = self._slot_bound_ttft(pool, slo, budget) if name == "colocated" else None
+        slots = self._slot_bound_ttft(pool, slo, budget)
         if slots is not None:
             return slots
         if itl >= c.itl_low_water * target_ms:
-            return Proposal(cur, f"ITL p95 {fmt_ms(itl)} ms within {c.itl_low_water:g}-1x SLO {fmt_ms(target_ms)} ms")
+            why = f"ITL p95 {fmt_ms(itl)} ms within {c.itl_low_water:g}-1x SLO {fmt_ms(target_ms)} ms"
+            waits = self._slot_wait_over_ttft(name, pool, slo)
+            if waits:
+                # no ITL to spend on more slots: the pods are what is left to cut the wait
+                ttft = ms(m.ttft.p95) or 0.0
+                return Proposal(
+                    cur,
+                    f"{waits}, and {why}: no room for more slots",
+                    severity=ttft / slo.ttft_p95_ms,
+                    exhausted=True,
+                    protects="ttft",
+                )
+            return Proposal(cur, why)
         why = f"ITL p95 {fmt_ms(itl)} ms < {c.itl_low_water:g} x SLO {fmt_ms(target_ms)} ms"
         if kv_under_pressure(m, c):
             return Proposal(
@@ -193,11 +206,12 @@ class KnobRules:
         return Proposal(new, f"{why} and {evidence}", f"+{num(new - cur)}")
 
     def _ttft_over_with_a_queue(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
-        """Why a colocated pool's ITL excess is no reason to shrink a knob (TTFT over its SLO as
-        well, with requests waiting: the pool lacks capacity, which only replicas add), or ''."""
+        """Why a colocated or decode pool's ITL excess is no reason to shrink a knob (TTFT, or the
+        decode pool's share of it, over as well, with requests waiting: the pool lacks capacity,
+        which only replicas add), or ''."""
         m = pool.metrics
         ttft, pods = ms(m.ttft.p95), max(m.ready_pods or 1, 1)
-        if name != "colocated":
+        if name == "prefill" or not math.isfinite(slo.ttft_p95_ms):
             return ""
         waiting = (m.waiting or 0.0) / pods
         if waiting < self.config.queue_per_pod:
@@ -217,6 +231,20 @@ class KnobRules:
         if ttft <= slo.ttft_p95_ms:
             return ""
         return f"TTFT p95 {fmt_ms(ttft)} ms is over its SLO too with {waiting:.1f} requests waiting per pod"
+
+    def _slot_wait_over_ttft(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
+        """Why a decode pool's TTFT is over its share of the SLO (Tuner._ttft_budgets gives it one
+        only where what a decode server adds to every request fits, so the excess is the wait for
+        a batch slot) while the batch reaches its cap, or '': below it (the mean batch + 3 sd)
+        the waits were a backlog's that has left the queue, not slots short at this load."""
+        m = pool.metrics
+        ttft, queue, running = ms(m.ttft.p95), queue_ms(m), m.mean_batch_size
+        if name != "decode" or ttft is None or ttft <= slo.ttft_p95_ms:
+            return ""
+        if running is None or cap_out_of_reach(running, pool.current.knobs[MAX_BATCH]):
+            return ""
+        waited = "" if queue is None else f" (queue p95 {fmt_ms(queue)} ms)"
+        return f"TTFT p95 {fmt_ms(ttft)} ms > its share {fmt_ms(slo.ttft_p95_ms)} ms, waiting for a batch slot{waited}"
 
     def _slots_needed(self, name: str, pool: PoolInput, slo: SLOTargets, steps: StepCosts | None) -> tuple[int, str]:
         """The batch slots that keep a request's wait for one rare at the load of a busy window
@@ -244,10 +272,11 @@ class KnobRules:
         return (needed, what) if needed > cur else (0, "")
 
     def _slot_bound_ttft(self, pool: PoolInput, slo: SLOTargets, budget: Proposal | None) -> Proposal | None:
-        """TTFT spent queueing for a batch slot while ITL has room: a bigger batch protects TTFT
-        (immediately, like the window's shrink), before any replica is added. Requests wait for
-        admission when every slot is taken or the step's token budget is spent; steps that do not
-        fill the budget leave the slots as the limit. None when this does not apply."""
+        """TTFT (a decode pool's share of it, where it owns one) spent queueing for a batch slot
+        while ITL has room: a bigger batch protects TTFT (immediately, like the window's shrink),
+        before any replica is added. Requests wait for admission when every slot is taken or the
+        step's token budget is spent; steps that do not fill the budget leave the slots as the
+        limit. None when this does not apply."""
         c, m = self.config, pool.metrics
         cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
         ttft, queue, itl = ms(m.ttft.p95), queue_ms(m), ms(m.itl.p95)

@@ -177,7 +177,9 @@ class Tuner:
         demand: dict[str, tuple[float, str]] = {}
         needed: dict[str, float] = {}
         limits: dict[str, ScalingLimit] = {}
-        pool_slo = {name: slo for name in names} | self._prefill_ttft_budget(pools, slo, lines)
+        # a decode pool owns no TTFT but the share _ttft_budgets gives it
+        pool_slo = {name: replace(slo, ttft_p95_ms=math.inf) if name == "decode" else slo for name in names}
+        pool_slo |= self._ttft_budgets(pools, slo, lines)
         for name in names:
             targets = pool_slo[name]  # the SLOs as this pool is held to them
             pool = PoolInput(pools[name].metrics, settings[name], pools[name].limits, pools[name].devices)
@@ -243,17 +245,26 @@ class Tuner:
             )
         return self._finish(now, changes, lines, False, "", settings, mem, inputs, limits)
 
-    def _prefill_ttft_budget(
-        self, pools: Mapping[str, PoolInput], slo: SLOTargets, lines: list[str]
-    ) -> dict[str, SLOTargets]:
-        """The prefill pool's TTFT target where a decode pool adds to what clients wait: the SLO
-        less what a decode server adds to every request (the router relays its first token):
-        its TTFT p95, the KV fetch, the step in flight it joins after and its first step, less
-        any wait for a batch slot beyond that step, which is not the prefill pool's to clear
-        (decode's demand, its queue's growth and backlog, scales decode for it). Two p95s added
-        overstate the p95 of the sum where the slow prefills and the slow decode starts are not
-        the same requests (in the simulator, 0.43 s against the clients' 0.40-0.41 s), a margin
-        on the safe side. Nothing changes without a known decode TTFT."""
+    def _ttft_budgets(self, pools: Mapping[str, PoolInput], slo: SLOTargets, lines: list[str]) -> dict[str, SLOTargets]:
+        """The TTFT targets of a disaggregated fleet's two pools, whose parts add up to what
+        clients wait (the router relays the decode server's first token).
+
+        The prefill pool is held to the SLO less what a decode server adds to every request: its
+        TTFT p95, the KV fetch, the step in flight it joins after and its first step, less any
+        wait for a batch slot beyond that step, which more prefill pods would not shorten. Two
+        p95s added overstate the p95 of the sum where the slow prefills and the slow decode
+        starts are not the same requests (in the simulator, 0.43 s against the clients' 0.40-0.41
+        s), a margin on the safe side.
+
+        That slot wait is the decode pool's: it is held to the SLO less the prefill pool's TTFT
+        p50, where that leaves room for a wait beyond what it adds to every request. The median,
+        not the p95: a start slow for want of a slot mostly meets a typical prefill, and the p95
+        held the decode pool to a sum its clients' p95 did not reach (a pod added for nothing).
+        Demand alone does not size the pool for the wait: its slots can fill in a busy window at
+        a mean load its pods serve with headroom to spare, and only its latency projection
+        (Erlang C over its slots) sees that. Where the prefill pool's TTFT leaves no such room,
+        the excess is the prefill pool's to clear, and decode owns no TTFT. Nothing changes
+        without a known decode TTFT."""
         if "prefill" not in pools or "decode" not in pools:
             return {}
         decode = pools["decode"].metrics
@@ -271,7 +282,23 @@ class Tuner:
             + ")"
             + (f", at least {self.config.prefill_ttft_min_share:.0%} of the SLO" if budget == floor else "")
         )
-        return {"prefill": replace(slo, ttft_p95_ms=budget)}
+        budgets = {"prefill": replace(slo, ttft_p95_ms=budget)}
+        prefill = pools["prefill"].metrics.ttft.p50
+        if prefill is None:
+            return budgets
+        left = slo.ttft_p95_ms - prefill * 1000.0
+        if left <= added * 1000.0:
+            lines.append(
+                f"decode: owns no TTFT: the prefill pool's TTFT p50 {fmt_ms(prefill * 1000.0)} ms leaves "
+                f"{fmt_ms(max(left, 0.0))} ms of the SLO, no more than the {fmt_ms(added * 1000.0)} ms a decode "
+                "server adds to every request"
+            )
+            return budgets
+        lines.append(
+            f"decode: TTFT held to {fmt_ms(left)} ms: the SLO less the prefill pool's TTFT p50 "
+            f"{fmt_ms(prefill * 1000.0)} ms (a wait for a batch slot is decode's to clear)"
+        )
+        return budgets | {"decode": replace(slo, ttft_p95_ms=left)}
 
     # -- bounds ---------------------------------------------------------------------------------
 
@@ -488,7 +515,7 @@ class Tuner:
         cleared (knobs.py's test, the one that holds the token budget), or '': pods added now
         would serve none of those requests sooner. Not where ITL is over its SLO too."""
         m = pool.metrics
-        if name == "decode" or (name == "colocated" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms):
+        if name != "prefill" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms:
             return ""
         return self.knob_rules.drained_backlog(pool, slo)
 

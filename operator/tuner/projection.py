@@ -45,7 +45,9 @@ def project(
     mean; ``rho`` is the demand per pod now over capacity (for the M/M/1 fallback). ``pods``: the
     pods the window's load was spread over (the ready pods by default). ``measured_tail``: ITL's
     tail read through the quantiles measured between p95 and p99 (itl_tail)."""
-    owns_ttft, owns_itl = pool in ("colocated", "prefill"), pool in ("colocated", "decode")
+    # a decode pool owns the part of TTFT its slots make clients wait, where the law gives it one
+    owns_ttft = pool in ("colocated", "prefill") or math.isfinite(ttft_slo_ms)
+    owns_itl = pool in ("colocated", "decode")
     ttft = m.judged_ttft.p95 if owns_ttft else None
     itl = m.judged_itl if owns_itl and m.judged_itl.known else None
     load = _StepLoad.of(m, steps, pods) if steps is not None else None

@@ -81,10 +81,11 @@ def spent(pool: PoolInput, knobs: Mapping[str, Proposal], exhausted: list[str]) 
 
 def owned_latency_ratio(name: str, m: PoolMetrics, slo: SLOTargets) -> float:
     """The owned latencies over their SLOs, as judged over the SLO's window (replicas follow
-    these; the knobs react to the shorter metric window)."""
+    these; the knobs react to the shorter metric window). A decode pool owns TTFT where the law
+    gives it a finite share of it (Tuner._ttft_budgets)."""
     ratios = [0.0]
     ttft, itl = m.judged_ttft.p95, m.judged_itl.p95
-    if name in ("colocated", "prefill") and ttft is not None:
+    if ttft is not None and (name in ("colocated", "prefill") or math.isfinite(slo.ttft_p95_ms)):
         ratios.append(ttft * 1000.0 / slo.ttft_p95_ms)
     if name in ("colocated", "decode") and itl is not None:
         ratios.append(itl * 1000.0 / slo.itl_p95_ms)

@@ -36,8 +36,9 @@ def test_steps_lengthen_as_one_over_the_idle_share() -> None:
     projected = project("colocated", m, 400.0, 100.0, rho=0.3, k=2.0, steps=COSTS)
     assert projected.ratio == pytest.approx((200.0 * 4 / 3 + 100.0) / 400.0)
     assert "pods busy 20% -> 40% of the time, steps x1.33" in projected.how
-    # the decode pool owns only ITL, the prefill pool only TTFT
-    assert project("decode", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(50.0 * 4 / 3 / 100.0)
+    # the decode pool owns only ITL (and a TTFT share where the law gives it one), the prefill pool only TTFT
+    assert project("decode", m, math.inf, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(50.0 * 4 / 3 / 100.0)
+    assert project("decode", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(projected.ratio)
     assert project("prefill", m, 400.0, 100.0, 0.3, 2.0, COSTS).ratio == pytest.approx(projected.ratio)
     # twice the pods: the whole TTFT shrinks with the steps (a scale-up short of it adds one later)
     assert project("prefill", m, 400.0, 100.0, 0.3, 0.5, COSTS).ratio < 300.0 * 0.9 / 400.0
@@ -142,7 +143,7 @@ def test_a_measured_tail_is_read_through_the_quantiles_between_p95_and_p99() -> 
 def test_the_projection_reads_itl_up_its_tail_by_the_growth_of_prompts_per_step() -> None:
     m = replace(metrics(ttft_ms=300.0, itl_ms=50.0, **FOUR_PODS), itl=latency(50.0, samples=6000.0))
     # half the pods: arrivals x2, steps x4/3, so prompts per step x8/3: the p98.1 (p99 = 1.2 x p95)
-    projected = project("decode", m, 400.0, 100.0, 0.3, 2.0, COSTS)
+    projected = project("decode", m, math.inf, 100.0, 0.3, 2.0, COSTS)
     tail = 0.05 * 3 / 8
     assert projected.ratio == pytest.approx(50.0 * (1 + 0.2 * (0.05 - tail) / 0.04) * 4 / 3 / 100.0)
 

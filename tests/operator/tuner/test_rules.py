@@ -421,6 +421,36 @@ CASES = [
         ],
     ),
     Case(
+        "disaggregated: a wait for a decode slot is the decode pool's, which adds a pod where ITL has no room",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=300, queue_ms=20, prompt_tps=100)),
+            "decode": pool_input(
+                metrics(
+                    "decode", ttft_ms=700, queue_ms=600, step_ms=100, itl_ms=90, mean_batch=30, waiting=3, gen_tps=100
+                )
+            ),
+        },
+        expect={("decode", REPLICAS): (1, 2)},
+        unchanged=[("decode", MAX_BATCH), ("prefill", REPLICAS)],
+        says=[
+            "decode: TTFT held to 350 ms: the SLO less the prefill pool's TTFT p50 150 ms",
+            "decode: TTFT p95 700 ms > its share 350 ms, waiting for a batch slot (queue p95 600 ms), and ITL p95 "
+            "90 ms within 0.8-1x SLO 100 ms: no room for more slots",
+        ],
+    ),
+    Case(
+        "disaggregated: a decode pool owns no TTFT where the prefill pool's leaves no room for a wait",
+        {
+            "prefill": pool_input(metrics("prefill", ttft_ms=800, queue_ms=100, prompt_tps=100)),
+            "decode": pool_input(metrics("decode", ttft_ms=400, queue_ms=None, itl_ms=90, mean_batch=30, gen_tps=100)),
+        },
+        unchanged=[("decode", MAX_BATCH), ("decode", REPLICAS)],
+        says=[
+            "decode: owns no TTFT: the prefill pool's TTFT p50 400 ms leaves 100 ms of the SLO, no more than "
+            "the 400 ms a decode server adds to every request"
+        ],
+    ),
+    Case(
         "disaggregated: with the decode pool's TTFT unknown, prefill is held to the whole SLO",
         {
             "prefill": pool_input(metrics("prefill", ttft_ms=350, queue_ms=100, prompt_tps=100)),
