@@ -171,7 +171,7 @@ class KnobRules:
                     exhausted=True,
                     protects="ttft",
                 )
-            return Proposal(cur, why)
+            return self._batch_at_max_replicas(pool, slo, steps, why) or Proposal(cur, why)
         why = f"ITL p95 {fmt_ms(itl)} ms < {c.itl_low_water:g} x SLO {fmt_ms(target_ms)} ms"
         if kv_under_pressure(m, c):
             return Proposal(
@@ -204,6 +204,40 @@ class KnobRules:
         else:
             evidence = f"at a busy window's load {pods_then} would need {slots} slots for a request to rarely wait"
         return Proposal(new, f"{why} and {evidence}", f"+{num(new - cur)}")
+
+    def _batch_at_max_replicas(
+        self, pool: PoolInput, slo: SLOTargets, steps: StepCosts | None, why: str
+    ) -> Proposal | None:
+        """With ITL within 0.8-1x its SLO, a full batch and requests queueing at maxReplicas, no
+        pod can come for the queue: the batch grows (+4 at most) to the largest whose decode step,
+        at the measured ITL p95's ratio to the step plane's step, stays within
+        ``itl_headroom_at_max`` of the SLO. A bigger batch serves more per pod while steps are
+        overhead-bound. None where that does not apply."""
+        c, m = self.config, pool.metrics
+        cur, allowed = pool.current.knobs[MAX_BATCH], pool.limits.knob(MAX_BATCH)
+        most, pods = pool.limits.max_replicas, m.ready_pods or 0
+        itl, running = ms(m.itl.p95), m.mean_batch_size
+        if steps is None or itl is None or running is None or pods < most or pool.current.replicas < most:
+            return None
+        if (m.waiting or 0.0) / pods < c.queue_per_pod or running < c.batch_full_fraction * cur:
+            return None
+        if kv_under_pressure(m, c):
+            return None
+        step_ms = 1000.0 * (steps.overhead_s + steps.per_seq_s * max(running, 1.0))
+        if step_ms <= 0:
+            return None
+        limit = c.itl_headroom_at_max * slo.itl_p95_ms * step_ms / itl  # a step's ms at that ITL
+        fits = math.floor((limit / 1000.0 - steps.overhead_s) / steps.per_seq_s) if steps.per_seq_s > 0 else cur
+        new = allowed.clamp(min(cur + c.batch_increase_step, fits))
+        if new <= cur:
+            return None
+        return Proposal(
+            new,
+            f"{why}, but {m.waiting / pods:.1f} requests wait per pod at maxReplicas {most} with the batch full "
+            f"(mean {running:.1f} of {num(cur)}), and a decode step of {num(new)} sequences keeps ITL within "
+            f"{c.itl_headroom_at_max:g}x its SLO by the step plane",
+            f"+{num(new - cur)}",
+        )
 
     def _ttft_over_with_a_queue(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
         """Why a colocated or decode pool's ITL excess is no reason to shrink a knob (TTFT, or the

@@ -535,3 +535,19 @@ def test_an_itl_the_batch_does_not_make_holds_the_batch_and_adds_a_pod() -> None
     tight = replace(slo, itl_p95_ms=120.0)  # 100 ms is past 0.8 x 120 ms: the batch's own steps are slow
     cut = Tuner(ONE_SHOT).decide(pools, tight, _memory(2, steps=True), now=1000.0)
     assert cut.changed("colocated", MAX_BATCH).new == 3, cut.reasons  # x0.75 of the observed batch 4
+
+
+def test_at_max_replicas_a_queue_grows_the_batch_as_far_as_itl_allows() -> None:
+    """ITL p95 80 ms, 0.8x its SLO of 100 ms, with a full batch of 4 and a request waiting per
+    pod at maxReplicas: no pod can come, so the batch grows to what the step plane (60 ms + 5 ms a
+    sequence: 80 ms at 4, ITL's p95 1.0x of it) keeps within 0.9x the SLO, 6. Below maxReplicas
+    the queue is the replicas' to serve and the batch holds in the band. (Creative at 2 requests/s
+    held to ITL 120 ms at 8 of 8 decode pods, a batch cut to 3: 3/15 minutes; grown to 4, 11/15.)"""
+    m = metrics(ttft_ms=300, queue_ms=20, itl_ms=80, pods=2, mean_batch=4.0, running=8.0, waiting=2.0, step_tokens=5)
+    at_max = pool_input(m, settings(replicas=2, batch=4, timeout=0), limits(max_replicas=2))
+    decision = Tuner(ONE_SHOT).decide({"colocated": at_max}, SLO, _memory(2, steps=True), now=1000.0)
+    assert decision.changed("colocated", MAX_BATCH).new == 6, decision.reasons
+
+    below = pool_input(m, settings(replicas=2, batch=4, timeout=0), limits(max_replicas=4))
+    decision = Tuner(ONE_SHOT).decide({"colocated": below}, SLO, _memory(2, steps=True), now=1000.0)
+    assert decision.changed("colocated", MAX_BATCH) is None, decision.reasons
