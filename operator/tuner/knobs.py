@@ -223,8 +223,8 @@ class KnobRules:
             return None
         if kv_under_pressure(m, c):
             return None
-        step_ms = 1000.0 * (steps.overhead_s + steps.per_seq_s * max(running, 1.0))
-        if step_ms <= 0:
+        step_ms = _busy_decode_step_ms(m, steps, running)
+        if not step_ms:
             return None
         limit = c.itl_headroom_at_max * slo.itl_p95_ms * step_ms / itl  # a step's ms at that ITL
         fits = math.floor((limit / 1000.0 - steps.overhead_s) / steps.per_seq_s) if steps.per_seq_s > 0 else cur

@@ -45,10 +45,8 @@ def project(
     mean; ``rho`` is the demand per pod now over capacity (for the M/M/1 fallback). ``pods``: the
     pods the window's load was spread over (the ready pods by default). ``measured_tail``: ITL's
     tail read through the quantiles measured between p95 and p99 (itl_tail)."""
-    # a decode pool owns the part of TTFT its slots make clients wait, where the law gives it one
-    owns_ttft = pool in ("colocated", "prefill") or math.isfinite(ttft_slo_ms)
     owns_itl = pool in ("colocated", "decode")
-    ttft = m.judged_ttft.p95 if owns_ttft else None
+    ttft = m.judged_ttft.p95 if owns_ttft(pool, ttft_slo_ms) else None
     itl = m.judged_itl if owns_itl and m.judged_itl.known else None
     load = _StepLoad.of(m, steps, pods) if steps is not None else None
     if load is None:
@@ -96,6 +94,12 @@ def project(
         how += f"; stepping {first.work:.0%} -> {first.work * k:.0%} of the time, first tokens wait x{first_step:.2f}"
     how += f", slot wait p95 {wait_then * 1000:.0f} ms" if wait_then > 0 else ""
     return Projection(max(ratios), how)
+
+
+def owns_ttft(pool: str, ttft_slo_ms: float) -> bool:
+    """Whether a pool's TTFT is its to hold: colocated and prefill always; a decode pool the part
+    its slots make clients wait, where the law gives it a finite share (Tuner._ttft_budgets)."""
+    return pool in ("colocated", "prefill") or math.isfinite(ttft_slo_ms)
 
 
 def first_token_floor(m: PoolMetrics, steps: StepCosts | None) -> tuple[float, float] | None:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from llmfleet.operator.metrics.source import PoolMetrics
 from llmfleet.operator.tuner.decision import PoolInput, ScalingLimit, SLOTargets, TunerConfig
 from llmfleet.operator.tuner.forecast import Outlook
-from llmfleet.operator.tuner.projection import surge, trusted_queue_s
+from llmfleet.operator.tuner.projection import owns_ttft, surge, trusted_queue_s
 
 
 class Moved(NamedTuple):
@@ -85,7 +85,7 @@ def owned_latency_ratio(name: str, m: PoolMetrics, slo: SLOTargets) -> float:
     gives it a finite share of it (Tuner._ttft_budgets)."""
     ratios = [0.0]
     ttft, itl = m.judged_ttft.p95, m.judged_itl.p95
-    if ttft is not None and (name in ("colocated", "prefill") or math.isfinite(slo.ttft_p95_ms)):
+    if ttft is not None and owns_ttft(name, slo.ttft_p95_ms):
         ratios.append(ttft * 1000.0 / slo.ttft_p95_ms)
     if name in ("colocated", "decode") and itl is not None:
         ratios.append(itl * 1000.0 / slo.itl_p95_ms)
