@@ -54,7 +54,7 @@ def test_a_pool_over_nodes_is_a_leader_worker_set_that_scales(kube, operator, cl
     group = eventually(lambda: groups(kube))
     assert group["spec"]["replicas"] == 1 and group["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert "big-colocated" not in kube.list("Deployment")  # the router alone is a Deployment
-    service = kube.get("Service", "big-colocated")
+    service = eventually(lambda: kube.get("Service", "big-colocated"))  # applied after the group
     assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
 
     mark_ready(kube, "LeaderWorkerSet", "big-colocated")
