@@ -73,19 +73,14 @@ SMALL = pytest.mark.skipif(
     reason="no small-row kernel on this CPU (not built, or not measured faster than oneDNN here)",
 )
 
-
-def _reads_bf16_packing() -> bool:
-    """Whether the bf16 kernel reads the layout oneDNN packs bf16 weights in on this CPU: with AMX,
-    oneDNN packs 32-column blocks, not the 64 the kernel reads, and the layers stay on oneDNN."""
-    dense = torch.randn(128, 128).to(torch.bfloat16)
-    return cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(dense, 64), dense)
-
-
+# With AMX, oneDNN packs bf16 weights for its tiles, [N / 32][K / 2][32][2], not in the 64-column
+# blocks the bf16 kernel reads: those layers stay on oneDNN.
+AMX = torch.cpu._is_amx_tile_supported()
 SMALL_BF16 = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available()
     or not cpu_linear.packs_bfloat16()
     or cpu_kernels.small_linear_rows(torch.bfloat16) == 0
-    or not _reads_bf16_packing(),
+    or AMX,
     reason="no bfloat16 small-row kernel for this CPU (it needs AVX512-BF16, and oneDNN's 64-column "
     "bf16 packing, which CPUs with AMX do not get)",
 )
@@ -136,10 +131,10 @@ def test_a_packed_layout_the_kernel_does_not_read_stays_on_onednn(monkeypatch):
     assert cpu_kernels.reads_packed(packed, dense)
     assert not cpu_kernels.reads_packed(packed, dense.t().contiguous().view(128, 64))  # the same bytes elsewhere
     assert not cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(dense[:, :32].contiguous(), 64), dense)
-    if cpu_kernels.small_linear_rows(torch.bfloat16) and cpu_linear.packs_bfloat16():
-        bf16 = dense.to(torch.bfloat16)  # bf16 in pairs of inputs: another layout, checked too
-        if _reads_bf16_packing():
-            assert cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(bf16, 64), bf16)
+    if cpu_kernels.small_linear_rows(torch.bfloat16):  # bf16 in pairs of inputs: another layout, checked too
+        bf16 = dense.to(torch.bfloat16)
+        # AMX's 32-column blocks are not read; the 64-column ones are
+        assert cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(bf16, 64), bf16) != AMX
         assert not cpu_kernels.reads_packed(packed, bf16)  # the float32 packing, read as bf16's
     monkeypatch.setattr(cpu_kernels, "reads_packed", lambda packed, dense: False)
     assert cpu_linear.PackedLinear(linear, rows_hint=64, keep_weight=False).small_rows == 0
