@@ -10,13 +10,16 @@ sliding window, Gemma 2's logit cap and gpt-oss's sinks honoured), and sums the 
 float32 whatever the cache's dtype (float32 or bfloat16).
 
 It is bound by memory: between layers the matmuls evict the cache, so keys and values come from
-DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. So two streams
-are kept in flight: while it scores a block of keys it prefetches the next block of keys and the
-same block of values, and while it sums values it prefetches the keys of the (request, KV head)
-it takes next, threads taking runs of them so that each knows its next one. The arithmetic is kept
-under the reads: keys are scored as many at a time as the CPU's vector holds floats (8 with AVX2,
-16 with AVX-512), one vector partial sum per key, and the partial sums are then summed across
-lanes all together by a shuffle tree; the softmax takes its exponentials sixteen at a time.
+DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. The cache keeps
+a block of every KV head together (kv_cache.py) and a thread takes a request's KV heads in turn,
+so each head's blocks lie next to those of the head it read before, where the hardware's
+prefetchers have run on. Two streams are kept in flight as well: while it scores a block of keys
+it prefetches the next block of keys and the same block of values, and while it sums values it
+prefetches the keys of the (request, KV head) it takes next, threads taking runs of them so that
+each knows its next one. The arithmetic is kept under the reads: keys are scored as many at a
+time as the CPU's vector holds floats (8 with AVX2, 16 with AVX-512), one vector partial sum per
+key, and the partial sums are then summed across lanes all together by a shuffle tree; the
+softmax takes its exponentials sixteen at a time.
 
 **Prompts.** torch's CPU SDPA (flash attention) computes a prompt's causal attention at a small
 fraction of the machine's FMA rate. This kernel is bound by arithmetic instead: one KV head at a
@@ -270,12 +273,13 @@ static inline void prefetch(const char *p, int64_t bytes) {
 
 void llmfleet_paged_decode(
     const void *q, int64_t q_token_stride, int64_t q_head_stride,
-    const void *k_cache, const void *v_cache, int64_t num_slots,
+    const void *k_cache, const void *v_cache, int64_t block_stride, int64_t head_stride,
     const int64_t *rows, const int64_t *blocks, int64_t blocks_per_request, const int64_t *lengths, int64_t n,
     void *out, int64_t out_token_stride, int64_t out_head_stride,
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
     float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
-    const int64_t group = heads / kv_heads, item_size = bf16 ? 2 : 4, block_bytes = block_size * dim * item_size;
+    const int64_t group = heads / kv_heads, item_size = bf16 ? 2 : 4;
+    const int64_t block_bytes = block_size * dim * item_size, block_jump = block_stride * item_size;
     /* threads take runs of items, so each knows its next item: the one after, within its run */
     const int64_t items = n * kv_heads, run = items / (8 * num_threads) > 1 ? items / (8 * num_threads) : 1;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic, run)
@@ -289,8 +293,8 @@ void llmfleet_paged_decode(
         float *acc = calloc(group * dim, sizeof(float));
         float *sums = malloc(sizeof(float) * group);
         const int64_t *table = blocks + i * blocks_per_request;
-        const char *keys = (const char *)k_cache + kvh * num_slots * dim * item_size;
-        const char *values = (const char *)v_cache + kvh * num_slots * dim * item_size;
+        const char *keys = (const char *)k_cache + kvh * head_stride * item_size;
+        const char *values = (const char *)v_cache + kvh * head_stride * item_size;
         const char *next_keys = NULL;  /* the item this thread takes next */
         const int64_t *next_table = NULL;
         int64_t next_first = 0, next_length = 0;
@@ -299,22 +303,22 @@ void llmfleet_paged_decode(
             next_length = lengths[i2];
             next_first = (window > 0 && next_length > window) ? next_length - window : 0;
             next_table = blocks + i2 * blocks_per_request;
-            next_keys = (const char *)k_cache + kvh2 * num_slots * dim * item_size;
+            next_keys = (const char *)k_cache + kvh2 * head_stride * item_size;
         }
         for (int64_t g = 0; g < group; g++) {
             const int64_t at = rows[i] * q_token_stride + (kvh * group + g) * q_head_stride;
             for (int64_t d = 0; d < dim; d++) queries[g * dim + d] = scale * element(q, at + d, bf16);
         }
         /* positions first .. length - 1, block by block, in runs of up to 16 keys */
-        prefetch(keys + table[first / block_size] * block_bytes, block_bytes);
+        prefetch(keys + table[first / block_size] * block_jump, block_bytes);
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
-            const int64_t slot = table[b] * block_size - b * block_size;  /* slot of pos: slot + pos */
-            if (stop < length) prefetch(keys + table[b + 1] * block_bytes, block_bytes);
-            prefetch(values + table[b] * block_bytes, block_bytes);  /* summed after the softmax */
+            const char *key_block = keys + table[b] * block_jump;
+            if (stop < length) prefetch(keys + table[b + 1] * block_jump, block_bytes);
+            prefetch(values + table[b] * block_jump, block_bytes);  /* summed after the softmax */
             for (int64_t count; pos < stop; pos += count) {
                 count = stop - pos < VL ? stop - pos : VL;
-                const char *k = keys + (slot + pos) * dim * item_size;
+                const char *k = key_block + (pos - b * block_size) * dim * item_size;
                 for (int64_t g = 0; g < group; g++)
                     score_keys(queries + g * dim, k, count, dim, item_size, bf16, scores + g * padded + pos - first);
             }
@@ -332,14 +336,14 @@ void llmfleet_paged_decode(
         }
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
-            const int64_t slot = table[b] * block_size - b * block_size;
+            const char *value_block = values + table[b] * block_jump;
             if (next_keys) {  /* the next item's keys, while this one's values are summed */
                 const int64_t j = next_first / block_size + (b - first / block_size);
-                if (j * block_size < next_length) prefetch(next_keys + next_table[j] * block_bytes, block_bytes);
+                if (j * block_size < next_length) prefetch(next_keys + next_table[j] * block_jump, block_bytes);
             }
             for (int64_t count; pos < stop; pos += count) {
                 count = stop - pos < VL ? stop - pos : VL;
-                const char *v = values + (slot + pos) * dim * item_size;
+                const char *v = value_block + (pos - b * block_size) * dim * item_size;
                 for (int64_t g = 0; g < group; g++)
                     add_values(acc + g * dim, scores + g * padded + pos - first, v, count, dim, item_size, bf16);
             }
@@ -450,29 +454,33 @@ void llmfleet_prefill_attention(
 }
 
 /* This step's keys and values into the cache: row t of head h of key (value) to slot slots[t]
-   of head h. Every destination line is requested first, so that their misses overlap. Returns
-   -1, having written nothing, where a slot is outside the cache; 0 otherwise. */
-int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_slots, const int64_t *slots, int64_t n,
+   of head h, at block slots[t] / block_size, offset slots[t] % block_size. Every destination line
+   is requested first, so that their misses overlap. Returns -1, having written nothing, where a
+   slot is outside the cache; 0 otherwise. */
+int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_blocks, int64_t block_size, int64_t block_stride,
+                       int64_t head_stride, const int64_t *slots, int64_t n,
                        const char *key, int64_t k_head_stride, int64_t k_token_stride,
                        const char *value, int64_t v_head_stride, int64_t v_token_stride,
                        int64_t kv_heads, int64_t dim, int64_t item_size) {
     const int64_t row = dim * item_size;
     for (int64_t t = 0; t < n; t++)
-        if (slots[t] < 0 || slots[t] >= num_slots) return -1;
-    for (int64_t h = 0; h < kv_heads; h++)
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t at = (h * num_slots + slots[t]) * row;
+        if (slots[t] < 0 || slots[t] >= num_blocks * block_size) return -1;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t at = ((slots[t] / block_size) * block_stride + (slots[t] % block_size) * dim) * item_size;
+        for (int64_t h = 0; h < kv_heads; h++)
             for (int64_t b = 0; b < row; b += 64) {
-                __builtin_prefetch(k_cache + at + b, 1, 3);
-                __builtin_prefetch(v_cache + at + b, 1, 3);
+                __builtin_prefetch(k_cache + at + h * head_stride * item_size + b, 1, 3);
+                __builtin_prefetch(v_cache + at + h * head_stride * item_size + b, 1, 3);
             }
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t at = ((slots[t] / block_size) * block_stride + (slots[t] % block_size) * dim) * item_size;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t to = at + h * head_stride * item_size;
+            memcpy(k_cache + to, key + (h * k_head_stride + t * k_token_stride) * item_size, row);
+            memcpy(v_cache + to, value + (h * v_head_stride + t * v_token_stride) * item_size, row);
         }
-    for (int64_t h = 0; h < kv_heads; h++)
-        for (int64_t t = 0; t < n; t++) {
-            const int64_t at = (h * num_slots + slots[t]) * row;
-            memcpy(k_cache + at, key + (h * k_head_stride + t * k_token_stride) * item_size, row);
-            memcpy(v_cache + at, value + (h * v_head_stride + t * v_token_stride) * item_size, row);
-        }
+    }
     return 0;
 }
 
@@ -699,7 +707,8 @@ _ARGTYPES = [
     _I64,  # q, its token and head strides
     _PTR,
     _PTR,
-    _I64,  # keys, values, slots per head
+    _I64,
+    _I64,  # keys, values, their block and head strides
     _PTR,
     _PTR,
     _I64,
@@ -749,7 +758,10 @@ _PREFILL_ARGTYPES = [
 _WRITE_ARGTYPES = [
     _PTR,
     _PTR,
-    _I64,  # key and value caches, slots per head
+    _I64,
+    _I64,
+    _I64,
+    _I64,  # key and value caches, their blocks, block size, block and head strides
     _PTR,
     _I64,  # slots, n
     _PTR,
@@ -872,8 +884,8 @@ def paged_decode(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> bool:
-    """Attend ``rows`` of ``q`` (T, heads, D) to their cached ``keys``/``values`` (kv_heads,
-    slots, D) and write those rows of ``out`` (T, heads, D). Request i of ``rows`` has context
+    """Attend ``rows`` of ``q`` (T, heads, D) to their cached ``keys``/``values`` (blocks,
+    kv_heads, block_size, D) and write those rows of ``out`` (T, heads, D). Request i of ``rows`` has context
     ``lengths[i]`` in its block table, row i of ``blocks`` (n, blocks per request). ``softcap``
     caps the scaled logits (``softcap * tanh(x / softcap)``); ``sinks`` (heads,) join each head's
     softmax as a logit without a value (attention.Scoring). Returns False,
@@ -889,13 +901,15 @@ def paged_decode(
         or q.stride(2) != 1
         or out.stride(2) != 1
         or not (keys.is_contiguous() and values.is_contiguous())
+        or keys.dim() != 4
+        or keys.shape[2] != block_size
     ):
         return False
     library = _library()
     if library is None:
         return False
     n, heads, dim = rows.shape[0], q.shape[1], q.shape[2]
-    kv_heads, slots = keys.shape[0], keys.shape[1]
+    kv_heads = keys.shape[1]
     sink_logits = None if sinks is None else sinks.detach().to(torch.float32).contiguous()  # alive for the call
     library.llmfleet_paged_decode(
         q.data_ptr(),
@@ -903,7 +917,8 @@ def paged_decode(
         q.stride(1),
         keys.data_ptr(),
         values.data_ptr(),
-        slots,
+        keys.stride(0),
+        keys.stride(1),
         rows.data_ptr(),
         blocks.data_ptr(),
         blocks.numel() // n,
@@ -990,32 +1005,37 @@ def kv_write(
     keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> bool:
     """Store ``key``/``value`` (kv_heads, T, D) at ``slots`` (T,) of the cache tensors ``keys``/
-    ``values`` (kv_heads, slots, D), as ``index_copy_`` along dimension 1 would. Returns False,
-    having done nothing, where the kernel does not apply: turned off, not built, another device,
-    a dtype to convert, or a layout it does not read. A slot outside the cache raises IndexError,
-    as ``index_copy_`` does, with nothing written."""
+    ``values`` (blocks, kv_heads, block_size, D): slot s is offset s % block_size of block
+    s // block_size. Returns False, having done nothing, where the kernel does not apply: turned
+    off, not built, another device, a dtype to convert, or a layout it does not read. A slot
+    outside the cache raises IndexError, as ``index_copy_`` does, with nothing written."""
     if (
         not enabled()
         or keys.device.type != "cpu"
         or any(t.dtype != keys.dtype for t in (values, key, value))
         or not (keys.is_contiguous() and values.is_contiguous())
+        or keys.dim() != 4
         or key.stride(2) != 1
         or value.stride(2) != 1
         or slots.dtype != torch.int64
         or not slots.is_contiguous()
         or key.shape != value.shape
-        or key.shape[0] != keys.shape[0]
-        or key.shape[2] != keys.shape[2]
+        or key.shape[0] != keys.shape[1]
+        or key.shape[2] != keys.shape[3]
         or slots.shape[0] != key.shape[1]
     ):
         return False
     library = _library()
     if library is None:
         return False
+    num_blocks, kv_heads, block_size, dim = keys.shape
     outside = library.llmfleet_kv_write(
         keys.data_ptr(),
         values.data_ptr(),
-        keys.shape[1],
+        num_blocks,
+        block_size,
+        keys.stride(0),
+        keys.stride(1),
         slots.data_ptr(),
         slots.shape[0],
         key.data_ptr(),
@@ -1024,12 +1044,12 @@ def kv_write(
         value.data_ptr(),
         value.stride(0),
         value.stride(1),
-        keys.shape[0],
-        keys.shape[2],
+        kv_heads,
+        dim,
         keys.element_size(),
     )
     if outside:
-        raise IndexError(f"a cache slot outside 0..{keys.shape[1] - 1}: {slots.tolist()}")
+        raise IndexError(f"a cache slot outside 0..{num_blocks * block_size - 1}: {slots.tolist()}")
     return True
 
 

@@ -67,10 +67,10 @@ def paged_decode(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> bool:
-    """Attend ``rows`` of ``q`` (T, heads, D) to their cached ``keys``/``values`` (kv_heads,
-    slots, D) and write those rows of ``out`` (T, heads, D), as cpu_kernels.paged_decode does on
-    a CPU: request i of ``rows`` has context ``lengths[i]`` in row i of ``blocks`` (n, blocks per
-    request, flattened). Logit caps are left to the torch path."""
+    """Attend ``rows`` of ``q`` (T, heads, D) to their cached ``keys``/``values`` (blocks,
+    kv_heads, block_size, D) and write those rows of ``out`` (T, heads, D), as
+    cpu_kernels.paged_decode does on a CPU: request i of ``rows`` has context ``lengths[i]`` in row
+    i of ``blocks`` (n, blocks per request, flattened). Logit caps are left to the torch path."""
     if (
         softcap is not None
         or not _runs_on(q)
@@ -80,11 +80,13 @@ def paged_decode(
         or q.stride(2) != 1
         or out.stride(2) != 1
         or not (keys.is_contiguous() and values.is_contiguous())
+        or keys.dim() != 4
+        or keys.shape[2] != block_size
         or rows.shape[0] == 0
     ):
         return False
     n, heads, dim = rows.shape[0], q.shape[1], q.shape[2]
-    kv_heads = keys.shape[0]
+    kv_heads = keys.shape[1]
     group = heads // kv_heads
     sink_logits = None if sinks is None else sinks.detach().to(torch.float32).contiguous()
     _kernels().paged_decode_kernel[(n, kv_heads)](
@@ -100,7 +102,8 @@ def paged_decode(
         q.stride(1),
         out.stride(0),
         out.stride(1),
-        keys.shape[1],
+        keys.stride(0),
+        keys.stride(1),
         block_size,
         blocks.shape[0] // n,
         scale,

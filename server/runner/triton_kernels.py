@@ -25,7 +25,8 @@ def paged_decode_kernel(
     q_stride_h,
     out_stride_t,
     out_stride_h,
-    slots_per_head,
+    block_stride,
+    head_stride,
     block_size,
     blocks_per_request,
     scale,
@@ -67,7 +68,7 @@ def paged_decode_kernel(
     first = 0
     if HAS_WINDOW:  # transformers' window: a key at kv_pos is seen while kv_pos > q_pos - window
         first = tl.maximum(length - window, 0)
-    head_base = h.to(tl.int64) * slots_per_head * DIM
+    head_base = h.to(tl.int64) * head_stride
     table = blocks_ptr + i.to(tl.int64) * blocks_per_request
     # TILES covers the longest context the block tables hold, and a tile wholly outside this
     # request's context is skipped: Triton's interpreter takes no loop bound that is not constant
@@ -77,7 +78,7 @@ def paged_decode_kernel(
             t = start + tl.arange(0, TILE)
             t_ok = (t < length) & (t >= first)
             block = tl.load(table + t // block_size, mask=t_ok, other=0).to(tl.int64)
-            offsets = head_base + (block * block_size + t % block_size)[:, None] * DIM + d[None, :]
+            offsets = head_base + (block * block_stride + (t % block_size) * DIM)[:, None] + d[None, :]
             kv_ok = t_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + offsets, mask=kv_ok, other=0.0)
             if IEEE:

@@ -30,7 +30,7 @@ def kernels_on(monkeypatch):
 def reference_decode(q, keys, values, block_size, rows, blocks, lengths, scale, window, sinks):
     """Each row's attention over its context, gathered by hand, in float64 on the CPU."""
     q, keys, values, blocks = q.cpu(), keys.cpu(), values.cpu(), blocks.cpu()
-    kv_heads, _, dim = keys.shape
+    _, kv_heads, _, dim = keys.shape
     heads = q.shape[1]
     group = heads // kv_heads
     per_request = blocks.shape[0] // rows.shape[0]
@@ -38,12 +38,12 @@ def reference_decode(q, keys, values, block_size, rows, blocks, lengths, scale, 
     for i, row in enumerate(rows.tolist()):
         length = int(lengths[i])
         table = blocks[i * per_request : (i + 1) * per_request]
-        slots = torch.tensor([int(table[t // block_size]) * block_size + t % block_size for t in range(length)])
+        at = [(int(table[t // block_size]), t % block_size) for t in range(length)]
         first = max(0, length - window) if window else 0
         result = torch.empty(heads, dim, dtype=torch.float64)
         for head in range(heads):
-            k = keys[head // group, slots].double()[first:]
-            v = values[head // group, slots].double()[first:]
+            k = torch.stack([keys[b, head // group, o] for b, o in at]).double()[first:]
+            v = torch.stack([values[b, head // group, o] for b, o in at]).double()[first:]
             logits = (k @ q[row, head].double()) * scale
             if sinks is not None:
                 logits = torch.cat([logits, sinks[head : head + 1].double().cpu()])
@@ -61,8 +61,8 @@ def decode_case(dtype, heads, kv_heads, dim, block_size, lengths, window=None, s
     tokens = n + 3
     per_request = max(-(-length // block_size) for length in lengths)
     num_blocks = n * per_request + 4
-    keys = torch.randn(kv_heads, num_blocks * block_size, dim, generator=gen).to(dtype)
-    values = torch.randn(kv_heads, num_blocks * block_size, dim, generator=gen).to(dtype)
+    keys = torch.randn(num_blocks, kv_heads, block_size, dim, generator=gen).to(dtype)
+    values = torch.randn(num_blocks, kv_heads, block_size, dim, generator=gen).to(dtype)
     q = torch.randn(heads, tokens, dim, generator=gen).to(dtype).transpose(0, 1)
     order = torch.randperm(num_blocks, generator=gen).tolist()
     blocks = torch.tensor([order.pop() for _ in range(n * per_request)])
