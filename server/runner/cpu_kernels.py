@@ -885,12 +885,12 @@ def paged_decode(
     sinks: torch.Tensor | None = None,
 ) -> bool:
     """Attend ``rows`` of ``q`` (T, heads, D) to their cached ``keys``/``values`` (blocks,
-    kv_heads, block_size, D) and write those rows of ``out`` (T, heads, D). Request i of ``rows`` has context
-    ``lengths[i]`` in its block table, row i of ``blocks`` (n, blocks per request). ``softcap``
-    caps the scaled logits (``softcap * tanh(x / softcap)``); ``sinks`` (heads,) join each head's
-    softmax as a logit without a value (attention.Scoring). Returns False,
-    having done nothing, where the kernel does not apply: turned off, not built, another device or
-    dtype, or a layout it does not read."""
+    kv_heads, block_size, D) and write those rows of ``out`` (T, heads, D). Request i of ``rows``
+    has context ``lengths[i]`` in its block table, row i of ``blocks`` (n, blocks per request).
+    ``softcap`` caps the scaled logits (``softcap * tanh(x / softcap)``); ``sinks`` (heads,) join
+    each head's softmax as a logit without a value (attention.Scoring). Returns False, having done
+    nothing, where the kernel does not apply: turned off, not built, another device or dtype, or a
+    layout it does not read."""
     bf16 = _DTYPES.get(keys.dtype)
     if (
         not enabled()

@@ -62,9 +62,9 @@ class PagedKVCache:
         if cpu_kernels.kv_write(self.keys[layer], self.values[layer], slots, key, value):
             return
         # the row of (head h, slot s) among the cache's (blocks * kv_heads * block_size) rows
-        heads = torch.arange(self.num_kv_heads, device=slots.device).unsqueeze(1)
         block, offset = slots // self.block_size, slots % self.block_size
-        rows = ((block * self.num_kv_heads + heads) * self.block_size + offset).view(-1)
+        block_rows = self._head_rows(block, 0, self.num_kv_heads).view(self.num_kv_heads, -1)
+        rows = (block_rows * self.block_size + offset).view(-1)
         width = self.head_dim
         self.keys[layer].view(-1, width).index_copy_(0, rows, key.reshape(-1, width).to(self.dtype))
         self.values[layer].view(-1, width).index_copy_(0, rows, value.reshape(-1, width).to(self.dtype))
