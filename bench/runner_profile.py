@@ -16,6 +16,10 @@ and with the engine bench's "ceiling": the model's matmul FLOPs at its measured 
     python -m llmfleet.bench.runner_profile --profile 32   # torch.profiler table for batch 32
     python -m llmfleet.bench.runner_profile --parts        # each step split into its parts
 
+A step runs as the engine runs it: where the model takes it, through the C decode layers
+(server/runner/cpu_decode.py); the "modules ms" column times the same step through the model's
+modules, and ``--parts`` splits those (the C call has no parts to time from Python).
+
 ``--parts`` splits the fastest of the timed steps into what a step's time goes to: the linear
 layers, the paged attention (cache writes and kernels), the other ops of the forward (norms,
 rotary embedding, activations, residual adds, the module calls) and the runner's own work
@@ -135,11 +139,22 @@ def _patched(replacements: list):
                 setattr(owner, name, original)
 
 
+@contextlib.contextmanager
+def modules_only(runner):
+    """While the block runs, decode steps go through the model's modules, not the C decode layers."""
+    fused, runner.fused_decode = runner.fused_decode, None
+    try:
+        yield
+    finally:
+        runner.fused_decode = fused
+
+
 def step_parts(decoding, reps: int) -> dict[str, float]:
-    """The fastest of ``reps`` steps, in milliseconds, split into its parts (``--parts``)."""
+    """The fastest of ``reps`` steps through the modules, in milliseconds, split into its parts
+    (``--parts``)."""
     best: Counter = Counter()
     seconds: Counter = Counter()
-    with timed_parts(decoding.runner, seconds):
+    with modules_only(decoding.runner), timed_parts(decoding.runner, seconds):
         decoding.step()
         for _ in range(reps):
             seconds.clear()
@@ -188,11 +203,12 @@ def parts_by_removal(decoding, reps: int) -> dict[str, float]:
     milliseconds: the step, then without its linears, without its attention and without both.
     Unlike the timed parts, a part's saving here includes what it makes the others wait for
     (caches it evicts, threads it leaves to wake), so the three need not add up to the step."""
-    step = _best_seconds(decoding.step, reps)
-    without = {}
-    for parts in (("linear",), ("attention",), ("linear", "attention")):
-        with free_parts(*parts):
-            without[parts] = _best_seconds(decoding.step, reps)
+    with modules_only(decoding.runner):
+        step = _best_seconds(decoding.step, reps)
+        without = {}
+        for parts in (("linear",), ("attention",), ("linear", "attention")):
+            with free_parts(*parts):
+                without[parts] = _best_seconds(decoding.step, reps)
     return {
         "step": step * 1e3,
         "linear": (step - without[("linear",)]) * 1e3,
@@ -274,22 +290,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.get_num_threads()} threads, context {args.context}+{args.spread}, block size {args.block_size}; "
         f"square matmul {gflops:.0f} GFLOP/s"
     )
-    header = ("batch", "step ms", "tok/s", "linear ms", "hf fwd ms", "step/linear", "vs ceiling")
+    header = ("batch", "step ms", "modules ms", "tok/s", "linear ms", "hf fwd ms", "step/linear", "vs ceiling")
     print(" ".join(f"{h:>11}" for h in header))
     parts_by_batch = []
     for batch in args.batches:
         decoding = _Decoding(runner, batch, args.context, args.spread)
         step = _best_seconds(decoding.step, args.reps)
+        with modules_only(runner):
+            modules = _best_seconds(decoding.step, args.reps)
         if args.parts:  # the same prefilled requests, timed part by part, then each part removed
             parts_by_batch.append((batch, step_parts(decoding, args.reps), parts_by_removal(decoding, args.reps)))
         floor = linear_floor(runner.model, batch, args.reps)
         fwd = forward_floor(path, runner.dtype, batch, max(3, args.reps // 2))
         ceiling = 2 * linear_params * batch / (gflops * 1e9)  # seconds at the square-matmul rate
-        row = (batch, f"{step * 1e3:.1f}", f"{batch / step:.0f}", f"{floor * 1e3:.1f}", f"{fwd * 1e3:.1f}")
+        row = (batch, f"{step * 1e3:.1f}", f"{modules * 1e3:.1f}", f"{batch / step:.0f}", f"{floor * 1e3:.1f}")
+        row += (f"{fwd * 1e3:.1f}",)
         row += (f"{step / floor:.2f}", f"{ceiling / step:.0%}")
         print(" ".join(f"{v:>11}" for v in row))
     if args.parts:
-        print("\nms per step, the fastest step split into its parts")
+        print("\nms per step through the modules, the fastest step split into its parts")
         names = ("step", "linear", "attention", "other ops", "outside fwd")
         print(" ".join(f"{h:>11}" for h in ("batch", *names)))
         for batch, parts, _ in parts_by_batch:

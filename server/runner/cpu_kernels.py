@@ -697,6 +697,146 @@ void llmfleet_rotary(const void *q, int64_t q_heads, int64_t q_head_stride, int6
     rotate(q, q_heads, tokens, dim, q_head_stride, q_token_stride, cos, sin, q_out, bf16, num_threads);
     rotate(k, k_heads, tokens, dim, k_head_stride, k_token_stride, cos, sin, k_out, bf16, num_threads);
 }
+
+/* A decode step's decoder layers, Llama's (and Qwen2's and Mistral's, which are the same): per
+   layer RMSNorm, q/k/v, the rotary embedding, the cache write, paged attention, o, the residual
+   add, RMSNorm, gate and up, SiLU times up, down and the residual add, each by the kernel above
+   that the module path runs for it, with the modules' roundings (cpu_decode.py says why). Where
+   the few-row linear reads every weight, llmfleet_decode_layers runs all of it in one call;
+   elsewhere Python runs oneDNN's linears and calls the pieces between them. */
+typedef struct {
+    int64_t hidden_size, heads, kv_heads, dim, intermediate;
+    int64_t num_blocks, block_size, block_stride, head_stride;  /* the cache's, strides in elements */
+    int bf16;
+} llmfleet_model;
+
+typedef struct {
+    const void *input_norm, *post_norm;
+    float input_eps, post_eps;
+    const void *q, *k, *v, *o, *gate, *up, *down;  /* weights as packed for small_linear, or NULL */
+    const float *q_bias, *k_bias, *v_bias, *o_bias, *gate_bias, *up_bias, *down_bias;  /* NULL: none */
+    void *k_cache, *v_cache;
+    float scale;
+    int64_t window;  /* 0: none */
+} llmfleet_layer;
+
+typedef struct {
+    const int64_t *rows, *blocks, *lengths;
+    int64_t n, blocks_per_request;
+} llmfleet_decode_group;
+
+typedef struct {
+    int64_t m;  /* rows: one new token of each request */
+    const void *cos, *sin;  /* (m, dim) */
+    const int64_t *slots;  /* (m,) */
+    const llmfleet_decode_group *groups;
+    int64_t num_groups;
+    int num_threads;
+} llmfleet_step;
+
+/* hidden += delta (none where NULL), rounded to the dtype once as torch's add, then normed =
+   RMSNorm(hidden) */
+void llmfleet_add_norm(const llmfleet_model *M, const llmfleet_step *T, void *hidden, const void *delta,
+                       const void *weight, float eps, void *normed) {
+    const int64_t count = T->m * M->hidden_size;
+    if (delta && M->bf16) {
+        uint16_t *h = hidden;
+        const uint16_t *d = delta;
+        for (int64_t i = 0; i < count; i++) h[i] = float_to_bf16(bf16_to_float(h[i]) + bf16_to_float(d[i]));
+    } else if (delta) {
+        float *h = hidden;
+        const float *d = delta;
+        for (int64_t i = 0; i < count; i++) h[i] += d[i];
+    }
+    llmfleet_rms_norm(hidden, T->m, M->hidden_size, weight, eps, normed, M->bf16, T->num_threads);
+}
+
+/* gate = silu(gate) * up: silu rounded to the dtype, then the product, as the module's two ops */
+void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *gate, const void *up) {
+    const int64_t count = T->m * M->intermediate;
+    if (M->bf16) {
+        uint16_t *g = gate;
+        const uint16_t *u = up;
+        _Pragma("omp parallel for num_threads(T->num_threads) if (count >= 16384)")
+        for (int64_t i = 0; i < count; i++) {
+            const float x = bf16_to_float(g[i]);
+            g[i] = float_to_bf16(bf16_to_float(float_to_bf16(x / (1.0f + expf(-x)))) * bf16_to_float(u[i]));
+        }
+    } else {
+        float *g = gate;
+        const float *u = up;
+        _Pragma("omp parallel for num_threads(T->num_threads) if (count >= 16384)")
+        for (int64_t i = 0; i < count; i++) {
+            const float silu = g[i] / (1.0f + expf(-g[i]));
+            g[i] = silu * u[i];
+        }
+    }
+}
+
+/* The rotary embedding of q and k (m, heads or kv_heads, dim) into q_rot and k_rot, k_rot and v
+   into the cache at the step's slots, and q_rot attended into attended (m, heads, dim). Returns
+   -1, having written nothing, where a slot is outside the cache. */
+int llmfleet_decode_attend(const llmfleet_model *M, const llmfleet_layer *L, const llmfleet_step *T,
+                           const void *q, const void *k, const void *v, void *q_rot, void *k_rot, void *attended) {
+    const int64_t dim = M->dim, q_width = M->heads * dim, kv_width = M->kv_heads * dim;
+    rotate(q, M->heads, T->m, dim, dim, q_width, T->cos, T->sin, q_rot, M->bf16, T->num_threads);
+    rotate(k, M->kv_heads, T->m, dim, dim, kv_width, T->cos, T->sin, k_rot, M->bf16, T->num_threads);
+    if (llmfleet_kv_write(L->k_cache, L->v_cache, M->num_blocks, M->block_size, M->block_stride, M->head_stride,
+                          T->slots, T->m, k_rot, dim, kv_width, v, dim, kv_width, M->kv_heads, dim,
+                          M->bf16 ? 2 : 4)) return -1;
+    for (int64_t g = 0; g < T->num_groups; g++) {
+        const llmfleet_decode_group *G = T->groups + g;
+        llmfleet_paged_decode(q_rot, q_width, dim, L->k_cache, L->v_cache, M->block_stride, M->head_stride, G->rows,
+                              G->blocks, G->blocks_per_request, G->lengths, G->n, attended, q_width, dim, M->heads,
+                              M->kv_heads, dim, M->block_size, L->scale, L->window, 0.0f, NULL, M->bf16,
+                              T->num_threads);
+    }
+    return 0;
+}
+
+static void linear(const llmfleet_model *M, const llmfleet_step *T, const void *x, int64_t k, const void *w,
+                   int64_t n, const float *bias, void *out) {
+    if (M->bf16) llmfleet_small_linear_bf16(x, T->m, k, w, n, bias, out, T->num_threads);
+    else llmfleet_small_linear(x, T->m, k, w, n, bias, out, T->num_threads);
+}
+
+/* Every layer, the few-row linear reading each weight; hidden (m, hidden_size) is the residual
+   stream, updated in place, and normed (m, hidden_size) ends as RMSNorm(hidden) by final_norm.
+   Returns -1, having written nothing, where a slot is outside the cache; -2 out of memory. */
+int llmfleet_decode_layers(const llmfleet_model *M, const llmfleet_layer *layers, int64_t num_layers,
+                           const llmfleet_step *T, void *hidden, void *normed, const void *final_norm,
+                           float final_eps) {
+    const int64_t item = M->bf16 ? 2 : 4, m = T->m, h = M->hidden_size;
+    const int64_t q_width = M->heads * M->dim, kv_width = M->kv_heads * M->dim, inter = M->intermediate;
+    char *scratch = malloc(item * m * (h + 3 * q_width + 3 * kv_width + 2 * inter));
+    if (!scratch) return -2;
+    char *projected = scratch, *q = projected + item * m * h, *k = q + item * m * q_width;
+    char *v = k + item * m * kv_width, *q_rot = v + item * m * kv_width, *k_rot = q_rot + item * m * q_width;
+    char *attended = k_rot + item * m * kv_width, *gate = attended + item * m * q_width, *up = gate + item * m * inter;
+    int status = 0;
+    llmfleet_add_norm(M, T, hidden, NULL, layers[0].input_norm, layers[0].input_eps, normed);
+    for (int64_t l = 0; l < num_layers && !status; l++) {
+        const llmfleet_layer *L = layers + l;
+        linear(M, T, normed, h, L->q, q_width, L->q_bias, q);
+        linear(M, T, normed, h, L->k, kv_width, L->k_bias, k);
+        linear(M, T, normed, h, L->v, kv_width, L->v_bias, v);
+        if (llmfleet_decode_attend(M, L, T, q, k, v, q_rot, k_rot, attended)) {
+            status = -1;  /* only in the first layer: every layer writes the same slots */
+            break;
+        }
+        linear(M, T, attended, q_width, L->o, h, L->o_bias, projected);
+        llmfleet_add_norm(M, T, hidden, projected, L->post_norm, L->post_eps, normed);
+        linear(M, T, normed, h, L->gate, inter, L->gate_bias, gate);
+        linear(M, T, normed, h, L->up, inter, L->up_bias, up);
+        llmfleet_silu_times(M, T, gate, up);
+        linear(M, T, gate, inter, L->down, h, L->down_bias, projected);
+        const int last = l + 1 == num_layers;
+        llmfleet_add_norm(M, T, hidden, projected, last ? final_norm : L[1].input_norm,
+                          last ? final_eps : L[1].input_eps, normed);
+    }
+    free(scratch);
+    return status;
+}
 """
 
 _I64 = ctypes.c_int64
@@ -786,6 +926,62 @@ _LINEAR_ARGTYPES = [
     ctypes.c_int,  # threads
 ]
 
+
+class DecodeModel(ctypes.Structure):
+    """A model's sizes and its cache's layout for the decode-layer kernels (llmfleet_model)."""
+
+    _fields_ = [
+        *[(name, _I64) for name in ("hidden_size", "heads", "kv_heads", "dim", "intermediate")],
+        *[(name, _I64) for name in ("num_blocks", "block_size", "block_stride", "head_stride")],
+        ("bf16", ctypes.c_int),
+    ]
+
+
+class DecodeLayer(ctypes.Structure):
+    """One layer's tensors, as addresses, for the decode-layer kernels (llmfleet_layer); a weight
+    the few-row linear does not read is NULL."""
+
+    _fields_ = [
+        ("input_norm", _PTR),
+        ("post_norm", _PTR),
+        ("input_eps", ctypes.c_float),
+        ("post_eps", ctypes.c_float),
+        *[(name, _PTR) for name in ("q", "k", "v", "o", "gate", "up", "down")],
+        *[(f"{name}_bias", _PTR) for name in ("q", "k", "v", "o", "gate", "up", "down")],
+        ("k_cache", _PTR),
+        ("v_cache", _PTR),
+        ("scale", ctypes.c_float),
+        ("window", _I64),
+    ]
+
+
+class DecodeGroupArgs(ctypes.Structure):
+    """A decode group's rows, block table and lengths, as addresses (llmfleet_decode_group)."""
+
+    _fields_ = [("rows", _PTR), ("blocks", _PTR), ("lengths", _PTR), ("n", _I64), ("blocks_per_request", _I64)]
+
+
+class DecodeStep(ctypes.Structure):
+    """One decode step's rows, rotary angles, slots and groups, as addresses (llmfleet_step)."""
+
+    _fields_ = [
+        ("m", _I64),
+        ("cos", _PTR),
+        ("sin", _PTR),
+        ("slots", _PTR),
+        ("groups", ctypes.POINTER(DecodeGroupArgs)),
+        ("num_groups", _I64),
+        ("num_threads", ctypes.c_int),
+    ]
+
+
+def decode_kernels() -> ctypes.CDLL | None:
+    """The library whose ``llmfleet_decode_layers``, ``llmfleet_decode_attend``,
+    ``llmfleet_add_norm`` and ``llmfleet_silu_times`` run a decode step's layers (cpu_decode.py,
+    which checks the model and the step they take); None where it cannot be built."""
+    return _library() if enabled() else None
+
+
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 # Places of a packed weight compared with the dense one (reads_packed), beside its first block
 _LAYOUT_SAMPLES = 4096
@@ -853,6 +1049,24 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_small_linear_bf16.restype = None
     library.llmfleet_small_linear_bf16_rows.argtypes = []
     library.llmfleet_small_linear_bf16_rows.restype = ctypes.c_int
+    model, step = ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeStep)
+    library.llmfleet_add_norm.argtypes = [model, step, _PTR, _PTR, _PTR, ctypes.c_float, _PTR]
+    library.llmfleet_add_norm.restype = None
+    library.llmfleet_silu_times.argtypes = [model, step, _PTR, _PTR]
+    library.llmfleet_silu_times.restype = None
+    library.llmfleet_decode_attend.argtypes = [model, ctypes.POINTER(DecodeLayer), step, *[_PTR] * 6]
+    library.llmfleet_decode_attend.restype = ctypes.c_int
+    library.llmfleet_decode_layers.argtypes = [
+        model,
+        ctypes.POINTER(DecodeLayer),
+        _I64,
+        step,
+        _PTR,
+        _PTR,
+        _PTR,
+        ctypes.c_float,
+    ]
+    library.llmfleet_decode_layers.restype = ctypes.c_int
     return library
 
 

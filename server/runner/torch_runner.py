@@ -23,7 +23,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVLayout
 from llmfleet.server.core.request import SampledToken, StructuredOutput
-from llmfleet.server.runner import attention, cpu_kernels, model_prep
+from llmfleet.server.runner import attention, cpu_decode, cpu_kernels, model_prep
 from llmfleet.server.runner.cuda_graphs import DecodeGraphs
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
@@ -166,6 +166,8 @@ class TorchModelRunner:
         self.piecewise = PiecewiseGraphs(self.model, self.cache, self.graphs.pool) if use_graphs else None
         if use_graphs and graphs_mode != "lazy":
             self._capture_graphs()
+        # decode steps' layers in one C call on a CPU, where the model's are Llama's (cpu_decode.py)
+        self.fused_decode = cpu_decode.fused_decode(self.model, self.cache)
         self.eos_token_ids = frozenset(model_eos_ids(self.model))
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         vocab = self.model.get_output_embeddings().weight.shape[0]  # the logits' width
@@ -252,7 +254,10 @@ class TorchModelRunner:
             return list(self.sampler.sample(logits, [item.request for item in output.scheduled]))
         step = build_step_inputs(output, self.cache, self.device)
         bucket = None if self.piecewise is None else token_bucket(step.input_ids.shape[1], step.logit_rows.shape[0])
-        if bucket is not None:
+        fused = None if self.fused_decode is None else self.fused_decode.logits(step, pad=self.pad_steps)
+        if fused is not None:
+            logits = fused
+        elif bucket is not None:
             logits = self.piecewise.run(step, bucket)
         else:
             ids, positions = padded_inputs(step) if self.pad_steps else (step.input_ids, step.positions)

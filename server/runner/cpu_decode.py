@@ -1,0 +1,311 @@
+"""A decode step's decoder layers through C, on a CPU, without the model's modules.
+
+A decode step of a few requests streams every weight of the model from DRAM, a linear at a
+time, and each linear's stream evicts what the CPU's caches held: the interpreter's and torch's
+code and data that run the norms, the rotary embedding, the residual adds and the module calls
+between two linears. On builtin:small (bfloat16, 1 thread, batch 1) those ops took 1.5 ms a step
+run alone and about 6 ms between the linears (docs/engine.md has the figures). So for the
+architectures whose layer is Llama's (Llama, Qwen2, Mistral) a decode step runs the same C
+kernels the module path calls (RMSNorm, the few-row linears, the rotary embedding, the cache
+write, paged attention), with the modules' roundings, and nothing else:
+
+- where the few-row linear reads every weight (float32; bfloat16 on CPUs with AVX512-BF16 but
+  not AMX), all layers in one C call;
+- elsewhere (oneDNN's AMX packing, more rows than the few-row linear takes) Python runs each
+  linear's own forward and one C call between two of them: four a layer.
+
+Left in Python: the embedding, the rotary angles and the LM head. A model takes this path only
+where every piece is the one the module path runs (``_refusal``), and at load a decode of two
+requests must give the module path's logits, or the modules stay. A step takes it where every
+request decodes one token; prompt chunks go through the modules. ``LLMFLEET_FUSED_DECODE=0``
+keeps the modules for every step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+
+import torch
+from transformers.activations import SiLUActivation
+
+from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
+from llmfleet.server.core.request import Request, SamplingParams
+from llmfleet.server.runner import cpu_kernels
+from llmfleet.server.runner.attention import DecodeGroup, Scoring, model_logits
+from llmfleet.server.runner.cpu_linear import PackedLinear
+from llmfleet.server.runner.fused_norms import FusedRMSNorm
+from llmfleet.server.runner.fused_rotary import NAME as ROTARY_NAME
+from llmfleet.server.runner.kv_cache import PagedKVCache
+from llmfleet.server.runner.step_inputs import StepInputs, plan_step
+from llmfleet.server.runner.step_shapes import padded_step_tokens
+
+log = logging.getLogger(__name__)
+
+# Architectures whose decoder layer, attention, MLP and model forward are Llama's, read in
+# transformers 5.23 (Qwen2 adds q/k/v biases and a window per layer, which the kernels take).
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+_PROBE_PROMPTS = ([11, 12, 13], [21, 22, 23, 24, 25])  # decoded once each at load, both ways
+
+
+class FusedDecode:
+    """Runs the decode steps it takes for one loaded model and its cache (``logits``)."""
+
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache) -> None:
+        self.library = cpu_kernels.decode_kernels()
+        self.inner = model.model
+        self.lm_head = model.lm_head
+        self.dtype = cache.dtype
+        layers = self.inner.layers
+        first = layers[0]
+        keys = cache.keys[0]
+        self.sizes = cpu_kernels.DecodeModel(
+            model.config.hidden_size,
+            model.config.num_attention_heads,
+            cache.num_kv_heads,
+            first.self_attn.head_dim,
+            first.mlp.gate_proj.out_features,
+            cache.num_blocks,
+            cache.block_size,
+            keys.stride(0),
+            keys.stride(1),
+            int(cache.dtype == torch.bfloat16),
+        )
+        self.linears = [_layer_linears(layer) for layer in layers]
+        scorings = layer_scorings(model)
+        # the rows every weight's few-row kernel takes (0: some weight only oneDNN reads)
+        self.c_rows = min(getattr(linear, "small_rows", 0) for linear in _model_linears(model))
+        self.layers = (cpu_kernels.DecodeLayer * len(layers))(
+            *[_layer_struct(layer, cache, i, scorings[i], self.c_rows > 0) for i, layer in enumerate(layers)]
+        )
+
+    def logits(self, step: StepInputs, pad: bool = False) -> torch.Tensor | None:
+        """The logits of ``step.logit_rows`` for a step of decodes only; None for any other step.
+        ``pad``: oneDNN's linears take the step padded to its size in step_shapes.py, whose kernels
+        were built at start-up."""
+        meta = step.meta
+        rows = meta.slot_mapping.shape[0]
+        if meta.prefills or not meta.decode_groups or step.input_ids.shape[1] != rows:
+            return None
+        hidden = self.inner.embed_tokens(step.input_ids[0])  # (rows, hidden): the residual stream, in place
+        cos, sin = self.inner.rotary_emb(hidden, step.positions)
+        groups = (cpu_kernels.DecodeGroupArgs * len(meta.decode_groups))(*map(_group_struct, meta.decode_groups))
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        args = cpu_kernels.DecodeStep(
+            rows,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            groups,
+            len(groups),
+            torch.get_num_threads(),
+        )
+        if rows <= self.c_rows:
+            normed = self._in_c(hidden, args)
+        else:
+            normed = self._with_linears(hidden, args, padded_step_tokens(rows) if pad else rows)
+        return self.lm_head(normed[:rows].index_select(0, step.logit_rows))
+
+    def _in_c(self, hidden: torch.Tensor, args) -> torch.Tensor:
+        normed = torch.empty_like(hidden)
+        norm = self.inner.norm
+        status = self.library.llmfleet_decode_layers(
+            self.sizes,
+            self.layers,
+            len(self.layers),
+            args,
+            hidden.data_ptr(),
+            normed.data_ptr(),
+            norm.weight.data_ptr(),
+            norm.variance_epsilon,
+        )
+        if status:
+            _raise(status, args)
+        return normed
+
+    def _with_linears(self, hidden: torch.Tensor, args, padded: int) -> torch.Tensor:
+        """The layers with each linear's own forward over ``padded`` rows (the rows past the
+        step's are zeros or stale; no kernel of the C pieces reads them)."""
+        lib, sizes = self.library, self.sizes
+        rows, size = hidden.shape
+        heads_width = sizes.heads * sizes.dim
+        normed = torch.zeros((padded, size), dtype=self.dtype)
+        attended = torch.zeros((padded, heads_width), dtype=self.dtype)
+        q_rot = torch.empty((rows, heads_width), dtype=self.dtype)
+        k_rot = torch.empty((rows, sizes.kv_heads * sizes.dim), dtype=self.dtype)
+        first = self.layers[0]
+        lib.llmfleet_add_norm(
+            sizes, args, hidden.data_ptr(), None, first.input_norm, first.input_eps, normed.data_ptr()
+        )
+        last = len(self.layers) - 1
+        for i, (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) in enumerate(self.linears):
+            layer = self.layers[i]
+            q, k, v = q_proj.forward(normed), k_proj.forward(normed), v_proj.forward(normed)
+            status = lib.llmfleet_decode_attend(
+                sizes, layer, args, q.data_ptr(), k.data_ptr(), v.data_ptr(), q_rot.data_ptr(), k_rot.data_ptr(),
+                attended.data_ptr()
+            )  # fmt: skip
+            if status:
+                _raise(status, args)
+            projected = o_proj.forward(attended)
+            lib.llmfleet_add_norm(
+                sizes, args, hidden.data_ptr(), projected.data_ptr(), layer.post_norm, layer.post_eps, normed.data_ptr()
+            )
+            gate, up = gate_proj.forward(normed), up_proj.forward(normed)
+            lib.llmfleet_silu_times(sizes, args, gate.data_ptr(), up.data_ptr())
+            projected = down_proj.forward(gate)
+            norm, eps = (
+                (self.inner.norm.weight.data_ptr(), self.inner.norm.variance_epsilon)
+                if i == last
+                else (self.layers[i + 1].input_norm, self.layers[i + 1].input_eps)
+            )
+            lib.llmfleet_add_norm(sizes, args, hidden.data_ptr(), projected.data_ptr(), norm, eps, normed.data_ptr())
+        return normed
+
+
+def fused_decode(model: torch.nn.Module, cache: PagedKVCache) -> FusedDecode | None:
+    """A ``FusedDecode`` for ``model`` where it takes the model and agrees with its modules on a
+    probe; otherwise None: the modules run every step."""
+    if os.environ.get("LLMFLEET_FUSED_DECODE", "1") == "0" or cache.device.type != "cpu":
+        return None
+    reason = _refusal(model, cache)
+    if reason is not None:
+        log.info("decode steps run through the model's modules: %s", reason)
+        return None
+    fused = FusedDecode(model, cache)
+    if not _agrees(fused, model, cache):
+        log.warning("decode steps run through the model's modules: the fused decode disagreed with them on a probe")
+        return None
+    return fused
+
+
+def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
+    """Why ``model`` cannot take the fused decode, or None."""
+    if type(model).__name__ not in ARCHITECTURES:
+        return f"{type(model).__name__} is not among {', '.join(ARCHITECTURES)}"
+    if cache.dtype not in (torch.float32, torch.bfloat16) or cpu_kernels.decode_kernels() is None:
+        return "no C kernels for this dtype"
+    probe_blocks = sum(-(-(len(prompt) + 1) // cache.block_size) for prompt in _PROBE_PROMPTS)
+    if cache.num_blocks < probe_blocks:
+        return f"its cache has fewer than the {probe_blocks} blocks the probe at load takes"
+    inner = model.model
+    if not isinstance(inner.norm, FusedRMSNorm) or len(cache.layers) != len(inner.layers):
+        return "its final RMSNorm is not the fused one"
+    for layer in inner.layers:
+        attention = layer.self_attn
+        if not all(isinstance(norm, FusedRMSNorm) for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return "its RMSNorms are not the fused ones"
+        if not all(type(linear) in (PackedLinear, torch.nn.Linear) for linear in _layer_linears(layer)):
+            return "its linears are not plain or packed linears"
+        if not isinstance(layer.mlp.act_fn, SiLUActivation):
+            return f"its MLP's activation is {type(layer.mlp.act_fn).__name__}, not SiLU"
+        rotary = getattr(sys.modules[type(attention).__module__], ROTARY_NAME, None)
+        if not getattr(rotary, "llmfleet_fused", False):
+            return "its rotary embedding is not the fused one"
+        if attention.head_dim != cache.head_dim or attention.o_proj.in_features != attention.head_dim * (
+            model.config.num_attention_heads
+        ):
+            return "its heads do not match its cache and output projection"
+    if not all(scoring.plain for scoring in layer_scorings(model)):
+        return "its attention caps its logits or has sinks"
+    return None
+
+
+def _layer_linears(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    return [getattr(layer.self_attn, name) for name in _ATTENTION] + [getattr(layer.mlp, name) for name in _MLP]
+
+
+def _model_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [linear for layer in model.model.layers for linear in _layer_linears(layer)]
+
+
+def _layer_struct(layer: torch.nn.Module, cache: PagedKVCache, index: int, scoring: Scoring, in_c: bool):
+    """Layer ``index``'s addresses and scoring; its weights only where the few-row linear reads them all."""
+    linears = _layer_linears(layer)
+    weights = [torch.ops.mkldnn.data_ptr(linear.packed) if in_c else None for linear in linears]
+    biases = [getattr(linear, "small_bias", None) for linear in linears]
+    return cpu_kernels.DecodeLayer(
+        layer.input_layernorm.weight.data_ptr(),
+        layer.post_attention_layernorm.weight.data_ptr(),
+        layer.input_layernorm.variance_epsilon,
+        layer.post_attention_layernorm.variance_epsilon,
+        *weights,
+        *[None if bias is None or not in_c else bias.data_ptr() for bias in biases],
+        cache.keys[index].data_ptr(),
+        cache.values[index].data_ptr(),
+        scoring.scale,
+        scoring.window or 0,
+    )
+
+
+class _ScoringRecorder:
+    """Answers every attention call of a forward with zeros, keeping each layer's scoring."""
+
+    def __init__(self) -> None:
+        self.scorings: dict[int, Scoring] = {}
+
+    def split(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scoring: Scoring
+    ) -> torch.Tensor:
+        self.scorings[layer] = scoring
+        return torch.zeros_like(query).transpose(1, 2)  # (1, T, heads, D)
+
+
+def layer_scorings(model: torch.nn.Module) -> list[Scoring]:
+    """How each layer scores its keys, as its attention hands it over (the scale, a window: Mistral
+    takes its window from the config, Qwen2 per layer), read from a one-token forward."""
+    one = torch.zeros((1, 1), dtype=torch.long)
+    recorder = _ScoringRecorder()
+    with torch.inference_mode():
+        model_logits(model, one, one, torch.zeros(1, dtype=torch.long), recorder)
+    return [recorder.scorings[i] for i in range(len(model.model.layers))]
+
+
+def _group_struct(group: DecodeGroup):
+    return cpu_kernels.DecodeGroupArgs(
+        group.rows.data_ptr(),
+        group.blocks.data_ptr(),
+        group.lengths.data_ptr(),
+        group.rows.shape[0],
+        group.blocks_per_request,
+    )
+
+
+def _raise(status: int, args) -> None:
+    if status == -1:
+        slots = (ctypes.c_int64 * args.m).from_address(args.slots)
+        raise IndexError(f"a cache slot outside the cache: {list(slots)}")
+    raise MemoryError("the decode layers could not allocate their scratch")
+
+
+def _agrees(fused: FusedDecode, model: torch.nn.Module, cache: PagedKVCache) -> bool:
+    """Whether a decode of two short requests gives the module path's logits, through each of the
+    fused paths this model takes. Writes the first blocks of the cache, which is empty at load."""
+    bs = cache.block_size
+    needed = [-(-(len(prompt) + 1) // bs) for prompt in _PROBE_PROMPTS]
+    requests, first = [], 0
+    for i, prompt in enumerate(_PROBE_PROMPTS):
+        request = Request(f"probe-{i}", list(prompt), SamplingParams(max_tokens=2, temperature=0))
+        request.block_table = list(range(first, first + needed[i]))
+        first += needed[i]
+        requests.append(request)
+    with torch.inference_mode():
+        for request in requests:  # each prompt into the cache through the modules
+            prefill = SchedulerOutput([ScheduledRequest(request, request.num_prompt_tokens)])
+            step = plan_step(prefill, bs, "cpu").to_inputs(cache, cache.device)
+            model_logits(model, step.input_ids, step.positions, step.logit_rows, step.meta)
+            request.num_computed_tokens = request.num_prompt_tokens
+            request.output_token_ids.append(7)
+        decode = SchedulerOutput([ScheduledRequest(r, 1) for r in requests])
+        step = plan_step(decode, bs, "cpu").to_inputs(cache, cache.device)
+        expected = model_logits(model, step.input_ids, step.positions, step.logit_rows, step.meta).float()
+        c_rows, results = fused.c_rows, []
+        for fused.c_rows in {c_rows, 0}:  # all in C where it can be, and with the linears' forwards
+            results.append(fused.logits(step))  # writes the same slots again, with the same keys and values
+        fused.c_rows = c_rows
+    tolerance = 1e-2 if cache.dtype == torch.bfloat16 else 1e-4
+    return all(torch.allclose(got.float(), expected, rtol=tolerance, atol=tolerance) for got in results)

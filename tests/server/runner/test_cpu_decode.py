@@ -1,0 +1,142 @@
+"""Decode steps through C (cpu_decode.py): greedy outputs stay HF ``generate``'s on Llama, Qwen2
+and Mistral, all layers in one call and with the linears' own forwards between the C pieces; a
+bfloat16 decode gives the modules' outputs; what the path does not take goes through the modules."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from llmfleet.server.config import EngineConfig
+from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
+from llmfleet.server.core.request import Request, SamplingParams
+from llmfleet.server.runner import cpu_decode, cpu_kernels
+from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir, resolve_model
+from llmfleet.server.runner.step_inputs import build_step_inputs
+from llmfleet.server.runner.torch_runner import TorchModelRunner
+from tests.server.runner.device import DEVICE
+from tests.server.runner.hand_scheduler import HandScheduler, hf_greedy
+
+pytestmark = [
+    pytest.mark.skipif(DEVICE != "cpu", reason="the C decode runs on a CPU"),
+    pytest.mark.skipif(not cpu_kernels.built(), reason="no C compiler for the CPU kernels"),
+]
+
+
+def make_runner(model_dir, dtype: str = "float32", num_kv_blocks: int = 200) -> TorchModelRunner:
+    config = EngineConfig(dtype=dtype, kv_block_size=4, num_kv_blocks=num_kv_blocks)
+    return TorchModelRunner(model_dir, config, device="cpu")
+
+
+def prompts_for(seed: int, lengths) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(5, 500) for _ in range(n)] for n in lengths]
+
+
+def run(runner, prompts, max_tokens, chunk: int = 1 << 30) -> list[list[int]]:
+    hand = HandScheduler(runner)
+    for i, prompt in enumerate(prompts):
+        hand.add(str(i), prompt, max_tokens[i], chunk=chunk)
+    outputs = hand.run()
+    return [outputs[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("path", ["one call", "linears between"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-mistral"])
+def test_greedy_outputs_are_hf_generate(name, path):
+    model_dir = resolve_model(f"builtin:{name}")
+    prompts = prompts_for(5, (3, 150, 8, 90, 1, 40))  # decode groups of very different lengths
+    max_tokens = [12, 9, 14, 10, 16, 11]
+    runner = make_runner(model_dir)
+    fused = runner.fused_decode
+    assert fused is not None and fused.c_rows > 0  # float32 weights: the few-row linear reads them all
+    if path == "linears between":
+        fused.c_rows = 0
+    taken = []
+    logits = fused.logits
+    fused.logits = lambda step, pad=False: taken.append(logits(step, pad)) or taken[-1]
+    assert run(runner, prompts, max_tokens, chunk=5) == hf_greedy(model_dir, prompts, max_tokens)
+    assert any(t is not None for t in taken)  # decode steps took the path
+    assert any(t is None for t in taken)  # steps with prompt chunks did not
+
+
+@pytest.mark.parametrize("architecture", ["tiny-mistral", "tiny-qwen2"])
+def test_a_sliding_window_shorter_than_the_context(tmp_path, architecture):
+    spec = dataclasses.replace(BUILTINS[architecture], sliding_window=6)
+    model_dir = build_model_dir(spec, tmp_path / architecture)
+    prompts = prompts_for(4, (20, 3, 11))
+    max_tokens = [14, 10, 16]
+    runner = make_runner(model_dir)
+    assert runner.fused_decode is not None
+    assert run(runner, prompts, max_tokens) == hf_greedy(model_dir, prompts, max_tokens)
+
+
+def test_bfloat16_gives_the_modules_outputs(monkeypatch):
+    model_dir = resolve_model("builtin:tiny")
+    prompts = prompts_for(6, (7, 33, 2, 64))
+    max_tokens = [20, 20, 20, 20]
+    fused = make_runner(model_dir, "bfloat16")
+    assert fused.fused_decode is not None
+    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
+    modules = make_runner(model_dir, "bfloat16")
+    assert modules.fused_decode is None
+    assert run(fused, prompts, max_tokens) == run(modules, prompts, max_tokens)
+
+
+def decode_step(runner, count: int = 2):
+    """``count`` one-token prompts prefilled through the runner, then their decode step's inputs."""
+    requests = []
+    for i in range(count):
+        request = Request(f"r{i}", [10 + i], SamplingParams(max_tokens=4, temperature=0))
+        request.block_table = [i]
+        requests.append(request)
+    tokens = runner.execute(SchedulerOutput([ScheduledRequest(r, 1) for r in requests]))
+    for request, token in zip(requests, tokens, strict=True):
+        request.num_computed_tokens = 1
+        request.output_token_ids.append(token.token_id)
+    return build_step_inputs(SchedulerOutput([ScheduledRequest(r, 1) for r in requests]), runner.cache, runner.device)
+
+
+@pytest.mark.parametrize("c_rows", [None, 0], ids=["one call", "linears between"])
+def test_a_slot_outside_the_cache_raises_with_nothing_written(c_rows):
+    runner = make_runner(resolve_model("builtin:tiny"), num_kv_blocks=8)
+    fused = runner.fused_decode
+    fused.c_rows = fused.c_rows if c_rows is None else c_rows
+    step = decode_step(runner)
+    step.meta.slot_mapping[1] = runner.cache.num_blocks * runner.cache.block_size
+    before = [k.clone() for k in runner.cache.keys]
+    with pytest.raises(IndexError):
+        fused.logits(step)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.cache.keys, strict=True))
+
+
+def test_steps_with_prompt_tokens_go_through_the_modules():
+    runner = make_runner(resolve_model("builtin:tiny"))
+    request = Request("p", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0))
+    request.block_table = [0]
+    step = build_step_inputs(SchedulerOutput([ScheduledRequest(request, 3)]), runner.cache, runner.device)
+    assert runner.fused_decode.logits(step) is None
+
+
+def test_models_it_does_not_take_keep_their_modules(tmp_path, monkeypatch):
+    gelu = dataclasses.replace(BUILTINS["tiny"], extra_config=(("hidden_act", "gelu"),))
+    assert make_runner(build_model_dir(gelu, tmp_path / "gelu")).fused_decode is None
+    monkeypatch.setattr(cpu_decode, "ARCHITECTURES", ())
+    assert make_runner(resolve_model("builtin:tiny")).fused_decode is None
+    monkeypatch.undo()
+    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
+    assert make_runner(resolve_model("builtin:tiny")).fused_decode is None
+
+
+def test_a_probe_that_disagrees_keeps_the_modules(monkeypatch):
+    original = cpu_decode.FusedDecode.logits
+
+    def off_by_one(self, step, pad=False):
+        logits = original(self, step, pad)
+        return None if logits is None else logits + 1
+
+    monkeypatch.setattr(cpu_decode.FusedDecode, "logits", off_by_one)
+    assert make_runner(resolve_model("builtin:tiny")).fused_decode is None
