@@ -3,16 +3,16 @@
 A decode step of a few requests streams every weight of the model from DRAM, a linear at a
 time, and each linear's stream evicts what the CPU's caches held: the interpreter's and torch's
 code and data that run the norms, the rotary embedding, the residual adds and the module calls
-between two linears. On builtin:small (bfloat16, 1 thread, batch 1) those ops took 1.5 ms a step
-run alone and about 6 ms between the linears (docs/engine.md has the figures). So for the
+between two linears. On builtin:small (bfloat16, 1 thread, batch 1) they took 4.3-4.6 ms a step
+longer with a read of the weights' bytes between them than without (docs/engine.md). So for the
 architectures whose layer is Llama's (Llama, Qwen2, Mistral) a decode step runs the same C
 kernels the module path calls (RMSNorm, the few-row linears, the rotary embedding, the cache
 write, paged attention), with the modules' roundings, and nothing else:
 
 - where the few-row linear reads every weight (float32; bfloat16 on CPUs with AVX512-BF16 but
   not AMX), all layers in one C call;
-- elsewhere (oneDNN's AMX packing, more rows than the few-row linear takes) Python runs each
-  linear's own forward and one C call between two of them: four a layer.
+- elsewhere (oneDNN's AMX packing, plain linears, more rows than the few-row linear takes)
+  Python runs each linear's own forward and one C call between two of them: four a layer.
 
 Left in Python: the embedding, the rotary angles and the LM head. A model takes this path only
 where every piece is the one the module path runs (``_refusal``), and at load a decode of two

@@ -166,7 +166,7 @@ class TorchModelRunner:
         self.piecewise = PiecewiseGraphs(self.model, self.cache, self.graphs.pool) if use_graphs else None
         if use_graphs and graphs_mode != "lazy":
             self._capture_graphs()
-        # decode steps' layers in one C call on a CPU, where the model's are Llama's (cpu_decode.py)
+        # on a CPU, decode steps through C instead of the modules where the layers are Llama's (cpu_decode.py)
         self.fused_decode = cpu_decode.fused_decode(self.model, self.cache)
         self.eos_token_ids = frozenset(model_eos_ids(self.model))
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
