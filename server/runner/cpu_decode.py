@@ -9,10 +9,10 @@ architectures whose layer is Llama's (Llama, Qwen2, Mistral) a decode step runs 
 kernels the module path calls (RMSNorm, the few-row linears, the rotary embedding, the cache
 write, paged attention), with the modules' roundings, and nothing else:
 
-- where the few-row linear reads every weight (float32; bfloat16 on CPUs with AVX512-BF16 but
-  not AMX), all layers in one C call;
-- elsewhere (oneDNN's AMX packing, plain linears, more rows than the few-row linear takes)
-  Python runs each linear's own forward and one C call between two of them: four a layer.
+- where the few-row linear reads every weight (float32; bfloat16 on CPUs with AVX512-BF16 or
+  AMX), all layers in one C call;
+- elsewhere (plain linears, more rows than the few-row linear takes) Python runs each linear's
+  own forward and one C call between two of them: four a layer.
 
 Left in Python: the embedding, the rotary angles and the LM head. A model takes this path only
 where every piece is the one the module path runs (``_refusal``), and at load a decode of two
@@ -77,8 +77,13 @@ class FusedDecode:
         )
         self.linears = [_layer_linears(layer) for layer in layers]
         scorings = layer_scorings(model)
-        # the rows every weight's few-row kernel takes (0: some weight only oneDNN reads)
-        self.c_rows = min(getattr(linear, "small_rows", 0) for linear in _model_linears(model))
+        # the rows every weight's few-row kernel takes (0: some weight only oneDNN reads), all
+        # weights in one packing
+        linears = _model_linears(model)
+        blocks = {getattr(linear, "small_block", 0) for linear in linears}
+        one_packing = len(blocks) == 1
+        self.c_rows = min(getattr(linear, "small_rows", 0) for linear in linears) if one_packing else 0
+        self.sizes.packed_block = blocks.pop() if one_packing else 0
         self.layers = (cpu_kernels.DecodeLayer * len(layers))(
             *[_layer_struct(layer, cache, i, scorings[i], self.c_rows > 0) for i, layer in enumerate(layers)]
         )

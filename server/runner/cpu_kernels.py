@@ -35,8 +35,9 @@ destination line first (a prefetch for writing), so the misses overlap, then cop
 **Few-row linears.** oneDNN's kernels, built for many rows, read a packed weight at about half
 the memory's rate when a decode step has only a few rows. This one streams each block of the
 packed weight once, start to end, into up to six rows at a time (cpu_linear.py uses it for steps
-of up to ``small_linear_rows()`` rows, on weights whose packed layout ``reads_packed`` checked);
-in float32, and in bfloat16 on CPUs with AVX512-BF16.
+of up to ``small_linear_rows()`` rows, on weights whose packed layout ``packed_block`` checked);
+in float32, and in bfloat16 on CPUs with AVX512-BF16. On CPUs with AMX, whose bf16 packing is for
+its tiles, a tile kernel streams that packing the same way.
 
 **RMSNorm.** Llama's RMSNorm in one pass to sum and one to write, where transformers' module runs
 eight tensor ops (fused_norms.py swaps it in).
@@ -486,7 +487,7 @@ int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_blocks, int64_t 
 
 /* Linears of a few rows over the weight oneDNN packed at load (cpu_linear.py), read in place: in
    float32 oneDNN lays a [N, K] weight out as [N / 64][K][64], each block of 64 output columns
-   K rows of 64 floats, one after another (cpu_kernels.reads_packed checks this at load, and the
+   K rows of 64 floats, one after another (cpu_kernels.packed_block checks this at load, and the
    kernel is not used where it differs). A slice of a block's columns (SL_VECS vectors) is read
    once, start to end, for up to SL_ROWS rows of x at a time, one FMA chain per output, so a
    step's few rows stream the weights at the memory's rate where oneDNN's kernels, built for
@@ -614,6 +615,83 @@ void llmfleet_small_linear_bf16(const uint16_t *x, int64_t m, int64_t k, const u
 
 int llmfleet_small_linear_bf16_rows(void) { return SLB_MAX_M; }
 
+/* The same over the packing oneDNN gives bf16 weights on CPUs with AMX, [out / 32][in / 2][32][2]:
+   a block of 32 columns is two tiles of 16 columns' pairs for each 32 inputs, which the tile
+   instructions multiply by a tile of up to 16 rows of x (a second pass for rows 17-32 finds the
+   block in L2). Each thread streams its blocks start to end; oneDNN's tile kernels, built for many
+   rows, read the same weights 1.1-1.3x slower at 1-32 rows, and sum in the same order (the outputs
+   are its bits). The input size must be a multiple of 32. The tiles need the kernel's leave,
+   asked for once (arch_prctl); without it the kernel says it takes no rows. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_MAX_M 32
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} tile_config;
+
+static void configure_tiles(int rows) {  /* tiles 0, 1: sums; 2: x; 3, 4: weights */
+    tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 5; t++) {
+        config.rows[t] = t < 3 ? rows : 16;
+        config.bytes_per_row[t] = 64;
+    }
+    _tile_loadconfig(&config);
+}
+
+void llmfleet_small_linear_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                               const float *bias, uint16_t *out, int num_threads) {
+    const int64_t blocks = (n + 31) / 32;
+    _Pragma("omp parallel num_threads(num_threads)")
+    {
+        int configured = 0;
+        float sums[16 * 32];
+        _Pragma("omp for schedule(static)")
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint16_t *block = w + b * k * 32;
+            const int64_t col0 = b * 32, cols = n - col0 < 32 ? n - col0 : 32;
+            for (int64_t r0 = 0; r0 < m; r0 += 16) {
+                const int rows = m - r0 < 16 ? m - r0 : 16;
+                if (rows != configured) {
+                    configure_tiles(rows);
+                    configured = rows;
+                }
+                _tile_zero(0);
+                _tile_zero(1);
+                for (int64_t i = 0; i < k; i += 32) {  /* pairs i / 2 .. i / 2 + 15 of the block */
+                    _tile_loadd(2, x + r0 * k + i, k * 2);
+                    _tile_loadd(3, block + i * 32, 128);
+                    _tile_loadd(4, block + i * 32 + 32, 128);
+                    _tile_dpbf16ps(0, 2, 3);
+                    _tile_dpbf16ps(1, 2, 4);
+                }
+                _tile_stored(0, sums, 128);
+                _tile_stored(1, sums + 16, 128);
+                for (int r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++)
+                        out[(r0 + r) * n + col0 + c] = float_to_bf16(sums[r * 32 + c] + (bias ? bias[col0 + c] : 0.0f));
+            }
+        }
+        if (configured) _tile_release();
+    }
+}
+
+int llmfleet_small_linear_amx_rows(void) {
+    static int permitted = -1;  /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: once per process */
+    if (permitted < 0) permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return permitted ? AMX_MAX_M : 0;
+}
+#else
+void llmfleet_small_linear_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
+                               const float *bias, uint16_t *out, int num_threads) {}
+int llmfleet_small_linear_amx_rows(void) { return 0; }
+#endif
+
 /* RMSNorm as Llama's module computes it (and the many of transformers' RMSNorms that share its
    forward): per row x / sqrt(mean(x^2) + eps) in float32, then times the weight; in bfloat16 the
    normalized row is rounded to bfloat16 before the weight multiplies it and the product is rounded
@@ -708,6 +786,7 @@ typedef struct {
     int64_t hidden_size, heads, kv_heads, dim, intermediate;
     int64_t num_blocks, block_size, block_stride, head_stride;  /* the cache's, strides in elements */
     int bf16;
+    int packed_block;  /* columns per block of the packed weights: 64, or 32 (bf16 with AMX) */
 } llmfleet_model;
 
 typedef struct {
@@ -796,7 +875,8 @@ int llmfleet_decode_attend(const llmfleet_model *M, const llmfleet_layer *L, con
 
 static void linear(const llmfleet_model *M, const llmfleet_step *T, const void *x, int64_t k, const void *w,
                    int64_t n, const float *bias, void *out) {
-    if (M->bf16) llmfleet_small_linear_bf16(x, T->m, k, w, n, bias, out, T->num_threads);
+    if (M->bf16 && M->packed_block == 32) llmfleet_small_linear_amx(x, T->m, k, w, n, bias, out, T->num_threads);
+    else if (M->bf16) llmfleet_small_linear_bf16(x, T->m, k, w, n, bias, out, T->num_threads);
     else llmfleet_small_linear(x, T->m, k, w, n, bias, out, T->num_threads);
 }
 
@@ -934,6 +1014,7 @@ class DecodeModel(ctypes.Structure):
         *[(name, _I64) for name in ("hidden_size", "heads", "kv_heads", "dim", "intermediate")],
         *[(name, _I64) for name in ("num_blocks", "block_size", "block_stride", "head_stride")],
         ("bf16", ctypes.c_int),
+        ("packed_block", ctypes.c_int),
     ]
 
 
@@ -983,7 +1064,7 @@ def decode_kernels() -> ctypes.CDLL | None:
 
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
-# Places of a packed weight compared with the dense one (reads_packed), beside its first block
+# Places of a packed weight compared with the dense one (packed_block), beside its first block
 _LAYOUT_SAMPLES = 4096
 
 
@@ -1049,6 +1130,10 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_small_linear_bf16.restype = None
     library.llmfleet_small_linear_bf16_rows.argtypes = []
     library.llmfleet_small_linear_bf16_rows.restype = ctypes.c_int
+    library.llmfleet_small_linear_amx.argtypes = _LINEAR_ARGTYPES
+    library.llmfleet_small_linear_amx.restype = None
+    library.llmfleet_small_linear_amx_rows.argtypes = []
+    library.llmfleet_small_linear_amx_rows.restype = ctypes.c_int
     model, step = ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeStep)
     library.llmfleet_add_norm.argtypes = [model, step, _PTR, _PTR, _PTR, ctypes.c_float, _PTR]
     library.llmfleet_add_norm.restype = None
@@ -1267,34 +1352,48 @@ def kv_write(
     return True
 
 
-def small_linear_rows(dtype: torch.dtype = torch.float32) -> int:
-    """The most rows ``small_linear`` takes in ``dtype`` on this CPU: 0 where the kernels are off
-    or not built, or on CPUs where it was not measured faster than oneDNN (bfloat16: CPUs without
-    AVX512-BF16); ``LLMFLEET_SMALL_LINEAR=0`` keeps oneDNN's kernels for every step."""
+def small_linear_rows(dtype: torch.dtype = torch.float32, block: int = 64) -> int:
+    """The most rows ``small_linear`` takes in ``dtype`` over a packing in blocks of ``block``
+    columns on this CPU: 0 where the kernels are off or not built, or on CPUs where it was not
+    measured faster than oneDNN (bfloat16: CPUs without AVX512-BF16 or AMX);
+    ``LLMFLEET_SMALL_LINEAR=0`` keeps oneDNN's kernels for every step."""
     if not enabled() or os.environ.get("LLMFLEET_SMALL_LINEAR", "1") == "0" or dtype not in _DTYPES:
         return 0
     library = _library()
     if library is None:
         return 0
     if dtype == torch.bfloat16:
-        return library.llmfleet_small_linear_bf16_rows()
-    return library.llmfleet_small_linear_rows()
+        rows = {64: library.llmfleet_small_linear_bf16_rows, 32: library.llmfleet_small_linear_amx_rows}
+        return rows[block]() if block in rows else 0
+    return library.llmfleet_small_linear_rows() if block == 64 else 0
 
 
-def reads_packed(packed: torch.Tensor, dense: torch.Tensor) -> bool:
-    """Whether ``small_linear`` reads ``packed``, oneDNN's packing of the weight ``dense`` (out,
-    in): it reads oneDNN's layouts of today's CPUs, [out / 64][in][64] in float32 and
-    [out / 64][in / 2][64][2] in bfloat16, and oneDNN picks its layout per CPU, shape and
-    version. So the packed weight's bytes are compared with the dense one's at its first block
-    and at sampled places; any other layout, or size, says no."""
-    if dense.dim() != 2 or small_linear_rows(dense.dtype) == 0:
-        return False
+def packed_block(packed: torch.Tensor, dense: torch.Tensor) -> int:
+    """The columns per block of ``packed``, oneDNN's packing of the weight ``dense`` (out, in),
+    where ``small_linear`` reads it; 0 where it does not. It reads oneDNN's layouts of today's
+    CPUs: [out / 64][in][64] in float32, [out / 64][in / 2][64][2] in bfloat16, and [out / 32][in
+    / 2][32][2] in bfloat16 on CPUs with AMX (inputs a multiple of 32). oneDNN picks its layout
+    per CPU, shape and version, so the packed weight's bytes are compared with the dense one's at
+    its first block and at sampled places; any other layout, or size, says no."""
+    if dense.dim() != 2:
+        return 0
+    for block in (64, 32):
+        if block == 32 and dense.shape[1] % 32:
+            continue
+        if small_linear_rows(dense.dtype, block) and _packed_in_blocks(packed, dense, block):
+            return block
+    return 0
+
+
+def _packed_in_blocks(packed: torch.Tensor, dense: torch.Tensor, width: int) -> bool:
+    """Whether ``packed`` holds ``dense`` as [out / width][in / pair][width][pair] (pair: 2 in
+    bfloat16, 1 in float32)."""
     n, k = dense.shape
     pair = 2 if dense.dtype == torch.bfloat16 else 1  # inputs side by side in a column
     if k % pair:
         return False
-    block = 64 * k  # elements of one 64-column block
-    count = -(-n // 64) * block
+    block = width * k  # elements of one block of columns
+    count = -(-n // width) * block
     if torch.ops.mkldnn._nbytes(packed) != count * dense.element_size():
         return False
     item = ctypes.c_uint16 if pair == 2 else ctypes.c_float
@@ -1302,22 +1401,27 @@ def reads_packed(packed: torch.Tensor, dense: torch.Tensor) -> bool:
     raw = torch.frombuffer(memory, dtype=torch.int16 if pair == 2 else torch.float32).view(dense.dtype)
     sampled = torch.randint(count, (_LAYOUT_SAMPLES,), generator=torch.Generator().manual_seed(0))
     places = torch.cat([torch.arange(min(count, block)), sampled])
-    within = places % block  # (in / pair, 64, pair) in the block
-    cols = (places // block) * 64 + (within // pair) % 64
-    rows = (within // (64 * pair)) * pair + within % pair
+    within = places % block  # (in / pair, width, pair) in the block
+    cols = (places // block) * width + (within // pair) % width
+    rows = (within // (width * pair)) * pair + within % pair
     inside = cols < n  # the last block's columns past n are padding
     return torch.equal(raw[places[inside]], dense.detach()[cols[inside], rows[inside]])
 
 
-def small_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T + bias`` for ``x`` of a few rows (at most ``small_linear_rows(x.dtype)``),
-    in ``x``'s dtype, reading ``packed`` in place, a weight ``reads_packed`` said yes to; ``bias``
-    in float32."""
+def small_linear(
+    x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, block: int = 64
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` for ``x`` of a few rows (at most ``small_linear_rows(x.dtype,
+    block)``), in ``x``'s dtype, reading ``packed`` in place, a weight ``packed_block`` found in
+    blocks of ``block`` columns; ``bias`` in float32."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype)
     library = _library()
     assert library is not None, "small_linear without the kernels: check small_linear_rows() first"
-    kernel = library.llmfleet_small_linear_bf16 if x.dtype == torch.bfloat16 else library.llmfleet_small_linear
+    if x.dtype == torch.bfloat16:
+        kernel = library.llmfleet_small_linear_bf16 if block == 64 else library.llmfleet_small_linear_amx
+    else:
+        kernel = library.llmfleet_small_linear
     kernel(
         rows.data_ptr(),
         rows.shape[0],

@@ -59,8 +59,8 @@ class PackedLinear(torch.nn.Module):
         self.bias = linear.bias
         # a step of a few rows streams the packed weight through a C kernel instead, which adds
         # the bias in float32
-        readable = cpu_kernels.reads_packed(self.packed, dense)
-        self.small_rows = cpu_kernels.small_linear_rows(dense.dtype) if readable else 0
+        self.small_block = cpu_kernels.packed_block(self.packed, dense)
+        self.small_rows = cpu_kernels.small_linear_rows(dense.dtype, self.small_block) if self.small_block else 0
         self.small_bias = None if self.bias is None else self.bias.detach().float()
         if keep_weight:
             self.weight = linear.weight
@@ -71,7 +71,7 @@ class PackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() <= self.small_rows * self.in_features and x.dtype == self.weight.dtype and x.numel():
-            return cpu_kernels.small_linear(x, self.packed, self.out_features, self.small_bias)
+            return cpu_kernels.small_linear(x, self.packed, self.out_features, self.small_bias, self.small_block)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

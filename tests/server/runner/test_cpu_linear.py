@@ -73,16 +73,14 @@ SMALL = pytest.mark.skipif(
     reason="no small-row kernel on this CPU (not built, or not measured faster than oneDNN here)",
 )
 
-# With AMX, oneDNN packs bf16 weights for its tiles, [N / 32][K / 2][32][2], not in the 64-column
-# blocks the bf16 kernel reads: those layers stay on oneDNN.
+# With AMX, oneDNN packs bf16 weights for its tiles, [N / 32][K / 2][32][2], which the tile kernel
+# reads; elsewhere in 64-column blocks, which the AVX512-BF16 kernel reads.
 AMX = torch.cpu._is_amx_tile_supported()
 SMALL_BF16 = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available()
     or not cpu_linear.packs_bfloat16()
-    or cpu_kernels.small_linear_rows(torch.bfloat16) == 0
-    or AMX,
-    reason="no bfloat16 small-row kernel for this CPU (it needs AVX512-BF16, and oneDNN's 64-column "
-    "bf16 packing, which CPUs with AMX do not get)",
+    or cpu_kernels.small_linear_rows(torch.bfloat16, 32 if AMX else 64) == 0,
+    reason="no bfloat16 small-row kernel for this CPU (it needs AVX512-BF16 or AMX)",
 )
 DTYPES = [pytest.param(torch.float32, marks=SMALL), pytest.param(torch.bfloat16, marks=SMALL_BF16)]
 
@@ -97,7 +95,8 @@ def test_a_step_of_a_few_rows_streams_the_packed_weight_and_computes_the_same(ou
     torch.manual_seed(0)
     linear = torch.nn.Linear(in_features, out_features, bias=bias).to(dtype)
     packed = cpu_linear.PackedLinear(linear, rows_hint=256, keep_weight=False)
-    assert packed.small_rows == cpu_kernels.small_linear_rows(dtype)
+    assert packed.small_block == (32 if AMX and dtype == torch.bfloat16 else 64)
+    assert packed.small_rows == cpu_kernels.small_linear_rows(dtype, packed.small_block)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     exact = torch.nn.Linear(in_features, out_features, bias=bias)  # the same weights, in float32
     exact.load_state_dict({name: value.float() for name, value in linear.state_dict().items()})
@@ -128,19 +127,36 @@ def test_a_packed_layout_the_kernel_does_not_read_stays_on_onednn(monkeypatch):
     linear = torch.nn.Linear(64, 128, bias=False)
     dense = linear.weight.detach()
     packed = torch.ops.mkldnn._reorder_linear_weight(dense, 64)
-    assert cpu_kernels.reads_packed(packed, dense)
-    assert not cpu_kernels.reads_packed(packed, dense.t().contiguous().view(128, 64))  # the same bytes elsewhere
-    assert not cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(dense[:, :32].contiguous(), 64), dense)
-    if cpu_kernels.small_linear_rows(torch.bfloat16):  # bf16 in pairs of inputs: another layout, checked too
+    assert cpu_kernels.packed_block(packed, dense) == 64
+    assert not cpu_kernels.packed_block(packed, dense.t().contiguous().view(128, 64))  # the same bytes elsewhere
+    assert not cpu_kernels.packed_block(torch.ops.mkldnn._reorder_linear_weight(dense[:, :32].contiguous(), 64), dense)
+    if cpu_kernels.small_linear_rows(torch.bfloat16, 32 if AMX else 64):  # bf16 in pairs of inputs, checked too
         bf16 = dense.to(torch.bfloat16)
-        # AMX's 32-column blocks are not read; the 64-column ones are
-        assert cpu_kernels.reads_packed(torch.ops.mkldnn._reorder_linear_weight(bf16, 64), bf16) != AMX
-        assert not cpu_kernels.reads_packed(packed, bf16)  # the float32 packing, read as bf16's
-    monkeypatch.setattr(cpu_kernels, "reads_packed", lambda packed, dense: False)
+        assert cpu_kernels.packed_block(torch.ops.mkldnn._reorder_linear_weight(bf16, 64), bf16) == (32 if AMX else 64)
+        assert not cpu_kernels.packed_block(packed, bf16)  # the float32 packing, read as bf16's
+    monkeypatch.setattr(cpu_kernels, "packed_block", lambda packed, dense: 0)
     assert cpu_linear.PackedLinear(linear, rows_hint=64, keep_weight=False).small_rows == 0
+
+
+@pytest.mark.skipif(not AMX or cpu_kernels.small_linear_rows(torch.bfloat16, 32) == 0, reason="no AMX tiles here")
+@pytest.mark.parametrize(("out_features", "in_features"), [(3072, 768), (768, 3072), (40, 96)])
+def test_the_tile_kernel_gives_onednns_bits(out_features, in_features):
+    """Over AMX's packing the tile kernel sums in oneDNN's order: its outputs are oneDNN's, at one
+    row, one tile of 16 and two passes of up to 16."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(in_features, out_features).to(torch.bfloat16)
+    packed = cpu_linear.PackedLinear(linear, rows_hint=256, keep_weight=False)
+    assert packed.small_block == 32
+    with torch.inference_mode():
+        for rows in (1, 7, 16, 17, 32):
+            x = torch.randn(rows, in_features, dtype=torch.bfloat16)
+            onednn = torch.ops.mkldnn._linear_pointwise(x, packed.packed, None, "none", [], "")
+            small = cpu_kernels.small_linear(x, packed.packed, out_features, None, 32)
+            assert torch.equal(small, onednn)
 
 
 def test_the_small_row_kernel_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("LLMFLEET_SMALL_LINEAR", "0")
     assert cpu_kernels.small_linear_rows() == cpu_kernels.small_linear_rows(torch.bfloat16) == 0
+    assert cpu_kernels.small_linear_rows(torch.bfloat16, 32) == 0
     assert cpu_linear.PackedLinear(torch.nn.Linear(64, 128), rows_hint=64, keep_weight=False).small_rows == 0
