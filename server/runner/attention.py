@@ -332,11 +332,12 @@ class KVShape:
 
 class _Probe:
     """Answers every attention call of a forward with zeros, counting the calls and noting the
-    shapes of the keys, values and queries each layer hands over."""
+    shapes of the keys, values and queries each layer hands over, and each layer's scoring."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.shapes: set[tuple[int, int, int, int, int]] = set()
+        self.scorings: dict[int, Scoring] = {}
 
     def split(
         self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scoring: Scoring
@@ -344,7 +345,24 @@ class _Probe:
         self.calls += 1
         # (1, heads, T, D) each: key heads and size, value heads and size, query heads
         self.shapes.add((key.shape[1], key.shape[-1], value.shape[1], value.shape[-1], query.shape[1]))
+        self.scorings[layer] = scoring
         return torch.zeros_like(query).transpose(1, 2)  # (1, T, heads, D)
+
+
+def _probe_forward(model: torch.nn.Module, device: torch.device) -> _Probe:
+    """A one-token forward whose attention calls a ``_Probe`` answers."""
+    one = torch.zeros((1, 1), dtype=torch.long, device=device)
+    counter = _Probe()
+    with torch.inference_mode():
+        model_logits(model, one, one, torch.zeros(1, dtype=torch.long, device=device), counter)
+    return counter
+
+
+def layer_scorings(model: torch.nn.Module, device: torch.device) -> list[Scoring]:
+    """How each layer of a loaded (and probed) model scores its keys, as its attention hands it
+    over: the scale and a window (Mistral's from its config, Qwen2's per layer), a cap, sinks."""
+    counter = _probe_forward(model, device)
+    return [counter.scorings[i] for i in range(model.config.num_hidden_layers)]
 
 
 def probe(model: torch.nn.Module, device: torch.device) -> KVShape:
@@ -354,11 +372,8 @@ def probe(model: torch.nn.Module, device: torch.device) -> KVShape:
     Returns the KV shape the layers hand over, which sizes the cache: a config can carry a
     ``num_key_value_heads`` its architecture ignores (GPT-NeoX) or name heads otherwise
     (JetMoE), and the cache must hold what the attention gets, not what the config says."""
-    one = torch.zeros((1, 1), dtype=torch.long, device=device)
-    counter = _Probe()
     try:
-        with torch.inference_mode():
-            model_logits(model, one, one, torch.zeros(1, dtype=torch.long, device=device), counter)
+        counter = _probe_forward(model, device)
     except UnsupportedModel:
         raise
     except Exception as exc:  # MPT: its own mask code expects the mask transformers builds for others

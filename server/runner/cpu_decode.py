@@ -34,7 +34,7 @@ from transformers.activations import SiLUActivation
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.runner import cpu_kernels
-from llmfleet.server.runner.attention import DecodeGroup, Scoring, model_logits
+from llmfleet.server.runner.attention import DecodeGroup, Scoring, layer_scorings, model_logits
 from llmfleet.server.runner.cpu_linear import PackedLinear
 from llmfleet.server.runner.fused_norms import FusedRMSNorm
 from llmfleet.server.runner.fused_rotary import NAME as ROTARY_NAME
@@ -76,7 +76,7 @@ class FusedDecode:
             int(cache.dtype == torch.bfloat16),
         )
         self.linears = [_layer_linears(layer) for layer in layers]
-        scorings = layer_scorings(model)
+        scorings = layer_scorings(model, cache.device)
         # the rows every weight's few-row kernel takes (0: some weight only oneDNN reads), all
         # weights in one packing
         linears = _model_linears(model)
@@ -185,6 +185,8 @@ def fused_decode(model: torch.nn.Module, cache: PagedKVCache) -> FusedDecode | N
     if not _agrees(fused, model, cache):
         log.warning("decode steps run through the model's modules: the fused decode disagreed with them on a probe")
         return None
+    how = f"every layer in one call for up to {fused.c_rows} requests" if fused.c_rows else "the linears' own forwards"
+    log.info("decode steps run through C without the model's modules: %s", how)
     return fused
 
 
@@ -215,7 +217,7 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
             model.config.num_attention_heads
         ):
             return "its heads do not match its cache and output projection"
-    if not all(scoring.plain for scoring in layer_scorings(model)):
+    if not all(scoring.plain for scoring in layer_scorings(model, cache.device)):
         return "its attention caps its logits or has sinks"
     return None
 
@@ -245,29 +247,6 @@ def _layer_struct(layer: torch.nn.Module, cache: PagedKVCache, index: int, scori
         scoring.scale,
         scoring.window or 0,
     )
-
-
-class _ScoringRecorder:
-    """Answers every attention call of a forward with zeros, keeping each layer's scoring."""
-
-    def __init__(self) -> None:
-        self.scorings: dict[int, Scoring] = {}
-
-    def split(
-        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scoring: Scoring
-    ) -> torch.Tensor:
-        self.scorings[layer] = scoring
-        return torch.zeros_like(query).transpose(1, 2)  # (1, T, heads, D)
-
-
-def layer_scorings(model: torch.nn.Module) -> list[Scoring]:
-    """How each layer scores its keys, as its attention hands it over (the scale, a window: Mistral
-    takes its window from the config, Qwen2 per layer), read from a one-token forward."""
-    one = torch.zeros((1, 1), dtype=torch.long)
-    recorder = _ScoringRecorder()
-    with torch.inference_mode():
-        model_logits(model, one, one, torch.zeros(1, dtype=torch.long), recorder)
-    return [recorder.scorings[i] for i in range(len(model.model.layers))]
 
 
 def _group_struct(group: DecodeGroup):
