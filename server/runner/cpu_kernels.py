@@ -76,6 +76,9 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 static inline float bf16_to_float(uint16_t h) {
     union { uint32_t u; float f; } c;
@@ -114,6 +117,12 @@ typedef int32_t ivec __attribute__((vector_size(VL * 4)));
 static inline fvec loadv(const void *p, int bf16) {
     fvec v;
     if (bf16) {
+#if VL == 16
+        /* one widening load: GCC splits the generic conversion below into 256-bit halves */
+        const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16);
+        memcpy(&v, &wide, sizeof v);
+        return v;
+#endif
         typedef uint16_t vh __attribute__((vector_size(VL * 2)));
         typedef uint32_t vu __attribute__((vector_size(VL * 4)));
         vh h;
@@ -143,7 +152,7 @@ static inline fvec loadv(const void *p, int bf16) {
 #define FOLD(a, b, h) (__builtin_shuffle(a, b, MASK(h, 0)) + __builtin_shuffle(a, b, MASK(h, h)))
 
 /* Lane t of the result is the sum of p[t]'s lanes: VL - 1 vector adds, not VL * VL scalar ones. */
-static inline fvec reduce_lanes(fvec *p) {
+static inline __attribute__((always_inline)) fvec reduce_lanes(fvec *p) {
 #if VL == 16
     for (int j = 0; j < 8; j++) p[j] = FOLD(p[2 * j], p[2 * j + 1], 8);
 #endif
@@ -232,9 +241,11 @@ static inline void axpy(float *acc, float p, const void *v, int64_t dim, int bf1
     }
 }
 
-/* scores[t] = q . k_t for count (<= VL) keys lying one after another */
-static inline void score_keys(const float *q, const char *k, int64_t count, int64_t dim, int64_t item_size,
-                              int bf16, float *scores) {
+/* scores[t] = q . k_t for count (<= VL) keys lying one after another; inlined, so that the
+   partial sums stay in registers (called, it spilled and zeroed them on the stack) */
+static inline __attribute__((always_inline)) void score_keys(const float *q, const char *k, int64_t count,
+                                                             int64_t dim, int64_t item_size, int bf16,
+                                                             float *scores) {
     if (count < VL || dim % VL) {
         for (int64_t t = 0; t < count; t++) scores[t] = dot(q, k + t * dim * item_size, dim, bf16);
         return;
@@ -250,17 +261,45 @@ static inline void score_keys(const float *q, const char *k, int64_t count, int6
     memcpy(scores, &s, sizeof s);
 }
 
-/* acc += p[t] v_t over count (<= VL) values lying one after another */
+/* acc += p[t] v_t over count (<= VL) values lying one after another: up to four chunks of VL
+   dimensions at a time and two values at a time, so eight sums are in flight rather than one
+   chain of count dependent adds */
 static inline void add_values(float *acc, const float *p, const char *v, int64_t count, int64_t dim,
                               int64_t item_size, int bf16) {
     if (dim % VL) {
         for (int64_t t = 0; t < count; t++) axpy(acc, p[t], v + t * dim * item_size, dim, bf16);
         return;
     }
-    for (int64_t d = 0; d < dim; d += VL) {
-        fvec a;
+    const int64_t row = dim * item_size, lane = VL * item_size;
+    int64_t d = 0;
+    for (; d + 4 * VL <= dim; d += 4 * VL) {
+        fvec a[4], b[4];
+        memcpy(a, acc + d, sizeof a);
+        for (int j = 0; j < 4; j++) b[j] = (fvec){0};
+        const char *at = v + d * item_size;
+        int64_t t = 0;
+        for (; t + 1 < count; t += 2, at += 2 * row)
+            for (int j = 0; j < 4; j++) {
+                a[j] += p[t] * loadv(at + j * lane, bf16);
+                b[j] += p[t + 1] * loadv(at + row + j * lane, bf16);
+            }
+        for (int j = 0; j < 4; j++) {
+            if (t < count) a[j] += p[t] * loadv(at + j * lane, bf16);
+            a[j] += b[j];
+        }
+        memcpy(acc + d, a, sizeof a);
+    }
+    for (; d < dim; d += VL) {  /* head sizes that are not a multiple of 4 * VL */
+        fvec a, b = {0};
         memcpy(&a, acc + d, sizeof a);
-        for (int64_t t = 0; t < count; t++) a += p[t] * loadv(v + (t * dim + d) * item_size, bf16);
+        const char *at = v + d * item_size;
+        int64_t t = 0;
+        for (; t + 1 < count; t += 2, at += 2 * row) {
+            a += p[t] * loadv(at, bf16);
+            b += p[t + 1] * loadv(at + row, bf16);
+        }
+        if (t < count) a += p[t] * loadv(at, bf16);
+        a += b;
         memcpy(acc + d, &a, sizeof a);
     }
 }

@@ -20,12 +20,14 @@ from llmfleet.server.runner.kv_cache import PagedKVCache
 HEADS, KV_HEADS, BLOCKS = 6, 2, 256
 # (block size, head size, context lengths, a sliding window): small blocks and heads; sixteen-key
 # blocks and a 64-wide head, as builtin models have (contexts over many blocks, a window starting
-# inside a block); a head that is not a multiple of 16 wide (the per-key path); enough requests
-# that each thread takes runs of several items and prefetches the next one's keys
+# inside a block); a head that is not a multiple of 16 wide (the per-key path), one that is but
+# not of 64 (values summed 64 dimensions at a time, then the rest); enough requests that each
+# thread takes runs of several items and prefetches the next one's keys
 LAYOUTS = {
     "small": (4, 16, [1, 7, 12, 3], 5),
     "16-key blocks": (16, 64, [1, 40, 17, 100], 37),
     "odd head": (8, 24, [5, 30, 9, 64], 11),
+    "80-wide head": (16, 80, [3, 33, 50, 17], 21),
     "many requests": (16, 64, [(7 * i) % 90 + 1 for i in range(40)], 37),
 }
 
