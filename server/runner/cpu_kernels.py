@@ -163,6 +163,20 @@ static inline __attribute__((always_inline)) fvec reduce_lanes(fvec *p) {
     return FOLD(p[0], p[1], 1);
 }
 
+/* e^r for r = x - n ln 2, n = round(x / ln 2), by a degree-7 polynomial (Cephes' expf); n out */
+static inline f32x16 exp_reduced(f32x16 x, f32x16 *n_out) {
+    const f32x16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    const f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln 2, in two parts */
+    f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    *n_out = n;
+    return p;
+}
+
 /* exp(x) for x <= 0 (scores less their max), within 2 ulp of expf, 0 below -87 (and for -inf):
    2^n * e^r with n = round(x / ln 2) and a degree-7 polynomial for e^r (Cephes' expf). */
 static inline f32x16 exp16(f32x16 x) {
@@ -173,14 +187,8 @@ static inline f32x16 exp16(f32x16 x) {
     memcpy(&lowi, &low, sizeof lowi);
     xi = (xi & ~underflow) | (lowi & underflow);  /* finite from here on */
     memcpy(&x, &xi, sizeof x);
-    const f32x16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    const f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln 2, in two parts */
-    f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    f32x16 n;
+    const f32x16 p = exp_reduced(x, &n);
     const i32x16 bits = ((__builtin_convertvector(n, i32x16) + 127) << 23) & ~underflow;
     f32x16 two_n;
     memcpy(&two_n, &bits, sizeof two_n);
@@ -205,14 +213,8 @@ static inline f32x16 silu16(f32x16 x) {
     f32x16 a = -x;
     const i32x16 over = a > 88.72f, under = a < -87.0f;
     a = select16(over | under, (f32x16){0}, a);
-    const f32x16 n = (a * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const f32x16 r = a - n * 0.693359375f + n * 2.12194440e-4f;
-    f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    f32x16 n;
+    const f32x16 p = exp_reduced(a, &n);
     const i32x16 bits = (__builtin_convertvector(n, i32x16) + 126) << 23;
     f32x16 half_two_n;
     memcpy(&half_two_n, &bits, sizeof half_two_n);
