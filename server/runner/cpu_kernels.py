@@ -604,19 +604,55 @@ int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_blocks, int64_t 
 #define SL_VECS 4
 #define SL_SLICE (SL_VECS * VL)
 
+/* Weights to fetch into L2 while a pass over a slice runs (none where ``at`` is NULL): a share of
+   the next slice's, a few lines at each of the pass's first steps. Where rows take several passes,
+   the first streams the slice from memory while the others read it from L2, so without this the
+   memory sits idle through the later passes and the arithmetic through the first; and a single
+   pass of 3-6 rows, with more work per line than one of a row or two, reads memory below its
+   rate unless its next lines were asked for ahead. */
+typedef struct {
+    const char *at, *end;
+} fetch_ahead;
+
+/* Lines per step to fetch ``ahead`` over ``steps`` steps, and in how many steps that is done */
+static inline int64_t fetch_pace(fetch_ahead ahead, int64_t steps, int64_t *until) {
+    *until = 0;
+    if (!ahead.at || steps <= 0) return 0;
+    const int64_t lines = (ahead.end - ahead.at) / 64, per = (lines + steps - 1) / steps;
+    *until = per ? (lines + per - 1) / per : 0;
+    return per;
+}
+
+/* The k loop of a pass, its first ``until`` steps also fetching ``per`` lines each; STEP(kk) is
+   the loop's body. Two loops, so a pass that fetches nothing runs no test for it. */
+#define FETCHING_LOOP(k, ahead, STEP) do { \
+    int64_t until_; \
+    const int64_t per_ = fetch_pace(ahead, k, &until_); \
+    const char *at_ = ahead.at; \
+    int64_t kk_ = 0; \
+    for (; kk_ < until_; kk_++, at_ += per_ * 64) { \
+        for (int64_t i_ = 0; i_ < per_; i_++) __builtin_prefetch(at_ + i_ * 64, 0, 2); \
+        STEP(kk_); \
+    } \
+    for (; kk_ < (k); kk_++) STEP(kk_); \
+} while (0)
+
 static inline __attribute__((always_inline)) void slice_rows(const float *x, int64_t k, const float *w,
-        const float *bias, float *out, int64_t n, int64_t col0, const int rows) {
+        const float *bias, float *out, int64_t n, int64_t col0, const int rows, fetch_ahead ahead) {
     fvec acc[SL_ROWS][SL_VECS];
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) acc[r][c] = (fvec){0};
-    for (int64_t kk = 0; kk < k; kk++) {
-        fvec wv[SL_VECS];
-        _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) memcpy(&wv[c], w + kk * 64 + c * VL, sizeof(fvec));
-        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
-            const float xv = x[r * k + kk];
-            _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) acc[r][c] += xv * wv[c];
-        }
-    }
+#define SL_STEP(kk) do { \
+        fvec wv[SL_VECS]; \
+        _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) \
+            memcpy(&wv[c], w + (kk) * 64 + c * VL, sizeof(fvec)); \
+        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) { \
+            const float xv = x[r * k + (kk)]; \
+            _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) acc[r][c] += xv * wv[c]; \
+        } \
+    } while (0)
+    FETCHING_LOOP(k, ahead, SL_STEP);
+#undef SL_STEP
     const int64_t cols = n - col0 < SL_SLICE ? n - col0 : SL_SLICE;
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 8") for (int c = 0; c < SL_VECS; c++) {
@@ -631,7 +667,8 @@ static inline __attribute__((always_inline)) void slice_rows(const float *x, int
 /* The loop both dtypes' kernels run: threads take runs of column slices of width SLICE (a block
    of 64 columns is k * 64 elements in either layout), and each slice's rows go in balanced passes
    of at most SL_ROWS (8 rows: two passes of 4, not 6 and 2) through SLICE_FN, whose row count is
-   a constant in each call, so its accumulators stay in registers. */
+   a constant in each call, so its accumulators stay in registers. Where a slice is a whole block
+   and has SL_FETCH_ROWS rows or more, each pass fetches its share of the next block (fetch_ahead). */
 #if SL_ROWS >= 6
 #define SL_CASES(fn) SL_CASE(fn, 1) SL_CASE(fn, 2) SL_CASE(fn, 3) SL_CASE(fn, 4) SL_CASE(fn, 5) SL_CASE(fn, 6)
 #elif SL_ROWS >= 4
@@ -639,18 +676,23 @@ static inline __attribute__((always_inline)) void slice_rows(const float *x, int
 #else
 #define SL_CASES(fn) SL_CASE(fn, 1) SL_CASE(fn, 2)
 #endif
-#define SL_CASE(fn, r) case r: fn(xr, k, ws, bias, o, n, col0, r); break;
+#define SL_FETCH_ROWS 3  /* fewer rows read memory at its rate without the fetch */
+#define SL_CASE(fn, r) case r: fn(xr, k, ws, bias, o, n, col0, r, ahead); break;
 #define SMALL_LINEAR_SLICES(T, SLICE, SLICE_FN) do { \
     const int64_t slices = (n + (SLICE) - 1) / (SLICE), passes = (m + SL_ROWS - 1) / SL_ROWS; \
-    const int64_t per_pass = (m + passes - 1) / passes; \
+    const int64_t per_pass = (m + passes - 1) / passes, runs = (m + per_pass - 1) / per_pass; \
+    const int64_t block_lines = (SLICE) == 64 && m >= SL_FETCH_ROWS ? k * 64 * (int64_t)sizeof(T) / 64 : 0; \
     _Pragma("omp parallel for num_threads(num_threads) schedule(static)") \
     for (int64_t s = 0; s < slices; s++) { \
         const int64_t col0 = s * (SLICE); \
         const T *ws = w + (col0 / 64) * k * 64 + col0 % 64; \
-        for (int64_t r0 = 0; r0 < m; r0 += per_pass) { \
+        const char *next = block_lines && s + 1 < slices ? (const char *)(w + (s + 1) * k * 64) : NULL; \
+        for (int64_t run = 0, r0 = 0; r0 < m; run++, r0 += per_pass) { \
             const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass; \
             const T *xr = x + r0 * k; \
             T *o = out + r0 * n; \
+            const fetch_ahead ahead = {next ? next + run * block_lines / runs * 64 : NULL, \
+                                       next ? next + (run + 1) * block_lines / runs * 64 : NULL}; \
             switch (rows) { SL_CASES(SLICE_FN) } \
         } \
     } \
@@ -674,22 +716,24 @@ int llmfleet_small_linear_rows(void) { return SL_MAX_M; }
 #define SLB_MAX_M 32
 
 static inline __attribute__((always_inline)) void slice_rows_bf16(const uint16_t *x, int64_t k, const uint16_t *w,
-        const float *bias, uint16_t *out, int64_t n, int64_t col0, const int rows) {
+        const float *bias, uint16_t *out, int64_t n, int64_t col0, const int rows, fetch_ahead ahead) {
     __m512 acc[SL_ROWS][4];
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
     const int64_t pairs = k / 2;
-    for (int64_t kp = 0; kp < pairs; kp++) {
-        __m512bh wv[4];
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
-            wv[c] = (__m512bh)_mm512_loadu_si512(w + kp * 128 + c * 32);
-        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
-            int32_t pair;
-            memcpy(&pair, x + r * k + 2 * kp, sizeof pair);
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
-        }
-    }
+#define SLB_STEP(kp) do { \
+        __m512bh wv[4]; \
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) \
+            wv[c] = (__m512bh)_mm512_loadu_si512(w + (kp) * 128 + c * 32); \
+        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) { \
+            int32_t pair; \
+            memcpy(&pair, x + r * k + 2 * (kp), sizeof pair); \
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair); \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]); \
+        } \
+    } while (0)
+    FETCHING_LOOP(pairs, ahead, SLB_STEP);
+#undef SLB_STEP
     const int64_t cols = n - col0 < 64 ? n - col0 : 64;
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
@@ -716,10 +760,11 @@ int llmfleet_small_linear_bf16_rows(void) { return SLB_MAX_M; }
 /* The same over the packing oneDNN gives bf16 weights on CPUs with AMX, [out / 32][in / 2][32][2]:
    a block of 32 columns is two tiles of 16 columns' pairs for each 32 inputs, which the tile
    instructions multiply by a tile of up to 16 rows of x (a second pass for rows 17-32 finds the
-   block in L2). Each thread streams its blocks start to end; oneDNN's tile kernels, built for many
-   rows, read the same weights 1.1-1.3x slower at 1-32 rows, and sum in the same order (the outputs
-   are its bits). The input size must be a multiple of 32. The tiles need the kernel's leave,
-   asked for once (arch_prctl); without it the kernel says it takes no rows. */
+   block in L2, and both passes fetch the next block, fetch_ahead). Each thread streams its blocks
+   start to end; oneDNN's tile kernels, built for many rows, read the same weights 1.1-1.3x slower
+   at 1-32 rows, and sum in the same order (the outputs are its bits). The input size must be a
+   multiple of 32. The tiles need the kernel's leave, asked for once (arch_prctl); without it the
+   kernel says it takes no rows. */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -749,25 +794,31 @@ void llmfleet_small_linear_amx(const uint16_t *x, int64_t m, int64_t k, const ui
     {
         int configured = 0;
         float sums[16 * 32];
+        const int64_t runs = (m + 15) / 16, block_lines = runs > 1 ? k * 32 * 2 / 64 : 0;
         _Pragma("omp for schedule(static)")
         for (int64_t b = 0; b < blocks; b++) {
             const uint16_t *block = w + b * k * 32;
+            const char *next = block_lines && b + 1 < blocks ? (const char *)(block + k * 32) : NULL;
             const int64_t col0 = b * 32, cols = n - col0 < 32 ? n - col0 : 32;
-            for (int64_t r0 = 0; r0 < m; r0 += 16) {
+            for (int64_t run = 0, r0 = 0; r0 < m; run++, r0 += 16) {
                 const int rows = m - r0 < 16 ? m - r0 : 16;
                 if (rows != configured) {
                     configure_tiles(rows);
                     configured = rows;
                 }
+                const fetch_ahead ahead = {next ? next + run * block_lines / runs * 64 : NULL,
+                                           next ? next + (run + 1) * block_lines / runs * 64 : NULL};
                 _tile_zero(0);
                 _tile_zero(1);
-                for (int64_t i = 0; i < k; i += 32) {  /* pairs i / 2 .. i / 2 + 15 of the block */
-                    _tile_loadd(2, x + r0 * k + i, k * 2);
-                    _tile_loadd(3, block + i * 32, 128);
-                    _tile_loadd(4, block + i * 32 + 32, 128);
-                    _tile_dpbf16ps(0, 2, 3);
-                    _tile_dpbf16ps(1, 2, 4);
-                }
+#define AMX_STEP(j) do {  /* pairs 16 j .. 16 j + 15 of the block */ \
+                    _tile_loadd(2, x + r0 * k + 32 * (j), k * 2); \
+                    _tile_loadd(3, block + 32 * (j) * 32, 128); \
+                    _tile_loadd(4, block + 32 * (j) * 32 + 32, 128); \
+                    _tile_dpbf16ps(0, 2, 3); \
+                    _tile_dpbf16ps(1, 2, 4); \
+                } while (0)
+                FETCHING_LOOP(k / 32, ahead, AMX_STEP);
+#undef AMX_STEP
                 _tile_stored(0, sums, 128);
                 _tile_stored(1, sums + 16, 128);
                 for (int r = 0; r < rows; r++)
