@@ -614,6 +614,12 @@ typedef struct {
     const char *at, *end;
 } fetch_ahead;
 
+/* Pass ``run`` of ``runs``'s share of the ``lines`` lines at ``next`` (none where ``next`` is NULL) */
+static inline fetch_ahead fetch_share(const char *next, int64_t lines, int64_t run, int64_t runs) {
+    if (!next) return (fetch_ahead){NULL, NULL};
+    return (fetch_ahead){next + run * lines / runs * 64, next + (run + 1) * lines / runs * 64};
+}
+
 /* Lines per step to fetch ``ahead`` over ``steps`` steps, and in how many steps that is done */
 static inline int64_t fetch_pace(fetch_ahead ahead, int64_t steps, int64_t *until) {
     *until = 0;
@@ -691,8 +697,7 @@ static inline __attribute__((always_inline)) void slice_rows(const float *x, int
             const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass; \
             const T *xr = x + r0 * k; \
             T *o = out + r0 * n; \
-            const fetch_ahead ahead = {next ? next + run * block_lines / runs * 64 : NULL, \
-                                       next ? next + (run + 1) * block_lines / runs * 64 : NULL}; \
+            const fetch_ahead ahead = fetch_share(next, block_lines, run, runs); \
             switch (rows) { SL_CASES(SLICE_FN) } \
         } \
     } \
@@ -806,8 +811,7 @@ void llmfleet_small_linear_amx(const uint16_t *x, int64_t m, int64_t k, const ui
                     configure_tiles(rows);
                     configured = rows;
                 }
-                const fetch_ahead ahead = {next ? next + run * block_lines / runs * 64 : NULL,
-                                           next ? next + (run + 1) * block_lines / runs * 64 : NULL};
+                const fetch_ahead ahead = fetch_share(next, block_lines, run, runs);
                 _tile_zero(0);
                 _tile_zero(1);
 #define AMX_STEP(j) do {  /* pairs 16 j .. 16 j + 15 of the block */ \
