@@ -1515,6 +1515,13 @@ def kv_write(
     return True
 
 
+def amx_tiles() -> bool:
+    """Whether this CPU runs AMX tiles here: the kernels were built with them and the OS lets this
+    process use their registers. False where the kernels are off or not built."""
+    library = _library() if enabled() else None
+    return library is not None and library.llmfleet_small_linear_amx_rows() > 0
+
+
 def small_linear_rows(dtype: torch.dtype = torch.float32, block: int = 64) -> int:
     """The most rows ``small_linear`` takes in ``dtype`` over a packing in blocks of ``block``
     columns on this CPU: 0 where the kernels are off or not built, or on CPUs where it was not

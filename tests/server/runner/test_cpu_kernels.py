@@ -1,8 +1,8 @@
 """The C attention kernels give what the torch paths give: the decode kernel, reading the paged
 cache in place (against a gather, then batched matmuls), and the prompt kernel (against SDPA or
 the scored torch path), for GQA, padded groups, sliding windows, strided queries, a chunk that
-starts at position 0 or later in its prompt, and Gemma 2's logit cap and gpt-oss's sinks. The
-cache write kernel stores what ``index_copy_`` stores."""
+starts at position 0 or later in its prompt, and Gemma 2's logit cap and gpt-oss's sinks; and
+which prompts go to SDPA first. The cache write kernel stores what ``index_copy_`` stores."""
 
 from __future__ import annotations
 
@@ -137,6 +137,7 @@ PROMPTS = {
 
 
 def attend_prompt(monkeypatch, use_kernel: bool, q, key, value, cache, span, window, scored=False):
+    monkeypatch.setattr(attention, "sdpa_first", lambda q, scoring: False)  # the kernel on every CPU
     out, ran = through(
         monkeypatch,
         "prefill_attention",
@@ -177,6 +178,38 @@ def test_the_prompt_kernel_attends_as_torch(monkeypatch, dtype, windowed, scored
     chunk = slice(first, first + tokens)
     torch.testing.assert_close(got[chunk].float(), expected[chunk].float(), atol=tolerance, rtol=tolerance)
     assert not got[:first].any() and not got[first + tokens :].any(), "rows outside the chunk were written"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scored", "to_sdpa"),
+    [(torch.bfloat16, False, True), (torch.bfloat16, True, False), (torch.float32, False, False)],
+)
+def test_on_a_cpu_with_amx_bfloat16_prompts_go_to_sdpa(monkeypatch, dtype, scored, to_sdpa):
+    """SDPA multiplies in AMX tiles, faster than the kernel there; a logit cap or sinks, which SDPA
+    does not apply, and float32 stay with the kernel. Either way the result is the kernel's."""
+    dim, tokens, context, _ = PROMPTS["later chunk"]
+    torch.manual_seed(7)
+    cache = PagedKVCache(2, BLOCKS, 16, KV_HEADS, dim, dtype, torch.device("cpu"))
+    cache.keys[1].normal_()
+    cache.values[1].normal_()
+    q = torch.randn(HEADS, tokens, dim).to(dtype).transpose(0, 1)
+    key = torch.randn(tokens, KV_HEADS, dim).to(dtype).transpose(0, 1)
+    value = torch.randn(tokens, KV_HEADS, dim).to(dtype).transpose(0, 1)
+    span = PrefillSpan(0, tokens, context, torch.tensor(random.Random(7).sample(range(BLOCKS), -(-context // 16))))
+    expected = attend_prompt(monkeypatch, True, q, key, value, cache, span, None, scored)
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_kernels, "amx_tiles", lambda: True)
+    out, ran = through(
+        monkeypatch,
+        "prefill_attention",
+        True,
+        q,
+        None,
+        scored,
+        lambda out, s: attention._prefill(q, key, value, out, cache, 1, span, s),
+    )
+    assert ran == ([] if to_sdpa else [True])
+    torch.testing.assert_close(out.float(), expected.float(), atol=3e-2, rtol=3e-2)
 
 
 def test_builds_unused_for_a_month_are_pruned(tmp_path):
