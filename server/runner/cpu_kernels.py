@@ -983,14 +983,14 @@ void llmfleet_add_norm(const llmfleet_model *M, const llmfleet_step *T, void *hi
     llmfleet_rms_norm(hidden, T->m, M->hidden_size, weight, eps, normed, M->bf16, T->num_threads);
 }
 
-/* gate = silu(gate) * up: silu rounded to the dtype, then the product, as the module's two ops;
-   16 at a time (silu16), the last few with expf */
-void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *gate, const void *up) {
-    const int64_t count = T->m * M->intermediate, vectors = count / LANES;
-    if (M->bf16) {
+/* gate = silu(gate) * up over ``count`` values: silu rounded to the dtype, then the product, as
+   the module's two ops; 16 at a time (silu16), the last few with expf */
+void llmfleet_silu_mul(void *gate, const void *up, int64_t count, int bf16, int num_threads) {
+    const int64_t vectors = count / LANES;
+    if (bf16) {
         uint16_t *g = gate;
         const uint16_t *u = up;
-        _Pragma("omp parallel for num_threads(T->num_threads) if (count >= 65536)")
+        _Pragma("omp parallel for num_threads(num_threads) if (count >= 65536)")
         for (int64_t c = 0; c < vectors; c++) {
             const int64_t at = c * LANES;
             const i32x16 bits = bf16_bits16(round_bf16x16(silu16(load_bf16x16(g + at))) * load_bf16x16(u + at));
@@ -1003,7 +1003,7 @@ void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *
     } else {
         float *g = gate;
         const float *u = up;
-        _Pragma("omp parallel for num_threads(T->num_threads) if (count >= 65536)")
+        _Pragma("omp parallel for num_threads(num_threads) if (count >= 65536)")
         for (int64_t c = 0; c < vectors; c++) {
             f32x16 x, y;
             memcpy(&x, g + c * LANES, sizeof x);
@@ -1013,6 +1013,11 @@ void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *
         }
         for (int64_t i = vectors * LANES; i < count; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
+}
+
+/* A decode step's gate = silu(gate) * up */
+void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *gate, const void *up) {
+    llmfleet_silu_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
 }
 
 /* The rotary embedding of q and k (m, heads or kv_heads, dim) into q_rot and k_rot, k_rot and v
@@ -1278,6 +1283,8 @@ def _library() -> ctypes.CDLL | None:
     library.llmfleet_small_linear.restype = None
     library.llmfleet_rms_norm.argtypes = [_PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR, ctypes.c_int, ctypes.c_int]
     library.llmfleet_rms_norm.restype = None
+    library.llmfleet_silu_mul.argtypes = [_PTR, _PTR, _I64, ctypes.c_int, ctypes.c_int]
+    library.llmfleet_silu_mul.restype = None
     library.llmfleet_rotary.argtypes = [_PTR, _I64, _I64, _I64, _PTR] * 2 + [
         _I64,
         _I64,
@@ -1635,6 +1642,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         torch.get_num_threads(),
     )
     return out
+
+
+def silu_times(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """``gate = silu(gate) * up`` in place, as a SiLU MLP's two ops compute it (bfloat16: their
+    bits), in one pass; False, having done nothing, where the kernel cannot take them: not built,
+    another dtype or device, shapes that differ, a tensor that is not contiguous."""
+    if (
+        gate.device.type != "cpu"
+        or gate.dtype not in _DTYPES
+        or up.dtype != gate.dtype
+        or up.device != gate.device
+        or up.shape != gate.shape
+        or not (gate.is_contiguous() and up.is_contiguous())
+    ):
+        return False
+    library = _library()
+    if library is None:
+        return False
+    threads = torch.get_num_threads()
+    library.llmfleet_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), _DTYPES[gate.dtype], threads)
+    return True
 
 
 def rotary(

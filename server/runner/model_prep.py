@@ -1,13 +1,13 @@
 """A loaded model's modules swapped for this device's faster ones, the same way for a runner and
 a parallel worker: oneDNN-packed linear layers on a CPU (cpu_linear.py), RMSNorms in one kernel
 (fused_norms.py: a C loop on a CPU, Triton on a GPU) and, on a CPU, the rotary embedding in one C
-call (fused_rotary.py)."""
+call (fused_rotary.py) and a SiLU MLP's activation and product in one pass (fused_mlp.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from llmfleet.server.runner import cpu_linear, fused_norms, fused_rotary
+from llmfleet.server.runner import cpu_linear, fused_mlp, fused_norms, fused_rotary
 
 
 def prepare(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, max_num_batched_tokens: int) -> bool:
@@ -20,4 +20,6 @@ def prepare(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, ma
         fused_norms.fuse_rms_norms(model)
     if fused_rotary.enabled(device):
         fused_rotary.install(model)
+    if fused_mlp.enabled(device):
+        fused_mlp.fuse_silu_mlps(model)
     return packed
