@@ -12,8 +12,6 @@ the decode layers in C read (cpu_decode.py). ``LLMFLEET_FUSED_MLP=0`` keeps ever
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 
 import torch
@@ -21,6 +19,9 @@ from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import LlamaMLP
 
 from llmfleet.server.runner import cpu_kernels
+from llmfleet.server.runner.module_swaps import forward_is, swap_modules
+
+SILU = (SiLUActivation, torch.nn.SiLU)
 
 
 class FusedSiluMLP(torch.nn.Module):
@@ -52,25 +53,8 @@ def enabled(device: torch.device) -> bool:
 def fuse_silu_mlps(model: torch.nn.Module) -> int:
     """Swap every MLP of ``model`` whose forward is Llama's and whose activation is SiLU for a
     ``FusedSiluMLP``; returns how many."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if _llama_forward(type(child)) and type(getattr(child, "act_fn", None)) in (SiLUActivation, torch.nn.SiLU)
-    ]
-    for parent, name, child in swaps:
-        setattr(parent, name, FusedSiluMLP(child))
-    return len(swaps)
-
-
-@functools.cache
-def _llama_forward(cls: type) -> bool:
-    if not issubclass(cls, torch.nn.Module) or not cls.__name__.endswith("MLP"):
-        return False
-    try:
-        return inspect.getsource(cls.forward) == _LLAMA_FORWARD
-    except (OSError, TypeError):  # no source to compare: not known to be Llama's
-        return False
-
-
-_LLAMA_FORWARD = inspect.getsource(LlamaMLP.forward)
+    return swap_modules(
+        model,
+        lambda m: forward_is(type(m), LlamaMLP, "MLP") and type(getattr(m, "act_fn", None)) in SILU,
+        FusedSiluMLP,
+    )

@@ -14,14 +14,13 @@ attributes); any other (Gemma's ``1 + weight``, norms without a weight) keeps it
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from llmfleet.server.runner import cpu_kernels, gpu_kernels
+from llmfleet.server.runner.module_swaps import forward_is, swap_modules
 
 
 class FusedRMSNorm(torch.nn.Module):
@@ -54,25 +53,8 @@ def enabled(device: torch.device) -> bool:
 
 def fuse_rms_norms(model: torch.nn.Module) -> int:
     """Swap every RMSNorm of ``model`` whose forward is Llama's for a ``FusedRMSNorm``; returns how many."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if _llama_forward(type(child)) and isinstance(getattr(child, "weight", None), torch.Tensor)
-    ]
-    for parent, name, child in swaps:
-        setattr(parent, name, FusedRMSNorm(child))
-    return len(swaps)
-
-
-@functools.cache
-def _llama_forward(cls: type) -> bool:
-    if not issubclass(cls, torch.nn.Module) or not cls.__name__.endswith("RMSNorm"):
-        return False
-    try:
-        return inspect.getsource(cls.forward) == _LLAMA_FORWARD
-    except (OSError, TypeError):  # no source to compare: not known to be Llama's
-        return False
-
-
-_LLAMA_FORWARD = inspect.getsource(LlamaRMSNorm.forward)
+    return swap_modules(
+        model,
+        lambda m: forward_is(type(m), LlamaRMSNorm, "RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor),
+        FusedRMSNorm,
+    )
