@@ -23,9 +23,10 @@ softmax takes its exponentials sixteen at a time.
 
 **Prompts.** torch's CPU SDPA (flash attention) computes a prompt's causal attention at a small
 fraction of the machine's FMA rate. This kernel is bound by arithmetic instead: one KV head at a
-time, its keys laid out in float32 tiles of 16 keys, dimension by dimension, so that one tile
-load feeds eight queries' FMAs (eight independent chains); blocks of 16 queries skip every tile
-past their last position; an exact float32 softmax per query, with the same scoring options.
+time, its keys laid out in float32 tiles of 16 keys, dimension by dimension, scored in register
+blocks of the CPU's own vectors (with AVX-512, eight queries by two vectors of keys: two loads
+feed 16 independent FMA chains); blocks of 16 queries skip every tile past their last position;
+an exact float32 softmax per query, with the same scoring options.
 
 **Cache writes.** A step's new keys and values land in rows scattered over a cache far larger
 than the CPU's caches, so each row's write first reads its lines from DRAM, and torch's
@@ -48,7 +49,8 @@ for bit (fused_rotary.py installs it), where transformers runs about ten tensor 
 All of them are compiled on first use with the system's C compiler (``$CC``, default ``cc``) for
 this CPU (``-march=native``) into ``$LLMFLEET_CACHE/kernels``, keyed by the source, the command
 and the CPU's flags, and run in torch's own OpenMP threads (the same ``libgomp`` is already
-loaded).
+loaded). Their arithmetic is written in the CPU's own vector width (``VL``), never in wider
+generic vectors, which the compiler splits and, on AVX2, spills.
 Without a compiler the torch paths run; ``LLMFLEET_CPU_KERNELS=0`` chooses them.
 """
 
@@ -97,13 +99,12 @@ static inline float element(const void *p, int64_t at, int bf16) {
     return bf16 ? bf16_to_float(((const uint16_t *)p)[at]) : ((const float *)p)[at];
 }
 
-/* 16 floats: one AVX-512 register, two AVX2 ones, four NEON ones; the compiler splits them. */
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-#define LANES 16 /* the softmax's and the prompt kernel's vectors, and a prompt's key tiles */
+/* A prompt's key tiles, and the softmax's runs of scores: 16 floats, so that the softmax's sums,
+   LANES partial sums added in one order, are the same bits on every CPU */
+#define LANES 16
 
-/* The machine's own vector, for scoring and summing a decode's keys and values: 16 floats with
-   AVX-512, 8 with AVX2, 4 elsewhere (NEON, SSE). */
+/* The machine's own vector, for all arithmetic: 16 floats with AVX-512, 8 with AVX2, 4 elsewhere
+   (NEON, SSE). Wider generic vectors are split by the compiler, and on AVX2 it spilled them. */
 #if defined(__AVX512F__)
 #define VL 16
 #elif defined(__AVX__)
@@ -164,10 +165,10 @@ static inline __attribute__((always_inline)) fvec reduce_lanes(fvec *p) {
 }
 
 /* e^r for r = x - n ln 2, n = round(x / ln 2), by a degree-7 polynomial (Cephes' expf); n out */
-static inline f32x16 exp_reduced(f32x16 x, f32x16 *n_out) {
-    const f32x16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    const f32x16 r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln 2, in two parts */
-    f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+static inline fvec exp_reduced(fvec x, fvec *n_out) {
+    const fvec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    const fvec r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* x - n ln 2, in two parts */
+    fvec p = r * 1.9875691500e-4f + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
@@ -179,25 +180,25 @@ static inline f32x16 exp_reduced(f32x16 x, f32x16 *n_out) {
 
 /* exp(x) for x <= 0 (scores less their max), within 2 ulp of expf, 0 below -87 (and for -inf):
    2^n * e^r with n = round(x / ln 2) and a degree-7 polynomial for e^r (Cephes' expf). */
-static inline f32x16 exp16(f32x16 x) {
-    const i32x16 underflow = x < -87.0f;
-    const f32x16 low = (f32x16){0} - 87.0f;
-    i32x16 xi, lowi;
+static inline fvec expv(fvec x) {
+    const ivec underflow = x < -87.0f;
+    const fvec low = (fvec){0} - 87.0f;
+    ivec xi, lowi;
     memcpy(&xi, &x, sizeof xi);
     memcpy(&lowi, &low, sizeof lowi);
     xi = (xi & ~underflow) | (lowi & underflow);  /* finite from here on */
     memcpy(&x, &xi, sizeof x);
-    f32x16 n;
-    const f32x16 p = exp_reduced(x, &n);
-    const i32x16 bits = ((__builtin_convertvector(n, i32x16) + 127) << 23) & ~underflow;
-    f32x16 two_n;
+    fvec n;
+    const fvec p = exp_reduced(x, &n);
+    const ivec bits = ((__builtin_convertvector(n, ivec) + 127) << 23) & ~underflow;
+    fvec two_n;
     memcpy(&two_n, &bits, sizeof two_n);
     return p * two_n;
 }
 
 /* a where mask, else b, lane by lane */
-static inline f32x16 select16(i32x16 mask, f32x16 a, f32x16 b) {
-    i32x16 ai, bi;
+static inline fvec selectv(ivec mask, fvec a, fvec b) {
+    ivec ai, bi;
     memcpy(&ai, &a, sizeof ai);
     memcpy(&bi, &b, sizeof bi);
     ai = (ai & mask) | (bi & ~mask);
@@ -205,60 +206,54 @@ static inline f32x16 select16(i32x16 mask, f32x16 a, f32x16 b) {
     return a;
 }
 
-/* silu(x) = x / (1 + exp(-x)), torch's formula, for 16 floats: exp16's reduction and polynomial
-   for any argument, 2^n applied as 2^(n - 1) * 2 so that n = 128 stays finite, inf above 88.72
-   and 0 below -87 (where 1 + exp is 1 either way). Against torch's own silu on 2.5 * 10^5 random
+/* silu(x) = x / (1 + exp(-x)), torch's formula: exp_reduced's reduction and polynomial for any
+   argument, 2^n applied as 2^(n - 1) * 2 so that n = 128 stays finite, inf above 88.72 and 0
+   below -87 (where 1 + exp is 1 either way). Against torch's own silu on 2.5 * 10^5 random
    values: the same bits in bfloat16, one ulp apart on 0.5% in float32 (glibc's expf: 3.5%). */
-static inline f32x16 silu16(f32x16 x) {
-    f32x16 a = -x;
-    const i32x16 over = a > 88.72f, under = a < -87.0f;
-    a = select16(over | under, (f32x16){0}, a);
-    f32x16 n;
-    const f32x16 p = exp_reduced(a, &n);
-    const i32x16 bits = (__builtin_convertvector(n, i32x16) + 126) << 23;
-    f32x16 half_two_n;
+static inline fvec siluv(fvec x) {
+    fvec a = -x;
+    const ivec over = a > 88.72f, under = a < -87.0f;
+    a = selectv(over | under, (fvec){0}, a);
+    fvec n;
+    const fvec p = exp_reduced(a, &n);
+    const ivec bits = (__builtin_convertvector(n, ivec) + 126) << 23;
+    fvec half_two_n;
     memcpy(&half_two_n, &bits, sizeof half_two_n);
-    f32x16 e = select16(over, (f32x16){0} + INFINITY, p * half_two_n * 2.0f);
-    e = select16(under, (f32x16){0}, e);
+    fvec e = selectv(over, (fvec){0} + INFINITY, p * half_two_n * 2.0f);
+    e = selectv(under, (fvec){0}, e);
     return x / (1.0f + e);
 }
 
-/* 16 bfloat16 values as floats, and floats rounded to bfloat16 (to nearest, ties to even) */
-static inline f32x16 load_bf16x16(const uint16_t *p) {
-    typedef uint16_t h16 __attribute__((vector_size(32)));
-    h16 h;
-    memcpy(&h, p, sizeof h);
-    const i32x16 w = __builtin_convertvector(h, i32x16) << 16;
-    f32x16 v;
-    memcpy(&v, &w, sizeof v);
-    return v;
-}
-
-static inline i32x16 bf16_bits16(f32x16 v) {  /* the bfloat16 bits, in the low half of each lane */
-    i32x16 u;
+/* floats rounded to bfloat16 (to nearest, ties to even): their bits, in the low half of each
+   lane, and as floats */
+static inline ivec bf16_bits(fvec v) {
+    ivec u;
     memcpy(&u, &v, sizeof u);
-    return (i32x16)(((uint32_t __attribute__((vector_size(64))))(u + 0x7FFF + ((u >> 16) & 1))) >> 16);
+    typedef uint32_t uvec __attribute__((vector_size(VL * 4)));
+    return (ivec)((uvec)(u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
-static inline f32x16 round_bf16x16(f32x16 v) {
-    const i32x16 u = bf16_bits16(v) << 16;
+static inline fvec round_bf16(fvec v) {
+    const ivec u = bf16_bits(v) << 16;
     memcpy(&v, &u, sizeof v);
     return v;
 }
 
-/* s[t] = exp(s[t] - top) in place over count (a multiple of 16) scores, -inf giving 0; returns
+/* s[t] = exp(s[t] - top) in place over count (a multiple of LANES) scores, -inf giving 0; returns
    their sum, plus exp(sink - top) where there is a sink (gpt-oss: a logit with no value to add) */
 static inline float exp_sum16(float *s, int64_t count, float top, const float *sink) {
-    f32x16 total = {0};
-    for (int64_t t = 0; t < count; t += LANES) {
-        f32x16 x;
-        memcpy(&x, s + t, sizeof x);
-        x = exp16(x - top);
-        memcpy(s + t, &x, sizeof x);
-        total += x;
-    }
+    fvec total[LANES / VL] = {{0}};
+    for (int64_t t = 0; t < count; t += LANES)
+        for (int h = 0; h < LANES / VL; h++) {
+            fvec x;
+            memcpy(&x, s + t + h * VL, sizeof x);
+            x = expv(x - top);
+            memcpy(s + t + h * VL, &x, sizeof x);
+            total[h] += x;
+        }
     float sum = 0.0f;
-    for (int l = 0; l < LANES; l++) sum += total[l];
+    for (int h = 0; h < LANES / VL; h++)
+        for (int l = 0; l < VL; l++) sum += total[h][l];
     return sink ? sum + expf(*sink - top) : sum;
 }
 
@@ -458,11 +453,90 @@ void llmfleet_paged_decode(
    attend keys 0 .. their own position (and no further back than the window). Per KV head, its
    keys are first laid out in float32 tiles of 16 keys, dimension-major, and its values in float32
    rows; then each (query head, block of 16 queries) is an item: scores for RG queries at a time
-   against a tile (one tile load per RG FMAs, each query's element broadcast), an exact softmax
-   per query, then the values summed RG queries at a time. Tiles past a block's last position
-   are skipped, so the causal half costs (almost) nothing. */
+   against NV of the machine's vectors of keys (NV vector loads to RG broadcasts, RG * NV
+   independent FMA chains), an exact softmax per query, then the values summed the same way, NV
+   vectors of dimensions at a time. Tiles past a block's last position are skipped, so the causal
+   half costs (almost) nothing. The passes are written in the machine's own vector (VL floats):
+   AVX2 has 16 vector registers, and 16-float vectors split in two there spilled every sum to the
+   stack. */
 #define QB 16
-#define RG 8  /* queries per pass: eight independent FMA chains */
+#if VL == 16
+#define RG 8  /* queries per pass */
+#define NV 2  /* vectors of keys or dimensions per pass: 16 sums in registers, of 32 */
+#elif VL == 8
+#define RG 4
+#define NV 2  /* 8 sums, of 16 registers */
+#else
+#define RG 4
+#define NV 4
+#endif
+
+/* The largest of s[t] for t in [from, to) (multiples of 16), after setting those outside
+   [lo, pos] to -inf: only the tiles that straddle lo or pos are masked, the rest compared whole;
+   NaNs are passed over, as ``s > top ? s : top`` does. */
+static inline float masked_max(float *s, int64_t from, int64_t to, int64_t lo, int64_t pos, float top) {
+    const fvec minus_inf = (fvec){0} - INFINITY;
+    ivec lane;
+    for (int l = 0; l < VL; l++) lane[l] = l;
+    fvec best = minus_inf;
+    for (int64_t t = from; t < to; t += VL) {
+        fvec x;
+        memcpy(&x, s + t, sizeof x);
+        if (t < lo || t + VL - 1 > pos) {
+            const ivec at = lane + (int32_t)t;
+            x = selectv((at < (int32_t)lo) | (at > (int32_t)pos), minus_inf, x);
+            memcpy(s + t, &x, sizeof x);
+        }
+        best = selectv(x > best, x, best);
+    }
+    for (int l = 0; l < VL; l++) top = best[l] > top ? best[l] : top;
+    return top;
+}
+
+/* scores[j * stride + key - key0] = q_j . k_key for RG queries (q, rows of dim) and the w * VL keys
+   from key0 (a multiple of VL) in tiles kt; each query's element is loaded once for w vectors */
+static inline __attribute__((always_inline)) void score_pass(const float *q, const float *kt, int64_t key0, int w,
+                                                             int64_t dim, float *scores, int64_t stride) {
+    fvec s[NV][RG];
+    const float *k[NV];
+    for (int i = 0; i < w; i++) {
+        const int64_t key = key0 + i * VL;
+        k[i] = kt + (key / LANES) * dim * LANES + key % LANES;
+        for (int j = 0; j < RG; j++) s[i][j] = (fvec){0};
+    }
+    for (int64_t d = 0; d < dim; d++) {
+        fvec key[NV];
+        for (int i = 0; i < w; i++) memcpy(&key[i], k[i] + d * LANES, sizeof key[i]);
+        for (int j = 0; j < RG; j++) {
+            const float x = q[j * dim + d];
+            for (int i = 0; i < w; i++) s[i][j] += x * key[i];
+        }
+    }
+    for (int i = 0; i < w; i++)
+        for (int j = 0; j < RG; j++) memcpy(scores + j * stride + i * VL, &s[i][j], sizeof s[i][j]);
+}
+
+/* acc[j * dim + d0 ...] = sum over keys [from, to) of p_j[key] v_key for RG rows of weights p
+   (rows stride apart) and the w * VL dimensions from d0 of the value rows vf; each weight is loaded
+   once for w vectors */
+static inline __attribute__((always_inline)) void value_pass(const float *p, int64_t stride, const float *vf,
+                                                             int64_t from, int64_t to, int64_t d0, int w,
+                                                             int64_t dim, float *acc) {
+    fvec a[NV][RG];
+    for (int i = 0; i < w; i++)
+        for (int j = 0; j < RG; j++) a[i][j] = (fvec){0};
+    for (int64_t t = from; t < to; t++) {
+        fvec value[NV];
+        for (int i = 0; i < w; i++) memcpy(&value[i], vf + t * dim + d0 + i * VL, sizeof value[i]);
+        for (int j = 0; j < RG; j++) {
+            const float x = p[j * stride + t];
+            for (int i = 0; i < w; i++) a[i][j] += x * value[i];
+        }
+    }
+    for (int i = 0; i < w; i++)
+        for (int j = 0; j < RG; j++) memcpy(acc + j * dim + d0 + i * VL, &a[i][j], sizeof a[i][j]);
+}
+
 void llmfleet_prefill_attention(
     const void *q, int64_t q_token_stride, int64_t q_head_stride,
     const void *k, int64_t k_token_stride, int64_t k_head_stride,
@@ -472,7 +546,7 @@ void llmfleet_prefill_attention(
     int64_t heads, int64_t kv_heads, int64_t dim,
     float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
     const int64_t group = heads / kv_heads, tiles = (ctx + LANES - 1) / LANES, padded = tiles * LANES;
-    const int64_t blocks = (n + QB - 1) / QB, chunks = dim / LANES;
+    const int64_t blocks = (n + QB - 1) / QB;
     float *kt = malloc(sizeof(float) * padded * dim), *vf = malloc(sizeof(float) * padded * dim);
     #pragma omp parallel num_threads(num_threads)
     {
@@ -504,18 +578,11 @@ void llmfleet_prefill_attention(
                         queries[r * dim + d] = r < rows ? scale * element(q, at, bf16) : 0.0f;
                     }
                 for (int64_t r = 0; r < QB; r += RG) {
-                    const float *qr = queries + r * dim;
-                    for (int64_t tile = tile0; tile < tile1; tile++) {
-                        f32x16 s[RG] = {{0}};
-                        const float *kd = kt + tile * dim * LANES;
-                        for (int64_t d = 0; d < dim; d++) {
-                            f32x16 key;
-                            memcpy(&key, kd + d * LANES, sizeof key);
-                            for (int j = 0; j < RG; j++) s[j] += qr[j * dim + d] * key;
-                        }
-                        for (int j = 0; j < RG; j++)
-                            memcpy(scores + (r + j) * padded + tile * LANES, &s[j], sizeof s[j]);
-                    }
+                    int64_t key = tile0 * LANES;
+                    for (; key + NV * VL <= tile1 * LANES; key += NV * VL)
+                        score_pass(queries + r * dim, kt, key, NV, dim, scores + r * padded + key, padded);
+                    for (; key < tile1 * LANES; key += VL)
+                        score_pass(queries + r * dim, kt, key, 1, dim, scores + r * padded + key, padded);
                 }
                 for (int64_t r = 0; r < QB; r++) {
                     const int64_t pos = r < rows ? ctx - n + row0 + r : last;
@@ -523,24 +590,25 @@ void llmfleet_prefill_attention(
                     float *sr = scores + r * padded;
                     const float *sink = sinks ? sinks + h : NULL;
                     float top = sink ? *sink : -INFINITY;
-                    for (int64_t t = tile0 * LANES; t < tile1 * LANES; t++) {
-                        if (t < lo || t > pos) { sr[t] = -INFINITY; continue; }
-                        if (softcap > 0.0f) sr[t] = softcap * tanhf(sr[t] / softcap);
-                        top = sr[t] > top ? sr[t] : top;
+                    if (softcap > 0.0f) {
+                        for (int64_t t = tile0 * LANES; t < tile1 * LANES; t++) {
+                            if (t < lo || t > pos) { sr[t] = -INFINITY; continue; }
+                            sr[t] = softcap * tanhf(sr[t] / softcap);
+                            top = sr[t] > top ? sr[t] : top;
+                        }
+                    } else {
+                        top = masked_max(sr, tile0 * LANES, tile1 * LANES, lo, pos, top);
                     }
                     sums[r] = exp_sum16(sr + tile0 * LANES, (tile1 - tile0) * LANES, top, sink);
                 }
                 for (int64_t r = 0; r < QB; r += RG) {
-                    const float *pr = scores + r * padded;
-                    for (int64_t c = 0; c < chunks; c++) {
-                        f32x16 a[RG] = {{0}};
-                        for (int64_t t = tile0 * LANES; t < tile1 * LANES; t++) {
-                            f32x16 value;
-                            memcpy(&value, vf + t * dim + c * LANES, sizeof value);
-                            for (int j = 0; j < RG; j++) a[j] += pr[j * padded + t] * value;
-                        }
-                        for (int j = 0; j < RG; j++) memcpy(acc + (r + j) * dim + c * LANES, &a[j], sizeof a[j]);
-                    }
+                    int64_t d = 0;
+                    for (; d + NV * VL <= dim; d += NV * VL)
+                        value_pass(scores + r * padded, padded, vf, tile0 * LANES, tile1 * LANES, d, NV, dim,
+                                   acc + r * dim);
+                    for (; d < dim; d += VL)
+                        value_pass(scores + r * padded, padded, vf, tile0 * LANES, tile1 * LANES, d, 1, dim,
+                                   acc + r * dim);
                 }
                 for (int64_t r = 0; r < rows; r++)
                     store_row(out, (row0 + r) * out_token_stride + h * out_head_stride, acc + r * dim, 1.0f / sums[r],
@@ -984,19 +1052,19 @@ void llmfleet_add_norm(const llmfleet_model *M, const llmfleet_step *T, void *hi
 }
 
 /* gate = silu(gate) * up over ``count`` values: silu rounded to the dtype, then the product, as
-   the module's two ops; 16 at a time (silu16), the last few with expf */
+   the module's two ops; a vector at a time (siluv), the last few with expf */
 void llmfleet_silu_mul(void *gate, const void *up, int64_t count, int bf16, int num_threads) {
-    const int64_t vectors = count / LANES;
+    const int64_t vectors = count / VL;
     if (bf16) {
         uint16_t *g = gate;
         const uint16_t *u = up;
         _Pragma("omp parallel for num_threads(num_threads) if (count >= 65536)")
         for (int64_t c = 0; c < vectors; c++) {
-            const int64_t at = c * LANES;
-            const i32x16 bits = bf16_bits16(round_bf16x16(silu16(load_bf16x16(g + at))) * load_bf16x16(u + at));
-            for (int l = 0; l < LANES; l++) g[at + l] = (uint16_t)bits[l];
+            const int64_t at = c * VL;
+            const ivec bits = bf16_bits(round_bf16(siluv(loadv(g + at, 1))) * loadv(u + at, 1));
+            for (int l = 0; l < VL; l++) g[at + l] = (uint16_t)bits[l];
         }
-        for (int64_t i = vectors * LANES; i < count; i++) {
+        for (int64_t i = vectors * VL; i < count; i++) {
             const float x = bf16_to_float(g[i]);
             g[i] = float_to_bf16(bf16_to_float(float_to_bf16(x / (1.0f + expf(-x)))) * bf16_to_float(u[i]));
         }
@@ -1005,13 +1073,13 @@ void llmfleet_silu_mul(void *gate, const void *up, int64_t count, int bf16, int 
         const float *u = up;
         _Pragma("omp parallel for num_threads(num_threads) if (count >= 65536)")
         for (int64_t c = 0; c < vectors; c++) {
-            f32x16 x, y;
-            memcpy(&x, g + c * LANES, sizeof x);
-            memcpy(&y, u + c * LANES, sizeof y);
-            x = silu16(x) * y;
-            memcpy(g + c * LANES, &x, sizeof x);
+            fvec x, y;
+            memcpy(&x, g + c * VL, sizeof x);
+            memcpy(&y, u + c * VL, sizeof y);
+            x = siluv(x) * y;
+            memcpy(g + c * VL, &x, sizeof x);
         }
-        for (int64_t i = vectors * LANES; i < count; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int64_t i = vectors * VL; i < count; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
 
@@ -1245,11 +1313,18 @@ def built() -> bool:
     return _library() is not None
 
 
-@functools.cache
 def _library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be built (it says why once)."""
+    """The compiled kernel, built on first use for this CPU; None where it cannot be built (it
+    says why once)."""
+    return build_for("native")
+
+
+@functools.cache
+def build_for(march: str) -> ctypes.CDLL | None:
+    """The kernels compiled with ``-march=march``: ``native`` for this CPU, or an older x86 level
+    (``x86-64-v3``: AVX2, 8 floats a vector), which the tests run beside the native build."""
     compiler = os.environ.get("CC", "cc")
-    command = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+    command = [compiler, "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC"]
     try:
         cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:

@@ -20,3 +20,30 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# The C kernels as built for this CPU, and for AVX2 (8 floats a vector, where AVX-512 has 16):
+# machines of either kind run the kernels, and the narrower build's passes and register blocks
+# are other code. x86 only; skipped where this CPU or compiler cannot run or build it.
+KERNEL_BUILDS = {"native": "native", "AVX2": "x86-64-v3"}
+
+
+@pytest.fixture(params=KERNEL_BUILDS)
+def kernel_build(request, monkeypatch):
+    """The C kernels of one build in place of the native one, for the test that asks for it."""
+    from llmfleet.server.runner import cpu_kernels
+
+    march = KERNEL_BUILDS[request.param]
+    if march != "native":
+        try:
+            with open("/proc/cpuinfo") as cpuinfo:
+                flags = next((line.split() for line in cpuinfo if line.startswith("flags")), [])
+        except OSError:
+            flags = []
+        if not {"avx2", "fma"} <= set(flags):
+            pytest.skip(f"this CPU cannot run a -march={march} build")
+        library = cpu_kernels.build_for(march)
+        if library is None:
+            pytest.skip(f"no -march={march} build of the kernels here")
+        monkeypatch.setattr(cpu_kernels, "_library", lambda: library)
+    return request.param

@@ -2,7 +2,8 @@
 cache in place (against a gather, then batched matmuls), and the prompt kernel (against SDPA or
 the scored torch path), for GQA, padded groups, sliding windows, strided queries, a chunk that
 starts at position 0 or later in its prompt, and Gemma 2's logit cap and gpt-oss's sinks; and
-which prompts go to SDPA first. The cache write kernel stores what ``index_copy_`` stores."""
+which prompts go to SDPA first. The cache write kernel stores what ``index_copy_`` stores. The
+attention checks run the native build and an AVX2 one (conftest.kernel_build)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def attend(monkeypatch, use_kernel: bool, q, cache, group, window, scored=False)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("windowed", "scored"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_kernel_attends_as_the_torch_path(monkeypatch, dtype, windowed, scored, layout):
+def test_the_kernel_attends_as_the_torch_path(monkeypatch, kernel_build, dtype, windowed, scored, layout):
     block_size, dim, lengths, window = LAYOUTS[layout]
     window = window if windowed else None
     rng = random.Random(3)
@@ -154,7 +155,7 @@ def attend_prompt(monkeypatch, use_kernel: bool, q, key, value, cache, span, win
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("windowed", "scored"), [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("layout", PROMPTS)
-def test_the_prompt_kernel_attends_as_torch(monkeypatch, dtype, windowed, scored, layout):
+def test_the_prompt_kernel_attends_as_torch(monkeypatch, kernel_build, dtype, windowed, scored, layout):
     dim, tokens, context, window = PROMPTS[layout]
     window = window if windowed else None
     block_size = 16

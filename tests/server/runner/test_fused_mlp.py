@@ -1,7 +1,7 @@
 """A SiLU MLP's product in C (fused_mlp.py): what Llama's module computes (bfloat16: its bits;
 float32: within an ulp of the product), swapped in only for MLPs whose forward is Llama's with a
-SiLU, and the module's own ops wherever the kernel cannot take the tensors. The oracle tests run a
-CPU runner with it on, its default."""
+SiLU, and the module's own ops wherever the kernel cannot take the tensors, in the native build
+and an AVX2 one. The oracle tests run a CPU runner with it on, its default."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _mlp(cls=LlamaMLP, act="silu", dtype=torch.float32) -> torch.nn.Module:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1, 1, 48), (3, 37, 48)])  # a decode row; prompts of several rows
-def test_the_fused_mlp_computes_what_the_module_does(dtype, shape):
+def test_the_fused_mlp_computes_what_the_module_does(kernel_build, dtype, shape):
     mlp = _mlp(dtype=dtype)
     x = (torch.randn(*shape) * 2).to(dtype)
     with torch.inference_mode():
