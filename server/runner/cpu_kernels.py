@@ -257,6 +257,35 @@ static inline float exp_sum16(float *s, int64_t count, float top, const float *s
     return sink ? sum + expf(*sink - top) : sum;
 }
 
+/* s[t] = cap * tanh(s[t] / cap) over count scores (Gemma 2's logit cap): Cephes' tanhf, an odd
+   polynomial below |x| = 0.625 and (1 - e) / (1 + e) with e = exp(-2|x|) above, within a few ulp
+   of tanhf; the last count % VL with tanhf */
+static inline void cap_scores(float *s, int64_t count, float cap) {
+    int64_t t = 0;
+    for (; t + VL <= count; t += VL) {
+        fvec x;
+        memcpy(&x, s + t, sizeof x);
+        x = x / cap;
+        ivec sign, bits;
+        memcpy(&bits, &x, sizeof bits);
+        sign = bits & ((ivec){0} + INT32_MIN);
+        bits &= (ivec){0} + INT32_MAX;
+        fvec a;
+        memcpy(&a, &bits, sizeof a);  /* |x| */
+        const fvec z = a * a;
+        const fvec small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
+                             1.33314422036e-1f) * z - 3.33332819422e-1f) * z * a + a;
+        const fvec e = expv(-2.0f * a);
+        fvec y = selectv(a < 0.625f, small, (1.0f - e) / (1.0f + e));
+        memcpy(&bits, &y, sizeof bits);
+        bits |= sign;
+        memcpy(&y, &bits, sizeof y);
+        y = y * cap;
+        memcpy(s + t, &y, sizeof y);
+    }
+    for (; t < count; t++) s[t] = cap * tanhf(s[t] / cap);
+}
+
 /* out[at + d] = acc[d] * factor for d < dim, in the output's dtype */
 static inline void store_row(void *out, int64_t at, const float *acc, float factor, int64_t dim, int bf16) {
     for (int64_t d = 0; d < dim; d++) {
@@ -420,8 +449,7 @@ void llmfleet_paged_decode(
         for (int64_t g = 0; g < group; g++) {
             float *sg = scores + g * padded;
             /* Gemma 2's logit cap; gpt-oss's sink: a logit in the softmax with no value to add */
-            if (softcap > 0.0f)
-                for (int64_t t = 0; t < ctx; t++) sg[t] = softcap * tanhf(sg[t] / softcap);
+            if (softcap > 0.0f) cap_scores(sg, ctx, softcap);
             const float *sink = sinks ? sinks + kvh * group + g : NULL;
             float top = sink ? *sink : -INFINITY;
             for (int64_t t = 0; t < ctx; t++) top = sg[t] > top ? sg[t] : top;
@@ -590,15 +618,8 @@ void llmfleet_prefill_attention(
                     float *sr = scores + r * padded;
                     const float *sink = sinks ? sinks + h : NULL;
                     float top = sink ? *sink : -INFINITY;
-                    if (softcap > 0.0f) {
-                        for (int64_t t = tile0 * LANES; t < tile1 * LANES; t++) {
-                            if (t < lo || t > pos) { sr[t] = -INFINITY; continue; }
-                            sr[t] = softcap * tanhf(sr[t] / softcap);
-                            top = sr[t] > top ? sr[t] : top;
-                        }
-                    } else {
-                        top = masked_max(sr, tile0 * LANES, tile1 * LANES, lo, pos, top);
-                    }
+                    if (softcap > 0.0f) cap_scores(sr + tile0 * LANES, (tile1 - tile0) * LANES, softcap);
+                    top = masked_max(sr, tile0 * LANES, tile1 * LANES, lo, pos, top);
                     sums[r] = exp_sum16(sr + tile0 * LANES, (tile1 - tile0) * LANES, top, sink);
                 }
                 for (int64_t r = 0; r < QB; r += RG) {
