@@ -286,6 +286,28 @@ static inline void cap_scores(float *s, int64_t count, float cap) {
     for (; t < count; t++) s[t] = cap * tanhf(s[t] / cap);
 }
 
+/* The largest of top and s[t] for t in [from, to) (multiples of LANES), after setting those
+   outside [lo, pos] to -inf: only the vectors that straddle lo or pos are masked, the rest compared
+   whole; NaNs are passed over, as ``s > top ? s : top`` does. */
+static inline float masked_max(float *s, int64_t from, int64_t to, int64_t lo, int64_t pos, float top) {
+    const fvec minus_inf = (fvec){0} - INFINITY;
+    ivec lane;
+    for (int l = 0; l < VL; l++) lane[l] = l;
+    fvec best = minus_inf;
+    for (int64_t t = from; t < to; t += VL) {
+        fvec x;
+        memcpy(&x, s + t, sizeof x);
+        if (t < lo || t + VL - 1 > pos) {
+            const ivec at = lane + (int32_t)t;
+            x = selectv((at < (int32_t)lo) | (at > (int32_t)pos), minus_inf, x);
+            memcpy(s + t, &x, sizeof x);
+        }
+        best = selectv(x > best, x, best);
+    }
+    for (int l = 0; l < VL; l++) top = best[l] > top ? best[l] : top;
+    return top;
+}
+
 /* out[at + d] = acc[d] * factor for d < dim, in the output's dtype */
 static inline void store_row(void *out, int64_t at, const float *acc, float factor, int64_t dim, int bf16) {
     for (int64_t d = 0; d < dim; d++) {
@@ -452,8 +474,7 @@ void llmfleet_paged_decode(
             if (softcap > 0.0f) cap_scores(sg, ctx, softcap);
             const float *sink = sinks ? sinks + kvh * group + g : NULL;
             float top = sink ? *sink : -INFINITY;
-            for (int64_t t = 0; t < ctx; t++) top = sg[t] > top ? sg[t] : top;
-            for (int64_t t = ctx; t < padded; t++) sg[t] = -INFINITY;
+            top = masked_max(sg, 0, padded, 0, ctx - 1, top);
             sums[g] = exp_sum16(sg, padded, top, sink);
         }
         for (int64_t b = first / block_size, pos = first; pos < length; b++) {
@@ -498,28 +519,6 @@ void llmfleet_paged_decode(
 #define RG 4
 #define NV 4
 #endif
-
-/* The largest of s[t] for t in [from, to) (multiples of 16), after setting those outside
-   [lo, pos] to -inf: only the tiles that straddle lo or pos are masked, the rest compared whole;
-   NaNs are passed over, as ``s > top ? s : top`` does. */
-static inline float masked_max(float *s, int64_t from, int64_t to, int64_t lo, int64_t pos, float top) {
-    const fvec minus_inf = (fvec){0} - INFINITY;
-    ivec lane;
-    for (int l = 0; l < VL; l++) lane[l] = l;
-    fvec best = minus_inf;
-    for (int64_t t = from; t < to; t += VL) {
-        fvec x;
-        memcpy(&x, s + t, sizeof x);
-        if (t < lo || t + VL - 1 > pos) {
-            const ivec at = lane + (int32_t)t;
-            x = selectv((at < (int32_t)lo) | (at > (int32_t)pos), minus_inf, x);
-            memcpy(s + t, &x, sizeof x);
-        }
-        best = selectv(x > best, x, best);
-    }
-    for (int l = 0; l < VL; l++) top = best[l] > top ? best[l] : top;
-    return top;
-}
 
 /* scores[j * stride + key - key0] = q_j . k_key for RG queries (q, rows of dim) and the w * VL keys
    from key0 (a multiple of VL) in tiles kt; each query's element is loaded once for w vectors */
