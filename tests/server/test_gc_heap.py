@@ -20,7 +20,8 @@ def test_what_start_up_built_is_frozen_and_what_comes_after_is_not():
     del cycle
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # Frozen objects another thread of the test process frees meanwhile leave the count.
+        assert 0 < gc.get_freeze_count() <= frozen
         later = [["request"]]  # made while serving
         walked = {id(o) for o in gc.get_objects()}  # what a full collection walks
         assert id(built) not in walked and id(later) in walked
