@@ -5,9 +5,10 @@ time, and each linear's stream evicts what the CPU's caches held: the interprete
 code and data that run the norms, the rotary embedding, the residual adds and the module calls
 between two linears. On builtin:small (bfloat16, 1 thread, batch 1) they took 4.3-4.6 ms a step
 longer with a read of the weights' bytes between them than without (docs/engine.md). So for the
-architectures whose layer is Llama's (Llama, Qwen2, Mistral) a decode step runs the same C
-kernels the module path calls (RMSNorm, the few-row linears, the rotary embedding, the cache
-write, paged attention), with the modules' roundings, and nothing else:
+architectures whose layer is Llama's (Llama, Qwen2, Mistral; Qwen3's norms each head of the
+query and key as well) a decode step runs the same C kernels the module path calls (RMSNorm, the
+few-row linears, the rotary embedding, the cache write, paged attention), with the modules'
+roundings, and nothing else:
 
 - where the few-row linear reads every weight (float32; bfloat16 on CPUs with AVX512-BF16 or
   AMX), all layers in one C call;
@@ -45,8 +46,9 @@ from llmfleet.server.runner.step_shapes import padded_step_tokens
 log = logging.getLogger(__name__)
 
 # Architectures whose decoder layer, attention, MLP and model forward are Llama's, read in
-# transformers 5.23 (Qwen2 adds q/k/v biases and a window per layer, which the kernels take).
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+# transformers 5.23 and 5.25 (Qwen2 adds q/k/v biases and a window per layer, Qwen3 an RMSNorm of
+# each query and key head before the rotary embedding, which the kernels take).
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM")
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 _PROBE_PROMPTS = ([11, 12, 13], [21, 22, 23, 24, 25])  # decoded once each at load, both ways
@@ -206,6 +208,11 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
         attention = layer.self_attn
         if not all(isinstance(norm, FusedRMSNorm) for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
             return "its RMSNorms are not the fused ones"
+        if not all(
+            norm is None or (isinstance(norm, FusedRMSNorm) and norm.weight.shape == (attention.head_dim,))
+            for norm in _head_norms(attention)
+        ):
+            return "its query and key norms are not fused RMSNorms over each head"
         if not all(type(linear) in (PackedLinear, torch.nn.Linear) for linear in _layer_linears(layer)):
             return "its linears are not plain or packed linears"
         if not isinstance(layer.mlp.act_fn, SiLUActivation):
@@ -222,6 +229,11 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
     return None
 
 
+def _head_norms(attention: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
+    """The attention's norms of each query and key head (Qwen3's), or None where it has none."""
+    return getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+
+
 def _layer_linears(layer: torch.nn.Module) -> list[torch.nn.Module]:
     return [getattr(layer.self_attn, name) for name in _ATTENTION] + [getattr(layer.mlp, name) for name in _MLP]
 
@@ -235,6 +247,7 @@ def _layer_struct(layer: torch.nn.Module, cache: PagedKVCache, index: int, scori
     linears = _layer_linears(layer)
     weights = [torch.ops.mkldnn.data_ptr(linear.packed) if in_c else None for linear in linears]
     biases = [getattr(linear, "small_bias", None) for linear in linears]
+    head_norms = _head_norms(layer.self_attn)
     return cpu_kernels.DecodeLayer(
         layer.input_layernorm.weight.data_ptr(),
         layer.post_attention_layernorm.weight.data_ptr(),
@@ -246,6 +259,8 @@ def _layer_struct(layer: torch.nn.Module, cache: PagedKVCache, index: int, scori
         cache.values[index].data_ptr(),
         scoring.scale,
         scoring.window or 0,
+        *[None if norm is None else norm.weight.data_ptr() for norm in head_norms],
+        *[0.0 if norm is None else norm.variance_epsilon for norm in head_norms],
     )
 
 

@@ -1017,12 +1017,13 @@ void llmfleet_rotary(const void *q, int64_t q_heads, int64_t q_head_stride, int6
     rotate(k, k_heads, tokens, dim, k_head_stride, k_token_stride, cos, sin, k_out, bf16, num_threads);
 }
 
-/* A decode step's decoder layers, Llama's (and Qwen2's and Mistral's, which are the same): per
-   layer RMSNorm, q/k/v, the rotary embedding, the cache write, paged attention, o, the residual
-   add, RMSNorm, gate and up, SiLU times up, down and the residual add, each by the kernel above
-   that the module path runs for it, with the modules' roundings (cpu_decode.py says why). Where
-   the few-row linear reads every weight, llmfleet_decode_layers runs all of it in one call;
-   elsewhere Python runs oneDNN's linears and calls the pieces between them. */
+/* A decode step's decoder layers, Llama's (and Qwen2's and Mistral's, which are the same, and
+   Qwen3's, which norms each head of q and k): per layer RMSNorm, q/k/v, the heads' norms, the
+   rotary embedding, the cache write, paged attention, o, the residual add, RMSNorm, gate and up,
+   SiLU times up, down and the residual add, each by the kernel above that the module path runs
+   for it, with the modules' roundings (cpu_decode.py says why). Where the few-row linear reads
+   every weight, llmfleet_decode_layers runs all of it in one call; elsewhere Python runs
+   oneDNN's linears and calls the pieces between them. */
 typedef struct {
     int64_t hidden_size, heads, kv_heads, dim, intermediate;
     int64_t num_blocks, block_size, block_stride, head_stride;  /* the cache's, strides in elements */
@@ -1038,6 +1039,8 @@ typedef struct {
     void *k_cache, *v_cache;
     float scale;
     int64_t window;  /* 0: none */
+    const void *q_norm, *k_norm;  /* each head's RMSNorm before the rotary (Qwen3's), or NULL */
+    float q_norm_eps, k_norm_eps;
 } llmfleet_layer;
 
 typedef struct {
@@ -1108,12 +1111,16 @@ void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *
     llmfleet_silu_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
 }
 
-/* The rotary embedding of q and k (m, heads or kv_heads, dim) into q_rot and k_rot, k_rot and v
-   into the cache at the step's slots, and q_rot attended into attended (m, heads, dim). Returns
-   -1, having written nothing, where a slot is outside the cache. */
+/* Each head of q and k (m, heads or kv_heads, dim) normed in place where the layer norms them,
+   their rotary embedding into q_rot and k_rot, k_rot and v into the cache at the step's slots,
+   and q_rot attended into attended (m, heads, dim). Returns -1, having written nothing to the
+   cache, where a slot is outside it. */
 int llmfleet_decode_attend(const llmfleet_model *M, const llmfleet_layer *L, const llmfleet_step *T,
-                           const void *q, const void *k, const void *v, void *q_rot, void *k_rot, void *attended) {
+                           void *q, void *k, const void *v, void *q_rot, void *k_rot, void *attended) {
     const int64_t dim = M->dim, q_width = M->heads * dim, kv_width = M->kv_heads * dim;
+    if (L->q_norm) llmfleet_rms_norm(q, T->m * M->heads, dim, L->q_norm, L->q_norm_eps, q, M->bf16, T->num_threads);
+    if (L->k_norm)
+        llmfleet_rms_norm(k, T->m * M->kv_heads, dim, L->k_norm, L->k_norm_eps, k, M->bf16, T->num_threads);
     rotate(q, M->heads, T->m, dim, dim, q_width, T->cos, T->sin, q_rot, M->bf16, T->num_threads);
     rotate(k, M->kv_heads, T->m, dim, dim, kv_width, T->cos, T->sin, k_rot, M->bf16, T->num_threads);
     if (llmfleet_kv_write(L->k_cache, L->v_cache, M->num_blocks, M->block_size, M->block_stride, M->head_stride,
@@ -1289,6 +1296,10 @@ class DecodeLayer(ctypes.Structure):
         ("v_cache", _PTR),
         ("scale", ctypes.c_float),
         ("window", _I64),
+        ("q_norm", _PTR),
+        ("k_norm", _PTR),
+        ("q_norm_eps", ctypes.c_float),
+        ("k_norm_eps", ctypes.c_float),
     ]
 
 

@@ -1,5 +1,5 @@
-"""Decode steps through C (cpu_decode.py): greedy outputs stay HF ``generate``'s on Llama, Qwen2
-and Mistral, all layers in one call and with the linears' own forwards between the C pieces; a
+"""Decode steps through C (cpu_decode.py): greedy outputs stay HF ``generate``'s on Llama, Qwen2,
+Mistral and Qwen3, all layers in one call and with the linears' own forwards between the C pieces; a
 bfloat16 decode gives the modules' outputs; what the path does not take goes through the modules."""
 
 from __future__ import annotations
@@ -61,6 +61,46 @@ def test_greedy_outputs_are_hf_generate(name, path):
     assert run(runner, prompts, max_tokens, chunk=5) == hf_greedy(model_dir, prompts, max_tokens)
     assert any(t is not None for t in taken)  # decode steps took the path
     assert any(t is None for t in taken)  # steps with prompt chunks did not
+
+
+def qwen3_model(target):
+    """A tiny Qwen3 whose query and key norms have weights of their own (the built-in models'
+    norms are all ones, which would hide a weight the kernel skipped or misplaced)."""
+    from transformers import AutoModelForCausalLM
+
+    spec = dataclasses.replace(BUILTINS["tiny-qwen2"], architecture="qwen3", extra_config=(("head_dim", 16),))
+    model_dir = build_model_dir(spec, target)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(1 + 0.5 * torch.randn(norm.weight.shape, generator=generator))
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+@pytest.mark.parametrize("path", ["one call", "linears between"])
+def test_qwen3s_head_norms(tmp_path, path):
+    model_dir = qwen3_model(tmp_path / "qwen3")
+    prompts = prompts_for(8, (3, 70, 9, 1, 33))
+    max_tokens = [12, 9, 14, 16, 11]
+    runner = make_runner(model_dir)
+    fused = runner.fused_decode
+    assert fused is not None and fused.layers[0].q_norm and fused.layers[0].k_norm
+    if path == "linears between":
+        fused.c_rows = 0
+    assert run(runner, prompts, max_tokens, chunk=7) == hf_greedy(model_dir, prompts, max_tokens)
+
+
+def test_qwen3_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
+    model_dir = qwen3_model(tmp_path / "qwen3")
+    prompts = prompts_for(9, (7, 33, 2, 64))
+    max_tokens = [20, 20, 20, 20]
+    fused = make_runner(model_dir, "bfloat16")
+    assert fused.fused_decode is not None
+    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
+    assert run(fused, prompts, max_tokens) == run(make_runner(model_dir, "bfloat16"), prompts, max_tokens)
 
 
 @pytest.mark.parametrize("architecture", ["tiny-mistral", "tiny-qwen2"])
