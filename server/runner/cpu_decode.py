@@ -5,10 +5,10 @@ time, and each linear's stream evicts what the CPU's caches held: the interprete
 code and data that run the norms, the rotary embedding, the residual adds and the module calls
 between two linears. On builtin:small (bfloat16, 1 thread, batch 1) they took 4.3-4.6 ms a step
 longer with a read of the weights' bytes between them than without (docs/engine.md). So for the
-architectures whose layer is Llama's (Llama, Qwen2, Mistral; Qwen3's norms each head of the
-query and key as well) a decode step runs the same C kernels the module path calls (RMSNorm, the
-few-row linears, the rotary embedding, the cache write, paged attention), with the modules'
-roundings, and nothing else:
+architectures whose layer is Llama's or close to it (Llama, Qwen2, Mistral, Qwen3, Gemma 1-3:
+``ARCHITECTURES`` says how close) a decode step runs the same C kernels the module path calls
+(RMSNorm, the few-row linears, the rotary embedding, the cache write, paged attention), with the
+modules' roundings, and nothing else:
 
 - where the few-row linear reads every weight (float32; bfloat16 on CPUs with AVX512-BF16 or
   AMX), all layers in one C call;
@@ -25,12 +25,15 @@ keeps the modules for every step.
 from __future__ import annotations
 
 import ctypes
+import functools
+import inspect
 import logging
 import os
 import sys
 
 import torch
-from transformers.activations import SiLUActivation
+from transformers.activations import GELUTanh, SiLUActivation
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
@@ -40,15 +43,26 @@ from llmfleet.server.runner.cpu_linear import PackedLinear
 from llmfleet.server.runner.fused_norms import FusedRMSNorm
 from llmfleet.server.runner.fused_rotary import NAME as ROTARY_NAME
 from llmfleet.server.runner.kv_cache import PagedKVCache
+from llmfleet.server.runner.module_swaps import forward_is
 from llmfleet.server.runner.step_inputs import StepInputs, plan_step
 from llmfleet.server.runner.step_shapes import padded_step_tokens
 
 log = logging.getLogger(__name__)
 
 # Architectures whose decoder layer, attention, MLP and model forward are Llama's, read in
-# transformers 5.23 and 5.25 (Qwen2 adds q/k/v biases and a window per layer, Qwen3 an RMSNorm of
-# each query and key head before the rotary embedding, which the kernels take).
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM")
+# transformers 5.23 and 5.25, give or take what the kernels take: Qwen2's q/k/v biases and window
+# per layer, Qwen3's RMSNorm of each query and key head before the rotary embedding; Gemma's
+# RMSNorm (times 1 + weight) and GeLU (tanh), Gemma 2's and 3's norms of the attention's and the
+# MLP's outputs, Gemma 2's logit caps and Gemma 3's rotary table per layer type.
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "MistralForCausalLM",
+    "Qwen3ForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 _PROBE_PROMPTS = ([11, 12, 13], [21, 22, 23, 24, 25])  # decoded once each at load, both ways
@@ -61,10 +75,13 @@ class FusedDecode:
         self.library = cpu_kernels.decode_kernels()
         self.inner = model.model
         self.lm_head = model.lm_head
+        self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
         self.dtype = cache.dtype
         layers = self.inner.layers
         first = layers[0]
         keys = cache.keys[0]
+        # the rotary tables the layers read: one, or one per layer type (Gemma 3)
+        self.rotary_types = _rotary_types(model)
         self.sizes = cpu_kernels.DecodeModel(
             model.config.hidden_size,
             model.config.num_attention_heads,
@@ -76,6 +93,8 @@ class FusedDecode:
             keys.stride(0),
             keys.stride(1),
             int(cache.dtype == torch.bfloat16),
+            gemma_norms=int(_is_gemma_norm(first.input_layernorm)),
+            gelu_tanh=int(isinstance(first.mlp.act_fn, GELUTanh)),
         )
         self.linears = [_layer_linears(layer) for layer in layers]
         scorings = layer_scorings(model, cache.device)
@@ -87,7 +106,10 @@ class FusedDecode:
         self.c_rows = min(getattr(linear, "small_rows", 0) for linear in linears) if one_packing else 0
         self.sizes.packed_block = blocks.pop() if one_packing else 0
         self.layers = (cpu_kernels.DecodeLayer * len(layers))(
-            *[_layer_struct(layer, cache, i, scorings[i], self.c_rows > 0) for i, layer in enumerate(layers)]
+            *[
+                _layer_struct(model, cache, i, scorings[i], self.c_rows > 0, self.rotary_types)
+                for i in range(len(layers))
+            ]
         )
 
     def logits(self, step: StepInputs, pad: bool = False) -> torch.Tensor | None:
@@ -99,23 +121,31 @@ class FusedDecode:
         if meta.prefills or not meta.decode_groups or step.input_ids.shape[1] != rows:
             return None
         hidden = self.inner.embed_tokens(step.input_ids[0])  # (rows, hidden): the residual stream, in place
-        cos, sin = self.inner.rotary_emb(hidden, step.positions)
+        tables = []  # (cos, sin) of each rotary type, kept alive through the C calls
+        for layer_type in self.rotary_types:
+            cos, sin = self.inner.rotary_emb(hidden, step.positions, *([layer_type] if layer_type else []))
+            tables.append((cos[0].contiguous(), sin[0].contiguous()))
+        second = tables[-1]
         groups = (cpu_kernels.DecodeGroupArgs * len(meta.decode_groups))(*map(_group_struct, meta.decode_groups))
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()
         args = cpu_kernels.DecodeStep(
             rows,
-            cos.data_ptr(),
-            sin.data_ptr(),
+            tables[0][0].data_ptr(),
+            tables[0][1].data_ptr(),
             meta.slot_mapping.data_ptr(),
             groups,
             len(groups),
             torch.get_num_threads(),
+            second[0].data_ptr(),
+            second[1].data_ptr(),
         )
         if rows <= self.c_rows:
             normed = self._in_c(hidden, args)
         else:
             normed = self._with_linears(hidden, args, padded_step_tokens(rows) if pad else rows)
-        return self.lm_head(normed[:rows].index_select(0, step.logit_rows))
+        logits = self.lm_head(normed[:rows].index_select(0, step.logit_rows))
+        if self.final_softcap:  # Gemma 2's cap on the logits, as its model's forward applies it
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
     def _in_c(self, hidden: torch.Tensor, args) -> torch.Tensor:
         normed = torch.empty_like(hidden)
@@ -128,7 +158,7 @@ class FusedDecode:
             hidden.data_ptr(),
             normed.data_ptr(),
             norm.weight.data_ptr(),
-            norm.variance_epsilon,
+            _epsilon(norm),
         )
         if status:
             _raise(status, args)
@@ -146,7 +176,7 @@ class FusedDecode:
         k_rot = torch.empty((rows, sizes.kv_heads * sizes.dim), dtype=self.dtype)
         first = self.layers[0]
         lib.llmfleet_add_norm(
-            sizes, args, hidden.data_ptr(), None, first.input_norm, first.input_eps, normed.data_ptr()
+            sizes, args, hidden.data_ptr(), None, None, 0.0, first.input_norm, first.input_eps, normed.data_ptr()
         )
         last = len(self.layers) - 1
         for i, (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) in enumerate(self.linears):
@@ -160,17 +190,21 @@ class FusedDecode:
                 _raise(status, args)
             projected = o_proj.forward(attended)
             lib.llmfleet_add_norm(
-                sizes, args, hidden.data_ptr(), projected.data_ptr(), layer.post_norm, layer.post_eps, normed.data_ptr()
-            )
+                sizes, args, hidden.data_ptr(), projected.data_ptr(), layer.attention_out_norm, layer.attention_out_eps,
+                layer.post_norm, layer.post_eps, normed.data_ptr()
+            )  # fmt: skip
             gate, up = gate_proj.forward(normed), up_proj.forward(normed)
-            lib.llmfleet_silu_times(sizes, args, gate.data_ptr(), up.data_ptr())
+            lib.llmfleet_gate_times_up(sizes, args, gate.data_ptr(), up.data_ptr())
             projected = down_proj.forward(gate)
             norm, eps = (
-                (self.inner.norm.weight.data_ptr(), self.inner.norm.variance_epsilon)
+                (self.inner.norm.weight.data_ptr(), _epsilon(self.inner.norm))
                 if i == last
                 else (self.layers[i + 1].input_norm, self.layers[i + 1].input_eps)
             )
-            lib.llmfleet_add_norm(sizes, args, hidden.data_ptr(), projected.data_ptr(), norm, eps, normed.data_ptr())
+            lib.llmfleet_add_norm(
+                sizes, args, hidden.data_ptr(), projected.data_ptr(), layer.mlp_out_norm, layer.mlp_out_eps, norm, eps,
+                normed.data_ptr()
+            )  # fmt: skip
         return normed
 
 
@@ -202,21 +236,27 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
     if cache.num_blocks < probe_blocks:
         return f"its cache has fewer than the {probe_blocks} blocks the probe at load takes"
     inner = model.model
-    if not isinstance(inner.norm, FusedRMSNorm) or len(cache.layers) != len(inner.layers):
-        return "its final RMSNorm is not the fused one"
+    if len(cache.layers) != len(inner.layers):
+        return "its cache's layers are not its decoder layers"
+    norms = [inner.norm, *(norm for layer in inner.layers for norm in _layer_norms(layer) if norm is not None)]
+    kinds = {_norm_kind(norm) for norm in norms}
+    if len(kinds) != 1 or None in kinds:
+        return "its RMSNorms are not all the fused ones, nor all Gemma's"
+    if len(_rotary_types(model)) > 2:
+        return "its layers read more than two rotary tables"
     for layer in inner.layers:
         attention = layer.self_attn
-        if not all(isinstance(norm, FusedRMSNorm) for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
-            return "its RMSNorms are not the fused ones"
         if not all(
-            norm is None or (isinstance(norm, FusedRMSNorm) and norm.weight.shape == (attention.head_dim,))
+            norm is None or (_norm_kind(norm) in kinds and norm.weight.shape == (attention.head_dim,))
             for norm in _head_norms(attention)
         ):
-            return "its query and key norms are not fused RMSNorms over each head"
+            return "its query and key norms are not its other RMSNorms' kind over each head"
         if not all(type(linear) in (PackedLinear, torch.nn.Linear) for linear in _layer_linears(layer)):
             return "its linears are not plain or packed linears"
-        if not isinstance(layer.mlp.act_fn, SiLUActivation):
-            return f"its MLP's activation is {type(layer.mlp.act_fn).__name__}, not SiLU"
+        if not (isinstance(layer.mlp.act_fn, SiLUActivation) or _is_torchs_gelu_tanh(layer.mlp.act_fn)):
+            return f"its MLP's activation is {type(layer.mlp.act_fn).__name__}, not SiLU or torch's GeLU (tanh)"
+        if type(layer.mlp.act_fn) is not type(inner.layers[0].mlp.act_fn):
+            return "its MLPs' activations differ"
         rotary = getattr(sys.modules[type(attention).__module__], ROTARY_NAME, None)
         if not getattr(rotary, "llmfleet_fused", False):
             return "its rotary embedding is not the fused one"
@@ -224,13 +264,68 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
             model.config.num_attention_heads
         ):
             return "its heads do not match its cache and output projection"
-    if not all(scoring.plain for scoring in layer_scorings(model, cache.device)):
-        return "its attention caps its logits or has sinks"
+    if any(scoring.sinks is not None for scoring in layer_scorings(model, cache.device)):
+        return "its attention has sinks"
     return None
 
 
+def _layer_norms(
+    layer: torch.nn.Module,
+) -> tuple[torch.nn.Module, torch.nn.Module | None, torch.nn.Module, torch.nn.Module | None]:
+    """A layer's norms: of its input, of the attention's output before the residual add (None:
+    none), of the MLP's input, and of the MLP's output (None: none). Gemma 2 and 3 norm both
+    outputs and call the MLP's input norm ``pre_feedforward_layernorm``; Llama norms neither."""
+    if hasattr(layer, "pre_feedforward_layernorm"):
+        return (
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+            layer.pre_feedforward_layernorm,
+            layer.post_feedforward_layernorm,
+        )
+    return layer.input_layernorm, None, layer.post_attention_layernorm, None
+
+
+def _norm_kind(norm: torch.nn.Module) -> str | None:
+    """ "llama" for the fused Llama RMSNorm, "gemma" for Gemma's (times 1 + weight), else None."""
+    if isinstance(norm, FusedRMSNorm):
+        return "llama"
+    return "gemma" if _is_gemma_norm(norm) else None
+
+
+def _is_gemma_norm(norm: torch.nn.Module) -> bool:
+    return (
+        forward_is(type(norm), GemmaRMSNorm, "RMSNorm", "_norm")
+        and isinstance(getattr(norm, "weight", None), torch.Tensor)
+        and isinstance(getattr(norm, "eps", None), float)
+    )
+
+
+def _epsilon(norm: torch.nn.Module) -> float:
+    return norm.variance_epsilon if isinstance(norm, FusedRMSNorm) else norm.eps
+
+
+def _is_torchs_gelu_tanh(act: torch.nn.Module) -> bool:
+    """Whether ``act`` is transformers' GeLU (tanh) calling torch's kernel, not its Python formula."""
+    call = getattr(act, "act", None)
+    return (
+        type(act) is GELUTanh
+        and type(act).forward is GELUTanh.forward
+        and isinstance(call, functools.partial)
+        and call.func is torch.nn.functional.gelu
+        and call.keywords == {"approximate": "tanh"}
+    )
+
+
+def _rotary_types(model: torch.nn.Module) -> tuple[str | None, ...]:
+    """The layer types whose rotary tables the layers read, in a fixed order: ``(None,)`` where the
+    model has one table (its rotary embedding takes no layer type; Gemma 3's does)."""
+    if "layer_type" not in inspect.signature(model.model.rotary_emb.forward).parameters:
+        return (None,)
+    return tuple(sorted(set(model.config.layer_types)))
+
+
 def _head_norms(attention: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
-    """The attention's norms of each query and key head (Qwen3's), or None where it has none."""
+    """The attention's norms of each query and key head (Qwen3's, Gemma 3's), or None where it has none."""
     return getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
 
 
@@ -242,17 +337,23 @@ def _model_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [linear for layer in model.model.layers for linear in _layer_linears(layer)]
 
 
-def _layer_struct(layer: torch.nn.Module, cache: PagedKVCache, index: int, scoring: Scoring, in_c: bool):
+def _layer_struct(
+    model: torch.nn.Module, cache: PagedKVCache, index: int, scoring: Scoring, in_c: bool, rotary_types: tuple
+):
     """Layer ``index``'s addresses and scoring; its weights only where the few-row linear reads them all."""
+    layer = model.model.layers[index]
     linears = _layer_linears(layer)
     weights = [torch.ops.mkldnn.data_ptr(linear.packed) if in_c else None for linear in linears]
     biases = [getattr(linear, "small_bias", None) for linear in linears]
+    input_norm, attention_out_norm, mlp_norm, mlp_out_norm = _layer_norms(layer)
     head_norms = _head_norms(layer.self_attn)
+    out_norms = (attention_out_norm, mlp_out_norm)
+    rotary = 0 if rotary_types == (None,) else rotary_types.index(model.config.layer_types[index])
     return cpu_kernels.DecodeLayer(
-        layer.input_layernorm.weight.data_ptr(),
-        layer.post_attention_layernorm.weight.data_ptr(),
-        layer.input_layernorm.variance_epsilon,
-        layer.post_attention_layernorm.variance_epsilon,
+        input_norm.weight.data_ptr(),
+        mlp_norm.weight.data_ptr(),
+        _epsilon(input_norm),
+        _epsilon(mlp_norm),
         *weights,
         *[None if bias is None or not in_c else bias.data_ptr() for bias in biases],
         cache.keys[index].data_ptr(),
@@ -260,7 +361,11 @@ def _layer_struct(layer: torch.nn.Module, cache: PagedKVCache, index: int, scori
         scoring.scale,
         scoring.window or 0,
         *[None if norm is None else norm.weight.data_ptr() for norm in head_norms],
-        *[0.0 if norm is None else norm.variance_epsilon for norm in head_norms],
+        *[0.0 if norm is None else _epsilon(norm) for norm in head_norms],
+        *[None if norm is None else norm.weight.data_ptr() for norm in out_norms],
+        *[0.0 if norm is None else _epsilon(norm) for norm in out_norms],
+        scoring.softcap or 0.0,
+        rotary,
     )
 
 

@@ -257,33 +257,51 @@ static inline float exp_sum16(float *s, int64_t count, float top, const float *s
     return sink ? sum + expf(*sink - top) : sum;
 }
 
-/* s[t] = cap * tanh(s[t] / cap) over count scores (Gemma 2's logit cap): Cephes' tanhf, an odd
-   polynomial below |x| = 0.625 and (1 - e) / (1 + e) with e = exp(-2|x|) above, within a few ulp
-   of tanhf; the last count % VL with tanhf */
+/* tanh(x): Cephes' tanhf's odd polynomial below |x| = 0.625, and 1 - 2e / (1 + e) with
+   e = exp(-2|x|) above, which near 1 rounds as a correctly rounded tanh does nearly always
+   (Cephes' (1 - e) / (1 + e) is a few ulp off there, and 1 + tanh(x), GeLU's, keeps the error) */
+static inline fvec tanhv(fvec x) {
+    ivec sign, bits;
+    memcpy(&bits, &x, sizeof bits);
+    sign = bits & ((ivec){0} + INT32_MIN);
+    bits &= (ivec){0} + INT32_MAX;
+    fvec a;
+    memcpy(&a, &bits, sizeof a);  /* |x| */
+    const fvec z = a * a;
+    const fvec small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
+                         1.33314422036e-1f) * z - 3.33332819422e-1f) * z * a + a;
+    const fvec e = expv(-2.0f * a);
+    fvec y = selectv(a < 0.625f, small, 1.0f - 2.0f * e / (1.0f + e));
+    memcpy(&bits, &y, sizeof bits);
+    bits |= sign;
+    memcpy(&y, &bits, sizeof y);
+    return y;
+}
+
+/* s[t] = cap * tanh(s[t] / cap) over count scores (Gemma 2's logit cap); the last count % VL
+   with tanhf */
 static inline void cap_scores(float *s, int64_t count, float cap) {
     int64_t t = 0;
     for (; t + VL <= count; t += VL) {
         fvec x;
         memcpy(&x, s + t, sizeof x);
-        x = x / cap;
-        ivec sign, bits;
-        memcpy(&bits, &x, sizeof bits);
-        sign = bits & ((ivec){0} + INT32_MIN);
-        bits &= (ivec){0} + INT32_MAX;
-        fvec a;
-        memcpy(&a, &bits, sizeof a);  /* |x| */
-        const fvec z = a * a;
-        const fvec small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
-                             1.33314422036e-1f) * z - 3.33332819422e-1f) * z * a + a;
-        const fvec e = expv(-2.0f * a);
-        fvec y = selectv(a < 0.625f, small, (1.0f - e) / (1.0f + e));
-        memcpy(&bits, &y, sizeof bits);
-        bits |= sign;
-        memcpy(&y, &bits, sizeof y);
-        y = y * cap;
-        memcpy(s + t, &y, sizeof y);
+        x = tanhv(x / cap) * cap;
+        memcpy(s + t, &x, sizeof x);
     }
     for (; t < count; t++) s[t] = cap * tanhf(s[t] / cap);
+}
+
+/* gelu(x) by torch's tanh approximation, its formula term by term:
+   0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
+#define GELU_BETA 0.7978845608028654f
+#define GELU_KAPPA 0.044715f
+static inline fvec gelu_tanhv(fvec x) {
+    const fvec inner = GELU_BETA * (x + GELU_KAPPA * (x * x * x));
+    return 0.5f * x * (1.0f + tanhv(inner));
+}
+
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(GELU_BETA * (x + GELU_KAPPA * (x * x * x))));
 }
 
 /* The largest of top and s[t] for t in [from, to) (multiples of LANES), after setting those
@@ -937,9 +955,11 @@ int llmfleet_small_linear_amx_rows(void) { return 0; }
    forward): per row x / sqrt(mean(x^2) + eps) in float32, then times the weight; in bfloat16 the
    normalized row is rounded to bfloat16 before the weight multiplies it and the product is rounded
    again, as the module's two steps do. One pass to sum, one to write, where the module runs eight
-   tensor ops. Rows split over threads only where there are many. */
-void llmfleet_rms_norm(const void *x, int64_t rows, int64_t dim, const void *weight, float eps, void *out,
-                       int bf16, int num_threads) {
+   tensor ops. Rows split over threads only where there are many. gemma: Gemma's RMSNorm instead,
+   whose weight is an offset from one: x / sqrt(mean(x^2) + eps) * (1 + weight) in float32,
+   rounded to the dtype once. */
+static void norm_rows(const void *x, int64_t rows, int64_t dim, const void *weight, float eps, void *out,
+                      int bf16, int gemma, int num_threads) {
     const int64_t item = bf16 ? 2 : 4;
     _Pragma("omp parallel for num_threads(num_threads) schedule(static) if (rows * dim >= 65536)")
     for (int64_t r = 0; r < rows; r++) {
@@ -957,7 +977,13 @@ void llmfleet_rms_norm(const void *x, int64_t rows, int64_t dim, const void *wei
             sum += v * v;
         }
         const float scale = 1.0f / sqrtf(sum / (float)dim + eps);
-        if (bf16) {
+        if (gemma) {
+            for (d = 0; d < dim; d++) {
+                const float y = element(xr, d, bf16) * scale * (1.0f + element(weight, d, bf16));
+                if (bf16) ((uint16_t *)out)[r * dim + d] = float_to_bf16(y);
+                else ((float *)out)[r * dim + d] = y;
+            }
+        } else if (bf16) {
             const uint16_t *xh = (const uint16_t *)xr, *w = (const uint16_t *)weight;
             uint16_t *o = (uint16_t *)out + r * dim;
             for (d = 0; d < dim; d++) {
@@ -970,6 +996,11 @@ void llmfleet_rms_norm(const void *x, int64_t rows, int64_t dim, const void *wei
             for (d = 0; d < dim; d++) o[d] = w[d] * (xf[d] * scale);
         }
     }
+}
+
+void llmfleet_rms_norm(const void *x, int64_t rows, int64_t dim, const void *weight, float eps, void *out,
+                       int bf16, int num_threads) {
+    norm_rows(x, rows, dim, weight, eps, out, bf16, 0, num_threads);
 }
 
 /* One tensor's rotary embedding, (heads, tokens, dim) at the given strides (the last is 1), with
@@ -1021,14 +1052,19 @@ void llmfleet_rotary(const void *q, int64_t q_heads, int64_t q_head_stride, int6
    Qwen3's, which norms each head of q and k): per layer RMSNorm, q/k/v, the heads' norms, the
    rotary embedding, the cache write, paged attention, o, the residual add, RMSNorm, gate and up,
    SiLU times up, down and the residual add, each by the kernel above that the module path runs
-   for it, with the modules' roundings (cpu_decode.py says why). Where the few-row linear reads
-   every weight, llmfleet_decode_layers runs all of it in one call; elsewhere Python runs
-   oneDNN's linears and calls the pieces between them. */
+   for it, with the modules' roundings (cpu_decode.py says why). Gemma's layers (1, 2 and 3) are
+   the same with its RMSNorm, GeLU (tanh) for SiLU, and in Gemma 2 and 3 a norm of the attention's
+   and the MLP's outputs before each residual add, a logit cap (2) and a second rotary table for
+   the sliding-window layers (3). Where the few-row linear reads every weight,
+   llmfleet_decode_layers runs all of it in one call; elsewhere Python runs oneDNN's linears and
+   calls the pieces between them. */
 typedef struct {
     int64_t hidden_size, heads, kv_heads, dim, intermediate;
     int64_t num_blocks, block_size, block_stride, head_stride;  /* the cache's, strides in elements */
     int bf16;
     int packed_block;  /* columns per block of the packed weights: 64, or 32 (bf16 with AMX) */
+    int gemma_norms;  /* every RMSNorm is Gemma's: times (1 + weight), rounded once */
+    int gelu_tanh;  /* the MLP's activation is GeLU's tanh approximation, not SiLU */
 } llmfleet_model;
 
 typedef struct {
@@ -1041,6 +1077,10 @@ typedef struct {
     int64_t window;  /* 0: none */
     const void *q_norm, *k_norm;  /* each head's RMSNorm before the rotary (Qwen3's), or NULL */
     float q_norm_eps, k_norm_eps;
+    const void *attention_out_norm, *mlp_out_norm;  /* norms of each output before its add, or NULL */
+    float attention_out_eps, mlp_out_eps;
+    float softcap;  /* cap * tanh(score / cap) on the logits (Gemma 2's); 0: none */
+    int rotary;  /* the step's rotary table: 0, or 1 for its second (cos2, sin2) */
 } llmfleet_layer;
 
 typedef struct {
@@ -1055,13 +1095,16 @@ typedef struct {
     const llmfleet_decode_group *groups;
     int64_t num_groups;
     int num_threads;
+    const void *cos2, *sin2;  /* a second rotary table (m, dim), for layers whose rotary is 1 */
 } llmfleet_step;
 
-/* hidden += delta (none where NULL), rounded to the dtype once as torch's add, then normed =
-   RMSNorm(hidden) */
-void llmfleet_add_norm(const llmfleet_model *M, const llmfleet_step *T, void *hidden, const void *delta,
-                       const void *weight, float eps, void *normed) {
+/* hidden += delta (none where NULL), first normed in place by delta_norm where that is not
+   NULL, the sum rounded to the dtype once as torch's add; then normed = RMSNorm(hidden) */
+void llmfleet_add_norm(const llmfleet_model *M, const llmfleet_step *T, void *hidden, void *delta,
+                       const void *delta_norm, float delta_eps, const void *weight, float eps, void *normed) {
     const int64_t count = T->m * M->hidden_size;
+    if (delta && delta_norm)
+        norm_rows(delta, T->m, M->hidden_size, delta_norm, delta_eps, delta, M->bf16, M->gemma_norms, T->num_threads);
     if (delta && M->bf16) {
         uint16_t *h = hidden;
         const uint16_t *d = delta;
@@ -1071,7 +1114,7 @@ void llmfleet_add_norm(const llmfleet_model *M, const llmfleet_step *T, void *hi
         const float *d = delta;
         for (int64_t i = 0; i < count; i++) h[i] += d[i];
     }
-    llmfleet_rms_norm(hidden, T->m, M->hidden_size, weight, eps, normed, M->bf16, T->num_threads);
+    norm_rows(hidden, T->m, M->hidden_size, weight, eps, normed, M->bf16, M->gemma_norms, T->num_threads);
 }
 
 /* gate = silu(gate) * up over ``count`` values: silu rounded to the dtype, then the product, as
@@ -1106,9 +1149,36 @@ void llmfleet_silu_mul(void *gate, const void *up, int64_t count, int bf16, int 
     }
 }
 
-/* A decode step's gate = silu(gate) * up */
-void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *gate, const void *up) {
-    llmfleet_silu_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
+/* gate = gelu_tanh(gate) * up over ``count`` values, rounded as llmfleet_silu_mul rounds */
+static void gelu_tanh_mul(void *gate, const void *up, int64_t count, int bf16, int num_threads) {
+    const int64_t vectors = count / VL;
+    _Pragma("omp parallel for num_threads(num_threads) if (count >= 65536)")
+    for (int64_t c = 0; c < vectors; c++) {
+        const int64_t at = c * VL;
+        if (bf16) {
+            uint16_t *g = gate;
+            const ivec bits = bf16_bits(round_bf16(gelu_tanhv(loadv(g + at, 1))) * loadv((const uint16_t *)up + at, 1));
+            for (int l = 0; l < VL; l++) g[at + l] = (uint16_t)bits[l];
+        } else {
+            fvec x = gelu_tanhv(loadv((float *)gate + at, 0)) * loadv((const float *)up + at, 0);
+            memcpy((float *)gate + at, &x, sizeof x);
+        }
+    }
+    for (int64_t i = vectors * VL; i < count; i++) {
+        if (bf16) {
+            uint16_t *g = gate;
+            const float a = bf16_to_float(float_to_bf16(gelu_tanh(bf16_to_float(g[i]))));
+            g[i] = float_to_bf16(a * bf16_to_float(((const uint16_t *)up)[i]));
+        } else {
+            ((float *)gate)[i] = gelu_tanh(((float *)gate)[i]) * ((const float *)up)[i];
+        }
+    }
+}
+
+/* A decode step's gate = act(gate) * up: SiLU, or GeLU (tanh) where the model's MLP has it */
+void llmfleet_gate_times_up(const llmfleet_model *M, const llmfleet_step *T, void *gate, const void *up) {
+    if (M->gelu_tanh) gelu_tanh_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
+    else llmfleet_silu_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
 }
 
 /* Each head of q and k (m, heads or kv_heads, dim) normed in place where the layer norms them,
@@ -1118,11 +1188,12 @@ void llmfleet_silu_times(const llmfleet_model *M, const llmfleet_step *T, void *
 int llmfleet_decode_attend(const llmfleet_model *M, const llmfleet_layer *L, const llmfleet_step *T,
                            void *q, void *k, const void *v, void *q_rot, void *k_rot, void *attended) {
     const int64_t dim = M->dim, q_width = M->heads * dim, kv_width = M->kv_heads * dim;
-    if (L->q_norm) llmfleet_rms_norm(q, T->m * M->heads, dim, L->q_norm, L->q_norm_eps, q, M->bf16, T->num_threads);
-    if (L->k_norm)
-        llmfleet_rms_norm(k, T->m * M->kv_heads, dim, L->k_norm, L->k_norm_eps, k, M->bf16, T->num_threads);
-    rotate(q, M->heads, T->m, dim, dim, q_width, T->cos, T->sin, q_rot, M->bf16, T->num_threads);
-    rotate(k, M->kv_heads, T->m, dim, dim, kv_width, T->cos, T->sin, k_rot, M->bf16, T->num_threads);
+    const int bf16 = M->bf16, gemma = M->gemma_norms, threads = T->num_threads;
+    if (L->q_norm) norm_rows(q, T->m * M->heads, dim, L->q_norm, L->q_norm_eps, q, bf16, gemma, threads);
+    if (L->k_norm) norm_rows(k, T->m * M->kv_heads, dim, L->k_norm, L->k_norm_eps, k, bf16, gemma, threads);
+    const void *cos = L->rotary ? T->cos2 : T->cos, *sin = L->rotary ? T->sin2 : T->sin;
+    rotate(q, M->heads, T->m, dim, dim, q_width, cos, sin, q_rot, bf16, threads);
+    rotate(k, M->kv_heads, T->m, dim, dim, kv_width, cos, sin, k_rot, bf16, threads);
     if (llmfleet_kv_write(L->k_cache, L->v_cache, M->num_blocks, M->block_size, M->block_stride, M->head_stride,
                           T->slots, T->m, k_rot, dim, kv_width, v, dim, kv_width, M->kv_heads, dim,
                           M->bf16 ? 2 : 4)) return -1;
@@ -1130,7 +1201,7 @@ int llmfleet_decode_attend(const llmfleet_model *M, const llmfleet_layer *L, con
         const llmfleet_decode_group *G = T->groups + g;
         llmfleet_paged_decode(q_rot, q_width, dim, L->k_cache, L->v_cache, M->block_stride, M->head_stride, G->rows,
                               G->blocks, G->blocks_per_request, G->lengths, G->n, attended, q_width, dim, M->heads,
-                              M->kv_heads, dim, M->block_size, L->scale, L->window, 0.0f, NULL, M->bf16,
+                              M->kv_heads, dim, M->block_size, L->scale, L->window, L->softcap, NULL, M->bf16,
                               T->num_threads);
     }
     return 0;
@@ -1157,7 +1228,7 @@ int llmfleet_decode_layers(const llmfleet_model *M, const llmfleet_layer *layers
     char *v = k + item * m * kv_width, *q_rot = v + item * m * kv_width, *k_rot = q_rot + item * m * q_width;
     char *attended = k_rot + item * m * kv_width, *gate = attended + item * m * q_width, *up = gate + item * m * inter;
     int status = 0;
-    llmfleet_add_norm(M, T, hidden, NULL, layers[0].input_norm, layers[0].input_eps, normed);
+    llmfleet_add_norm(M, T, hidden, NULL, NULL, 0.0f, layers[0].input_norm, layers[0].input_eps, normed);
     for (int64_t l = 0; l < num_layers && !status; l++) {
         const llmfleet_layer *L = layers + l;
         linear(M, T, normed, h, L->q, q_width, L->q_bias, q);
@@ -1168,13 +1239,14 @@ int llmfleet_decode_layers(const llmfleet_model *M, const llmfleet_layer *layers
             break;
         }
         linear(M, T, attended, q_width, L->o, h, L->o_bias, projected);
-        llmfleet_add_norm(M, T, hidden, projected, L->post_norm, L->post_eps, normed);
+        llmfleet_add_norm(M, T, hidden, projected, L->attention_out_norm, L->attention_out_eps, L->post_norm,
+                          L->post_eps, normed);
         linear(M, T, normed, h, L->gate, inter, L->gate_bias, gate);
         linear(M, T, normed, h, L->up, inter, L->up_bias, up);
-        llmfleet_silu_times(M, T, gate, up);
+        llmfleet_gate_times_up(M, T, gate, up);
         linear(M, T, gate, inter, L->down, h, L->down_bias, projected);
         const int last = l + 1 == num_layers;
-        llmfleet_add_norm(M, T, hidden, projected, last ? final_norm : L[1].input_norm,
+        llmfleet_add_norm(M, T, hidden, projected, L->mlp_out_norm, L->mlp_out_eps, last ? final_norm : L[1].input_norm,
                           last ? final_eps : L[1].input_eps, normed);
     }
     free(scratch);
@@ -1278,6 +1350,8 @@ class DecodeModel(ctypes.Structure):
         *[(name, _I64) for name in ("num_blocks", "block_size", "block_stride", "head_stride")],
         ("bf16", ctypes.c_int),
         ("packed_block", ctypes.c_int),
+        ("gemma_norms", ctypes.c_int),
+        ("gelu_tanh", ctypes.c_int),
     ]
 
 
@@ -1300,6 +1374,12 @@ class DecodeLayer(ctypes.Structure):
         ("k_norm", _PTR),
         ("q_norm_eps", ctypes.c_float),
         ("k_norm_eps", ctypes.c_float),
+        ("attention_out_norm", _PTR),
+        ("mlp_out_norm", _PTR),
+        ("attention_out_eps", ctypes.c_float),
+        ("mlp_out_eps", ctypes.c_float),
+        ("softcap", ctypes.c_float),
+        ("rotary", ctypes.c_int),
     ]
 
 
@@ -1320,12 +1400,14 @@ class DecodeStep(ctypes.Structure):
         ("groups", ctypes.POINTER(DecodeGroupArgs)),
         ("num_groups", _I64),
         ("num_threads", ctypes.c_int),
+        ("cos2", _PTR),
+        ("sin2", _PTR),
     ]
 
 
 def decode_kernels() -> ctypes.CDLL | None:
     """The library whose ``llmfleet_decode_layers``, ``llmfleet_decode_attend``,
-    ``llmfleet_add_norm`` and ``llmfleet_silu_times`` run a decode step's layers (cpu_decode.py,
+    ``llmfleet_add_norm`` and ``llmfleet_gate_times_up`` run a decode step's layers (cpu_decode.py,
     which checks the model and the step they take); None where it cannot be built."""
     return _library() if enabled() else None
 
@@ -1411,10 +1493,10 @@ def build_for(march: str) -> ctypes.CDLL | None:
     library.llmfleet_small_linear_amx_rows.argtypes = []
     library.llmfleet_small_linear_amx_rows.restype = ctypes.c_int
     model, step = ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeStep)
-    library.llmfleet_add_norm.argtypes = [model, step, _PTR, _PTR, _PTR, ctypes.c_float, _PTR]
+    library.llmfleet_add_norm.argtypes = [model, step, _PTR, _PTR, _PTR, ctypes.c_float, _PTR, ctypes.c_float, _PTR]
     library.llmfleet_add_norm.restype = None
-    library.llmfleet_silu_times.argtypes = [model, step, _PTR, _PTR]
-    library.llmfleet_silu_times.restype = None
+    library.llmfleet_gate_times_up.argtypes = [model, step, _PTR, _PTR]
+    library.llmfleet_gate_times_up.restype = None
     library.llmfleet_decode_attend.argtypes = [model, ctypes.POINTER(DecodeLayer), step, *[_PTR] * 6]
     library.llmfleet_decode_attend.restype = ctypes.c_int
     library.llmfleet_decode_layers.argtypes = [

@@ -27,13 +27,19 @@ def swap_modules(
 
 
 @functools.cache
-def forward_is(cls: type, reference: type[torch.nn.Module], suffix: str) -> bool:
-    """Whether ``cls`` is a module class whose name ends in ``suffix`` and whose forward's source is
-    ``reference``'s: the many architectures that copy Llama's modules keep their code to the
-    character, so the same text computes the same."""
+def forward_is(cls: type, reference: type[torch.nn.Module], suffix: str, *methods: str) -> bool:
+    """Whether ``cls`` is a module class whose name ends in ``suffix`` and whose forward's source
+    (and that of each of ``methods`` it calls) is ``reference``'s, comment lines aside: the many
+    architectures that copy Llama's modules keep their code to the character, so the same text
+    computes the same."""
     if not issubclass(cls, torch.nn.Module) or not cls.__name__.endswith(suffix):
         return False
     try:
-        return inspect.getsource(cls.forward) == inspect.getsource(reference.forward)
-    except (OSError, TypeError):  # no source to compare: not known to be the reference's
+        return all(_code(getattr(cls, name)) == _code(getattr(reference, name)) for name in ("forward", *methods))
+    except (AttributeError, OSError, TypeError):  # no source to compare: not known to be the reference's
         return False
+
+
+def _code(function: Callable) -> list[str]:
+    """A function's source lines, without those that hold only a comment (a copy names its model)."""
+    return [line for line in inspect.getsource(function).splitlines() if not line.strip().startswith("#")]

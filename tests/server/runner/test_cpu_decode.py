@@ -103,6 +103,57 @@ def test_qwen3_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
     assert run(fused, prompts, max_tokens) == run(make_runner(model_dir, "bfloat16"), prompts, max_tokens)
 
 
+GEMMAS = {
+    "gemma": (),
+    # logit caps low enough to bite: 1 on the attention's scores, 3 on the logits
+    "gemma2": (("attn_logit_softcapping", 1.0), ("final_logit_softcapping", 3.0), ("sliding_window", 6)),
+    # a sliding layer and a full one: two rotary tables (10,000 and 1,000,000), the window 6 tokens
+    "gemma3_text": (("layer_types", ["sliding_attention", "full_attention"]), ("sliding_window", 6)),
+}
+
+
+def gemma_model(architecture: str, target):
+    """A tiny Gemma of ``architecture`` whose RMSNorms (Gemma's: times 1 + weight) have weights of
+    their own, as ``qwen3_model`` gives Qwen3's."""
+    from transformers import AutoModelForCausalLM
+
+    extra = (("head_dim", 16), ("query_pre_attn_scalar", 16), *GEMMAS[architecture])
+    spec = dataclasses.replace(BUILTINS["tiny"], architecture=architecture, extra_config=extra)
+    model_dir = build_model_dir(spec, target)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+@pytest.mark.parametrize("path", ["one call", "linears between"])
+@pytest.mark.parametrize("architecture", list(GEMMAS))
+def test_gemmas_norms_gelu_caps_and_rotary_tables(tmp_path, architecture, path):
+    model_dir = gemma_model(architecture, tmp_path / architecture)
+    prompts = prompts_for(10, (3, 40, 9, 1, 17))
+    max_tokens = [12, 9, 14, 16, 11]
+    runner = make_runner(model_dir)
+    fused = runner.fused_decode
+    assert fused is not None and fused.sizes.gemma_norms and fused.sizes.gelu_tanh
+    if path == "linears between":
+        fused.c_rows = 0
+    assert run(runner, prompts, max_tokens, chunk=7) == hf_greedy(model_dir, prompts, max_tokens)
+
+
+def test_gemma3_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
+    model_dir = gemma_model("gemma3_text", tmp_path / "gemma3")
+    prompts = prompts_for(11, (7, 33, 2, 20))
+    max_tokens = [16, 16, 16, 16]
+    fused = make_runner(model_dir, "bfloat16")
+    assert fused.fused_decode is not None
+    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
+    assert run(fused, prompts, max_tokens) == run(make_runner(model_dir, "bfloat16"), prompts, max_tokens)
+
+
 @pytest.mark.parametrize("architecture", ["tiny-mistral", "tiny-qwen2"])
 def test_a_sliding_window_shorter_than_the_context(tmp_path, architecture):
     spec = dataclasses.replace(BUILTINS[architecture], sliding_window=6)
@@ -130,21 +181,51 @@ def test_bfloat16_gives_the_modules_outputs(monkeypatch):
 def test_the_gate_is_torchs_silu_times_up(dtype):
     """silu(gate) * up, 16 values at a time then the rest: torch's bits in bfloat16 and within an
     ulp in float32, over the whole range (exp(-x) overflowing below -88.7, underflowing above 87)."""
-    torch.manual_seed(0)
-    rows, intermediate = 66, 1005  # enough values for the threads to share, the last 10 past the vectors
-    edges = torch.tensor([-200.0, -89.0, -88.5, -0.0, 0.0, 87.5, 88.0, 200.0])
-    gate = torch.cat([torch.randn(rows * intermediate - len(edges)) * 30, edges]).to(dtype).view(rows, intermediate)
-    up = torch.randn(rows, intermediate).to(dtype)
+    gate, up = gate_and_up(dtype)
     expected = torch.nn.functional.silu(gate) * up
-    sizes = cpu_kernels.DecodeModel(intermediate=intermediate, bf16=int(dtype == torch.bfloat16))
-    for threads in (1, 2):
-        got = gate.clone()
-        step = cpu_kernels.DecodeStep(m=rows, num_threads=threads)
-        cpu_kernels.decode_kernels().llmfleet_silu_times(sizes, step, got.data_ptr(), up.data_ptr())
+    for got in gates_times_up(gate, up, gelu_tanh=0):
         if dtype == torch.bfloat16:
             assert torch.equal(got, expected)
         else:
             torch.testing.assert_close(got, expected, rtol=2.5e-7, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gate_is_torchs_gelu_tanh_times_up(dtype):
+    """Gemma's gelu(gate, approximate="tanh") * up: within a float32 ulp or two of torch's, whose
+    tanh is Sleef's (ours is Cephes'), so in bfloat16 the same bits but where the float sits at a
+    rounding edge. Where tanh is near -1, 1 + tanh keeps only a few bits in either."""
+    gate, up = gate_and_up(dtype)
+    expected = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    for got in gates_times_up(gate, up, gelu_tanh=1):
+        if dtype == torch.bfloat16:
+            assert (got != expected).float().mean() < 0.01
+            torch.testing.assert_close(got, expected, rtol=2**-7, atol=1e-6)
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def gate_and_up(dtype):
+    """Gates over the whole range, and ups: enough values for the threads to share, the last 10
+    past the vectors."""
+    torch.manual_seed(0)
+    rows, intermediate = 66, 1005
+    edges = torch.tensor([-200.0, -89.0, -88.5, -0.0, 0.0, 87.5, 88.0, 200.0])
+    gate = torch.cat([torch.randn(rows * intermediate - len(edges)) * 30, edges]).to(dtype).view(rows, intermediate)
+    return gate, torch.randn(rows, intermediate).to(dtype)
+
+
+def gates_times_up(gate, up, gelu_tanh: int):
+    """The C step's act(gate) * up at 1 and 2 threads."""
+    rows, intermediate = gate.shape
+    sizes = cpu_kernels.DecodeModel(
+        intermediate=intermediate, bf16=int(gate.dtype == torch.bfloat16), gelu_tanh=gelu_tanh
+    )
+    for threads in (1, 2):
+        got = gate.clone()
+        step = cpu_kernels.DecodeStep(m=rows, num_threads=threads)
+        cpu_kernels.decode_kernels().llmfleet_gate_times_up(sizes, step, got.data_ptr(), up.data_ptr())
+        yield got
 
 
 def decode_step(runner, count: int = 2):
