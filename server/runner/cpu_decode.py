@@ -25,25 +25,22 @@ keeps the modules for every step.
 from __future__ import annotations
 
 import ctypes
-import functools
 import inspect
 import logging
 import os
 import sys
 
 import torch
-from transformers.activations import GELUTanh, SiLUActivation
-from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.runner import cpu_kernels
 from llmfleet.server.runner.attention import DecodeGroup, Scoring, layer_scorings, model_logits
 from llmfleet.server.runner.cpu_linear import PackedLinear
-from llmfleet.server.runner.fused_norms import FusedRMSNorm
+from llmfleet.server.runner.fused_mlp import is_torchs_gelu_tanh, kernel_for
+from llmfleet.server.runner.fused_norms import FusedRMSNorm, is_gemma_norm
 from llmfleet.server.runner.fused_rotary import NAME as ROTARY_NAME
 from llmfleet.server.runner.kv_cache import PagedKVCache
-from llmfleet.server.runner.module_swaps import forward_is
 from llmfleet.server.runner.step_inputs import StepInputs, plan_step
 from llmfleet.server.runner.step_shapes import padded_step_tokens
 
@@ -93,8 +90,8 @@ class FusedDecode:
             keys.stride(0),
             keys.stride(1),
             int(cache.dtype == torch.bfloat16),
-            gemma_norms=int(_is_gemma_norm(first.input_layernorm)),
-            gelu_tanh=int(isinstance(first.mlp.act_fn, GELUTanh)),
+            gemma_norms=int(is_gemma_norm(first.input_layernorm)),
+            gelu_tanh=int(is_torchs_gelu_tanh(first.mlp.act_fn)),
         )
         self.linears = [_layer_linears(layer) for layer in layers]
         scorings = layer_scorings(model, cache.device)
@@ -253,7 +250,7 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
             return "its query and key norms are not its other RMSNorms' kind over each head"
         if not all(type(linear) in (PackedLinear, torch.nn.Linear) for linear in _layer_linears(layer)):
             return "its linears are not plain or packed linears"
-        if not (isinstance(layer.mlp.act_fn, SiLUActivation) or _is_torchs_gelu_tanh(layer.mlp.act_fn)):
+        if kernel_for(layer.mlp.act_fn) is None:
             return f"its MLP's activation is {type(layer.mlp.act_fn).__name__}, not SiLU or torch's GeLU (tanh)"
         if type(layer.mlp.act_fn) is not type(inner.layers[0].mlp.act_fn):
             return "its MLPs' activations differ"
@@ -286,34 +283,14 @@ def _layer_norms(
 
 
 def _norm_kind(norm: torch.nn.Module) -> str | None:
-    """ "llama" for the fused Llama RMSNorm, "gemma" for Gemma's (times 1 + weight), else None."""
+    """The kind of RMSNorm ``norm`` is: "llama" (the fused one), "gemma" (times 1 + weight), or None."""
     if isinstance(norm, FusedRMSNorm):
         return "llama"
-    return "gemma" if _is_gemma_norm(norm) else None
-
-
-def _is_gemma_norm(norm: torch.nn.Module) -> bool:
-    return (
-        forward_is(type(norm), GemmaRMSNorm, "RMSNorm", "_norm")
-        and isinstance(getattr(norm, "weight", None), torch.Tensor)
-        and isinstance(getattr(norm, "eps", None), float)
-    )
+    return "gemma" if is_gemma_norm(norm) else None
 
 
 def _epsilon(norm: torch.nn.Module) -> float:
     return norm.variance_epsilon if isinstance(norm, FusedRMSNorm) else norm.eps
-
-
-def _is_torchs_gelu_tanh(act: torch.nn.Module) -> bool:
-    """Whether ``act`` is transformers' GeLU (tanh) calling torch's kernel, not its Python formula."""
-    call = getattr(act, "act", None)
-    return (
-        type(act) is GELUTanh
-        and type(act).forward is GELUTanh.forward
-        and isinstance(call, functools.partial)
-        and call.func is torch.nn.functional.gelu
-        and call.keywords == {"approximate": "tanh"}
-    )
 
 
 def _rotary_types(model: torch.nn.Module) -> tuple[str | None, ...]:

@@ -977,12 +977,14 @@ static void norm_rows(const void *x, int64_t rows, int64_t dim, const void *weig
             sum += v * v;
         }
         const float scale = 1.0f / sqrtf(sum / (float)dim + eps);
-        if (gemma) {
-            for (d = 0; d < dim; d++) {
-                const float y = element(xr, d, bf16) * scale * (1.0f + element(weight, d, bf16));
-                if (bf16) ((uint16_t *)out)[r * dim + d] = float_to_bf16(y);
-                else ((float *)out)[r * dim + d] = y;
-            }
+        if (gemma && bf16) {
+            const uint16_t *xh = (const uint16_t *)xr, *w = (const uint16_t *)weight;
+            uint16_t *o = (uint16_t *)out + r * dim;
+            for (d = 0; d < dim; d++) o[d] = float_to_bf16(bf16_to_float(xh[d]) * scale * (1.0f + bf16_to_float(w[d])));
+        } else if (gemma) {
+            const float *xf = (const float *)xr, *w = (const float *)weight;
+            float *o = (float *)out + r * dim;
+            for (d = 0; d < dim; d++) o[d] = xf[d] * scale * (1.0f + w[d]);
         } else if (bf16) {
             const uint16_t *xh = (const uint16_t *)xr, *w = (const uint16_t *)weight;
             uint16_t *o = (uint16_t *)out + r * dim;
@@ -999,8 +1001,8 @@ static void norm_rows(const void *x, int64_t rows, int64_t dim, const void *weig
 }
 
 void llmfleet_rms_norm(const void *x, int64_t rows, int64_t dim, const void *weight, float eps, void *out,
-                       int bf16, int num_threads) {
-    norm_rows(x, rows, dim, weight, eps, out, bf16, 0, num_threads);
+                       int bf16, int gemma, int num_threads) {
+    norm_rows(x, rows, dim, weight, eps, out, bf16, gemma, num_threads);
 }
 
 /* One tensor's rotary embedding, (heads, tokens, dim) at the given strides (the last is 1), with
@@ -1150,7 +1152,7 @@ void llmfleet_silu_mul(void *gate, const void *up, int64_t count, int bf16, int 
 }
 
 /* gate = gelu_tanh(gate) * up over ``count`` values, rounded as llmfleet_silu_mul rounds */
-static void gelu_tanh_mul(void *gate, const void *up, int64_t count, int bf16, int num_threads) {
+void llmfleet_gelu_tanh_mul(void *gate, const void *up, int64_t count, int bf16, int num_threads) {
     const int64_t vectors = count / VL;
     _Pragma("omp parallel for num_threads(num_threads) if (count >= 65536)")
     for (int64_t c = 0; c < vectors; c++) {
@@ -1177,7 +1179,7 @@ static void gelu_tanh_mul(void *gate, const void *up, int64_t count, int bf16, i
 
 /* A decode step's gate = act(gate) * up: SiLU, or GeLU (tanh) where the model's MLP has it */
 void llmfleet_gate_times_up(const llmfleet_model *M, const llmfleet_step *T, void *gate, const void *up) {
-    if (M->gelu_tanh) gelu_tanh_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
+    if (M->gelu_tanh) llmfleet_gelu_tanh_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
     else llmfleet_silu_mul(gate, up, T->m * M->intermediate, M->bf16, T->num_threads);
 }
 
@@ -1469,10 +1471,11 @@ def build_for(march: str) -> ctypes.CDLL | None:
     library.llmfleet_kv_write.restype = ctypes.c_int
     library.llmfleet_small_linear.argtypes = _LINEAR_ARGTYPES
     library.llmfleet_small_linear.restype = None
-    library.llmfleet_rms_norm.argtypes = [_PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR, ctypes.c_int, ctypes.c_int]
+    library.llmfleet_rms_norm.argtypes = [_PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR, *[ctypes.c_int] * 3]
     library.llmfleet_rms_norm.restype = None
-    library.llmfleet_silu_mul.argtypes = [_PTR, _PTR, _I64, ctypes.c_int, ctypes.c_int]
-    library.llmfleet_silu_mul.restype = None
+    for gated in (library.llmfleet_silu_mul, library.llmfleet_gelu_tanh_mul):
+        gated.argtypes = [_PTR, _PTR, _I64, ctypes.c_int, ctypes.c_int]
+        gated.restype = None
     library.llmfleet_rotary.argtypes = [_PTR, _I64, _I64, _I64, _PTR] * 2 + [
         _I64,
         _I64,
@@ -1800,11 +1803,12 @@ def small_linear(
     return out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False) -> torch.Tensor | None:
     """Llama's RMSNorm of ``x`` over its last dimension (float32 or bfloat16, ``weight`` in the same
-    dtype), or None where the kernel cannot take it: not built, another dtype or device, a weight
-    of another size. Called for every norm of every step: whether the kernels are switched on is
-    read once, where the norms are swapped (fused_norms.enabled)."""
+    dtype), or Gemma's (``gemma``: times 1 + weight), or None where the kernel cannot take it: not
+    built, another dtype or device, a weight of another size. Called for every norm of every step:
+    whether the kernels are switched on is read once, where the norms are swapped
+    (fused_norms.enabled)."""
     if (
         x.device.type != "cpu"
         or x.dtype not in _DTYPES
@@ -1827,6 +1831,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         eps,
         out.data_ptr(),
         _DTYPES[x.dtype],
+        int(gemma),
         torch.get_num_threads(),
     )
     return out
@@ -1836,6 +1841,17 @@ def silu_times(gate: torch.Tensor, up: torch.Tensor) -> bool:
     """``gate = silu(gate) * up`` in place, as a SiLU MLP's two ops compute it (bfloat16: their
     bits), in one pass; False, having done nothing, where the kernel cannot take them: not built,
     another dtype or device, shapes that differ, a tensor that is not contiguous."""
+    return _gated(gate, up, "llmfleet_silu_mul")
+
+
+def gelu_tanh_times(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """``gate = gelu(gate, approximate="tanh") * up`` in place, as Gemma's MLP computes it, to an
+    ulp or two of torch's tanh in float32 (bfloat16: its bits but where that lands on a rounding
+    edge); False as ``silu_times``."""
+    return _gated(gate, up, "llmfleet_gelu_tanh_mul")
+
+
+def _gated(gate: torch.Tensor, up: torch.Tensor, kernel: str) -> bool:
     if (
         gate.device.type != "cpu"
         or gate.dtype not in _DTYPES
@@ -1849,7 +1865,7 @@ def silu_times(gate: torch.Tensor, up: torch.Tensor) -> bool:
     if library is None:
         return False
     threads = torch.get_num_threads()
-    library.llmfleet_silu_mul(gate.data_ptr(), up.data_ptr(), gate.numel(), _DTYPES[gate.dtype], threads)
+    getattr(library, kernel)(gate.data_ptr(), up.data_ptr(), gate.numel(), _DTYPES[gate.dtype], threads)
     return True
 
 

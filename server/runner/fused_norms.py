@@ -8,7 +8,8 @@ second CPU thread does not shorten them (docs/engine.md has the figures). ``fuse
 each such module for one that calls ``cpu_kernels.rms_norm`` or, on a GPU, ``gpu_kernels.rms_norm``,
 which read the row once to sum and once to write, with the module's roundings. Which modules:
 those whose ``forward`` is, to the character, Llama's (their weight and epsilon the same
-attributes); any other (Gemma's ``1 + weight``, norms without a weight) keeps its own.
+attributes), and on a CPU those whose ``forward`` is Gemma's (times ``1 + weight``, rounded once:
+``FusedGemmaRMSNorm``); any other (norms without a weight, LayerNorms) keeps its own.
 ``LLMFLEET_FUSED_NORMS=0`` keeps every module's own.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 
 import torch
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from llmfleet.server.runner import cpu_kernels, gpu_kernels
@@ -41,6 +43,34 @@ class FusedRMSNorm(torch.nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
 
+class FusedGemmaRMSNorm(torch.nn.Module):
+    """A Gemma-style RMSNorm (its weight, an offset from one, and epsilon, under Gemma's names)
+    whose forward runs the C kernel where it can and Gemma's own elsewhere."""
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = float(norm.eps)
+
+    _norm = GemmaRMSNorm._norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = cpu_kernels.rms_norm(x, self.weight, self.eps, gemma=True)
+        return GemmaRMSNorm.forward(self, x) if out is None else out
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+def is_gemma_norm(norm: torch.nn.Module) -> bool:
+    """Whether ``norm`` computes Gemma's RMSNorm: the fused one, or a module whose forward is Gemma's."""
+    return isinstance(norm, FusedGemmaRMSNorm) or (
+        forward_is(type(norm), GemmaRMSNorm, "RMSNorm", "_norm")
+        and isinstance(getattr(norm, "weight", None), torch.Tensor)
+        and isinstance(getattr(norm, "eps", None), float)
+    )
+
+
 def enabled(device: torch.device) -> bool:
     """Whether a runner on ``device`` swaps its norms: where its kernels are on and can be had (the C
     kernel built on a CPU, Triton on a GPU)."""
@@ -52,9 +82,17 @@ def enabled(device: torch.device) -> bool:
 
 
 def fuse_rms_norms(model: torch.nn.Module) -> int:
-    """Swap every RMSNorm of ``model`` whose forward is Llama's for a ``FusedRMSNorm``; returns how many."""
-    return swap_modules(
+    """Swap every RMSNorm of ``model`` whose forward is Llama's for a ``FusedRMSNorm`` and, where
+    its weights are on a CPU, every one whose forward is Gemma's for a ``FusedGemmaRMSNorm``;
+    returns how many."""
+    llamas = swap_modules(
         model,
         lambda m: forward_is(type(m), LlamaRMSNorm, "RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor),
         FusedRMSNorm,
     )
+    gemmas = swap_modules(
+        model,
+        lambda m: is_gemma_norm(m) and not isinstance(m, FusedGemmaRMSNorm) and m.weight.device.type == "cpu",
+        FusedGemmaRMSNorm,
+    )
+    return llamas + gemmas

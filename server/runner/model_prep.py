@@ -1,7 +1,7 @@
 """A loaded model's modules swapped for this device's faster ones, the same way for a runner and
 a parallel worker: oneDNN-packed linear layers on a CPU (cpu_linear.py), RMSNorms in one kernel
 (fused_norms.py: a C loop on a CPU, Triton on a GPU) and, on a CPU, the rotary embedding in one C
-call (fused_rotary.py) and a SiLU MLP's activation and product in one pass (fused_mlp.py)."""
+call (fused_rotary.py) and a gated MLP's activation and product in one pass (fused_mlp.py)."""
 
 from __future__ import annotations
 
@@ -21,5 +21,5 @@ def prepare(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, ma
     if fused_rotary.enabled(device):
         fused_rotary.install(model)
     if fused_mlp.enabled(device):
-        fused_mlp.fuse_silu_mlps(model)
+        fused_mlp.fuse_gated_mlps(model)
     return packed

@@ -1,7 +1,8 @@
-"""A SiLU MLP's product in C (fused_mlp.py): what Llama's module computes (bfloat16: its bits;
-float32: within an ulp of the product), swapped in only for MLPs whose forward is Llama's with a
-SiLU, and the module's own ops wherever the kernel cannot take the tensors, in the native build
-and an AVX2 one. The oracle tests run a CPU runner with it on, its default."""
+"""A gated MLP's product in C (fused_mlp.py): what Llama's module computes with a SiLU (bfloat16:
+its bits; float32: within an ulp of the product) and Gemma's with torch's GeLU (tanh), swapped in
+only for MLPs whose forward is Llama's with one of those, and the module's own ops wherever the
+kernel cannot take the tensors, in the native build and an AVX2 one. The oracle tests run a CPU
+runner with it on, its default."""
 
 from __future__ import annotations
 
@@ -33,11 +34,24 @@ def test_the_fused_mlp_computes_what_the_module_does(kernel_build, dtype, shape)
     x = (torch.randn(*shape) * 2).to(dtype)
     with torch.inference_mode():
         expected = mlp(x)
-        got = fused_mlp.FusedSiluMLP(mlp)(x)
+        got = fused_mlp.FusedGatedMLP(mlp)(x)
     if dtype == torch.bfloat16:
         assert torch.equal(got, expected)
     else:  # the product within an ulp, carried through the down projection
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemmas_gelu_mlp_computes_what_the_module_does(kernel_build, dtype):
+    torch.manual_seed(4)
+    mlp = GemmaMLP(_config("gelu_pytorch_tanh")).to(dtype)
+    x = (torch.randn(3, 37, 48) * 2).to(dtype)
+    with torch.inference_mode():
+        expected = mlp(x)
+        got = fused_mlp.FusedGatedMLP(mlp)(x)
+    # torch's tanh and the kernel's are an ulp or two apart: bfloat16 rounds a few products the other way
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-6, "atol": 2**-6}
+    torch.testing.assert_close(got, expected, **tolerance)
 
 
 def test_where_the_kernel_cannot_take_the_tensors_the_modules_ops_run(monkeypatch):
@@ -46,7 +60,7 @@ def test_where_the_kernel_cannot_take_the_tensors_the_modules_ops_run(monkeypatc
     calls = []
     monkeypatch.setattr(cpu_kernels, "silu_times", lambda gate, up: calls.append(gate.shape) or False)
     with torch.inference_mode():
-        assert torch.equal(fused_mlp.FusedSiluMLP(mlp)(x), mlp(x))
+        assert torch.equal(fused_mlp.FusedGatedMLP(mlp)(x), mlp(x))
     assert calls == [torch.Size([2, 5, 136])]
     monkeypatch.undo()
     gate, up = torch.randn(4, 6), torch.randn(6, 4).t()  # not contiguous: refused, untouched
@@ -55,7 +69,7 @@ def test_where_the_kernel_cannot_take_the_tensors_the_modules_ops_run(monkeypatc
     assert not cpu_kernels.silu_times(gate, torch.randn(4, 6, dtype=torch.float64))
 
 
-def test_only_silu_mlps_with_llamas_forward_are_swapped():
+def test_only_mlps_with_llamas_forward_and_a_kernels_activation_are_swapped():
     model = torch.nn.ModuleDict(
         {
             "llama": _mlp(),
@@ -65,7 +79,7 @@ def test_only_silu_mlps_with_llamas_forward_are_swapped():
         }
     )
     linears = model["llama"].gate_proj, model["llama"].down_proj
-    assert fused_mlp.fuse_silu_mlps(model) == 2
-    assert isinstance(model["llama"], fused_mlp.FusedSiluMLP) and isinstance(model["qwen2"], fused_mlp.FusedSiluMLP)
+    assert fused_mlp.fuse_gated_mlps(model) == 3
+    assert all(isinstance(model[name], fused_mlp.FusedGatedMLP) for name in ("llama", "qwen2", "gemma"))
     assert (model["llama"].gate_proj, model["llama"].down_proj) == linears  # the same modules, under their names
-    assert type(model["gelu"]) is LlamaMLP and type(model["gemma"]) is GemmaMLP
+    assert type(model["gelu"]) is LlamaMLP  # GeLU by erf: no kernel
