@@ -41,7 +41,7 @@ SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|end|>"]
 
 @dataclass(frozen=True)
 class BuiltinSpec:
-    architecture: str  # a transformers model_type: llama | qwen2 | mistral (tests build others)
+    architecture: str  # a transformers model_type: llama | qwen2 | mistral | qwen3 | gemma3_text (tests build others)
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -62,6 +62,33 @@ BUILTINS: dict[str, BuiltinSpec] = {
     "tiny-mistral": BuiltinSpec("mistral", 512, 64, 2, 4, 2, 128, 2048, 0.08, 3456),
     # ~125M parameters, Llama-shaped, for benchmarks
     "small": BuiltinSpec("llama", 8192, 768, 12, 12, 12, 3072, 4096, 0.04, 4567),
+    # builtin:small's sizes in Qwen3's layers (a norm on each query and key head) and in Gemma 3's
+    # (Gemma's norms, four a layer, GeLU, five sliding-window layers to each full one): for
+    # benchmarks of the architectures whose layers differ from Llama's
+    "small-qwen3": BuiltinSpec(
+        "qwen3", 8192, 768, 12, 12, 12, 3072, 4096, 0.04, 4568, extra_config=(("head_dim", 64),)
+    ),
+    "small-gemma3": BuiltinSpec(
+        "gemma3_text",
+        8192,
+        768,
+        12,
+        12,
+        12,
+        3072,
+        4096,
+        0.04,
+        4569,
+        extra_config=(
+            ("head_dim", 64),
+            ("query_pre_attn_scalar", 64),
+            (
+                "layer_types",
+                ("sliding_attention",) * 5 + ("full_attention",) + ("sliding_attention",) * 5 + ("full_attention",),
+            ),
+            ("sliding_window", 512),
+        ),
+    ),
     # Llama-3.2-1B's shape (1.24B parameters, tied embeddings, llama3 RoPE), stored in bfloat16 as
     # Meta ships it: for GPU benchmarks against the hardware's roofline
     "llama-1b": BuiltinSpec(
@@ -215,11 +242,12 @@ def _build(spec: BuiltinSpec, out: Path) -> None:
     )
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    unit_norm = 0.0 if spec.architecture.startswith("gemma") else 1.0  # Gemma's norms scale by 1 + weight
     with torch.no_grad():
         generator = torch.Generator().manual_seed(spec.seed)
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
-                param.fill_(1.0)
+                param.fill_(unit_norm)
             else:
                 param.normal_(0.0, spec.init_std, generator=generator)
         special = [i for token, i in tokenizer.get_vocab().items() if token.startswith("<|")]
@@ -254,9 +282,12 @@ def _config_kwargs(spec: BuiltinSpec) -> dict[str, Any]:
 
 
 def _thawed(value: Any) -> Any:
-    """A frozen spec holds a mapping (such as ``rope_parameters``) as (name, value) pairs."""
-    pairs = isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value)
-    return dict(value) if pairs else value
+    """A frozen spec holds a mapping (such as ``rope_parameters``) as (name, value) pairs, and a
+    list (such as ``layer_types``) as a tuple."""
+    if not isinstance(value, tuple):
+        return value
+    pairs = value and all(isinstance(v, tuple) and len(v) == 2 for v in value)
+    return dict(value) if pairs else list(value)
 
 
 def build_tokenizer(vocab_size: int):
