@@ -980,7 +980,8 @@ static void norm_rows(const void *x, int64_t rows, int64_t dim, const void *weig
         if (gemma && bf16) {
             const uint16_t *xh = (const uint16_t *)xr, *w = (const uint16_t *)weight;
             uint16_t *o = (uint16_t *)out + r * dim;
-            for (d = 0; d < dim; d++) o[d] = float_to_bf16(bf16_to_float(xh[d]) * scale * (1.0f + bf16_to_float(w[d])));
+            for (d = 0; d < dim; d++)
+                o[d] = float_to_bf16(bf16_to_float(xh[d]) * scale * (1.0f + bf16_to_float(w[d])));
         } else if (gemma) {
             const float *xf = (const float *)xr, *w = (const float *)weight;
             float *o = (float *)out + r * dim;
@@ -1159,7 +1160,8 @@ void llmfleet_gelu_tanh_mul(void *gate, const void *up, int64_t count, int bf16,
         const int64_t at = c * VL;
         if (bf16) {
             uint16_t *g = gate;
-            const ivec bits = bf16_bits(round_bf16(gelu_tanhv(loadv(g + at, 1))) * loadv((const uint16_t *)up + at, 1));
+            const fvec act = round_bf16(gelu_tanhv(loadv(g + at, 1)));
+            const ivec bits = bf16_bits(act * loadv((const uint16_t *)up + at, 1));
             for (int l = 0; l < VL; l++) g[at + l] = (uint16_t)bits[l];
         } else {
             fvec x = gelu_tanhv(loadv((float *)gate + at, 0)) * loadv((const float *)up + at, 0);
@@ -1248,8 +1250,8 @@ int llmfleet_decode_layers(const llmfleet_model *M, const llmfleet_layer *layers
         llmfleet_gate_times_up(M, T, gate, up);
         linear(M, T, gate, inter, L->down, h, L->down_bias, projected);
         const int last = l + 1 == num_layers;
-        llmfleet_add_norm(M, T, hidden, projected, L->mlp_out_norm, L->mlp_out_eps, last ? final_norm : L[1].input_norm,
-                          last ? final_eps : L[1].input_eps, normed);
+        llmfleet_add_norm(M, T, hidden, projected, L->mlp_out_norm, L->mlp_out_eps,
+                          last ? final_norm : L[1].input_norm, last ? final_eps : L[1].input_eps, normed);
     }
     free(scratch);
     return status;

@@ -1,6 +1,7 @@
 """Decode steps through C (cpu_decode.py): greedy outputs stay HF ``generate``'s on Llama, Qwen2,
-Mistral and Qwen3, all layers in one call and with the linears' own forwards between the C pieces; a
-bfloat16 decode gives the modules' outputs; what the path does not take goes through the modules."""
+Mistral, Qwen3 and Gemma 1-3, all layers in one call and with the linears' own forwards between
+the C pieces; a bfloat16 decode gives the modules' outputs; what the path does not take goes
+through the modules."""
 
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ GEMMAS = {
     # logit caps low enough to bite: 1 on the attention's scores, 3 on the logits
     "gemma2": (("attn_logit_softcapping", 1.0), ("final_logit_softcapping", 3.0), ("sliding_window", 6)),
     # a sliding layer and a full one: two rotary tables (10,000 and 1,000,000), the window 6 tokens
-    "gemma3_text": (("layer_types", ["sliding_attention", "full_attention"]), ("sliding_window", 6)),
+    "gemma3_text": (("layer_types", ("sliding_attention", "full_attention")), ("sliding_window", 6)),
 }
 
 
