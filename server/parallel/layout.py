@@ -59,17 +59,18 @@ def layout_problem(layout: ParallelLayout, hf_config) -> str | None:
             f"tensor and pipeline parallelism support {', '.join(sorted(SPLITTABLE_MODEL_TYPES))} models; "
             f"this one is {model_type!r}"
         )
-    heads = hf_config.num_attention_heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    text = hf_config.get_text_config()  # a multimodal model's text decoder, which the layout splits
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
     sizes = {
         "attention heads": heads,
         "KV heads": kv_heads,
-        "MLP columns (intermediate_size)": hf_config.intermediate_size,
+        "MLP columns (intermediate_size)": text.intermediate_size,
     }
     for what, size in sizes.items():
         if size % layout.tensor:
             return f"tensor parallel size {layout.tensor} does not divide the model's {size} {what}"
-    layers = hf_config.num_hidden_layers
+    layers = text.num_hidden_layers
     if layout.pipeline > layers:
         return f"pipeline parallel size {layout.pipeline} exceeds the model's {layers} layers"
     return None

@@ -372,7 +372,7 @@ def layer_scorings(model: torch.nn.Module, device: torch.device) -> list[Scoring
     """How each layer of a loaded (and probed) model scores its keys, as its attention hands it
     over: the scale and a window (Mistral's from its config, Qwen2's per layer), a cap, sinks."""
     counter = _probe_forward(model, device)
-    return [counter.scorings[i] for i in range(model.config.num_hidden_layers)]
+    return [counter.scorings[i] for i in range(model.config.get_text_config().num_hidden_layers)]
 
 
 def probe(model: torch.nn.Module, device: torch.device) -> KVShape:
@@ -388,7 +388,7 @@ def probe(model: torch.nn.Module, device: torch.device) -> KVShape:
         raise
     except Exception as exc:  # MPT: its own mask code expects the mask transformers builds for others
         raise refused(type(model).__name__, f"a one-token forward with llm-fleet's attention failed: {exc!r}") from exc
-    layers = model.config.num_hidden_layers
+    layers = model.config.get_text_config().num_hidden_layers  # a multimodal model's: its text decoder's
     if counter.calls != layers:
         reason = f"{OWN_ATTENTION} ({counter.calls} attention calls for {layers} layers)"
         raise refused(type(model).__name__, reason)

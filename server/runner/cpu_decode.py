@@ -59,6 +59,7 @@ ARCHITECTURES = (
     "GemmaForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",  # Gemma 3 from 4B on: its text decoder's steps
 )
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -70,9 +71,10 @@ class FusedDecode:
 
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache) -> None:
         self.library = cpu_kernels.decode_kernels()
-        self.inner = model.model
+        self.inner = _decoder(model)
         self.lm_head = model.lm_head
-        self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
+        config = model.config.get_text_config()
+        self.final_softcap = getattr(config, "final_logit_softcapping", None)
         self.dtype = cache.dtype
         layers = self.inner.layers
         first = layers[0]
@@ -80,8 +82,8 @@ class FusedDecode:
         # the rotary tables the layers read: one, or one per layer type (Gemma 3)
         self.rotary_types = _rotary_types(model)
         self.sizes = cpu_kernels.DecodeModel(
-            model.config.hidden_size,
-            model.config.num_attention_heads,
+            config.hidden_size,
+            config.num_attention_heads,
             cache.num_kv_heads,
             first.self_attn.head_dim,
             first.mlp.gate_proj.out_features,
@@ -232,7 +234,7 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
     probe_blocks = sum(-(-(len(prompt) + 1) // cache.block_size) for prompt in _PROBE_PROMPTS)
     if cache.num_blocks < probe_blocks:
         return f"its cache has fewer than the {probe_blocks} blocks the probe at load takes"
-    inner = model.model
+    inner = _decoder(model)
     if len(cache.layers) != len(inner.layers):
         return "its cache's layers are not its decoder layers"
     norms = [inner.norm, *(norm for layer in inner.layers for norm in _layer_norms(layer) if norm is not None)]
@@ -258,12 +260,18 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
         if not getattr(rotary, "llmfleet_fused", False):
             return "its rotary embedding is not the fused one"
         if attention.head_dim != cache.head_dim or attention.o_proj.in_features != attention.head_dim * (
-            model.config.num_attention_heads
+            model.config.get_text_config().num_attention_heads
         ):
             return "its heads do not match its cache and output projection"
     if any(scoring.sinks is not None for scoring in layer_scorings(model, cache.device)):
         return "its attention has sinks"
     return None
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's decoder stack (embedding, layers, final norm, rotary): a multimodal model's
+    text decoder (Gemma 3's ``language_model``)."""
+    return getattr(model.model, "language_model", model.model)
 
 
 def _layer_norms(
@@ -296,9 +304,9 @@ def _epsilon(norm: torch.nn.Module) -> float:
 def _rotary_types(model: torch.nn.Module) -> tuple[str | None, ...]:
     """The layer types whose rotary tables the layers read, in a fixed order: ``(None,)`` where the
     model has one table (its rotary embedding takes no layer type; Gemma 3's does)."""
-    if "layer_type" not in inspect.signature(model.model.rotary_emb.forward).parameters:
+    if "layer_type" not in inspect.signature(_decoder(model).rotary_emb.forward).parameters:
         return (None,)
-    return tuple(sorted(set(model.config.layer_types)))
+    return tuple(sorted(set(model.config.get_text_config().layer_types)))
 
 
 def _head_norms(attention: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
@@ -311,21 +319,21 @@ def _layer_linears(layer: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _model_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [linear for layer in model.model.layers for linear in _layer_linears(layer)]
+    return [linear for layer in _decoder(model).layers for linear in _layer_linears(layer)]
 
 
 def _layer_struct(
     model: torch.nn.Module, cache: PagedKVCache, index: int, scoring: Scoring, in_c: bool, rotary_types: tuple
 ):
     """Layer ``index``'s addresses and scoring; its weights only where the few-row linear reads them all."""
-    layer = model.model.layers[index]
+    layer = _decoder(model).layers[index]
     linears = _layer_linears(layer)
     weights = [torch.ops.mkldnn.data_ptr(linear.packed) if in_c else None for linear in linears]
     biases = [getattr(linear, "small_bias", None) for linear in linears]
     input_norm, attention_out_norm, mlp_norm, mlp_out_norm = _layer_norms(layer)
     head_norms = _head_norms(layer.self_attn)
     out_norms = (attention_out_norm, mlp_out_norm)
-    rotary = 0 if rotary_types == (None,) else rotary_types.index(model.config.layer_types[index])
+    rotary = 0 if rotary_types == (None,) else rotary_types.index(model.config.get_text_config().layer_types[index])
     return cpu_kernels.DecodeLayer(
         input_norm.weight.data_ptr(),
         mlp_norm.weight.data_ptr(),

@@ -38,7 +38,7 @@ def enabled(device: torch.device) -> bool:
 def install(model: torch.nn.Module) -> int:
     """Replace ``apply_rotary_pos_emb`` in the modeling modules of ``model``'s classes where the
     probe finds the kernel exact; returns in how many modules (0 where it was there already)."""
-    config = model.config
+    config = model.config.get_text_config()
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     dtype = next(model.parameters()).dtype

@@ -48,8 +48,10 @@ def refused(architecture: str, reason: str) -> UnsupportedModel:
 
 
 def unsupported_reason(config) -> str | None:
-    """Why the runner cannot serve a model of ``config`` exactly, or None."""
+    """Why the runner cannot serve a model of ``config`` exactly, or None. A multimodal model's
+    config is read for its text decoder, the part that serves text."""
     model_class = _causal_lm_class(config)
+    config = config.get_text_config()
     other = sorted(set(getattr(config, "layer_types", None) or ()) - SUPPORTED_LAYER_TYPES)
     if other:
         return (

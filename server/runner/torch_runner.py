@@ -90,8 +90,9 @@ def load_model(
 
 
 def context_limit(config: EngineConfig, hf_config) -> int:
-    """The context a server takes: ``max_model_len``, at most (and by default) the model's."""
-    model_limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    """The context a server takes: ``max_model_len``, at most (and by default) the model's (a
+    multimodal model's text decoder's)."""
+    model_limit = getattr(hf_config.get_text_config(), "max_position_embeddings", None) or 2048
     if config.max_model_len is not None and config.max_model_len > model_limit:
         raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's limit {model_limit}")
     return config.max_model_len or model_limit
@@ -136,7 +137,7 @@ class TorchModelRunner:
         packed = model_prep.prepare(self.model, self.device, self.dtype, config.max_num_batched_tokens)
         self.pad_steps = pads_steps(self.device.type, DTYPE_NAMES[self.dtype], packed)  # oneDNN's per-shape kernels
         hf = self.model.config
-        self.num_layers = hf.num_hidden_layers
+        self.num_layers = hf.get_text_config().num_hidden_layers
         self.num_kv_heads, self.head_dim = kv_shape.kv_heads, kv_shape.head_dim
         self.max_model_len = context_limit(config, hf)
         self.kv_block_size = config.kv_block_size
@@ -306,7 +307,7 @@ def model_fingerprint(model) -> str:
     sample of the embedding and last layers' values. Two servers of the same checkpoint agree,
     whatever path they loaded it from."""
     digest = hashlib.sha256()
-    config = model.config
+    config = model.config.get_text_config()
     for key in (
         "model_type",
         "vocab_size",

@@ -155,6 +155,52 @@ def test_gemma3_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
     assert run(fused, prompts, max_tokens) == run(make_runner(model_dir, "bfloat16"), prompts, max_tokens)
 
 
+def multimodal_gemma3_model(target):
+    """A tiny Gemma 3 as its 4B and larger checkpoints come: Gemma3ForConditionalGeneration, a
+    vision tower beside the text decoder, every size under ``text_config``."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from llmfleet.server.runner.builtin_models import build_tokenizer
+
+    text = {
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 6,
+        "max_position_embeddings": 1024,
+    }
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config = Gemma3Config(text_config=text, vision_config=vision | {"image_size": 28, "patch_size": 14})
+    torch.manual_seed(9)
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(0.5 * torch.randn(param.shape) if "norm" in name else 0.08 * torch.randn(param.shape))
+    model.save_pretrained(target)
+    build_tokenizer(512).save_pretrained(target)
+    return target
+
+
+@pytest.mark.parametrize("path", ["one call", "linears between"])
+def test_a_multimodal_gemma3_serves_text_through_its_decoder(tmp_path, path):
+    model_dir = multimodal_gemma3_model(tmp_path / "gemma3-mm")
+    prompts = prompts_for(12, (3, 40, 9, 17))
+    max_tokens = [10, 8, 12, 9]
+    runner = make_runner(model_dir)
+    assert runner.max_model_len == 1024  # its text decoder's context
+    fused = runner.fused_decode
+    assert fused is not None
+    if path == "linears between":
+        fused.c_rows = 0
+    assert run(runner, prompts, max_tokens, chunk=7) == hf_greedy(model_dir, prompts, max_tokens)
+
+
 @pytest.mark.parametrize("architecture", ["tiny-mistral", "tiny-qwen2"])
 def test_a_sliding_window_shorter_than_the_context(tmp_path, architecture):
     spec = dataclasses.replace(BUILTINS[architecture], sliding_window=6)

@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.models.llama import modeling_llama
 
 from llmfleet.server.runner import cpu_kernels, fused_rotary
@@ -81,6 +81,6 @@ def test_a_rotary_that_differs_is_left_alone(monkeypatch):
     model = torch.nn.Module()
     model.attention = Attention()
     model.weight = torch.nn.Parameter(torch.zeros(1))
-    model.config = types.SimpleNamespace(num_attention_heads=4, hidden_size=64)
+    model.config = PretrainedConfig(num_attention_heads=4, hidden_size=64)
     assert fused_rotary.install(model) == 0
     assert module.apply_rotary_pos_emb is interleaved
