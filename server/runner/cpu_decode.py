@@ -243,6 +243,7 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
         return "its RMSNorms are not all the fused ones, nor all Gemma's"
     if len(_rotary_types(model)) > 2:
         return "its layers read more than two rotary tables"
+    heads = model.config.get_text_config().num_attention_heads
     for layer in inner.layers:
         attention = layer.self_attn
         if not all(
@@ -259,9 +260,7 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
         rotary = getattr(sys.modules[type(attention).__module__], ROTARY_NAME, None)
         if not getattr(rotary, "llmfleet_fused", False):
             return "its rotary embedding is not the fused one"
-        if attention.head_dim != cache.head_dim or attention.o_proj.in_features != attention.head_dim * (
-            model.config.get_text_config().num_attention_heads
-        ):
+        if attention.head_dim != cache.head_dim or attention.o_proj.in_features != attention.head_dim * heads:
             return "its heads do not match its cache and output projection"
     if any(scoring.sinks is not None for scoring in layer_scorings(model, cache.device)):
         return "its attention has sinks"

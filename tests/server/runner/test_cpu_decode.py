@@ -64,6 +64,24 @@ def test_greedy_outputs_are_hf_generate(name, path):
     assert any(t is None for t in taken)  # steps with prompt chunks did not
 
 
+def greedy_matches_hf(runner, model_dir, prompts, max_tokens, path: str) -> None:
+    """The runner's greedy outputs, its decode steps all in one C call or with the linears' own
+    forwards between the C pieces (``path``), are HF ``generate``'s."""
+    if path == "linears between":
+        runner.fused_decode.c_rows = 0
+    assert run(runner, prompts, max_tokens, chunk=7) == hf_greedy(model_dir, prompts, max_tokens)
+
+
+def bfloat16_matches_modules(model_dir, prompts, max_tokens, monkeypatch) -> None:
+    """A bfloat16 runner through the C decode gives the tokens of one through the modules."""
+    fused = make_runner(model_dir, "bfloat16")
+    assert fused.fused_decode is not None
+    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
+    modules = make_runner(model_dir, "bfloat16")
+    assert modules.fused_decode is None
+    assert run(fused, prompts, max_tokens) == run(modules, prompts, max_tokens)
+
+
 def qwen3_model(target):
     """A tiny Qwen3 whose query and key norms have weights of their own (the built-in models'
     norms are all ones, which would hide a weight the kernel skipped or misplaced)."""
@@ -89,19 +107,11 @@ def test_qwen3s_head_norms(tmp_path, path):
     runner = make_runner(model_dir)
     fused = runner.fused_decode
     assert fused is not None and fused.layers[0].q_norm and fused.layers[0].k_norm
-    if path == "linears between":
-        fused.c_rows = 0
-    assert run(runner, prompts, max_tokens, chunk=7) == hf_greedy(model_dir, prompts, max_tokens)
+    greedy_matches_hf(runner, model_dir, prompts, max_tokens, path)
 
 
 def test_qwen3_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
-    model_dir = qwen3_model(tmp_path / "qwen3")
-    prompts = prompts_for(9, (7, 33, 2, 64))
-    max_tokens = [20, 20, 20, 20]
-    fused = make_runner(model_dir, "bfloat16")
-    assert fused.fused_decode is not None
-    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
-    assert run(fused, prompts, max_tokens) == run(make_runner(model_dir, "bfloat16"), prompts, max_tokens)
+    bfloat16_matches_modules(qwen3_model(tmp_path / "qwen3"), prompts_for(9, (7, 33, 2, 64)), [20] * 4, monkeypatch)
 
 
 GEMMAS = {
@@ -140,19 +150,12 @@ def test_gemmas_norms_gelu_caps_and_rotary_tables(tmp_path, architecture, path):
     runner = make_runner(model_dir)
     fused = runner.fused_decode
     assert fused is not None and fused.sizes.gemma_norms and fused.sizes.gelu_tanh
-    if path == "linears between":
-        fused.c_rows = 0
-    assert run(runner, prompts, max_tokens, chunk=7) == hf_greedy(model_dir, prompts, max_tokens)
+    greedy_matches_hf(runner, model_dir, prompts, max_tokens, path)
 
 
 def test_gemma3_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
     model_dir = gemma_model("gemma3_text", tmp_path / "gemma3")
-    prompts = prompts_for(11, (7, 33, 2, 20))
-    max_tokens = [16, 16, 16, 16]
-    fused = make_runner(model_dir, "bfloat16")
-    assert fused.fused_decode is not None
-    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
-    assert run(fused, prompts, max_tokens) == run(make_runner(model_dir, "bfloat16"), prompts, max_tokens)
+    bfloat16_matches_modules(model_dir, prompts_for(11, (7, 33, 2, 20)), [16] * 4, monkeypatch)
 
 
 def multimodal_gemma3_model(target):
@@ -194,11 +197,8 @@ def test_a_multimodal_gemma3_serves_text_through_its_decoder(tmp_path, path):
     max_tokens = [10, 8, 12, 9]
     runner = make_runner(model_dir)
     assert runner.max_model_len == 1024  # its text decoder's context
-    fused = runner.fused_decode
-    assert fused is not None
-    if path == "linears between":
-        fused.c_rows = 0
-    assert run(runner, prompts, max_tokens, chunk=7) == hf_greedy(model_dir, prompts, max_tokens)
+    assert runner.fused_decode is not None
+    greedy_matches_hf(runner, model_dir, prompts, max_tokens, path)
 
 
 @pytest.mark.parametrize("architecture", ["tiny-mistral", "tiny-qwen2"])
@@ -213,15 +213,7 @@ def test_a_sliding_window_shorter_than_the_context(tmp_path, architecture):
 
 
 def test_bfloat16_gives_the_modules_outputs(monkeypatch):
-    model_dir = resolve_model("builtin:tiny")
-    prompts = prompts_for(6, (7, 33, 2, 64))
-    max_tokens = [20, 20, 20, 20]
-    fused = make_runner(model_dir, "bfloat16")
-    assert fused.fused_decode is not None
-    monkeypatch.setenv("LLMFLEET_FUSED_DECODE", "0")
-    modules = make_runner(model_dir, "bfloat16")
-    assert modules.fused_decode is None
-    assert run(fused, prompts, max_tokens) == run(modules, prompts, max_tokens)
+    bfloat16_matches_modules(resolve_model("builtin:tiny"), prompts_for(6, (7, 33, 2, 64)), [20] * 4, monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
