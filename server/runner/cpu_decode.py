@@ -5,21 +5,21 @@ time, and each linear's stream evicts what the CPU's caches held: the interprete
 code and data that run the norms, the rotary embedding, the residual adds and the module calls
 between two linears. On builtin:small (bfloat16, 1 thread, batch 1) they took 4.3-4.6 ms a step
 longer with a read of the weights' bytes between them than without (docs/engine.md). So for the
-architectures whose layer is Llama's or close to it (Llama, Qwen2, Mistral, Qwen3, Gemma 1-3:
-``ARCHITECTURES`` says how close) a decode step runs the same C kernels the module path calls
-(RMSNorm, the few-row linears, the rotary embedding, the cache write, paged attention), with the
-modules' roundings, and nothing else:
+architectures whose layer is Llama's or close to it (Llama, Qwen2, Mistral, Qwen3, Gemma 1-3,
+Granite, Phi-3: ``ARCHITECTURES`` says how close) a decode step runs the same C kernels the module
+path calls (RMSNorm, the few-row linears, the rotary embedding, the cache write, paged
+attention), with the modules' roundings, and nothing else:
 
 - where the few-row linear reads every weight (float32; bfloat16 on CPUs with AVX512-BF16 or
   AMX), all layers in one C call;
 - elsewhere (plain linears, more rows than the few-row linear takes) Python runs each linear's
   own forward and one C call between two of them: four a layer.
 
-Left in Python: the embedding, the rotary angles and the LM head. A model takes this path only
-where every piece is the one the module path runs (``_refusal``), and at load a decode of two
-requests must give the module path's logits, or the modules stay. A step takes it where every
-request decodes one token; prompt chunks go through the modules. ``LLMFLEET_FUSED_DECODE=0``
-keeps the modules for every step.
+Left in Python: the embedding, the rotary angles and the LM head, with the scalars and caps
+around them. A model takes this path only where every piece is the one the module path runs
+(``_refusal``), and at load a decode of two requests must give the module path's logits, or the
+modules stay. A step takes it where every request decodes one token; prompt chunks go through
+the modules. ``LLMFLEET_FUSED_DECODE=0`` keeps the modules for every step.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ log = logging.getLogger(__name__)
 # transformers 5.23 and 5.25, give or take what the kernels take: Qwen2's q/k/v biases and window
 # per layer, Qwen3's RMSNorm of each query and key head before the rotary embedding; Gemma's
 # RMSNorm (times 1 + weight) and GeLU (tanh), Gemma 2's and 3's norms of the attention's and the
-# MLP's outputs, Gemma 2's logit caps and Gemma 3's rotary table per layer type.
+# MLP's outputs, Gemma 2's logit caps and Gemma 3's rotary table per layer type; Granite's
+# scalars on the embeddings, on each branch before its residual add, and dividing the logits;
+# Phi-3's q, k and v in one linear, and its gate and up.
 ARCHITECTURES = (
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
@@ -60,9 +62,9 @@ ARCHITECTURES = (
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration",  # Gemma 3 from 4B on: its text decoder's steps
+    "GraniteForCausalLM",
+    "Phi3ForCausalLM",  # Phi-3, Phi-3.5, Phi-4 (14B); not Phi-4-mini, whose rotary turns 3/4 of a head
 )
-_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP = ("gate_proj", "up_proj", "down_proj")
 _PROBE_PROMPTS = ([11, 12, 13], [21, 22, 23, 24, 25])  # decoded once each at load, both ways
 
 
@@ -75,6 +77,9 @@ class FusedDecode:
         self.lm_head = model.lm_head
         config = model.config.get_text_config()
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
+        # Granite's scalars, where its modules read them (None: the model has none)
+        self.embedding_multiplier = getattr(self.inner, "embedding_multiplier", None)
+        self.logits_scaling = getattr(config, "logits_scaling", None)
         self.dtype = cache.dtype
         layers = self.inner.layers
         first = layers[0]
@@ -86,16 +91,21 @@ class FusedDecode:
             config.num_attention_heads,
             cache.num_kv_heads,
             first.self_attn.head_dim,
-            first.mlp.gate_proj.out_features,
+            first.mlp.down_proj.in_features,
             cache.num_blocks,
             cache.block_size,
             keys.stride(0),
             keys.stride(1),
             int(cache.dtype == torch.bfloat16),
             gemma_norms=int(is_gemma_norm(first.input_layernorm)),
-            gelu_tanh=int(is_torchs_gelu_tanh(first.mlp.act_fn)),
+            gelu_tanh=int(is_torchs_gelu_tanh(_activation(first.mlp))),
+            residual_scale=getattr(first, "residual_multiplier", 0.0),
+            fused_qkv=int(_slots(first)[1] is None),
+            fused_gate_up=int(_slots(first)[5] is None),
         )
-        self.linears = [_layer_linears(layer) for layer in layers]
+        self.linears = [_slots(layer) for layer in layers]
+        sizes = self.sizes
+        self.qkv_widths = [sizes.heads * sizes.dim, sizes.kv_heads * sizes.dim, sizes.kv_heads * sizes.dim]
         scorings = layer_scorings(model, cache.device)
         # the rows every weight's few-row kernel takes (0: some weight only oneDNN reads), all
         # weights in one packing
@@ -120,6 +130,8 @@ class FusedDecode:
         if meta.prefills or not meta.decode_groups or step.input_ids.shape[1] != rows:
             return None
         hidden = self.inner.embed_tokens(step.input_ids[0])  # (rows, hidden): the residual stream, in place
+        if self.embedding_multiplier is not None:
+            hidden = hidden * self.embedding_multiplier
         tables = []  # (cos, sin) of each rotary type, kept alive through the C calls
         for layer_type in self.rotary_types:
             cos, sin = self.inner.rotary_emb(hidden, step.positions, *([layer_type] if layer_type else []))
@@ -142,6 +154,8 @@ class FusedDecode:
         else:
             normed = self._with_linears(hidden, args, padded_step_tokens(rows) if pad else rows)
         logits = self.lm_head(normed[:rows].index_select(0, step.logit_rows))
+        if self.logits_scaling is not None:  # Granite's, as its model's forward divides
+            logits = logits / self.logits_scaling
         if self.final_softcap:  # Gemma 2's cap on the logits, as its model's forward applies it
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
@@ -180,7 +194,7 @@ class FusedDecode:
         last = len(self.layers) - 1
         for i, (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) in enumerate(self.linears):
             layer = self.layers[i]
-            q, k, v = q_proj.forward(normed), k_proj.forward(normed), v_proj.forward(normed)
+            q, k, v = _project(normed, (q_proj, k_proj, v_proj), self.qkv_widths)
             status = lib.llmfleet_decode_attend(
                 sizes, layer, args, q.data_ptr(), k.data_ptr(), v.data_ptr(), q_rot.data_ptr(), k_rot.data_ptr(),
                 attended.data_ptr()
@@ -192,7 +206,7 @@ class FusedDecode:
                 sizes, args, hidden.data_ptr(), projected.data_ptr(), layer.attention_out_norm, layer.attention_out_eps,
                 layer.post_norm, layer.post_eps, normed.data_ptr()
             )  # fmt: skip
-            gate, up = gate_proj.forward(normed), up_proj.forward(normed)
+            gate, up = _project(normed, (gate_proj, up_proj), [sizes.intermediate] * 2)
             lib.llmfleet_gate_times_up(sizes, args, gate.data_ptr(), up.data_ptr())
             projected = down_proj.forward(gate)
             norm, eps = (
@@ -205,6 +219,14 @@ class FusedDecode:
                 normed.data_ptr()
             )  # fmt: skip
         return normed
+
+
+def _project(x: torch.Tensor, linears, widths: list[int]) -> list[torch.Tensor]:
+    """Each linear's output of ``x``; where the first is a fused one (the others None) its output
+    split into contiguous parts of ``widths``, as the C pieces read them."""
+    if linears[1] is None:
+        return [part.contiguous() for part in linears[0].forward(x).split(widths, dim=-1)]
+    return [linear.forward(x) for linear in linears]
 
 
 def fused_decode(model: torch.nn.Module, cache: PagedKVCache) -> FusedDecode | None:
@@ -243,7 +265,9 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
         return "its RMSNorms are not all the fused ones, nor all Gemma's"
     if len(_rotary_types(model)) > 2:
         return "its layers read more than two rotary tables"
-    heads = model.config.get_text_config().num_attention_heads
+    if _rotary_widths(model) != {inner.layers[0].self_attn.head_dim}:
+        return "its rotary embedding turns part of each head"
+    expected_shapes = _expected_shapes(model, cache)
     for layer in inner.layers:
         attention = layer.self_attn
         if not all(
@@ -253,15 +277,18 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
             return "its query and key norms are not its other RMSNorms' kind over each head"
         if not all(type(linear) in (PackedLinear, torch.nn.Linear) for linear in _layer_linears(layer)):
             return "its linears are not plain or packed linears"
-        if kernel_for(layer.mlp.act_fn) is None:
-            return f"its MLP's activation is {type(layer.mlp.act_fn).__name__}, not SiLU or torch's GeLU (tanh)"
-        if type(layer.mlp.act_fn) is not type(inner.layers[0].mlp.act_fn):
+        if _shapes(layer) != expected_shapes:
+            return "its linears' sizes are not those of its heads, its cache and its first layer's"
+        activation = _activation(layer.mlp)
+        if kernel_for(activation) is None:
+            return f"its MLP's activation is {type(activation).__name__}, not SiLU or torch's GeLU (tanh)"
+        if type(activation) is not type(_activation(inner.layers[0].mlp)):
             return "its MLPs' activations differ"
         rotary = getattr(sys.modules[type(attention).__module__], ROTARY_NAME, None)
         if not getattr(rotary, "llmfleet_fused", False):
             return "its rotary embedding is not the fused one"
-        if attention.head_dim != cache.head_dim or attention.o_proj.in_features != attention.head_dim * heads:
-            return "its heads do not match its cache and output projection"
+        if attention.head_dim != cache.head_dim:
+            return "its heads do not match its cache"
     if any(scoring.sinks is not None for scoring in layer_scorings(model, cache.device)):
         return "its attention has sinks"
     return None
@@ -308,13 +335,63 @@ def _rotary_types(model: torch.nn.Module) -> tuple[str | None, ...]:
     return tuple(sorted(set(model.config.get_text_config().layer_types)))
 
 
+def _rotary_widths(model: torch.nn.Module) -> set[int]:
+    """How much of each head the rotary tables turn, over all of them: a head's size, or less for
+    a partial rotary (Phi-4-mini's 3/4), which the C rotary does not take."""
+    inner = _decoder(model)
+    anchor = next(inner.parameters())
+    x, positions = torch.zeros((1, 1), dtype=anchor.dtype), torch.zeros((1, 1), dtype=torch.long)
+    with torch.inference_mode():
+        tables = [inner.rotary_emb(x, positions, *([t] if t else [])) for t in _rotary_types(model)]
+    return {cos.shape[-1] for cos, _ in tables}
+
+
 def _head_norms(attention: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
     """The attention's norms of each query and key head (Qwen3's, Gemma 3's), or None where it has none."""
     return getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
 
 
+def _slots(layer: torch.nn.Module) -> list[torch.nn.Module | None]:
+    """A layer's linears in the C layer's seven places (q, k, v, o, gate, up, down); a fused one
+    (Phi-3's qkv_proj, its gate_up_proj) in the first of the places it fills, None in the others."""
+    attention, mlp = layer.self_attn, layer.mlp
+    if hasattr(attention, "qkv_proj"):
+        qkv = [attention.qkv_proj, None, None]
+    else:
+        qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
+    gate_up = [mlp.gate_up_proj, None] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
+    return [*qkv, attention.o_proj, *gate_up, mlp.down_proj]
+
+
 def _layer_linears(layer: torch.nn.Module) -> list[torch.nn.Module]:
-    return [getattr(layer.self_attn, name) for name in _ATTENTION] + [getattr(layer.mlp, name) for name in _MLP]
+    return [linear for linear in _slots(layer) if linear is not None]
+
+
+def _shapes(layer: torch.nn.Module) -> list[tuple[int, int] | None]:
+    """(in, out) features of each of a layer's seven places; None where a fused linear fills it."""
+    return [None if linear is None else (linear.in_features, linear.out_features) for linear in _slots(layer)]
+
+
+def _expected_shapes(model: torch.nn.Module, cache: PagedKVCache) -> list[tuple[int, int] | None]:
+    """The shapes the C layers read their seven places at, from the model's sizes, its cache's and
+    its first layer's (fused or not, the MLP's width): a linear of other sizes would have them
+    read past a weight."""
+    config, first = model.config.get_text_config(), _decoder(model).layers[0]
+    slots, hidden, dim = _slots(first), config.hidden_size, cache.head_dim
+    inter = slots[6].in_features
+    q_width, kv_width = config.num_attention_heads * dim, cache.num_kv_heads * dim
+    qkv = (
+        [(hidden, q_width + 2 * kv_width), None, None]
+        if slots[1] is None
+        else [(hidden, q_width), *[(hidden, kv_width)] * 2]
+    )
+    gate_up = [(hidden, 2 * inter), None] if slots[5] is None else [(hidden, inter)] * 2
+    return [*qkv, (q_width, hidden), *gate_up, (inter, hidden)]
+
+
+def _activation(mlp: torch.nn.Module) -> torch.nn.Module | None:
+    """The MLP's activation: ``act_fn`` (Llama's name) or ``activation_fn`` (Phi-3's)."""
+    return getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
 
 
 def _model_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -326,8 +403,8 @@ def _layer_struct(
 ):
     """Layer ``index``'s addresses and scoring; its weights only where the few-row linear reads them all."""
     layer = _decoder(model).layers[index]
-    linears = _layer_linears(layer)
-    weights = [torch.ops.mkldnn.data_ptr(linear.packed) if in_c else None for linear in linears]
+    linears = _slots(layer)
+    weights = [torch.ops.mkldnn.data_ptr(linear.packed) if in_c and linear is not None else None for linear in linears]
     biases = [getattr(linear, "small_bias", None) for linear in linears]
     input_norm, attention_out_norm, mlp_norm, mlp_out_norm = _layer_norms(layer)
     head_norms = _head_norms(layer.self_attn)

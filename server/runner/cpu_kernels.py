@@ -1058,7 +1058,8 @@ void llmfleet_rotary(const void *q, int64_t q_heads, int64_t q_head_stride, int6
    for it, with the modules' roundings (cpu_decode.py says why). Gemma's layers (1, 2 and 3) are
    the same with its RMSNorm, GeLU (tanh) for SiLU, and in Gemma 2 and 3 a norm of the attention's
    and the MLP's outputs before each residual add, a logit cap (2) and a second rotary table for
-   the sliding-window layers (3). Where the few-row linear reads every weight,
+   the sliding-window layers (3). Granite's scale each branch before its residual add; Phi-3's
+   fuse q, k and v into one linear, and the gate and the up. Where the few-row linear reads every weight,
    llmfleet_decode_layers runs all of it in one call; elsewhere Python runs oneDNN's linears and
    calls the pieces between them. */
 typedef struct {
@@ -1068,6 +1069,9 @@ typedef struct {
     int packed_block;  /* columns per block of the packed weights: 64, or 32 (bf16 with AMX) */
     int gemma_norms;  /* every RMSNorm is Gemma's: times (1 + weight), rounded once */
     int gelu_tanh;  /* the MLP's activation is GeLU's tanh approximation, not SiLU */
+    float residual_scale;  /* each branch's output times this before its residual add (Granite's); 0: none */
+    int fused_qkv;  /* a layer's q weight is q, k and v's in one (Phi-3's qkv_proj); its k and v unused */
+    int fused_gate_up;  /* its gate weight is the gate's and the up's in one (gate_up_proj); up unused */
 } llmfleet_model;
 
 typedef struct {
@@ -1101,13 +1105,27 @@ typedef struct {
     const void *cos2, *sin2;  /* a second rotary table (m, dim), for layers whose rotary is 1 */
 } llmfleet_step;
 
+/* x *= scale over ``count`` values, each product rounded to the dtype as torch's multiply by a
+   scalar; apart from the add after it, so that the two are never one fused multiply-add */
+__attribute__((noinline)) static void scale_values(void *x, int64_t count, float scale, int bf16) {
+    if (bf16) {
+        uint16_t *v = x;
+        for (int64_t i = 0; i < count; i++) v[i] = float_to_bf16(bf16_to_float(v[i]) * scale);
+    } else {
+        float *v = x;
+        for (int64_t i = 0; i < count; i++) v[i] *= scale;
+    }
+}
+
 /* hidden += delta (none where NULL), first normed in place by delta_norm where that is not
-   NULL, the sum rounded to the dtype once as torch's add; then normed = RMSNorm(hidden) */
+   NULL and scaled by the model's residual_scale where it has one, the sum rounded to the dtype
+   once as torch's add; then normed = RMSNorm(hidden) */
 void llmfleet_add_norm(const llmfleet_model *M, const llmfleet_step *T, void *hidden, void *delta,
                        const void *delta_norm, float delta_eps, const void *weight, float eps, void *normed) {
     const int64_t count = T->m * M->hidden_size;
     if (delta && delta_norm)
         norm_rows(delta, T->m, M->hidden_size, delta_norm, delta_eps, delta, M->bf16, M->gemma_norms, T->num_threads);
+    if (delta && M->residual_scale != 0.0f) scale_values(delta, count, M->residual_scale, M->bf16);
     if (delta && M->bf16) {
         uint16_t *h = hidden;
         const uint16_t *d = delta;
@@ -1218,6 +1236,21 @@ static void linear(const llmfleet_model *M, const llmfleet_step *T, const void *
     else llmfleet_small_linear(x, T->m, k, w, n, bias, out, T->num_threads);
 }
 
+/* Rows of ``parts`` widths side by side at ``from`` (rows, sum of widths) into one array of rows
+   of each width: the output of a fused linear, as the modules' split hands it on */
+static void split_columns(const char *from, int64_t rows, int64_t item, int parts, const int64_t *widths,
+                          char *const *to) {
+    int64_t width = 0;
+    for (int p = 0; p < parts; p++) width += widths[p];
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = from + item * r * width;
+        for (int p = 0; p < parts; p++) {
+            memcpy(to[p] + item * r * widths[p], row, item * widths[p]);
+            row += item * widths[p];
+        }
+    }
+}
+
 /* Every layer, the few-row linear reading each weight; hidden (m, hidden_size) is the residual
    stream, updated in place, and normed (m, hidden_size) ends as RMSNorm(hidden) by final_norm.
    Returns -1, having written nothing, where a slot is outside the cache; -2 out of memory. */
@@ -1226,18 +1259,26 @@ int llmfleet_decode_layers(const llmfleet_model *M, const llmfleet_layer *layers
                            float final_eps) {
     const int64_t item = M->bf16 ? 2 : 4, m = T->m, h = M->hidden_size;
     const int64_t q_width = M->heads * M->dim, kv_width = M->kv_heads * M->dim, inter = M->intermediate;
-    char *scratch = malloc(item * m * (h + 3 * q_width + 3 * kv_width + 2 * inter));
+    char *scratch = malloc(item * m * (h + 3 * q_width + 3 * kv_width + (M->fused_gate_up ? 4 : 2) * inter));
     if (!scratch) return -2;
     char *projected = scratch, *q = projected + item * m * h, *k = q + item * m * q_width;
     char *v = k + item * m * kv_width, *q_rot = v + item * m * kv_width, *k_rot = q_rot + item * m * q_width;
     char *attended = k_rot + item * m * kv_width, *gate = attended + item * m * q_width, *up = gate + item * m * inter;
+    char *gate_up = up + item * m * inter;  /* a fused gate and up linear's rows, before the split */
+    const int64_t qkv_widths[3] = {q_width, kv_width, kv_width}, gate_up_widths[2] = {inter, inter};
+    char *const qkv_parts[3] = {q, k, v}, *const gate_up_parts[2] = {gate, up};
     int status = 0;
     llmfleet_add_norm(M, T, hidden, NULL, NULL, 0.0f, layers[0].input_norm, layers[0].input_eps, normed);
     for (int64_t l = 0; l < num_layers && !status; l++) {
         const llmfleet_layer *L = layers + l;
-        linear(M, T, normed, h, L->q, q_width, L->q_bias, q);
-        linear(M, T, normed, h, L->k, kv_width, L->k_bias, k);
-        linear(M, T, normed, h, L->v, kv_width, L->v_bias, v);
+        if (M->fused_qkv) {  /* q_rot, k_rot and attended are free until the rotary: the fused rows go there */
+            linear(M, T, normed, h, L->q, q_width + 2 * kv_width, L->q_bias, q_rot);
+            split_columns(q_rot, m, item, 3, qkv_widths, qkv_parts);
+        } else {
+            linear(M, T, normed, h, L->q, q_width, L->q_bias, q);
+            linear(M, T, normed, h, L->k, kv_width, L->k_bias, k);
+            linear(M, T, normed, h, L->v, kv_width, L->v_bias, v);
+        }
         if (llmfleet_decode_attend(M, L, T, q, k, v, q_rot, k_rot, attended)) {
             status = -1;  /* only in the first layer: every layer writes the same slots */
             break;
@@ -1245,8 +1286,13 @@ int llmfleet_decode_layers(const llmfleet_model *M, const llmfleet_layer *layers
         linear(M, T, attended, q_width, L->o, h, L->o_bias, projected);
         llmfleet_add_norm(M, T, hidden, projected, L->attention_out_norm, L->attention_out_eps, L->post_norm,
                           L->post_eps, normed);
-        linear(M, T, normed, h, L->gate, inter, L->gate_bias, gate);
-        linear(M, T, normed, h, L->up, inter, L->up_bias, up);
+        if (M->fused_gate_up) {
+            linear(M, T, normed, h, L->gate, 2 * inter, L->gate_bias, gate_up);
+            split_columns(gate_up, m, item, 2, gate_up_widths, gate_up_parts);
+        } else {
+            linear(M, T, normed, h, L->gate, inter, L->gate_bias, gate);
+            linear(M, T, normed, h, L->up, inter, L->up_bias, up);
+        }
         llmfleet_gate_times_up(M, T, gate, up);
         linear(M, T, gate, inter, L->down, h, L->down_bias, projected);
         const int last = l + 1 == num_layers;
@@ -1356,6 +1402,9 @@ class DecodeModel(ctypes.Structure):
         ("packed_block", ctypes.c_int),
         ("gemma_norms", ctypes.c_int),
         ("gelu_tanh", ctypes.c_int),
+        ("residual_scale", ctypes.c_float),
+        ("fused_qkv", ctypes.c_int),
+        ("fused_gate_up", ctypes.c_int),
     ]
 
 

@@ -1,7 +1,7 @@
 """Decode steps through C (cpu_decode.py): greedy outputs stay HF ``generate``'s on Llama, Qwen2,
-Mistral, Qwen3 and Gemma 1-3, all layers in one call and with the linears' own forwards between
-the C pieces; a bfloat16 decode gives the modules' outputs; what the path does not take goes
-through the modules."""
+Mistral, Qwen3, Gemma 1-3, Granite and Phi-3, all layers in one call and with the linears' own
+forwards between the C pieces; a bfloat16 decode gives the modules' outputs; what the path does
+not take goes through the modules."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
 from llmfleet.server.runner import cpu_decode, cpu_kernels
+from llmfleet.server.runner.attention import model_logits
 from llmfleet.server.runner.builtin_models import BUILTINS, build_model_dir, resolve_model
 from llmfleet.server.runner.step_inputs import build_step_inputs
 from llmfleet.server.runner.torch_runner import TorchModelRunner
@@ -199,6 +200,66 @@ def test_a_multimodal_gemma3_serves_text_through_its_decoder(tmp_path, path):
     assert runner.max_model_len == 1024  # its text decoder's context
     assert runner.fused_decode is not None
     greedy_matches_hf(runner, model_dir, prompts, max_tokens, path)
+
+
+# Granite's scalars, far from 1 as its checkpoints' are (3.x 8B: 12, 0.22, 16, 1/128)
+GRANITE = (
+    ("embedding_multiplier", 12.0),
+    ("residual_multiplier", 0.22),
+    ("logits_scaling", 8.0),
+    ("attention_multiplier", 0.0625),
+)
+
+
+def granite_model(target):
+    spec = dataclasses.replace(BUILTINS["tiny"], architecture="granite", extra_config=GRANITE)
+    return build_model_dir(spec, target)
+
+
+@pytest.mark.parametrize("path", ["one call", "linears between"])
+def test_granites_scalars(tmp_path, path):
+    model_dir = granite_model(tmp_path / "granite")
+    runner = make_runner(model_dir)
+    fused = runner.fused_decode
+    assert fused is not None and fused.sizes.residual_scale == pytest.approx(0.22)
+    greedy_matches_hf(runner, model_dir, prompts_for(13, (3, 40, 9, 1, 17)), [12, 9, 14, 16, 11], path)
+    # the logits too, which greedy tokens would not show divided or not
+    step = decode_step(runner)
+    expected = model_logits(runner.model, step.input_ids, step.positions, step.logit_rows, step.meta)
+    torch.testing.assert_close(fused.logits(step), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_granite_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
+    model_dir = granite_model(tmp_path / "granite")
+    bfloat16_matches_modules(model_dir, prompts_for(14, (7, 33, 2, 20)), [16] * 4, monkeypatch)
+
+
+def phi3_model(target, partial_rotary: float = 1.0):
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary}
+    spec = dataclasses.replace(BUILTINS["tiny"], architecture="phi3", extra_config=(("rope_parameters", rope),))
+    return build_model_dir(spec, target)
+
+
+@pytest.mark.parametrize("path", ["one call", "linears between"])
+def test_phi3s_fused_linears(tmp_path, path):
+    model_dir = phi3_model(tmp_path / "phi3")
+    runner = make_runner(model_dir)
+    fused = runner.fused_decode
+    assert fused is not None and fused.sizes.fused_qkv and fused.sizes.fused_gate_up
+    greedy_matches_hf(runner, model_dir, prompts_for(15, (3, 40, 9, 1, 17)), [12, 9, 14, 16, 11], path)
+
+
+def test_phi3_in_bfloat16_gives_the_modules_outputs(tmp_path, monkeypatch):
+    bfloat16_matches_modules(phi3_model(tmp_path / "phi3"), prompts_for(16, (7, 33, 2, 20)), [16] * 4, monkeypatch)
+
+
+def test_a_partial_rotary_keeps_the_modules(tmp_path):
+    """Phi-4-mini turns 3/4 of each head; the C rotary turns all of it."""
+    model_dir = phi3_model(tmp_path / "phi4-mini", partial_rotary=0.75)
+    runner = make_runner(model_dir)
+    assert runner.fused_decode is None
+    prompts, max_tokens = prompts_for(17, (3, 40, 9)), [12, 9, 14]
+    assert run(runner, prompts, max_tokens) == hf_greedy(model_dir, prompts, max_tokens)
 
 
 @pytest.mark.parametrize("architecture", ["tiny-mistral", "tiny-qwen2"])
