@@ -52,7 +52,9 @@ class ModelRunner(Protocol):
     """Turns a scheduled step into next tokens. Makes no scheduling decision.
 
     ``execute`` returns one entry per ``output.scheduled`` item, in order: the sampled
-    token, or None for a prefill chunk that did not reach the end of the prompt.
+    token, or None for a prefill chunk that did not reach the end of the prompt. A runner of a
+    LongRoPE model also has ``longrope_context``: the pre-training context past which a sequence
+    takes the long table, and its KV is computed again (request_rope.py).
     """
 
     max_model_len: int

@@ -13,13 +13,17 @@ block another one reads. Hashes are Python's 64-bit tuple hashes by default, as 
 ``sha256`` (vLLM's ``--prefix-caching-hash-algo sha256``) two prefixes sharing KV would take a
 SHA-256 collision, for fleets whose tenants must never read each other's prefixes. A request's
 ``cache_salt`` (vLLM's) starts its chain from a root of its own: it shares prefixes only with
-requests of the same salt, so one tenant cannot time another's prompts out of the cache.
+requests of the same salt, so one tenant cannot time another's prompts out of the cache. The
+requests of a LongRoPE model whose keys were turned with its long table (``rope_switch``, the
+runner's ``longrope_context``; request_rope.py) keep their blocks in chains of their own the
+same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -50,13 +54,29 @@ def _sha256_root(salt: str) -> bytes:
     return hashlib.sha256(f"{_ROOT}\x00{salt}".encode()).digest()
 
 
+def _builtin_keyed_root(salt: str | None, key: str) -> int:
+    return hash((_ROOT, salt, key))  # three items: never a salt's own root
+
+
+def _sha256_keyed_root(salt: str | None, key: str) -> bytes:
+    return hashlib.sha256(f"{_ROOT}\x01{json.dumps([salt, key])}".encode()).digest()  # \x01: never a salt's
+
+
 ROOTS = {"builtin": _builtin_root, "sha256": _sha256_root}  # a salted chain's parent of its first block
+KEYED_ROOTS = {"builtin": _builtin_keyed_root, "sha256": _sha256_keyed_root}  # and a keyed one's
 
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, prefix_caching: bool = False, hash_algo: str = "builtin"
+        self,
+        num_blocks: int,
+        block_size: int,
+        prefix_caching: bool = False,
+        hash_algo: str = "builtin",
+        rope_switch: int | None = None,
     ) -> None:
+        """``rope_switch``: a LongRoPE model's pre-training context, past which a sequence's keys
+        take its long table."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -66,6 +86,8 @@ class BlockManager:
         self.prefix_caching = prefix_caching
         self._block_hash = BLOCK_HASHES[hash_algo]
         self._root = ROOTS[hash_algo]
+        self._keyed_root = KEYED_ROOTS[hash_algo]
+        self.rope_switch = rope_switch
         self._cached: dict[int | bytes, int] = {}  # prefix hash -> block
         self._hash_of: dict[int, int | bytes] = {}  # block -> its prefix hash, while cached
         self.prefix_queries = 0  # tokens looked up, and found (vllm:prefix_cache_queries / _hits)
@@ -139,8 +161,11 @@ class BlockManager:
         request.num_cached_blocks = len(request.block_table)
         return len(request.block_table) * self.block_size
 
-    def cached_prefix_blocks(self, token_ids: list[int], salt: str | None = None) -> int:
-        """How many of ``token_ids``' leading full blocks are cached now, touching nothing.
+    def cached_prefix_blocks(
+        self, token_ids: list[int], salt: str | None = None, prompt_tokens: int | None = None
+    ) -> int:
+        """How many of ``token_ids``' leading full blocks are cached now, touching nothing
+        (``prompt_tokens``: the whole prompt's length, where ``token_ids`` are the first of them).
 
         A decode server asks this before it fetches a prompt's KV, from its server thread while
         the engine runs, so the answer is a hint: a block may be evicted before the request is
@@ -148,7 +173,9 @@ class BlockManager:
         if not self.prefix_caching:
             return 0
         found = 0
-        for h in self._chain(token_ids, 0, self._first_parent(salt)):
+        length = len(token_ids) if prompt_tokens is None else prompt_tokens
+        long_rope = self.rope_switch is not None and length > self.rope_switch
+        for h in self._chain(token_ids, 0, self._first_parent(salt, long_rope)):
             if h not in self._cached:
                 break
             found += 1
@@ -178,13 +205,16 @@ class BlockManager:
         """The prefix hashes of ``request``'s first ``count`` full blocks (computed once each)."""
         hashes = request.block_hashes
         if len(hashes) < count:
-            parent = hashes[-1] if hashes else self._first_parent(request.sampling.cache_salt)
+            parent = hashes[-1] if hashes else self._first_parent(request.sampling.cache_salt, request.long_rope)
             more = self._chain(request.all_token_ids, len(hashes), parent)
             hashes.extend(itertools.islice(more, count - len(hashes)))
         return hashes[:count]
 
-    def _first_parent(self, salt: str | None) -> int | bytes | None:
-        """The parent of a chain's first block: none unsalted, the salt's own root otherwise."""
+    def _first_parent(self, salt: str | None, long_rope: bool = False) -> int | bytes | None:
+        """The parent of a chain's first block: none unsalted, the salt's own root otherwise; for
+        keys turned with LongRoPE's long table, the root of the salt and that table."""
+        if long_rope:
+            return self._keyed_root(salt, "longrope:long")
         return None if salt is None else self._root(salt)
 
     def _chain(self, tokens: list[int], start: int, parent: int | bytes | None) -> Iterator[int | bytes]:

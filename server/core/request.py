@@ -196,6 +196,9 @@ class Request:
     # covers every token before it), and how many of its blocks the cache has been offered
     block_hashes: list[int | bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
+    # A LongRoPE model's: whether its KV is turned with the long table (its sequence was past the
+    # pre-training context when the scheduler last started it; request_rope.py)
+    long_rope: bool = False
     # With sampling.prompt_logprobs: entry k is prompt token k + 1's (the first token has none)
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
     # Pipeline parallelism: a batch holding this request is still in the stages. Until it comes

@@ -19,7 +19,9 @@ Budget rules:
   ``chunked``) gets chunks of the budget left after the decodes, as in ``chunked``.
 
 Preemption is by recompute: the victim's blocks are freed, its computed tokens reset to 0,
-and it goes back to the head of the waiting queue (never dropped).
+and it goes back to the head of the waiting queue (never dropped). A LongRoPE model's request
+whose sequence passes the pre-training context goes back the same way, to compute its KV again
+with the long table, as HF ``generate`` drops its cache there (request_rope.py).
 
 With ``pipeline_depth`` S > 1 (pipeline parallelism) up to S batches are in the stages at once,
 as vLLM's virtual engines: a request whose batch is still in flight is skipped (and never a
@@ -59,6 +61,7 @@ class Scheduler:
         self.num_preemptions = 0  # for want of KV blocks: what vllm:num_preemptions counts
         self.num_shed = 0  # sent back to wait by a live decrease of max_batch_size
         self.num_imports_recomputed = 0  # imports dropped: the cached blocks they left out were gone
+        self.num_rope_recomputes = 0  # LongRoPE: sequences that passed the pre-training context
         self._num_preempted_waiting = 0  # waiting requests with status PREEMPTED
         self._flushing = False
         self._preempted: list[Request] = []
@@ -203,13 +206,18 @@ class Scheduler:
         scheduled = out.scheduled
         deferred: list[Request] = []
         cap = self._batch_cap
+        rope_switch = self.block_manager.rope_switch
         for request in list(self._idle()):
             if request.status is not running_status:
                 continue  # preempted as a victim earlier in this loop
             if len(scheduled) >= cap:
                 break
             computed = request.num_computed_tokens
-            n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            total = len(request.prompt_token_ids) + len(request.output_token_ids)
+            if rope_switch is not None and total > rope_switch and not request.long_rope:
+                self._preempt(request, reason="rope")  # its short-table KV is computed again
+                continue
+            n = total - computed
             if budget is not None:
                 if n > 1:
                     deferred.append(request)  # a prompt chunk: after the decodes
@@ -266,15 +274,20 @@ class Scheduler:
                 return item.num_tokens
         return 0
 
-    def _preempt(self, request: Request, *, shed: bool = False) -> None:
+    def _preempt(self, request: Request, *, reason: str = "blocks") -> None:
+        """Send ``request`` back to the head of the queue to recompute: for want of KV blocks, shed
+        by a lower max_batch_size, or (``rope``) past a LongRoPE model's pre-training context."""
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
-        request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(request)
         self._num_preempted_waiting += 1
-        if shed:
+        if reason == "rope":  # not for want of blocks: admitted again as soon as a preempted one is
+            self.num_rope_recomputes += 1
+            return
+        request.num_preemptions += 1
+        if reason == "shed":
             self.num_shed += 1
         else:
             self.num_preemptions += 1
@@ -286,14 +299,32 @@ class Scheduler:
             victim = self._ordering.pick_victim(self._idle(), now)
             if victim is None:  # every one is in flight: the next step sheds
                 return
-            self._preempt(victim, shed=True)
+            self._preempt(victim, reason="shed")
+
+    def _note_rope_table(self, request: Request) -> None:
+        """For a LongRoPE model, the table ``request``'s KV is computed with from here (it holds
+        none): the long one where its sequence is past the pre-training context. Its prefix
+        hashes are of that table's chain."""
+        switch = self.block_manager.rope_switch
+        long_rope = switch is not None and request.num_tokens > switch
+        if long_rope != request.long_rope:
+            request.long_rope = long_rope
+            request.block_hashes = []
 
     def _reuse_prefix(self, request: Request) -> int | None:
         """Start ``request`` after its longest cached prefix; the tokens that covers, or None
         where it is not looked up: it has KV already, or it asks for its prompt's logprobs,
         which only computing the prompt gives."""
-        if request.kv_import is not None:
-            return self._reuse_for_import(request, request.kv_import)
+        kv = request.kv_import
+        switch = self.block_manager.rope_switch
+        if kv is not None and switch is not None and kv.num_tokens <= switch < request.num_tokens:
+            # LongRoPE: the prefill server turned these keys with the short table, and this
+            # sequence (the prompt and its first token) takes the long one: computed here again
+            request.kv_import = None
+            request.num_computed_tokens = 0
+            self.num_imports_recomputed += 1
+        elif kv is not None:
+            return self._reuse_for_import(request, kv)
         if not self.block_manager.prefix_caching:
             return None
         if request.num_computed_tokens or request.sampling.prompt_logprobs is not None:
@@ -324,6 +355,7 @@ class Scheduler:
             if budget is not None and budget <= 0:
                 break
             request = self.waiting[0]
+            self._note_rope_table(request)
             hit = self._reuse_prefix(request)
             n = request.num_uncomputed_tokens
             fits = True

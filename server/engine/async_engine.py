@@ -73,10 +73,13 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._streams)
 
-    def cached_prefix_blocks(self, token_ids: list[int], salt: str | None = None) -> int:
-        """Leading full blocks of ``token_ids`` in the prefix cache now. A hint read while the
-        engine runs, without a round trip to its thread: the scheduler checks again at admission."""
-        return self.engine.block_manager.cached_prefix_blocks(token_ids, salt)
+    def cached_prefix_blocks(
+        self, token_ids: list[int], salt: str | None = None, prompt_tokens: int | None = None
+    ) -> int:
+        """Leading full blocks of ``token_ids`` (the first of a prompt of ``prompt_tokens``) in the
+        prefix cache now. A hint read while the engine runs, without a round trip to its thread:
+        the scheduler checks again at admission."""
+        return self.engine.block_manager.cached_prefix_blocks(token_ids, salt, prompt_tokens)
 
     # --- asyncio side ---------------------------------------------------------------------------
     async def add(

@@ -116,7 +116,11 @@ class LLMEngine:
         self.clock = clock
         self._decoder = detokenizer
         self.block_manager = BlockManager(
-            runner.num_kv_blocks, runner.kv_block_size, config.enable_prefix_caching, config.prefix_caching_hash_algo
+            runner.num_kv_blocks,
+            runner.kv_block_size,
+            config.enable_prefix_caching,
+            config.prefix_caching_hash_algo,
+            rope_switch=getattr(runner, "longrope_context", None),
         )
         # Pipeline parallelism: batches handed to the stages and not yet back, oldest first
         self.pipeline_depth = getattr(runner, "pipeline_depth", 1)

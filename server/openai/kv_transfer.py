@@ -178,7 +178,7 @@ async def receive(
         if kv_id is None:
             return None
         started = time.perf_counter()
-        cached = state.engine.cached_prefix_blocks(prompt[:-1], salt)
+        cached = state.engine.cached_prefix_blocks(prompt[:-1], salt, len(prompt))
         query = f"?first_block={cached}" if cached else ""
         limit = max_body_bytes(state.kv_layout, len(prompt) - 1, cached)
         try:

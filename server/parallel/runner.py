@@ -28,6 +28,7 @@ from llmfleet.server.core.request import SampledToken, StructuredOutput
 from llmfleet.server.parallel.channel import Outbox, Tag, encode, recv_object, recv_tensor, send_encoded
 from llmfleet.server.parallel.layout import ParallelLayout, layout_problem
 from llmfleet.server.parallel.worker import WorkerSpec, meeting_store, run_worker, world_group
+from llmfleet.server.runner import request_rope
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 from llmfleet.server.runner.sampler import Sampler
 from llmfleet.server.runner.step_inputs import plan_step
@@ -117,6 +118,7 @@ class ParallelRunner:
         if problem:
             raise ValueError(problem)
         self.max_model_len = context_limit(config, hf_config)  # before any worker starts
+        self.longrope_context = request_rope.longrope_context(hf_config.get_text_config())
         self.pipeline_depth = layout.pipeline
         self.device = resolve_device(device)  # the workers'; this process samples on the CPU
         self.device_type = self.device.type

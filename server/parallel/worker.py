@@ -25,7 +25,7 @@ from llmfleet.server.gc_heap import freeze_startup_heap
 from llmfleet.server.parallel.channel import Outbox, Tag, recv_object, send_object
 from llmfleet.server.parallel.layout import ParallelLayout, layout_problem
 from llmfleet.server.parallel.sharding import keep_stage, shard_layers
-from llmfleet.server.runner import cpu_kernels, model_prep
+from llmfleet.server.runner import cpu_kernels, model_prep, request_rope
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
 from llmfleet.server.runner.kv_cache import PagedKVCache
 from llmfleet.server.runner.step_inputs import StepPlan
@@ -204,12 +204,14 @@ class StageWorker:
         started = time.perf_counter()
         common = {"position_ids": positions, "use_cache": False, "llmfleet_meta": step.meta}
         if self.last:
-            logits = self.model(**inputs, **common, logits_to_keep=step.logit_rows).logits[0].contiguous()
+            with request_rope.step_lengths(step.meta.rope_lengths):
+                logits = self.model(**inputs, **common, logits_to_keep=step.logit_rows).logits[0].contiguous()
             self._count(started)
             if self.shard == 0 and logits.shape[0]:  # a step of mid-prompt chunks samples nothing
                 self._send(world, logits, 0, Tag.LOGITS)
         else:
-            hidden = self.model.model(**inputs, **common).last_hidden_state.contiguous()
+            with request_rope.step_lengths(step.meta.rope_lengths):
+                hidden = self.model.model(**inputs, **common).last_hidden_state.contiguous()
             self._count(started)
             self._send(world, hidden, self.layout.rank(self.stage + 1, self.shard), Tag.HIDDEN)
 

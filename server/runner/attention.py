@@ -38,7 +38,7 @@ from typing import Protocol
 import torch
 from transformers import AttentionInterface
 
-from llmfleet.server.runner import cpu_kernels, gpu_kernels
+from llmfleet.server.runner import cpu_kernels, gpu_kernels, request_rope
 from llmfleet.server.runner.kv_cache import PagedKVCache
 from llmfleet.server.runner.model_support import OWN_ATTENTION, UnsupportedModel, refused
 
@@ -134,6 +134,8 @@ class StepMetadata:
     slot_mapping: torch.Tensor  # (T,) cache slot of each token of the step
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpan]
+    # each token's sequence length as HF ``generate`` would see it alone (request_rope.py)
+    rope_lengths: list[int] | None = None
 
 
 def paged_attention(
@@ -327,9 +329,10 @@ def model_logits(
     meta: StepMetadata | AttentionSplit,
 ) -> torch.Tensor:
     """One forward of a flattened step (1, T) through this attention: the logits of ``logit_rows``."""
-    return model(
-        input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=logit_rows, llmfleet_meta=meta
-    ).logits[0]
+    with request_rope.step_lengths(getattr(meta, "rope_lengths", None)):
+        return model(
+            input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=logit_rows, llmfleet_meta=meta
+        ).logits[0]
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,14 @@ import torch
 
 from llmfleet.server.core.batch import ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
-from llmfleet.server.runner import cpu_kernels
+from llmfleet.server.runner import cpu_kernels, request_rope
 from llmfleet.server.runner.attention import DecodeGroup, Scoring, layer_scorings, model_logits
 from llmfleet.server.runner.cpu_linear import PackedLinear
 from llmfleet.server.runner.fused_mlp import is_torchs_gelu_tanh, kernel_for
 from llmfleet.server.runner.fused_norms import FusedRMSNorm, is_gemma_norm
 from llmfleet.server.runner.fused_rotary import NAME as ROTARY_NAME
 from llmfleet.server.runner.kv_cache import PagedKVCache
+from llmfleet.server.runner.model_prep import decoder_of
 from llmfleet.server.runner.step_inputs import StepInputs, plan_step
 from llmfleet.server.runner.step_shapes import padded_step_tokens
 
@@ -133,9 +134,10 @@ class FusedDecode:
         if self.embedding_multiplier is not None:
             hidden = hidden * self.embedding_multiplier
         tables = []  # (cos, sin) of each rotary type, kept alive through the C calls
-        for layer_type in self.rotary_types:
-            cos, sin = self.inner.rotary_emb(hidden, step.positions, *([layer_type] if layer_type else []))
-            tables.append((cos[0].contiguous(), sin[0].contiguous()))
+        with request_rope.step_lengths(meta.rope_lengths):
+            for layer_type in self.rotary_types:
+                cos, sin = self.inner.rotary_emb(hidden, step.positions, *([layer_type] if layer_type else []))
+                tables.append((cos[0].contiguous(), sin[0].contiguous()))
         second = tables[-1]
         groups = (cpu_kernels.DecodeGroupArgs * len(meta.decode_groups))(*map(_group_struct, meta.decode_groups))
         args = cpu_kernels.DecodeStep(
@@ -295,9 +297,9 @@ def _refusal(model: torch.nn.Module, cache: PagedKVCache) -> str | None:
 
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    """The model's decoder stack (embedding, layers, final norm, rotary): a multimodal model's
-    text decoder (Gemma 3's ``language_model``)."""
-    return getattr(model.model, "language_model", model.model)
+    decoder = decoder_of(model)
+    assert decoder is not None  # every architecture the path takes has one
+    return decoder
 
 
 def _layer_norms(

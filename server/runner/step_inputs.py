@@ -3,7 +3,7 @@ attention metadata (decode groups and prompt spans). Built once per step, read b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +46,7 @@ class StepPlan:
     logit_rows: list[int]
     sample_index: list[int]
     prompt_spans: list[tuple[int, int]]
+    rope_lengths: list[int] = field(default_factory=list)  # each token's request's length (request_rope.py)
 
     def to_inputs(self, cache: PagedKVCache, device: torch.device) -> StepInputs:
         bs = cache.block_size
@@ -59,6 +60,7 @@ class StepPlan:
                 )
                 for row, n, ctx, blocks in self.prefills
             ],
+            rope_lengths=self.rope_lengths,
         )
         return StepInputs(
             input_ids=torch.tensor([self.ids], dtype=torch.long, device=device),
@@ -78,6 +80,7 @@ def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
     """Flatten ``output`` for KV blocks of ``bs`` tokens, its decodes grouped for ``device_type``."""
     ids: list[int] = []
     positions: list[int] = []
+    rope_lengths: list[int] = []
     slots: list[int] = []
     decodes: list[tuple[int, int, list[int]]] = []  # row, context length, block table
     prefills: list[tuple[int, int, int, list[int] | None]] = []  # row, tokens, context, blocks or None
@@ -91,6 +94,7 @@ def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
         row = len(ids)
         ids.extend(_token_slice(request, start, end))
         positions.extend(range(start, end))
+        rope_lengths.extend([request.num_tokens] * n)
         table = request.block_table
         if n == 1:
             slots.append(table[start // bs] * bs + start % bs)
@@ -119,6 +123,7 @@ def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
         logit_rows=sample_rows + prompt_rows,
         sample_index=sample_index,
         prompt_spans=prompt_spans,
+        rope_lengths=rope_lengths,
     )
 
 

@@ -23,7 +23,7 @@ from llmfleet.server.config import EngineConfig
 from llmfleet.server.core.batch import SchedulerOutput
 from llmfleet.server.core.kv_wire import KVLayout
 from llmfleet.server.core.request import SampledToken, StructuredOutput
-from llmfleet.server.runner import attention, cpu_decode, cpu_kernels, model_prep
+from llmfleet.server.runner import attention, cpu_decode, cpu_kernels, model_prep, request_rope
 from llmfleet.server.runner.cuda_graphs import DecodeGraphs
 from llmfleet.server.runner.grammar_masks import GrammarMasks
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
@@ -140,6 +140,7 @@ class TorchModelRunner:
         self.num_layers = hf.get_text_config().num_hidden_layers
         self.num_kv_heads, self.head_dim = kv_shape.kv_heads, kv_shape.head_dim
         self.max_model_len = context_limit(config, hf)
+        self.longrope_context = request_rope.longrope_context(hf.get_text_config())
         self.kv_block_size = config.kv_block_size
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, config.kv_cache_memory_mb * (1 << 20) // self.kv_bytes_per_block
@@ -148,6 +149,9 @@ class TorchModelRunner:
         # start-up, "lazy" on each shape's first step (the GPU tests), "0" none
         graphs_mode = os.environ.get("LLMFLEET_CUDA_GRAPHS", "1")
         if self.device.type != "cuda" or config.enforce_eager:
+            graphs_mode = "0"
+        elif request_rope.installed(model_prep.decoder_of(self.model)):
+            log.info("no CUDA graphs: LongRoPE's table is chosen per request, each step anew")
             graphs_mode = "0"
         use_graphs = graphs_mode != "0"
         self.cache = PagedKVCache(

@@ -81,6 +81,33 @@ def test_a_decode_servers_hint_counts_cached_full_blocks_and_takes_none(hash_alg
 
 
 @pytest.mark.parametrize("hash_algo", list(BLOCK_HASHES))
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+def test_longropes_long_table_keeps_a_chain_of_its_own(hash_algo, salt):
+    """A LongRoPE model's blocks turned with the long table (a sequence past the pre-training
+    context) are never found by a sequence that takes the short one, nor the reverse, salted or
+    not; a salt that spells the table's name reaches neither."""
+    manager = BlockManager(num_blocks=32, block_size=4, prefix_caching=True, hash_algo=hash_algo, rope_switch=10)
+    tokens = list(range(12))
+    long = Request("long", tokens, SamplingParams(cache_salt=salt))
+    long.long_rope = True
+    assert manager.allocate(long, 12)
+    long.num_computed_tokens = 12
+    manager.cache_computed(long)
+    short = Request("short", tokens[:9], SamplingParams(cache_salt=salt))  # 9 tokens: the short table
+    assert manager.match_prefix(short) == 0
+    assert manager.cached_prefix_blocks(tokens[:8], salt, prompt_tokens=9) == 0
+    assert manager.cached_prefix_blocks(tokens, salt) == 3  # 12 tokens: the long table's chain
+    again = Request("again", [*tokens, 99], SamplingParams(cache_salt=salt))
+    again.long_rope = True
+    assert manager.match_prefix(again) == 12
+    for spelled in ("longrope:long", "\x00longrope:long", f"{salt}\x00longrope:long"):
+        assert manager.cached_prefix_blocks(tokens, spelled, prompt_tokens=9) == 0
+    for request in (long, short, again):
+        manager.free(request)
+    manager.check_consistency([])
+
+
+@pytest.mark.parametrize("hash_algo", list(BLOCK_HASHES))
 def test_a_cache_salt_shares_prefixes_only_with_its_own(hash_algo):
     """vLLM's cache_salt: a tenant's prompts never hit another tenant's (or the unsalted) blocks,
     so no one can time another's prompt out of the cache; the same salt shares as before."""

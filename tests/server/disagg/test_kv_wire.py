@@ -218,7 +218,7 @@ def decode_state(chunks):
             yield chunk
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(200, content=stream())))
-    engine = types.SimpleNamespace(cached_prefix_blocks=lambda tokens, salt=None: 0)
+    engine = types.SimpleNamespace(cached_prefix_blocks=lambda tokens, salt=None, prompt_tokens=None: 0)
     state = types.SimpleNamespace(role="decode", model_name="m", kv_layout=LAYOUT, engine=engine, kv_token=None)
     state.metrics, state.http_client = FetchMetrics(), lambda: client
     state.prefill_peers = PrefillPeers(StaticEndpoints(["http://p"], []))
