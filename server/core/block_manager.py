@@ -205,10 +205,15 @@ class BlockManager:
         """The prefix hashes of ``request``'s first ``count`` full blocks (computed once each)."""
         hashes = request.block_hashes
         if len(hashes) < count:
-            parent = hashes[-1] if hashes else self._first_parent(request.sampling.cache_salt, request.long_rope)
+            parent = hashes[-1] if hashes else self._first_parent(request.sampling.cache_salt, self._long_rope(request))
             more = self._chain(request.all_token_ids, len(hashes), parent)
             hashes.extend(itertools.islice(more, count - len(hashes)))
         return hashes[:count]
+
+    def _long_rope(self, request: Request) -> bool:
+        """Whether ``request``'s prompt blocks are turned with a LongRoPE model's long table."""
+        switch = self.rope_switch
+        return switch is not None and (request.rope_length or request.num_prompt_tokens) > switch
 
     def _first_parent(self, salt: str | None, long_rope: bool = False) -> int | bytes | None:
         """The parent of a chain's first block: none unsalted, the salt's own root otherwise; for

@@ -196,9 +196,10 @@ class Request:
     # covers every token before it), and how many of its blocks the cache has been offered
     block_hashes: list[int | bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
-    # A LongRoPE model's: whether its KV is turned with the long table (its sequence was past the
-    # pre-training context when the scheduler last started it; request_rope.py)
-    long_rope: bool = False
+    # A LongRoPE model's: the sequence length its table was chosen at when the scheduler last
+    # started it (0: its prompt's); a token at position p takes the table of max(that, p + 1)
+    # (request_rope.py)
+    rope_length: int = 0
     # With sampling.prompt_logprobs: entry k is prompt token k + 1's (the first token has none)
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
     # Pipeline parallelism: a batch holding this request is still in the stages. Until it comes

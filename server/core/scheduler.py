@@ -51,8 +51,12 @@ class Scheduler:
         block_manager: BlockManager,
         clock: Callable[[], float] = time.monotonic,
         pipeline_depth: int = 1,
+        rope_recompute: bool = False,
     ) -> None:
+        """``rope_recompute``: the model is one whose HF ``generate`` computes a sequence's KV again
+        when it passes the LongRoPE context (``block_manager.rope_switch``), as Phi-3's does."""
         self.block_manager = block_manager
+        self.rope_recompute = rope_recompute
         self.pipeline_depth = pipeline_depth
         self.clock = clock
         self.waiting: deque[Request] = deque()
@@ -206,7 +210,7 @@ class Scheduler:
         scheduled = out.scheduled
         deferred: list[Request] = []
         cap = self._batch_cap
-        rope_switch = self.block_manager.rope_switch
+        rope_switch = self.block_manager.rope_switch if self.rope_recompute else None
         for request in list(self._idle()):
             if request.status is not running_status:
                 continue  # preempted as a victim earlier in this loop
@@ -214,7 +218,7 @@ class Scheduler:
                 break
             computed = request.num_computed_tokens
             total = len(request.prompt_token_ids) + len(request.output_token_ids)
-            if rope_switch is not None and total > rope_switch and not request.long_rope:
+            if rope_switch is not None and total > rope_switch >= request.rope_length:  # set at admission
                 self._preempt(request, reason="rope")  # its short-table KV is computed again
                 continue
             n = total - computed
@@ -302,14 +306,17 @@ class Scheduler:
             self._preempt(victim, reason="shed")
 
     def _note_rope_table(self, request: Request) -> None:
-        """For a LongRoPE model, the table ``request``'s KV is computed with from here (it holds
-        none): the long one where its sequence is past the pre-training context. Its prefix
-        hashes are of that table's chain."""
+        """For a LongRoPE model, the length ``request`` (holding no KV) takes its table at from
+        here: its sequence's where ``generate`` computes the whole of it again past the context,
+        else its prompt's. Its prefix hashes are of that table's chain."""
         switch = self.block_manager.rope_switch
-        long_rope = switch is not None and request.num_tokens > switch
-        if long_rope != request.long_rope:
-            request.long_rope = long_rope
+        if switch is None:
+            return
+        length = request.num_tokens if self.rope_recompute else request.num_prompt_tokens
+        before = request.rope_length or request.num_prompt_tokens
+        if (length > switch) != (before > switch):
             request.block_hashes = []
+        request.rope_length = length
 
     def _reuse_prefix(self, request: Request) -> int | None:
         """Start ``request`` after its longest cached prefix; the tokens that covers, or None

@@ -124,7 +124,13 @@ class LLMEngine:
         )
         # Pipeline parallelism: batches handed to the stages and not yet back, oldest first
         self.pipeline_depth = getattr(runner, "pipeline_depth", 1)
-        self.scheduler = Scheduler(config, self.block_manager, clock, self.pipeline_depth)
+        self.scheduler = Scheduler(
+            config,
+            self.block_manager,
+            clock,
+            self.pipeline_depth,
+            rope_recompute=getattr(runner, "longrope_recomputes", False),
+        )
         self._in_flight: deque[tuple[SchedulerOutput, Any, float]] = deque()
         self._requests: dict[str, _Tracked] = {}
         self._aborted: list[Request] = []

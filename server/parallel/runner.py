@@ -30,6 +30,7 @@ from llmfleet.server.parallel.layout import ParallelLayout, layout_problem
 from llmfleet.server.parallel.worker import WorkerSpec, meeting_store, run_worker, world_group
 from llmfleet.server.runner import request_rope
 from llmfleet.server.runner.grammar_masks import GrammarMasks
+from llmfleet.server.runner.model_support import causal_lm_class
 from llmfleet.server.runner.sampler import Sampler
 from llmfleet.server.runner.step_inputs import plan_step
 from llmfleet.server.runner.torch_runner import DTYPES, context_limit, imported_kv, resolve_device, step_results
@@ -119,6 +120,7 @@ class ParallelRunner:
             raise ValueError(problem)
         self.max_model_len = context_limit(config, hf_config)  # before any worker starts
         self.longrope_context = request_rope.longrope_context(hf_config.get_text_config())
+        self.longrope_recomputes = request_rope.recomputes_past_context(causal_lm_class(hf_config))
         self.pipeline_depth = layout.pipeline
         self.device = resolve_device(device)  # the workers'; this process samples on the CPU
         self.device_type = self.device.type

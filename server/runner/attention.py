@@ -134,7 +134,7 @@ class StepMetadata:
     slot_mapping: torch.Tensor  # (T,) cache slot of each token of the step
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpan]
-    # each token's sequence length as HF ``generate`` would see it alone (request_rope.py)
+    # the sequence length each token's rotary table is chosen at (request_rope.py)
     rope_lengths: list[int] | None = None
 
 

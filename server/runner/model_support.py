@@ -50,7 +50,7 @@ def refused(architecture: str, reason: str) -> UnsupportedModel:
 def unsupported_reason(config) -> str | None:
     """Why the runner cannot serve a model of ``config`` exactly, or None. A multimodal model's
     config is read for its text decoder, the part that serves text."""
-    model_class = _causal_lm_class(config)
+    model_class = causal_lm_class(config)
     config = config.get_text_config()
     other = sorted(set(getattr(config, "layer_types", None) or ()) - SUPPORTED_LAYER_TYPES)
     if other:
@@ -72,7 +72,8 @@ def unsupported_reason(config) -> str | None:
     return None
 
 
-def _causal_lm_class(config):
+def causal_lm_class(config):
+    """The causal LM class transformers loads ``config`` with, or None where it knows none."""
     from transformers import AutoModelForCausalLM
 
     try:

@@ -4,22 +4,25 @@ request alone.
 Phi-3's 128k checkpoints, Phi-3.5 and Phi-4-mini rotate with one of two frequency tables: the
 short one while a sequence fits the pre-training context (``original_max_position_embeddings``,
 4096), the long one past it. transformers picks the table once per forward, from the largest
-position in it, and ``generate`` drops its cache and computes the whole sequence again with the
-long table at the token that first passes that context. So alone, a request's KV is all of one
-table: the short one while its sequence (prompt and tokens so far) fits, the long one once it
-does not. In a batch the per-forward choice would give every request the table of the longest
-(vLLM picks per batch the same way), and a long prompt prefilled in chunks would turn its first
-chunks with the short one. Here each step's tokens carry their request's length
-(``StepMetadata.rope_lengths``) and ``RequestRope``, swapped in for the model's rotary
-embedding, turns each token with its own request's table; the scheduler sends a request whose
-sequence passes the context back to compute its KV again, as ``generate`` does
-(server/core/scheduler.py), and the prefix cache keeps long-table blocks in chains of their own
-(server/core/block_manager.py).
+position in it. So alone in ``generate``, a prompt's tokens take the table of the prompt's
+length and each new token that of its own position + 1; and Phi-3's ``generate`` (PhiMoE's too)
+also drops its cache at the first token past the context and computes the whole sequence again
+with the long table, where a Llama with LongRoPE keeps the keys it has. In a batch the
+per-forward choice would give every request the table of the longest (vLLM picks per batch the
+same way), and a long prompt prefilled in chunks would turn its first chunks with the short one.
+
+Here a token at position p takes the table of max(L, p + 1), L being its request's length when
+the scheduler last started it (its prompt's; for Phi-3, its whole sequence's, which the
+scheduler starts again past the context: server/core/scheduler.py). Each step carries those
+lengths (``StepMetadata.rope_lengths``), and ``RequestRope``, swapped in for the model's rotary
+embedding, turns each token with its own table. The prefix cache keeps blocks turned with the
+long table in chains of their own (server/core/block_manager.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 
@@ -90,6 +93,18 @@ def longrope_context(config) -> int | None:
         config, "original_max_position_embeddings", None
     )
     return int(original) if original else None
+
+
+def recomputes_past_context(model_class: type | None) -> bool:
+    """Whether HF ``generate`` on ``model_class`` drops its cache and computes the sequence again
+    when it passes the LongRoPE context (Phi-3's, PhiMoE's: their ``prepare_inputs_for_generation``
+    compares the cache's length with ``original_max_position_embeddings``). Elsewhere it keeps the
+    keys it has, and each new token takes the table of its own position."""
+    prepare = getattr(model_class, "prepare_inputs_for_generation", None)
+    try:
+        return prepare is not None and "original_max_position_embeddings" in inspect.getsource(prepare)
+    except (OSError, TypeError):  # no source to read: the generic one keeps its cache
+        return False
 
 
 def installed(decoder: torch.nn.Module | None) -> bool:

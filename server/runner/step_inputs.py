@@ -46,7 +46,7 @@ class StepPlan:
     logit_rows: list[int]
     sample_index: list[int]
     prompt_spans: list[tuple[int, int]]
-    rope_lengths: list[int] = field(default_factory=list)  # each token's request's length (request_rope.py)
+    rope_lengths: list[int] = field(default_factory=list)  # each token's rotary table's (request_rope.py)
 
     def to_inputs(self, cache: PagedKVCache, device: torch.device) -> StepInputs:
         bs = cache.block_size
@@ -94,7 +94,7 @@ def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
         row = len(ids)
         ids.extend(_token_slice(request, start, end))
         positions.extend(range(start, end))
-        rope_lengths.extend([request.num_tokens] * n)
+        _rope_lengths(rope_lengths, start, end, request.rope_length or request.num_prompt_tokens)
         table = request.block_table
         if n == 1:
             slots.append(table[start // bs] * bs + start % bs)
@@ -125,6 +125,19 @@ def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
         prompt_spans=prompt_spans,
         rope_lengths=rope_lengths,
     )
+
+
+def _rope_lengths(lengths: list[int], start: int, end: int, base: int) -> None:
+    """Append the sequence length each token at positions ``start``..``end - 1`` takes its
+    rotary table at (request_rope.py): ``base`` (the request's length when it started), or the
+    token's position + 1 past it."""
+    if end <= base:
+        lengths.extend([base] * (end - start))
+    elif start >= base:
+        lengths.extend(range(start + 1, end + 1))
+    else:
+        lengths.extend([base] * (base - start))
+        lengths.extend(range(base + 1, end + 1))
 
 
 def _token_slice(request: Request, start: int, end: int) -> list[int]:

@@ -141,6 +141,7 @@ class TorchModelRunner:
         self.num_kv_heads, self.head_dim = kv_shape.kv_heads, kv_shape.head_dim
         self.max_model_len = context_limit(config, hf)
         self.longrope_context = request_rope.longrope_context(hf.get_text_config())
+        self.longrope_recomputes = request_rope.recomputes_past_context(type(self.model))
         self.kv_block_size = config.kv_block_size
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, config.kv_cache_memory_mb * (1 << 20) // self.kv_bytes_per_block

@@ -89,7 +89,6 @@ def test_longropes_long_table_keeps_a_chain_of_its_own(hash_algo, salt):
     manager = BlockManager(num_blocks=32, block_size=4, prefix_caching=True, hash_algo=hash_algo, rope_switch=10)
     tokens = list(range(12))
     long = Request("long", tokens, SamplingParams(cache_salt=salt))
-    long.long_rope = True
     assert manager.allocate(long, 12)
     long.num_computed_tokens = 12
     manager.cache_computed(long)
@@ -98,7 +97,6 @@ def test_longropes_long_table_keeps_a_chain_of_its_own(hash_algo, salt):
     assert manager.cached_prefix_blocks(tokens[:8], salt, prompt_tokens=9) == 0
     assert manager.cached_prefix_blocks(tokens, salt) == 3  # 12 tokens: the long table's chain
     again = Request("again", [*tokens, 99], SamplingParams(cache_salt=salt))
-    again.long_rope = True
     assert manager.match_prefix(again) == 12
     for spelled in ("longrope:long", "\x00longrope:long", f"{salt}\x00longrope:long"):
         assert manager.cached_prefix_blocks(tokens, spelled, prompt_tokens=9) == 0

@@ -1,7 +1,8 @@
 """LongRoPE (Phi-3.5, Phi-4-mini, Phi-3's 128k checkpoints) per request (request_rope.py): greedy
 outputs are HF ``generate``'s on each request alone whatever the batch holds, however prompts
-are chunked, when a sequence passes the pre-training context mid-generation (HF computes its
-KV again with the long table), through the prefix cache and a prefill server's KV."""
+are chunked, when a sequence passes the pre-training context mid-generation (Phi-3's
+``generate`` computes its KV again with the long table; a Llama with LongRoPE keeps its keys),
+through the prefix cache and a prefill server's KV."""
 
 from __future__ import annotations
 
@@ -32,11 +33,14 @@ ROPE = {
 }
 
 
+def longrope_model(architecture: str, target):
+    extra = (("rope_parameters", ROPE), ("original_max_position_embeddings", CONTEXT))
+    return build_model_dir(dataclasses.replace(BUILTINS["tiny"], architecture=architecture, extra_config=extra), target)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    extra = (("rope_parameters", ROPE), ("original_max_position_embeddings", CONTEXT))
-    spec = dataclasses.replace(BUILTINS["tiny"], architecture="phi3", extra_config=extra)
-    return build_model_dir(spec, tmp_path_factory.mktemp("longrope") / "phi3")
+    return longrope_model("phi3", tmp_path_factory.mktemp("longrope") / "phi3")
 
 
 def engine_for(model_dir, **overrides):
@@ -71,6 +75,19 @@ def test_a_sequence_past_the_context_computes_its_kv_again(model_dir, prefix_cac
     passing = sum(len(p) <= CONTEXT < len(p) + n - 1 for p, n in zip(prompts, max_tokens, strict=True))
     assert engine.scheduler.num_rope_recomputes == passing == 5
     assert engine.scheduler.num_preemptions == 0
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_a_model_that_keeps_its_cache_turns_each_new_token_by_its_position(tmp_path, prefix_caching):
+    """A Llama with LongRoPE: its ``generate`` keeps the keys it has when the sequence passes the
+    context, and each new token takes the table of its own position; nothing is computed again."""
+    model_dir = longrope_model("llama", tmp_path / "llama")
+    prompts = prompts_for(4, (5, 15, 40, 3, 22, 30, CONTEXT, CONTEXT - 1))
+    max_tokens = [10, 20, 10, 30, 5, 8, 4, 4]
+    engine = engine_for(model_dir, enable_prefix_caching=prefix_caching)
+    outputs = engine.generate(prompts, [SamplingParams(max_tokens=n, temperature=0) for n in max_tokens])
+    assert outputs == hf_greedy(model_dir, prompts, max_tokens)
+    assert engine.scheduler.num_rope_recomputes == 0
 
 
 def test_the_prefix_cache_keeps_each_tables_blocks_apart(model_dir):
