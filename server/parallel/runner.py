@@ -189,7 +189,7 @@ class ParallelRunner:
         return self.collect(self.submit(output)) if output.scheduled else []
 
     def submit(self, output: SchedulerOutput) -> Submitted:
-        plan = plan_step(output, self.kv_block_size, self.device_type)
+        plan = plan_step(output, self.kv_block_size, self.device_type, rope_lengths=self.longrope_context is not None)
         rows = len(plan.logit_rows)
         logits = torch.empty((rows, self.logits_width), dtype=self.dtype) if rows else None
         received = None

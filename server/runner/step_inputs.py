@@ -60,7 +60,7 @@ class StepPlan:
                 )
                 for row, n, ctx, blocks in self.prefills
             ],
-            rope_lengths=self.rope_lengths,
+            rope_lengths=self.rope_lengths or None,
         )
         return StepInputs(
             input_ids=torch.tensor([self.ids], dtype=torch.long, device=device),
@@ -72,15 +72,18 @@ class StepPlan:
         )
 
 
-def build_step_inputs(output: SchedulerOutput, cache: PagedKVCache, device: torch.device) -> StepInputs:
-    return plan_step(output, cache.block_size, device.type).to_inputs(cache, device)
+def build_step_inputs(
+    output: SchedulerOutput, cache: PagedKVCache, device: torch.device, rope_lengths: bool = False
+) -> StepInputs:
+    return plan_step(output, cache.block_size, device.type, rope_lengths).to_inputs(cache, device)
 
 
-def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
-    """Flatten ``output`` for KV blocks of ``bs`` tokens, its decodes grouped for ``device_type``."""
+def plan_step(output: SchedulerOutput, bs: int, device_type: str, rope_lengths: bool = False) -> StepPlan:
+    """Flatten ``output`` for KV blocks of ``bs`` tokens, its decodes grouped for ``device_type``;
+    with ``rope_lengths`` (a LongRoPE model), the length each token's rotary table is chosen at."""
     ids: list[int] = []
     positions: list[int] = []
-    rope_lengths: list[int] = []
+    lengths: list[int] = []
     slots: list[int] = []
     decodes: list[tuple[int, int, list[int]]] = []  # row, context length, block table
     prefills: list[tuple[int, int, int, list[int] | None]] = []  # row, tokens, context, blocks or None
@@ -94,7 +97,8 @@ def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
         row = len(ids)
         ids.extend(_token_slice(request, start, end))
         positions.extend(range(start, end))
-        _rope_lengths(rope_lengths, start, end, request.rope_length or request.num_prompt_tokens)
+        if rope_lengths:
+            _rope_lengths(lengths, start, end, request.rope_length or request.num_prompt_tokens)
         table = request.block_table
         if n == 1:
             slots.append(table[start // bs] * bs + start % bs)
@@ -123,7 +127,7 @@ def plan_step(output: SchedulerOutput, bs: int, device_type: str) -> StepPlan:
         logit_rows=sample_rows + prompt_rows,
         sample_index=sample_index,
         prompt_spans=prompt_spans,
-        rope_lengths=rope_lengths,
+        rope_lengths=lengths,
     )
 
 

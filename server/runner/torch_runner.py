@@ -258,7 +258,7 @@ class TorchModelRunner:
         if shape is not None:
             logits = self.graphs.run(output, shape)
             return list(self.sampler.sample(logits, [item.request for item in output.scheduled]))
-        step = build_step_inputs(output, self.cache, self.device)
+        step = build_step_inputs(output, self.cache, self.device, rope_lengths=self.longrope_context is not None)
         bucket = None if self.piecewise is None else token_bucket(step.input_ids.shape[1], step.logit_rows.shape[0])
         fused = None if self.fused_decode is None else self.fused_decode.logits(step, pad=self.pad_steps)
         if fused is not None:
