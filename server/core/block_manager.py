@@ -173,8 +173,7 @@ class BlockManager:
         if not self.prefix_caching:
             return 0
         found = 0
-        length = len(token_ids) if prompt_tokens is None else prompt_tokens
-        long_rope = self.rope_switch is not None and length > self.rope_switch
+        long_rope = self.long_rope(len(token_ids) if prompt_tokens is None else prompt_tokens)
         for h in self._chain(token_ids, 0, self._first_parent(salt, long_rope)):
             if h not in self._cached:
                 break
@@ -205,15 +204,16 @@ class BlockManager:
         """The prefix hashes of ``request``'s first ``count`` full blocks (computed once each)."""
         hashes = request.block_hashes
         if len(hashes) < count:
-            parent = hashes[-1] if hashes else self._first_parent(request.sampling.cache_salt, self._long_rope(request))
+            long_rope = self.long_rope(request.rope_length or request.num_prompt_tokens)
+            parent = hashes[-1] if hashes else self._first_parent(request.sampling.cache_salt, long_rope)
             more = self._chain(request.all_token_ids, len(hashes), parent)
             hashes.extend(itertools.islice(more, count - len(hashes)))
         return hashes[:count]
 
-    def _long_rope(self, request: Request) -> bool:
-        """Whether ``request``'s prompt blocks are turned with a LongRoPE model's long table."""
-        switch = self.rope_switch
-        return switch is not None and (request.rope_length or request.num_prompt_tokens) > switch
+    def long_rope(self, length: int) -> bool:
+        """Whether a LongRoPE model turns the keys of a sequence whose table is chosen at
+        ``length`` tokens with its long table (False for any other model)."""
+        return self.rope_switch is not None and length > self.rope_switch
 
     def _first_parent(self, salt: str | None, long_rope: bool = False) -> int | bytes | None:
         """The parent of a chain's first block: none unsalted, the salt's own root otherwise; for

@@ -309,12 +309,11 @@ class Scheduler:
         """For a LongRoPE model, the length ``request`` (holding no KV) takes its table at from
         here: its sequence's where ``generate`` computes the whole of it again past the context,
         else its prompt's. Its prefix hashes are of that table's chain."""
-        switch = self.block_manager.rope_switch
-        if switch is None:
+        blocks = self.block_manager
+        if blocks.rope_switch is None:
             return
         length = request.num_tokens if self.rope_recompute else request.num_prompt_tokens
-        before = request.rope_length or request.num_prompt_tokens
-        if (length > switch) != (before > switch):
+        if blocks.long_rope(length) != blocks.long_rope(request.rope_length or request.num_prompt_tokens):
             request.block_hashes = []
         request.rope_length = length
 
