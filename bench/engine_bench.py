@@ -18,8 +18,8 @@
    compute bound, and a prompt step against the GEMM peak, all measured in the same run
    (bench/roofline.py), at each of ``--thread-counts``.
 10. ``--with-vllm`` (``--only-vllm``: this and 9 alone): vLLM's CPU build against llm-fleet, each
-   in a fresh process, offline-32 and anyscale-online, alternated, at each of
-   ``--thread-counts`` (bench/vllm_contender.py).
+   in a fresh process, offline-32, anyscale-online and lone prompts of 128 to 2048 tokens,
+   alternated, at each of ``--thread-counts`` (bench/vllm_contender.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ they are removed. Each contender then runs in a fresh process of its own (bench/
 bench/vllm_worker.py), started before any round: the table reports each one's start-up (model
 load, warm-up, and vLLM's compile, cached under ``~/.cache/vllm`` after its first start), which no
 measured round includes. Rounds alternate contenders, on fresh token ids each round (prefix caches
-hit nothing), so the first round is what a user's first requests meet. vLLM runs as its CPU docs
+hit nothing), so the first round is what a user's first requests meet; then a sweep of lone
+prompts times each contender's prompt step (``prompt_rounds``). vLLM runs as its CPU docs
 ask for its best speed: its threads bound to the same cores (``VLLM_CPU_OMP_THREADS_BIND``, no
 core held back for its scheduler) and Intel's OpenMP preloaded (tcmalloc too, where installed).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,7 @@ from llmfleet.bench.machine import CPUPressure, wait_quiet
 from llmfleet.bench.report import Trace, latency_summary
 from llmfleet.cache import cache_root
 from llmfleet.server.runner.host_memory import ask_for_huge_pages, ask_for_tcmalloc, tcmalloc_library
-from llmfleet.workloads import Workload, prompt_tokens
+from llmfleet.workloads import RequestSpec, Workload, prompt_tokens
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -38,6 +40,8 @@ BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 MAX_MODEL_LEN = 4096  # the most either contender is asked to hold: the workloads need under 1,000
 QUIET_WAIT_S = 30  # the longest a round waits for a quiet machine; its pressure is reported either way
 KV_CACHE_GIB = 2  # offline-32 at float32 needs about 0.9 GiB on builtin:small
+PROMPT_LENGTHS = (128, 512, 2048)  # the prompt-step sweep: offline-32's prompts, anyscale's longest, a budget's worth
+PROMPTS_PER_ROUND = 3  # of each length, per contender and round
 
 
 class ContenderError(RuntimeError):
@@ -273,12 +277,32 @@ def online_rounds(workers: list[Worker], workload: Workload, vocab: int, rounds:
     return results
 
 
+def prompt_rounds(workers: list[Worker], lengths: Sequence[int], vocab: int, rounds: int) -> dict:
+    """Each contender's time to the first token of one prompt alone, by prompt length: a prompt
+    step and the request's way in and out, what a request arriving at an idle server waits. An
+    online run's TTFT p99 over 32 requests is one request's wait, set by whichever step it met;
+    this sweep times the step itself. Fresh ids for each prompt, the same for both contenders,
+    which alternate prompt by prompt."""
+    seconds: dict[str, dict[str, list[float]]] = {w.name: {str(n): [] for n in lengths} for w in workers}
+    pressure_before = []
+    for round_ in range(rounds):
+        pressure_before.append(wait_quiet(max_wait_s=QUIET_WAIT_S))
+        for n in lengths:
+            for k in range(PROMPTS_PER_ROUND):
+                # an index of its own per length: no prompt opens with another's tokens (no prefix cache hit)
+                prompt = prompt_tokens(RequestSpec(0.0, n, 1), n * PROMPTS_PER_ROUND + k, vocab, seed=300 + round_)
+                for worker in _ordered(workers, round_ + k):
+                    answer = worker.ask({"cmd": "offline", "prompts": [prompt], "outputs": [1]})
+                    seconds[worker.name][str(n)].append(answer["seconds"])
+    return {"seconds": seconds, "pressure_before": pressure_before}
+
+
 def compare(
     setup: Setup, threads_list: list[int], offline: Workload, online: Workload, vocab: int, rounds: int, log_dir: Path
 ) -> dict:
-    """Both contenders at each thread count: start-up, offline rounds, online rounds. Each
-    thread count's table is printed, and the results so far written to ``vllm_partial.json`` in
-    ``log_dir``, as soon as it is done."""
+    """Both contenders at each thread count: start-up, offline rounds, online rounds, the prompt
+    sweep. Each thread count's table is printed, and the results so far written to
+    ``vllm_partial.json`` in ``log_dir``, as soon as it is done."""
     vllm_python = ensure_vllm()
     results: dict = {"vllm_version": VLLM_VERSION, "threads": {}}
     for threads in threads_list:
@@ -288,6 +312,7 @@ def compare(
                 "startup_s": {w.name: w.startup_s for w in workers},
                 "offline": offline_rounds(workers, offline, vocab, rounds),
                 "online": online_rounds(workers, online, vocab, rounds),
+                "prompt": prompt_rounds(workers, [n for n in PROMPT_LENGTHS if n < setup.max_model_len], vocab, rounds),
             }
         finally:
             for worker in workers:
@@ -381,3 +406,30 @@ def print_comparison(results: dict) -> None:
             + "; TTFT p99: "
             + ", ".join(f"{x:.2f}x" for x in ttft)
         )
+        if "prompt" in entry:
+            print_prompt_steps(entry["prompt"], threads, names)
+
+
+def print_prompt_steps(prompt: dict, threads: int, names: list[str]) -> None:
+    """The prompt sweep: each contender's median and best time to a lone prompt's first token."""
+    from llmfleet.bench.report import print_table
+
+    seconds = prompt["seconds"]
+    rows = []
+    for n in seconds[names[0]]:
+        ours, theirs = (statistics.median(seconds[name][n]) for name in names)
+        best = [min(seconds[name][n]) * 1e3 for name in names]
+        rows.append(
+            [
+                n,
+                f"{ours * 1e3:.1f} ms ({best[0]:.1f})",
+                f"{theirs * 1e3:.1f} ms ({best[1]:.1f})",
+                f"{ours / theirs:.2f}x",
+            ]
+        )
+    pressure = ", ".join(_pct(p) for p in prompt["pressure_before"])
+    print(
+        f"== llm-fleet vs vLLM CPU, {threads} thread(s): one prompt alone, time to its first token "
+        f"(CPU pressure before each round: {pressure})"
+    )
+    print_table(["prompt tokens", "llm-fleet median (best)", "vLLM median (best)", "llm-fleet / vLLM"], rows)

@@ -103,6 +103,34 @@ def test_the_table_prints_both_contenders_and_their_ratios(capsys):
     assert "50.0s" in out and "12.0s" in out  # each contender's start-up
 
 
+class _Recorder:
+    """A contender that answers a prompt of n tokens in n ms and remembers what it was asked."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.prompts: list[list[int]] = []
+
+    def ask(self, command: dict) -> dict:
+        assert command["cmd"] == "offline" and command["outputs"] == [1]
+        self.prompts.extend(command["prompts"])
+        return {"seconds": len(command["prompts"][0]) / 1e3, "tokens": 1}
+
+
+def test_the_prompt_sweep_gives_both_contenders_the_same_fresh_prompts(monkeypatch, capsys):
+    monkeypatch.setattr(vllm_contender, "wait_quiet", lambda max_wait_s: 0.02)
+    ours, theirs = _Recorder("llm-fleet"), _Recorder("vLLM CPU")
+    swept = vllm_contender.prompt_rounds([ours, theirs], [16, 64], vocab=1000, rounds=2)
+    per_length = 2 * vllm_contender.PROMPTS_PER_ROUND
+    assert ours.prompts == theirs.prompts and len(ours.prompts) == 2 * per_length
+    assert sorted(map(len, ours.prompts)) == [16] * per_length + [64] * per_length
+    openings = [tuple(p[:16]) for p in ours.prompts]
+    assert len(set(openings)) == len(openings)  # no prompt opens with another's tokens: no prefix cache hit
+    assert swept["seconds"]["vLLM CPU"]["64"] == [0.064] * per_length and swept["pressure_before"] == [0.02, 0.02]
+    vllm_contender.print_prompt_steps(swept, 2, ["llm-fleet", "vLLM CPU"])
+    out = capsys.readouterr().out
+    assert "64.0 ms (64.0)" in out and "1.00x" in out
+
+
 def test_vllm_gets_the_preloads_its_docs_ask_for_where_they_exist(tmp_path):
     python = tmp_path / "venv" / "bin" / "python"
     (tmp_path / "venv" / "lib").mkdir(parents=True)
