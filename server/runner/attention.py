@@ -20,9 +20,9 @@ attends each request's queries to that request's cached keys, causally, with GQA
 - prompt chunks are attended one request at a time: a chunk that starts at position 0 attends
   to its own fresh keys (causal, no gather); a later chunk gathers its request's blocks and
   attends causally from the chunk start. On a CPU a C kernel does it (cpu_kernels.py; torch's
-  CPU SDPA is several times slower), except in bfloat16 on CPUs with AMX, where SDPA multiplies
-  in AMX tiles and is the faster (``sdpa_first``); otherwise SDPA with a mask offset by the chunk
-  start.
+  CPU SDPA is several times slower), in bfloat16 on CPUs with AMX in AMX tiles, except for head
+  sizes those tiles do not take, where SDPA multiplies in them and is the faster (``sdpa_first``);
+  otherwise SDPA with a mask offset by the chunk start.
 
 Sliding windows are honoured through the masks (``kv_pos > q_pos - window``, as transformers
 does), so Mistral and Qwen2 with a window shorter than the context stay exact. A layer with a
@@ -282,10 +282,17 @@ def _prefill(
 
 def sdpa_first(q: torch.Tensor, scoring: Scoring) -> bool:
     """Whether a prompt's attention goes to torch's SDPA before the C kernel: in bfloat16 on a CPU
-    with AMX, where SDPA's flash attention multiplies in AMX tiles and runs several times faster
-    than the kernel's AVX-512 FMAs (docs/engine.md, prompt attention). Elsewhere the kernel is the
-    faster, and it alone applies a logit cap or sinks."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and scoring.plain and cpu_kernels.amx_tiles()
+    with AMX, for a head size the kernel's own AMX tiles do not take (not a multiple of 32), where
+    SDPA's flash attention multiplies in AMX tiles and runs several times faster than the kernel's
+    AVX-512 FMAs (docs/engine.md, prompt attention). Elsewhere the kernel is the faster, and it
+    alone applies a logit cap or sinks."""
+    return (
+        q.dtype == torch.bfloat16
+        and q.device.type == "cpu"
+        and scoring.plain
+        and cpu_kernels.amx_tiles()
+        and not cpu_kernels.amx_prompt_attention(q.shape[-1])
+    )
 
 
 def _attend_scored(

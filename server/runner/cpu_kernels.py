@@ -26,7 +26,9 @@ fraction of the machine's FMA rate. This kernel is bound by arithmetic instead: 
 time, its keys laid out in float32 tiles of 16 keys, dimension by dimension, scored in register
 blocks of the CPU's own vectors (with AVX-512, eight queries by two vectors of keys: two loads
 feed 16 independent FMA chains); blocks of 16 queries skip every tile past their last position;
-an exact float32 softmax per query, with the same scoring options.
+an exact float32 softmax per query, with the same scoring options. In bfloat16 on CPUs with AMX
+both products run in tiles instead (head sizes a multiple of 32), over keys and values packed as
+the tiles read them, with the same blocks, masks and softmax.
 
 **Cache writes.** A step's new keys and values land in rows scattered over a cache far larger
 than the CPU's caches, so each row's write first reads its lines from DRAM, and torch's
@@ -582,6 +584,15 @@ static inline __attribute__((always_inline)) void value_pass(const float *p, int
         for (int j = 0; j < RG; j++) memcpy(acc + j * dim + d0 + i * VL, &a[i][j], sizeof a[i][j]);
 }
 
+static int prefill_attention_amx(
+    const void *q, int64_t q_token_stride, int64_t q_head_stride,
+    const void *k, int64_t k_token_stride, int64_t k_head_stride,
+    const void *v, int64_t v_token_stride, int64_t v_head_stride,
+    int64_t n, int64_t ctx,
+    void *out, int64_t out_token_stride, int64_t out_head_stride,
+    int64_t heads, int64_t kv_heads, int64_t dim,
+    float scale, int64_t window, float softcap, const float *sinks, int num_threads);
+
 void llmfleet_prefill_attention(
     const void *q, int64_t q_token_stride, int64_t q_head_stride,
     const void *k, int64_t k_token_stride, int64_t k_head_stride,
@@ -590,6 +601,11 @@ void llmfleet_prefill_attention(
     void *out, int64_t out_token_stride, int64_t out_head_stride,
     int64_t heads, int64_t kv_heads, int64_t dim,
     float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
+    if (bf16 && prefill_attention_amx(q, q_token_stride, q_head_stride, k, k_token_stride, k_head_stride, v,
+                                      v_token_stride, v_head_stride, n, ctx, out, out_token_stride,
+                                      out_head_stride, heads, kv_heads, dim, scale, window, softcap, sinks,
+                                      num_threads))
+        return;
     const int64_t group = heads / kv_heads, tiles = (ctx + LANES - 1) / LANES, padded = tiles * LANES;
     const int64_t blocks = (n + QB - 1) / QB;
     float *kt = malloc(sizeof(float) * padded * dim), *vf = malloc(sizeof(float) * padded * dim);
@@ -945,10 +961,217 @@ int llmfleet_small_linear_amx_rows(void) {
     if (permitted < 0) permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
     return permitted ? AMX_MAX_M : 0;
 }
+
+/* Prompt attention in bfloat16 with AMX tiles: the same items, masks and exact float32 softmax as
+   llmfleet_prefill_attention, with both products in tiles. Every KV head's keys are first packed
+   as the tiles multiply them, [16 keys][dim / 2][16][2] (pairs of dimensions), and its values
+   [32 keys][dim / 16][16][16][2] (pairs of keys); then each block of 16 queries scores two tiles
+   of 16 keys at a time (a float32 row of scores per query), takes each row's softmax, rounds the
+   weights to bfloat16 (as torch's flash attention does before its second product) and sums the
+   values 32 keys a tile. Returns 0 where it does not apply: head sizes that are not a multiple of
+   32 or above 256, or no tiles. */
+#define AT_MAX_DIM 256
+
+static void configure_attention_tiles(void) {  /* all eight tiles: 16 rows of 64 bytes */
+    tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        config.rows[t] = 16;
+        config.bytes_per_row[t] = 64;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* s[t] *= scale over [from, to), a multiple of VL apart */
+static inline void scale_scores(float *s, int64_t from, int64_t to, float scale) {
+    for (int64_t t = from; t < to; t += VL) {
+        fvec x;
+        memcpy(&x, s + t, sizeof x);
+        x *= scale;
+        memcpy(s + t, &x, sizeof x);
+    }
+}
+
+/* a vector rounded to bfloat16 (to nearest, ties to even) at to: one instruction with
+   AVX512-BF16, which every CPU with AMX has */
+static inline void store_bf16(uint16_t *to, fvec x) {
+#if defined(__AVX512BF16__) && VL == 16
+    __m512 v;
+    memcpy(&v, &x, sizeof v);
+    const __m256bh rounded = _mm512_cvtneps_pbh(v);
+    memcpy(to, &rounded, sizeof rounded);
+#else
+    const ivec bits = bf16_bits(x);
+    for (int l = 0; l < VL; l++) to[l] = (uint16_t)bits[l];
+#endif
+}
+
+/* A row of raw scores' softmax weights in two passes, where the scale is positive and there is no
+   cap: the top of the unmasked scores (masked_max, which sets the masked ones to -inf), then
+   exp(scale * s - scale * top) into weights, rounded to bfloat16, over [from, to) (a multiple of
+   VL apart); returns the exponentials' sum in float32, with the sink's where there is one. */
+static inline float softmax_weights(float *s, uint16_t *weights, int64_t from, int64_t to, int64_t lo, int64_t pos,
+                                    float scale, const float *sink) {
+    float top = scale * masked_max(s, from, to, lo, pos, -INFINITY);
+    if (sink && *sink > top) top = *sink;
+    fvec total = {0};
+    for (int64_t t = from; t < to; t += VL) {
+        fvec x;
+        memcpy(&x, s + t, sizeof x);
+        x = expv(x * scale - top);
+        total += x;
+        store_bf16(weights + t, x);
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < VL; l++) sum += total[l];
+    return sink ? sum + expf(*sink - top) : sum;
+}
+
+/* weights[t] = bf16(p[t]) over [from, to), a multiple of VL apart */
+static inline void round_weights(const float *p, uint16_t *weights, int64_t from, int64_t to) {
+    for (int64_t t = from; t < to; t += VL) {
+        fvec x;
+        memcpy(&x, p + t, sizeof x);
+        store_bf16(weights + t, x);
+    }
+}
+
+static int prefill_attention_amx(
+    const void *q, int64_t q_token_stride, int64_t q_head_stride,
+    const void *k, int64_t k_token_stride, int64_t k_head_stride,
+    const void *v, int64_t v_token_stride, int64_t v_head_stride,
+    int64_t n, int64_t ctx,
+    void *out, int64_t out_token_stride, int64_t out_head_stride,
+    int64_t heads, int64_t kv_heads, int64_t dim,
+    float scale, int64_t window, float softcap, const float *sinks, int num_threads) {
+    if (dim % 32 || dim > AT_MAX_DIM || !llmfleet_small_linear_amx_rows()) return 0;
+    const int64_t group = heads / kv_heads, chunks = dim / 16;
+    const int64_t padded = (ctx + 31) / 32 * 32, blocks = (n + 15) / 16, head_size = padded * dim;
+    uint16_t *kp = aligned_alloc(64, kv_heads * head_size * 2), *vp = aligned_alloc(64, kv_heads * head_size * 2);
+    const uint16_t *qs = q, *ks = k, *vs = v;
+    #pragma omp parallel num_threads(num_threads)
+    {
+        uint16_t *queries = aligned_alloc(64, 16 * dim * 2), *weights = aligned_alloc(64, 16 * padded * 2);
+        float *scores = aligned_alloc(64, sizeof(float) * 16 * padded);
+        float *acc = aligned_alloc(64, sizeof(float) * 16 * dim);
+        float sums[16];
+        /* every head's keys and values, a pair of positions at a time */
+        #pragma omp for
+        for (int64_t item = 0; item < kv_heads * padded / 2; item++) {
+            const int64_t kvh = item / (padded / 2), t = item % (padded / 2) * 2;
+            uint16_t *kt = kp + kvh * head_size + (t / 16) * 16 * dim, *vt = vp + kvh * head_size + (t / 32) * 32 * dim;
+            for (int64_t u = t; u < t + 2; u++) {  /* its pairs of dimensions, 16 keys apart */
+                const uint16_t *key = ks + u * k_token_stride + kvh * k_head_stride;
+                for (int64_t d = 0; d < dim; d += 2) {
+                    uint16_t *to = kt + d * 16 + (u % 16) * 2;
+                    to[0] = u < ctx ? key[d] : 0;
+                    to[1] = u < ctx ? key[d + 1] : 0;
+                }
+            }
+            const uint16_t *v0 = vs + t * v_token_stride + kvh * v_head_stride, *v1 = v0 + v_token_stride;
+            uint16_t *to = vt + ((t % 32) / 2) * 32;
+            for (int64_t c = 0; c < chunks; c++)
+                for (int64_t d = 0; d < 16; d++) {
+                    to[c * 512 + d * 2] = t < ctx ? v0[c * 16 + d] : 0;
+                    to[c * 512 + d * 2 + 1] = t + 1 < ctx ? v1[c * 16 + d] : 0;
+                }
+        }
+        configure_attention_tiles();
+        /* head by head (both threads in one head's keys), each head's last blocks first */
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < kv_heads * group * blocks; item++) {
+            const int64_t kvh = item / (group * blocks), rest = item % (group * blocks);
+            const int64_t block = blocks - 1 - rest / group, h = kvh * group + rest % group;
+            const uint16_t *keys = kp + kvh * head_size, *values = vp + kvh * head_size;
+            const int64_t row0 = block * 16, rows = n - row0 < 16 ? n - row0 : 16;
+            const int64_t last = ctx - n + row0 + rows - 1;
+            const int64_t first = ctx - n + row0 - window + 1;
+            const int64_t tile0 = window > 0 && first > 0 ? first / 16 : 0, tile1 = last / 16 + 1;
+            const int64_t key0 = tile0 / 2 * 32, key1 = (tile1 + 1) / 2 * 32;  /* the values' 32-key tiles */
+            for (int64_t r = 0; r < 16; r++) {
+                if (r < rows) memcpy(queries + r * dim, qs + (row0 + r) * q_token_stride + h * q_head_stride, dim * 2);
+                else memset(queries + r * dim, 0, dim * 2);
+            }
+            int64_t tile = tile0;
+            for (; tile + 2 <= tile1; tile += 2) {  /* two tiles of keys for each tile of queries */
+                _tile_zero(0);
+                _tile_zero(1);
+                for (int64_t c = 0; c < dim / 32; c++) {
+                    _tile_loadd(2, queries + c * 32, dim * 2);
+                    _tile_loadd(3, keys + tile * 16 * dim + c * 512, 64);
+                    _tile_loadd(4, keys + (tile + 1) * 16 * dim + c * 512, 64);
+                    _tile_dpbf16ps(0, 2, 3);
+                    _tile_dpbf16ps(1, 2, 4);
+                }
+                _tile_stored(0, scores + tile * 16, padded * 4);
+                _tile_stored(1, scores + tile * 16 + 16, padded * 4);
+            }
+            if (tile < tile1) {
+                _tile_zero(0);
+                for (int64_t c = 0; c < dim / 32; c++) {
+                    _tile_loadd(2, queries + c * 32, dim * 2);
+                    _tile_loadd(3, keys + tile * 16 * dim + c * 512, 64);
+                    _tile_dpbf16ps(0, 2, 3);
+                }
+                _tile_stored(0, scores + tile * 16, padded * 4);
+            }
+            for (int64_t r = 0; r < 16; r++) {
+                const int64_t pos = r < rows ? ctx - n + row0 + r : last;
+                const int64_t lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
+                float *sr = scores + r * padded;
+                uint16_t *wr = weights + r * padded;
+                const float *sink = sinks ? sinks + h : NULL;
+                if (softcap <= 0.0f && scale > 0.0f) {
+                    sums[r] = softmax_weights(sr, wr, tile0 * 16, tile1 * 16, lo, pos, scale, sink);
+                } else {
+                    scale_scores(sr, tile0 * 16, tile1 * 16, scale);
+                    if (softcap > 0.0f) cap_scores(sr + tile0 * 16, (tile1 - tile0) * 16, softcap);
+                    const float top = masked_max(sr, tile0 * 16, tile1 * 16, lo, pos, sink ? *sink : -INFINITY);
+                    sums[r] = exp_sum16(sr + tile0 * 16, (tile1 - tile0) * 16, top, sink);
+                    round_weights(sr, wr, tile0 * 16, tile1 * 16);
+                }
+                memset(wr + key0, 0, (tile0 * 16 - key0) * 2);
+                memset(wr + tile1 * 16, 0, (key1 - tile1 * 16) * 2);
+            }
+            for (int64_t c = 0; c < chunks; c += 2) {  /* 32 dimensions of the values at a time */
+                _tile_zero(0);
+                _tile_zero(1);
+                for (int64_t key = key0; key < key1; key += 32) {
+                    const uint16_t *vt = values + (key / 32) * 32 * dim + c * 512;
+                    _tile_loadd(2, weights + key, padded * 2);
+                    _tile_loadd(3, vt, 64);
+                    _tile_loadd(4, vt + 512, 64);
+                    _tile_dpbf16ps(0, 2, 3);
+                    _tile_dpbf16ps(1, 2, 4);
+                }
+                _tile_stored(0, acc + c * 16, dim * 4);
+                _tile_stored(1, acc + c * 16 + 16, dim * 4);
+            }
+            for (int64_t r = 0; r < rows; r++)
+                store_row(out, (row0 + r) * out_token_stride + h * out_head_stride, acc + r * dim, 1.0f / sums[r],
+                          dim, 1);
+        }
+        _tile_release();
+        free(queries); free(weights); free(scores); free(acc);
+    }
+    free(kp); free(vp);
+    return 1;
+}
 #else
 void llmfleet_small_linear_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                                const float *bias, uint16_t *out, int num_threads) {}
 int llmfleet_small_linear_amx_rows(void) { return 0; }
+static int prefill_attention_amx(
+    const void *q, int64_t q_token_stride, int64_t q_head_stride,
+    const void *k, int64_t k_token_stride, int64_t k_head_stride,
+    const void *v, int64_t v_token_stride, int64_t v_head_stride,
+    int64_t n, int64_t ctx,
+    void *out, int64_t out_token_stride, int64_t out_head_stride,
+    int64_t heads, int64_t kv_heads, int64_t dim,
+    float scale, int64_t window, float softcap, const float *sinks, int num_threads) {
+    return 0;
+}
 #endif
 
 /* RMSNorm as Llama's module computes it (and the many of transformers' RMSNorms that share its
@@ -1764,11 +1987,21 @@ def kv_write(
     return True
 
 
+AMX_ATTENTION_MAX_DIM = 256  # AT_MAX_DIM in the C source
+
+
 def amx_tiles() -> bool:
     """Whether this CPU runs AMX tiles here: the kernels were built with them and the OS lets this
     process use their registers. False where the kernels are off or not built."""
     library = _library() if enabled() else None
     return library is not None and library.llmfleet_small_linear_amx_rows() > 0
+
+
+def amx_prompt_attention(head_dim: int) -> bool:
+    """Whether ``prefill_attention`` multiplies a bfloat16 prompt's heads of ``head_dim`` in AMX
+    tiles: where this CPU runs them and the head size is a multiple of 32 up to 256 (the C
+    kernel's own check, ``prefill_attention_amx``)."""
+    return head_dim % 32 == 0 and head_dim <= AMX_ATTENTION_MAX_DIM and amx_tiles()
 
 
 def small_linear_rows(dtype: torch.dtype = torch.float32, block: int = 64) -> int:

@@ -182,13 +182,19 @@ def test_the_prompt_kernel_attends_as_torch(monkeypatch, kernel_build, dtype, wi
 
 
 @pytest.mark.parametrize(
-    ("dtype", "scored", "to_sdpa"),
-    [(torch.bfloat16, False, True), (torch.bfloat16, True, False), (torch.float32, False, False)],
+    ("dtype", "scored", "dim", "to_sdpa"),
+    [
+        (torch.bfloat16, False, 48, True),
+        (torch.bfloat16, False, 32, False),
+        (torch.bfloat16, True, 48, False),
+        (torch.float32, False, 48, False),
+    ],
 )
-def test_on_a_cpu_with_amx_bfloat16_prompts_go_to_sdpa(monkeypatch, dtype, scored, to_sdpa):
-    """SDPA multiplies in AMX tiles, faster than the kernel there; a logit cap or sinks, which SDPA
-    does not apply, and float32 stay with the kernel. Either way the result is the kernel's."""
-    dim, tokens, context, _ = PROMPTS["later chunk"]
+def test_on_a_cpu_with_amx_bfloat16_prompts_go_to_sdpa(monkeypatch, dtype, scored, dim, to_sdpa):
+    """SDPA multiplies in AMX tiles, faster than the kernel's vectors there, for the head sizes the
+    kernel's own tiles do not take (not a multiple of 32); a logit cap or sinks, which SDPA does
+    not apply, and float32 stay with the kernel. Either way the result is the kernel's."""
+    _, tokens, context, _ = PROMPTS["later chunk"]
     torch.manual_seed(7)
     cache = PagedKVCache(2, BLOCKS, 16, KV_HEADS, dim, dtype, torch.device("cpu"))
     cache.keys[1].normal_()
@@ -223,3 +229,49 @@ def test_builds_unused_for_a_month_are_pruned(tmp_path):
         os.utime(paths[name], (month_ago, month_ago))
     cpu_kernels._prune(paths["attention-this"])
     assert sorted(p.stem for p in tmp_path.iterdir()) == ["attention-recent", "attention-this", "paged_decode-recent"]
+
+
+# (prompt tokens, context, query heads, KV heads, head size, window): blocks of 16 queries over odd
+# and even counts of 16-key tiles, GQA, the widest heads the tiles take in one pass of 32 values;
+# a later chunk under a window that starts mid-tile; one query
+AMX_PROMPTS = {
+    "GQA, 128-wide heads": (130, 130, 8, 2, 128, None),
+    "later chunk, window": (45, 301, 4, 4, 64, 50),
+    "one query": (1, 77, 4, 1, 32, None),
+}
+
+
+def attention_in_float64(q, keys, values, scale, window, softcap, sinks) -> torch.Tensor:
+    """Causal attention of q (n, heads, D) at positions ctx - n .. ctx - 1 over keys and values
+    (kv_heads, ctx, D), in float64."""
+    n, heads, _ = q.shape
+    kv_heads, ctx, _ = keys.shape
+    k, v = (t.double().repeat_interleave(heads // kv_heads, 0) for t in (keys, values))
+    scores = torch.einsum("nhd,hcd->hnc", q.double(), k) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    position, key = torch.arange(ctx - n, ctx)[:, None], torch.arange(ctx)[None]
+    allowed = (key <= position) & (key > position - window if window else True)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.double().view(heads, 1, 1).expand(heads, n, 1)], -1)
+    return torch.einsum("hnc,hcd->nhd", torch.softmax(scores, -1)[..., :ctx], v)
+
+
+@pytest.mark.parametrize("scored", [False, True])
+@pytest.mark.parametrize("layout", AMX_PROMPTS)
+def test_amx_tiles_attend_a_bfloat16_prompt_as_float64_does(layout, scored):
+    """On a CPU with AMX a bfloat16 prompt's heads of a multiple of 32 are multiplied in tiles, the
+    softmax's weights rounded to bfloat16 between the two products (as torch's flash attention
+    rounds them): within bfloat16's rounding of attention in float64 on the same inputs."""
+    n, ctx, heads, kv_heads, dim, window = AMX_PROMPTS[layout]
+    if not cpu_kernels.amx_prompt_attention(dim):
+        pytest.skip("no AMX tiles here")
+    torch.manual_seed(11)
+    q = torch.randn(heads, n + 3, dim).bfloat16().transpose(0, 1)[2 : 2 + n]  # strided, as in a step
+    keys, values = torch.randn(2, kv_heads, ctx, dim).bfloat16()
+    softcap, sinks = (30.0, torch.linspace(-1.0, 2.0, heads)) if scored else (None, None)
+    out = torch.zeros(n, heads, dim, dtype=torch.bfloat16)
+    assert cpu_kernels.prefill_attention(q, out, keys, values, dim**-0.5, window, softcap, sinks)
+    expected = attention_in_float64(q, keys, values, dim**-0.5, window, softcap, sinks)
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
