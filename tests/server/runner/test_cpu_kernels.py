@@ -190,7 +190,7 @@ def test_the_prompt_kernel_attends_as_torch(monkeypatch, kernel_build, dtype, wi
         (torch.float32, False, 48, False),
     ],
 )
-def test_on_a_cpu_with_amx_bfloat16_prompts_go_to_sdpa(monkeypatch, dtype, scored, dim, to_sdpa):
+def test_which_bfloat16_prompts_go_to_sdpa_on_a_cpu_with_amx(monkeypatch, dtype, scored, dim, to_sdpa):
     """SDPA multiplies in AMX tiles, faster than the kernel's vectors there, for the head sizes the
     kernel's own tiles do not take (not a multiple of 32); a logit cap or sinks, which SDPA does
     not apply, and float32 stay with the kernel. Either way the result is the kernel's."""
@@ -232,8 +232,8 @@ def test_builds_unused_for_a_month_are_pruned(tmp_path):
 
 
 # (prompt tokens, context, query heads, KV heads, head size, window): blocks of 16 queries over odd
-# and even counts of 16-key tiles, GQA, the widest heads the tiles take in one pass of 32 values;
-# a later chunk under a window that starts mid-tile; one query
+# and even counts of 16-key tiles, GQA, 128-wide heads (their values summed in four passes of 32
+# dimensions); a later chunk under a window that starts mid-tile; one query
 AMX_PROMPTS = {
     "GQA, 128-wide heads": (130, 130, 8, 2, 128, None),
     "later chunk, window": (45, 301, 4, 4, 64, 50),
