@@ -584,6 +584,7 @@ static inline __attribute__((always_inline)) void value_pass(const float *p, int
         for (int j = 0; j < RG; j++) memcpy(acc + j * dim + d0 + i * VL, &a[i][j], sizeof a[i][j]);
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 static int prefill_attention_amx(
     const void *q, int64_t q_token_stride, int64_t q_head_stride,
     const void *k, int64_t k_token_stride, int64_t k_head_stride,
@@ -592,6 +593,7 @@ static int prefill_attention_amx(
     void *out, int64_t out_token_stride, int64_t out_head_stride,
     int64_t heads, int64_t kv_heads, int64_t dim,
     float scale, int64_t window, float softcap, const float *sinks, int num_threads);
+#endif
 
 void llmfleet_prefill_attention(
     const void *q, int64_t q_token_stride, int64_t q_head_stride,
@@ -601,11 +603,13 @@ void llmfleet_prefill_attention(
     void *out, int64_t out_token_stride, int64_t out_head_stride,
     int64_t heads, int64_t kv_heads, int64_t dim,
     float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (bf16 && prefill_attention_amx(q, q_token_stride, q_head_stride, k, k_token_stride, k_head_stride, v,
                                       v_token_stride, v_head_stride, n, ctx, out, out_token_stride,
                                       out_head_stride, heads, kv_heads, dim, scale, window, softcap, sinks,
                                       num_threads))
         return;
+#endif
     const int64_t group = heads / kv_heads, tiles = (ctx + LANES - 1) / LANES, padded = tiles * LANES;
     const int64_t blocks = (n + QB - 1) / QB;
     float *kt = malloc(sizeof(float) * padded * dim), *vf = malloc(sizeof(float) * padded * dim);
@@ -962,6 +966,12 @@ int llmfleet_small_linear_amx_rows(void) {
     return permitted ? AMX_MAX_M : 0;
 }
 
+/* Whether a bfloat16 prompt's heads of dim go through the tiles: the one check of
+   llmfleet_prefill_attention's dispatch and of cpu_kernels.amx_prompt_attention */
+int llmfleet_prompt_attention_tiles(int64_t dim) {
+    return dim % 32 == 0 && dim <= 256 && llmfleet_small_linear_amx_rows() > 0;
+}
+
 /* Prompt attention in bfloat16 with AMX tiles: the same items, masks and exact float32 softmax as
    llmfleet_prefill_attention, with both products in tiles. Every KV head's keys are first packed
    as the tiles multiply them, [16 keys][dim / 2][16][2] (pairs of dimensions), and its values
@@ -970,7 +980,6 @@ int llmfleet_small_linear_amx_rows(void) {
    weights to bfloat16 (as torch's flash attention does before its second product) and sums the
    values 32 keys a tile. Returns 0 where it does not apply: head sizes that are not a multiple of
    32 or above 256, or no tiles. */
-#define AT_MAX_DIM 256
 
 static void configure_attention_tiles(void) {  /* all eight tiles: 16 rows of 64 bytes */
     tile_config config;
@@ -1045,7 +1054,7 @@ static int prefill_attention_amx(
     void *out, int64_t out_token_stride, int64_t out_head_stride,
     int64_t heads, int64_t kv_heads, int64_t dim,
     float scale, int64_t window, float softcap, const float *sinks, int num_threads) {
-    if (dim % 32 || dim > AT_MAX_DIM || !llmfleet_small_linear_amx_rows()) return 0;
+    if (!llmfleet_prompt_attention_tiles(dim)) return 0;
     const int64_t group = heads / kv_heads, chunks = dim / 16;
     const int64_t padded = (ctx + 31) / 32 * 32, blocks = (n + 15) / 16, head_size = padded * dim;
     uint16_t *kp = aligned_alloc(64, kv_heads * head_size * 2), *vp = aligned_alloc(64, kv_heads * head_size * 2);
@@ -1162,16 +1171,7 @@ static int prefill_attention_amx(
 void llmfleet_small_linear_amx(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                                const float *bias, uint16_t *out, int num_threads) {}
 int llmfleet_small_linear_amx_rows(void) { return 0; }
-static int prefill_attention_amx(
-    const void *q, int64_t q_token_stride, int64_t q_head_stride,
-    const void *k, int64_t k_token_stride, int64_t k_head_stride,
-    const void *v, int64_t v_token_stride, int64_t v_head_stride,
-    int64_t n, int64_t ctx,
-    void *out, int64_t out_token_stride, int64_t out_head_stride,
-    int64_t heads, int64_t kv_heads, int64_t dim,
-    float scale, int64_t window, float softcap, const float *sinks, int num_threads) {
-    return 0;
-}
+int llmfleet_prompt_attention_tiles(int64_t dim) { return 0; }
 #endif
 
 /* RMSNorm as Llama's module computes it (and the many of transformers' RMSNorms that share its
@@ -1769,6 +1769,8 @@ def build_for(march: str) -> ctypes.CDLL | None:
     library.llmfleet_small_linear_amx.restype = None
     library.llmfleet_small_linear_amx_rows.argtypes = []
     library.llmfleet_small_linear_amx_rows.restype = ctypes.c_int
+    library.llmfleet_prompt_attention_tiles.argtypes = [_I64]
+    library.llmfleet_prompt_attention_tiles.restype = ctypes.c_int
     model, step = ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeStep)
     library.llmfleet_add_norm.argtypes = [model, step, _PTR, _PTR, _PTR, ctypes.c_float, _PTR, ctypes.c_float, _PTR]
     library.llmfleet_add_norm.restype = None
@@ -1987,9 +1989,6 @@ def kv_write(
     return True
 
 
-AMX_ATTENTION_MAX_DIM = 256  # AT_MAX_DIM in the C source
-
-
 def amx_tiles() -> bool:
     """Whether this CPU runs AMX tiles here: the kernels were built with them and the OS lets this
     process use their registers. False where the kernels are off or not built."""
@@ -2000,8 +1999,9 @@ def amx_tiles() -> bool:
 def amx_prompt_attention(head_dim: int) -> bool:
     """Whether ``prefill_attention`` multiplies a bfloat16 prompt's heads of ``head_dim`` in AMX
     tiles: where this CPU runs them and the head size is a multiple of 32 up to 256 (the C
-    kernel's own check, ``prefill_attention_amx``)."""
-    return head_dim % 32 == 0 and head_dim <= AMX_ATTENTION_MAX_DIM and amx_tiles()
+    kernel's own check). False where the kernels are off or not built."""
+    library = _library() if enabled() else None
+    return library is not None and library.llmfleet_prompt_attention_tiles(head_dim) > 0
 
 
 def small_linear_rows(dtype: torch.dtype = torch.float32, block: int = 64) -> int:

@@ -206,6 +206,8 @@ def test_which_bfloat16_prompts_go_to_sdpa_on_a_cpu_with_amx(monkeypatch, dtype,
     expected = attend_prompt(monkeypatch, True, q, key, value, cache, span, None, scored)
     monkeypatch.undo()
     monkeypatch.setattr(cpu_kernels, "amx_tiles", lambda: True)
+    # what an AMX CPU's kernels answer (llmfleet_prompt_attention_tiles), on any CPU
+    monkeypatch.setattr(cpu_kernels, "amx_prompt_attention", lambda head_dim: head_dim % 32 == 0)
     out, ran = through(
         monkeypatch,
         "prefill_attention",
