@@ -15,6 +15,7 @@ oneDNN builds a kernel for each new row count on first use, so a packed runner p
 to a bounded set of sizes and warms them up at start-up (step_shapes.py, warm_up.py). A step of a
 few rows (a decode of a few requests) skips oneDNN for a C kernel that streams the same packed
 weight at the memory's rate (cpu_kernels.small_linear), where its layout was checked at load.
+A bfloat16 step size at which oneDNN leaves threads idle runs in pieces (linear_splits.py).
 ``LLMFLEET_PACKED_LINEAR=0`` keeps the plain linears.
 """
 
@@ -62,6 +63,9 @@ class PackedLinear(torch.nn.Module):
         self.small_block = cpu_kernels.packed_block(self.packed, dense)
         self.small_rows = cpu_kernels.small_linear_rows(dense.dtype, self.small_block) if self.small_block else 0
         self.small_bias = None if self.bias is None else self.bias.detach().float()
+        # {rows: piece}: step sizes at which oneDNN leaves threads idle, run in pieces of fewer
+        # rows; found at start-up (linear_splits.py)
+        self.row_pieces: dict[int, int] = {}
         if keep_weight:
             self.weight = linear.weight
         else:  # a stand-in: shape and dtype without the memory
@@ -72,7 +76,18 @@ class PackedLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() <= self.small_rows * self.in_features and x.dtype == self.weight.dtype and x.numel():
             return cpu_kernels.small_linear(x, self.packed, self.out_features, self.small_bias, self.small_block)
+        piece = self.row_pieces.get(x.numel() // self.in_features) if self.row_pieces else None
+        return self.onednn(x) if piece is None else self.onednn_in_pieces(x, piece)
+
+    def onednn(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on ``x`` in one oneDNN call."""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def onednn_in_pieces(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """The layer on ``x`` in oneDNN calls of at most ``rows`` rows each (linear_splits.py)."""
+        flat = x.reshape(-1, self.in_features)
+        out = torch.cat([self.onednn(piece) for piece in flat.split(rows)])
+        return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -11,6 +11,9 @@ reason (on a GPU this runner captures CUDA graphs instead). Two kinds of shapes 
 - the rows the LM head computes, one per sampled request: 1 up to the batch cap. The head alone
   is called for these (a decode step of each batch size would cost a whole forward each).
 
+Between the two, a bfloat16 runner looks for the step sizes at which oneDNN leaves some of its
+threads idle, and runs those linears in pieces (linear_splits.py).
+
 The prompt steps write KV into blocks no request holds yet (the block manager allocates nothing
 before the engine starts), and their requests are never seen by a scheduler.
 """
@@ -26,6 +29,7 @@ import torch
 
 from llmfleet.server.core.batch import ModelRunner, ScheduledRequest, SchedulerOutput
 from llmfleet.server.core.request import Request, SamplingParams
+from llmfleet.server.runner import linear_splits
 from llmfleet.server.runner.step_shapes import warm_up_sizes, warm_up_tokens
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,15 @@ def warm_up(runner: ModelRunner, model: torch.nn.Module, max_tokens: int, max_se
             runner.execute(SchedulerOutput([ScheduledRequest(prompt, tokens)]))
             runner.release(prompt.request_id)
     head = model.get_output_embeddings()
+    splits = linear_splits.plan(model, sizes) if linear_splits.enabled(head.weight.dtype) else {}
+    for (out_features, in_features), pieces in splits.items():
+        log.info(
+            "oneDNN leaves threads idle on the %dx%d linears at %s rows: those steps run them in pieces of %s",
+            out_features,
+            in_features,
+            ", ".join(map(str, pieces)),
+            ", ".join(map(str, pieces.values())),
+        )
     rows = min(max_seqs, max_tokens)  # a step samples at most one row per token
     hidden = torch.zeros(1, rows, head.in_features, dtype=head.weight.dtype, device=head.weight.device)
     with torch.inference_mode():
