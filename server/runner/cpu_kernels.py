@@ -976,10 +976,11 @@ int llmfleet_prompt_attention_tiles(int64_t dim) {
    llmfleet_prefill_attention, with both products in tiles. Every KV head's keys are first packed
    as the tiles multiply them, [16 keys][dim / 2][16][2] (pairs of dimensions), and its values
    [32 keys][dim / 16][16][16][2] (pairs of keys); then each block of 16 queries scores two tiles
-   of 16 keys at a time (a float32 row of scores per query), takes each row's softmax, rounds the
-   weights to bfloat16 (as torch's flash attention does before its second product) and sums the
-   values 32 keys a tile. Returns 0 where it does not apply: head sizes that are not a multiple of
-   32 or above 256, or no tiles. */
+   of 16 keys at a time (a float32 row of scores per query), folding each row's top into a
+   register while those scores are still in L1 (masked keys set to -inf), takes each row's
+   softmax in one more pass, rounds the weights to bfloat16 (as torch's flash attention does
+   before its second product) and sums the values 32 keys a tile. Returns 0 where it does not
+   apply: head sizes that are not a multiple of 32 or above 256, or no tiles. */
 
 static void configure_attention_tiles(void) {  /* all eight tiles: 16 rows of 64 bytes */
     tile_config config;
@@ -1016,27 +1017,6 @@ static inline void store_bf16(uint16_t *to, fvec x) {
 #endif
 }
 
-/* A row of raw scores' softmax weights in two passes, where the scale is positive and there is no
-   cap: the top of the unmasked scores (masked_max, which sets the masked ones to -inf), then
-   exp(scale * s - scale * top) into weights, rounded to bfloat16, over [from, to) (a multiple of
-   VL apart); returns the exponentials' sum in float32, with the sink's where there is one. */
-static inline float softmax_weights(float *s, uint16_t *weights, int64_t from, int64_t to, int64_t lo, int64_t pos,
-                                    float scale, const float *sink) {
-    float top = scale * masked_max(s, from, to, lo, pos, -INFINITY);
-    if (sink && *sink > top) top = *sink;
-    fvec total = {0};
-    for (int64_t t = from; t < to; t += VL) {
-        fvec x;
-        memcpy(&x, s + t, sizeof x);
-        x = expv(x * scale - top);
-        total += x;
-        store_bf16(weights + t, x);
-    }
-    float sum = 0.0f;
-    for (int l = 0; l < VL; l++) sum += total[l];
-    return sink ? sum + expf(*sink - top) : sum;
-}
-
 /* weights[t] = bf16(p[t]) over [from, to), a multiple of VL apart */
 static inline void round_weights(const float *p, uint16_t *weights, int64_t from, int64_t to) {
     for (int64_t t = from; t < to; t += VL) {
@@ -1044,6 +1024,64 @@ static inline void round_weights(const float *p, uint16_t *weights, int64_t from
         memcpy(&x, p + t, sizeof x);
         store_bf16(weights + t, x);
     }
+}
+
+/* e^x in AVX-512 for the scores less their top: expv's reduction and polynomial, 2^n applied by
+   scalef, and lanes below -87 (a masked score's -inf among them) set to 0 by its mask */
+static inline __m512 exp512(__m512 x) {
+    const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(1.9875691500e-4f), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(kept, p, n);
+}
+
+/* the vector of 16 scores at s + t with those outside [lo, pos] set to -inf (in s too), folded
+   into best by max (a NaN score passed over, as masked_max does) */
+static inline __m512 fold_top(float *s, int64_t t, int64_t lo, int64_t pos, __m512 best) {
+    __m512 x = _mm512_loadu_ps(s + t);
+    if (t < lo || t + 15 > pos) {
+        const __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int32_t)t),
+                                            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+        const __mmask16 out = _mm512_cmp_epi32_mask(at, _mm512_set1_epi32((int32_t)lo), _MM_CMPINT_LT) |
+                              _mm512_cmp_epi32_mask(at, _mm512_set1_epi32((int32_t)pos), _MM_CMPINT_NLE);
+        x = _mm512_mask_mov_ps(x, out, _mm512_set1_ps(-INFINITY));
+        _mm512_storeu_ps(s + t, x);
+    }
+    return _mm512_max_ps(x, best);
+}
+
+/* weights = bf16(exp(scale * s - top)) over [from, to) (a multiple of 16 apart); returns the
+   exponentials' sum in float32, with the sink's where there is one */
+static inline float exp_weights(const float *s, uint16_t *weights, int64_t from, int64_t to, float scale, float top,
+                                const float *sink) {
+    const __m512 sc = _mm512_set1_ps(scale), tp = _mm512_set1_ps(top);
+    __m512 total0 = _mm512_setzero_ps(), total1 = _mm512_setzero_ps();
+    int64_t t = from;
+    for (; t + 32 <= to; t += 32) {
+        const __m512 a = exp512(_mm512_fmsub_ps(_mm512_loadu_ps(s + t), sc, tp));
+        const __m512 b = exp512(_mm512_fmsub_ps(_mm512_loadu_ps(s + t + 16), sc, tp));
+        total0 = _mm512_add_ps(total0, a);
+        total1 = _mm512_add_ps(total1, b);
+        const __m256bh ra = _mm512_cvtneps_pbh(a), rb = _mm512_cvtneps_pbh(b);
+        memcpy(weights + t, &ra, 32);
+        memcpy(weights + t + 16, &rb, 32);
+    }
+    if (t < to) {
+        const __m512 a = exp512(_mm512_fmsub_ps(_mm512_loadu_ps(s + t), sc, tp));
+        total0 = _mm512_add_ps(total0, a);
+        const __m256bh ra = _mm512_cvtneps_pbh(a);
+        memcpy(weights + t, &ra, 32);
+    }
+    const float sum = _mm512_reduce_add_ps(_mm512_add_ps(total0, total1));
+    return sink ? sum + expf(*sink - top) : sum;
 }
 
 static int prefill_attention_amx(
@@ -1065,6 +1103,7 @@ static int prefill_attention_amx(
         float *scores = aligned_alloc(64, sizeof(float) * 16 * padded);
         float *acc = aligned_alloc(64, sizeof(float) * 16 * dim);
         float sums[16];
+        __m512 tops[16];
         /* every head's keys and values, a pair of positions at a time */
         #pragma omp for
         for (int64_t item = 0; item < kv_heads * padded / 2; item++) {
@@ -1102,6 +1141,13 @@ static int prefill_attention_amx(
                 if (r < rows) memcpy(queries + r * dim, qs + (row0 + r) * q_token_stride + h * q_head_stride, dim * 2);
                 else memset(queries + r * dim, 0, dim * 2);
             }
+            const int plain = softcap <= 0.0f && scale > 0.0f;
+            int64_t pos[16], lo[16];
+            for (int64_t r = 0; r < 16; r++) {
+                pos[r] = r < rows ? ctx - n + row0 + r : last;
+                lo[r] = (window > 0 && pos[r] - window + 1 > 0) ? pos[r] - window + 1 : 0;
+                tops[r] = _mm512_set1_ps(-INFINITY);
+            }
             int64_t tile = tile0;
             for (; tile + 2 <= tile1; tile += 2) {  /* two tiles of keys for each tile of queries */
                 _tile_zero(0);
@@ -1115,6 +1161,11 @@ static int prefill_attention_amx(
                 }
                 _tile_stored(0, scores + tile * 16, padded * 4);
                 _tile_stored(1, scores + tile * 16 + 16, padded * 4);
+                if (plain)  /* each row's top while its scores are in L1 */
+                    for (int64_t r = 0; r < 16; r++) {
+                        tops[r] = fold_top(scores + r * padded, tile * 16, lo[r], pos[r], tops[r]);
+                        tops[r] = fold_top(scores + r * padded, tile * 16 + 16, lo[r], pos[r], tops[r]);
+                    }
             }
             if (tile < tile1) {
                 _tile_zero(0);
@@ -1124,19 +1175,22 @@ static int prefill_attention_amx(
                     _tile_dpbf16ps(0, 2, 3);
                 }
                 _tile_stored(0, scores + tile * 16, padded * 4);
+                if (plain)
+                    for (int64_t r = 0; r < 16; r++)
+                        tops[r] = fold_top(scores + r * padded, tile * 16, lo[r], pos[r], tops[r]);
             }
             for (int64_t r = 0; r < 16; r++) {
-                const int64_t pos = r < rows ? ctx - n + row0 + r : last;
-                const int64_t lo = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
                 float *sr = scores + r * padded;
                 uint16_t *wr = weights + r * padded;
                 const float *sink = sinks ? sinks + h : NULL;
-                if (softcap <= 0.0f && scale > 0.0f) {
-                    sums[r] = softmax_weights(sr, wr, tile0 * 16, tile1 * 16, lo, pos, scale, sink);
+                if (plain) {
+                    float top = scale * _mm512_reduce_max_ps(tops[r]);
+                    if (sink && *sink > top) top = *sink;
+                    sums[r] = exp_weights(sr, wr, tile0 * 16, tile1 * 16, scale, top, sink);
                 } else {
                     scale_scores(sr, tile0 * 16, tile1 * 16, scale);
                     if (softcap > 0.0f) cap_scores(sr + tile0 * 16, (tile1 - tile0) * 16, softcap);
-                    const float top = masked_max(sr, tile0 * 16, tile1 * 16, lo, pos, sink ? *sink : -INFINITY);
+                    const float top = masked_max(sr, tile0 * 16, tile1 * 16, lo[r], pos[r], sink ? *sink : -INFINITY);
                     sums[r] = exp_sum16(sr + tile0 * 16, (tile1 - tile0) * 16, top, sink);
                     round_weights(sr, wr, tile0 * 16, tile1 * 16);
                 }

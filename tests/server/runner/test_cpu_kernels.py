@@ -260,7 +260,7 @@ def attention_in_float64(q, keys, values, scale, window, softcap, sinks) -> torc
     return torch.einsum("hnc,hcd->nhd", torch.softmax(scores, -1)[..., :ctx], v)
 
 
-@pytest.mark.parametrize("scored", [False, True])
+@pytest.mark.parametrize("scored", ["plain", "sinks", "cap and sinks"])
 @pytest.mark.parametrize("layout", AMX_PROMPTS)
 def test_amx_tiles_attend_a_bfloat16_prompt_as_float64_does(layout, scored):
     """On a CPU with AMX a bfloat16 prompt's heads of a multiple of 32 are multiplied in tiles, the
@@ -272,7 +272,8 @@ def test_amx_tiles_attend_a_bfloat16_prompt_as_float64_does(layout, scored):
     torch.manual_seed(11)
     q = torch.randn(heads, n + 3, dim).bfloat16().transpose(0, 1)[2 : 2 + n]  # strided, as in a step
     keys, values = torch.randn(2, kv_heads, ctx, dim).bfloat16()
-    softcap, sinks = (30.0, torch.linspace(-1.0, 2.0, heads)) if scored else (None, None)
+    softcap = 30.0 if scored == "cap and sinks" else None  # a cap takes the vector softmax's steps
+    sinks = None if scored == "plain" else torch.linspace(-1.0, 2.0, heads)
     out = torch.zeros(n, heads, dim, dtype=torch.bfloat16)
     assert cpu_kernels.prefill_attention(q, out, keys, values, dim**-0.5, window, softcap, sinks)
     expected = attention_in_float64(q, keys, values, dim**-0.5, window, softcap, sinks)
