@@ -20,15 +20,12 @@ Only bfloat16 with more than one thread is looked at (float32's kernels thread e
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
 import torch
 
 from llmfleet.server.runner.cpu_linear import PackedLinear
-
-log = logging.getLogger(__name__)
 
 MIN_ROWS = 256  # smaller steps are not looked at: their pieces would be too few rows to fill the tiles
 BUSY = 0.75  # a call that keeps fewer than this share of the threads busy leaves some idle
@@ -96,7 +93,7 @@ def _plan_shape(linear: PackedLinear, sizes: list[int]) -> dict[int, int]:
         if not idle(rows):
             continue
         for count in range(2, MAX_PIECES + 1):
-            piece = -(-rows // count // 16) * 16
+            piece = -(-rows // count // 16) * 16  # a count-th of the rows, up to a multiple of 16
             if not idle(piece):
                 pieces[rows] = piece
                 break
