@@ -1026,21 +1026,18 @@ static inline void round_weights(const float *p, uint16_t *weights, int64_t from
     }
 }
 
-/* e^x in AVX-512 for the scores less their top: expv's reduction and polynomial, 2^n applied by
-   scalef, and lanes below -87 (a masked score's -inf among them) set to 0 by its mask */
+/* e^x in AVX-512 for the scores less their top: expv's reduction and polynomial (exp_reduced),
+   2^n applied by scalef, and lanes below -87 (a masked score's -inf among them) set to 0 by its
+   mask */
 static inline __m512 exp512(__m512 x) {
     const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(1.9875691500e-4f), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(kept, p, n);
+    fvec v, n;
+    memcpy(&v, &x, sizeof v);
+    const fvec p = exp_reduced(v, &n);
+    __m512 pm, nm;
+    memcpy(&pm, &p, sizeof pm);
+    memcpy(&nm, &n, sizeof nm);
+    return _mm512_maskz_scalef_ps(kept, pm, nm);
 }
 
 /* the vector of 16 scores at s + t with those outside [lo, pos] set to -inf (in s too), folded
