@@ -8,11 +8,12 @@ keep every thread at work.
 
 Which row counts suffer depends on the CPU, the thread count and oneDNN's version, so the runner
 looks: after the warm-up, each linear shape of the decoder layers runs once at every padded step
-size from ``MIN_ROWS`` up, and where the process's CPU time shows threads left idle, that size
-runs in the fewest equal pieces that keep them busy. The rows are independent, and each row's
-sums are those oneDNN gives it at the piece's row count, as at any other step size. It is a
-matter of using the threads the runner was given, not of timing: a VM's neighbours move a
-millisecond's call by more than the effect, and can make two threads no faster than one.
+size from ``MIN_ROWS`` up (of ``MIN_MACS`` at least: oneDNN keeps small problems on one thread by
+design), and where the process's CPU time shows threads left idle, that size runs in the fewest
+equal pieces that keep them busy. The rows are independent, and each row's sums are those oneDNN
+gives it at the piece's row count, as at any other step size. It is a matter of using the threads
+the runner was given, not of timing: a VM's neighbours move a millisecond's call by more than the
+effect, and can make two threads no faster than one.
 
 Only bfloat16 with more than one thread is looked at (float32's kernels thread every shape);
 ``LLMFLEET_ROW_SPLITS=0`` skips it.
@@ -28,8 +29,10 @@ import torch
 from llmfleet.server.runner.cpu_linear import PackedLinear
 
 MIN_ROWS = 256  # smaller steps are not looked at: their pieces would be too few rows to fill the tiles
+MIN_MACS = 1 << 26  # nor calls of fewer multiply-adds, too short for idle threads to cost much or to read
 BUSY = 0.75  # a call that keeps fewer than this share of the threads busy leaves some idle
 MAX_PIECES = 4
+READS = 3  # a size is idle only if this many reads all say so: a busy machine delays the pool's threads
 NAP = 0.012  # seconds: longer than the pool's threads spin after a call before they sleep
 
 
@@ -61,10 +64,10 @@ def plan(model: torch.nn.Module, sizes: list[int]) -> dict[tuple[int, int], dict
     for module in model.modules():
         if isinstance(module, PackedLinear) and module is not head and module.weight.dtype == torch.bfloat16:
             shapes.setdefault((module.out_features, module.in_features), []).append(module)
-    checked = sorted(size for size in sizes if size >= MIN_ROWS)
     plans = {}
     with torch.inference_mode():
         for shape, linears in shapes.items():
+            checked = sorted(size for size in sizes if size >= MIN_ROWS and _macs(linears[0], size) >= MIN_MACS)
             pieces = _plan_shape(linears[0], checked)
             for linear in linears:
                 linear.row_pieces = pieces
@@ -75,7 +78,7 @@ def plan(model: torch.nn.Module, sizes: list[int]) -> dict[tuple[int, int], dict
 
 def _plan_shape(linear: PackedLinear, sizes: list[int]) -> dict[int, int]:
     """{rows: piece} for the ``sizes`` whose one call leaves threads idle: the fewest equal pieces
-    (2 to ``MAX_PIECES``) of a size that keeps them busy."""
+    (2 to ``MAX_PIECES``) of a size that keeps them busy, and of ``MIN_MACS`` at least."""
     if not sizes:
         return {}
     threads = torch.get_num_threads()
@@ -85,7 +88,7 @@ def _plan_shape(linear: PackedLinear, sizes: list[int]) -> dict[int, int]:
 
     def idle(rows: int) -> bool:
         if rows not in known:
-            known[rows] = busy_threads(linear, x[:rows]) < BUSY * threads
+            known[rows] = all(busy_threads(linear, x[:rows]) < BUSY * threads for _ in range(READS))
         return known[rows]
 
     pieces = {}
@@ -94,7 +97,13 @@ def _plan_shape(linear: PackedLinear, sizes: list[int]) -> dict[int, int]:
             continue
         for count in range(2, MAX_PIECES + 1):
             piece = -(-rows // count // 16) * 16  # a count-th of the rows, up to a multiple of 16
+            if _macs(linear, piece) < MIN_MACS:
+                break
             if not idle(piece):
                 pieces[rows] = piece
                 break
     return pieces
+
+
+def _macs(linear: PackedLinear, rows: int) -> int:
+    return rows * linear.in_features * linear.out_features
