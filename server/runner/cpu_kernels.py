@@ -306,26 +306,39 @@ static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(GELU_BETA * (x + GELU_KAPPA * (x * x * x))));
 }
 
-/* The largest of top and s[t] for t in [from, to) (multiples of LANES), after setting those
-   outside [lo, pos] to -inf: only the vectors that straddle lo or pos are masked, the rest compared
-   whole; NaNs are passed over, as ``s > top ? s : top`` does. */
-static inline float masked_max(float *s, int64_t from, int64_t to, int64_t lo, int64_t pos, float top) {
-    const fvec minus_inf = (fvec){0} - INFINITY;
-    ivec lane;
-    for (int l = 0; l < VL; l++) lane[l] = l;
-    fvec best = minus_inf;
-    for (int64_t t = from; t < to; t += VL) {
-        fvec x;
-        memcpy(&x, s + t, sizeof x);
-        if (t < lo || t + VL - 1 > pos) {
-            const ivec at = lane + (int32_t)t;
-            x = selectv((at < (int32_t)lo) | (at > (int32_t)pos), minus_inf, x);
-            memcpy(s + t, &x, sizeof x);
-        }
-        best = selectv(x > best, x, best);
+/* The VL scores at s + t, those outside [lo, pos] set to -inf (in s too): only a vector that
+   straddles lo or pos is masked. */
+static inline fvec masked_scores(float *s, int64_t t, int64_t lo, int64_t pos) {
+    fvec x;
+    memcpy(&x, s + t, sizeof x);
+    if (t < lo || t + VL - 1 > pos) {
+        ivec at;
+        for (int l = 0; l < VL; l++) at[l] = (int32_t)t + l;
+        x = selectv((at < (int32_t)lo) | (at > (int32_t)pos), (fvec){0} - INFINITY, x);
+        memcpy(s + t, &x, sizeof x);
     }
+    return x;
+}
+
+/* best, lane by lane the larger of it and the masked scores at s + t; NaNs are passed over, as
+   ``s > top ? s : top`` does */
+static inline fvec fold_top(float *s, int64_t t, int64_t lo, int64_t pos, fvec best) {
+    const fvec x = masked_scores(s, t, lo, pos);
+    return selectv(x > best, x, best);
+}
+
+/* the largest of top and best's lanes */
+static inline float top_of(fvec best, float top) {
     for (int l = 0; l < VL; l++) top = best[l] > top ? best[l] : top;
     return top;
+}
+
+/* The largest of top and s[t] for t in [from, to) (multiples of LANES), after setting those
+   outside [lo, pos] to -inf (masked_scores). */
+static inline float masked_max(float *s, int64_t from, int64_t to, int64_t lo, int64_t pos, float top) {
+    fvec best = (fvec){0} - INFINITY;
+    for (int64_t t = from; t < to; t += VL) best = fold_top(s, t, lo, pos, best);
+    return top_of(best, top);
 }
 
 /* out[at + d] = acc[d] * factor for d < dim, in the output's dtype */
@@ -1040,21 +1053,6 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_maskz_scalef_ps(kept, pm, nm);
 }
 
-/* the vector of 16 scores at s + t with those outside [lo, pos] set to -inf (in s too), folded
-   into best by max (a NaN score passed over, as masked_max does) */
-static inline __m512 fold_top(float *s, int64_t t, int64_t lo, int64_t pos, __m512 best) {
-    __m512 x = _mm512_loadu_ps(s + t);
-    if (t < lo || t + 15 > pos) {
-        const __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int32_t)t),
-                                            _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
-        const __mmask16 out = _mm512_cmp_epi32_mask(at, _mm512_set1_epi32((int32_t)lo), _MM_CMPINT_LT) |
-                              _mm512_cmp_epi32_mask(at, _mm512_set1_epi32((int32_t)pos), _MM_CMPINT_NLE);
-        x = _mm512_mask_mov_ps(x, out, _mm512_set1_ps(-INFINITY));
-        _mm512_storeu_ps(s + t, x);
-    }
-    return _mm512_max_ps(x, best);
-}
-
 /* weights = bf16(exp(scale * s - top)) over [from, to) (a multiple of 16 apart); returns the
    exponentials' sum in float32, with the sink's where there is one */
 static inline float exp_weights(const float *s, uint16_t *weights, int64_t from, int64_t to, float scale, float top,
@@ -1100,7 +1098,7 @@ static int prefill_attention_amx(
         float *scores = aligned_alloc(64, sizeof(float) * 16 * padded);
         float *acc = aligned_alloc(64, sizeof(float) * 16 * dim);
         float sums[16];
-        __m512 tops[16];
+        fvec tops[16];
         /* every head's keys and values, a pair of positions at a time */
         #pragma omp for
         for (int64_t item = 0; item < kv_heads * padded / 2; item++) {
@@ -1143,7 +1141,7 @@ static int prefill_attention_amx(
             for (int64_t r = 0; r < 16; r++) {
                 pos[r] = r < rows ? ctx - n + row0 + r : last;
                 lo[r] = (window > 0 && pos[r] - window + 1 > 0) ? pos[r] - window + 1 : 0;
-                tops[r] = _mm512_set1_ps(-INFINITY);
+                tops[r] = (fvec){0} - INFINITY;
             }
             int64_t tile = tile0;
             for (; tile + 2 <= tile1; tile += 2) {  /* two tiles of keys for each tile of queries */
@@ -1181,7 +1179,7 @@ static int prefill_attention_amx(
                 uint16_t *wr = weights + r * padded;
                 const float *sink = sinks ? sinks + h : NULL;
                 if (plain) {
-                    float top = scale * _mm512_reduce_max_ps(tops[r]);
+                    float top = scale * top_of(tops[r], -INFINITY);
                     if (sink && *sink > top) top = *sink;
                     sums[r] = exp_weights(sr, wr, tile0 * 16, tile1 * 16, scale, top, sink);
                 } else {
