@@ -97,12 +97,19 @@ def test_sizes_threaded_well_are_asked_about_once(monkeypatch):
     assert asked == SIZES
 
 
-def test_calls_too_small_for_threads_to_matter_are_left_alone(monkeypatch):
+@BF16
+def test_a_small_models_linears_are_not_looked_at(monkeypatch):
     """oneDNN keeps small problems on one thread by design: a 64-wide model's linears are not
-    looked at, and a split whose pieces would be that small is not made."""
+    looked at."""
     asked = _onednn_idles_between(monkeypatch, 256, 4096)
     model = torch.nn.Sequential(_packed(128, 64, torch.bfloat16))
     assert linear_splits.plan(model, SIZES) == {} and asked == []
+
+
+def test_a_split_whose_pieces_would_be_too_small_is_not_made(monkeypatch):
+    """Nor is a split whose pieces would be too small for threads to matter (float32 weights:
+    the plan of a shape reads no dtype, and AVX2 CPUs cannot pack bfloat16)."""
+    _onednn_idles_between(monkeypatch, 256, 4096)
     square = _packed(512, 512)  # 256 rows: 2^26 multiply-adds, as few as a call may have
     assert linear_splits._plan_shape(square, [256, 384]) == {}  # its pieces would have fewer
     assert linear_splits._plan_shape(square, [768]) == {}  # 384 and 256 idle too, 192 too few
