@@ -885,8 +885,10 @@ static void block_rows(const float *x, int64_t m, int64_t k, const float *w, con
     for (int64_t k0 = 0; k0 < k; k0 += SLK) {
         const int64_t steps = k - k0 < SLK ? k - k0 : SLK;
         const float *wc = w + k0 * 64;
-        const char *ahead_at = k0 + SLK < k ? (const char *)(wc + SLK * 64) : next;
-        const int64_t ahead_steps = k0 + SLK < k ? (k - k0 - SLK < SLK ? k - k0 - SLK : SLK) : (k < SLK ? k : SLK);
+        /* the chunk to fetch: this block's next one, or the next block's first */
+        const int64_t ahead_k0 = k0 + SLK < k ? k0 + SLK : 0;
+        const char *ahead_at = ahead_k0 ? (const char *)(w + ahead_k0 * 64) : next;
+        const int64_t ahead_steps = k - ahead_k0 < SLK ? k - ahead_k0 : SLK;
         int64_t run = 0;
         for (int q = 0; q < 4; q++) {
             const float *wq = wc + q * 16;
