@@ -11,15 +11,17 @@ float32 whatever the cache's dtype (float32 or bfloat16).
 
 It is bound by memory: between layers the matmuls evict the cache, so keys and values come from
 DRAM, and blocks lie anywhere in it, where the hardware prefetcher does not look. The cache keeps
-a block of every KV head together (kv_cache.py) and a thread takes a request's KV heads in turn,
-so each head's blocks lie next to those of the head it read before, where the hardware's
-prefetchers have run on. Two streams are kept in flight as well: while it scores a block of keys
-it prefetches the next block of keys and the same block of values, and while it sums values it
-prefetches the keys of the (request, KV head) it takes next, threads taking runs of them so that
-each knows its next one. The arithmetic is kept under the reads: keys are scored as many at a
-time as the CPU's vector holds floats (8 with AVX2, 16 with AVX-512), one vector partial sum per
-key, and the partial sums are then summed across lanes all together by a shuffle tree; the
-softmax takes its exponentials sixteen at a time.
+a block of every KV head together (kv_cache.py). With AVX2 a thread takes a request's KV heads
+all at once, block by block, so it reads each block's heads as one stretch (requests are split
+into spans of heads only where there are too few for the threads); with AVX-512 it takes them
+one at a time, each head's blocks next to those of the head it read before. Two streams are kept
+in flight as well: while it scores a block of keys it prefetches the next block of keys and the
+same block of values, and while it sums values it prefetches the keys of the item it takes next,
+threads taking runs of items so that each knows its next one. The arithmetic is kept under the
+reads: keys are scored as many at a time as the CPU's vector holds floats (8 with AVX2, 16 with
+AVX-512), one vector partial sum per key, and the partial sums are then summed across lanes all
+together by a shuffle tree; the softmax takes its exponentials sixteen at a time; values are
+summed eight vectors of dimensions at a time, each value read start to end.
 
 **Prompts.** torch's CPU SDPA (flash attention) computes a prompt's causal attention at a small
 fraction of the machine's FMA rate. This kernel is bound by arithmetic instead: one KV head at a
@@ -399,46 +401,52 @@ static inline __attribute__((always_inline)) void score_keys(const float *q, con
     memcpy(scores, &s, sizeof s);
 }
 
-/* acc += p[t] v_t over count (<= VL) values lying one after another: up to four chunks of VL
-   dimensions at a time and two values at a time, so eight sums are in flight rather than one
-   chain of count dependent adds */
+/* acc += p[t] v_t for W (<= 8) vectors of dimensions, each value read start to end: over five to
+   eight vectors one sum per vector; over four or fewer two, even and odd values apart, so that
+   eight sums are in flight */
+static inline __attribute__((always_inline)) void add_value_run(float *acc, const float *p, const char *v,
+                                                                int64_t count, int64_t row, int W, int bf16) {
+    const int64_t lane = VL * (bf16 ? 2 : 4);
+    fvec a[8], b[4];
+    memcpy(a, acc, W * sizeof(fvec));
+    int64_t t = 0;
+    if (W <= 4) {
+        for (int j = 0; j < W; j++) b[j] = (fvec){0};
+        for (; t + 1 < count; t += 2, v += 2 * row)
+            for (int j = 0; j < W; j++) {
+                a[j] += p[t] * loadv(v + j * lane, bf16);
+                b[j] += p[t + 1] * loadv(v + row + j * lane, bf16);
+            }
+    }
+    for (; t < count; t++, v += row)
+        for (int j = 0; j < W; j++) a[j] += p[t] * loadv(v + j * lane, bf16);
+    if (W <= 4)
+        for (int j = 0; j < W; j++) a[j] += b[j];
+    memcpy(acc, a, W * sizeof(fvec));
+}
+
+/* acc += p[t] v_t over count (<= VL) values lying one after another, up to eight vectors of
+   dimensions at a time */
 static inline void add_values(float *acc, const float *p, const char *v, int64_t count, int64_t dim,
                               int64_t item_size, int bf16) {
     if (dim % VL) {
         for (int64_t t = 0; t < count; t++) axpy(acc, p[t], v + t * dim * item_size, dim, bf16);
         return;
     }
-    const int64_t row = dim * item_size, lane = VL * item_size;
-    int64_t d = 0;
-    for (; d + 4 * VL <= dim; d += 4 * VL) {
-        fvec a[4], b[4];
-        memcpy(a, acc + d, sizeof a);
-        for (int j = 0; j < 4; j++) b[j] = (fvec){0};
+    const int64_t row = dim * item_size;
+    for (int64_t d = 0; d < dim; d += 8 * VL) {
+        float *a = acc + d;
         const char *at = v + d * item_size;
-        int64_t t = 0;
-        for (; t + 1 < count; t += 2, at += 2 * row)
-            for (int j = 0; j < 4; j++) {
-                a[j] += p[t] * loadv(at + j * lane, bf16);
-                b[j] += p[t + 1] * loadv(at + row + j * lane, bf16);
-            }
-        for (int j = 0; j < 4; j++) {
-            if (t < count) a[j] += p[t] * loadv(at + j * lane, bf16);
-            a[j] += b[j];
+        switch ((dim - d) / VL < 8 ? (dim - d) / VL : 8) {
+            case 1: add_value_run(a, p, at, count, row, 1, bf16); break;
+            case 2: add_value_run(a, p, at, count, row, 2, bf16); break;
+            case 3: add_value_run(a, p, at, count, row, 3, bf16); break;
+            case 4: add_value_run(a, p, at, count, row, 4, bf16); break;
+            case 5: add_value_run(a, p, at, count, row, 5, bf16); break;
+            case 6: add_value_run(a, p, at, count, row, 6, bf16); break;
+            case 7: add_value_run(a, p, at, count, row, 7, bf16); break;
+            default: add_value_run(a, p, at, count, row, 8, bf16);
         }
-        memcpy(acc + d, a, sizeof a);
-    }
-    for (; d < dim; d += VL) {  /* head sizes that are not a multiple of 4 * VL */
-        fvec a, b = {0};
-        memcpy(&a, acc + d, sizeof a);
-        const char *at = v + d * item_size;
-        int64_t t = 0;
-        for (; t + 1 < count; t += 2, at += 2 * row) {
-            a += p[t] * loadv(at, bf16);
-            b += p[t + 1] * loadv(at + row, bf16);
-        }
-        if (t < count) a += p[t] * loadv(at, bf16);
-        a += b;
-        memcpy(acc + d, &a, sizeof a);
     }
 }
 
@@ -458,75 +466,104 @@ void llmfleet_paged_decode(
     float scale, int64_t window, float softcap, const float *sinks, int bf16, int num_threads) {
     const int64_t group = heads / kv_heads, item_size = bf16 ? 2 : 4;
     const int64_t block_bytes = block_size * dim * item_size, block_jump = block_stride * item_size;
+    const int64_t head_jump = head_stride * item_size;
+    /* an item is a request's span of KV heads. A block holds its KV heads side by side: with
+       AVX2 an item takes them all where there are requests enough for the threads, and reads
+       each block's heads as one stretch, which the memory serves faster than scattered 4 KB
+       pieces; with AVX-512 an item is one KV head, which read as fast there */
+#if VL == 8
+    int64_t parts = (4 * num_threads + n - 1) / n;
+    parts = parts < 1 ? 1 : parts > kv_heads ? kv_heads : parts;
+#else
+    int64_t parts = kv_heads;
+#endif
+    const int64_t span = (kv_heads + parts - 1) / parts;
+    parts = (kv_heads + span - 1) / span;
     /* threads take runs of items, so each knows its next item: the one after, within its run */
-    const int64_t items = n * kv_heads, run = items / (8 * num_threads) > 1 ? items / (8 * num_threads) : 1;
+    const int64_t items = n * parts, run = items / (8 * num_threads) > 1 ? items / (8 * num_threads) : 1;
     #pragma omp parallel for num_threads(num_threads) schedule(dynamic, run)
     for (int64_t item = 0; item < items; item++) {
-        const int64_t i = item / kv_heads, kvh = item % kv_heads;
+        const int64_t i = item / parts, h0 = (item % parts) * span;
+        const int64_t own = kv_heads - h0 < span ? kv_heads - h0 : span, lanes = own * group;
         const int64_t length = lengths[i];
         const int64_t first = (window > 0 && length > window) ? length - window : 0;
         const int64_t ctx = length - first, padded = (ctx + LANES - 1) / LANES * LANES;
-        float *scores = malloc(sizeof(float) * group * padded);
-        float *queries = malloc(sizeof(float) * group * dim);
-        float *acc = calloc(group * dim, sizeof(float));
-        float *sums = malloc(sizeof(float) * group);
+        float *scores = malloc(sizeof(float) * lanes * padded);
+        float *queries = malloc(sizeof(float) * lanes * dim);
+        float *acc = calloc(lanes * dim, sizeof(float));
+        float *sums = malloc(sizeof(float) * lanes);
         const int64_t *table = blocks + i * blocks_per_request;
-        const char *keys = (const char *)k_cache + kvh * head_stride * item_size;
-        const char *values = (const char *)v_cache + kvh * head_stride * item_size;
+        const char *keys = (const char *)k_cache + h0 * head_jump;
+        const char *values = (const char *)v_cache + h0 * head_jump;
         const char *next_keys = NULL;  /* the item this thread takes next */
         const int64_t *next_table = NULL;
-        int64_t next_first = 0, next_length = 0;
+        int64_t next_first = 0, next_length = 0, next_own = 0;
         if ((item + 1) % run != 0 && item + 1 < items) {
-            const int64_t i2 = (item + 1) / kv_heads, kvh2 = (item + 1) % kv_heads;
+            const int64_t i2 = (item + 1) / parts, h2 = ((item + 1) % parts) * span;
             next_length = lengths[i2];
             next_first = (window > 0 && next_length > window) ? next_length - window : 0;
             next_table = blocks + i2 * blocks_per_request;
-            next_keys = (const char *)k_cache + kvh2 * head_stride * item_size;
+            next_keys = (const char *)k_cache + h2 * head_jump;
+            next_own = kv_heads - h2 < span ? kv_heads - h2 : span;
         }
-        for (int64_t g = 0; g < group; g++) {
-            const int64_t at = rows[i] * q_token_stride + (kvh * group + g) * q_head_stride;
-            for (int64_t d = 0; d < dim; d++) queries[g * dim + d] = scale * element(q, at + d, bf16);
+        /* lane r: KV head h0 + r / group, query head h0 * group + r */
+        for (int64_t r = 0; r < lanes; r++) {
+            const int64_t at = rows[i] * q_token_stride + (h0 * group + r) * q_head_stride;
+            for (int64_t d = 0; d < dim; d++) queries[r * dim + d] = scale * element(q, at + d, bf16);
         }
-        /* positions first .. length - 1, block by block, in runs of up to 16 keys */
-        prefetch(keys + table[first / block_size] * block_jump, block_bytes);
-        for (int64_t b = first / block_size, pos = first; pos < length; b++) {
+        /* positions first .. length - 1, block by block, each block's heads in turn, in runs of up
+           to VL keys */
+        for (int64_t h = 0; h < own; h++)
+            prefetch(keys + table[first / block_size] * block_jump + h * head_jump, block_bytes);
+        for (int64_t b = first / block_size, from = first; from < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
             const char *key_block = keys + table[b] * block_jump;
-            if (stop < length) prefetch(keys + table[b + 1] * block_jump, block_bytes);
-            prefetch(values + table[b] * block_jump, block_bytes);  /* summed after the softmax */
-            for (int64_t count; pos < stop; pos += count) {
-                count = stop - pos < VL ? stop - pos : VL;
-                const char *k = key_block + (pos - b * block_size) * dim * item_size;
-                for (int64_t g = 0; g < group; g++)
-                    score_keys(queries + g * dim, k, count, dim, item_size, bf16, scores + g * padded + pos - first);
+            const char *next_block = stop < length ? keys + table[b + 1] * block_jump : NULL;
+            const char *value_block = values + table[b] * block_jump;  /* summed after the softmax */
+            for (int64_t h = 0; h < own; h++) {
+                if (next_block) prefetch(next_block + h * head_jump, block_bytes);
+                prefetch(value_block + h * head_jump, block_bytes);
+                for (int64_t pos = from, count; pos < stop; pos += count) {
+                    count = stop - pos < VL ? stop - pos : VL;
+                    const char *k = key_block + h * head_jump + (pos - b * block_size) * dim * item_size;
+                    for (int64_t r = h * group; r < (h + 1) * group; r++)
+                        score_keys(queries + r * dim, k, count, dim, item_size, bf16,
+                                   scores + r * padded + pos - first);
+                }
             }
+            from = stop;
         }
-        for (int64_t g = 0; g < group; g++) {
-            float *sg = scores + g * padded;
+        for (int64_t r = 0; r < lanes; r++) {
+            float *sr = scores + r * padded;
             /* Gemma 2's logit cap; gpt-oss's sink: a logit in the softmax with no value to add */
-            if (softcap > 0.0f) cap_scores(sg, ctx, softcap);
-            const float *sink = sinks ? sinks + kvh * group + g : NULL;
+            if (softcap > 0.0f) cap_scores(sr, ctx, softcap);
+            const float *sink = sinks ? sinks + h0 * group + r : NULL;
             float top = sink ? *sink : -INFINITY;
-            top = masked_max(sg, 0, padded, 0, ctx - 1, top);
-            sums[g] = exp_sum16(sg, padded, top, sink);
+            top = masked_max(sr, 0, padded, 0, ctx - 1, top);
+            sums[r] = exp_sum16(sr, padded, top, sink);
         }
-        for (int64_t b = first / block_size, pos = first; pos < length; b++) {
+        for (int64_t b = first / block_size, from = first; from < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
             const char *value_block = values + table[b] * block_jump;
-            if (next_keys) {  /* the next item's keys, while this one's values are summed */
+            const char *next_block = NULL;  /* the next item's keys, while this one's values are summed */
+            if (next_keys) {
                 const int64_t j = next_first / block_size + (b - first / block_size);
-                if (j * block_size < next_length) prefetch(next_keys + next_table[j] * block_jump, block_bytes);
+                if (j * block_size < next_length) next_block = next_keys + next_table[j] * block_jump;
             }
-            for (int64_t count; pos < stop; pos += count) {
-                count = stop - pos < VL ? stop - pos : VL;
-                const char *v = value_block + (pos - b * block_size) * dim * item_size;
-                for (int64_t g = 0; g < group; g++)
-                    add_values(acc + g * dim, scores + g * padded + pos - first, v, count, dim, item_size, bf16);
+            for (int64_t h = 0; h < own; h++) {
+                if (next_block && h < next_own) prefetch(next_block + h * head_jump, block_bytes);
+                for (int64_t pos = from, count; pos < stop; pos += count) {
+                    count = stop - pos < VL ? stop - pos : VL;
+                    const char *v = value_block + h * head_jump + (pos - b * block_size) * dim * item_size;
+                    for (int64_t r = h * group; r < (h + 1) * group; r++)
+                        add_values(acc + r * dim, scores + r * padded + pos - first, v, count, dim, item_size, bf16);
+                }
             }
+            from = stop;
         }
-        for (int64_t g = 0; g < group; g++)
-            store_row(out, rows[i] * out_token_stride + (kvh * group + g) * out_head_stride, acc + g * dim,
-                      1.0f / sums[g], dim, bf16);
+        for (int64_t r = 0; r < lanes; r++)
+            store_row(out, rows[i] * out_token_stride + (h0 * group + r) * out_head_stride, acc + r * dim,
+                      1.0f / sums[r], dim, bf16);
         free(scores); free(queries); free(acc); free(sums);
     }
 }

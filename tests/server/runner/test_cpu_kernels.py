@@ -22,7 +22,7 @@ HEADS, KV_HEADS, BLOCKS = 6, 2, 256
 # (block size, head size, context lengths, a sliding window): small blocks and heads; sixteen-key
 # blocks and a 64-wide head, as builtin models have (contexts over many blocks, a window starting
 # inside a block); a head that is not a multiple of 16 wide (the per-key path), one that is but
-# not of 64 (values summed 64 dimensions at a time, then the rest); enough requests that each
+# not of 64 (values summed eight vectors at a time, then the rest); enough requests that each
 # thread takes runs of several items and prefetches the next one's keys
 LAYOUTS = {
     "small": (4, 16, [1, 7, 12, 3], 5),
@@ -91,6 +91,32 @@ def test_the_kernel_attends_as_the_torch_path(monkeypatch, kernel_build, dtype, 
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got[rows].float(), expected[rows].float(), atol=tolerance, rtol=tolerance)
     assert not got[[r for r in range(tokens) if r not in rows]].any(), "rows outside the group were written"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("lengths", [[70], [33, 50], [9, 40, 17, 64, 3]])
+def test_requests_split_into_spans_of_kv_heads_attend_as_the_torch_path(monkeypatch, kernel_build, threads, lengths):
+    """Where there are too few requests for the threads, each request's KV heads are split into
+    spans, the last one shorter where they do not divide: three KV heads make spans of one, of
+    three, and of two beside one of one (the AVX2 build; with AVX-512 an item is one KV head)."""
+    block_size, dim, window = 16, 64, 37
+    torch.manual_seed(5)
+    cache = PagedKVCache(2, 64, block_size, 3, dim, torch.float32, torch.device("cpu"))
+    cache.keys[1].normal_()  # the layer attend() reads
+    cache.values[1].normal_()
+    per_request = -(-max(lengths) // block_size)
+    free = random.Random(5).sample(range(64), len(lengths) * per_request)
+    group = DecodeGroup(torch.arange(len(lengths)), torch.tensor(free), torch.tensor(lengths), per_request, padded=True)
+    q = torch.randn(len(lengths), HEADS, dim)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for windowed in (None, window):
+            expected = attend(monkeypatch, False, q, cache, group, windowed, scored=True)
+            got = attend(monkeypatch, True, q, cache, group, windowed, scored=True)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
