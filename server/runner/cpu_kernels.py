@@ -545,13 +545,13 @@ void llmfleet_paged_decode(
         for (int64_t b = first / block_size, from = first; from < length; b++) {
             const int64_t stop = (b + 1) * block_size < length ? (b + 1) * block_size : length;
             const char *value_block = values + table[b] * block_jump;
-            const char *next_block = NULL;  /* the next item's keys, while this one's values are summed */
+            const char *next_item_block = NULL;  /* the next item's keys, while this one's values are summed */
             if (next_keys) {
                 const int64_t j = next_first / block_size + (b - first / block_size);
-                if (j * block_size < next_length) next_block = next_keys + next_table[j] * block_jump;
+                if (j * block_size < next_length) next_item_block = next_keys + next_table[j] * block_jump;
             }
             for (int64_t h = 0; h < own; h++) {
-                if (next_block && h < next_own) prefetch(next_block + h * head_jump, block_bytes);
+                if (next_item_block && h < next_own) prefetch(next_item_block + h * head_jump, block_bytes);
                 for (int64_t pos = from, count; pos < stop; pos += count) {
                     count = stop - pos < VL ? stop - pos : VL;
                     const char *v = value_block + h * head_jump + (pos - b * block_size) * dim * item_size;
