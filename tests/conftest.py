@@ -1,5 +1,6 @@
 """Shared test settings. Area-specific fixtures live in each tests/<area>/conftest.py."""
 
+import fcntl
 import os
 import pathlib
 
@@ -26,3 +27,18 @@ settings.load_profile("llmfleet")
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
     return REPO
+
+
+@pytest.fixture(autouse=True)
+def _timed_tests_take_turns(request):
+    """A test marked ``timed`` holds a lock on a file in the cache while it runs, so the pytest-xdist
+    workers (scripts/test.sh) never run two of them at once: each drives real traffic against an
+    SLO and would read the other's load as its own."""
+    if request.node.get_closest_marker("timed") is None:
+        yield
+        return
+    lock = pathlib.Path(os.environ["LLMFLEET_CACHE"]) / "timed-tests.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file closes
+        yield

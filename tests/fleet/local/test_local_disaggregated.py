@@ -135,6 +135,7 @@ def test_a_disaggregated_spec_serves_the_openai_client_through_the_router(tmp_pa
     assert all(_gone(pid) for pid in pids), text
 
 
+@pytest.mark.timed
 @needs_router
 def test_pools_scale_by_start_and_drain_under_traffic_and_the_router_follows(tmp_path):
     """The actuator's path for a disaggregated spec: a decode replica added joins the router's

@@ -122,6 +122,7 @@ def test_servers_drain_and_exit_when_the_fleet_is_killed_outright(tmp_path):
         fleet.stop()
 
 
+@pytest.mark.timed
 def test_rising_load_makes_the_tuner_act_and_latency_comes_back_under_the_slo(tmp_path):
     """Batch size 2 under 12 concurrent streams: requests queue, TTFT p95 far over the SLO. The
     tuner raises maxBatchSize (and maybe replicas); then TTFT p95 is under the SLO as the router

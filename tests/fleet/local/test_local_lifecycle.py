@@ -125,6 +125,7 @@ def test_a_pool_goes_to_zero_when_idle_and_a_request_brings_it_back(tmp_path):
         assert fleet.stop() == 0, fleet.output()
 
 
+@pytest.mark.timed
 @pytest.mark.timeout(600)
 def test_a_scale_down_lets_a_stream_longer_than_the_old_30_s_drain_finish(tmp_path):
     """The pool's drain (its longest stream: builtin:small's 4096 tokens at the 100 ms ITL SLO)

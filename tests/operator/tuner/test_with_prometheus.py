@@ -70,6 +70,7 @@ def _knob(server: ServerProcess, name: str) -> float:
     return next(v for k, v in server.metrics().items() if k == f"llmfleet_config_knob{{knob={name}}}")
 
 
+@pytest.mark.timed
 def test_the_tuner_reads_prometheus_and_the_servers_apply_its_knob(tmp_path):
     require_prometheus()
     config = tmp_path / "engine.yaml"

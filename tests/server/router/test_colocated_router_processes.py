@@ -91,6 +91,7 @@ def _chunk(data: str) -> dict | None:
         return None
 
 
+@pytest.mark.timed
 @pytest.mark.timeout(240)
 def test_killing_one_of_two_routers_under_load_costs_only_the_streams_it_carried(tmp_path):
     config = engine_config(tmp_path)
