@@ -22,6 +22,7 @@ echo "== pytest"
 # In two processes (pytest-xdist): most tests wait on servers, kopf and Prometheus more than they
 # compute, so two halve the run on a 2-core machine. Tests marked `timed` take turns (a lock in
 # tests/conftest.py). LLMFLEET_TEST_WORKERS sets the count; an argument `-n 0` runs everything in
-# this process (for -s, or pdb). xdist's default distribution: its group modes key tests by node
-# id, and schemathesis gives every operation of a parametrized test the same one.
+# this process (for -s, or pdb). Not xdist's group modes (loadgroup, loadscope): they key tests by
+# node id, schemathesis gives every operation of a parametrized test the same one, and all but
+# one of those would never run.
 python -m pytest -q -p no:cacheprovider -n "${LLMFLEET_TEST_WORKERS:-2}" --durations=25 "$@"
