@@ -172,11 +172,11 @@ class TunerConfig:
     projected_latency_limit: float = 0.95
     # A count at which the owned SLO broke with every knob spent is not returned to within this
     # long, while today's load level with headroom reaches the level it broke at
-    # (Tuner._above_counts_that_broke).
+    # (Evidence.above_counts_that_broke).
     break_memory_s: float = 1800.0
     # ... and a count at which they held, within this share of the SLOs over a window measured at
     # it, outweighs a projection that fewer would not hold, for as long, while today's load level
-    # is no higher than the rate it held (Tuner._below_projection_where_held).
+    # is no higher than the rate it held (Evidence._below_projection_where_held).
     hold_latency_ratio: float = 0.8
     # A scale-down of this many replicas or more, undone within the scale-down window, stretches
     # that window by the time it took to undo it, for break_memory_s (Tuner._act): load that comes
@@ -191,9 +191,9 @@ class TunerConfig:
     # (Poisson), so that a count chosen at the mean load holds through the windows the tuner reads.
     surge_sd: float = 2.0
     # A colocated pool whose ITL, within its SLO now, a busy window projects past this multiple of
-    # it gets one more pod (Tuner._busy_itl). Against a break within the next two minutes at that
-    # count (fixed fleets, docs/tuner.md), 2.5x caught more breaks and added fewer pods for none
-    # than the 3x that the line from p95 to p99 needed.
+    # it gets one more pod (LatencySizing.busy_itl). Against a break within the next two minutes
+    # at that count (fixed fleets, docs/tuner.md), 2.5x caught more breaks and added fewer pods
+    # for none than the 3x that the line from p95 to p99 needed.
     busy_itl_limit: float = 2.5
     # priors of the step-time plane until its points spread: a step's fixed cost in decoding
     # sequences' worth, and a prompt token's cost as a share of a decoding sequence's
@@ -202,7 +202,7 @@ class TunerConfig:
     saturation_queue_per_pod: float = 1.0
     backlog_drain_s: float = 60.0  # waiting requests count as demand to be served within this time
     # Disaggregated: a client's TTFT is the prefill server's plus what the decode server adds, so
-    # the prefill pool is held to the TTFT SLO less that (Tuner._ttft_budgets); never to
+    # the prefill pool is held to the TTFT SLO less that (Disaggregated.ttft_budgets); never to
     # less than this share of it.
     prefill_ttft_min_share: float = 0.25
     # Predictive scale-up (forecast.py): Holt's smoothing of the pools' rates, looking one pod
@@ -219,7 +219,7 @@ class TunerConfig:
     # ... and a rise of its profile counts where it clears this many of its spreads (adjacent bins
     # of a flat load differ by about one), as a forecast priced in latency must clear two noises.
     season_spreads: float = 2.0
-    # A rise priced through the latency projection (Tuner._latency_ahead) must clear this many of
+    # A rise priced through the latency projection (LatencySizing.ahead) must clear this many of
     # its level's spreads, not one: a latency past its knee turns a little load into a pod.
     forecast_latency_spreads: float = 2.0
     # The fleet's spend against its need (spend.py), over this trailing window.

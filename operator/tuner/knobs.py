@@ -267,10 +267,10 @@ class KnobRules:
         return f"TTFT p95 {fmt_ms(ttft)} ms is over its SLO too with {waiting:.1f} requests waiting per pod"
 
     def _slot_wait_over_ttft(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
-        """Why a decode pool's TTFT is over its share of the SLO (Tuner._ttft_budgets gives it one
-        only where what a decode server adds to every request fits, so the excess is the wait for
-        a batch slot) while the batch reaches its cap, or '': below it (the mean batch + 3 sd)
-        the waits were a backlog's that has left the queue, not slots short at this load."""
+        """Why a decode pool's TTFT is over its share of the SLO (Disaggregated.ttft_budgets gives
+        it one only where what a decode server adds to every request fits, so the excess is the
+        wait for a batch slot) while the batch reaches its cap, or '': below it (the mean batch +
+        3 sd) the waits were a backlog's that has left the queue, not slots short at this load."""
         m = pool.metrics
         ttft, queue, running = ms(m.ttft.p95), queue_ms(m), m.mean_batch_size
         if name != "decode" or ttft is None or ttft <= slo.ttft_p95_ms:

@@ -98,7 +98,8 @@ def project(
 
 def owns_ttft(pool: str, ttft_slo_ms: float) -> bool:
     """Whether a pool's TTFT is its to hold: colocated and prefill always; a decode pool the part
-    its slots make clients wait, where the law gives it a finite share (Tuner._ttft_budgets)."""
+    its slots make clients wait, where the law gives it a finite share
+    (Disaggregated.ttft_budgets)."""
     return pool in ("colocated", "prefill") or math.isfinite(ttft_slo_ms)
 
 

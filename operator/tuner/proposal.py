@@ -46,7 +46,7 @@ class Proposal:
     judged: bool = False  # replicas: the owned latency was measured at this count, so needed is judged
     load: float | None = None  # replicas: the requests/s the pool finished this run
     # replicas: the owned SLO broke at this count with every knob spent, or a busy window projects
-    # ITL far past it (Tuner._busy_itl), without a queue
+    # ITL far past it (LatencySizing.busy_itl), without a queue
     broke: bool = False
     # replicas: the owned SLOs held over a whole window measured at this count, no busy window past its limit
     held: bool = False
@@ -82,7 +82,7 @@ def spent(pool: PoolInput, knobs: Mapping[str, Proposal], exhausted: list[str]) 
 def owned_latency_ratio(name: str, m: PoolMetrics, slo: SLOTargets) -> float:
     """The owned latencies over their SLOs, as judged over the SLO's window (replicas follow
     these; the knobs react to the shorter metric window). A decode pool owns TTFT where the law
-    gives it a finite share of it (Tuner._ttft_budgets)."""
+    gives it a finite share of it (Disaggregated.ttft_budgets)."""
     ratios = [0.0]
     ttft, itl = m.judged_ttft.p95, m.judged_itl.p95
     if ttft is not None and owns_ttft(name, slo.ttft_p95_ms):

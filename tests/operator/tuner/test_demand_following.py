@@ -417,6 +417,6 @@ def test_a_break_at_todays_count_keeps_it_where_one_below_broke_too() -> None:
     history.broke(760.0, 4, 0.48, CONFIG.break_memory_s)
     pool = pool_input(metrics(rate=0.5, pods=4, at=1000.0), settings(replicas=4))
     proposal = Proposal(2.0, "demand", driver="demand", load=0.5)
-    floored = Tuner(CONFIG)._above_counts_that_broke("colocated", pool, proposal, mem, 1000.0)
+    floored = Tuner(CONFIG).evidence.above_counts_that_broke("colocated", pool, proposal, mem, 1000.0)
     assert floored.floor == 4.0 and floored.needed == 4.0
     assert "4 pods fell short of the SLO 240 s ago at 0.48 requests/s" in floored.why
