@@ -44,6 +44,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kv-transfer-gbps", type=positive, default=10.0, help="disaggregated: prefill->decode Gbit/s")
     parser.add_argument("--out", default="sim-results", help="directory for the JSON and PNG")
     parser.add_argument("--decisions", type=int, default=20, help="how many decisions to print")
+    parser.add_argument(
+        "--runs",
+        help="write every tuner run to this file as JSON lines: the replicas it left, its changes and each line of "
+        "its reasons, what held a knob or a count included",
+    )
 
 
 def add_trace_arguments(parser) -> None:
@@ -85,7 +90,7 @@ def run(args) -> int:
     from llmfleet.sim.fleet import SimOptions, check_spec
     from llmfleet.sim.hpa import HPAConfig
     from llmfleet.sim.pod import PodConfigError
-    from llmfleet.sim.report import print_summary, save_plot, summarize, write_json
+    from llmfleet.sim.report import print_summary, save_plot, summarize, write_json, write_runs
     from llmfleet.sim.simulate import read_service, simulate
     from llmfleet.sim.trace import TraceError, builtin_workload, describe, read_trace, with_warmup, write_trace
 
@@ -153,8 +158,14 @@ def run(args) -> int:
     if args.save_trace:
         write_trace(args.save_trace, requests)
     controller = args.controller or ("tuner" if spec.autotune.enabled else "fixed")
+    if args.runs and controller != "tuner":
+        print(f"--runs records the tuner's runs; the controller here is {controller}")
+        return 2
     options = SimOptions(
-        startup_s=args.startup_s, tail_s=args.tail_s, kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9 / 8
+        startup_s=args.startup_s,
+        tail_s=args.tail_s,
+        kv_transfer_bytes_per_s=args.kv_transfer_gbps * 1e9 / 8,
+        record_runs=bool(args.runs),
     )
     print(f"== {name} ({spec.mode}, model {model}) on {source}")
     print(f"   cost profile {profile}: {cost.describe()}")
@@ -185,6 +196,8 @@ def run(args) -> int:
         print(f"wrote {json_path} (no PNG: matplotlib is not installed; pip install 'llm-fleet[bench]' adds it)")
     else:
         print(f"wrote {json_path} and {png_path}")
+    if args.runs:
+        print(f"wrote {len(result.runs)} tuner runs to {write_runs(result, args.runs)}")
     return 0 if result.conserved else 1
 
 
@@ -232,9 +245,9 @@ def _output_problem(args) -> str | None:
     """Why the results could not be written, found before simulating, not after; or None."""
     from llmfleet.sim.paths import directory_problem, file_problem
 
-    if args.save_trace:
-        problem = file_problem(args.save_trace)
+    for flag, path in (("--save-trace", args.save_trace), ("--runs", args.runs)):
+        problem = file_problem(path) if path else None
         if problem:
-            return f"cannot write --save-trace {args.save_trace}: {problem}"
+            return f"cannot write {flag} {path}: {problem}"
     problem = directory_problem(args.out)
     return f"cannot write --out {args.out}: {problem}" if problem else None

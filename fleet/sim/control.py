@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from llmfleet.operator.resource.tuner_state import TunerState, effective_engine, effective_replicas, pools_to_wake
 from llmfleet.operator.tuner.law import Tuner, TunerConfig
 from llmfleet.operator.tuner.run import Autotuner, PoolView, views_from_state
-from llmfleet.sim.fleet import ControlRecord, Fleet
+from llmfleet.sim.fleet import ControlRecord, Fleet, TunerRun
 
 T = TypeVar("T")
 
@@ -85,6 +85,16 @@ class TunerController:
                         pool: (s.replicas, float(decision.inputs.get(pool, {}).get("neededReplicas", s.replicas)))
                         for pool, s in decision.settings.items()
                     },
+                )
+            )
+        if self.fleet.options.record_runs:
+            self.fleet.runs.append(
+                TunerRun(
+                    at=now,
+                    replicas={pool: int(s.replicas) for pool, s in decision.settings.items()},
+                    changes=[c.to_dict() for c in decision.changes],
+                    hold=decision.hold,
+                    reasons=list(decision.reasons),
                 )
             )
         if decision.changes or decision.hold:

@@ -61,6 +61,7 @@ class SimOptions:
     drain_timeout_s: float | None = None  # `serve --drain-timeout`; None: the pool's, as the operator renders it
     tail_s: float = 600.0  # after the last arrival, how long requests may still finish
     initial_pods_ready: bool = True  # the fleet starts warm: its first pods are up at t=0
+    record_runs: bool = False  # every tuner run's reasons, holds included (`llm-fleet sim --runs`)
 
 
 class Controller(Protocol):
@@ -81,6 +82,19 @@ class ControlRecord:
     changes: list[dict[str, Any]]
     hold: bool = False
     reason: str = ""
+
+
+@dataclass
+class TunerRun:
+    """One tuner run, whatever it did: the replicas it left each pool at, its changes, and every
+    line of its reasoning (what held a knob or a count included), as ``status.lastDecision`` and
+    the TunerActive condition show them."""
+
+    at: float
+    replicas: dict[str, int]
+    changes: list[dict[str, Any]]
+    hold: bool
+    reasons: list[str]
 
 
 @dataclass
@@ -129,6 +143,7 @@ class SimResult:
     measure_from: float = 0.0  # the report leaves out what came before (a warm-up)
     cold_starts: list[ColdStart] = field(default_factory=list)
     devices: dict[str, int] = field(default_factory=dict)  # per pool: a replica's devices, where above one
+    runs: list[TunerRun] = field(default_factory=list)  # with SimOptions.record_runs
 
     @property
     def conserved(self) -> bool:
@@ -209,6 +224,7 @@ class Fleet:
         self.records: list[RequestRecord] = []
         self.timeline: list[TimelinePoint] = []
         self.decisions: list[ControlRecord] = []
+        self.runs: list[TunerRun] = []
         self.metric_source = SimMetricSource(
             lambda pool: self.pools[pool].series,
             lambda pool: len(self.pools[pool].with_state(PodState.READY)),
@@ -261,6 +277,7 @@ class Fleet:
             records=self.records,
             timeline=self.timeline,
             decisions=self.decisions,
+            runs=self.runs,
             pod_lifetimes=lifetimes,
             options=self.options,
             cold_starts=self.cold_starts,

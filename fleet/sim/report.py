@@ -238,6 +238,19 @@ def write_json(result: SimResult, path: str | Path, summary: dict[str, Any] | No
     return path
 
 
+def write_runs(result: SimResult, path: str | Path) -> Path:
+    """Every recorded tuner run as a JSON line: its time from the end of the warm-up (negative
+    within it), the replicas it left, its changes and its reasons."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for run in result.runs:
+            line = {"at_s": round(run.at - result.measure_from, 3)} | asdict(run)
+            del line["at"]
+            out.write(json.dumps(line, default=_finite) + "\n")
+    return path
+
+
 def print_summary(result: SimResult, summary: dict[str, Any] | None = None, decisions: int = 20) -> None:
     s = summary or summarize(result)
 

@@ -43,6 +43,26 @@ def test_sim_on_the_local_example(tmp_path, capsys, repo_root) -> None:
     assert (tmp_path / "out/sim-tiny-bursty-tuner.png").stat().st_size > 10_000
 
 
+def test_sim_writes_every_tuner_run_with_what_held_each_knob_and_count(tmp_path, capsys, repo_root) -> None:
+    args = ["sim", "-f", str(repo_root / "examples/local.yaml"), "--profile", str(tiny_profile(tmp_path))]
+    runs = tmp_path / "runs/tuner.jsonl"
+    assert main([*args, "--duration", "120", "--out", str(tmp_path / "out"), "--runs", str(runs)]) == 0
+    assert f"tuner runs to {runs}" in capsys.readouterr().out
+    lines = [json.loads(line) for line in runs.read_text().splitlines()]
+    report = json.loads((tmp_path / "out/sim-tiny-bursty-tuner.json").read_text())
+    # every run, not only those that moved something: one per autotune interval (10 s)
+    assert len(lines) >= 11 and len(lines) > len(report["decisions"])
+    assert [line["at_s"] for line in lines] == sorted(line["at_s"] for line in lines)
+    assert all(set(line) == {"at_s", "replicas", "changes", "hold", "reasons"} for line in lines)
+    assert all(line["reasons"] and set(line["replicas"]) == {"colocated"} for line in lines)
+    quiet = [line for line in lines if not line["changes"]]
+    assert quiet and all(any(" stays " in r or " held: " in r for r in line["reasons"]) for line in quiet)
+    moved = [line for line in lines if line["changes"]]
+    assert len(moved) == len([d for d in report["decisions"] if d["changes"]])
+    assert main([*args, "--duration", "30", "--controller", "hpa", "--runs", str(runs)]) == 2
+    assert "--runs records the tuner's runs; the controller here is hpa" in capsys.readouterr().out
+
+
 def test_sim_says_when_the_profile_is_another_models(tmp_path, capsys, repo_root) -> None:
     profile = synthetic_profile(intercept=0.002, tokens=5e-6, seqs=3e-5)
     profile.model, profile.max_model_len, profile.kv_bytes_per_token = "builtin:small", 2048, 512
