@@ -147,7 +147,7 @@ class TunerConfig:
     itl_low_water: float = 0.8
     batch_full_fraction: float = 0.9
     # At maxReplicas with a queue, the batch grows within ITL's 0.8-1x band as far as the step
-    # plane puts ITL's p95 under this share of its SLO (KnobRules._batch_at_max_replicas).
+    # plane puts ITL's p95 under this share of its SLO (BatchRule._batch_at_max_replicas).
     itl_headroom_at_max: float = 0.9
     queue_per_pod: float = 0.5  # mean waiting requests per pod that count as "a queue"
     kv_pressure: float = 0.95

@@ -115,6 +115,34 @@ def cap_out_of_reach(mean_batch: float, cap: float) -> bool:
     return mean_batch + 3.0 * math.sqrt(mean_batch) < cap
 
 
+def ttft_over_with_a_queue(name: str, pool: PoolInput, slo: SLOTargets, queue_per_pod: float) -> str:
+    """Why a colocated or decode pool's ITL excess is no reason to shrink a knob (TTFT, or the
+    decode pool's share of it, over as well, with requests waiting: the pool lacks capacity,
+    which only replicas add), or ''."""
+    m = pool.metrics
+    ttft, pods = ms(m.ttft.p95), max(m.ready_pods or 1, 1)
+    if name == "prefill" or not math.isfinite(slo.ttft_p95_ms):
+        return ""
+    waiting = (m.waiting or 0.0) / pods
+    if waiting < queue_per_pod:
+        return ""
+    if ttft is None:
+        # Too few first tokens to judge while requests wait (a cold start's queue): the mean
+        # wait is the queue over the arrival rate (Little's law), and the first tokens to come
+        # will carry it.
+        rate = m.request_rate
+        wait_ms = math.inf if not rate else (m.waiting or 0.0) / rate * 1000.0
+        if wait_ms <= slo.ttft_p95_ms:
+            return ""
+        return (
+            f"TTFT p95 is unknown with {waiting:.1f} requests waiting per pod, a mean wait of "
+            f"{fmt_ms(wait_ms)} ms at {rate or 0:.2f} requests/s (Little's law) over its SLO"
+        )
+    if ttft <= slo.ttft_p95_ms:
+        return ""
+    return f"TTFT p95 {fmt_ms(ttft)} ms is over its SLO too with {waiting:.1f} requests waiting per pod"
+
+
 # --- formatting --------------------------------------------------------------------------------
 
 

@@ -284,12 +284,12 @@ class ReplicaRules:
 
     def _drained_ttft_excess(self, name: str, pool: PoolInput, slo: SLOTargets) -> str:
         """Why an owned-latency excess is only the first tokens of a backlog the pods have already
-        cleared (knobs.py's test, the one that holds the token budget), or '': pods added now
+        cleared (budget_rule.py's test, the one that holds the token budget), or '': pods added now
         would serve none of those requests sooner. Not where ITL is over its SLO too."""
         m = pool.metrics
         if name != "prefill" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms:
             return ""
-        return self.knob_rules.drained_backlog(pool, slo)
+        return self.knob_rules.budget.drained_backlog(pool, slo)
 
     @staticmethod
     def _ttft_beyond_pods(name: str, m: PoolMetrics, slo: SLOTargets, past: str) -> str:
