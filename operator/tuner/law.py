@@ -43,7 +43,6 @@ from llmfleet.operator.tuner.disaggregated import Disaggregated
 from llmfleet.operator.tuner.evidence import Evidence
 from llmfleet.operator.tuner.forecast import PoolForecast
 from llmfleet.operator.tuner.knobs import KnobRules
-from llmfleet.operator.tuner.latency_sizing import LatencySizing
 from llmfleet.operator.tuner.memory import DecisionRecord, KeyHistory, TunerMemory, stabilize
 from llmfleet.operator.tuner.per_request import Finished, requests_per_s
 from llmfleet.operator.tuner.prediction import Prediction
@@ -77,8 +76,7 @@ class Tuner:
         self.config = config or TunerConfig()
         self.knob_rules = KnobRules(self.config)
         self.estimator = CapacityEstimator(self.config)
-        self.sizing = LatencySizing(self.config)
-        self.replica_rules = ReplicaRules(self.config, self.knob_rules, self.estimator, self.sizing)
+        self.replica_rules = ReplicaRules(self.config, self.estimator)
         self.prediction = Prediction(self.config)
         self.evidence = Evidence(self.config)
         self.disaggregated = Disaggregated(self.config)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from llmfleet.operator.metrics.source import PoolMetrics
+from llmfleet.operator.tuner.budget_rule import BudgetRule
 from llmfleet.operator.tuner.capacity import CapacityEstimator, PerReplica
 from llmfleet.operator.tuner.decision import (
     MAX_BATCH,
@@ -24,7 +25,6 @@ from llmfleet.operator.tuner.decision import (
     TunerConfig,
 )
 from llmfleet.operator.tuner.decision import num as _num
-from llmfleet.operator.tuner.knobs import KnobRules
 from llmfleet.operator.tuner.latency_sizing import LatencySizing
 from llmfleet.operator.tuner.memory import Capacity, TunerMemory
 from llmfleet.operator.tuner.proposal import (
@@ -88,13 +88,11 @@ def _window_saw_the_added(m: PoolMetrics, added_since: float | None) -> bool:
 class ReplicaRules:
     """The replica proposal per pool and run, as KnobRules (knobs.py) proposes the knobs."""
 
-    def __init__(
-        self, config: TunerConfig, knob_rules: KnobRules, estimator: CapacityEstimator, sizing: LatencySizing
-    ) -> None:
+    def __init__(self, config: TunerConfig, estimator: CapacityEstimator) -> None:
         self.config = config
-        self.knob_rules = knob_rules
         self.estimator = estimator
-        self.sizing = sizing
+        self.sizing = LatencySizing(config)
+        self.budget_rule = BudgetRule(config)  # its drained-backlog test, the one that holds the budget
 
     def propose(
         self,
@@ -289,7 +287,7 @@ class ReplicaRules:
         m = pool.metrics
         if name != "prefill" and (m.judged_itl.p95 or 0.0) * 1000.0 > slo.itl_p95_ms:
             return ""
-        return self.knob_rules.budget.drained_backlog(pool, slo)
+        return self.budget_rule.drained_backlog(pool, slo)
 
     @staticmethod
     def _ttft_beyond_pods(name: str, m: PoolMetrics, slo: SLOTargets, past: str) -> str:
