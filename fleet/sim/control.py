@@ -87,12 +87,13 @@ class TunerController:
                     },
                 )
             )
+        changes = [c.to_dict() for c in decision.changes]
         if self.fleet.options.record_runs:
             self.fleet.runs.append(
                 TunerRun(
                     at=now,
                     replicas={pool: int(s.replicas) for pool, s in decision.settings.items()},
-                    changes=[c.to_dict() for c in decision.changes],
+                    changes=changes,
                     hold=decision.hold,
                     reasons=list(decision.reasons),
                 )
@@ -102,7 +103,7 @@ class TunerController:
                 ControlRecord(
                     at=now,
                     controller=self.name,
-                    changes=[c.to_dict() for c in decision.changes],
+                    changes=changes,
                     hold=decision.hold,
                     reason=decision.hold_reason if decision.hold else "; ".join(c.reason for c in decision.changes),
                 )
