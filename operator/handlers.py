@@ -68,6 +68,7 @@ def seconds_from_env(name: str, default: float) -> float:
 
 
 RESYNC_SECONDS = seconds_from_env(RESYNC_ENV, 60)
+WAKE_ATTEMPTS = 3  # reads and status writes a wake tries while other writers win the race
 SPEC_RECHECK_SECONDS = 5.0  # how soon the tuner daemon sees a new interval or autotune turned off
 POD_MONITOR_CHECK_SECONDS = 300.0
 ANNOTATION_PREFIX = "operator.llmfleet.io"
@@ -229,7 +230,7 @@ async def reconcile_now(body: Mapping[str, Any], memo: kopf.Memo, logger: loggin
             )
             if outcome.degraded is not None and outcome.degraded.reason == LWS_MISSING:
                 state.forget_leader_worker_sets()  # installed meanwhile? the next pass looks again
-        except ApiError as exc:  # retryable (conflict, throttling, server trouble): kopf retries soon
+        except ApiError as exc:  # retryable: kopf retries its tracked handlers; event handlers wait for resync
             trouble = await report_api_trouble(state.client, raw, exc)
             if trouble is not None:
                 kopf.event(raw, type=trouble.type, reason=trouble.reason, message=trouble.message)
@@ -392,21 +393,27 @@ async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logge
     tuner writes it), then the pass that scales their Deployments."""
     state: OperatorState = memo.llmfleet
     async with state.lock(namespace, name):
-        try:
-            fresh = await state.client.get(INFERENCE_SERVICE, namespace, name)
-            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-                return
+        for attempt in range(WAKE_ATTEMPTS):
             try:
-                spec = parse_spec(dict(fresh.get("spec") or {}))
-            except SpecError:  # what ran before still serves, and wakes (wake.py)
-                spec = None
-            patch = wake_patch(spec, fresh.get("status") or {}, stamp)
-            if patch is None:
-                return
-            version = fresh["metadata"].get("resourceVersion")
-            await state.client.patch_status(INFERENCE_SERVICE, namespace, name, patch, resource_version=version)
-        except ApiError as exc:  # a conflict with another writer, throttling: kopf retries soon
-            raise kopf.TemporaryError(f"API server: {exc}", delay=1) from exc
+                fresh = await state.client.get(INFERENCE_SERVICE, namespace, name)
+                if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                    return
+                try:
+                    spec = parse_spec(dict(fresh.get("spec") or {}))
+                except SpecError:  # what ran before still serves, and wakes (wake.py)
+                    spec = None
+                patch = wake_patch(spec, fresh.get("status") or {}, stamp)
+                if patch is None:
+                    return
+                version = fresh["metadata"].get("resourceVersion")
+                await state.client.patch_status(INFERENCE_SERVICE, namespace, name, patch, resource_version=version)
+                break
+            except ApiError as exc:
+                # kopf never retries an event handler: a conflict (kopf's own annotations, an edit)
+                # reads again now; anything else waits for the router, which asks again
+                if exc.status != 409 or attempt == WAKE_ATTEMPTS - 1:
+                    logger.warning(f"could not wake {namespace}/{name} (requested {stamp}): API server: {exc}")
+                    return
     woken = ", ".join(f"{pool} 0 -> {n}" for pool, n in patch["tuner"]["replicas"].items())
     logger.info(f"woken by a router holding requests (requested {stamp}): {woken}")
     kopf.event(fresh, type="Normal", reason="Woken", message=f"a router holds requests: {woken}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
+from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, KubeClient
 from llmfleet.operator.reconcile.wake import wake_patch, wakes_from_zero
 from llmfleet.operator.resource.spec import parse_spec
 from llmfleet.server.wire.wake import WAKE_ANNOTATION, wake_stamp
@@ -66,6 +67,34 @@ def test_a_wake_request_brings_a_pool_at_zero_back_at_once_and_its_cold_start_la
     eventually(lambda: replicas(kube) == 0)
     time.sleep(2)
     assert replicas(kube) == 0
+
+
+def test_a_wake_that_loses_a_race_to_another_writer_reads_again_and_wakes(kube, operator, monkeypatch):
+    """kopf never retries an event handler: a wake whose status write met a 409 (kopf's own
+    annotations, an edit, landing between its read and its write) was dropped until the router
+    asked again. It reads again and writes."""
+    kube.create(inference_service("tiny", SCALES_TO_ZERO))
+    eventually(lambda: kube.get("Deployment", "tiny-colocated") is not None)
+    settle(kube, "tiny", 1)
+    kube.patch("InferenceService", "tiny", {"status": {"tuner": {"replicas": {"colocated": 0}}}}, subresource="status")
+    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})
+    eventually(lambda: replicas(kube) == 0)
+
+    raced: list[str | None] = []
+    write_status = KubeClient.patch_status
+
+    async def another_writer_first(self, kind, namespace, name, status, resource_version=None):
+        if "wake" in status and not raced:  # someone writes between the wake's read and its write
+            raced.append(resource_version)
+            await self.patch_merge(INFERENCE_SERVICE, namespace, name, {"metadata": {"annotations": {"edit": "1"}}})
+        await write_status(self, kind, namespace, name, status, resource_version=resource_version)
+
+    monkeypatch.setattr(KubeClient, "patch_status", another_writer_first)
+    stamp = wake_stamp()
+    kube.patch("ConfigMap", "tiny-wake", {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}})
+    eventually(lambda: replicas(kube) == 1, timeout=10)  # from this one stamp: no router asks again here
+    assert raced and raced[0] is not None  # the first write was conditional, and lost
+    assert kube.get("InferenceService", "tiny")["status"]["wake"] == {"requestedAt": stamp, "pools": ["colocated"]}
 
 
 def test_an_observing_tuner_wakes_no_pool_its_replicas_do_not_run() -> None:
