@@ -26,15 +26,20 @@ def replicas(kube, name: str = "tiny-colocated") -> int:
     return kube.get("Deployment", name)["spec"]["replicas"]
 
 
-def test_a_wake_request_brings_a_pool_at_zero_back_at_once_and_its_cold_start_lands_in_status(kube, operator):
+def scaled_to_zero(kube) -> None:
+    """tiny, created warm (a pool that may go to zero starts at one), then found idle by the tuner:
+    zero replicas (zero.py), written where the tuner writes them."""
     kube.create(inference_service("tiny", SCALES_TO_ZERO))
     eventually(lambda: kube.get("Deployment", "tiny-colocated") is not None)
-    assert replicas(kube) == 1  # a pool that may go to zero starts warm
+    assert replicas(kube) == 1
     settle(kube, "tiny", 1)
-    # the tuner found it idle: zero replicas (zero.py), written where the tuner writes them
     kube.patch("InferenceService", "tiny", {"status": {"tuner": {"replicas": {"colocated": 0}}}}, subresource="status")
     kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})
     eventually(lambda: replicas(kube) == 0)
+
+
+def test_a_wake_request_brings_a_pool_at_zero_back_at_once_and_its_cold_start_lands_in_status(kube, operator):
+    scaled_to_zero(kube)
     mark_ready(kube, "tiny-colocated")
     mark_ready(kube, "tiny-router")
     ready = eventually(lambda: (c := kube.condition("tiny", "Ready"))["status"] == "True" and c)
@@ -73,12 +78,7 @@ def test_a_wake_that_loses_a_race_to_another_writer_reads_again_and_wakes(kube, 
     """kopf never retries an event handler: a wake whose status write met a 409 (kopf's own
     annotations, an edit, landing between its read and its write) was dropped until the router
     asked again. It reads again and writes."""
-    kube.create(inference_service("tiny", SCALES_TO_ZERO))
-    eventually(lambda: kube.get("Deployment", "tiny-colocated") is not None)
-    settle(kube, "tiny", 1)
-    kube.patch("InferenceService", "tiny", {"status": {"tuner": {"replicas": {"colocated": 0}}}}, subresource="status")
-    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})
-    eventually(lambda: replicas(kube) == 0)
+    scaled_to_zero(kube)
 
     raced: list[str | None] = []
     write_status = KubeClient.patch_status
@@ -111,12 +111,7 @@ def test_a_pool_at_zero_wakes_while_the_spec_cannot_be_served(kube, operator):
     """An unservable edit (past the CRD where CEL does not run) left a pool at zero for good: the
     wake handler stopped at the spec, and the degraded pass applies nothing, so the requests the
     routers held timed out. What ran before serves, and wakes."""
-    kube.create(inference_service("tiny", SCALES_TO_ZERO))
-    eventually(lambda: kube.get("Deployment", "tiny-colocated") is not None)
-    settle(kube, "tiny", 1)
-    kube.patch("InferenceService", "tiny", {"status": {"tuner": {"replicas": {"colocated": 0}}}}, subresource="status")
-    kube.patch("InferenceService", "tiny", {"metadata": {"annotations": {"poke": "1"}}})
-    eventually(lambda: replicas(kube) == 0)
+    scaled_to_zero(kube)
     broken = {"pools": {"colocated": {"engine": {"policy": "fastest"}}}}
     kube.patch("InferenceService", "tiny", {"spec": broken})
     eventually(lambda: kube.condition("tiny", "Degraded")["status"] == "True")
