@@ -417,7 +417,7 @@ async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logge
     woken = ", ".join(f"{pool} 0 -> {n}" for pool, n in patch["tuner"]["replicas"].items())
     logger.info(f"woken by a router holding requests (requested {stamp}): {woken}")
     kopf.event(fresh, type="Normal", reason="Woken", message=f"a router holds requests: {woken}")
-    await reconcile_now(fresh, memo, logger)
+    await pass_from_an_event(fresh, memo, logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={OWNER_LABEL: kopf.PRESENT, MANAGED_BY_LABEL: MANAGED_BY})
@@ -434,4 +434,13 @@ async def deployment_changed(body: kopf.Body, memo: kopf.Memo, logger: logging.L
     if owner_name is None or body.metadata.namespace is None:
         return
     # the pass reads the owner itself, and does nothing for one that is gone or going away
-    await reconcile_now({"metadata": {"namespace": body.metadata.namespace, "name": owner_name}}, memo, logger)
+    await pass_from_an_event({"metadata": {"namespace": body.metadata.namespace, "name": owner_name}}, memo, logger)
+
+
+async def pass_from_an_event(body: Mapping[str, Any], memo: kopf.Memo, logger: logging.Logger) -> None:
+    """reconcile_now for an event handler, which kopf never retries: API trouble is a warning
+    that says what comes back to it (the resync timer), not an error promising a retry."""
+    try:
+        await reconcile_now(body, memo, logger)
+    except kopf.TemporaryError as exc:
+        logger.warning(f"pass not done: {exc}; the resync, within {RESYNC_SECONDS:g} s, runs it again")

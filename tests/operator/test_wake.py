@@ -4,9 +4,14 @@ allows) and the Deployment controller (readiness)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
 import time
 
+import kopf
+
+from llmfleet.operator import handlers
 from llmfleet.operator.reconcile.cluster import INFERENCE_SERVICE, KubeClient
 from llmfleet.operator.reconcile.wake import wake_patch, wakes_from_zero
 from llmfleet.operator.resource.spec import parse_spec
@@ -131,3 +136,18 @@ def test_a_pool_at_zero_wakes_while_the_spec_cannot_be_served(kube, operator):
     status = kube.get("InferenceService", "tiny")["status"]
     assert status["wake"] == {"requestedAt": stamp, "pools": ["colocated"]}
     assert kube.condition("tiny", "Degraded")["reason"] == "InvalidEngineConfig"  # the spec still says why
+
+
+def test_a_pass_an_event_asked_for_that_meets_api_trouble_warns_and_names_the_resync(monkeypatch, caplog) -> None:
+    """kopf never retries an event handler (a wake, a Deployment's readiness): the pass's
+    TemporaryError was logged as a handler that "failed temporarily", a retry that never came."""
+
+    async def api_trouble(body, memo, logger):
+        raise kopf.TemporaryError("API server: 503 ServiceUnavailable: etcd leader changed", delay=5)
+
+    monkeypatch.setattr(handlers, "reconcile_now", api_trouble)
+    with caplog.at_level(logging.WARNING, logger="wake-test"):
+        asyncio.run(handlers.pass_from_an_event({"metadata": {}}, None, logging.getLogger("wake-test")))
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "503 ServiceUnavailable" in record.message
+    assert f"the resync, within {handlers.RESYNC_SECONDS:g} s, runs it again" in record.message
