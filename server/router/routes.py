@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 from fastapi import FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmfleet.server.http.body_guard import done_with_body, parsed_body
@@ -208,18 +209,18 @@ _BODIES = {
 
 def _document_bodies(app: FastAPI) -> None:
     """The router's routes read their bodies raw (the servers validate them), so FastAPI cannot
-    see their models: its OpenAPI document gets them from the servers' models, so that it says
-    what the router takes as the servers' document does."""
+    see their models: its OpenAPI document gets them from the servers' models, written by
+    FastAPI for routes that take them, as the servers' document writes them (pydantic's own
+    model_json_schema differs in small ways, a default of null on every optional field, which
+    leads generated clients and fuzzers to other requests than the servers' document does)."""
     plain, documented = app.openapi, []
 
     def openapi() -> dict:
         schema = plain()
         if not documented:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(_body_schemas())
             for path, model in _BODIES.items():
-                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                components.update(body.pop("$defs", {}))
-                components[model.__name__] = body
                 ref = {"$ref": f"#/components/schemas/{model.__name__}"}
                 content = {"application/json": {"schema": ref}}
                 schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
@@ -227,3 +228,18 @@ def _document_bodies(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi
+
+
+def _body_schemas() -> dict:
+    """The relayed request models' component schemas, from a document FastAPI writes for routes
+    that take them as the servers' routes do (its own validation-error schemas left out)."""
+    probe = FastAPI()
+    for path, model in _BODIES.items():
+
+        async def takes(body):  # never called: only its signature is read
+            return None
+
+        takes.__annotations__ = {"body": model}
+        probe.post(path)(takes)
+    schemas = get_openapi(title=probe.title, version=probe.version, routes=probe.routes)["components"]["schemas"]
+    return {name: body for name, body in schemas.items() if name not in ("HTTPValidationError", "ValidationError")}
