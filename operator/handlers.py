@@ -43,7 +43,14 @@ from llmfleet.operator.reconcile.cluster import (
     KubeClient,
     load_configuration,
 )
-from llmfleet.operator.reconcile.converge import LWS_MISSING, Outcome, converge, report_api_trouble
+from llmfleet.operator.reconcile.converge import (
+    LWS_MISSING,
+    Outcome,
+    converge,
+    owner_of,
+    report_api_trouble,
+    write_status,
+)
 from llmfleet.operator.reconcile.desired import MANAGED_BY, MANAGED_BY_LABEL, OWNER_LABEL, POOL_LABEL
 from llmfleet.operator.reconcile.wake import wake_patch
 from llmfleet.operator.resource import pod_security
@@ -68,7 +75,6 @@ def seconds_from_env(name: str, default: float) -> float:
 
 
 RESYNC_SECONDS = seconds_from_env(RESYNC_ENV, 60)
-WAKE_ATTEMPTS = 3  # reads and status writes a wake tries while other writers win the race
 SPEC_RECHECK_SECONDS = 5.0  # how soon the tuner daemon sees a new interval or autotune turned off
 POD_MONITOR_CHECK_SECONDS = 300.0
 ANNOTATION_PREFIX = "operator.llmfleet.io"
@@ -393,27 +399,23 @@ async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logge
     tuner writes it), then the pass that scales their Deployments."""
     state: OperatorState = memo.llmfleet
     async with state.lock(namespace, name):
-        for attempt in range(WAKE_ATTEMPTS):
+        try:
+            fresh = await state.client.get(INFERENCE_SERVICE, namespace, name)
+            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                return
             try:
-                fresh = await state.client.get(INFERENCE_SERVICE, namespace, name)
-                if fresh is None or fresh["metadata"].get("deletionTimestamp"):
-                    return
-                try:
-                    spec = parse_spec(dict(fresh.get("spec") or {}))
-                except SpecError:  # what ran before still serves, and wakes (wake.py)
-                    spec = None
-                patch = wake_patch(spec, fresh.get("status") or {}, stamp)
-                if patch is None:
-                    return
-                version = fresh["metadata"].get("resourceVersion")
-                await state.client.patch_status(INFERENCE_SERVICE, namespace, name, patch, resource_version=version)
-                break
-            except ApiError as exc:
-                # kopf never retries an event handler: a conflict (kopf's own annotations, an edit)
-                # reads again now; anything else waits for the router, which asks again
-                if exc.status != 409 or attempt == WAKE_ATTEMPTS - 1:
-                    logger.warning(f"could not wake {namespace}/{name} (requested {stamp}): API server: {exc}")
-                    return
+                spec = parse_spec(dict(fresh.get("spec") or {}))
+            except SpecError:  # what ran before still serves, and wakes (wake.py)
+                spec = None
+            # a conflict (kopf's own annotations, an edit) reads again and writes again
+            patch = await write_status(
+                state.client, owner_of(fresh), fresh, lambda status: wake_patch(spec, status, stamp) or {}
+            )
+        except ApiError as exc:  # kopf never retries an event handler: the router asks again
+            logger.warning(f"could not wake {namespace}/{name} (requested {stamp}): API server: {exc}")
+            return
+    if patch is None:
+        return
     woken = ", ".join(f"{pool} 0 -> {n}" for pool, n in patch["tuner"]["replicas"].items())
     logger.info(f"woken by a router holding requests (requested {stamp}): {woken}")
     kopf.event(fresh, type="Normal", reason="Woken", message=f"a router holds requests: {woken}")

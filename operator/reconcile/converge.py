@@ -180,7 +180,7 @@ async def converge(
         }
 
     outcome = Outcome(applied=applied)
-    outcome.status_patch = await _write_status(client, owner, body, build)
+    outcome.status_patch = await write_status(client, owner, body, build)
     if applied.reverted:
         outcome.events.append(Event("Warning", "EditReverted", _reverted_message(spec, applied.reverted)))
     if applied.changed:
@@ -240,7 +240,7 @@ async def _degrade(
         }
 
     outcome = Outcome(degraded=degraded)
-    outcome.status_patch = await _write_status(client, owner, body, build)
+    outcome.status_patch = await write_status(client, owner, body, build)
     was = condition_of(body.get("status"), DEGRADED) or {}
     if (was.get("status"), was.get("reason"), was.get("message")) != ("True", reason, message):
         outcome.events.append(Event("Warning", reason, message))
@@ -266,18 +266,19 @@ async def report_api_trouble(client: KubeClient, body: dict[str, Any], error: Ap
         return {"conditions": merge_conditions(current.get("conditions") or [], [progressing], generation, st.now())}
 
     try:
-        written = await _write_status(client, owner, body, build)
+        written = await write_status(client, owner, body, build)
     except ApiError:
         return None
     return Event("Warning", API_TROUBLE, message) if written is not None else None
 
 
-async def _write_status(
+async def write_status(
     client: KubeClient, owner: Owner, body: dict[str, Any], build: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> dict[str, Any] | None:
     """Write build(status) if it differs, under an optimistic lock (the resourceVersion we read):
     the tuner writes status too, and a blind write could drop its latest word. On a conflict,
-    read again and rebuild from the fresh status."""
+    read again and rebuild from the fresh status. The passes write through it, and so does the
+    wake handler, which kopf (an event handler's) would never retry."""
     current = body
     for attempt in range(STATUS_ATTEMPTS):
         status = current.get("status") or {}
