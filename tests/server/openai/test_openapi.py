@@ -34,14 +34,20 @@ def test_the_openapi_document_has_one_id_per_operation(state):
     assert {"get", "post"} <= set(spec["paths"]["/ping"])
 
 
-def test_the_routers_own_answers_replace_the_common_routes_in_its_document():
-    """The router answers /v1/models and /load its own way: the common routes they shadow are
-    gone, so its document lists each operation once, and the router's own /load answers."""
+def _router_app():
+    """A router's app in front of one (never called) server."""
     client = httpx.AsyncClient()
     balancer = Balancer(StaticEndpoints([], ["http://d1:8000"]), "round-robin", client)
     metrics = RouterMetrics("m")
     state = ServerState(None, None, "m", 0, metrics, role="router")
-    app = build_app(state, partial(install, proxy=Proxy(balancer, client, metrics, ProxySettings()), balancer=balancer))
+    proxy = Proxy(balancer, client, metrics, ProxySettings())
+    return build_app(state, partial(install, proxy=proxy, balancer=balancer))
+
+
+def test_the_routers_own_answers_replace_the_common_routes_in_its_document():
+    """The router answers /v1/models and /load its own way: the common routes they shadow are
+    gone, so its document lists each operation once, and the router's own /load answers."""
+    app = _router_app()
     spec = _document_with_one_id_per_operation(app)
     assert "/load" in spec["paths"] and "/v1/models" in spec["paths"]
     assert TestClient(app).get("/load").json()["role"] == "router"
@@ -53,11 +59,7 @@ def test_the_router_documents_the_bodies_it_relays_as_the_servers_do(state):
     of null on every optional field): schemathesis generated other requests through the router,
     five times as many of them valid, and generated clients saw two contracts for one API."""
     server = create_app(state).openapi()
-    client = httpx.AsyncClient()
-    balancer = Balancer(StaticEndpoints([], ["http://d1:8000"]), "round-robin", client)
-    router_state = ServerState(None, None, "m", 0, RouterMetrics("m"), role="router")
-    proxy = Proxy(balancer, client, router_state.metrics, ProxySettings())
-    router = build_app(router_state, partial(install, proxy=proxy, balancer=balancer)).openapi()
+    router = _router_app().openapi()
     for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"):
         assert router["paths"][path]["post"]["requestBody"] == server["paths"][path]["post"]["requestBody"], path
     assert router["components"]["schemas"] == server["components"]["schemas"]
