@@ -396,7 +396,8 @@ async def wake_requested(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
 
 async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logger: logging.Logger) -> None:
     """The pools at zero go to their floor in ``status.tuner`` (under the object's lock, as the
-    tuner writes it), then the pass that scales their Deployments."""
+    tuner writes it), then the pass that scales their Deployments. A request stamped again while a
+    wake waits for its pods runs that pass again."""
     state: OperatorState = memo.llmfleet
     async with state.lock(namespace, name):
         try:
@@ -415,6 +416,10 @@ async def wake_now(namespace: str, name: str, stamp: str, memo: kopf.Memo, logge
             logger.warning(f"could not wake {namespace}/{name} (requested {stamp}): API server: {exc}")
             return
     if patch is None:
+        if ((fresh.get("status") or {}).get("wake") or {}).get("pools"):
+            # woken already, not served yet: the pass that scales the pools may have met API trouble
+            # (it is not retried), and the router asks again every few seconds while it holds requests
+            await pass_from_an_event(fresh, memo, logger)
         return
     woken = ", ".join(f"{pool} 0 -> {n}" for pool, n in patch["tuner"]["replicas"].items())
     logger.info(f"woken by a router holding requests (requested {stamp}): {woken}")

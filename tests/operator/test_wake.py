@@ -102,6 +102,40 @@ def test_a_wake_that_loses_a_race_to_another_writer_reads_again_and_wakes(kube, 
     assert kube.get("InferenceService", "tiny")["status"]["wake"] == {"requestedAt": stamp, "pools": ["colocated"]}
 
 
+def test_a_wake_whose_pass_met_api_trouble_passes_again_when_the_router_asks_again(kube, operator, monkeypatch):
+    """The wake's status write landed and its pass met API trouble: the pool stayed at zero until
+    the resync (60 s by default), as a stamp again found no pool at zero and did nothing. While the
+    wake waits for its pods, each stamp runs the pass."""
+    scaled_to_zero(kube)
+    outage = [True]
+    asked: list[str] = []
+    real_pass, real_reconcile = handlers.pass_from_an_event, handlers.reconcile_now
+
+    async def reconcile_in_an_outage(body, memo, logger):
+        if outage[0]:
+            raise kopf.TemporaryError("API server: 503 ServiceUnavailable", delay=5)
+        return await real_reconcile(body, memo, logger)
+
+    async def recorded(body, memo, logger):
+        asked.append(body["metadata"]["name"])
+        await real_pass(body, memo, logger)
+
+    monkeypatch.setattr(handlers, "reconcile_now", reconcile_in_an_outage)
+    monkeypatch.setattr(handlers, "pass_from_an_event", recorded)
+    first = wake_stamp()
+    kube.patch("ConfigMap", "tiny-wake", {"metadata": {"annotations": {WAKE_ANNOTATION: first}}})
+    eventually(lambda: kube.get("InferenceService", "tiny")["status"].get("wake", {}).get("requestedAt") == first)
+    eventually(lambda: "tiny" in asked)  # the wake's pass, which failed
+    assert replicas(kube) == 0
+    passes = len(asked)
+
+    time.sleep(0.01)  # a later stamp, as the router's next one
+    kube.patch("ConfigMap", "tiny-wake", {"metadata": {"annotations": {WAKE_ANNOTATION: wake_stamp()}}})
+    eventually(lambda: len(asked) > passes)  # asked for the pass again
+    outage[0] = False
+    eventually(lambda: replicas(kube) == 1, timeout=10)
+
+
 def test_an_observing_tuner_wakes_no_pool_its_replicas_do_not_run() -> None:
     # status.tuner.replicas left at zero by an acting tuner: observing, reconcile reads none of it
     # (the spec's replicas run), so a wake written there would bring nothing back
