@@ -193,6 +193,12 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
     async def models():
         return state.model_list(state.max_model_len)
 
+    @app.get("/v1/models/{model:path}", responses={404: {"description": "No model is served under this name"}})
+    async def model(model: str):
+        """OpenAI's retrieve-model call (``client.models.retrieve``), which vLLM does not serve; a
+        name may hold slashes (``meta-llama/Llama-3.2-1B``)."""
+        return state.model_card(model, state.max_model_len)
+
 
 class InFlightMiddleware:
     """``llmfleet_requests_in_flight``: API calls from arrival until their last byte (a stream

@@ -81,19 +81,20 @@ class ServerState:
 
     def model_list(self, max_model_len: int | None) -> dict:
         """/v1/models: a card per served name, each of the one model (as vLLM lists them)."""
-        cards = [
-            {
-                "id": name,
-                "object": "model",
-                "created": self.created,
-                "owned_by": "llm-fleet",
-                "root": self.model_name,
-                "parent": None,
-                "max_model_len": max_model_len,
-            }
-            for name in self.model_names
-        ]
-        return {"object": "list", "data": cards}
+        return {"object": "list", "data": [self.model_card(name, max_model_len) for name in self.model_names]}
+
+    def model_card(self, name: str, max_model_len: int | None) -> dict:
+        """/v1/models/{name}: one served name's card; a 404 in the API's terms for any other name."""
+        check_model(self, name)
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "llm-fleet",
+            "root": self.model_name,
+            "parent": None,
+            "max_model_len": max_model_len,
+        }
 
     def unavailable_reason(self) -> str | None:
         """Why this replica must not take new requests now (readiness fails), or None."""

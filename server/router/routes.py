@@ -150,6 +150,12 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         await _describe_servers()
         return state.model_list(state.max_model_len or None)
 
+    @app.get("/v1/models/{model:path}", responses={404: {"description": "No model is served under this name"}})
+    async def model(model: str):
+        """One of the router's names, as a server answers it (app.py)."""
+        await _describe_servers()
+        return state.model_card(model, state.max_model_len or None)
+
     servers_names: list[str] = []  # what the servers call the model
 
     async def _describe_servers() -> None:

@@ -305,6 +305,8 @@ def test_a_router_with_its_own_model_name_relays_under_the_servers_name(fleet):
             tokens = httpx.post(f"{r.url}/tokenize", json={"model": name, "prompt": "hi"}, timeout=10)
             assert tokens.status_code == 200 and tokens.json()["tokens"]
             assert [m.id for m in client.models.list().data] == (list(names[1:]) if names else [name])
+            card = client.models.retrieve(name)  # with the servers' context length
+            assert card.id == name and card.max_model_len == client.models.list().data[0].max_model_len > 0
 
 
 def test_an_x_request_id_names_the_answer_through_the_router(fleet):

@@ -29,6 +29,15 @@ def test_every_served_model_name_is_listed_and_taken_and_answers_carry_the_first
     assert "`fake`, `fake-alias`" in error["message"]
 
 
+def test_each_served_name_is_retrieved_by_name_and_another_is_a_404(state, client):
+    """OpenAI's ``client.models.retrieve(name)``; a Hugging Face name holds a slash."""
+    state.model_aliases = ("org/fake-alias",)
+    listed = client.get("/v1/models").json()["data"]
+    assert [client.get(f"/v1/models/{card['id']}").json() for card in listed] == listed
+    error = assert_openai_error(client.get("/v1/models/org"), 404, "model")
+    assert "`fake`, `org/fake-alias`" in error["message"]
+
+
 def test_completion_max_tokens_null_means_the_default_16(client):
     """Current vLLM's: an explicit null is the field's default, not the rest of the context."""
     out = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": None, "ignore_eos": True}).json()

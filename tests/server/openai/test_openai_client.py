@@ -39,6 +39,9 @@ def test_models_have_root_and_max_model_len(client):
     (model,) = client.models.list().data
     assert model.id == "tiny"
     assert model.root == "tiny" and model.max_model_len == 2048
+    assert client.models.retrieve("tiny") == model
+    with pytest.raises(openai.NotFoundError, match="`tiny`"):
+        client.models.retrieve("gpt-4o")
 
 
 def test_completion_and_stream_agree(client):
