@@ -110,7 +110,11 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:  # RFC 9110: Allow names every method the path takes
             headers["Allow"] = _allowed_methods(request)
-        return error_response(exc.status_code, str(exc.detail), type_, headers=headers)
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":  # no route: say which, and where they are listed
+            path = request.url.path if len(request.url.path) <= 200 else request.url.path[:200] + "..."
+            message = f"Not Found: {request.method} {path} is not served here (GET /openapi.json lists what is)"
+        return error_response(exc.status_code, message, type_, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):

@@ -371,7 +371,8 @@ def test_an_error_quoting_a_lone_surrogate_still_renders():
 def test_unknown_model_is_404_and_unknown_route_is_json_404(client):
     error = assert_openai_error(client.post("/v1/completions", json={"prompt": "hi", "model": "gpt-9"}), 404, "model")
     assert "gpt-9" in error["message"]
-    assert_openai_error(client.get("/v1/nothing-here"), 404)
+    missing = assert_openai_error(client.post("/v1/embeddings", json={"input": "hi"}), 404)
+    assert missing["message"] == "Not Found: POST /v1/embeddings is not served here (GET /openapi.json lists what is)"
     assert client.get("/v1/completions").status_code == 405
 
 
