@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -39,6 +38,7 @@ class _Endpoint(BaseHTTPRequestHandler):
             return self._answer(404, {"detail": "Not Found"})
         if self.server.refusal:
             return self._answer(400, {"error": {"message": self.server.refusal, "type": "BadRequestError"}})
+        self.server.answered.set()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -56,13 +56,22 @@ class _Endpoint(BaseHTTPRequestHandler):
         pass
 
 
-def _serve_endpoint(api_key: str | None = None, refusal: str | None = None) -> Iterator[str]:
+class EndpointURL(str):
+    """The miniature endpoint's URL; ``answered`` is set once it has streamed a completion."""
+
+    answered: threading.Event
+
+
+def _serve_endpoint(api_key: str | None = None, refusal: str | None = None) -> Iterator[EndpointURL]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Endpoint)
     server.api_key, server.refusal = api_key, refusal
+    server.answered = threading.Event()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        url = EndpointURL(f"http://127.0.0.1:{server.server_address[1]}")
+        url.answered = server.answered
+        yield url
     finally:
         server.shutdown()
         server.server_close()
@@ -150,7 +159,8 @@ def test_ctrl_c_at_load_ends_it_with_its_summary_and_no_traceback(endpoint):
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=terminal
     )
     try:
-        time.sleep(3)  # started and sending
+        # started and sending: on a loaded machine its imports alone can take seconds
+        assert endpoint.answered.wait(60), "load sent nothing in 60 s"
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
