@@ -63,16 +63,19 @@ def test_pieces_compute_what_one_call_does(rows, piece):
 
 def test_the_probe_reads_one_busy_thread_where_the_runner_has_one():
     """With one thread the call's CPU time is its wall time: the probe reads one thread busy (the
-    most of three reads, so a VM's stolen moment in one of them does not count)."""
+    most of up to 20 reads: a read shares the cores with a VM's neighbours and the other tests'
+    processes, and in one CI run beside other work three reads in a row gave the call 41% of one)."""
     linear = _packed(3072, 768)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.inference_mode():
-            busy = max(linear_splits.busy_threads(linear, torch.zeros(512, 768)) for _ in range(3))
+            reads = [linear_splits.busy_threads(linear, torch.zeros(512, 768))]
+            while max(reads) < 0.75 and len(reads) < 20:
+                reads.append(linear_splits.busy_threads(linear, torch.zeros(512, 768)))
     finally:
         torch.set_num_threads(threads)
-    assert 0.75 <= busy <= 1.5
+    assert 0.75 <= max(reads) <= 1.5, reads
 
 
 def test_a_size_one_call_leaves_threads_idle_at_runs_in_pieces(monkeypatch):
