@@ -37,10 +37,25 @@ def reachable_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+_HANDED_OUT: dict[int, None] = {}  # ports free_port handed out lately, newest last
+_REMEMBERED = 4096
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not handed out lately by this process. The kernel may offer
+    one free port to two binds in a row, and a server binds its port seconds after it was picked:
+    two servers started together could both be told one port, and while one failed to bind the
+    other would answer its readiness checks and take the requests meant for it."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT[port] = None
+            if len(_HANDED_OUT) > _REMEMBERED:
+                del _HANDED_OUT[next(iter(_HANDED_OUT))]
+            return port
+    raise OSError("the kernel keeps offering loopback ports this process handed out already")
 
 
 @dataclass

@@ -92,3 +92,27 @@ def test_a_busy_port_is_found_in_the_hosts_own_address_family():
         port = listener.getsockname()[1]
         assert bind_problem("::1", port)
     assert bind_problem("::1", port) is None
+
+
+def test_two_servers_started_together_are_never_told_one_port(monkeypatch):
+    """The kernel offered port 35749 to two binds in a row in a CI run: the prefill and decode
+    servers of one fixture were both told it, the decode server could not bind, and the prefill
+    server answered the readiness checks and the requests meant for it."""
+    offered = iter([35749, 35749, 35749, 35750])
+
+    class Kernel:  # a socket that binds where the kernel's next offer says
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(processes, "_HANDED_OUT", {})
+    monkeypatch.setattr(processes.socket, "socket", Kernel)
+    assert [processes.free_port(), processes.free_port()] == [35749, 35750]
