@@ -98,17 +98,31 @@ def add_arguments(parser) -> None:
         help="as vLLM's: chat replies carry the model's <think> text as reasoning_content: deepseek_r1 "
         "(R1, its distills, QwQ) or qwen3",
     )
-    parser.add_argument(
-        "--structured-outputs-config.enable_in_reasoning",
-        dest="structured_outputs_in_reasoning",
-        type=boolean,
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="true|false",
-        help="as vLLM's: with --reasoning-parser, a structured-output grammar (or a forced tool call) holds "
-        "the thinking too; by default it holds the answer after </think>",
-    )
+    for key, dest, what in (
+        (
+            "enable_in_reasoning",
+            "structured_outputs_in_reasoning",
+            "with --reasoning-parser, a structured-output grammar (or a forced tool call) holds the thinking "
+            "too; by default it holds the answer after </think>",
+        ),
+        (
+            "disable_any_whitespace",
+            "structured_outputs_compact",
+            "JSON held to a schema (response_format, structured_outputs, guided_json, a required or named "
+            "tool call) comes compact, with no whitespace between its tokens, unless the request gives a "
+            "whitespace_pattern; a weak model then cannot spend its tokens on newlines",
+        ),
+    ):  # vLLM's dotted switches of its StructuredOutputsConfig: the flag alone, or =true|false
+        parser.add_argument(
+            f"--structured-outputs-config.{key}",
+            dest=dest,
+            type=boolean,
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="true|false",
+            help=f"as vLLM's: {what}",
+        )
     parser.add_argument(
         "--chat-template",
         help="as vLLM's: the chat template, a file or the Jinja text itself, in place of the tokenizer's own",

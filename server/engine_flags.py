@@ -208,6 +208,12 @@ VLLM_FLAGS: tuple[VLLMFlag, ...] = (
         int,
         neutral=(1,),
     ),
+    VLLMFlag(
+        ("--structured-outputs-config.backend",),
+        NO_EFFECT,
+        "every grammar compiles with llguidance here, vLLM's guidance backend",
+        neutral=("auto", "guidance"),
+    ),
     VLLMFlag(("--compilation-config", "-cc"), NO_EFFECT, _GRAPHS),
     VLLMFlag(("--optimization-level", "-O"), NO_EFFECT, _GRAPHS),
     # would change answers or memory in ways llm-fleet cannot honour

@@ -79,6 +79,7 @@ def local_engine_state(args) -> tuple[ServerState, ConfigWatcher | None]:
     state.tool_call_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
     state.reasoning_parser = args.reasoning_parser
     state.structured_outputs_in_reasoning = args.structured_outputs_in_reasoning
+    state.structured_outputs_compact = args.structured_outputs_compact
     state.sampling_defaults = defaults
     if args.role == "prefill":
         state.kv_store = KVExportStore(ttl_s=args.kv_export_ttl, limit_bytes=int(args.kv_export_limit_mb * 2**20))

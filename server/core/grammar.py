@@ -16,7 +16,7 @@ import json
 
 import llguidance
 
-from llmfleet.server.core.request import StructuredOutput
+from llmfleet.server.core.request import JSON_KINDS, StructuredOutput
 
 _THINKING = {  # THINKING_MODES -> the top grammar in front of the answer's
     "open": "start: think @answer\nthink[lazy]: /(?s:.*)<\\/think>/",
@@ -74,7 +74,7 @@ def _subgrammar(grammar: str) -> dict:
 
 def _answer_grammar(structured: StructuredOutput) -> str:
     kind, spec = structured.kind, structured.spec
-    if kind in ("json", "json_object"):
+    if kind in JSON_KINDS:
         schema = spec if kind == "json" else '{"type": "object"}'
         pattern = structured.whitespace_pattern
         overrides = {} if pattern is None else {"whitespace_pattern": pattern}

@@ -58,6 +58,7 @@ MIN_REPETITION_PENALTY = 1e-4
 MAX_REPETITION_PENALTY = 1e4
 
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+JSON_KINDS = ("json", "json_object")  # the kinds that are JSON, whose whitespace a pattern sets
 # Where a reasoning model's thinking runs free before the constraint holds (vLLM's default: the
 # grammar applies after the reasoning): "open", the reply starts inside a think block and the
 # constraint holds what follows its first "</think>"; "leading", the reply may open with a

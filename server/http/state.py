@@ -53,6 +53,8 @@ class ServerState:
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies carry the thinking apart
     # --structured-outputs-config.enable_in_reasoning: a grammar holds the thinking too (vLLM's flag)
     structured_outputs_in_reasoning: bool = False
+    # --structured-outputs-config.disable_any_whitespace: JSON grammars allow no whitespace (vLLM's flag)
+    structured_outputs_compact: bool = False
     # --generation-config: what a request that leaves a sampling field out gets (generation_defaults.py)
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     # --max-request-body-mb: larger bodies get 413 before they are read further (body_guard.py)

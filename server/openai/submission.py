@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from llmfleet.server.core import grammar
 from llmfleet.server.core.kv_wire import KVImport
-from llmfleet.server.core.request import SampledToken, SamplingParams, StructuredOutput
+from llmfleet.server.core.request import JSON_KINDS, SampledToken, SamplingParams, StructuredOutput
 from llmfleet.server.core.validation import (
     InvalidRequestError,
     check_id_list,
@@ -160,6 +160,8 @@ async def _structured_output(state: ServerState, body: _Sampling, thinking: str 
         return None
     structured, field = asked
     structured = replace(structured, thinking=thinking)
+    if state.structured_outputs_compact and structured.kind in JSON_KINDS and structured.whitespace_pattern is None:
+        structured = replace(structured, whitespace_pattern="")  # the server's default; the request's pattern wins
     # compiling a large grammar takes a while: not on the event loop, which serves every request
     error = await asyncio.to_thread(grammar.check, structured)
     if error is not None:

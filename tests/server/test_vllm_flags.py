@@ -92,6 +92,7 @@ def test_flags_with_no_effect_are_named_in_one_info_line(loads, caplog):
         ["-dp", "1"],
         ["--max-logprobs", "20"],
         ["--tokenizer-mode", "auto"],
+        ["--structured-outputs-config.backend", "guidance"],
         ["--disable-log-stats", "--disable-log-requests", "--disable-uvicorn-access-log"],
         ["--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp", "--api-server-count", "1"],
         ["--tokenizer", "builtin:tiny"],

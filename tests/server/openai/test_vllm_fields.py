@@ -1,14 +1,18 @@
 """vLLM's request fields that act on sampling, on the real builtin:tiny model in-process (the
-fake runner ignores the sampler): ``allowed_token_ids``; and, with a real tokenizer and real
-logprobs, /tokenize's ``return_token_strs`` and the chat logprobs' ``bytes``."""
+fake runner ignores the sampler): ``allowed_token_ids``; with a real tokenizer and real
+logprobs, /tokenize's ``return_token_strs`` and the chat logprobs' ``bytes``; and its
+``--structured-outputs-config.disable_any_whitespace``."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 
 import pytest
 from fastapi.testclient import TestClient
 
+from llmfleet.server import cli as server_cli
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.openai.app import create_app
 from tests.server.fakes import real_tiny_state
@@ -187,3 +191,56 @@ def test_streamed_logprobs_text_offsets_are_the_whole_answers(tiny):
     streamed = [c["logprobs"] for chunk in chunks for c in chunk["choices"] if c["logprobs"]]
     assert [o for lp in streamed for o in lp["text_offset"]] == whole["text_offset"]
     assert [t for lp in streamed for t in lp["tokens"]] == whole["tokens"]
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "string", "maxLength": 3}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _outside_strings(text: str) -> str:
+    return JSON_STRING.sub('""', text)
+
+
+def test_disable_any_whitespace_is_vllms_dotted_flag():
+    parser = argparse.ArgumentParser()
+    server_cli.add_arguments(parser)
+    assert parser.parse_args([]).structured_outputs_compact is False  # vLLM's default: any whitespace
+    for suffix, value in (("", True), ("=true", True), ("=False", False)):
+        flag = "--structured-outputs-config.disable_any_whitespace" + suffix
+        assert parser.parse_args([flag]).structured_outputs_compact is value
+
+
+def test_disable_any_whitespace_makes_json_compact_unless_the_request_says(tiny):
+    """vLLM's --structured-outputs-config.disable_any_whitespace: the random model fills JSON with
+    whitespace wherever a grammar lets it (a required tool call spends its 60 tokens on tabs here).
+    Compact, a schema's answer and a forced call hold none outside their strings and end in time;
+    a request's own whitespace_pattern still wins."""
+    state, client = tiny
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 60, "temperature": 0}
+    schema_ask = chat | {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+    tool_ask = chat | {"tools": [tool], "tool_choice": "required"}
+    loose = chat | {"guided_json": SCHEMA, "guided_whitespace_pattern": "[ ]{1,3}"}
+
+    def choice(body: dict) -> dict:
+        reply = client.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]
+
+    assert re.search(r"\s", _outside_strings(choice(schema_ask)["message"]["content"]))  # the default: any
+    assert choice(tool_ask)["finish_reason"] == "length"
+    state.structured_outputs_compact = True
+    try:
+        answer, forced, spaced = choice(schema_ask), choice(tool_ask), choice(loose)
+    finally:
+        state.structured_outputs_compact = False
+    assert answer["finish_reason"] == "stop" and set(json.loads(answer["message"]["content"])) == {"a", "b"}
+    assert not re.search(r"\s", _outside_strings(answer["message"]["content"]))
+    (call,) = forced["message"]["tool_calls"]
+    assert forced["finish_reason"] == "tool_calls" and set(json.loads(call["function"]["arguments"])) == {"a", "b"}
+    assert " " in _outside_strings(spaced["message"]["content"])
