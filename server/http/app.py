@@ -26,7 +26,7 @@ from llmfleet import __version__
 from llmfleet.server.http.auth import APIKeyMiddleware
 from llmfleet.server.http.body_guard import BodyGuardMiddleware, GuardedRoute
 from llmfleet.server.http.errors import error_response, install_error_handlers
-from llmfleet.server.http.state import ServerState
+from llmfleet.server.http.state import UNKNOWN_MODEL_RESPONSE, ServerState
 from llmfleet.server.wire.errors import error_body
 
 RouteInstaller = Callable[[FastAPI, ServerState], None]
@@ -193,7 +193,7 @@ def _install_common_routes(app: FastAPI, state: ServerState) -> None:
     async def models():
         return state.model_list(state.max_model_len)
 
-    @app.get("/v1/models/{model:path}", responses={404: {"description": "No model is served under this name"}})
+    @app.get("/v1/models/{model:path}", responses=UNKNOWN_MODEL_RESPONSE)
     async def model(model: str):
         """OpenAI's retrieve-model call (``client.models.retrieve``), which vLLM does not serve; a
         name may hold slashes (``meta-llama/Llama-3.2-1B``)."""

@@ -139,6 +139,10 @@ def check_serving(state: ServerState, model: str | None) -> None:
     check_model(state, model)
 
 
+# check_model's 404 as /v1/models/{name} documents it (a server's and a router's alike)
+UNKNOWN_MODEL_RESPONSE: dict[int | str, dict] = {404: {"description": "No model is served under this name"}}
+
+
 def check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model not in state.model_names:
         served = ", ".join(f"`{name}`" for name in state.model_names)

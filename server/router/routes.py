@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmfleet.server.http.body_guard import done_with_body, parsed_body
 from llmfleet.server.http.errors import APIError
 from llmfleet.server.http.sse import SSE_HEADERS, ClosingStreamingResponse
-from llmfleet.server.http.state import ServerState, check_model
+from llmfleet.server.http.state import UNKNOWN_MODEL_RESPONSE, ServerState, check_model
 from llmfleet.server.openai.protocol import (
     ERROR_RESPONSES,
     GENERATION_RESPONSES,
@@ -150,7 +150,7 @@ def install(app: FastAPI, state: ServerState, proxy: Proxy, balancer: Balancer) 
         await _describe_servers()
         return state.model_list(state.max_model_len or None)
 
-    @app.get("/v1/models/{model:path}", responses={404: {"description": "No model is served under this name"}})
+    @app.get("/v1/models/{model:path}", responses=UNKNOWN_MODEL_RESPONSE)
     async def model(model: str):
         """One of the router's names, as a server answers it (app.py)."""
         await _describe_servers()
