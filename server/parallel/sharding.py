@@ -10,21 +10,25 @@ grouping. Embeddings and the LM head stay whole on every rank of the stages that
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.distributed as dist
+
+# Sums a tensor over the shard group in place (worker.shard_all_reduce: NCCL, gloo or shared memory).
+AllReduce = Callable[[torch.Tensor], object]
 
 
 class SummedOverShards(torch.nn.Module):
     """A row-parallel projection: this shard's partial product, summed over the group."""
 
-    def __init__(self, linear: torch.nn.Module, group) -> None:
+    def __init__(self, linear: torch.nn.Module, all_reduce: AllReduce) -> None:
         super().__init__()
         self.linear = linear
-        self.group = group
+        self.all_reduce = all_reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.linear(x)
-        dist.all_reduce(out, group=self.group)
+        self.all_reduce(out)
         return out
 
 
@@ -46,7 +50,7 @@ def _keep_columns(linear: torch.nn.Linear, shard: int, shards: int) -> None:
     linear.in_features = columns
 
 
-def shard_layers(model: torch.nn.Module, shard: int, shards: int, group) -> None:
+def shard_layers(model: torch.nn.Module, shard: int, shards: int, all_reduce: AllReduce) -> None:
     """Keep shard ``shard`` of ``shards`` of every decoder layer's attention and MLP."""
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -54,8 +58,8 @@ def shard_layers(model: torch.nn.Module, shard: int, shards: int, group) -> None
             _keep_rows(linear, shard, shards)
         _keep_columns(attention.o_proj, shard, shards)
         _keep_columns(mlp.down_proj, shard, shards)
-        attention.o_proj = SummedOverShards(attention.o_proj, group)
-        mlp.down_proj = SummedOverShards(mlp.down_proj, group)
+        attention.o_proj = SummedOverShards(attention.o_proj, all_reduce)
+        mlp.down_proj = SummedOverShards(mlp.down_proj, all_reduce)
 
 
 def keep_stage(model: torch.nn.Module, layers: range, first: bool, last: bool) -> None:

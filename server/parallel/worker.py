@@ -11,6 +11,7 @@ runs batch b+1 the next one runs batch b.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import time
@@ -22,9 +23,10 @@ import torch.distributed as dist
 
 from llmfleet.server.config import EngineConfig
 from llmfleet.server.gc_heap import freeze_startup_heap
+from llmfleet.server.parallel import shared_sum
 from llmfleet.server.parallel.channel import Outbox, Tag, recv_object, send_object
 from llmfleet.server.parallel.layout import ParallelLayout, layout_problem
-from llmfleet.server.parallel.sharding import keep_stage, shard_layers
+from llmfleet.server.parallel.sharding import AllReduce, keep_stage, shard_layers
 from llmfleet.server.runner import cpu_kernels, model_prep, request_rope
 from llmfleet.server.runner.host_memory import keep_freed_host_memory
 from llmfleet.server.runner.kv_cache import PagedKVCache
@@ -71,12 +73,17 @@ def world_group(store, rank: int, size: int):
     return dist.ProcessGroupGloo(store, rank, size, GROUP_TIMEOUT)
 
 
-def shard_group(store, layout: ParallelLayout, stage: int, shard: int, device: torch.device):
-    """The group of a stage's tensor shards: NCCL between GPUs, else gloo."""
+def shard_all_reduce(store, layout: ParallelLayout, stage: int, shard: int, device: torch.device) -> AllReduce:
+    """How a stage's tensor shards sum their partial products: NCCL between GPUs, shared memory
+    between CPU processes that can map one file (shared_sum.py), else gloo."""
     prefixed = dist.PrefixStore(f"stage-{stage}", store)
     if device.type == "cuda":
-        return dist.ProcessGroupNCCL(prefixed, shard, layout.tensor)
-    return dist.ProcessGroupGloo(prefixed, shard, layout.tensor, GROUP_TIMEOUT)
+        return functools.partial(dist.all_reduce, group=dist.ProcessGroupNCCL(prefixed, shard, layout.tensor))
+    shared = shared_sum.join(prefixed, shard, layout.tensor) if device.type == "cpu" else None
+    if shared is not None:
+        return shared.all_reduce
+    gloo = dist.ProcessGroupGloo(prefixed, shard, layout.tensor, GROUP_TIMEOUT)
+    return functools.partial(dist.all_reduce, group=gloo)
 
 
 def run_worker(spec: WorkerSpec) -> None:
@@ -112,7 +119,7 @@ class StageWorker:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", spec.local_index)
         self.device = device
-        self.shards = shard_group(store, layout, self.stage, self.shard, device) if layout.tensor > 1 else None
+        self.shards = shard_all_reduce(store, layout, self.stage, self.shard, device) if layout.tensor > 1 else None
         self.dtype = resolve_dtype(config.dtype, device)
         model, _ = load_model(spec.model_dir, self.dtype, device)  # the split models' configs say their shapes
         hf = model.config

@@ -1,9 +1,11 @@
 """A model over two "nodes" as a LeaderWorkerSet runs it: the node-rank 0 server (the API) and a
-``--headless`` one, two processes on loopback meeting at --master-addr:--master-port; and the
-placement flags a server refuses in one line."""
+``--headless`` one, two processes on loopback meeting at --master-addr:--master-port, their
+shards summing through gloo as nodes that share no memory do; and the placement flags a server
+refuses in one line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +29,8 @@ def test_a_leader_and_a_headless_node_serve_one_model(tmp_path):
         [sys.executable, "-m", "llmfleet.cli", "serve", *common, *worker_node],
         stdout=(tmp_path / "headless.log").open("w"),
         stderr=subprocess.STDOUT,
+        # as a node that shares no memory with the leader's: the shards sum through gloo
+        env=os.environ | {"LLMFLEET_SHM_ALLREDUCE": "0"},
     )
     leader = ServerProcess(*common, "--node-rank", "0", log_path=tmp_path / "leader.log")
     try:
@@ -38,6 +42,8 @@ def test_a_leader_and_a_headless_node_serve_one_model(tmp_path):
         want = single.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=6, temperature=0))[0]
         assert answer["usage"]["completion_tokens"] == 6
         assert answer["choices"][0]["text"] == single_text(want)
+        assert "tensor shards sum through gloo: off here" in (tmp_path / "headless.log").read_text()
+        assert "sum through gloo: another shard cannot map the file" in (tmp_path / "leader.log").read_text()
         leader.terminate()
         assert leader.proc.wait(60) == 0
         assert headless.wait(60) == 0  # its workers ended with the leader's stop
