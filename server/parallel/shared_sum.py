@@ -51,14 +51,14 @@ class SharedMemorySum:
 
     def __init__(self, mapping: mmap.mmap, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
-        self._map = mapping
         self._words = memoryview(mapping).cast("B")[:_HEADER].cast("q")
         self._data = torch.frombuffer(mapping, dtype=torch.uint8, offset=_HEADER, count=2 * size * SLOT_BYTES).view(
             2, size, SLOT_BYTES
         )
         self._calls = 0
+        self._namespace = _pid_namespace()
         self._words[rank * _LINE + 1] = os.getpid()
-        self._words[rank * _LINE + 2] = _pid_namespace()
+        self._words[rank * _LINE + 2] = self._namespace
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
@@ -98,7 +98,7 @@ class SharedMemorySum:
 
     def _check_alive(self, peer: int) -> None:
         pid, namespace = self._words[peer * _LINE + 1], self._words[peer * _LINE + 2]
-        if namespace != _pid_namespace():
+        if namespace != self._namespace:
             return  # a pid from another container's namespace means nothing here
         try:
             os.kill(pid, 0)
@@ -122,16 +122,18 @@ def join(store, rank: int, size: int, directory: Path = SHM_DIR) -> SharedMemory
         return None
     nbytes = _HEADER + 2 * size * SLOT_BYTES
     mapping, problem = None, ""
-    if not enabled():
-        problem = "off here"
-    elif rank == 0:
+    if rank == 0:  # always names a file or none: the other shards wait for this key
         path = directory / f"llmfleet-shards-{os.getpid()}-{secrets.token_hex(8)}"
-        try:
-            mapping = _create(path, nbytes)
-            store.set("shm-path", str(path))
-        except OSError as exc:
-            problem = f"cannot create {path}: {exc}"
-            store.set("shm-path", "")
+        if not enabled():
+            problem = "off here"
+        else:
+            try:
+                mapping = _create(path, nbytes)
+            except OSError as exc:
+                problem = f"cannot create {path}: {exc}"
+        store.set("shm-path", "" if mapping is None else str(path))
+    elif not enabled():
+        problem = "off here"
     else:
         name = store.get("shm-path").decode()
         try:

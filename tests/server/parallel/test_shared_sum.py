@@ -25,11 +25,12 @@ def join_all(size: int, directory) -> list:
     def one(rank: int) -> None:
         joined[rank] = shared_sum.join(store, rank, size, directory)
 
-    threads = [threading.Thread(target=one, args=(rank,)) for rank in range(size)]
+    threads = [threading.Thread(target=one, args=(rank,), name=f"rank-{rank}") for rank in range(size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads), "a shard is still waiting to join"
     return joined
 
 
@@ -94,6 +95,12 @@ def test_a_group_a_shard_cannot_join_keeps_gloo_and_leaves_no_file(tmp_path, mon
     assert list(tmp_path.iterdir()) == []
     assert "sum through gloo: cannot map" in caplog.text
     assert "another shard cannot map the file" in caplog.text
+
+
+def test_rank_0_turned_off_lets_the_others_go_on_to_gloo(tmp_path, monkeypatch):
+    monkeypatch.setattr(shared_sum, "enabled", lambda: threading.current_thread().name != "rank-0")
+    assert join_all(3, tmp_path) == [None, None, None]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_turned_off_every_shard_keeps_gloo(tmp_path, monkeypatch):
