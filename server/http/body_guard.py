@@ -6,7 +6,8 @@ FastAPI's own body reading; the router reads ``parsed_body``), so no body is par
 
 Bodies past ``LARGE_BODY_BYTES`` are worked on one at a time, from their last byte's arrival
 until their endpoint has its prompt (``done_with_body``) or answers: a small request then waits
-behind one large body's work at most, never behind all of them, and only one is parsed at once.
+behind one large body's work at most, never behind all of them, and only one is parsed at once;
+each turn rests after it as long as it was held (``_resting``).
 Arriving holds no turn: a slow upload, or a client that stops sending, delays only itself; one that
 sends nothing for ``BODY_IDLE_S`` gets a 408, as nginx's ``client_body_timeout`` answers."""
 
@@ -66,13 +67,21 @@ class BodyGuardMiddleware:
         # prompt (done_with_body) or answers: its parsing, validation and tokenizing hold the
         # event loop in turns, and its copies are megabytes. Generation does not hold it.
         await self._large.acquire()
-        release = _Once(self._large.release)
+        release = _Once(self._resting(asyncio.get_running_loop()))
         scope[_RELEASE] = release
         try:
             if await self._parse(scope, send, body):
                 await self.app(scope, _replay(body, receive), _releasing(send, release))
         finally:
             release()
+
+    def _resting(self, loop: asyncio.AbstractEventLoop):
+        """The large-body turn's release, after a rest as long as the turn was held: its work
+        holds the GIL in calls of tens of ms, which the engine's thread and the small requests
+        wait out, so back-to-back large bodies would starve them; with the rest they get at least
+        half of the time."""
+        started = loop.time()
+        return lambda: loop.call_later(loop.time() - started, self._large.release)
 
     async def _receive(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body; None where it was answered here (too large, stopped arriving) or the

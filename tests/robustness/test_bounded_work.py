@@ -1,8 +1,9 @@
 """Bounded work per request on a real server: a body past --max-request-body-mb is a 413 before it
 is read, a prompt longer than the context can hold is a 400 before it is tokenized (/tokenize
 too), and while several of the largest requests the server accepts are in flight (4 MiB bodies:
-text cut with truncate_prompt_tokens, or token ids), a small request waits at most a second more
-than alone and the server's memory grows by at most a few hundred MB."""
+text cut with truncate_prompt_tokens, or token ids), a small request waits behind one of them at
+most, never behind all, and the server's memory grows by at most a few hundred MB. The wait is
+judged against one large request's time alone on the same machine, so a slow machine moves both."""
 
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ IN_FLIGHT = 6
 
 
 def small(url: str) -> float:
+    return timed(url, {"model": MODEL, "prompt": "hi", "max_tokens": 4})
+
+
+def timed(url: str, body) -> float:
+    """Seconds for one completion request, which must succeed."""
     started = time.perf_counter()
-    answer = post(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4}, AUTH)
+    answer = post(url, "/v1/completions", body, AUTH)
     assert answer.status_code == 200, answer.text
     return time.perf_counter() - started
 
@@ -60,6 +66,7 @@ def test_the_largest_requests_do_not_starve_small_ones(fleet, kind):
     server = fleet.colocated
     body = largest(kind)
     alone = statistics.median(small(server.url) for _ in range(5))
+    one_large = statistics.median(timed(server.url, body) for _ in range(3))
     before = rss_mb(server.proc.pid)
     peak, latencies, stop = [before], [], threading.Event()
 
@@ -88,7 +95,10 @@ def test_the_largest_requests_do_not_starve_small_ones(fleet, kind):
     delay, growth = max(latencies) - alone, max(peak) - before
     report(
         f"bounded work ({kind}): {IN_FLIGHT} x {len(body)}-byte requests in flight; a 4-token request "
-        f"{alone:.3f} s alone, worst {max(latencies):.3f} s during ({len(latencies)} sent); "
+        f"{alone:.3f} s alone, worst {max(latencies):.3f} s during ({len(latencies)} sent; one large request "
+        f"alone {one_large:.3f} s); "
         f"RSS {before:.0f} -> peak {max(peak):.0f} MB (+{growth:.0f})"
     )
-    assert delay < 1.0 and growth < 300
+    # Behind every large body in turn, a small request would wait about 2 x IN_FLIGHT of them (each
+    # turn rests as long as it ran); a slow machine stretches both
+    assert delay < max(1.0, 3 * one_large) and growth < 300

@@ -1,5 +1,6 @@
 """The body guard at the ASGI level: a large body's turn starts when its last byte is in, so a
-client whose upload stalls delays nobody else, and one that stops sending gets a 408."""
+client whose upload stalls delays nobody else, one that stops sending gets a 408, and each turn
+rests after it as long as it was held, so the engine and small requests get half the time."""
 
 from __future__ import annotations
 
@@ -78,3 +79,27 @@ async def test_large_bodies_are_still_worked_on_one_at_a_time():
     clients = [_Client([LARGE]) for _ in range(3)]
     await asyncio.gather(*(guard(_scope(), c.receive, c.send) for c in clients))
     assert [c.status for c in clients] == [200] * 3 and most == 1
+
+
+async def test_a_large_bodys_turn_rests_as_long_as_it_was_held_and_small_bodies_pass():
+    loop = asyncio.get_running_loop()
+    started: dict[str, float] = {}
+
+    async def working(scope: dict, receive, send) -> None:
+        started[scope["path"]] = loop.time()
+        if scope["path"].startswith("/large"):
+            await asyncio.sleep(0.2)  # standing for the large body's parse, validation, tokenizing
+        await _answered(scope, receive, send)
+
+    guard = BodyGuardMiddleware(working, max_bytes=4 << 20)
+    small = _Client([b'{"prompt": "hi"}'])
+    large = [_Client([LARGE]) for _ in range(2)]
+    first = asyncio.create_task(guard(_scope() | {"path": "/large-1"}, large[0].receive, large[0].send))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(guard(_scope() | {"path": "/large-2"}, large[1].receive, large[1].send))
+    await asyncio.sleep(0.25)  # the first body is answered: its turn rests now
+    await asyncio.wait_for(guard(_scope() | {"path": "/small"}, small.receive, small.send), 1)
+    await asyncio.gather(first, second)
+    assert [c.status for c in (*large, small)] == [200] * 3
+    assert started["/large-2"] - started["/large-1"] >= 0.4  # 0.2 s held, then as long again
+    assert started["/small"] < started["/large-2"]  # the rest holds no small request
