@@ -38,6 +38,15 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=environ)
 
     def wait_ready(self, timeout: float = 90.0) -> ServerProcess:
+        """This server once /ready answers 200; a server that exits or is not ready in time is
+        stopped (never left running past its test) and raises."""
+        try:
+            return self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
