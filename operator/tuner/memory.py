@@ -131,12 +131,13 @@ class KeyHistory(BaseModel):
         held = [h for h in self.holds if now - h[0] <= window_s and h[2] >= level and h[1] < below]
         return min(held, key=lambda h: (h[1], -h[0]), default=None)
 
-    def rising(self, now: float, within_s: float, min_fall: float, keep_s: float) -> None:
-        """Note a scale-up that undoes a scale-down of ``min_fall`` or more made less than
-        ``within_s`` before (a regret); before ``moved`` records the rise."""
+    def rising(self, now: float, by: float, within_s: float, min_fall: float, keep_s: float) -> None:
+        """Note a scale-up of ``by`` pods that undoes ``min_fall`` or more of a scale-down made less
+        than ``within_s`` before (a regret); before ``moved`` records the rise."""
         self.regrets = [r for r in self.regrets if now - r[0] <= keep_s and r[0] < now]
         since = None if self.last_change_at is None else now - self.last_change_at
-        if self.last_direction < 0 and self.last_fall >= min_fall and since is not None and since <= within_s:
+        undone = min(self.last_fall, by)
+        if self.last_direction < 0 and undone >= min_fall and since is not None and since <= within_s:
             self.regrets.append((now, since))
             del self.regrets[:-MAX_RECOMMENDATIONS]
 
@@ -176,13 +177,18 @@ class KeyHistory(BaseModel):
 
     def moved_replicas(self, now: float, by: float, within_s: float, min_fall: float, keep_s: float) -> bool:
         """``moved`` for a replica count changed by ``by`` pods: a rise first notes whether it
-        undoes a recent scale-down (``rising``), and a fall keeps its size for the rise that may.
+        undoes a recent scale-down (``rising``), and a fall keeps its size for the rise that may,
+        added to the falls each within ``within_s`` of the next just before it: 12 -> 6 -> 2 -> 1
+        in a minute, then 1 -> 12, undoes a fall of 11, not of 1 (and 9 -> 7 -> 6 -> 7 one pod).
         Replica moves made through ``moved`` alone (spec bounds, the P:D ratio, a scale to zero)
         keep none, so no rise counts as undoing them."""
         if by > 0:
-            self.rising(now, within_s, min_fall, keep_s)
+            self.rising(now, by, within_s, min_fall, keep_s)
+        since = None if self.last_change_at is None else now - self.last_change_at
+        falling = by < 0 and self.last_direction < 0 and since is not None and since <= within_s
+        fallen = self.last_fall if falling else 0.0
         reversed_ = self.moved(now, 1 if by > 0 else -1)
-        self.last_fall = max(-by, 0.0)
+        self.last_fall = fallen + max(-by, 0.0)
         return reversed_
 
 

@@ -128,26 +128,50 @@ def test_regrets_are_scale_downs_of_several_undone_within_the_window() -> None:
     history = KeyHistory()
     history.moved(1000.0, -1)
     history.last_fall = 3
-    history.rising(1050.0, within_s=120.0, min_fall=2, keep_s=600.0)
+    history.rising(1050.0, by=3, within_s=120.0, min_fall=2, keep_s=600.0)
     history.moved(1050.0, 1)
     assert history.regrets == [(1050.0, 50.0)]
-    history.rising(1070.0, within_s=120.0, min_fall=2, keep_s=600.0)  # a rise after a rise is none
+    history.rising(1070.0, by=2, within_s=120.0, min_fall=2, keep_s=600.0)  # a rise after a rise is none
     history.moved(1100.0, -1)
     history.last_fall = 1
-    history.rising(1130.0, within_s=120.0, min_fall=2, keep_s=600.0)  # one pod: the projection's knife edge
+    history.rising(1130.0, by=2, within_s=120.0, min_fall=2, keep_s=600.0)  # one pod: the projection's knife edge
     history.moved(1130.0, 1)
     history.moved(1200.0, -1)
     history.last_fall = 4
-    history.rising(1400.0, within_s=120.0, min_fall=2, keep_s=600.0)  # undone after the window: new load
+    history.rising(1400.0, by=4, within_s=120.0, min_fall=2, keep_s=600.0)  # undone after the window: new load
     assert history.regrets == [(1050.0, 50.0)]
     history.moved(1400.0, 1)
     history.moved(1500.0, -1)
     history.last_fall = 2
-    history.rising(1530.0, within_s=120.0, min_fall=2, keep_s=600.0)
+    history.rising(1530.0, by=2, within_s=120.0, min_fall=2, keep_s=600.0)
     assert history.regret_within(1600.0, 600.0) == (1050.0, 50.0)  # the longest spell within the memory
     assert history.regret_within(1700.0, 600.0) == (1530.0, 30.0)
-    history.rising(1700.0, within_s=120.0, min_fall=2, keep_s=100.0)
+    history.rising(1700.0, by=2, within_s=120.0, min_fall=2, keep_s=100.0)
     assert history.regrets == []  # those older than keep_s are dropped
+
+
+def test_a_scale_down_in_steps_undone_is_one_regret_of_its_whole_fall() -> None:
+    """12 -> 6 -> 2 -> 1 within a minute, then back to 12: a fall of 11 undone, though its last
+    step was one pod. Falls a window apart are separate scale-downs, and a rise of one pod after
+    a fall of three undoes one pod: the projection's knife edge, no regret."""
+    history, window = KeyHistory(), 120.0
+    for at, by in ((760.0, -6), (790.0, -4), (820.0, -1)):
+        history.moved_replicas(at, by, window, min_fall=2, keep_s=1800.0)
+    assert history.last_fall == 11
+    history.moved_replicas(890.0, 11, window, min_fall=2, keep_s=1800.0)
+    assert history.regrets == [(890.0, 70.0)]
+
+    history = KeyHistory()
+    history.moved_replicas(290.0, -1, window, min_fall=2, keep_s=1800.0)
+    history.moved_replicas(590.0, -1, window, min_fall=2, keep_s=1800.0)  # 300 s on: a fall of its own
+    history.moved_replicas(650.0, 5, window, min_fall=2, keep_s=1800.0)
+    assert history.regrets == []
+
+    history = KeyHistory()
+    history.moved_replicas(530.0, -2, window, min_fall=2, keep_s=1800.0)
+    history.moved_replicas(600.0, -1, window, min_fall=2, keep_s=1800.0)
+    history.moved_replicas(640.0, 1, window, min_fall=2, keep_s=1800.0)  # 9 -> 7 -> 6 -> 7
+    assert history.regrets == []
 
 
 def test_a_scale_down_window_of_an_hour_scales_down_after_the_hour() -> None:
