@@ -98,6 +98,13 @@ class PrometheusProcess:
             stderr=subprocess.STDOUT,
         )
         self._log = log
+        try:
+            return self._wait_ready()
+        except BaseException:
+            self.stop()  # never left running past its test (__exit__ does not run when __enter__ raises)
+            raise
+
+    def _wait_ready(self) -> PrometheusProcess:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
