@@ -44,6 +44,10 @@ import yaml
 from kmock import KubernetesEmulator, KubernetesError, ResourceInfo, Server, resource
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+# kmock finds a request's reaction by scanning its whole request log for that request, so each
+# request cost time in proportion to all before it (a long operator test spent most of its time
+# there); it keeps this many, and the full log is ours (Cluster.log)
+KMOCK_LOG_KEPT = 64
 
 
 def _conflict(message: str) -> KubernetesError:
@@ -183,6 +187,7 @@ class Cluster(KubernetesEmulator):
     faults: list[Fault] = attrs.field(factory=list, init=False)
     stalls: list[Stall] = attrs.field(factory=list, init=False)
     _changed: asyncio.Condition | None = attrs.field(default=None, init=False)
+    log: list[Any] = attrs.field(factory=list, init=False)  # every request, for writes() and calls()
 
     def declare(self, key: str, info: ResourceInfo) -> None:
         self.resources[key] = info
@@ -348,6 +353,8 @@ class Cluster(KubernetesEmulator):
         return None
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        self.log.append(request)
+        del self._requests[:-KMOCK_LOG_KEPT]  # this request, the last, is kept for its dispatch
         res = request.resource
         method = _method(request)
         if res is None or res.plural is None:
@@ -487,7 +494,7 @@ class Cluster(KubernetesEmulator):
         """Every write request so far, as 'METHOD /path' (dry runs are no writes)."""
         return [
             f"{_method(r)} {r.url.path}"
-            for r in list(self._requests)
+            for r in list(self.log)
             if _method(r) in WRITE_METHODS and r.params.get("dryRun") != "All"
         ]
 
@@ -504,7 +511,7 @@ class Cluster(KubernetesEmulator):
                 content_type=r.headers.get("Content-Type", ""),
                 user_agent=r.headers.get("User-Agent", ""),
             )
-            for r in list(self._requests)
+            for r in list(self.log)
             if r.resource is not None and r.resource.plural is not None
         ]
 
