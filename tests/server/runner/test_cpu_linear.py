@@ -107,7 +107,12 @@ def test_a_step_of_a_few_rows_streams_the_packed_weight_and_computes_the_same(
     torch.manual_seed(0)
     linear = torch.nn.Linear(in_features, out_features, bias=bias).to(dtype)
     packed = cpu_linear.PackedLinear(linear, rows_hint=256, keep_weight=False)
-    assert packed.small_block == (32 if AMX and dtype == torch.bfloat16 else 64)
+    if dtype == torch.bfloat16 and in_features % 32:
+        # oneDNN pads a bfloat16 weight's inputs to a multiple of 32, a layout the kernel does
+        # not read: every step goes to oneDNN's kernels
+        assert packed.small_block == 0
+    else:
+        assert packed.small_block == (32 if AMX and dtype == torch.bfloat16 else 64)
     assert packed.small_rows == cpu_kernels.small_linear_rows(dtype, packed.small_block)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     exact = torch.nn.Linear(in_features, out_features, bias=bias)  # the same weights, in float32
