@@ -766,8 +766,8 @@ int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_blocks, int64_t 
    once, start to end, for up to SL_ROWS rows of x at a time, one FMA chain per output, so a
    step's few rows stream the weights at the memory's rate where oneDNN's kernels, built for
    many rows, reach about half of it. Each output is summed over k in one order whatever the
-   row count, so a row's result does not depend on the rows beside it. AVX2 has its own loop
-   (block_rows, below). */
+   row count, so a row's result does not depend on the rows beside it. Steps of several passes
+   go through the weights in L1 chunks instead (block_rows, below). */
 #if VL == 16
 #define SL_ROWS 6  /* 24 accumulators, 4 weight vectors and a broadcast of 32 registers */
 #define SL_MAX_M 32
@@ -880,39 +880,41 @@ static inline __attribute__((always_inline)) void slice_rows(const float *x, int
     } \
 } while (0)
 
-#if VL == 8
-/* AVX2's 16 registers hold the sums of 6 rows by 16 columns (12 vectors, beside 2 of weights and
-   a broadcast): a quarter of a block, so each 256-byte k row of a block is read by four passes.
-   A block goes through in chunks of SLK k rows, which stay in L1 while every pass over them runs;
-   each pass keeps its sums in a tile between chunks (still one sum per output, in k order), and
-   the passes over a chunk fetch the next one, contiguous in the block, into L2. */
+#if VL == 8 || VL == 16
+/* A block of 64 columns in L1 chunks. AVX2's 16 registers hold the sums of 6 rows by 16 columns
+   (12 vectors, beside 2 of weights and a broadcast): a quarter of a block, so each 256-byte k row
+   of a block is read by four passes; AVX-512's 32 hold 6 rows by the whole 64 (24 vectors, 4 of
+   weights and a broadcast). A block goes through in chunks of SLK k rows, which stay in L1 while
+   every pass over them runs; each pass keeps its sums in a tile between chunks (still one sum per
+   output, in k order), and the passes over a chunk fetch the next one, contiguous in the block,
+   into L2. */
 #define SLK 64
+#define CQ (VL == 8 ? 2 : 4)    /* vectors of columns a pass sums */
+#define QUARTERS (64 / (CQ * VL))  /* passes across a block's columns */
 
 static inline __attribute__((always_inline)) void chunk_pass(const float *x, int64_t k, const float *w,
         int64_t steps, float *tile, const int first, const int rows, fetch_ahead ahead) {
-    fvec acc[SL_ROWS][2];
+    fvec acc[SL_ROWS][CQ];
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
-        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+        _Pragma("GCC unroll 4") for (int c = 0; c < CQ; c++) {
             if (first) acc[r][c] = (fvec){0};
             else memcpy(&acc[r][c], tile + r * 64 + c * VL, sizeof(fvec));
         }
 #define SQ_STEP(kk) do { \
-        fvec wv[2]; \
-        memcpy(&wv[0], w + (kk) * 64, sizeof(fvec)); \
-        memcpy(&wv[1], w + (kk) * 64 + VL, sizeof(fvec)); \
+        fvec wv[CQ]; \
+        _Pragma("GCC unroll 4") for (int c = 0; c < CQ; c++) memcpy(&wv[c], w + (kk) * 64 + c * VL, sizeof(fvec)); \
         _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) { \
             const float xv = x[r * k + (kk)]; \
-            acc[r][0] += xv * wv[0]; \
-            acc[r][1] += xv * wv[1]; \
+            _Pragma("GCC unroll 4") for (int c = 0; c < CQ; c++) acc[r][c] += xv * wv[c]; \
         } \
     } while (0)
     FETCHING_LOOP(steps, ahead, SQ_STEP);
 #undef SQ_STEP
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
-        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) memcpy(tile + r * 64 + c * VL, &acc[r][c], sizeof(fvec));
+        _Pragma("GCC unroll 4") for (int c = 0; c < CQ; c++) memcpy(tile + r * 64 + c * VL, &acc[r][c], sizeof(fvec));
 }
 
-#define SQ_CASE(r) case r: chunk_pass(xr, k, wq, steps, tile + r0 * 64 + q * 16, k0 == 0, r, ahead); break;
+#define SQ_CASE(r) case r: chunk_pass(xr, k, wq, steps, tile + r0 * 64 + q * CQ * VL, k0 == 0, r, ahead); break;
 /* One block of 64 columns (``cols`` of them real) for all m rows; ``next``: the block to fetch
    while the last chunk runs (NULL: none) */
 static void block_rows(const float *x, int64_t m, int64_t k, const float *w, const float *bias, float *out,
@@ -927,12 +929,12 @@ static void block_rows(const float *x, int64_t m, int64_t k, const float *w, con
         const char *ahead_at = ahead_k0 ? (const char *)(w + ahead_k0 * 64) : next;
         const int64_t ahead_steps = k - ahead_k0 < SLK ? k - ahead_k0 : SLK;
         int64_t run = 0;
-        for (int q = 0; q < 4; q++) {
-            const float *wq = wc + q * 16;
+        for (int q = 0; q < QUARTERS; q++) {
+            const float *wq = wc + q * CQ * VL;
             for (int64_t r0 = 0; r0 < m; r0 += per_pass, run++) {
                 const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
                 const float *xr = x + r0 * k + k0;
-                const fetch_ahead ahead = fetch_share(ahead_at, ahead_steps * 4, run, 4 * passes);
+                const fetch_ahead ahead = fetch_share(ahead_at, ahead_steps * 4, run, QUARTERS * passes);
                 switch (rows) { SQ_CASE(1) SQ_CASE(2) SQ_CASE(3) SQ_CASE(4) SQ_CASE(5) SQ_CASE(6) }
             }
         }
@@ -943,20 +945,24 @@ static void block_rows(const float *x, int64_t m, int64_t k, const float *w, con
 #undef SQ_CASE
 #endif
 
-/* out (m, n) = x (m, k) . w^T + bias, w packed as above */
+/* out (m, n) = x (m, k) . w^T + bias, w packed as above. AVX2 runs every step in L1 chunks;
+   AVX-512 those of SL_FETCH_ROWS rows or more, whose passes run from L1 while the next chunk
+   comes in (fewer read memory at its rate in one pass over whole slices). */
 void llmfleet_small_linear(const float *x, int64_t m, int64_t k, const float *w, int64_t n, const float *bias,
                            float *out, int num_threads) {
-#if VL == 8
-    const int64_t blocks = (n + 63) / 64;
-    _Pragma("omp parallel for num_threads(num_threads) schedule(static)")
-    for (int64_t b = 0; b < blocks; b++) {
-        const float *wb = w + b * k * 64;
-        block_rows(x, m, k, wb, bias, out, n, b * 64, n - b * 64 < 64 ? n - b * 64 : 64,
-                   b + 1 < blocks ? (const char *)(wb + k * 64) : NULL);
+#if VL == 8 || VL == 16
+    if (VL == 8 || m >= SL_FETCH_ROWS) {
+        const int64_t blocks = (n + 63) / 64;
+        _Pragma("omp parallel for num_threads(num_threads) schedule(static)")
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *wb = w + b * k * 64;
+            block_rows(x, m, k, wb, bias, out, n, b * 64, n - b * 64 < 64 ? n - b * 64 : 64,
+                       b + 1 < blocks ? (const char *)(wb + k * 64) : NULL);
+        }
+        return;
     }
-#else
-    SMALL_LINEAR_SLICES(float, SL_SLICE, slice_rows);
 #endif
+    SMALL_LINEAR_SLICES(float, SL_SLICE, slice_rows);
 }
 
 /* The most rows the kernel above is used for on this CPU (0: none) */
