@@ -766,8 +766,8 @@ int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_blocks, int64_t 
    once, start to end, for up to SL_ROWS rows of x at a time, one FMA chain per output, so a
    step's few rows stream the weights at the memory's rate where oneDNN's kernels, built for
    many rows, reach about half of it. Each output is summed over k in one order whatever the
-   row count, so a row's result does not depend on the rows beside it. Steps of several passes
-   go through the weights in L1 chunks instead (block_rows, below). */
+   row count, so a row's result does not depend on the rows beside it. Steps of three rows or
+   more (every step on AVX2) go through the weights in L1 chunks instead (block_rows, below). */
 #if VL == 16
 #define SL_ROWS 6  /* 24 accumulators, 4 weight vectors and a broadcast of 32 registers */
 #define SL_MAX_M 32
