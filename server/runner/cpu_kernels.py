@@ -1005,9 +1005,70 @@ static inline __attribute__((always_inline)) void slice_rows_bf16(const uint16_t
         }
 }
 
-/* out (m, n) = x (m, k) . w^T + bias for bfloat16 x, w and out (k even) */
+/* A pass over one L1 chunk of a block, SLK inputs (SLK / 2 pairs), its sums kept in a tile
+   between chunks, as block_rows runs float32; the same sums in the same order as slice_rows_bf16 */
+static inline __attribute__((always_inline)) void chunk_pass_bf16(const uint16_t *x, int64_t k, const uint16_t *w,
+        int64_t pairs, float *tile, const int first, const int rows, fetch_ahead ahead) {
+    __m512 acc[SL_ROWS][4];
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            acc[r][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * 64 + c * 16);
+#define SLB_STEP(kp) do { \
+        __m512bh wv[4]; \
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) \
+            wv[c] = (__m512bh)_mm512_loadu_si512(w + (kp) * 128 + c * 32); \
+        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) { \
+            int32_t pair; \
+            memcpy(&pair, x + r * k + 2 * (kp), sizeof pair); \
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair); \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]); \
+        } \
+    } while (0)
+    FETCHING_LOOP(pairs, ahead, SLB_STEP);
+#undef SLB_STEP
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm512_storeu_ps(tile + r * 64 + c * 16, acc[r][c]);
+}
+
+#define SQB_CASE(r) case r: chunk_pass_bf16(xr, k, wc, steps / 2, tile + r0 * 64, k0 == 0, r, ahead); break;
+static void block_rows_bf16(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, const float *bias,
+                            uint16_t *out, int64_t n, int64_t col0, int64_t cols, const char *next) {
+    float tile[SLB_MAX_M * 64];
+    const int64_t passes = (m + SL_ROWS - 1) / SL_ROWS, per_pass = (m + passes - 1) / passes;
+    for (int64_t k0 = 0; k0 < k; k0 += SLK) {
+        const int64_t steps = k - k0 < SLK ? k - k0 : SLK;
+        const uint16_t *wc = w + k0 * 64;
+        const int64_t ahead_k0 = k0 + SLK < k ? k0 + SLK : 0;
+        const char *ahead_at = ahead_k0 ? (const char *)(w + ahead_k0 * 64) : next;
+        const int64_t ahead_steps = k - ahead_k0 < SLK ? k - ahead_k0 : SLK;
+        int64_t run = 0;
+        for (int64_t r0 = 0; r0 < m; r0 += per_pass, run++) {
+            const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
+            const uint16_t *xr = x + r0 * k + k0;
+            const fetch_ahead ahead = fetch_share(ahead_at, ahead_steps * 2, run, passes);
+            switch (rows) { SQB_CASE(1) SQB_CASE(2) SQB_CASE(3) SQB_CASE(4) SQB_CASE(5) SQB_CASE(6) }
+        }
+    }
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < cols; c++)
+            out[r * n + col0 + c] = float_to_bf16(tile[r * 64 + c] + (bias ? bias[col0 + c] : 0.0f));
+}
+#undef SQB_CASE
+
+/* out (m, n) = x (m, k) . w^T + bias for bfloat16 x, w and out (k even); steps of SL_FETCH_ROWS
+   rows or more in L1 chunks, as in float32 */
 void llmfleet_small_linear_bf16(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                                 const float *bias, uint16_t *out, int num_threads) {
+    if (m >= SL_FETCH_ROWS) {
+        const int64_t blocks = (n + 63) / 64;
+        _Pragma("omp parallel for num_threads(num_threads) schedule(static)")
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint16_t *wb = w + b * k * 64;
+            block_rows_bf16(x, m, k, wb, bias, out, n, b * 64, n - b * 64 < 64 ? n - b * 64 : 64,
+                            b + 1 < blocks ? (const char *)(wb + k * 64) : NULL);
+        }
+        return;
+    }
     SMALL_LINEAR_SLICES(uint16_t, 64, slice_rows_bf16);
 }
 #else
