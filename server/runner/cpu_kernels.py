@@ -767,12 +767,12 @@ int llmfleet_kv_write(char *k_cache, char *v_cache, int64_t num_blocks, int64_t 
    step's few rows stream the weights at the memory's rate where oneDNN's kernels, built for
    many rows, reach about half of it. Each output is summed over k in one order whatever the
    row count, so a row's result does not depend on the rows beside it. Steps of three rows or
-   more (every step on AVX2) go through the weights in L1 chunks instead (block_rows, below). */
+   more (every step on AVX2) go through the weights in L1 chunks instead (SMALL_LINEAR_CHUNKS, below). */
 #if VL == 16
 #define SL_ROWS 6  /* 24 accumulators, 4 weight vectors and a broadcast of 32 registers */
 #define SL_MAX_M 32
 #elif VL == 8
-#define SL_ROWS 6  /* (block_rows) 12 accumulators, 2 weight vectors and a broadcast of 16 */
+#define SL_ROWS 6  /* (chunk_pass) 12 accumulators, 2 weight vectors and a broadcast of 16 */
 #define SL_MAX_M 32
 #else
 #define SL_ROWS 4
@@ -890,7 +890,6 @@ static inline __attribute__((always_inline)) void slice_rows(const float *x, int
    into L2. */
 #define SLK 64
 #define CQ (VL == 8 ? 2 : 4)    /* vectors of columns a pass sums */
-#define QUARTERS (64 / (CQ * VL))  /* passes across a block's columns */
 
 static inline __attribute__((always_inline)) void chunk_pass(const float *x, int64_t k, const float *w,
         int64_t steps, float *tile, const int first, const int rows, fetch_ahead ahead) {
@@ -914,35 +913,49 @@ static inline __attribute__((always_inline)) void chunk_pass(const float *x, int
         _Pragma("GCC unroll 4") for (int c = 0; c < CQ; c++) memcpy(tile + r * 64 + c * VL, &acc[r][c], sizeof(fvec));
 }
 
-#define SQ_CASE(r) case r: chunk_pass(xr, k, wq, steps, tile + r0 * 64 + q * CQ * VL, k0 == 0, r, ahead); break;
-/* One block of 64 columns (``cols`` of them real) for all m rows; ``next``: the block to fetch
-   while the last chunk runs (NULL: none) */
-static void block_rows(const float *x, int64_t m, int64_t k, const float *w, const float *bias, float *out,
-                       int64_t n, int64_t col0, int64_t cols, const char *next) {
-    float tile[SL_MAX_M * 64];
-    const int64_t passes = (m + SL_ROWS - 1) / SL_ROWS, per_pass = (m + passes - 1) / passes;
-    for (int64_t k0 = 0; k0 < k; k0 += SLK) {
-        const int64_t steps = k - k0 < SLK ? k - k0 : SLK;
-        const float *wc = w + k0 * 64;
-        /* the chunk to fetch: this block's next one, or the next block's first */
-        const int64_t ahead_k0 = k0 + SLK < k ? k0 + SLK : 0;
-        const char *ahead_at = ahead_k0 ? (const char *)(w + ahead_k0 * 64) : next;
-        const int64_t ahead_steps = k - ahead_k0 < SLK ? k - ahead_k0 : SLK;
-        int64_t run = 0;
-        for (int q = 0; q < QUARTERS; q++) {
-            const float *wq = wc + q * CQ * VL;
-            for (int64_t r0 = 0; r0 < m; r0 += per_pass, run++) {
-                const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
-                const float *xr = x + r0 * k + k0;
-                const fetch_ahead ahead = fetch_share(ahead_at, ahead_steps * 4, run, QUARTERS * passes);
-                switch (rows) { SQ_CASE(1) SQ_CASE(2) SQ_CASE(3) SQ_CASE(4) SQ_CASE(5) SQ_CASE(6) }
-            }
-        }
-    }
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t c = 0; c < cols; c++) out[r * n + col0 + c] = tile[r * 64 + c] + (bias ? bias[col0 + c] : 0.0f);
-}
-#undef SQ_CASE
+/* The loop both dtypes' chunked kernels run (their PASS_FN sums a chunk's ``steps`` inputs for
+   ``rows`` rows, chunk_pass here): threads take blocks of 64 columns (``cols`` of them real),
+   each block in chunks of SLK inputs, every pass of at most SL_ROWS rows over every slice of
+   PASS_COLS columns of a chunk while it is in L1, each fetching its share of the next chunk (the
+   block's next, or the next block's first) into L2. Sums wait in a float32 tile; TO_OUT writes
+   one (bias added) as T. */
+#define CHUNK_CASE(fn, r) case r: fn(xr, k, wq, steps, tq + r0 * 64, k0 == 0, r, ahead); break;
+#define SMALL_LINEAR_CHUNKS(T, PASS_COLS, PASS_FN, TO_OUT) do { \
+    const int64_t blocks = (n + 63) / 64, lines_per_input = 64 * (int64_t)sizeof(T) / 64; \
+    const int64_t passes = (m + SL_ROWS - 1) / SL_ROWS, per_pass = (m + passes - 1) / passes; \
+    _Pragma("omp parallel for num_threads(num_threads) schedule(static)") \
+    for (int64_t b = 0; b < blocks; b++) { \
+        const T *wb = w + b * k * 64; \
+        const char *next = b + 1 < blocks ? (const char *)(wb + k * 64) : NULL; \
+        const int64_t col0 = b * 64, cols = n - col0 < 64 ? n - col0 : 64; \
+        float tile[SL_MAX_M * 64]; \
+        for (int64_t k0 = 0; k0 < k; k0 += SLK) { \
+            const int64_t steps = k - k0 < SLK ? k - k0 : SLK; \
+            const int64_t ahead_k0 = k0 + SLK < k ? k0 + SLK : 0; \
+            const char *ahead_at = ahead_k0 ? (const char *)(wb + ahead_k0 * 64) : next; \
+            const int64_t ahead_steps = k - ahead_k0 < SLK ? k - ahead_k0 : SLK; \
+            int64_t run = 0; \
+            for (int q = 0; q < 64 / (PASS_COLS); q++) { \
+                const T *wq = wb + k0 * 64 + q * (PASS_COLS); \
+                float *tq = tile + q * (PASS_COLS); \
+                for (int64_t r0 = 0; r0 < m; r0 += per_pass, run++) { \
+                    const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass; \
+                    const T *xr = x + r0 * k + k0; \
+                    const fetch_ahead ahead = \
+                        fetch_share(ahead_at, ahead_steps * lines_per_input, run, 64 / (PASS_COLS) * passes); \
+                    switch (rows) { \
+                        CHUNK_CASE(PASS_FN, 1) CHUNK_CASE(PASS_FN, 2) CHUNK_CASE(PASS_FN, 3) \
+                        CHUNK_CASE(PASS_FN, 4) CHUNK_CASE(PASS_FN, 5) CHUNK_CASE(PASS_FN, 6) \
+                    } \
+                } \
+            } \
+        } \
+        for (int64_t r = 0; r < m; r++) \
+            for (int64_t c = 0; c < cols; c++) \
+                out[r * n + col0 + c] = TO_OUT(tile[r * 64 + c] + (bias ? bias[col0 + c] : 0.0f)); \
+    } \
+} while (0)
+#define AS_FLOAT(v) (v)
 #endif
 
 /* out (m, n) = x (m, k) . w^T + bias, w packed as above. AVX2 runs every step in L1 chunks;
@@ -952,17 +965,13 @@ void llmfleet_small_linear(const float *x, int64_t m, int64_t k, const float *w,
                            float *out, int num_threads) {
 #if VL == 8 || VL == 16
     if (VL == 8 || m >= SL_FETCH_ROWS) {
-        const int64_t blocks = (n + 63) / 64;
-        _Pragma("omp parallel for num_threads(num_threads) schedule(static)")
-        for (int64_t b = 0; b < blocks; b++) {
-            const float *wb = w + b * k * 64;
-            block_rows(x, m, k, wb, bias, out, n, b * 64, n - b * 64 < 64 ? n - b * 64 : 64,
-                       b + 1 < blocks ? (const char *)(wb + k * 64) : NULL);
-        }
+        SMALL_LINEAR_CHUNKS(float, CQ * VL, chunk_pass, AS_FLOAT);
         return;
     }
 #endif
+#if VL != 8
     SMALL_LINEAR_SLICES(float, SL_SLICE, slice_rows);
+#endif
 }
 
 /* The most rows the kernel above is used for on this CPU (0: none) */
@@ -976,25 +985,26 @@ int llmfleet_small_linear_rows(void) { return SL_MAX_M; }
 #include <immintrin.h>
 #define SLB_MAX_M 32
 
+/* One pair of inputs into the sums of ``rows`` rows by 64 columns (both bf16 passes below) */
+#define SLB_STEP(kp) do { \
+    __m512bh wv[4]; \
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) \
+        wv[c] = (__m512bh)_mm512_loadu_si512(w + (kp) * 128 + c * 32); \
+    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) { \
+        int32_t pair; \
+        memcpy(&pair, x + r * k + 2 * (kp), sizeof pair); \
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair); \
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]); \
+    } \
+    } while (0)
+
 static inline __attribute__((always_inline)) void slice_rows_bf16(const uint16_t *x, int64_t k, const uint16_t *w,
         const float *bias, uint16_t *out, int64_t n, int64_t col0, const int rows, fetch_ahead ahead) {
     __m512 acc[SL_ROWS][4];
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
     const int64_t pairs = k / 2;
-#define SLB_STEP(kp) do { \
-        __m512bh wv[4]; \
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) \
-            wv[c] = (__m512bh)_mm512_loadu_si512(w + (kp) * 128 + c * 32); \
-        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) { \
-            int32_t pair; \
-            memcpy(&pair, x + r * k + 2 * (kp), sizeof pair); \
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair); \
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]); \
-        } \
-    } while (0)
     FETCHING_LOOP(pairs, ahead, SLB_STEP);
-#undef SLB_STEP
     const int64_t cols = n - col0 < 64 ? n - col0 : 64;
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
@@ -1005,68 +1015,28 @@ static inline __attribute__((always_inline)) void slice_rows_bf16(const uint16_t
         }
 }
 
-/* A pass over one L1 chunk of a block, SLK inputs (SLK / 2 pairs), its sums kept in a tile
-   between chunks, as block_rows runs float32; the same sums in the same order as slice_rows_bf16 */
+/* A pass over one L1 chunk of a block, ``steps`` inputs (steps / 2 pairs), its sums kept in a
+   tile between chunks, as chunk_pass runs float32; the same sums in the same order as
+   slice_rows_bf16 */
+_Static_assert(SLB_MAX_M <= SL_MAX_M, "SMALL_LINEAR_CHUNKS' tile holds SL_MAX_M rows");
 static inline __attribute__((always_inline)) void chunk_pass_bf16(const uint16_t *x, int64_t k, const uint16_t *w,
-        int64_t pairs, float *tile, const int first, const int rows, fetch_ahead ahead) {
+        int64_t steps, float *tile, const int first, const int rows, fetch_ahead ahead) {
     __m512 acc[SL_ROWS][4];
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
             acc[r][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * 64 + c * 16);
-#define SLB_STEP(kp) do { \
-        __m512bh wv[4]; \
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) \
-            wv[c] = (__m512bh)_mm512_loadu_si512(w + (kp) * 128 + c * 32); \
-        _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) { \
-            int32_t pair; \
-            memcpy(&pair, x + r * k + 2 * (kp), sizeof pair); \
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair); \
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]); \
-        } \
-    } while (0)
-    FETCHING_LOOP(pairs, ahead, SLB_STEP);
-#undef SLB_STEP
+    FETCHING_LOOP(steps / 2, ahead, SLB_STEP);
     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm512_storeu_ps(tile + r * 64 + c * 16, acc[r][c]);
 }
-
-#define SQB_CASE(r) case r: chunk_pass_bf16(xr, k, wc, steps / 2, tile + r0 * 64, k0 == 0, r, ahead); break;
-static void block_rows_bf16(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, const float *bias,
-                            uint16_t *out, int64_t n, int64_t col0, int64_t cols, const char *next) {
-    float tile[SLB_MAX_M * 64];
-    const int64_t passes = (m + SL_ROWS - 1) / SL_ROWS, per_pass = (m + passes - 1) / passes;
-    for (int64_t k0 = 0; k0 < k; k0 += SLK) {
-        const int64_t steps = k - k0 < SLK ? k - k0 : SLK;
-        const uint16_t *wc = w + k0 * 64;
-        const int64_t ahead_k0 = k0 + SLK < k ? k0 + SLK : 0;
-        const char *ahead_at = ahead_k0 ? (const char *)(w + ahead_k0 * 64) : next;
-        const int64_t ahead_steps = k - ahead_k0 < SLK ? k - ahead_k0 : SLK;
-        int64_t run = 0;
-        for (int64_t r0 = 0; r0 < m; r0 += per_pass, run++) {
-            const int64_t rows = m - r0 < per_pass ? m - r0 : per_pass;
-            const uint16_t *xr = x + r0 * k + k0;
-            const fetch_ahead ahead = fetch_share(ahead_at, ahead_steps * 2, run, passes);
-            switch (rows) { SQB_CASE(1) SQB_CASE(2) SQB_CASE(3) SQB_CASE(4) SQB_CASE(5) SQB_CASE(6) }
-        }
-    }
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t c = 0; c < cols; c++)
-            out[r * n + col0 + c] = float_to_bf16(tile[r * 64 + c] + (bias ? bias[col0 + c] : 0.0f));
-}
-#undef SQB_CASE
+#undef SLB_STEP
 
 /* out (m, n) = x (m, k) . w^T + bias for bfloat16 x, w and out (k even); steps of SL_FETCH_ROWS
    rows or more in L1 chunks, as in float32 */
 void llmfleet_small_linear_bf16(const uint16_t *x, int64_t m, int64_t k, const uint16_t *w, int64_t n,
                                 const float *bias, uint16_t *out, int num_threads) {
     if (m >= SL_FETCH_ROWS) {
-        const int64_t blocks = (n + 63) / 64;
-        _Pragma("omp parallel for num_threads(num_threads) schedule(static)")
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint16_t *wb = w + b * k * 64;
-            block_rows_bf16(x, m, k, wb, bias, out, n, b * 64, n - b * 64 < 64 ? n - b * 64 : 64,
-                            b + 1 < blocks ? (const char *)(wb + k * 64) : NULL);
-        }
+        SMALL_LINEAR_CHUNKS(uint16_t, 64, chunk_pass_bf16, float_to_bf16);
         return;
     }
     SMALL_LINEAR_SLICES(uint16_t, 64, slice_rows_bf16);
